@@ -1,0 +1,24 @@
+# Small helpers shared by every module's CMakeLists.txt.
+
+# rlloop_export(<target> <alias-name>): namespaced alias rlloop::<alias-name>, installed and exported.
+function(rlloop_export target alias_name)
+  add_library(rlloop::${alias_name} ALIAS ${target})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${alias_name})
+  set_property(GLOBAL APPEND PROPERTY RLLOOP_EXPORTED_TARGETS ${target})
+endfunction()
+
+# rlloop_add_test(<name> SOURCES ... LIBS ... [TIMEOUT s] [LABELS ...]): one GoogleTest binary = one CTest test.
+# Deliberately not gtest_discover_tests: every process linked to LibTorch costs ~1 s to start.
+function(rlloop_add_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  find_package(GTest REQUIRED)
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE RLLOOP_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                             RLLOOP_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  add_test(NAME ${name} COMMAND ${name} --gtest_brief=1 WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+endfunction()

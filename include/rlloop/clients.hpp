@@ -1,0 +1,126 @@
+// The three clients a loop talks to (DESIGN.md §1). They are thin: every call forwards to the session and
+// returns its future, so the same loop runs on the local, remote or fake backend.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <rlloop/session.hpp>
+
+namespace rlloop {
+
+class Tokenizer;
+std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec);  // rlloop::tokenizer library
+
+// Rollouts and scoring against fixed weights (a saved sampler checkpoint) or the live session weights.
+template <Session S>
+class SamplingClient {
+ public:
+  SamplingClient(std::shared_ptr<S> session, std::optional<std::string> model_path)
+      : session_(std::move(session)), model_path_(std::move(model_path)) {}
+
+  Future<SampleResponse> sample(const ModelInput& prompt, int num_samples, const SamplingParams& params,
+                                bool include_prompt_logprobs = false, int topk_prompt_logprobs = 0) const {
+    SampleRequest req{prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, model_path_};
+    return session_->sample(req);
+  }
+  // Logprob of every prompt token given the ones before it (the first gets 0.0).
+  Future<std::vector<double>> compute_logprobs(const ModelInput& prompt) const {
+    return session_->compute_logprobs(ComputeLogprobsRequest{prompt, model_path_});
+  }
+  const std::optional<std::string>& model_path() const { return model_path_; }
+  S& session() const { return *session_; }
+
+ private:
+  std::shared_ptr<S> session_;
+  std::optional<std::string> model_path_;
+};
+
+// Training and checkpoints on one session.
+template <Session S>
+class TrainingClient {
+ public:
+  explicit TrainingClient(std::shared_ptr<S> session) : session_(std::move(session)) {}
+
+  Future<ForwardBackwardOutput> forward(const std::vector<Datum>& data, const LossSpec& loss) {
+    return session_->forward(data, loss);
+  }
+  Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& data, const LossSpec& loss) {
+    return session_->forward_backward(data, loss);
+  }
+  Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>& data, CustomLossFn fn) {
+    return session_->forward_backward_custom(data, fn);
+  }
+  Future<OptimStepOutput> optim_step(const AdamParams& params) { return session_->optim_step(params); }
+  Future<CheckpointRef> save_state(const std::string& name) { return session_->save_state(name); }
+  Future<LoadStateOutput> load_state(const std::string& path, bool with_optimizer = true) {
+    return session_->load_state(path, with_optimizer);
+  }
+  Future<CheckpointRef> save_weights_for_sampler(const std::string& name) {
+    return session_->save_weights_for_sampler(name);
+  }
+  // Saves sampler weights and returns a client that samples from exactly those weights.
+  SamplingClient<S> save_weights_and_get_sampling_client(const std::string& name) {
+    return SamplingClient<S>(session_, session_->save_weights_for_sampler(name).get().path);
+  }
+  // A client that samples from the session's current weights (sees every later optimizer step).
+  SamplingClient<S> live_sampling_client() const { return SamplingClient<S>(session_, std::nullopt); }
+
+  SessionInfo get_info() const { return session_->info(); }
+  TokenUsage usage() const { return session_->usage(); }
+  // Needs the rlloop::tokenizer library at link time.
+  std::shared_ptr<const Tokenizer> get_tokenizer() const { return load_tokenizer(session_->info().tokenizer); }
+
+  S& session() const { return *session_; }
+  const std::shared_ptr<S>& session_ptr() const { return session_; }
+
+ private:
+  std::shared_ptr<S> session_;
+};
+
+// Platform settings; starts sessions on a Service.
+template <Service Svc>
+class ServiceClient {
+ public:
+  using session_type = typename Svc::session_type;
+
+  explicit ServiceClient(Svc service) : service_(std::move(service)) {}
+
+  TrainingClient<session_type> create_lora_training_client(const std::string& base_model, int rank = 16,
+                                                            int alpha = 32, std::int64_t seed = 0,
+                                                            std::vector<std::string> target_modules = {"all-linear"}) {
+    SessionOptions opts;
+    opts.base_model = base_model;
+    opts.lora = LoraOptions{rank, alpha, std::move(target_modules)};
+    opts.seed = seed;
+    return TrainingClient<session_type>(service_.create_session(opts));
+  }
+  TrainingClient<session_type> create_full_training_client(const std::string& base_model, std::int64_t seed = 0) {
+    SessionOptions opts;
+    opts.base_model = base_model;
+    opts.seed = seed;
+    return TrainingClient<session_type>(service_.create_session(opts));
+  }
+  TrainingClient<session_type> create_training_client(const SessionOptions& opts) {
+    return TrainingClient<session_type>(service_.create_session(opts));
+  }
+  // Resumes from save_state: opts describe the model the state belongs to.
+  TrainingClient<session_type> create_training_client_from_state(const std::string& path,
+                                                                  const SessionOptions& opts) {
+    return TrainingClient<session_type>(service_.create_session_from_state(path, opts));
+  }
+  SamplingClient<session_type> create_sampling_client(const std::string& path) {
+    return SamplingClient<session_type>(service_.open_sampler(path), std::nullopt);
+  }
+  std::vector<std::string> list_base_models() { return service_.list_base_models(); }
+  ServerCapabilities get_server_capabilities() { return service_.capabilities(); }
+
+  Svc& service() { return service_; }
+
+ private:
+  Svc service_;
+};
+
+}  // namespace rlloop

@@ -1,0 +1,175 @@
+// Loss specifications and the validation every backend applies before touching a model, so a bad datum is
+// rejected with the same message locally, in the remote client and in the server.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <rlloop/error.hpp>
+#include <rlloop/types.hpp>
+
+namespace rlloop {
+
+// The built-in losses (DESIGN.md §3). All are summed over tokens, never averaged.
+enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro };
+
+inline const char* to_string(LossFn f) {
+  switch (f) {
+    case LossFn::cross_entropy: return "cross_entropy";
+    case LossFn::importance_sampling: return "importance_sampling";
+    case LossFn::ppo: return "ppo";
+    case LossFn::cispo: return "cispo";
+    case LossFn::dro: return "dro";
+  }
+  return "?";
+}
+
+inline LossFn loss_fn_from_string(std::string_view name) {
+  for (LossFn f : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro})
+    if (name == to_string(f)) return f;
+  throw invalid_argument("unknown loss function '" + std::string(name) +
+                         "' (expected cross_entropy, importance_sampling, ppo, cispo or dro)");
+}
+
+// A loss with its configuration. clip thresholds bound the ratio r = exp(lp - q) for ppo and cispo;
+// beta weights the quadratic penalty of dro.
+struct LossSpec {
+  LossFn fn = LossFn::cross_entropy;
+  double clip_low_threshold = 0.8;
+  double clip_high_threshold = 1.2;
+  double beta = 0.1;
+
+  static LossSpec cross_entropy() { return {LossFn::cross_entropy}; }
+  static LossSpec importance_sampling() { return {LossFn::importance_sampling}; }
+  static LossSpec ppo(double lo = 0.8, double hi = 1.2) { return {LossFn::ppo, lo, hi}; }
+  static LossSpec cispo(double lo = 0.8, double hi = 1.2) { return {LossFn::cispo, lo, hi}; }
+  static LossSpec dro(double beta = 0.1) { return {LossFn::dro, 0.8, 1.2, beta}; }
+
+  // Config keys each loss accepts (the wire's lossFnConfig).
+  static std::vector<std::string> config_keys(LossFn f) {
+    switch (f) {
+      case LossFn::ppo:
+      case LossFn::cispo: return {"clip_low_threshold", "clip_high_threshold"};
+      case LossFn::dro: return {"beta"};
+      default: return {};
+    }
+  }
+
+  // Builds a spec from a name and a key/value config; unknown names, keys or out-of-range values throw.
+  static LossSpec parse(std::string_view name, const std::map<std::string, double>& config = {}) {
+    LossSpec s;
+    s.fn = loss_fn_from_string(name);
+    const auto keys = config_keys(s.fn);
+    for (const auto& [key, value] : config) {
+      bool known = false;
+      for (const auto& k : keys) known = known || k == key;
+      if (!known)
+        throw invalid_argument("loss '" + std::string(name) + "' does not accept config key '" + key + "'");
+      if (!std::isfinite(value)) throw invalid_argument("loss config '" + key + "' is not a finite number");
+      if (key == "clip_low_threshold") s.clip_low_threshold = value;
+      if (key == "clip_high_threshold") s.clip_high_threshold = value;
+      if (key == "beta") s.beta = value;
+    }
+    s.validate();
+    return s;
+  }
+
+  std::map<std::string, double> config() const {
+    switch (fn) {
+      case LossFn::ppo:
+      case LossFn::cispo: return {{"clip_low_threshold", clip_low_threshold}, {"clip_high_threshold", clip_high_threshold}};
+      case LossFn::dro: return {{"beta", beta}};
+      default: return {};
+    }
+  }
+
+  void validate() const {
+    if (!(clip_low_threshold >= 0.0 && clip_low_threshold <= 1.0))
+      throw invalid_argument("clip_low_threshold must be in [0, 1], got " + std::to_string(clip_low_threshold));
+    if (!(clip_high_threshold >= 1.0 && clip_high_threshold <= 10.0))
+      throw invalid_argument("clip_high_threshold must be in [1, 10], got " + std::to_string(clip_high_threshold));
+    if (!(beta >= 0.0 && std::isfinite(beta))) throw invalid_argument("dro beta must be a finite number >= 0");
+  }
+
+  // Loss inputs each loss requires; "weights" is optional for the RL losses (defaults to 1 per token).
+  static std::vector<std::string> required_inputs(LossFn f) {
+    if (f == LossFn::cross_entropy) return {"target_tokens", "weights"};
+    return {"target_tokens", "advantages", "logprobs"};
+  }
+  bool operator==(const LossSpec&) const = default;
+};
+
+// Every loss input key the wire protocol accepts.
+inline bool is_known_loss_input(std::string_view key) {
+  for (std::string_view k : {"target_tokens", "weights", "advantages", "logprobs", "ref_log_prob", "temperature"})
+    if (key == k) return true;
+  return false;
+}
+
+namespace detail {
+inline std::string datum_where(std::size_t index) { return "datum " + std::to_string(index) + ": "; }
+}  // namespace detail
+
+// Checks one model input: non-empty and every id in [0, vocab_size).
+inline void validate_model_input(const ModelInput& input, std::int64_t vocab_size, const std::string& where = "") {
+  if (input.length() == 0) throw invalid_argument(where + "model input is empty");
+  std::size_t pos = 0;
+  for (const auto& chunk : input.chunks)
+    for (token_id t : chunk.tokens) {
+      if (t < 0 || t >= vocab_size)
+        throw invalid_argument(where + "token id " + std::to_string(t) + " at position " + std::to_string(pos) +
+                               " is out of range [0, " + std::to_string(vocab_size) + ")");
+      ++pos;
+    }
+}
+
+// Checks a batch before anything runs: shapes, the required loss-input keys, ids and finite values.
+inline void validate_batch(std::span<const Datum> data, const std::vector<std::string>& required_inputs,
+                           const std::string& loss_name, std::int64_t vocab_size) {
+  if (data.empty()) throw invalid_argument("the batch holds no datum");
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const Datum& d = data[i];
+    const std::string where = detail::datum_where(i);
+    validate_model_input(d.model_input, vocab_size, where);
+    const std::size_t n = d.model_input.length();
+    for (const auto& [key, tensor] : d.loss_fn_inputs) {
+      if (!is_known_loss_input(key)) throw invalid_argument(where + "unknown loss input '" + key + "'");
+      if (tensor.size() != n)
+        throw invalid_argument(where + "loss input '" + key + "' has " + std::to_string(tensor.size()) +
+                               " values but the model input has " + std::to_string(n) + " tokens");
+      if (tensor.dtype == DType::float32)
+        for (std::size_t j = 0; j < tensor.float_data.size(); ++j)
+          if (!std::isfinite(tensor.float_data[j]))
+            throw invalid_argument(where + "loss input '" + key + "' holds a non-finite value at position " +
+                                   std::to_string(j));
+    }
+    for (const auto& key : required_inputs)
+      if (!d.loss_fn_inputs.count(key))
+        throw invalid_argument(where + "loss '" + loss_name + "' needs loss input '" + key + "'");
+    if (auto it = d.loss_fn_inputs.find("target_tokens"); it != d.loss_fn_inputs.end()) {
+      const auto targets = it->second.as_doubles();
+      for (std::size_t j = 0; j < targets.size(); ++j)
+        if (targets[j] < 0 || targets[j] >= static_cast<double>(vocab_size) || targets[j] != std::floor(targets[j]))
+          throw invalid_argument(where + "target token " + std::to_string(static_cast<long long>(targets[j])) +
+                                 " at position " + std::to_string(j) + " is out of range [0, " +
+                                 std::to_string(vocab_size) + ")");
+    }
+  }
+}
+
+// Checks a batch against a built-in loss.
+inline void validate_batch(std::span<const Datum> data, LossFn loss, std::int64_t vocab_size) {
+  validate_batch(data, LossSpec::required_inputs(loss), to_string(loss), vocab_size);
+}
+
+// Checks a batch for forward_backward_custom: only target_tokens are required.
+inline void validate_custom_batch(std::span<const Datum> data, std::int64_t vocab_size) {
+  validate_batch(data, {"target_tokens"}, "custom", vocab_size);
+}
+
+}  // namespace rlloop

@@ -1,0 +1,9 @@
+// Umbrella header of the header-only core. No LibTorch, no JSON library (include <rlloop/json.hpp> for that).
+#pragma once
+#include <rlloop/clients.hpp>
+#include <rlloop/error.hpp>
+#include <rlloop/future.hpp>
+#include <rlloop/loss.hpp>
+#include <rlloop/session.hpp>
+#include <rlloop/tokenizer.hpp>
+#include <rlloop/types.hpp>
