@@ -1,0 +1,74 @@
+// The local backend: a LibTorch session in this process (CUDA bf16 when the LibTorch build has CUDA, CPU fp32
+// otherwise). This header does not include LibTorch; link rlloop::engine.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <rlloop/session.hpp>
+
+namespace rlloop {
+
+struct LocalServiceOptions {
+  // Where save_state / save_weights_for_sampler write ("<checkpoint_dir>/<name>/").
+  std::string checkpoint_dir = "rlloop-checkpoints";
+  // Base-model catalogue: names usable as SessionOptions::base_model besides a model directory path.
+  std::vector<std::pair<std::string, std::string>> base_models;
+  // "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
+  std::string device = "auto";
+  // LibTorch intra-op threads; 0 = OMP_NUM_THREADS if set, else the number of cores.
+  int num_threads = 0;
+};
+
+// One training session: a model kept loaded, a worker thread running operations in submission order.
+class LocalSession {
+ public:
+  LocalSession(const SessionOptions& options, const LocalServiceOptions& service);
+  ~LocalSession();
+  LocalSession(const LocalSession&) = delete;
+  LocalSession& operator=(const LocalSession&) = delete;
+
+  Future<ForwardBackwardOutput> forward(const std::vector<Datum>& data, const LossSpec& loss);
+  Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& data, const LossSpec& loss);
+  Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>& data, const CustomLossFn& fn);
+  Future<OptimStepOutput> optim_step(const AdamParams& params);
+  Future<CheckpointRef> save_state(const std::string& name);
+  Future<LoadStateOutput> load_state(const std::string& path, bool with_optimizer);
+  Future<CheckpointRef> save_weights_for_sampler(const std::string& name);
+  Future<SampleResponse> sample(const SampleRequest& request);
+  Future<std::vector<double>> compute_logprobs(const ComputeLogprobsRequest& request);
+  SessionInfo info();
+  TokenUsage usage();
+
+  // Exports (run in order with the other operations): merged weights in HF layout, LoRA adapter in PEFT layout.
+  Future<CheckpointRef> export_merged_model(const std::string& dir);
+  Future<CheckpointRef> export_peft_adapter(const std::string& dir);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+static_assert(Session<LocalSession>);
+
+// Creates LocalSessions; satisfies the Service concept.
+class LocalService {
+ public:
+  using session_type = LocalSession;
+  explicit LocalService(LocalServiceOptions options = {});
+
+  std::shared_ptr<LocalSession> create_session(const SessionOptions& options);
+  std::shared_ptr<LocalSession> create_session_from_state(const std::string& path, const SessionOptions& options);
+  std::shared_ptr<LocalSession> open_sampler(const std::string& path);
+  std::vector<std::string> list_base_models();
+  ServerCapabilities capabilities();
+  const LocalServiceOptions& options() const { return options_; }
+
+ private:
+  LocalServiceOptions options_;
+};
+static_assert(Service<LocalService>);
+
+// Resolves a base-model name through the catalogue (or returns it as a path); throws not_found.
+std::string resolve_base_model(const LocalServiceOptions& service, const std::string& name);
+
+}  // namespace rlloop

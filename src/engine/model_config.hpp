@@ -1,0 +1,39 @@
+// Decoder-only transformer configuration read from a Hugging Face config.json (Llama, Qwen2, Qwen3).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace rlloop::engine {
+
+struct ModelConfig {
+  std::string model_type = "llama";  // "llama" | "qwen2" | "qwen3"
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t intermediate_size = 0;
+  std::int64_t num_hidden_layers = 0;
+  std::int64_t num_attention_heads = 0;
+  std::int64_t num_key_value_heads = 0;  // grouped-query attention; defaults to num_attention_heads
+  std::int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // QKV bias: true for qwen2 unless config says otherwise
+  bool qk_norm = false;         // per-head RMSNorm on q and k: qwen3
+  std::optional<std::int64_t> bos_token_id;
+  std::optional<std::int64_t> eos_token_id;
+  // rlloop extension key "rlloop_tokenizer": "byte" for byte-level models; empty = tokenizer.json beside config.
+  std::string tokenizer;
+
+  // Parses HF config.json content; missing required fields and inconsistent sizes throw invalid_argument.
+  static ModelConfig from_json(const nlohmann::json& j);
+  static ModelConfig load(const std::string& config_json_path);
+  nlohmann::json to_json() const;
+  void validate() const;
+  std::int64_t num_parameters() const;  // without LoRA
+};
+
+}  // namespace rlloop::engine

@@ -1,0 +1,29 @@
+// Batched, KV-cached sampling of num_samples continuations of one prompt.
+#pragma once
+#include <functional>
+#include <span>
+
+#include <torch/torch.h>
+
+#include <rlloop/types.hpp>
+
+#include "transformer.hpp"
+
+namespace rlloop::engine {
+
+// Called after each new token of a sequence with all tokens generated so far; true = a stop string
+// has appeared (the sequence ends with reason "stop", keeping every token generated).
+using StopStringCheck = std::function<bool(std::span<const token_id> generated)>;
+
+// Prefills the prompt once, then decodes req.num_samples sequences in lockstep with one cache.
+// Per token: logits -> temperature (0 = greedy) -> top-k -> top-p -> draw with `generator`.
+// Returned logprobs are of the model's own distribution (temperature 1, unfiltered), i.e. exactly what
+// compute_logprobs gives for the same tokens. Stops per sequence on a stop token id (kept in the output),
+// a stop string, or max_tokens ("length"). Prompt logprobs / top-k prompt logprobs on request.
+SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
+                      at::Generator& generator);
+
+// Logprob of each token given the previous ones; entry 0 is 0.0 (no context).
+std::vector<double> compute_logprobs(Transformer& model, std::span<const token_id> tokens);
+
+}  // namespace rlloop::engine

@@ -1,0 +1,76 @@
+// The Llama / Qwen2 / Qwen3 decoder (RMSNorm, RoPE, SwiGLU, GQA, optional QKV bias, optional q/k norm, tied
+// or untied embeddings) with optional LoRA adapters, as a LibTorch module. Tensor names follow Hugging Face
+// so state dicts load and save in HF layout; adapters follow PEFT names.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <rlloop/types.hpp>
+
+#include "model_config.hpp"
+
+namespace rlloop::engine {
+
+using TensorMap = std::map<std::string, torch::Tensor>;
+
+// Per-layer key/value cache for incremental decoding. Shapes [batch, kv_heads, capacity, head_dim];
+// `length` positions are filled.
+struct KVCache {
+  std::vector<torch::Tensor> keys;
+  std::vector<torch::Tensor> values;
+  std::int64_t length = 0;
+  std::int64_t capacity = 0;
+  // Allocates an empty cache for `batch` sequences of up to `capacity` tokens.
+  static KVCache allocate(const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity, torch::Device device,
+                          torch::ScalarType dtype);
+  // Repeats every sequence `times` times along the batch (prefill once, then decode num_samples copies).
+  void repeat_batch(std::int64_t times);
+};
+
+class Transformer : public torch::nn::Module {
+ public:
+  explicit Transformer(const ModelConfig& cfg);
+
+  const ModelConfig& config() const;
+
+  // input_ids: [B, T] int64. Without a cache, positions are 0..T-1 with a causal mask. With a cache, the
+  // tokens continue the cached positions and the cache is extended. Returns the final-norm hidden states [B, T, H].
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, KVCache* cache = nullptr);
+  // Unembedding (lm_head, or the tied embedding), LoRA included when enabled: [B, T, H] -> [B, T, V].
+  torch::Tensor logits(const torch::Tensor& hidden);
+  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) {
+    return logits(hidden_states(input_ids, cache));
+  }
+
+  // Base weights under HF names ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
+  // "lm_head.weight" unless tied). Loading checks every name and shape and copies in place.
+  TensorMap hf_state_dict() const;
+  void load_hf_state_dict(const TensorMap& tensors);
+
+  // LoRA: adds adapters to the selected linears (LoraOptions::target_modules), freezes every base weight.
+  // A is initialised from `seed` (Kaiming-uniform), B to zero, so the adapted model equals the base model.
+  void enable_lora(const LoraOptions& options, std::int64_t seed);
+  bool has_lora() const;
+  const std::optional<LoraOptions>& lora_options() const;
+  std::vector<torch::Tensor> lora_a_parameters();
+  std::vector<torch::Tensor> lora_b_parameters();
+  // Adapters under PEFT names ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").
+  TensorMap peft_state_dict() const;
+  void load_peft_state_dict(const TensorMap& tensors);
+  // Base weights with W + (alpha / rank) * B A folded in (HF names); the module itself is not changed.
+  TensorMap merged_hf_state_dict() const;
+
+  // What the optimizer updates: the adapters with LoRA, every weight without. Names are stable across runs.
+  std::vector<std::pair<std::string, torch::Tensor>> named_trainable_parameters();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace rlloop::engine
