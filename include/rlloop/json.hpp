@@ -1,0 +1,895 @@
+// Wire JSON for the core types, with the runtime API's field names (lowerCamelCase; spec §3). Writers produce
+// what the service expects; readers validate every type and required field and throw rlloop::invalid_argument
+// naming the JSON path ("operationConfig.forwardBackward.datumList[2].lossFnInputs.weights.data: expected
+// numbers"), so a malformed request is rejected the same way by the server and by the client's own checks.
+// Output readers (results) tolerate unknown keys; input readers (requests) reject unknown union members and
+// unknown loss inputs, as the spec requires.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+#include <rlloop/loss.hpp>
+#include <rlloop/types.hpp>
+
+namespace rlloop::wire {
+
+using json = nlohmann::json;
+
+// ---- operation shapes (the unions of spec §3.3 / §3.5 / §3.7) -----------------------------------------------
+
+struct BatchOp {
+  std::vector<Datum> data;
+  LossSpec loss;
+  bool operator==(const BatchOp&) const = default;
+};
+struct ForwardOp : BatchOp {};
+struct ForwardBackwardOp : BatchOp {};
+struct OptimizerStepOp {
+  AdamParams adam;
+  bool operator==(const OptimizerStepOp&) const = default;
+};
+struct SaveWeightsOp {
+  bool merge_weights = false;
+  std::string description;
+  bool operator==(const SaveWeightsOp&) const = default;
+};
+struct SaveStateOp {
+  std::string description;
+  bool operator==(const SaveStateOp&) const = default;
+};
+struct LoadStateOp {
+  std::string model_package_arn;
+  bool load_optimizer = true;
+  bool operator==(const LoadStateOp&) const = default;
+};
+using TrainingOperation = std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp, LoadStateOp>;
+
+struct LoadWeightsForSamplingOp {
+  std::string model_package_arn;
+};
+using SamplingOperation = std::variant<SampleRequest, ComputeLogprobsRequest, LoadWeightsForSamplingOp>;
+
+// ExecuteTrainingOperation body.
+struct ExecuteTrainingRequest {
+  std::int64_t sequence_number = 0;
+  std::optional<std::string> client_token;
+  TrainingOperation operation;
+};
+
+struct ForwardResult {
+  ForwardBackwardOutput output;
+};
+struct ForwardBackwardResult {
+  ForwardBackwardOutput output;
+};
+struct SaveWeightsResult {
+  std::optional<std::string> model_package_arn;
+};
+struct SaveStateResult {
+  std::string model_package_arn;
+};
+using TrainingResult =
+    std::variant<ForwardResult, ForwardBackwardResult, OptimStepOutput, SaveWeightsResult, SaveStateResult, LoadStateOutput>;
+
+struct ComputeLogprobsResult {
+  std::vector<double> logprobs;
+};
+struct LoadWeightsForSamplingResult {};
+using SamplingResult = std::variant<SampleResponse, ComputeLogprobsResult, LoadWeightsForSamplingResult>;
+
+// Get*OperationResult body. status: Pending | InProgress | Completed | Failed | Skipped.
+template <class Result>
+struct OperationState {
+  std::string status;
+  std::optional<Result> result;
+  std::optional<std::string> error_details;
+  std::optional<std::int64_t> training_tokens;  // top-level tokenUsage (training operations only)
+};
+using TrainingOperationState = OperationState<TrainingResult>;
+using SamplingOperationState = OperationState<SamplingResult>;
+
+inline bool is_terminal_status(const std::string& s) { return s == "Completed" || s == "Failed" || s == "Skipped"; }
+
+// ---- reading helpers -----------------------------------------------------------------------------------------
+
+namespace detail {
+
+inline std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+inline std::string at(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
+[[noreturn]] inline void fail(const std::string& path, const std::string& what) {
+  throw invalid_argument((path.empty() ? std::string("request body") : path) + ": " + what);
+}
+
+inline const json& object(const json& j, const std::string& path) {
+  if (!j.is_object()) fail(path, "expected an object");
+  return j;
+}
+inline const json& array(const json& j, const std::string& path) {
+  if (!j.is_array()) fail(path, "expected an array");
+  return j;
+}
+// The member, or nullptr when absent (JSON null counts as absent, as AWS SDKs treat it).
+inline const json* find(const json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+inline const json& need(const json& obj, const std::string& path, const std::string& key) {
+  if (const json* v = find(obj, key)) return *v;
+  fail(join(path, key), "required field is missing");
+}
+inline std::string string(const json& j, const std::string& path) {
+  if (!j.is_string()) fail(path, "expected a string");
+  return j.get<std::string>();
+}
+inline bool boolean(const json& j, const std::string& path) {
+  if (!j.is_boolean()) fail(path, "expected a boolean");
+  return j.get<bool>();
+}
+inline double number(const json& j, const std::string& path) {
+  if (!j.is_number()) fail(path, "expected a number");
+  return j.get<double>();
+}
+inline std::int64_t integer(const json& j, const std::string& path, std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+                            std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
+  std::int64_t v = 0;
+  if (j.is_number_integer()) {
+    if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      fail(path, "integer out of range");
+    v = j.get<std::int64_t>();
+  } else if (j.is_number_float() && std::isfinite(j.get<double>()) && j.get<double>() == std::floor(j.get<double>()) &&
+             std::fabs(j.get<double>()) < 9.0e15) {
+    v = static_cast<std::int64_t>(j.get<double>());  // 3.0 is an integer to JSON writers that only know doubles
+  } else {
+    fail(path, "expected an integer");
+  }
+  if (v < lo || v > hi) fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+  return v;
+}
+inline double in_range(double v, const std::string& path, double lo, double hi) {
+  if (!(v >= lo && v <= hi)) fail(path, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + json(v).dump());
+  return v;
+}
+// Rejects members a request type does not define, so a typo is an error rather than a silently ignored field.
+inline void only_keys(const json& obj, const std::string& path, std::initializer_list<const char*> keys) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool known = false;
+    for (const char* k : keys) known = known || it.key() == k;
+    if (!known) fail(join(path, it.key()), "unknown field");
+  }
+}
+// A union: exactly one member, and it must be one of `members`. Returns the member's name.
+inline std::string union_member(const json& j, const std::string& path, std::initializer_list<const char*> members) {
+  object(j, path);
+  std::string names;
+  for (const char* m : members) names += (names.empty() ? "" : ", ") + std::string(m);
+  if (j.size() != 1) fail(path, "expected exactly one of " + names + " (got " + std::to_string(j.size()) + " members)");
+  const std::string key = j.begin().key();
+  for (const char* m : members)
+    if (key == m) return key;
+  fail(join(path, key), "unknown member (expected one of " + names + ")");
+}
+
+}  // namespace detail
+
+// ---- ModelInput / TensorData / Datum -------------------------------------------------------------------------
+
+inline json to_json(const ModelInput& in) {
+  json chunks = json::array();
+  for (const auto& c : in.chunks) chunks.push_back({{"type", "encoded_text"}, {"tokens", c.tokens}});
+  return {{"chunks", std::move(chunks)}};
+}
+
+inline ModelInput model_input_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  ModelInput out;
+  const std::string cpath = join(path, "chunks");
+  const json& chunks = array(need(j, path, "chunks"), cpath);
+  if (chunks.empty()) fail(cpath, "needs at least one chunk");
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const std::string p = at(cpath, i);
+    object(chunks[i], p);
+    const std::string type = string(need(chunks[i], p, "type"), join(p, "type"));
+    if (type != "encoded_text") fail(join(p, "type"), "unsupported chunk type '" + type + "' (expected encoded_text)");
+    const std::string tpath = join(p, "tokens");
+    const json& tokens = array(need(chunks[i], p, "tokens"), tpath);
+    EncodedTextChunk chunk;
+    chunk.tokens.reserve(tokens.size());
+    for (std::size_t k = 0; k < tokens.size(); ++k)
+      chunk.tokens.push_back(static_cast<token_id>(integer(tokens[k], at(tpath, k), 0, std::numeric_limits<token_id>::max())));
+    out.chunks.push_back(std::move(chunk));
+  }
+  return out;
+}
+
+inline json to_json(const TensorData& t) {
+  json j{{"dtype", to_string(t.dtype)}};
+  if (t.dtype == DType::float32) j["data"] = t.float_data;
+  else j["data"] = t.int_data;
+  j["shape"] = t.shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(t.size())} : t.shape;
+  return j;
+}
+
+namespace detail {
+// Flattens nested `data` row-major, recording the shape and checking that it is rectangular.
+inline void flatten(const json& j, const std::string& path, std::size_t depth, std::vector<std::int64_t>& shape,
+                    std::vector<const json*>& leaves) {
+  if (!j.is_array()) {
+    if (depth == 0) fail(path, "expected an array");
+    if (depth != shape.size()) fail(path, "ragged nested array");
+    leaves.push_back(&j);
+    return;
+  }
+  if (depth == shape.size()) {
+    if (!leaves.empty()) fail(path, "ragged nested array");
+    shape.push_back(static_cast<std::int64_t>(j.size()));
+  } else if (depth > shape.size() || shape[depth] != static_cast<std::int64_t>(j.size())) {
+    fail(path, "ragged nested array");
+  }
+  for (std::size_t i = 0; i < j.size(); ++i) flatten(j[i], at(path, i), depth + 1, shape, leaves);
+}
+}  // namespace detail
+
+// Accepts flat `data` (with an optional `shape` whose product must match) or nested `data` (shape inferred).
+inline TensorData tensor_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  TensorData t;
+  const std::string dtype = string(need(j, path, "dtype"), join(path, "dtype"));
+  if (dtype == "float32" || dtype == "float64") t.dtype = DType::float32;
+  else if (dtype == "int64" || dtype == "int32") t.dtype = DType::int64;
+  else fail(join(path, "dtype"), "unsupported dtype '" + dtype + "' (expected float32 or int64)");
+
+  const std::string dpath = join(path, "data");
+  std::vector<std::int64_t> inferred;
+  std::vector<const json*> leaves;
+  flatten(need(j, path, "data"), dpath, 0, inferred, leaves);
+  if (t.dtype == DType::float32) {
+    t.float_data.reserve(leaves.size());
+    for (const json* v : leaves) {
+      if (!v->is_number()) fail(dpath, "expected numbers");
+      t.float_data.push_back(v->get<float>());
+    }
+  } else {
+    t.int_data.reserve(leaves.size());
+    for (const json* v : leaves) {
+      if (!v->is_number()) fail(dpath, "expected integers");
+      const double d = v->get<double>();
+      if (!v->is_number_integer() && d != std::floor(d)) fail(dpath, "expected integers");
+      t.int_data.push_back(v->is_number_integer() ? v->get<std::int64_t>() : static_cast<std::int64_t>(d));
+    }
+  }
+  t.shape = inferred;
+  if (const json* s = find(j, "shape")) {
+    const std::string spath = join(path, "shape");
+    array(*s, spath);
+    std::vector<std::int64_t> shape;
+    std::int64_t product = 1;
+    for (std::size_t i = 0; i < s->size(); ++i) {
+      shape.push_back(integer((*s)[i], at(spath, i), 0));
+      product *= shape.back();
+    }
+    if (product != static_cast<std::int64_t>(leaves.size()))
+      fail(spath, "shape holds " + std::to_string(product) + " elements but data holds " + std::to_string(leaves.size()));
+    t.shape = std::move(shape);
+  }
+  return t;
+}
+
+inline json to_json(const Datum& d) {
+  json inputs = json::object();
+  for (const auto& [k, v] : d.loss_fn_inputs) inputs[k] = to_json(v);
+  return {{"modelInput", to_json(d.model_input)}, {"lossFnInputs", std::move(inputs)}};
+}
+
+inline Datum datum_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  only_keys(j, path, {"modelInput", "lossFnInputs"});
+  Datum d;
+  d.model_input = model_input_from_json(need(j, path, "modelInput"), join(path, "modelInput"));
+  if (const json* inputs = find(j, "lossFnInputs")) {
+    const std::string ipath = join(path, "lossFnInputs");
+    object(*inputs, ipath);
+    for (auto it = inputs->begin(); it != inputs->end(); ++it) {
+      if (!is_known_loss_input(it.key()))
+        fail(join(ipath, it.key()),
+             "unknown loss input (expected target_tokens, weights, advantages, logprobs, ref_log_prob or temperature)");
+      d.loss_fn_inputs[it.key()] = tensor_from_json(it.value(), join(ipath, it.key()));
+    }
+  }
+  return d;
+}
+
+// ---- losses, sampling and optimizer settings -----------------------------------------------------------------
+
+// Writes lossFnName and lossFnConfig into an operation config object.
+inline void write_loss(json& j, const LossSpec& loss) {
+  j["lossFnName"] = to_string(loss.fn);
+  const auto config = loss.config();
+  if (!config.empty()) j["lossFnConfig"] = config;
+}
+
+inline LossSpec loss_from_json(const json& obj, const std::string& path) {
+  using namespace detail;
+  const std::string name = string(need(obj, path, "lossFnName"), join(path, "lossFnName"));
+  std::map<std::string, double> config;
+  if (const json* c = find(obj, "lossFnConfig")) {
+    const std::string cpath = join(path, "lossFnConfig");
+    object(*c, cpath);
+    for (auto it = c->begin(); it != c->end(); ++it) config[it.key()] = number(it.value(), join(cpath, it.key()));
+  }
+  try {
+    return LossSpec::parse(name, config);
+  } catch (const invalid_argument& e) {
+    fail(path, e.what());
+  }
+}
+
+inline json to_json(const SamplingParams& p) {
+  json j{{"maxTokens", p.max_tokens}, {"temperature", p.temperature}, {"topK", p.top_k}, {"topP", p.top_p}};
+  if (p.seed) j["seed"] = *p.seed;
+  if (!p.stop.empty()) j["stop"] = p.stop;
+  // Token-id stops are an rlloop extension (the spec's stop takes strings only).
+  if (!p.stop_token_ids.empty()) j["stopTokenIds"] = p.stop_token_ids;
+  return j;
+}
+
+inline SamplingParams sampling_params_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  only_keys(j, path, {"maxTokens", "temperature", "topK", "topP", "seed", "stop", "stopTokenIds"});
+  SamplingParams p;
+  p.max_tokens = static_cast<int>(integer(need(j, path, "maxTokens"), join(path, "maxTokens"), 1, 131072));
+  if (const json* v = find(j, "temperature")) p.temperature = in_range(number(*v, join(path, "temperature")), join(path, "temperature"), 0, 2);
+  if (const json* v = find(j, "topK")) p.top_k = static_cast<int>(integer(*v, join(path, "topK"), -1, std::numeric_limits<std::int32_t>::max()));
+  if (const json* v = find(j, "topP")) p.top_p = in_range(number(*v, join(path, "topP")), join(path, "topP"), 0, 1);
+  if (const json* v = find(j, "seed")) p.seed = integer(*v, join(path, "seed"));
+  if (const json* v = find(j, "stop")) {
+    const std::string spath = join(path, "stop");
+    array(*v, spath);
+    for (std::size_t i = 0; i < v->size(); ++i) p.stop.push_back(string((*v)[i], at(spath, i)));
+  }
+  if (const json* v = find(j, "stopTokenIds")) {
+    const std::string spath = join(path, "stopTokenIds");
+    array(*v, spath);
+    for (std::size_t i = 0; i < v->size(); ++i)
+      p.stop_token_ids.push_back(static_cast<token_id>(integer((*v)[i], at(spath, i), 0, std::numeric_limits<token_id>::max())));
+  }
+  return p;
+}
+
+inline json to_json(const AdamParams& a) {
+  json j{{"learningRate", a.learning_rate}, {"beta1", a.beta1},          {"beta2", a.beta2},
+         {"eps", a.eps},                    {"weightDecay", a.weight_decay}, {"loraPlusLrRatio", a.lora_plus_lr_ratio}};
+  if (a.grad_clip_norm) j["gradClipNorm"] = *a.grad_clip_norm;
+  return j;
+}
+
+// Ranges from the spec's AdamParamsConfig table; omitted optional fields keep AdamParams' defaults.
+inline AdamParams adam_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  only_keys(j, path, {"learningRate", "beta1", "beta2", "eps", "weightDecay", "gradClipNorm", "loraPlusLrRatio"});
+  AdamParams a;
+  auto read = [&](const char* key, double lo, double hi) { return in_range(number(*find(j, key), join(path, key)), join(path, key), lo, hi); };
+  need(j, path, "learningRate");
+  a.learning_rate = read("learningRate", 0, 0.01);
+  if (a.learning_rate <= 0) fail(join(path, "learningRate"), "must be > 0");
+  if (find(j, "beta1")) a.beta1 = read("beta1", 0, 0.999999);
+  if (find(j, "beta2")) a.beta2 = read("beta2", 0, 0.999999);
+  if (find(j, "eps")) a.eps = read("eps", 1e-16, 0.01);
+  if (find(j, "weightDecay")) a.weight_decay = read("weightDecay", 0, 1);
+  if (find(j, "gradClipNorm")) a.grad_clip_norm = read("gradClipNorm", 0, 100);
+  if (find(j, "loraPlusLrRatio")) a.lora_plus_lr_ratio = read("loraPlusLrRatio", 1, 100);
+  return a;
+}
+
+// ---- requests ------------------------------------------------------------------------------------------------
+
+namespace detail {
+inline std::vector<Datum> datum_list(const json& obj, const std::string& path) {
+  const std::string lpath = join(path, "datumList");
+  const json& list = array(need(obj, path, "datumList"), lpath);
+  if (list.empty()) fail(lpath, "needs at least one datum");
+  std::vector<Datum> out;
+  out.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) out.push_back(datum_from_json(list[i], at(lpath, i)));
+  return out;
+}
+inline json batch_json(const BatchOp& op) {
+  json list = json::array();
+  for (const auto& d : op.data) list.push_back(to_json(d));
+  json j{{"datumList", std::move(list)}};
+  write_loss(j, op.loss);
+  return j;
+}
+}  // namespace detail
+
+inline json to_json(const TrainingOperation& op) {
+  return std::visit(
+      [](const auto& o) -> json {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, ForwardOp>) return {{"forward", detail::batch_json(o)}};
+        else if constexpr (std::is_same_v<T, ForwardBackwardOp>) return {{"forwardBackward", detail::batch_json(o)}};
+        else if constexpr (std::is_same_v<T, OptimizerStepOp>) return {{"optimizerStep", {{"adamParamsConfig", to_json(o.adam)}}}};
+        else if constexpr (std::is_same_v<T, SaveWeightsOp>) {
+          json c{{"mergeWeights", o.merge_weights}};
+          if (!o.description.empty()) c["description"] = o.description;
+          return {{"saveWeights", std::move(c)}};
+        } else if constexpr (std::is_same_v<T, SaveStateOp>) {
+          json c = json::object();
+          if (!o.description.empty()) c["description"] = o.description;
+          return {{"saveState", std::move(c)}};
+        } else {
+          return {{"loadState", {{"modelPackageArn", o.model_package_arn}, {"loadOptimizer", o.load_optimizer}}}};
+        }
+      },
+      op);
+}
+
+inline TrainingOperation training_operation_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  const std::string member =
+      union_member(j, path, {"forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState"});
+  const json& c = object(j.at(member), join(path, member));
+  const std::string p = join(path, member);
+  auto description = [&]() -> std::string {
+    if (const json* d = find(c, "description")) {
+      std::string s = string(*d, join(p, "description"));
+      if (s.size() > 1024) fail(join(p, "description"), "longer than 1024 characters");
+      return s;
+    }
+    return {};
+  };
+  if (member == "forward" || member == "forwardBackward") {
+    only_keys(c, p, {"datumList", "lossFnName", "lossFnConfig"});
+    BatchOp b{datum_list(c, p), loss_from_json(c, p)};
+    if (member == "forward") return ForwardOp{std::move(b)};
+    return ForwardBackwardOp{std::move(b)};
+  }
+  if (member == "optimizerStep") {
+    only_keys(c, p, {"adamParamsConfig"});
+    return OptimizerStepOp{adam_from_json(need(c, p, "adamParamsConfig"), join(p, "adamParamsConfig"))};
+  }
+  if (member == "saveWeights") {
+    only_keys(c, p, {"mergeWeights", "description"});
+    SaveWeightsOp o;
+    if (const json* m = find(c, "mergeWeights")) o.merge_weights = boolean(*m, join(p, "mergeWeights"));
+    o.description = description();
+    return o;
+  }
+  if (member == "saveState") {
+    only_keys(c, p, {"description"});
+    return SaveStateOp{description()};
+  }
+  only_keys(c, p, {"modelPackageArn", "loadOptimizer"});
+  LoadStateOp o;
+  o.model_package_arn = string(need(c, p, "modelPackageArn"), join(p, "modelPackageArn"));
+  if (o.model_package_arn.empty()) fail(join(p, "modelPackageArn"), "must not be empty");
+  o.load_optimizer = boolean(need(c, p, "loadOptimizer"), join(p, "loadOptimizer"));
+  return o;
+}
+
+inline json to_json(const ExecuteTrainingRequest& r) {
+  json j{{"sequenceNumber", r.sequence_number}, {"operationConfig", to_json(r.operation)}};
+  if (r.client_token) j["clientToken"] = *r.client_token;
+  return j;
+}
+
+inline bool is_valid_client_token(const std::string& s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (char ch : s)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')) return false;
+  return true;
+}
+
+inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) {
+  using namespace detail;
+  object(j, "");
+  only_keys(j, "", {"sequenceNumber", "clientToken", "operationConfig"});
+  ExecuteTrainingRequest r;
+  r.sequence_number = integer(need(j, "", "sequenceNumber"), "sequenceNumber", 0, std::numeric_limits<std::int32_t>::max());
+  if (const json* t = find(j, "clientToken")) {
+    r.client_token = string(*t, "clientToken");
+    if (!is_valid_client_token(*r.client_token)) fail("clientToken", "must be 1-128 characters of [a-zA-Z0-9-]");
+  }
+  r.operation = training_operation_from_json(need(j, "", "operationConfig"), "operationConfig");
+  return r;
+}
+
+inline json to_json(const SampleRequest& r) {
+  json j{{"prompt", to_json(r.prompt)}, {"numSamples", r.num_samples}, {"samplingParams", to_json(r.params)}};
+  if (r.include_prompt_logprobs) j["includePromptLogprobs"] = true;
+  if (r.topk_prompt_logprobs > 0) j["topkPromptLogprobs"] = r.topk_prompt_logprobs;
+  if (r.model_path) j["modelPackageArn"] = *r.model_path;
+  return j;
+}
+
+inline json to_json(const SamplingOperation& op) {
+  return std::visit(
+      [](const auto& o) -> json {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, SampleRequest>) return {{"sample", to_json(o)}};
+        else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
+          json c{{"prompt", to_json(o.prompt)}};
+          if (o.model_path) c["modelPackageArn"] = *o.model_path;
+          return {{"computeLogprobs", std::move(c)}};
+        } else {
+          return {{"loadWeightsForSampling", {{"modelPackageArn", o.model_package_arn}}}};
+        }
+      },
+      op);
+}
+
+inline SamplingOperation sampling_operation_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  const std::string member = union_member(j, path, {"sample", "computeLogprobs", "loadWeightsForSampling"});
+  const std::string p = join(path, member);
+  const json& c = object(j.at(member), p);
+  auto arn = [&](bool required) -> std::optional<std::string> {
+    const json* a = find(c, "modelPackageArn");
+    if (!a) {
+      if (required) need(c, p, "modelPackageArn");
+      return std::nullopt;
+    }
+    std::string s = string(*a, join(p, "modelPackageArn"));
+    if (s.empty()) fail(join(p, "modelPackageArn"), "must not be empty");
+    return s;
+  };
+  if (member == "sample") {
+    only_keys(c, p, {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn"});
+    SampleRequest r;
+    r.prompt = model_input_from_json(need(c, p, "prompt"), join(p, "prompt"));
+    r.num_samples = static_cast<int>(integer(need(c, p, "numSamples"), join(p, "numSamples"), 1, 1000));
+    r.params = sampling_params_from_json(need(c, p, "samplingParams"), join(p, "samplingParams"));
+    if (const json* v = find(c, "includePromptLogprobs")) r.include_prompt_logprobs = boolean(*v, join(p, "includePromptLogprobs"));
+    if (const json* v = find(c, "topkPromptLogprobs"))
+      r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), 0, 1000));
+    r.model_path = arn(false);
+    return r;
+  }
+  if (member == "computeLogprobs") {
+    only_keys(c, p, {"prompt", "modelPackageArn"});
+    return ComputeLogprobsRequest{model_input_from_json(need(c, p, "prompt"), join(p, "prompt")), arn(false)};
+  }
+  only_keys(c, p, {"modelPackageArn"});
+  return LoadWeightsForSamplingOp{*arn(true)};
+}
+
+// ExecuteSamplingOperation body: only operationConfig.
+inline SamplingOperation execute_sampling_request_from_json(const json& j) {
+  detail::object(j, "");
+  detail::only_keys(j, "", {"operationConfig"});
+  return sampling_operation_from_json(detail::need(j, "", "operationConfig"), "operationConfig");
+}
+
+// ---- results -------------------------------------------------------------------------------------------------
+
+inline json to_json(const ForwardBackwardOutput& o) {
+  json outputs = json::array();
+  for (const auto& m : o.loss_fn_outputs) {
+    json one = json::object();
+    for (const auto& [k, v] : m) one[k] = to_json(v);
+    outputs.push_back(std::move(one));
+  }
+  return {{"lossFnOutputs", std::move(outputs)},
+          {"lossFnOutputType", o.loss_fn_output_type},
+          {"metrics", o.metrics},
+          {"tokenUsage", {{"trainingTokens", o.training_tokens}}}};
+}
+
+namespace detail {
+inline Metrics metrics_from_json(const json& obj, const std::string& path) {
+  Metrics m;
+  if (const json* v = find(obj, "metrics")) {
+    const std::string mpath = join(path, "metrics");
+    object(*v, mpath);
+    for (auto it = v->begin(); it != v->end(); ++it) m[it.key()] = number(it.value(), join(mpath, it.key()));
+  }
+  return m;
+}
+}  // namespace detail
+
+// Every member is optional in the spec's ForwardResult; unknown keys are tolerated (this is service output).
+inline ForwardBackwardOutput forward_backward_output_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  ForwardBackwardOutput o;
+  if (const json* outs = find(j, "lossFnOutputs")) {
+    const std::string opath = join(path, "lossFnOutputs");
+    array(*outs, opath);
+    for (std::size_t i = 0; i < outs->size(); ++i) {
+      const std::string p = at(opath, i);
+      object((*outs)[i], p);
+      std::map<std::string, TensorData> m;
+      for (auto it = (*outs)[i].begin(); it != (*outs)[i].end(); ++it) m[it.key()] = tensor_from_json(it.value(), join(p, it.key()));
+      o.loss_fn_outputs.push_back(std::move(m));
+    }
+  }
+  if (const json* t = find(j, "lossFnOutputType")) o.loss_fn_output_type = string(*t, join(path, "lossFnOutputType"));
+  o.metrics = metrics_from_json(j, path);
+  if (const json* u = find(j, "tokenUsage")) {
+    object(*u, join(path, "tokenUsage"));
+    if (const json* t = find(*u, "trainingTokens")) o.training_tokens = integer(*t, join(path, "tokenUsage.trainingTokens"), 0);
+  }
+  return o;
+}
+
+inline json to_json(const TrainingResult& r) {
+  return std::visit(
+      [](const auto& o) -> json {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, ForwardResult>) return {{"forward", to_json(o.output)}};
+        else if constexpr (std::is_same_v<T, ForwardBackwardResult>) return {{"forwardBackward", to_json(o.output)}};
+        else if constexpr (std::is_same_v<T, OptimStepOutput>) return {{"optimizerStep", {{"metrics", o.metrics}}}};
+        else if constexpr (std::is_same_v<T, SaveWeightsResult>) {
+          json c = json::object();
+          if (o.model_package_arn) c["modelPackageArn"] = *o.model_package_arn;
+          return {{"saveWeights", std::move(c)}};
+        } else if constexpr (std::is_same_v<T, SaveStateResult>) return {{"saveState", {{"modelPackageArn", o.model_package_arn}}}};
+        else return {{"loadState", json::object()}};
+      },
+      r);
+}
+
+inline TrainingResult training_result_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  const std::string member =
+      union_member(j, path, {"forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState"});
+  const std::string p = join(path, member);
+  const json& c = object(j.at(member), p);
+  if (member == "forward") return ForwardResult{forward_backward_output_from_json(c, p)};
+  if (member == "forwardBackward") return ForwardBackwardResult{forward_backward_output_from_json(c, p)};
+  if (member == "optimizerStep") return OptimStepOutput{metrics_from_json(c, p)};
+  if (member == "saveWeights") {
+    SaveWeightsResult r;
+    if (const json* a = find(c, "modelPackageArn")) r.model_package_arn = string(*a, join(p, "modelPackageArn"));
+    return r;
+  }
+  if (member == "saveState") return SaveStateResult{string(need(c, p, "modelPackageArn"), join(p, "modelPackageArn"))};
+  return LoadStateOutput{};
+}
+
+inline json to_json(const SampledSequence& s) {
+  return {{"stopReason", to_string(s.stop_reason)},
+          {"tokens", s.tokens},
+          {"logprobs", s.logprobs},
+          {"tokenUsage", {{"prefill", s.prefill_tokens}, {"decode", s.decode_tokens}}}};
+}
+
+inline json to_json(const SampleResponse& r) {
+  json seqs = json::array();
+  for (const auto& s : r.sequences) seqs.push_back(to_json(s));
+  json j{{"sequences", std::move(seqs)}};
+  if (r.prompt_logprobs) j["promptLogprobs"] = *r.prompt_logprobs;
+  if (r.topk_prompt_logprobs) {
+    json rows = json::array();
+    for (const auto& row : *r.topk_prompt_logprobs) {
+      json one = json::array();
+      for (const auto& t : row) one.push_back({{"tokenId", t.token}, {"logprob", t.logprob}});
+      rows.push_back(std::move(one));
+    }
+    j["topkPromptLogprobs"] = std::move(rows);
+  }
+  return j;
+}
+
+namespace detail {
+inline std::vector<double> doubles(const json& j, const std::string& path) {
+  array(j, path);
+  std::vector<double> out;
+  out.reserve(j.size());
+  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(number(j[i], at(path, i)));
+  return out;
+}
+}  // namespace detail
+
+inline SampleResponse sample_response_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  SampleResponse r;
+  const std::string spath = join(path, "sequences");
+  const json& seqs = array(need(j, path, "sequences"), spath);
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const std::string p = at(spath, i);
+    object(seqs[i], p);
+    SampledSequence s;
+    const std::string reason = string(need(seqs[i], p, "stopReason"), join(p, "stopReason"));
+    if (reason == "stop") s.stop_reason = StopReason::stop;
+    else if (reason == "length") s.stop_reason = StopReason::length;
+    else fail(join(p, "stopReason"), "unknown stop reason '" + reason + "' (expected stop or length)");
+    const std::string tpath = join(p, "tokens");
+    const json& tokens = array(need(seqs[i], p, "tokens"), tpath);
+    for (std::size_t k = 0; k < tokens.size(); ++k)
+      s.tokens.push_back(static_cast<token_id>(integer(tokens[k], at(tpath, k), 0, std::numeric_limits<token_id>::max())));
+    if (const json* lp = find(seqs[i], "logprobs")) s.logprobs = doubles(*lp, join(p, "logprobs"));
+    if (const json* u = find(seqs[i], "tokenUsage")) {
+      const std::string upath = join(p, "tokenUsage");
+      object(*u, upath);
+      s.prefill_tokens = integer(need(*u, upath, "prefill"), join(upath, "prefill"), 0);
+      s.decode_tokens = integer(need(*u, upath, "decode"), join(upath, "decode"), 0);
+    }
+    r.sequences.push_back(std::move(s));
+  }
+  if (const json* pl = find(j, "promptLogprobs")) r.prompt_logprobs = doubles(*pl, join(path, "promptLogprobs"));
+  if (const json* tk = find(j, "topkPromptLogprobs")) {
+    const std::string kpath = join(path, "topkPromptLogprobs");
+    array(*tk, kpath);
+    std::vector<std::vector<TokenLogprob>> rows;
+    for (std::size_t i = 0; i < tk->size(); ++i) {
+      const std::string rpath = at(kpath, i);
+      array((*tk)[i], rpath);
+      std::vector<TokenLogprob> row;
+      for (std::size_t k = 0; k < (*tk)[i].size(); ++k) {
+        const std::string p = at(rpath, k);
+        const json& e = object((*tk)[i][k], p);
+        row.push_back({static_cast<token_id>(integer(need(e, p, "tokenId"), join(p, "tokenId"), 0, std::numeric_limits<token_id>::max())),
+                       number(need(e, p, "logprob"), join(p, "logprob"))});
+      }
+      rows.push_back(std::move(row));
+    }
+    r.topk_prompt_logprobs = std::move(rows);
+  }
+  return r;
+}
+
+inline json to_json(const SamplingResult& r) {
+  return std::visit(
+      [](const auto& o) -> json {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, SampleResponse>) return {{"sample", to_json(o)}};
+        else if constexpr (std::is_same_v<T, ComputeLogprobsResult>) return {{"computeLogprobs", {{"logprobs", o.logprobs}}}};
+        else return {{"loadWeightsForSampling", json::object()}};
+      },
+      r);
+}
+
+inline SamplingResult sampling_result_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  const std::string member = union_member(j, path, {"sample", "computeLogprobs", "loadWeightsForSampling"});
+  const std::string p = join(path, member);
+  const json& c = object(j.at(member), p);
+  if (member == "sample") return sample_response_from_json(c, p);
+  if (member == "computeLogprobs") return ComputeLogprobsResult{doubles(need(c, p, "logprobs"), join(p, "logprobs"))};
+  return LoadWeightsForSamplingResult{};
+}
+
+template <class Result>
+json to_json(const OperationState<Result>& s) {
+  json j{{"status", s.status}};
+  if (s.result) j["operationResult"] = to_json(*s.result);
+  if (s.error_details) j["errorDetails"] = *s.error_details;
+  if (s.training_tokens) j["tokenUsage"] = {{"trainingTokens", *s.training_tokens}};
+  return j;
+}
+
+inline TrainingOperationState training_state_from_json(const json& j) {
+  using namespace detail;
+  object(j, "");
+  TrainingOperationState s;
+  s.status = string(need(j, "", "status"), "status");
+  if (const json* r = find(j, "operationResult")) s.result = training_result_from_json(*r, "operationResult");
+  if (const json* e = find(j, "errorDetails")) s.error_details = string(*e, "errorDetails");
+  if (const json* u = find(j, "tokenUsage"))
+    if (const json* t = find(object(*u, "tokenUsage"), "trainingTokens")) s.training_tokens = integer(*t, "tokenUsage.trainingTokens", 0);
+  return s;
+}
+
+inline SamplingOperationState sampling_state_from_json(const json& j) {
+  using namespace detail;
+  object(j, "");
+  SamplingOperationState s;
+  s.status = string(need(j, "", "status"), "status");
+  if (const json* r = find(j, "operationResult")) s.result = sampling_result_from_json(*r, "operationResult");
+  if (const json* e = find(j, "errorDetails")) s.error_details = string(*e, "errorDetails");
+  return s;
+}
+
+// ---- rlloop extensions: session info, usage and capabilities (not in the SageMaker spec) ---------------------
+
+inline json to_json(const TokenUsage& u) { return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}}; }
+
+inline TokenUsage token_usage_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  TokenUsage u;
+  if (const json* v = find(j, "prefill")) u.prefill = integer(*v, join(path, "prefill"), 0);
+  if (const json* v = find(j, "sample")) u.sample = integer(*v, join(path, "sample"), 0);
+  if (const json* v = find(j, "training")) u.training = integer(*v, join(path, "training"), 0);
+  return u;
+}
+
+inline json to_json(const LoraOptions& l) { return {{"rank", l.rank}, {"alpha", l.alpha}, {"targetModules", l.target_modules}}; }
+
+inline LoraOptions lora_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  LoraOptions l;
+  l.rank = static_cast<int>(integer(need(j, path, "rank"), join(path, "rank"), 1, 256));
+  l.alpha = static_cast<int>(integer(need(j, path, "alpha"), join(path, "alpha"), 1, std::numeric_limits<std::int32_t>::max()));
+  if (const json* m = find(j, "targetModules")) {
+    l.target_modules.clear();
+    const std::string mpath = join(path, "targetModules");
+    array(*m, mpath);
+    for (std::size_t i = 0; i < m->size(); ++i) l.target_modules.push_back(string((*m)[i], at(mpath, i)));
+  }
+  return l;
+}
+
+inline json to_json(const SessionInfo& s) {
+  json j{{"name", s.name},
+         {"baseModel", s.base_model},
+         {"modelType", s.model_type},
+         {"vocabSize", s.vocab_size},
+         {"maxPositionEmbeddings", s.max_position_embeddings},
+         {"numParameters", s.num_parameters},
+         {"numTrainableParameters", s.num_trainable_parameters},
+         {"tokenizer", s.tokenizer},
+         {"device", s.device},
+         {"step", s.step}};
+  if (s.lora) j["lora"] = to_json(*s.lora);
+  if (s.eos_token_id) j["eosTokenId"] = *s.eos_token_id;
+  return j;
+}
+
+inline SessionInfo session_info_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  SessionInfo s;
+  auto str = [&](const char* key, std::string& out) {
+    if (const json* v = find(j, key)) out = string(*v, join(path, key));
+  };
+  auto num = [&](const char* key, std::int64_t& out) {
+    if (const json* v = find(j, key)) out = integer(*v, join(path, key));
+  };
+  str("name", s.name);
+  str("baseModel", s.base_model);
+  str("modelType", s.model_type);
+  str("tokenizer", s.tokenizer);
+  str("device", s.device);
+  num("vocabSize", s.vocab_size);
+  num("maxPositionEmbeddings", s.max_position_embeddings);
+  num("numParameters", s.num_parameters);
+  num("numTrainableParameters", s.num_trainable_parameters);
+  num("step", s.step);
+  if (const json* l = find(j, "lora")) s.lora = lora_from_json(*l, join(path, "lora"));
+  if (const json* e = find(j, "eosTokenId")) s.eos_token_id = static_cast<token_id>(integer(*e, join(path, "eosTokenId"), 0));
+  return s;
+}
+
+inline json to_json(const ServerCapabilities& c) {
+  return {{"baseModels", c.base_models},
+          {"lossFunctions", c.loss_functions},
+          {"supportsFullFinetune", c.supports_full_finetune},
+          {"maxLoraRank", c.max_lora_rank}};
+}
+
+inline ServerCapabilities capabilities_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  ServerCapabilities c;
+  auto strings = [&](const char* key, std::vector<std::string>& out) {
+    if (const json* v = find(j, key)) {
+      array(*v, join(path, key));
+      for (std::size_t i = 0; i < v->size(); ++i) out.push_back(string((*v)[i], at(join(path, key), i)));
+    }
+  };
+  strings("baseModels", c.base_models);
+  strings("lossFunctions", c.loss_functions);
+  if (const json* v = find(j, "supportsFullFinetune")) c.supports_full_finetune = boolean(*v, join(path, "supportsFullFinetune"));
+  if (const json* v = find(j, "maxLoraRank")) c.max_lora_rank = integer(*v, join(path, "maxLoraRank"), 0);
+  return c;
+}
+
+}  // namespace rlloop::wire

@@ -1,0 +1,248 @@
+#include <gtest/gtest.h>
+
+#include <rlloop/json.hpp>
+
+using namespace rlloop;
+using namespace rlloop::wire;
+
+namespace {
+
+// The message of the invalid_argument that fn throws (fails the test when nothing is thrown).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected rlloop::invalid_argument";
+  return {};
+}
+
+Datum sft_datum() {
+  Datum d;
+  d.model_input = ModelInput::from_tokens({151644, 872, 198});
+  d.loss_fn_inputs["target_tokens"] = TensorData::from_ints({872, 198, 151645});
+  d.loss_fn_inputs["weights"] = TensorData::from_floats({0.0f, 1.0f, 1.0f});
+  return d;
+}
+
+// ExecuteTrainingOperation with one forwardBackward datum whose weights are replaced by `weights`.
+json fb_body(json weights) {
+  json d = to_json(sft_datum());
+  d["lossFnInputs"]["weights"] = std::move(weights);
+  json fb = json::object();
+  fb["datumList"] = json::array({to_json(sft_datum()), to_json(sft_datum()), d});
+  fb["lossFnName"] = "cross_entropy";
+  json body = json::object();
+  body["sequenceNumber"] = 7;
+  body["operationConfig"]["forwardBackward"] = fb;
+  return body;
+}
+
+}  // namespace
+
+TEST(WireJson, SpecDatumExampleParses) {
+  const json j = json::parse(R"({ "modelInput": {"chunks": [{"type": "encoded_text", "tokens": [151644, 872, 198]}]},
+    "lossFnInputs": {
+      "target_tokens": {"data": [872, 198, 151645], "dtype": "int64",   "shape": [3]},
+      "weights":       {"data": [0.0, 1.0, 1.0],    "dtype": "float32", "shape": [3]} } })");
+  const Datum d = datum_from_json(j, "d");
+  EXPECT_EQ(d, sft_datum());
+  EXPECT_EQ(d.loss_fn_inputs.at("target_tokens").int_data, (std::vector<std::int64_t>{872, 198, 151645}));
+  // And it writes back to the same JSON.
+  EXPECT_EQ(to_json(d), j);
+}
+
+TEST(WireJson, TrainingOperationsRoundTrip) {
+  std::vector<TrainingOperation> ops = {
+      ForwardOp{{{sft_datum()}, LossSpec::cross_entropy()}},
+      ForwardBackwardOp{{{sft_datum(), sft_datum()}, LossSpec::ppo(0.7, 1.3)}},
+      OptimizerStepOp{AdamParams{.learning_rate = 1e-3, .beta1 = 0.8, .grad_clip_norm = 1.0, .lora_plus_lr_ratio = 16}},
+      SaveWeightsOp{true, "merged"},
+      SaveStateOp{"step 10"},
+      LoadStateOp{"arn:aws:sagemaker:us-west-2:111122223333:model-package/ckpts/3", false}};
+  std::int64_t seq = 0;
+  for (const auto& op : ops) {
+    ExecuteTrainingRequest req{seq++, "tok-" + std::to_string(seq), op};
+    const json j = json::parse(to_json(req).dump());
+    const ExecuteTrainingRequest back = execute_training_request_from_json(j);
+    EXPECT_EQ(back.sequence_number, req.sequence_number);
+    EXPECT_EQ(back.client_token, req.client_token);
+    EXPECT_EQ(back.operation, req.operation) << j.dump();
+  }
+}
+
+TEST(WireJson, SpecSampleBodiesParse) {
+  const json req = json::parse(R"({ "operationConfig": { "sample": {
+    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+    "numSamples": 4,
+    "samplingParams": {"maxTokens": 512, "temperature": 1.0, "topK": -1, "topP": 1.0, "seed": 0, "stop": ["\n\n"]},
+    "includePromptLogprobs": true, "topkPromptLogprobs": 5,
+    "modelPackageArn": "arn:aws:sagemaker:us-west-2:111122223333:model-package/ckpts/3" } } })");
+  const auto op = execute_sampling_request_from_json(req);
+  const auto& s = std::get<SampleRequest>(op);
+  EXPECT_EQ(s.prompt.tokens(), (std::vector<token_id>{1, 2, 3}));
+  EXPECT_EQ(s.num_samples, 4);
+  EXPECT_EQ(s.params.max_tokens, 512);
+  EXPECT_EQ(s.params.top_k, -1);
+  EXPECT_EQ(s.params.seed, 0);
+  EXPECT_EQ(s.params.stop, (std::vector<std::string>{"\n\n"}));
+  EXPECT_TRUE(s.include_prompt_logprobs);
+  EXPECT_EQ(s.topk_prompt_logprobs, 5);
+  EXPECT_EQ(s.model_path, "arn:aws:sagemaker:us-west-2:111122223333:model-package/ckpts/3");
+  EXPECT_EQ(to_json(op), req["operationConfig"]);
+
+  const json res = json::parse(R"({ "status": "Completed", "operationResult": { "sample": {
+    "sequences": [{"stopReason": "length", "tokens": [9, 8], "logprobs": [-0.5, -1.2],
+                   "tokenUsage": {"prefill": 3, "decode": 2}}],
+    "promptLogprobs": [-3.1, -0.7, -0.2],
+    "topkPromptLogprobs": [[{"tokenId": 1, "logprob": -0.1}], [{"tokenId": 2, "logprob": -0.3}]] } } })");
+  const auto state = sampling_state_from_json(res);
+  EXPECT_EQ(state.status, "Completed");
+  const auto& r = std::get<SampleResponse>(*state.result);
+  ASSERT_EQ(r.sequences.size(), 1u);
+  EXPECT_EQ(r.sequences[0].stop_reason, StopReason::length);
+  EXPECT_EQ(r.sequences[0].tokens, (std::vector<token_id>{9, 8}));
+  EXPECT_EQ(r.sequences[0].logprobs, (std::vector<double>{-0.5, -1.2}));
+  EXPECT_EQ(r.sequences[0].prefill_tokens, 3);
+  EXPECT_EQ(r.sequences[0].decode_tokens, 2);
+  EXPECT_EQ(*r.prompt_logprobs, (std::vector<double>{-3.1, -0.7, -0.2}));
+  ASSERT_EQ(r.topk_prompt_logprobs->size(), 2u);
+  EXPECT_EQ((*r.topk_prompt_logprobs)[1][0], (TokenLogprob{2, -0.3}));
+  EXPECT_EQ(to_json(state), res);
+}
+
+TEST(WireJson, SpecForwardBackwardResultParses) {
+  const json res = json::parse(R"({ "status": "Completed",
+  "operationResult": { "forwardBackward": {
+      "lossFnOutputs": [ {"logprobs": {"data": [-0.1, -2.3], "dtype": "float32", "shape": [2]}} ],
+      "lossFnOutputType": "string",
+      "metrics": {"loss:sum": 1.23},
+      "tokenUsage": {"trainingTokens": 128} } },
+  "errorDetails": "string",
+  "tokenUsage": {"trainingTokens": 128} })");
+  const auto state = training_state_from_json(res);
+  const auto& out = std::get<ForwardBackwardResult>(*state.result).output;
+  ASSERT_EQ(out.loss_fn_outputs.size(), 1u);
+  const auto lp = out.logprobs(0);
+  ASSERT_EQ(lp.size(), 2u);
+  EXPECT_NEAR(lp[1], -2.3, 1e-6);
+  EXPECT_EQ(out.metrics.at("loss:sum"), 1.23);
+  EXPECT_EQ(out.training_tokens, 128);
+  EXPECT_EQ(state.training_tokens, 128);
+  EXPECT_EQ(state.error_details, "string");
+}
+
+TEST(WireJson, NestedTensorDataIsFlattenedWithItsShape) {
+  const TensorData t = tensor_from_json(json::parse(R"({"data": [[1, 2, 3], [4, 5, 6]], "dtype": "int64"})"), "t");
+  EXPECT_EQ(t.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(t.int_data, (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_NE(error_of([] { tensor_from_json(json::parse(R"({"data": [[1, 2], [3]], "dtype": "int64"})"), "t"); })
+                .find("t.data[1]: ragged nested array"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { tensor_from_json(json::parse(R"({"data": [1, 2, 3], "dtype": "int64", "shape": [2]})"), "t"); }),
+            "t.shape: shape holds 2 elements but data holds 3");
+  EXPECT_EQ(error_of([] { tensor_from_json(json::parse(R"({"data": [1.5], "dtype": "int64"})"), "t"); }),
+            "t.data: expected integers");
+  EXPECT_EQ(error_of([] { tensor_from_json(json::parse(R"({"data": [1], "dtype": "bfloat16"})"), "t"); }),
+            "t.dtype: unsupported dtype 'bfloat16' (expected float32 or int64)");
+}
+
+TEST(WireJson, ErrorsNameTheJsonPath) {
+  EXPECT_EQ(error_of([] { execute_training_request_from_json(fb_body({{"data", {"a", "b", "c"}}, {"dtype", "float32"}})); }),
+            "operationConfig.forwardBackward.datumList[2].lossFnInputs.weights.data: expected numbers");
+  EXPECT_EQ(error_of([] { execute_training_request_from_json(fb_body("nope")); }),
+            "operationConfig.forwardBackward.datumList[2].lossFnInputs.weights: expected an object");
+  EXPECT_EQ(error_of([] { execute_training_request_from_json(json{{"operationConfig", {{"saveState", json::object()}}}}); }),
+            "sequenceNumber: required field is missing");
+  EXPECT_EQ(error_of([] { execute_training_request_from_json(json{{"sequenceNumber", -1}, {"operationConfig", {{"saveState", json::object()}}}}); }),
+            "sequenceNumber: must be in [0, 2147483647], got -1");
+  EXPECT_EQ(error_of([] {
+              execute_training_request_from_json(
+                  json{{"sequenceNumber", 1}, {"clientToken", "bad token!"}, {"operationConfig", {{"saveState", json::object()}}}});
+            }),
+            "clientToken: must be 1-128 characters of [a-zA-Z0-9-]");
+  EXPECT_EQ(error_of([] { execute_training_request_from_json(json::array()); }), "request body: expected an object");
+}
+
+TEST(WireJson, UnknownUnionMembersAndLossInputsAreRejected) {
+  EXPECT_EQ(error_of([] { execute_training_request_from_json(json{{"sequenceNumber", 1}, {"operationConfig", {{"train", json::object()}}}}); }),
+            "operationConfig.train: unknown member (expected one of forward, forwardBackward, optimizerStep, saveWeights, "
+            "saveState, loadState)");
+  EXPECT_NE(error_of([] {
+              execute_training_request_from_json(
+                  json{{"sequenceNumber", 1}, {"operationConfig", {{"saveState", json::object()}, {"loadState", json::object()}}}});
+            }).find("operationConfig: expected exactly one of"),
+            std::string::npos);
+  json body = fb_body({{"data", {1, 1, 1}}, {"dtype", "float32"}});
+  body["operationConfig"]["forwardBackward"]["datumList"][0]["lossFnInputs"]["mask"] = {{"data", {1, 1, 1}}, {"dtype", "float32"}};
+  EXPECT_NE(error_of([&] { execute_training_request_from_json(body); })
+                .find("operationConfig.forwardBackward.datumList[0].lossFnInputs.mask: unknown loss input"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { sampling_operation_from_json(json{{"generate", json::object()}}, "operationConfig"); }),
+            "operationConfig.generate: unknown member (expected one of sample, computeLogprobs, loadWeightsForSampling)");
+}
+
+TEST(WireJson, LossAndOptimizerSettingsAreValidated) {
+  json body = fb_body({{"data", {1, 1, 1}}, {"dtype", "float32"}});
+  body["operationConfig"]["forwardBackward"]["lossFnName"] = "kto";
+  EXPECT_NE(error_of([&] { execute_training_request_from_json(body); }).find("operationConfig.forwardBackward: unknown loss function 'kto'"),
+            std::string::npos);
+  body["operationConfig"]["forwardBackward"]["lossFnName"] = "ppo";
+  body["operationConfig"]["forwardBackward"]["lossFnConfig"] = {{"clip_low_threshold", "high"}};
+  EXPECT_EQ(error_of([&] { execute_training_request_from_json(body); }),
+            "operationConfig.forwardBackward.lossFnConfig.clip_low_threshold: expected a number");
+  body["operationConfig"]["forwardBackward"]["lossFnConfig"] = {{"clip_low_threshold", 0.6}, {"clip_high_threshold", 1.4}};
+  const auto ok = execute_training_request_from_json(body);
+  EXPECT_EQ(std::get<ForwardBackwardOp>(ok.operation).loss, LossSpec::ppo(0.6, 1.4));
+
+  EXPECT_EQ(error_of([] { adam_from_json(json{{"learningRate", 0.5}}, "adam"); }), "adam.learningRate: must be in [0.0, 0.01], got 0.5");
+  EXPECT_EQ(error_of([] { adam_from_json(json{{"beta1", 0.9}}, "adam"); }), "adam.learningRate: required field is missing");
+  EXPECT_EQ(error_of([] { adam_from_json(json{{"learningRate", 1e-3}, {"momentum", 0.9}}, "adam"); }), "adam.momentum: unknown field");
+  const AdamParams a = adam_from_json(json{{"learningRate", 1e-3}, {"gradClipNorm", 1.0}}, "adam");
+  EXPECT_EQ(a.learning_rate, 1e-3);
+  EXPECT_EQ(a.grad_clip_norm, 1.0);
+  EXPECT_EQ(a.beta2, AdamParams{}.beta2);
+
+  EXPECT_EQ(error_of([] { sampling_params_from_json(json{{"maxTokens", 16}, {"topP", 1.5}}, "p"); }), "p.topP: must be in [0.0, 1.0], got 1.5");
+  EXPECT_EQ(error_of([] { sampling_params_from_json(json{{"temperature", 1.0}}, "p"); }), "p.maxTokens: required field is missing");
+}
+
+TEST(WireJson, SamplingRoundTripsAndResults) {
+  SampleRequest req{ModelInput::from_tokens({5, 6}).append({7}), 3,
+                    SamplingParams{.max_tokens = 8, .temperature = 0.5, .top_k = 4, .top_p = 0.9, .seed = 42, .stop = {"x"}, .stop_token_ids = {256}},
+                    true, 2, std::nullopt};
+  const auto back = std::get<SampleRequest>(sampling_operation_from_json(to_json(SamplingOperation{req}), "c"));
+  EXPECT_EQ(back.prompt, req.prompt);
+  EXPECT_EQ(back.params, req.params);
+  EXPECT_EQ(back.num_samples, 3);
+  EXPECT_FALSE(back.model_path);
+
+  SamplingOperationState st{"Completed", SamplingResult{ComputeLogprobsResult{{0.0, -1.5}}}, std::nullopt, std::nullopt};
+  const auto st2 = sampling_state_from_json(json::parse(to_json(st).dump()));
+  EXPECT_EQ(std::get<ComputeLogprobsResult>(*st2.result).logprobs, (std::vector<double>{0.0, -1.5}));
+
+  TrainingOperationState failed{"Failed", std::nullopt, "datum 0: model input is empty", std::nullopt};
+  const json fj = to_json(failed);
+  EXPECT_EQ(fj, json::parse(R"({"status":"Failed","errorDetails":"datum 0: model input is empty"})"));
+  EXPECT_FALSE(training_state_from_json(fj).result);
+}
+
+TEST(WireJson, SessionInfoAndUsageRoundTrip) {
+  SessionInfo info;
+  info.name = "s1";
+  info.base_model = "tiny";
+  info.lora = LoraOptions{8, 16, {"q_proj"}};
+  info.vocab_size = 260;
+  info.eos_token_id = 256;
+  info.step = 3;
+  const SessionInfo back = session_info_from_json(to_json(info), "");
+  EXPECT_EQ(back.name, "s1");
+  EXPECT_EQ(back.lora, info.lora);
+  EXPECT_EQ(back.vocab_size, 260);
+  EXPECT_EQ(back.eos_token_id, 256);
+  EXPECT_EQ(back.step, 3);
+  const TokenUsage u{1, 2, 3};
+  EXPECT_EQ(token_usage_from_json(to_json(u), ""), u);
+}
