@@ -34,6 +34,8 @@ struct ModelConfig {
   nlohmann::json to_json() const;
   void validate() const;
   std::int64_t num_parameters() const;  // without LoRA
+  // HF puts a bias on o_proj too when attention_bias is set, except Qwen2 (q/k/v biases only).
+  bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
 };
 
 }  // namespace rlloop::engine

@@ -17,6 +17,10 @@ TensorMap read_safetensors(const std::string& path);
 // Writes tensors atomically (temp file in the same directory, fsync, rename).
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The "__metadata__" string map of a .safetensors file (reads only the header).
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
+// Replaces `path` with `content` atomically: temp file in the same directory, fsync, rename, fsync the directory.
+void write_file_atomic(const std::string& path, const std::string& content);
 
 // Loads config.json and weights (single or sharded) from `dir`, onto `device` in `dtype`.
 std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype);

@@ -30,11 +30,17 @@ struct KVCache {
                           torch::ScalarType dtype);
   // Repeats every sequence `times` times along the batch (prefill once, then decode num_samples copies).
   void repeat_batch(std::int64_t times);
+  // Keeps only the sequences at `index` (int64, on any device), in that order: drops finished samples.
+  void select_batch(const torch::Tensor& index);
+  std::int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
 };
 
 class Transformer : public torch::nn::Module {
  public:
   explicit Transformer(const ModelConfig& cfg);
+  // Allocates the weights directly with `options` (device, dtype): loading a large model onto a GPU
+  // never materialises an fp32 CPU copy first. Weights start at zero, norms at one.
+  Transformer(const ModelConfig& cfg, torch::TensorOptions options);
 
   const ModelConfig& config() const;
 

@@ -1,0 +1,177 @@
+// ModelConfig <-> Hugging Face config.json.
+#include "model_config.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+namespace rlloop::engine {
+namespace {
+
+using nlohmann::json;
+
+std::int64_t required_int(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null())
+    throw invalid_argument(std::string("model config: missing required field '") + key + "'");
+  if (!it->is_number_integer())
+    throw invalid_argument(std::string("model config: field '") + key + "' must be an integer, got " + it->dump());
+  return it->get<std::int64_t>();
+}
+
+template <class T>
+T optional_value(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw invalid_argument(std::string("model config: field '") + key + "' has the wrong type: " + it->dump());
+  }
+}
+
+// HF allows a list of ids for bos/eos (Llama 3 lists several EOS ids); the first one is the canonical one.
+std::optional<std::int64_t> optional_token_id(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_integer()) return it->get<std::int64_t>();
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<std::int64_t>();
+  if (it->is_array() && it->empty()) return std::nullopt;
+  throw invalid_argument(std::string("model config: field '") + key + "' must be a token id or a list of ids, got " +
+                         it->dump());
+}
+
+const char* architecture_of(const std::string& model_type) {
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw invalid_argument("model config: expected a JSON object, got " + std::string(j.type_name()));
+  ModelConfig c;
+  c.model_type = optional_value<std::string>(j, "model_type", "llama");
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3")
+    throw invalid_argument("model config: unsupported model_type '" + c.model_type +
+                           "' (supported: llama, qwen2, qwen3)");
+  c.vocab_size = required_int(j, "vocab_size");
+  c.hidden_size = required_int(j, "hidden_size");
+  c.intermediate_size = required_int(j, "intermediate_size");
+  c.num_hidden_layers = required_int(j, "num_hidden_layers");
+  c.num_attention_heads = required_int(j, "num_attention_heads");
+  c.num_key_value_heads = optional_value<std::int64_t>(j, "num_key_value_heads", c.num_attention_heads);
+  // Qwen3 states head_dim explicitly and it need not be hidden_size / heads (Qwen3-0.6B: 1024 / 16 heads, 128).
+  c.head_dim = optional_value<std::int64_t>(
+      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  c.rms_norm_eps = optional_value<double>(j, "rms_norm_eps", 1e-6);
+  c.rope_theta = optional_value<double>(j, "rope_theta", 10000.0);
+  c.max_position_embeddings = optional_value<std::int64_t>(j, "max_position_embeddings", 2048);
+  c.tie_word_embeddings = optional_value<bool>(j, "tie_word_embeddings", false);
+  // Qwen2 always has q/k/v biases (its config has no attention_bias key); Llama and Qwen3 default to none.
+  c.attention_bias = optional_value<bool>(j, "attention_bias", c.model_type == "qwen2");
+  c.qk_norm = c.model_type == "qwen3";
+  c.bos_token_id = optional_token_id(j, "bos_token_id");
+  c.eos_token_id = optional_token_id(j, "eos_token_id");
+  c.tokenizer = optional_value<std::string>(j, "rlloop_tokenizer", "");
+
+  // Features we do not implement must not load silently with the wrong math.
+  if (auto act = optional_value<std::string>(j, "hidden_act", "silu"); act != "silu")
+    throw unsupported("model config: hidden_act '" + act + "' is not supported (only silu)");
+  if (optional_value<bool>(j, "mlp_bias", false)) throw unsupported("model config: mlp_bias=true is not supported");
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    std::string type = it->value("rope_type", it->value("type", std::string("default")));
+    if (type != "default") throw unsupported("model config: rope_scaling type '" + type + "' is not supported");
+  }
+  if (optional_value<bool>(j, "use_sliding_window", false))
+    throw unsupported("model config: use_sliding_window=true is not supported");
+  c.validate();
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& config_json_path) {
+  std::ifstream in(config_json_path);
+  if (!in) throw io_error("model config: cannot open " + config_json_path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw io_error("model config: " + config_json_path + " is not valid JSON: " + e.what());
+  }
+  try {
+    return from_json(j);
+  } catch (const invalid_argument& e) {
+    throw invalid_argument(std::string(e.what()) + " (in " + config_json_path + ")");
+  } catch (const unsupported& e) {
+    throw unsupported(std::string(e.what()) + " (in " + config_json_path + ")");
+  }
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  json j;
+  j["architectures"] = json::array({architecture_of(model_type)});
+  j["model_type"] = model_type;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["attention_bias"] = attention_bias;
+  j["bos_token_id"] = bos_token_id ? json(*bos_token_id) : json(nullptr);
+  j["eos_token_id"] = eos_token_id ? json(*eos_token_id) : json(nullptr);
+  if (!tokenizer.empty()) j["rlloop_tokenizer"] = tokenizer;
+  return j;
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* name, std::int64_t v) {
+    if (v <= 0) throw invalid_argument(std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("head_dim", head_dim);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (num_attention_heads % num_key_value_heads != 0)
+    throw invalid_argument("model config: num_attention_heads (" + std::to_string(num_attention_heads) +
+                           ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
+  if (head_dim % 2 != 0)
+    throw invalid_argument("model config: head_dim must be even for rotary embeddings, got " + std::to_string(head_dim));
+  if (!(rms_norm_eps > 0)) throw invalid_argument("model config: rms_norm_eps must be positive");
+  if (!(rope_theta > 0)) throw invalid_argument("model config: rope_theta must be positive");
+  if (qk_norm && model_type != "qwen3")
+    throw invalid_argument("model config: qk_norm is only defined for model_type qwen3, not " + model_type);
+  for (auto [name, id] : {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id}})
+    if (id && (*id < 0 || *id >= vocab_size))
+      throw invalid_argument(std::string("model config: ") + name + " " + std::to_string(*id) +
+                             " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+}
+
+std::int64_t ModelConfig::num_parameters() const {
+  const std::int64_t q_dim = num_attention_heads * head_dim;
+  const std::int64_t kv_dim = num_key_value_heads * head_dim;
+  std::int64_t layer = hidden_size * q_dim + 2 * hidden_size * kv_dim + q_dim * hidden_size  // q, k, v, o
+                       + 3 * hidden_size * intermediate_size                                // gate, up, down
+                       + 2 * hidden_size;                                                   // two norms
+  if (attention_bias) layer += q_dim + 2 * kv_dim + (model_type == "qwen2" ? 0 : hidden_size);
+  if (qk_norm) layer += 2 * head_dim;
+  std::int64_t total = vocab_size * hidden_size + num_hidden_layers * layer + hidden_size;
+  if (!tie_word_embeddings) total += vocab_size * hidden_size;
+  return total;
+}
+
+}  // namespace rlloop::engine

@@ -1,0 +1,440 @@
+// safetensors reading/writing, HF model directories (single or sharded), PEFT adapter directories.
+#include "model_io.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+namespace rlloop::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+// The header JSON of real files is a few hundred KB at most; anything huge is a corrupt length field.
+constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
+
+struct DTypeInfo {
+  const char* name;
+  torch::ScalarType type;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {"F64", torch::kFloat64}, {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
+    {"I64", torch::kInt64},   {"I32", torch::kInt32},   {"I16", torch::kInt16},   {"I8", torch::kInt8},
+    {"U8", torch::kUInt8},    {"BOOL", torch::kBool},
+};
+
+torch::ScalarType dtype_from_name(const std::string& name, const std::string& path, const std::string& tensor) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return d.type;
+  throw io_error("read_safetensors: " + path + ": tensor '" + tensor + "' has unsupported dtype '" + name + "'");
+}
+
+const char* dtype_name(torch::ScalarType t, const std::string& tensor) {
+  for (const auto& d : kDTypes)
+    if (t == d.type) return d.name;
+  throw invalid_argument("write_safetensors: tensor '" + tensor + "' has a dtype safetensors cannot store: " +
+                         std::string(c10::toString(t)));
+}
+
+// Owns a file descriptor; closes it on every path out.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, const char* data, std::size_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw io_error("write " + path + ": " + errno_text());
+    }
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+// Writes `path` by streaming into a temporary file beside it, fsync, rename over `path`, fsync the directory:
+// readers see the old file or the complete new one, never a torn one, even after a crash.
+template <class Writer>
+void atomic_write(const std::string& path, Writer&& writer) {
+  fs::path target(path);
+  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  {
+    Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (f.fd < 0) throw io_error("cannot create " + tmp + " (writing " + path + "): " + errno_text());
+    try {
+      writer(f.fd, tmp);
+      if (::fsync(f.fd) != 0) throw io_error("fsync " + tmp + ": " + errno_text());
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw io_error("cannot rename " + tmp + " to " + path + ": " + why);
+  }
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.fd >= 0) ::fsync(d.fd);  // best effort: some filesystems refuse fsync on directories
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("cannot open " + path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+json read_json_file(const std::string& path) {
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    throw io_error(path + " is not valid JSON: " + e.what());
+  }
+}
+
+torch::ScalarType storage_dtype(const Transformer& model) {
+  auto t = model.hf_state_dict().begin()->second.scalar_type();
+  return t == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  atomic_write(path, [&](int fd, const std::string& tmp) { write_all(fd, content.data(), content.size(), tmp); });
+}
+
+TensorMap read_safetensors(const std::string& path) {
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.fd < 0) {
+    if (errno == ENOENT) throw io_error("read_safetensors: " + path + ": no such file");
+    throw io_error("read_safetensors: cannot open " + path + ": " + errno_text());
+  }
+  const off_t end = ::lseek(f.fd, 0, SEEK_END);
+  if (end < 0) throw io_error("read_safetensors: cannot seek " + path + ": " + errno_text());
+  const auto file_size = static_cast<std::uint64_t>(end);
+
+  auto read_at = [&](char* dst, std::uint64_t n, std::uint64_t offset) {
+    while (n > 0) {
+      ssize_t r = ::pread(f.fd, dst, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw io_error("read_safetensors: read " + path + ": " + errno_text());
+      }
+      if (r == 0) throw io_error("read_safetensors: " + path + " is truncated (unexpected end of file)");
+      dst += r;
+      n -= static_cast<std::uint64_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+    }
+  };
+
+  if (file_size < 8) throw io_error("read_safetensors: " + path + " is truncated (" + std::to_string(file_size) +
+                                    " bytes, shorter than the 8-byte header length)");
+  std::uint64_t header_len = 0;
+  read_at(reinterpret_cast<char*>(&header_len), 8, 0);
+  if (header_len > kMaxHeaderBytes || header_len > file_size - 8)
+    throw io_error("read_safetensors: " + path + " has a malformed or truncated header (header length " +
+                   std::to_string(header_len) + ", file size " + std::to_string(file_size) + ")");
+  std::string header_text(header_len, '\0');
+  read_at(header_text.data(), header_len, 8);
+  json header;
+  try {
+    header = json::parse(header_text);
+  } catch (const json::exception& e) {
+    throw io_error("read_safetensors: " + path + " has a malformed header (invalid JSON: " + e.what() + ")");
+  }
+  if (!header.is_object()) throw io_error("read_safetensors: " + path + " has a malformed header (not a JSON object)");
+
+  const std::uint64_t data_start = 8 + header_len;
+  const std::uint64_t data_size = file_size - data_start;
+  TensorMap out;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto bad = [&](const std::string& why) {
+      return io_error("read_safetensors: " + path + " has a malformed header entry for tensor '" + name + "': " + why);
+    };
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      throw bad("expected an object with dtype, shape and data_offsets");
+    const auto& dt = entry["dtype"];
+    const auto& shape_j = entry["shape"];
+    const auto& offs = entry["data_offsets"];
+    if (!dt.is_string() || !shape_j.is_array() || !offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
+        !offs[1].is_number_unsigned())
+      throw bad("dtype must be a string, shape an array, data_offsets two non-negative integers");
+    const torch::ScalarType dtype = dtype_from_name(dt.get<std::string>(), path, name);
+    std::vector<std::int64_t> shape;
+    std::uint64_t numel = 1;
+    for (const auto& d : shape_j) {
+      if (!d.is_number_unsigned()) throw bad("shape entries must be non-negative integers");
+      shape.push_back(d.get<std::int64_t>());
+      numel *= d.get<std::uint64_t>();
+    }
+    const auto begin = offs[0].get<std::uint64_t>(), stop = offs[1].get<std::uint64_t>();
+    if (stop < begin) throw bad("data_offsets end before they begin");
+    const std::uint64_t nbytes = numel * c10::elementSize(dtype);
+    if (stop - begin != nbytes)
+      throw bad("data_offsets span " + std::to_string(stop - begin) + " bytes, dtype and shape need " +
+                std::to_string(nbytes));
+    if (stop > data_size)
+      throw io_error("read_safetensors: " + path + " is truncated: tensor '" + name + "' ends at byte " +
+                     std::to_string(data_start + stop) + " of a " + std::to_string(file_size) + "-byte file");
+    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    if (nbytes > 0) read_at(static_cast<char*>(t.data_ptr()), nbytes, data_start + begin);
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  // Only the header is needed; reading the file through read_safetensors would load every tensor.
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("read_safetensors_metadata: cannot open " + path);
+  std::uint64_t header_len = 0;
+  if (!in.read(reinterpret_cast<char*>(&header_len), 8) || header_len > kMaxHeaderBytes)
+    throw io_error("read_safetensors_metadata: " + path + " has a malformed or truncated header");
+  std::string text(header_len, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(header_len)))
+    throw io_error("read_safetensors_metadata: " + path + " is truncated");
+  std::map<std::string, std::string> out;
+  try {
+    json h = json::parse(text);
+    if (h.contains("__metadata__"))
+      for (auto& [k, v] : h["__metadata__"].items()) out[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  } catch (const json::exception& e) {
+    throw io_error("read_safetensors_metadata: " + path + " has a malformed header: " + e.what());
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> cpu;
+  cpu.reserve(tensors.size());
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {  // std::map: sorted names, as the Python writer orders them
+    if (!t.defined()) throw invalid_argument("write_safetensors: tensor '" + name + "' is undefined");
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    const std::uint64_t nbytes = static_cast<std::uint64_t>(c.numel()) * c.element_size();
+    header[name] = {{"dtype", dtype_name(c.scalar_type(), name)},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+    cpu.push_back(std::move(c));
+  }
+  std::string text = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned (what the reference implementation does).
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::uint64_t len = text.size();
+  atomic_write(path, [&](int fd, const std::string& tmp) {
+    write_all(fd, reinterpret_cast<const char*>(&len), 8, tmp);
+    write_all(fd, text.data(), text.size(), tmp);
+    for (const auto& c : cpu)
+      write_all(fd, static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel()) * c.element_size(), tmp);
+  });
+}
+
+// ----------------------------------------------------------------------------------------- model dirs
+
+std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) throw not_found("load_model: model directory " + dir + " does not exist");
+  const ModelConfig cfg = ModelConfig::load((d / "config.json").string());
+  TensorMap tensors;
+  const fs::path single = d / "model.safetensors";
+  const fs::path index = d / "model.safetensors.index.json";
+  if (fs::exists(single)) {
+    tensors = read_safetensors(single.string());
+  } else if (fs::exists(index)) {
+    json idx = read_json_file(index.string());
+    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      throw io_error("load_model: " + index.string() + " has no weight_map object");
+    std::map<std::string, std::string> weight_map;
+    std::set<std::string> shards;
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string()) throw io_error("load_model: " + index.string() + ": weight_map['" + name + "'] is not a file name");
+      weight_map[name] = file.get<std::string>();
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& shard : shards) {
+      if (fs::path(shard).has_parent_path())
+        throw io_error("load_model: " + index.string() + " names a shard outside the directory: " + shard);
+      for (auto& [name, t] : read_safetensors((d / shard).string())) {
+        auto it = weight_map.find(name);
+        if (it == weight_map.end() || it->second != shard)
+          throw io_error("load_model: shard " + (d / shard).string() + " holds tensor '" + name +
+                         "' that " + index.string() + " does not map to it");
+        tensors.emplace(name, std::move(t));
+      }
+    }
+    for (const auto& [name, file] : weight_map)
+      if (!tensors.count(name))
+        throw io_error("load_model: tensor '" + name + "' is missing from shard " + (d / file).string());
+  } else {
+    throw not_found("load_model: " + dir + " has neither model.safetensors nor model.safetensors.index.json");
+  }
+  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
+  model->load_hf_state_dict(tensors);
+  return model;
+}
+
+std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
+                                        torch::ScalarType dtype) {
+  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
+  // Drawn on the CPU in fp32, in the fixed HF-name order of the model, so a seed gives the same weights on
+  // every device and dtype (up to the final cast).
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : model->hf_state_dict()) {
+    if (ends_with(name, "norm.weight")) {
+      t.fill_(1.0);
+    } else if (ends_with(name, ".bias")) {
+      t.zero_();
+    } else {
+      t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen));
+    }
+  }
+  return model;
+}
+
+void save_model(const Transformer& model, const std::string& dir, std::int64_t max_shard_bytes) {
+  const fs::path d(dir);
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) throw io_error("save_model: cannot create " + dir + ": " + ec.message());
+
+  const auto dtype = storage_dtype(model);
+  TensorMap tensors = model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict();
+  for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, dtype);
+  ModelConfig cfg = model.config();
+  // An lm_head adapter on a tied model makes the merged unembedding differ from the embedding.
+  if (cfg.tie_word_embeddings && tensors.count("lm_head.weight")) cfg.tie_word_embeddings = false;
+  json cfg_json = cfg.to_json();
+  cfg_json["torch_dtype"] = dtype == torch::kBFloat16 ? "bfloat16" : "float32";
+  write_file_atomic((d / "config.json").string(), cfg_json.dump(2) + "\n");
+
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  std::int64_t total = 0;
+  for (const auto& [name, t] : tensors) total += t.numel() * t.element_size();
+
+  if (max_shard_bytes <= 0 || total <= max_shard_bytes) {
+    write_safetensors((d / "model.safetensors").string(), tensors, meta);
+    fs::remove(d / "model.safetensors.index.json", ec);  // a stale index would contradict the new file
+    return;
+  }
+  // Greedy packing in name order; a tensor larger than the limit gets a shard of its own.
+  std::vector<TensorMap> shards(1);
+  std::int64_t current = 0;
+  for (const auto& [name, t] : tensors) {
+    const std::int64_t bytes = t.numel() * t.element_size();
+    if (!shards.back().empty() && current + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().emplace(name, t);
+    current += bytes;
+  }
+  const std::size_t n = shards.size();
+  json weight_map = json::object();
+  for (std::size_t i = 0; i < n; ++i) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+    write_safetensors((d / file).string(), shards[i], meta);
+    for (const auto& [name, t] : shards[i]) weight_map[name] = file;
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic((d / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+  fs::remove(d / "model.safetensors", ec);  // load_model prefers the single file; a stale one would win
+}
+
+// ------------------------------------------------------------------------------------------ PEFT dirs
+
+void save_peft_adapter(const Transformer& model, const std::string& dir, const std::string& base_model_name) {
+  if (!model.has_lora()) throw conflict("save_peft_adapter: the model has no LoRA adapters");
+  const fs::path d(dir);
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) throw io_error("save_peft_adapter: cannot create " + dir + ": " + ec.message());
+  const LoraOptions& lora = *model.lora_options();
+  json cfg = {{"peft_type", "LORA"},
+              {"task_type", "CAUSAL_LM"},
+              {"r", lora.rank},
+              {"lora_alpha", lora.alpha},
+              {"lora_dropout", 0.0},
+              {"bias", "none"},
+              {"fan_in_fan_out", false},
+              {"inference_mode", true},
+              {"base_model_name_or_path", base_model_name}};
+  // PEFT accepts the literal "all-linear" as a string, and a list of module names otherwise.
+  if (lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear")
+    cfg["target_modules"] = "all-linear";
+  else
+    cfg["target_modules"] = lora.target_modules;
+  TensorMap tensors = model.peft_state_dict();
+  for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, torch::kFloat32);
+  write_safetensors((d / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomic((d / "adapter_config.json").string(), cfg.dump(2) + "\n");
+}
+
+void load_peft_adapter(Transformer& model, const std::string& dir) {
+  const fs::path d(dir);
+  const std::string cfg_path = (d / "adapter_config.json").string();
+  if (!fs::exists(cfg_path)) throw not_found("load_peft_adapter: " + cfg_path + " does not exist");
+  json cfg = read_json_file(cfg_path);
+  if (cfg.value("peft_type", std::string("LORA")) != "LORA")
+    throw unsupported("load_peft_adapter: " + cfg_path + ": peft_type " + cfg["peft_type"].dump() + " is not LORA");
+  LoraOptions opts;
+  try {
+    opts.rank = cfg.at("r").get<int>();
+    opts.alpha = cfg.value("lora_alpha", 8);
+    const auto& tm = cfg.at("target_modules");
+    opts.target_modules = tm.is_string() ? std::vector<std::string>{tm.get<std::string>()}
+                                         : tm.get<std::vector<std::string>>();
+  } catch (const json::exception& e) {
+    throw io_error("load_peft_adapter: " + cfg_path + " lacks a valid r / lora_alpha / target_modules: " + e.what());
+  }
+  if (cfg.value("use_dora", false)) throw unsupported("load_peft_adapter: " + cfg_path + ": DoRA is not supported");
+  if (!model.has_lora()) {
+    model.enable_lora(opts, /*seed=*/0);
+  } else if (model.lora_options()->rank != opts.rank || model.lora_options()->alpha != opts.alpha) {
+    throw conflict("load_peft_adapter: " + cfg_path + " has rank " + std::to_string(opts.rank) + ", alpha " +
+                   std::to_string(opts.alpha) + " but the model's adapters have rank " +
+                   std::to_string(model.lora_options()->rank) + ", alpha " + std::to_string(model.lora_options()->alpha));
+  }
+  const std::string weights = (d / "adapter_model.safetensors").string();
+  try {
+    model.load_peft_state_dict(read_safetensors(weights));
+  } catch (const invalid_argument& e) {
+    throw invalid_argument(std::string(e.what()) + " (in " + weights + ")");
+  }
+}
+
+}  // namespace rlloop::engine

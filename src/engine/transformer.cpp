@@ -1,0 +1,488 @@
+// The Llama / Qwen2 / Qwen3 decoder with optional LoRA. The math follows Hugging Face transformers'
+// eager implementation step by step (fp32 RMSNorm, rotate_half RoPE, softmax in fp32) so HF weights give
+// the same logits.
+#include "transformer.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include <rlloop/error.hpp>
+
+namespace rlloop::engine {
+namespace {
+
+const std::vector<std::string> kAllLinear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+std::string shape_string(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+// Module parameter names may not contain '.', HF names are dotted.
+std::string module_name(const std::string& hf_name) {
+  std::string s = hf_name;
+  for (auto& ch : s)
+    if (ch == '.') ch = '_';
+  return s;
+}
+
+// A linear layer y = x W^T + b, plus (alpha / rank) * B(A x) when an adapter is attached.
+struct Linear {
+  std::string name;        // HF prefix, e.g. "model.layers.0.self_attn.q_proj"
+  std::string short_name;  // "q_proj", ..., "lm_head"
+  torch::Tensor weight;    // [out, in]
+  torch::Tensor bias;      // undefined without bias
+  torch::Tensor lora_a;    // [rank, in]; undefined without LoRA
+  torch::Tensor lora_b;    // [out, rank]
+  double lora_scale = 0.0;
+
+  torch::Tensor apply(const torch::Tensor& x) const {
+    torch::Tensor y = torch::linear(x, weight, bias);
+    if (!lora_a.defined()) return y;
+    // Adapters may be kept in a wider dtype than the base (fp32 adapters over bf16 weights, as PEFT does).
+    const auto& xa = x.scalar_type() == lora_a.scalar_type() ? x : x.to(lora_a.scalar_type());
+    torch::Tensor delta = torch::linear(torch::linear(xa, lora_a), lora_b);
+    if (delta.scalar_type() != y.scalar_type()) delta = delta.to(y.scalar_type());
+    // With B = 0 the delta is an exact zero and y + 0 == y: an untrained adapter reproduces the base bit for bit.
+    return torch::add(y, delta, lora_scale);
+  }
+};
+
+struct Layer {
+  torch::Tensor input_norm, post_norm, q_norm, k_norm;
+  Linear q, k, v, o, gate, up, down;
+  std::vector<Linear*> linears() { return {&q, &k, &v, &o, &gate, &up, &down}; }
+  std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
+};
+
+// HF LlamaRMSNorm: normalise in fp32, cast back, then scale by the weight in the input dtype.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const bool is_fp32 = x.scalar_type() == torch::kFloat32;
+  torch::Tensor xf = is_fp32 ? x : x.to(torch::kFloat32);
+  torch::Tensor normed = xf * torch::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + eps);
+  if (!is_fp32) normed = normed.to(x.scalar_type());
+  return weight * normed;
+}
+
+// HF rotate_half convention: the first and second halves of head_dim form the rotated pairs.
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const std::int64_t half = x.size(-1) / 2;
+  torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+struct Transformer::Impl {
+  ModelConfig cfg;
+  torch::TensorOptions options;
+  torch::Tensor embed;
+  torch::Tensor final_norm;
+  std::vector<Layer> layers;
+  Linear lm_head;  // weight aliases embed when tied
+  std::optional<LoraOptions> lora;
+
+  // Every base weight under its HF name, in a fixed order (init_model draws from one generator in this order).
+  template <class F>
+  void for_each_base(F&& f) const {
+    f(std::string("model.embed_tokens.weight"), embed);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      f(p + "input_layernorm.weight", l.input_norm);
+      for (const Linear* lin : l.linears()) {
+        f(lin->name + ".weight", lin->weight);
+        if (lin->bias.defined()) f(lin->name + ".bias", lin->bias);
+      }
+      if (cfg.qk_norm) {
+        f(p + "self_attn.q_norm.weight", l.q_norm);
+        f(p + "self_attn.k_norm.weight", l.k_norm);
+      }
+      f(p + "post_attention_layernorm.weight", l.post_norm);
+    }
+    f(std::string("model.norm.weight"), final_norm);
+    if (!cfg.tie_word_embeddings) f(std::string("lm_head.weight"), lm_head.weight);
+  }
+
+  template <class F>
+  void for_each_linear(F&& f) {
+    for (auto& l : layers)
+      for (Linear* lin : l.linears()) f(*lin);
+    f(lm_head);
+  }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const auto& l : layers)
+      for (const Linear* lin : l.linears()) f(*lin);
+    f(lm_head);
+  }
+
+  static std::string peft_prefix(const Linear& lin) { return "base_model.model." + lin.name; }
+};
+
+// ---------------------------------------------------------------------------------------------- KVCache
+
+KVCache KVCache::allocate(const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity, torch::Device device,
+                          torch::ScalarType dtype) {
+  if (batch <= 0 || capacity <= 0)
+    throw invalid_argument("KVCache::allocate: batch and capacity must be positive, got batch " +
+                           std::to_string(batch) + ", capacity " + std::to_string(capacity));
+  KVCache c;
+  c.capacity = capacity;
+  auto opts = torch::TensorOptions().device(device).dtype(dtype);
+  for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    // Unfilled positions are never read (attention only looks at [0, length)), so no need to zero them.
+    c.keys.push_back(torch::empty({batch, cfg.num_key_value_heads, capacity, cfg.head_dim}, opts));
+    c.values.push_back(torch::empty({batch, cfg.num_key_value_heads, capacity, cfg.head_dim}, opts));
+  }
+  return c;
+}
+
+void KVCache::repeat_batch(std::int64_t times) {
+  if (times <= 0) throw invalid_argument("KVCache::repeat_batch: times must be positive");
+  if (times == 1) return;
+  auto repeat = [&](torch::Tensor& t) {
+    const auto b = t.size(0);
+    auto fresh = torch::empty({b, times, t.size(1), capacity, t.size(3)}, t.options());
+    // Copies only the filled positions; copies of one sequence are adjacent (sequence i -> rows i*times...).
+    fresh.narrow(3, 0, length).copy_(t.narrow(2, 0, length).unsqueeze(1));
+    t = fresh.view({b * times, t.size(1), capacity, t.size(3)});
+  };
+  for (auto& k : keys) repeat(k);
+  for (auto& v : values) repeat(v);
+}
+
+void KVCache::select_batch(const torch::Tensor& index) {
+  for (auto* list : {&keys, &values})
+    for (auto& t : *list) {
+      auto idx = index.to(t.device(), torch::kLong);
+      auto fresh = torch::empty({idx.size(0), t.size(1), capacity, t.size(3)}, t.options());
+      fresh.narrow(2, 0, length).copy_(t.narrow(2, 0, length).index_select(0, idx));
+      t = fresh;
+    }
+}
+
+// ------------------------------------------------------------------------------------------ Transformer
+
+Transformer::Transformer(const ModelConfig& cfg) : Transformer(cfg, torch::TensorOptions().dtype(torch::kFloat32)) {}
+
+Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options) : impl_(std::make_shared<Impl>()) {
+  cfg.validate();
+  impl_->cfg = cfg;
+  impl_->options = options;
+  const std::int64_t H = cfg.hidden_size, I = cfg.intermediate_size, D = cfg.head_dim;
+  const std::int64_t q_dim = cfg.num_attention_heads * D, kv_dim = cfg.num_key_value_heads * D;
+
+  auto param = [&](const std::string& name, std::vector<std::int64_t> shape, bool ones) {
+    auto t = ones ? torch::ones(shape, options) : torch::zeros(shape, options);
+    return register_parameter(module_name(name), t, /*requires_grad=*/true);
+  };
+  auto linear = [&](const std::string& name, const std::string& short_name, std::int64_t out, std::int64_t in,
+                    bool bias) {
+    Linear l;
+    l.name = name;
+    l.short_name = short_name;
+    l.weight = param(name + ".weight", {out, in}, false);
+    if (bias) l.bias = param(name + ".bias", {out}, false);
+    return l;
+  };
+
+  impl_->embed = param("model.embed_tokens.weight", {cfg.vocab_size, H}, false);
+  for (std::int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer l;
+    l.input_norm = param(p + "input_layernorm.weight", {H}, true);
+    l.q = linear(p + "self_attn.q_proj", "q_proj", q_dim, H, cfg.attention_bias);
+    l.k = linear(p + "self_attn.k_proj", "k_proj", kv_dim, H, cfg.attention_bias);
+    l.v = linear(p + "self_attn.v_proj", "v_proj", kv_dim, H, cfg.attention_bias);
+    l.o = linear(p + "self_attn.o_proj", "o_proj", H, q_dim, cfg.o_proj_bias());
+    if (cfg.qk_norm) {
+      l.q_norm = param(p + "self_attn.q_norm.weight", {D}, true);
+      l.k_norm = param(p + "self_attn.k_norm.weight", {D}, true);
+    }
+    l.post_norm = param(p + "post_attention_layernorm.weight", {H}, true);
+    l.gate = linear(p + "mlp.gate_proj", "gate_proj", I, H, false);
+    l.up = linear(p + "mlp.up_proj", "up_proj", I, H, false);
+    l.down = linear(p + "mlp.down_proj", "down_proj", H, I, false);
+    impl_->layers.push_back(std::move(l));
+  }
+  impl_->final_norm = param("model.norm.weight", {H}, true);
+  impl_->lm_head.name = "lm_head";
+  impl_->lm_head.short_name = "lm_head";
+  impl_->lm_head.weight = cfg.tie_word_embeddings ? impl_->embed : param("lm_head.weight", {cfg.vocab_size, H}, false);
+}
+
+const ModelConfig& Transformer::config() const { return impl_->cfg; }
+
+torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache) {
+  const ModelConfig& cfg = impl_->cfg;
+  if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong)
+    throw invalid_argument("Transformer::hidden_states: input_ids must be an int64 [batch, tokens] tensor, got " +
+                           std::string(c10::toString(input_ids.scalar_type())) + " " + shape_string(input_ids.sizes()));
+  const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
+  if (B == 0 || T == 0) throw invalid_argument("Transformer::hidden_states: empty input " + shape_string(input_ids.sizes()));
+  {
+    auto [lo, hi] = torch::aminmax(input_ids);
+    const auto lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
+    if (lo_v < 0 || hi_v >= cfg.vocab_size)
+      throw invalid_argument("Transformer::hidden_states: token id " + std::to_string(lo_v < 0 ? lo_v : hi_v) +
+                             " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ")");
+  }
+  const std::int64_t past = cache ? cache->length : 0;
+  if (cache) {
+    if (static_cast<std::int64_t>(cache->keys.size()) != cfg.num_hidden_layers || cache->batch() != B)
+      throw invalid_argument("Transformer::hidden_states: the KV cache has " + std::to_string(cache->keys.size()) +
+                             " layers and batch " + std::to_string(cache->batch()) + ", the model " +
+                             std::to_string(cfg.num_hidden_layers) + " layers and the input batch " + std::to_string(B));
+    if (past + T > cache->capacity)
+      throw invalid_argument("Transformer::hidden_states: KV cache capacity " + std::to_string(cache->capacity) +
+                             " exceeded (" + std::to_string(past) + " cached + " + std::to_string(T) + " new tokens)");
+  }
+  const std::int64_t S = past + T;  // key length
+  const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const std::int64_t rep = nh / nkv;
+  const auto device = impl_->embed.device();
+  const auto dtype = impl_->embed.scalar_type();
+  torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
+
+  // RoPE tables as HF computes them: inv_freq in fp32, angles = position * inv_freq, cos/sin in fp32, then
+  // cast to the activation dtype. [T, D], broadcast over batch and heads.
+  auto f32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
+  torch::Tensor inv_freq =
+      torch::reciprocal(torch::pow(cfg.rope_theta, torch::arange(0, D, 2, f32.dtype(torch::kLong)).to(torch::kFloat32) / D));
+  torch::Tensor angles = torch::arange(past, S, f32.dtype(torch::kLong)).to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);
+  torch::Tensor emb = torch::cat({angles, angles}, -1);
+  torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+
+  // Causal mask over [T, S]: query i sits at position past + i and sees keys 0..past+i. A single new token
+  // sees everything cached, so decoding needs no mask.
+  torch::Tensor mask;
+  if (T > 1) {
+    auto q_pos = torch::arange(past, S, f32.dtype(torch::kLong)).unsqueeze(1);
+    auto k_pos = torch::arange(0, S, f32.dtype(torch::kLong)).unsqueeze(0);
+    mask = k_pos > q_pos;
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  torch::Tensor x = torch::embedding(impl_->embed, ids);
+  for (std::size_t li = 0; li < impl_->layers.size(); ++li) {
+    const Layer& layer = impl_->layers[li];
+    torch::Tensor h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps);
+    torch::Tensor q = layer.q.apply(h).view({B, T, nh, D});
+    torch::Tensor k = layer.k.apply(h).view({B, T, nkv, D});
+    torch::Tensor v = layer.v.apply(h).view({B, T, nkv, D}).transpose(1, 2);
+    if (cfg.qk_norm) {  // Qwen3: per-head RMSNorm over head_dim, before RoPE
+      q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps);
+      k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps);
+    }
+    q = apply_rope(q.transpose(1, 2), cos, sin);  // [B, nh, T, D], contiguous
+    k = apply_rope(k.transpose(1, 2), cos, sin);  // [B, nkv, T, D]
+
+    torch::Tensor keys = k, values = v;
+    if (cache) {
+      cache->keys[li].narrow(2, past, T).copy_(k);
+      cache->values[li].narrow(2, past, T).copy_(v);
+      keys = cache->keys[li].narrow(2, 0, S);
+      values = cache->values[li].narrow(2, 0, S);
+    }
+    // Grouped-query attention without materialising repeated K/V: the `rep` query heads that share a KV head
+    // are stacked along the row dimension, [B, nkv, rep*T, D] x [B, nkv, D, S].
+    torch::Tensor scores = torch::matmul(q.reshape({B, nkv, rep * T, D}), keys.transpose(-1, -2)) * scale;
+    if (mask.defined())
+      scores.view({B, nkv, rep, T, S}).masked_fill_(mask, -std::numeric_limits<double>::infinity());
+    torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
+    if (probs.scalar_type() != dtype) probs = probs.to(dtype);
+    torch::Tensor attn = torch::matmul(probs, values)  // [B, nkv, rep*T, D] == [B, nh, T, D]
+                             .view({B, nh, T, D})
+                             .transpose(1, 2)
+                             .reshape({B, T, nh * D});
+    x = x + layer.o.apply(attn);
+
+    h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
+    x = x + layer.down.apply(torch::silu(layer.gate.apply(h)) * layer.up.apply(h));
+  }
+  if (cache) cache->length = S;
+  return rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
+}
+
+torch::Tensor Transformer::logits(const torch::Tensor& hidden) { return impl_->lm_head.apply(hidden); }
+
+// ------------------------------------------------------------------------------------------ state dicts
+
+TensorMap Transformer::hf_state_dict() const {
+  TensorMap out;
+  impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { out[name] = t.detach(); });
+  return out;
+}
+
+void Transformer::load_hf_state_dict(const TensorMap& tensors) {
+  std::map<std::string, torch::Tensor> expected;
+  impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { expected[name] = t; });
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : tensors) {
+    if (expected.count(name)) continue;
+    // Old HF checkpoints store the RoPE frequencies as a buffer; we recompute them.
+    if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
+    if (name == "lm_head.weight" && impl_->cfg.tie_word_embeddings) {
+      // Some tied checkpoints store the duplicate; one that differs means the config is wrong.
+      auto it = tensors.find("model.embed_tokens.weight");
+      if (it != tensors.end() && !torch::equal(it->second.to(t.scalar_type()).cpu(), t.cpu()))
+        throw invalid_argument(
+            "load_hf_state_dict: lm_head.weight differs from model.embed_tokens.weight but the config ties them "
+            "(set tie_word_embeddings to false)");
+      continue;
+    }
+    unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < unexpected.size() && i < 5; ++i) list += (i ? ", " : "") + unexpected[i];
+    if (unexpected.size() > 5) list += ", ...";
+    throw invalid_argument("load_hf_state_dict: " + std::to_string(unexpected.size()) +
+                           " unexpected tensor(s) for this " + impl_->cfg.model_type + " config: " + list);
+  }
+  for (const auto& [name, param] : expected) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) throw invalid_argument("load_hf_state_dict: missing tensor '" + name + "'");
+    if (it->second.sizes() != param.sizes())
+      throw invalid_argument("load_hf_state_dict: tensor '" + name + "' has shape " + shape_string(it->second.sizes()) +
+                             ", the model expects " + shape_string(param.sizes()));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, param] : expected) param.copy_(tensors.at(name));
+}
+
+// ------------------------------------------------------------------------------------------------- LoRA
+
+void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
+  if (impl_->lora) throw conflict("Transformer::enable_lora: the model already has LoRA adapters");
+  if (options.rank <= 0) throw invalid_argument("LoraOptions.rank must be positive, got " + std::to_string(options.rank));
+  if (options.alpha <= 0) throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
+  std::set<std::string> targets;
+  for (const auto& m : options.target_modules) {
+    if (m == "all-linear") {
+      targets.insert(kAllLinear.begin(), kAllLinear.end());
+    } else if (m == "lm_head" || std::find(kAllLinear.begin(), kAllLinear.end(), m) != kAllLinear.end()) {
+      targets.insert(m);
+    } else {
+      throw invalid_argument("LoraOptions.target_modules: unknown module '" + m +
+                             "' (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head or "
+                             "all-linear)");
+    }
+  }
+  if (targets.empty()) throw invalid_argument("LoraOptions.target_modules is empty");
+
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  // A is drawn on the CPU in fp32 from its own generator so the init is the same on every device.
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
+  const double scale = static_cast<double>(options.alpha) / options.rank;
+  const auto base_dtype = impl_->embed.scalar_type();
+  // Adapters stay fp32 unless the base is fp64 (PEFT keeps adapters in fp32 over bf16 weights).
+  const auto lora_dtype = base_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto device = impl_->embed.device();
+  impl_->for_each_linear([&](Linear& lin) {
+    if (!targets.count(lin.short_name)) return;
+    const std::int64_t out = lin.weight.size(0), in = lin.weight.size(1);
+    // PEFT: kaiming_uniform_(a=sqrt(5)) => U(-1/sqrt(in), 1/sqrt(in)).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    auto a = torch::empty({options.rank, in}, torch::kFloat32).uniform_(-bound, bound, gen);
+    lin.lora_a = register_parameter(module_name(lin.name) + "_lora_A", a.to(device, lora_dtype), true);
+    lin.lora_b = register_parameter(module_name(lin.name) + "_lora_B",
+                                    torch::zeros({out, options.rank}, torch::TensorOptions().device(device).dtype(lora_dtype)),
+                                    true);
+    lin.lora_scale = scale;
+  });
+  impl_->lora = options;
+}
+
+bool Transformer::has_lora() const { return impl_->lora.has_value(); }
+
+const std::optional<LoraOptions>& Transformer::lora_options() const { return impl_->lora; }
+
+std::vector<torch::Tensor> Transformer::lora_a_parameters() {
+  std::vector<torch::Tensor> out;
+  impl_->for_each_linear([&](Linear& lin) {
+    if (lin.lora_a.defined()) out.push_back(lin.lora_a);
+  });
+  return out;
+}
+
+std::vector<torch::Tensor> Transformer::lora_b_parameters() {
+  std::vector<torch::Tensor> out;
+  impl_->for_each_linear([&](Linear& lin) {
+    if (lin.lora_b.defined()) out.push_back(lin.lora_b);
+  });
+  return out;
+}
+
+TensorMap Transformer::peft_state_dict() const {
+  if (!impl_->lora) throw conflict("Transformer::peft_state_dict: the model has no LoRA adapters");
+  TensorMap out;
+  impl_->for_each_linear([&](const Linear& lin) {
+    if (!lin.lora_a.defined()) return;
+    out[Impl::peft_prefix(lin) + ".lora_A.weight"] = lin.lora_a.detach();
+    out[Impl::peft_prefix(lin) + ".lora_B.weight"] = lin.lora_b.detach();
+  });
+  return out;
+}
+
+void Transformer::load_peft_state_dict(const TensorMap& tensors) {
+  if (!impl_->lora) throw conflict("Transformer::load_peft_state_dict: the model has no LoRA adapters (enable_lora first)");
+  std::map<std::string, torch::Tensor> expected;
+  impl_->for_each_linear([&](Linear& lin) {
+    if (!lin.lora_a.defined()) return;
+    expected[Impl::peft_prefix(lin) + ".lora_A.weight"] = lin.lora_a;
+    expected[Impl::peft_prefix(lin) + ".lora_B.weight"] = lin.lora_b;
+  });
+  for (const auto& [name, t] : tensors)
+    if (!expected.count(name))
+      throw invalid_argument("load_peft_state_dict: unexpected adapter tensor '" + name +
+                             "' (not a LoRA target of this model)");
+  for (const auto& [name, param] : expected) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) throw invalid_argument("load_peft_state_dict: missing adapter tensor '" + name + "'");
+    if (it->second.sizes() != param.sizes())
+      throw invalid_argument("load_peft_state_dict: adapter tensor '" + name + "' has shape " +
+                             shape_string(it->second.sizes()) + ", the model expects " + shape_string(param.sizes()));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, param] : expected) param.copy_(tensors.at(name));
+}
+
+TensorMap Transformer::merged_hf_state_dict() const {
+  TensorMap out = hf_state_dict();
+  if (!impl_->lora) return out;
+  torch::NoGradGuard no_grad;
+  impl_->for_each_linear([&](const Linear& lin) {
+    if (!lin.lora_a.defined()) return;
+    // W + scale * B A, accumulated in fp32 (at least) and stored in W's dtype.
+    auto acc = lin.lora_a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    auto merged = lin.weight.to(acc) + lin.lora_scale * torch::matmul(lin.lora_b.to(acc), lin.lora_a.to(acc));
+    // A tied model with an lm_head adapter gets an untied lm_head.weight (save_model unties the config).
+    out[lin.name + ".weight"] = merged.to(lin.weight.scalar_type());
+  });
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_parameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (impl_->lora) {
+    impl_->for_each_linear([&](Linear& lin) {
+      if (!lin.lora_a.defined()) return;
+      out.emplace_back(Impl::peft_prefix(lin) + ".lora_A.weight", lin.lora_a);
+      out.emplace_back(Impl::peft_prefix(lin) + ".lora_B.weight", lin.lora_b);
+    });
+    return out;
+  }
+  impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { out.emplace_back(name, t); });
+  return out;
+}
+
+}  // namespace rlloop::engine
