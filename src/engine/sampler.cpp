@@ -1,0 +1,183 @@
+// KV-cached sampling: one prefill of the prompt, then all samples decode in lockstep in one batch.
+#include "sampler.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <rlloop/error.hpp>
+
+namespace rlloop::engine {
+namespace {
+
+torch::Tensor to_ids(std::span<const token_id> tokens, torch::Device device) {
+  std::vector<std::int64_t> v(tokens.begin(), tokens.end());
+  return torch::tensor(v, torch::kLong).to(device).unsqueeze(0);
+}
+
+void validate(const SampleRequest& req, const ModelConfig& cfg, std::size_t prompt_len) {
+  const auto& p = req.params;
+  auto fail = [](const std::string& what) { throw invalid_argument("sample: " + what); };
+  if (prompt_len == 0) fail("the prompt is empty");
+  if (req.num_samples < 1) fail("num_samples must be at least 1, got " + std::to_string(req.num_samples));
+  if (p.max_tokens < 0) fail("SamplingParams.max_tokens must be non-negative, got " + std::to_string(p.max_tokens));
+  if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
+    fail("SamplingParams.temperature must be a finite number >= 0, got " + std::to_string(p.temperature));
+  if (!(p.top_p > 0 && p.top_p <= 1)) fail("SamplingParams.top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  if (req.topk_prompt_logprobs < 0)
+    fail("topk_prompt_logprobs must be non-negative, got " + std::to_string(req.topk_prompt_logprobs));
+  const auto total = static_cast<std::int64_t>(prompt_len) + p.max_tokens;
+  if (total > cfg.max_position_embeddings)
+    fail("prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" + std::to_string(p.max_tokens) +
+         ") exceeds the model's max_position_embeddings " + std::to_string(cfg.max_position_embeddings));
+}
+
+// One draw per row of `logits` [A, V] following params: temperature, then top-k, then top-p.
+torch::Tensor choose_tokens(const torch::Tensor& logits, const SamplingParams& p, at::Generator& generator) {
+  if (p.temperature == 0.0) return logits.argmax(-1);
+  const std::int64_t V = logits.size(-1);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  torch::Tensor scaled = logits.to(torch::kFloat32);
+  if (p.temperature != 1.0) scaled = scaled / p.temperature;
+  if (p.top_k > 0 && p.top_k < V) {
+    torch::Tensor kth = std::get<0>(scaled.topk(p.top_k, -1)).narrow(-1, p.top_k - 1, 1);
+    scaled = scaled.masked_fill(scaled < kth, neg_inf);
+  }
+  if (p.top_p < 1.0) {
+    auto [sorted, order] = scaled.sort(-1, /*descending=*/true);
+    torch::Tensor probs = torch::softmax(sorted, -1);
+    // Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+    // The top token always survives (the mass before it is 0).
+    torch::Tensor drop_sorted = (probs.cumsum(-1) - probs) >= p.top_p;
+    torch::Tensor drop = torch::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
+    scaled = scaled.masked_fill(drop, neg_inf);
+  }
+  return torch::multinomial(torch::softmax(scaled, -1), 1, /*replacement=*/false, generator).squeeze(-1);
+}
+
+}  // namespace
+
+SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
+                      at::Generator& generator) {
+  const ModelConfig& cfg = model.config();
+  const std::vector<token_id> prompt = req.prompt.tokens();
+  validate(req, cfg, prompt.size());
+  const SamplingParams& params = req.params;
+  const auto P = static_cast<std::int64_t>(prompt.size());
+  const int n = req.num_samples;
+  const int max_new = params.max_tokens;
+
+  c10::InferenceMode inference;
+  const torch::Tensor first_param = model.parameters().front();
+  const torch::Device device = first_param.device();
+
+  // The last generated token is never fed back, so the cache needs room for P + max_new - 1 positions.
+  KVCache cache = KVCache::allocate(cfg, 1, P + std::max(max_new - 1, 0), device, first_param.scalar_type());
+  torch::Tensor hidden = model.hidden_states(to_ids(prompt, device), &cache);
+
+  SampleResponse resp;
+  torch::Tensor last_logits;  // [V]
+  if (req.include_prompt_logprobs || req.topk_prompt_logprobs > 0) {
+    torch::Tensor all = model.logits(hidden)[0];  // [P, V]
+    last_logits = all[P - 1];
+    if (P > 1) {
+      torch::Tensor lp = torch::log_softmax(all.narrow(0, 0, P - 1).to(torch::kFloat32), -1).cpu();  // predicts 1..P-1
+      if (req.include_prompt_logprobs) {
+        std::vector<double> out(P, 0.0);
+        auto acc = lp.accessor<float, 2>();
+        for (std::int64_t i = 1; i < P; ++i) out[i] = acc[i - 1][prompt[i]];
+        resp.prompt_logprobs = std::move(out);
+      }
+      if (req.topk_prompt_logprobs > 0) {
+        const std::int64_t k = std::min<std::int64_t>(req.topk_prompt_logprobs, cfg.vocab_size);
+        auto [values, indices] = lp.topk(k, -1);
+        auto va = values.accessor<float, 2>();
+        auto ia = indices.accessor<std::int64_t, 2>();
+        std::vector<std::vector<TokenLogprob>> out(P);
+        for (std::int64_t i = 1; i < P; ++i)
+          for (std::int64_t j = 0; j < k; ++j)
+            out[i].push_back(TokenLogprob{static_cast<token_id>(ia[i - 1][j]), va[i - 1][j]});
+        resp.topk_prompt_logprobs = std::move(out);
+      }
+    } else {
+      if (req.include_prompt_logprobs) resp.prompt_logprobs = std::vector<double>{0.0};
+      if (req.topk_prompt_logprobs > 0) resp.topk_prompt_logprobs = std::vector<std::vector<TokenLogprob>>(1);
+    }
+  } else {
+    last_logits = model.logits(hidden.narrow(1, P - 1, 1))[0][0];  // only the last row: skips P-1 unembeddings
+  }
+
+  resp.sequences.resize(n);
+  for (auto& s : resp.sequences) {
+    s.prefill_tokens = P;  // every sample conditions on the whole prompt (computed once, shared)
+    s.tokens.reserve(max_new);
+    s.logprobs.reserve(max_new);
+  }
+  if (max_new == 0) return resp;  // stop_reason stays "length"
+
+  cache.repeat_batch(n);
+  torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
+  std::vector<int> active(n);  // row -> sequence index
+  for (int i = 0; i < n; ++i) active[i] = i;
+
+  while (true) {
+    torch::Tensor next = choose_tokens(logits, params, generator);  // [A]
+    // The reported logprob is the model's own (temperature 1, unfiltered), as compute_logprobs gives it.
+    torch::Tensor chosen_lp = torch::log_softmax(logits.to(torch::kFloat32), -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
+    const torch::Tensor next_cpu = next.cpu();
+    const torch::Tensor lp_cpu = chosen_lp.cpu();
+    const auto* tok = next_cpu.data_ptr<std::int64_t>();
+    const auto* lp = lp_cpu.data_ptr<float>();
+
+    std::vector<std::int64_t> keep;
+    keep.reserve(active.size());
+    for (std::size_t r = 0; r < active.size(); ++r) {
+      SampledSequence& s = resp.sequences[active[r]];
+      const auto t = static_cast<token_id>(tok[r]);
+      s.tokens.push_back(t);
+      s.logprobs.push_back(lp[r]);
+      ++s.decode_tokens;
+      if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), t) != params.stop_token_ids.end()) {
+        s.stop_reason = StopReason::stop;
+      } else if (stop_check && stop_check(std::span<const token_id>(s.tokens))) {
+        s.stop_reason = StopReason::stop;
+      } else if (static_cast<int>(s.tokens.size()) >= max_new) {
+        s.stop_reason = StopReason::length;
+      } else {
+        keep.push_back(static_cast<std::int64_t>(r));
+      }
+    }
+    if (keep.empty()) break;
+    if (keep.size() < active.size()) {
+      // Finished samples leave the batch so later steps compute only live rows.
+      torch::Tensor idx = torch::tensor(keep, torch::kLong).to(device);
+      cache.select_batch(idx);
+      next = next.index_select(0, idx);
+      std::vector<int> still;
+      for (auto r : keep) still.push_back(active[r]);
+      active = std::move(still);
+    }
+    logits = model.forward(next.unsqueeze(1), &cache).squeeze(1);
+  }
+  return resp;
+}
+
+std::vector<double> compute_logprobs(Transformer& model, std::span<const token_id> tokens) {
+  if (tokens.empty()) return {};
+  std::vector<double> out(tokens.size(), 0.0);
+  if (tokens.size() == 1) return out;
+  c10::InferenceMode inference;
+  const torch::Device device = model.parameters().front().device();
+  const auto N = static_cast<std::int64_t>(tokens.size());
+  torch::Tensor ids = to_ids(tokens, device);
+  // Positions 0..N-2 predict tokens 1..N-1; the last position's unembedding is not needed.
+  torch::Tensor hidden = model.hidden_states(ids).narrow(1, 0, N - 1);
+  torch::Tensor lp = torch::log_softmax(model.logits(hidden).to(torch::kFloat32), -1)
+                         .gather(-1, ids.narrow(1, 1, N - 1).unsqueeze(-1))
+                         .reshape({N - 1})
+                         .cpu();
+  const float* p = lp.data_ptr<float>();
+  for (std::int64_t i = 1; i < N; ++i) out[i] = p[i - 1];
+  return out;
+}
+
+}  // namespace rlloop::engine
