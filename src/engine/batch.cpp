@@ -1,0 +1,193 @@
+#include "batch.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loss.hpp"
+
+namespace rlloop::engine {
+namespace {
+
+struct PaddedBatch {
+  torch::Tensor ids, targets, mask;  // [B, T]
+  std::vector<std::int64_t> lengths;
+  std::int64_t total_tokens = 0;
+};
+
+// Right-pads every datum to the longest one. With causal attention, padding at the end cannot change the
+// logits of real positions, so no attention mask is needed.
+PaddedBatch pad_batch(const std::vector<Datum>& data, const ModelConfig& cfg) {
+  PaddedBatch b;
+  std::int64_t T = 0;
+  for (const auto& d : data) {
+    b.lengths.push_back(static_cast<std::int64_t>(d.model_input.length()));
+    T = std::max(T, b.lengths.back());
+    b.total_tokens += b.lengths.back();
+  }
+  if (T > cfg.max_position_embeddings)
+    throw invalid_argument("a datum has " + std::to_string(T) + " tokens, more than the model's " +
+                           std::to_string(cfg.max_position_embeddings) + " positions");
+  const auto B = static_cast<std::int64_t>(data.size());
+  b.ids = torch::zeros({B, T}, torch::kInt64);
+  b.targets = torch::zeros({B, T}, torch::kInt64);
+  b.mask = torch::zeros({B, T}, torch::kFloat32);
+  auto ids = b.ids.accessor<std::int64_t, 2>();
+  auto targets = b.targets.accessor<std::int64_t, 2>();
+  auto mask = b.mask.accessor<float, 2>();
+  for (std::int64_t i = 0; i < B; ++i) {
+    std::int64_t t = 0;
+    for (const auto& c : data[i].model_input.chunks)
+      for (token_id tok : c.tokens) ids[i][t++] = tok;
+    const auto& tt = data[i].loss_fn_inputs.at("target_tokens");
+    for (std::int64_t j = 0; j < b.lengths[i]; ++j) {
+      targets[i][j] = tt.dtype == DType::int64 ? tt.int_data[j] : static_cast<std::int64_t>(tt.float_data[j]);
+      mask[i][j] = 1.0f;
+    }
+  }
+  return b;
+}
+
+// A [B, T] float tensor of one loss input (zero where absent or padded).
+torch::Tensor padded_input(const std::vector<Datum>& data, const std::string& key, std::int64_t T, float fill) {
+  auto out = torch::full({static_cast<std::int64_t>(data.size()), T}, 0.0f, torch::kFloat32);
+  auto acc = out.accessor<float, 2>();
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    auto it = data[i].loss_fn_inputs.find(key);
+    const auto n = static_cast<std::int64_t>(data[i].model_input.length());
+    if (it == data[i].loss_fn_inputs.end()) {
+      for (std::int64_t j = 0; j < n; ++j) acc[i][j] = fill;
+      continue;
+    }
+    const auto values = it->second.as_doubles();
+    for (std::int64_t j = 0; j < n; ++j) acc[i][j] = static_cast<float>(values[j]);
+  }
+  return out;
+}
+
+// Logprob of each target token, [B, T] fp32, with the graph unless grad is off. logsumexp + gather avoids
+// materialising a second [B, T, V] log_softmax tensor.
+torch::Tensor target_logprobs(Transformer& model, const PaddedBatch& b, torch::Device device) {
+  auto logits = model.forward(b.ids.to(device)).to(torch::kFloat32);
+  auto targets = b.targets.to(device).unsqueeze(-1);
+  return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1);
+}
+
+torch::Device model_device(Transformer& model) { return model.parameters().front().device(); }
+
+ForwardBackwardOutput make_output(const torch::Tensor& lp, const PaddedBatch& b) {
+  ForwardBackwardOutput out;
+  auto cpu = lp.detach().to(torch::kCPU).contiguous();
+  const float* base = cpu.data_ptr<float>();
+  const std::int64_t T = cpu.size(1);
+  for (std::size_t i = 0; i < b.lengths.size(); ++i) {
+    const float* row = base + static_cast<std::int64_t>(i) * T;
+    out.loss_fn_outputs.push_back({{"logprobs", TensorData::from_floats(std::vector<float>(row, row + b.lengths[i]))}});
+  }
+  out.training_tokens = b.total_tokens;
+  return out;
+}
+
+}  // namespace
+
+ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
+                                       bool backward) {
+  loss.validate();
+  validate_batch(data, loss.fn, model.config().vocab_size);
+  auto b = pad_batch(data, model.config());
+  const auto device = model_device(model);
+  const std::int64_t T = b.ids.size(1);
+  std::optional<torch::NoGradGuard> no_grad;
+  if (!backward) no_grad.emplace();
+
+  auto lp = target_logprobs(model, b, device);
+  LossTensors in;
+  in.mask = b.mask.to(device);
+  in.weights = padded_input(data, "weights", T, 1.0f).to(device);
+  in.advantages = padded_input(data, "advantages", T, 0.0f).to(device);
+  in.sampler_logprobs = padded_input(data, "logprobs", T, 0.0f).to(device);
+  auto value = builtin_loss(loss, lp, in);
+  if (backward) value.loss.backward();
+
+  auto out = make_output(lp, b);
+  out.metrics["loss:sum"] = value.loss.item<double>();
+  if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo)
+    out.metrics["clip_fraction"] = value.clipped.item<double>() / static_cast<double>(b.total_tokens);
+  return out;
+}
+
+ForwardBackwardOutput run_custom_loss(Transformer& model, const std::vector<Datum>& data, const CustomLossFn& fn) {
+  if (!fn) throw invalid_argument("forward_backward_custom: no loss function given");
+  validate_custom_batch(data, model.config().vocab_size);
+  auto b = pad_batch(data, model.config());
+  const auto device = model_device(model);
+  auto lp = target_logprobs(model, b, device);
+  auto out = make_output(lp, b);
+
+  std::vector<std::vector<double>> logprobs;
+  for (std::size_t i = 0; i < data.size(); ++i) logprobs.push_back(out.logprobs(i));
+  CustomLossResult result = fn(data, logprobs);
+
+  if (result.grad_logprobs.size() != data.size())
+    throw invalid_argument("forward_backward_custom: the loss function returned gradients for " +
+                           std::to_string(result.grad_logprobs.size()) + " datums, expected " +
+                           std::to_string(data.size()));
+  auto grad = torch::zeros_like(b.mask);
+  auto acc = grad.accessor<float, 2>();
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const auto& g = result.grad_logprobs[i];
+    if (static_cast<std::int64_t>(g.size()) != b.lengths[i])
+      throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) + " has " +
+                             std::to_string(g.size()) + " values, expected " + std::to_string(b.lengths[i]));
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      if (!std::isfinite(g[j]))
+        throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) +
+                               " is not finite at position " + std::to_string(j));
+      acc[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(j)] = static_cast<float>(g[j]);
+    }
+  }
+  lp.backward(grad.to(device));
+  out.metrics = result.metrics;
+  out.metrics["loss:sum"] = result.loss;
+  return out;
+}
+
+void validate_sample_request(const SampleRequest& req, const ModelConfig& cfg, bool has_tokenizer) {
+  validate_model_input(req.prompt, cfg.vocab_size, "sample: prompt: ");
+  const auto& p = req.params;
+  if (req.num_samples < 1 || req.num_samples > 1000)
+    throw invalid_argument("sample: num_samples must be in [1, 1000], got " + std::to_string(req.num_samples));
+  if (p.max_tokens < 1) throw invalid_argument("sample: max_tokens must be >= 1, got " + std::to_string(p.max_tokens));
+  if (!(p.temperature >= 0.0 && p.temperature <= 100.0))
+    throw invalid_argument("sample: temperature must be in [0, 100], got " + std::to_string(p.temperature));
+  if (!(p.top_p > 0.0 && p.top_p <= 1.0))
+    throw invalid_argument("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  if (req.topk_prompt_logprobs < 0) throw invalid_argument("sample: topk_prompt_logprobs must be >= 0");
+  for (token_id t : p.stop_token_ids)
+    if (t < 0 || t >= cfg.vocab_size)
+      throw invalid_argument("sample: stop token id " + std::to_string(t) + " is out of range");
+  for (const auto& s : p.stop)
+    if (s.empty()) throw invalid_argument("sample: a stop string is empty");
+  if (!p.stop.empty() && !has_tokenizer)
+    throw invalid_argument("sample: stop strings need the model's tokenizer, which could not be loaded");
+  const auto total = static_cast<std::int64_t>(req.prompt.length()) + p.max_tokens;
+  if (total > cfg.max_position_embeddings)
+    throw invalid_argument("sample: prompt (" + std::to_string(req.prompt.length()) + " tokens) + max_tokens (" +
+                           std::to_string(p.max_tokens) + ") exceeds the model's " +
+                           std::to_string(cfg.max_position_embeddings) + " positions");
+}
+
+StopStringCheck make_stop_string_check(const Tokenizer& tokenizer, std::vector<std::string> stops) {
+  std::size_t longest = 0;
+  for (const auto& s : stops) longest = std::max(longest, s.size());
+  return [&tokenizer, stops = std::move(stops), longest](std::span<const token_id> generated) {
+    // Every token decodes to at least one byte, so the last `longest` tokens cover any new occurrence;
+    // an older one would have stopped the sequence already.
+    const std::size_t n = std::min(generated.size(), longest);
+    const std::string tail = tokenizer.decode(generated.subspan(generated.size() - n));
+    for (const auto& s : stops)
+      if (tail.find(s) != std::string::npos) return true;
+    return false;
+  };
+}
+
+}  // namespace rlloop::engine

@@ -1,0 +1,43 @@
+#include "builtin_models.hpp"
+
+#include <rlloop/tokenizer.hpp>
+
+namespace rlloop::engine {
+namespace {
+ModelConfig byte_level(std::int64_t hidden, std::int64_t layers, std::int64_t heads, std::int64_t kv_heads,
+                       std::int64_t intermediate, std::int64_t max_positions) {
+  ModelConfig c;
+  c.model_type = "llama";
+  c.vocab_size = byte_tokens::vocab_size;
+  c.hidden_size = hidden;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.intermediate_size = intermediate;
+  c.max_position_embeddings = max_positions;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = true;
+  c.eos_token_id = byte_tokens::endoftext;
+  c.bos_token_id = byte_tokens::im_start;
+  c.tokenizer = "byte";
+  return c;
+}
+}  // namespace
+
+std::optional<ModelConfig> builtin_model(const std::string& name) {
+  if (name == "rlloop-tiny") return byte_level(32, 2, 4, 2, 64, 256);
+  if (name == "rlloop-small") return byte_level(128, 4, 4, 4, 384, 512);
+  if (name == "rlloop-100m") {
+    // ~100M parameters with a 32k vocabulary (the byte tokenizer uses the first 260 ids).
+    ModelConfig c = byte_level(768, 12, 12, 12, 2048, 1024);
+    c.vocab_size = 32000;
+    return c;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> builtin_model_names() { return {"rlloop-tiny", "rlloop-small", "rlloop-100m"}; }
+
+}  // namespace rlloop::engine

@@ -1,0 +1,127 @@
+#include "checkpoint.hpp"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <rlloop/error.hpp>
+
+#include "model_io.hpp"
+
+namespace rlloop::engine {
+namespace fs = std::filesystem;
+namespace {
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw io_error("cannot open '" + p.string() + "' to fsync: " + std::strerror(errno));
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::string unique_suffix() {
+  static std::atomic<unsigned> counter{0};
+  return std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw not_found("cannot read '" + p.string() + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  const fs::path target(path);
+  const fs::path tmp = target.string() + ".tmp-" + unique_suffix();
+  {
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) throw io_error("cannot create '" + tmp.string() + "': " + std::strerror(errno));
+    const char* data = contents.data();
+    std::size_t left = contents.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd, data, left);
+      if (n < 0) {
+        ::close(fd);
+        throw io_error("cannot write '" + tmp.string() + "': " + std::strerror(errno));
+      }
+      data += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    ::fsync(fd);
+    ::close(fd);
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0)
+    throw io_error("cannot rename '" + tmp.string() + "' to '" + target.string() + "': " + std::strerror(errno));
+  fsync_path(target.parent_path().empty() ? fs::path(".") : target.parent_path());
+}
+
+void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer,
+                     const nlohmann::json& meta) {
+  const fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
+  const fs::path parent = target.parent_path();
+  fs::create_directories(parent);
+  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp-" + unique_suffix());
+  fs::create_directories(tmp);
+  write_safetensors((tmp / "weights.safetensors").string(), weights);
+  if (optimizer) write_safetensors((tmp / "optimizer.safetensors").string(), *optimizer);
+  nlohmann::json full = meta;
+  full["has_optimizer"] = optimizer != nullptr;
+  write_file_atomic((tmp / "state.json").string(), full.dump(2));
+  fsync_path(tmp);
+
+  if (fs::exists(target)) {
+    // Swap old and new in one step, then delete the old one: there is no moment without a complete `target`.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0)
+      throw io_error("cannot replace checkpoint '" + target.string() + "': " + std::strerror(errno));
+    fs::remove_all(tmp);
+  } else if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    throw io_error("cannot move checkpoint into '" + target.string() + "': " + std::strerror(errno));
+  }
+  fsync_path(parent);
+  write_file_atomic((parent / "LATEST").string(), target.filename().string() + "\n");
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& parent) {
+  const fs::path latest = fs::path(parent) / "LATEST";
+  if (!fs::exists(latest)) return std::nullopt;
+  std::string name = read_text(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty()) return std::nullopt;
+  return (fs::path(parent) / name).string();
+}
+
+StateContents read_state_dir(const std::string& path, bool with_optimizer) {
+  fs::path dir(path);
+  if (!fs::exists(dir)) throw not_found("checkpoint '" + path + "' does not exist");
+  if (!fs::exists(dir / "state.json")) {
+    if (auto latest = latest_checkpoint(path)) dir = *latest;
+    if (!fs::exists(dir / "state.json"))
+      throw io_error("'" + path + "' is not a checkpoint: state.json is missing");
+  }
+  StateContents out;
+  try {
+    out.meta = nlohmann::json::parse(read_text(dir / "state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    throw io_error("checkpoint '" + dir.string() + "': state.json is malformed: " + e.what());
+  }
+  out.weights = read_safetensors((dir / "weights.safetensors").string());
+  if (with_optimizer) {
+    if (!out.meta.value("has_optimizer", false))
+      throw invalid_argument("checkpoint '" + dir.string() + "' holds no optimizer state (saved for sampling only)");
+    out.optimizer = read_safetensors((dir / "optimizer.safetensors").string());
+  }
+  return out;
+}
+
+}  // namespace rlloop::engine

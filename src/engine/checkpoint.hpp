@@ -1,0 +1,31 @@
+// Checkpoint directories: <dir>/weights.safetensors, optional <dir>/optimizer.safetensors, <dir>/state.json
+// (written last). A save builds the whole directory under a temporary name, fsyncs it, then swaps it in with
+// one atomic rename, and finally repoints <parent>/LATEST (itself replaced atomically). A process killed at any
+// moment leaves either the previous or the new checkpoint, never a half-written one.
+#pragma once
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "transformer.hpp"
+
+namespace rlloop::engine {
+
+struct StateContents {
+  TensorMap weights;
+  TensorMap optimizer;  // empty when not saved or not requested
+  nlohmann::json meta;
+};
+
+void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer,
+                     const nlohmann::json& meta);
+// Accepts a checkpoint directory, or a directory holding LATEST. Throws not_found / io_error naming the path.
+StateContents read_state_dir(const std::string& path, bool with_optimizer);
+// The checkpoint LATEST in `parent` points to, if any.
+std::optional<std::string> latest_checkpoint(const std::string& parent);
+
+// Writes a small text file atomically (temp file, fsync, rename, fsync of the directory).
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+}  // namespace rlloop::engine

@@ -1,0 +1,23 @@
+// Device, dtype and thread-count choices for the engine.
+#pragma once
+#include <string>
+
+#include <torch/torch.h>
+
+namespace rlloop::engine {
+
+struct DeviceChoice {
+  torch::Device device{torch::kCPU};
+  torch::ScalarType dtype = torch::kFloat32;  // CUDA: bf16; CPU: fp32 (CPU bf16 is slow and inaccurate here)
+};
+
+// "auto" picks CUDA when this LibTorch build has it and a GPU is visible; "cpu", "cuda", "cuda:N" force one.
+DeviceChoice choose_device(const std::string& spec);
+
+// Sets LibTorch's intra-op thread count once per process: `requested` if > 0, else OMP_NUM_THREADS if set,
+// else the number of cores (LibTorch here defaults to 1 thread, leaving half the machine idle).
+int configure_threads(int requested);
+
+std::string device_name(const torch::Device& d);
+
+}  // namespace rlloop::engine

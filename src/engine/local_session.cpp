@@ -1,0 +1,351 @@
+// LocalSession: one model kept loaded, operations run in submission order on one worker thread.
+#include <rlloop/local.hpp>
+
+#include <filesystem>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/tokenizer.hpp>
+
+#include "batch.hpp"
+#include "builtin_models.hpp"
+#include "checkpoint.hpp"
+#include "device.hpp"
+#include "loss.hpp"
+#include "model_io.hpp"
+#include "optimizer.hpp"
+#include "sampler.hpp"
+#include "work_queue.hpp"
+
+namespace rlloop {
+namespace fs = std::filesystem;
+using namespace rlloop::engine;
+
+namespace {
+
+std::shared_ptr<Transformer> load_base(const std::string& resolved, std::int64_t seed, const DeviceChoice& dev) {
+  const std::string prefix = "builtin:";
+  if (resolved.rfind(prefix, 0) == 0) {
+    auto cfg = builtin_model(resolved.substr(prefix.size()));
+    // Built-in models start from a seeded random initialisation (the base weights do not depend on the
+    // session seed, so every session on "rlloop-small" starts from the same model).
+    return init_model(*cfg, 0, dev.device, dev.dtype);
+  }
+  return load_model(resolved, dev.device, dev.dtype);
+}
+
+nlohmann::json lora_to_json(const std::optional<LoraOptions>& lora) {
+  if (!lora) return nullptr;
+  return {{"rank", lora->rank}, {"alpha", lora->alpha}, {"target_modules", lora->target_modules}};
+}
+
+std::optional<LoraOptions> lora_from_json(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return LoraOptions{j.at("rank").get<int>(), j.at("alpha").get<int>(),
+                     j.at("target_modules").get<std::vector<std::string>>()};
+}
+
+std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
+  if (!cfg.tokenizer.empty()) return cfg.tokenizer;
+  if (resolved.rfind("builtin:", 0) == 0) return "byte";
+  return (fs::path(resolved) / "tokenizer.json").string();
+}
+
+}  // namespace
+
+std::string resolve_base_model(const LocalServiceOptions& service, const std::string& name) {
+  for (const auto& [n, dir] : service.base_models)
+    if (n == name) return dir;
+  if (builtin_model(name)) return "builtin:" + name;
+  if (fs::exists(fs::path(name) / "config.json")) return name;
+  std::string known;
+  for (const auto& n : builtin_model_names()) known += " " + n;
+  for (const auto& [n, dir] : service.base_models) known += " " + n;
+  throw not_found("unknown base model '" + name + "': not in the catalogue (" + known +
+                  " ) and not a directory holding config.json");
+}
+
+struct LocalSession::Impl {
+  SessionOptions options;
+  LocalServiceOptions service;
+  std::string resolved_base;
+  DeviceChoice dev;
+  std::shared_ptr<Transformer> model;
+  std::unique_ptr<AdamW> optimizer;
+  std::shared_ptr<const Tokenizer> tokenizer;  // for stop strings; null if the model has none we can load
+  at::Generator generator;
+  // Sampler weights saved by this session or opened from disk, by checkpoint path.
+  std::map<std::string, std::shared_ptr<Transformer>> samplers;
+
+  std::mutex usage_mu;
+  TokenUsage usage;
+
+  WorkQueue queue;  // last member: its worker stops (after finishing queued jobs) before the rest is destroyed
+
+  Impl(const SessionOptions& opts, const LocalServiceOptions& svc) : options(opts), service(svc) {
+    configure_threads(service.num_threads);
+    dev = choose_device(service.device);
+    resolved_base = resolve_base_model(service, options.base_model);
+    model = load_base(resolved_base, options.seed, dev);
+    if (options.lora) model->enable_lora(*options.lora, options.seed);
+    build_optimizer();
+    generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(options.seed));
+    try {
+      tokenizer = load_tokenizer(tokenizer_spec(model->config(), resolved_base));
+    } catch (const error&) {
+      tokenizer = nullptr;  // stop strings then need a tokenizer: sample() says so
+    }
+  }
+
+  void build_optimizer() {
+    std::vector<NamedParameter> params;
+    for (auto& [name, t] : model->named_trainable_parameters())
+      params.push_back({name, t, name.find("lora_B") != std::string::npos});
+    optimizer = std::make_unique<AdamW>(std::move(params));
+  }
+
+  void add_usage(const TokenUsage& u) {
+    std::lock_guard lock(usage_mu);
+    usage += u;
+  }
+
+  Transformer& sampler_model(const std::optional<std::string>& path) {
+    if (!path || path->empty()) return *model;
+    auto it = samplers.find(*path);
+    if (it != samplers.end()) return *it->second;
+    auto state = read_state_dir(*path, false);
+    auto m = load_base(resolved_base, options.seed, dev);
+    if (options.lora) m->enable_lora(*options.lora, options.seed);
+    load_trainable(*m, state.weights);
+    return *samplers.emplace(*path, m).first->second;
+  }
+
+  static void load_trainable(Transformer& m, const TensorMap& weights) {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : m.named_trainable_parameters()) {
+      auto it = weights.find(name);
+      if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
+      if (it->second.sizes() != t.sizes()) throw io_error("checkpoint weight '" + name + "' has the wrong shape");
+      t.copy_(it->second);
+    }
+  }
+
+  TensorMap trainable_weights() {
+    TensorMap out;
+    for (auto& [name, t] : model->named_trainable_parameters()) out[name] = t.detach().to(torch::kCPU).clone();
+    return out;
+  }
+
+  nlohmann::json meta(bool for_sampler) {
+    auto state = generator.get_state();
+    std::vector<std::uint8_t> rng(state.data_ptr<std::uint8_t>(), state.data_ptr<std::uint8_t>() + state.numel());
+    return {{"format", "rlloop-state-v1"},
+            {"base_model", options.base_model},
+            {"lora", lora_to_json(options.lora)},
+            {"seed", options.seed},
+            {"step", optimizer->step_count()},
+            {"for_sampler", for_sampler},
+            {"rng_state", rng}};
+  }
+
+  CheckpointRef save(const std::string& name, bool with_optimizer) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw invalid_argument("checkpoint name '" + name + "' must be a non-empty file name without '/'");
+    const std::string dir = (fs::path(service.checkpoint_dir) / name).string();
+    auto weights = trainable_weights();
+    TensorMap opt;
+    if (with_optimizer)
+      for (auto& [k, v] : optimizer->state_tensors()) opt[k] = v;
+    write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta(!with_optimizer));
+    return {fs::absolute(dir).lexically_normal().string()};
+  }
+
+  void load(const std::string& path, bool with_optimizer) {
+    auto state = read_state_dir(path, with_optimizer);
+    const auto& m = state.meta;
+    if (m.value("format", "") != "rlloop-state-v1") throw io_error("'" + path + "' is not an rlloop checkpoint");
+    if (lora_from_json(m.at("lora")) != options.lora)
+      throw invalid_argument("checkpoint '" + path + "' was saved with different LoRA settings than this session");
+    load_trainable(*model, state.weights);
+    if (with_optimizer) {
+      optimizer->load_state_tensors(state.optimizer, m.at("step").get<std::int64_t>());
+      auto rng = m.at("rng_state").get<std::vector<std::uint8_t>>();
+      auto t = torch::from_blob(rng.data(), {static_cast<std::int64_t>(rng.size())}, torch::kUInt8).clone();
+      generator.set_state(t);
+    }
+    optimizer->zero_grad();
+  }
+};
+
+LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service)
+    : impl_(std::make_unique<Impl>(options, service)) {}
+LocalSession::~LocalSession() = default;
+
+Future<ForwardBackwardOutput> LocalSession::forward(const std::vector<Datum>& data, const LossSpec& loss) {
+  return impl_->queue.submit<ForwardBackwardOutput>([this, data, loss] {
+    auto out = run_builtin_loss(*impl_->model, data, loss, /*backward=*/false);
+    impl_->add_usage({0, 0, out.training_tokens});
+    return out;
+  });
+}
+
+Future<ForwardBackwardOutput> LocalSession::forward_backward(const std::vector<Datum>& data, const LossSpec& loss) {
+  return impl_->queue.submit<ForwardBackwardOutput>([this, data, loss] {
+    auto out = run_builtin_loss(*impl_->model, data, loss, /*backward=*/true);
+    impl_->add_usage({0, 0, out.training_tokens});
+    return out;
+  });
+}
+
+Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::vector<Datum>& data,
+                                                                    const CustomLossFn& fn) {
+  return impl_->queue.submit<ForwardBackwardOutput>([this, data, fn] {
+    auto out = run_custom_loss(*impl_->model, data, fn);
+    impl_->add_usage({0, 0, out.training_tokens});
+    return out;
+  });
+}
+
+Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {
+  return impl_->queue.submit<OptimStepOutput>([this, params] { return OptimStepOutput{impl_->optimizer->step(params)}; });
+}
+
+Future<CheckpointRef> LocalSession::save_state(const std::string& name) {
+  return impl_->queue.submit<CheckpointRef>([this, name] { return impl_->save(name, true); });
+}
+
+Future<LoadStateOutput> LocalSession::load_state(const std::string& path, bool with_optimizer) {
+  return impl_->queue.submit<LoadStateOutput>([this, path, with_optimizer] {
+    impl_->load(path, with_optimizer);
+    return LoadStateOutput{};
+  });
+}
+
+Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& name) {
+  return impl_->queue.submit<CheckpointRef>([this, name] {
+    auto ref = impl_->save(name, false);
+    impl_->samplers.erase(ref.path);  // the next sample() from this path reloads the new weights
+    return ref;
+  });
+}
+
+Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
+  return impl_->queue.submit<SampleResponse>([this, request] {
+    auto& m = impl_->sampler_model(request.model_path);
+    validate_sample_request(request, m.config(), impl_->tokenizer != nullptr);
+    SampleRequest req = request;
+    if (auto eos = m.config().eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
+    StopStringCheck stop_check;
+    if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
+    at::Generator gen = req.params.seed ? at::detail::createCPUGenerator(static_cast<std::uint64_t>(*req.params.seed))
+                                        : impl_->generator;
+    auto out = engine::sample(m, req, stop_check, gen);
+    TokenUsage u;
+    for (const auto& s : out.sequences) {
+      u.prefill += s.prefill_tokens;
+      u.sample += s.decode_tokens;
+    }
+    impl_->add_usage(u);
+    return out;
+  });
+}
+
+Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
+  return impl_->queue.submit<std::vector<double>>([this, request] {
+    auto& m = impl_->sampler_model(request.model_path);
+    validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
+    auto tokens = request.prompt.tokens();
+    impl_->add_usage({static_cast<std::int64_t>(tokens.size()), 0, 0});
+    return engine::compute_logprobs(m, tokens);
+  });
+}
+
+SessionInfo LocalSession::info() {
+  // Runs on the worker so it never reads the model while an operation changes it.
+  return impl_->queue
+      .submit<SessionInfo>([this] {
+        SessionInfo i;
+        const auto& cfg = impl_->model->config();
+        i.name = impl_->options.name;
+        i.base_model = impl_->options.base_model;
+        i.model_type = cfg.model_type;
+        i.lora = impl_->options.lora;
+        i.vocab_size = cfg.vocab_size;
+        i.max_position_embeddings = cfg.max_position_embeddings;
+        for (const auto& p : impl_->model->parameters()) i.num_parameters += p.numel();
+        for (auto& [n, t] : impl_->model->named_trainable_parameters()) i.num_trainable_parameters += t.numel();
+        i.tokenizer = tokenizer_spec(cfg, impl_->resolved_base);
+        if (cfg.eos_token_id) i.eos_token_id = static_cast<token_id>(*cfg.eos_token_id);
+        i.device = device_name(impl_->dev.device);
+        i.step = impl_->optimizer->step_count();
+        return i;
+      })
+      .get();
+}
+
+TokenUsage LocalSession::usage() {
+  std::lock_guard lock(impl_->usage_mu);
+  return impl_->usage;
+}
+
+Future<CheckpointRef> LocalSession::export_merged_model(const std::string& dir) {
+  return impl_->queue.submit<CheckpointRef>([this, dir] {
+    save_model(*impl_->model, dir);
+    return CheckpointRef{dir};
+  });
+}
+
+Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) {
+  return impl_->queue.submit<CheckpointRef>([this, dir] {
+    save_peft_adapter(*impl_->model, dir, impl_->options.base_model);
+    return CheckpointRef{dir};
+  });
+}
+
+// --- LocalService ----------------------------------------------------------------------------------------
+
+LocalService::LocalService(LocalServiceOptions options) : options_(std::move(options)) {}
+
+std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions& options) {
+  if (options.lora) {
+    if (options.lora->rank < 1 || options.lora->rank > 256)
+      throw invalid_argument("LoRA rank must be in [1, 256], got " + std::to_string(options.lora->rank));
+    if (options.lora->alpha < 1) throw invalid_argument("LoRA alpha must be >= 1");
+  }
+  return std::make_shared<LocalSession>(options, options_);
+}
+
+std::shared_ptr<LocalSession> LocalService::create_session_from_state(const std::string& path,
+                                                                      const SessionOptions& options) {
+  auto s = create_session(options);
+  s->load_state(path, true).get();
+  return s;
+}
+
+std::shared_ptr<LocalSession> LocalService::open_sampler(const std::string& path) {
+  auto state = read_state_dir(path, false);
+  SessionOptions opts;
+  opts.base_model = state.meta.at("base_model").get<std::string>();
+  opts.lora = lora_from_json(state.meta.at("lora"));
+  opts.seed = state.meta.at("seed").get<std::int64_t>();
+  auto s = create_session(opts);
+  s->load_state(path, false).get();
+  return s;
+}
+
+std::vector<std::string> LocalService::list_base_models() {
+  std::vector<std::string> names = builtin_model_names();
+  for (const auto& [n, dir] : options_.base_models) names.push_back(n);
+  return names;
+}
+
+ServerCapabilities LocalService::capabilities() {
+  ServerCapabilities c;
+  c.base_models = list_base_models();
+  c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
+  c.supports_full_finetune = true;
+  return c;
+}
+
+}  // namespace rlloop

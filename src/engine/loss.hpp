@@ -1,0 +1,31 @@
+// The built-in losses on per-token logprobs (DESIGN.md §3), kept apart from the model so the math is tested
+// on its own in double precision.
+#pragma once
+#include <torch/torch.h>
+
+#include <rlloop/loss.hpp>
+
+namespace rlloop::engine {
+
+// Per-token loss inputs, all the same shape as the logprobs ([B, T], padding positions masked out).
+struct LossTensors {
+  torch::Tensor mask;              // 1 for real tokens, 0 for padding
+  torch::Tensor weights;           // cross_entropy token weights
+  torch::Tensor advantages;        // A
+  torch::Tensor sampler_logprobs;  // q
+};
+
+struct LossValue {
+  torch::Tensor loss;        // scalar, summed over tokens
+  torch::Tensor clipped;     // scalar: number of tokens whose ratio was clipped (ppo, cispo), else 0
+};
+
+// lp = logprob of each target token under the current weights (carries the graph).
+//   cross_entropy        -(lp * w).sum()
+//   importance_sampling  -(r * A).sum()                       r = exp(lp - q)
+//   ppo                  -min(r * A, clamp(r, lo, hi) * A).sum()
+//   cispo                -(stopgrad(clamp(r, lo, hi)) * lp * A).sum()
+//   dro                  -(lp * A - 0.5 * beta * (lp - q)^2).sum()
+LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in);
+
+}  // namespace rlloop::engine

@@ -1,0 +1,118 @@
+// The built-in losses against hand-computed values and finite differences, in double precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "loss.hpp"
+
+using namespace rlloop;
+using namespace rlloop::engine;
+
+namespace {
+torch::Tensor vec(std::vector<double> v) { return torch::tensor(v, torch::kFloat64).unsqueeze(0); }
+
+// Four tokens chosen to hit every branch of ppo / cispo at lo = 0.8, hi = 1.2:
+//   t0: r = e^0.2  = 1.2214 > hi, A > 0  -> clipped (ppo takes 1.2 * A)
+//   t1: r = e^-0.5 = 0.6065 < lo, A < 0  -> clipped (ppo takes 0.8 * A)
+//   t2: r = e^0.05 = 1.0513 inside       -> unclipped
+//   t3: r = e^0.5  = 1.6487 > hi, A < 0  -> min picks r * A: unclipped, gradient flows
+struct Fixture {
+  torch::Tensor lp = vec({-1.0, -2.0, -1.0, -0.5});
+  LossTensors in{vec({1, 1, 1, 1}), vec({1.0, 0.5, 2.0, 0.0}), vec({1.0, -2.0, 0.5, -1.0}), vec({-1.2, -1.5, -1.05, -1.0})};
+};
+
+double loss_at(const LossSpec& spec, const Fixture& f, const torch::Tensor& lp) {
+  return builtin_loss(spec, lp, f.in).loss.item<double>();
+}
+
+// Autograd gradient of the loss w.r.t. lp.
+std::vector<double> autograd(const LossSpec& spec, const Fixture& f) {
+  auto lp = f.lp.clone().set_requires_grad(true);
+  builtin_loss(spec, lp, f.in).loss.backward();
+  auto g = lp.grad().squeeze(0);
+  return std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+}
+
+std::vector<double> finite_difference(const LossSpec& spec, const Fixture& f) {
+  std::vector<double> out;
+  const double h = 1e-6;
+  for (int64_t i = 0; i < f.lp.size(1); ++i) {
+    auto plus = f.lp.clone(), minus = f.lp.clone();
+    plus[0][i] += h;
+    minus[0][i] -= h;
+    out.push_back((loss_at(spec, f, plus) - loss_at(spec, f, minus)) / (2 * h));
+  }
+  return out;
+}
+
+void expect_near_all(const std::vector<double>& a, const std::vector<double>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], tol) << "token " << i;
+}
+}  // namespace
+
+TEST(Loss, CrossEntropyGoldenAndGradient) {
+  Fixture f;
+  // -(-1*1 + -2*0.5 + -1*2 + -0.5*0) = 4
+  EXPECT_NEAR(loss_at(LossSpec::cross_entropy(), f, f.lp), 4.0, 1e-12);
+  expect_near_all(autograd(LossSpec::cross_entropy(), f), {-1.0, -0.5, -2.0, 0.0}, 1e-12);
+  expect_near_all(autograd(LossSpec::cross_entropy(), f), finite_difference(LossSpec::cross_entropy(), f), 1e-6);
+}
+
+TEST(Loss, ImportanceSamplingGoldenAndGradient) {
+  Fixture f;
+  const double r0 = std::exp(0.2), r1 = std::exp(-0.5), r2 = std::exp(0.05), r3 = std::exp(0.5);
+  EXPECT_NEAR(loss_at(LossSpec::importance_sampling(), f, f.lp), -(r0 * 1.0 + r1 * -2.0 + r2 * 0.5 + r3 * -1.0), 1e-12);
+  // d/dlp of -(r A) is -(r A).
+  expect_near_all(autograd(LossSpec::importance_sampling(), f), {-r0, 2 * r1, -0.5 * r2, r3}, 1e-12);
+  expect_near_all(autograd(LossSpec::importance_sampling(), f), finite_difference(LossSpec::importance_sampling(), f),
+                  1e-6);
+}
+
+TEST(Loss, PpoTakesEveryClipBranch) {
+  Fixture f;
+  const double r2 = std::exp(0.05), r3 = std::exp(0.5);
+  // min terms: 1.2*1, 0.8*(-2), r2*0.5, r3*(-1)
+  EXPECT_NEAR(loss_at(LossSpec::ppo(), f, f.lp), -(1.2 - 1.6 + 0.5 * r2 - r3), 1e-12);
+  // Clipped tokens (0, 1) pass no gradient; the others pass -(r A).
+  expect_near_all(autograd(LossSpec::ppo(), f), {0.0, 0.0, -0.5 * r2, r3}, 1e-12);
+  expect_near_all(autograd(LossSpec::ppo(), f), finite_difference(LossSpec::ppo(), f), 1e-6);
+  auto value = builtin_loss(LossSpec::ppo(), f.lp, f.in);
+  EXPECT_EQ(value.clipped.item<double>(), 3.0);  // r outside [lo, hi] at tokens 0, 1 and 3
+  // Wider thresholds: nothing clipped, ppo equals importance sampling.
+  EXPECT_NEAR(loss_at(LossSpec::ppo(0.0, 10.0), f, f.lp), loss_at(LossSpec::importance_sampling(), f, f.lp), 1e-12);
+}
+
+TEST(Loss, CispoUsesTheClippedRatioAsAConstantWeight) {
+  Fixture f;
+  const double r2 = std::exp(0.05);
+  // -(clamp(r) * lp * A): 1.2*(-1)*1, 0.8*(-2)*(-2), r2*(-1)*0.5, 1.2*(-0.5)*(-1)
+  EXPECT_NEAR(loss_at(LossSpec::cispo(), f, f.lp), -(-1.2 + 3.2 - 0.5 * r2 + 0.6), 1e-12);
+  // stopgrad: d/dlp = -clamp(r) * A, including the clipped tokens (unlike ppo).
+  expect_near_all(autograd(LossSpec::cispo(), f), {-1.2, 1.6, -0.5 * r2, 1.2}, 1e-12);
+}
+
+TEST(Loss, DroGoldenAndGradient) {
+  Fixture f;
+  const LossSpec spec = LossSpec::dro(0.1);
+  // -(lp*A - 0.05 (lp - q)^2) per token
+  const double expected = -((-1.0 - 0.05 * 0.04) + (4.0 - 0.05 * 0.25) + (-0.5 - 0.05 * 0.0025) + (0.5 - 0.05 * 0.25));
+  EXPECT_NEAR(loss_at(spec, f, f.lp), expected, 1e-12);
+  // d/dlp = -(A - beta (lp - q))
+  expect_near_all(autograd(spec, f), {-(1.0 - 0.1 * 0.2), -(-2.0 + 0.1 * 0.5), -(0.5 - 0.1 * 0.05), -(-1.0 - 0.1 * 0.5)},
+                  1e-12);
+  expect_near_all(autograd(spec, f), finite_difference(spec, f), 1e-6);
+}
+
+TEST(Loss, PaddingIsMaskedOut) {
+  Fixture f;
+  f.in.mask = vec({1, 1, 0, 0});
+  for (LossSpec spec : {LossSpec::cross_entropy(), LossSpec::importance_sampling(), LossSpec::ppo(), LossSpec::cispo(),
+                        LossSpec::dro()}) {
+    auto g = autograd(spec, f);
+    EXPECT_EQ(g[2], 0.0) << to_string(spec.fn);
+    EXPECT_EQ(g[3], 0.0) << to_string(spec.fn);
+  }
+  EXPECT_NEAR(loss_at(LossSpec::cross_entropy(), f, f.lp), 2.0, 1e-12);
+}
