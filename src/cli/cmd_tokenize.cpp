@@ -1,0 +1,65 @@
+// `rlloop tokenize`: a line-oriented bridge to the tokenizers, used by the exact-match test script.
+// Encode: one JSON string per stdin line -> one JSON array of ids per stdout line. --decode: the reverse.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <rlloop/error.hpp>
+#include <rlloop/tokenizer.hpp>
+
+#include "command.hpp"
+
+namespace {
+
+int run(int argc, char** argv) {
+  CLI::App app{"Encode (or --decode) JSON lines on stdin with a tokenizer"};
+  std::string spec;
+  bool decode = false, no_special = false, skip_special = false;
+  app.add_option("--tokenizer", spec, "\"byte\", a tokenizer.json, a model directory, or a GPT-2 encoder.json directory")
+      ->required();
+  app.add_flag("--decode", decode, "read JSON arrays of ids, write JSON strings");
+  app.add_flag("--no-special", no_special, "encode special-token text as ordinary text");
+  app.add_flag("--skip-special", skip_special, "leave special tokens out when decoding");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const auto tok = rlloop::load_tokenizer(spec);
+  std::ios::sync_with_stdio(false);
+  std::string line, out;
+  std::size_t line_no = 0;
+  while (std::getline(std::cin, line)) {
+    ++line_no;
+    nlohmann::json in;
+    try {
+      in = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not JSON: " + e.what());
+    }
+    if (decode) {
+      if (!in.is_array()) throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not a JSON array of ids");
+      std::vector<rlloop::token_id> ids;
+      for (const auto& v : in) {
+        if (!v.is_number_integer())
+          throw rlloop::invalid_argument("line " + std::to_string(line_no) + ": id " + v.dump() + " is not an integer");
+        ids.push_back(v.get<rlloop::token_id>());
+      }
+      // Decoded bytes that are not valid UTF-8 are written with U+FFFD, as JSON strings must be Unicode.
+      out = nlohmann::json(tok->decode(ids, skip_special)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    } else {
+      if (!in.is_string()) throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not a JSON string");
+      out = nlohmann::json(tok->encode(in.get_ref<const std::string&>(), !no_special)).dump();
+    }
+    out.push_back('\n');
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+rlloop::cli::RegisterCommand reg({"tokenize", "encode JSON strings to token ids (or --decode) with a tokenizer", &run});
+
+}  // namespace

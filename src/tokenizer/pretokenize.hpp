@@ -1,0 +1,30 @@
+// Hand-written scanners equivalent to the pre-tokenizer split regexes of GPT-2, Llama 3 and Qwen2/2.5/3.
+// A std::regex cannot express \p{L}, \p{N} or the lookahead `\s+(?!\S)`, and a scanner is much faster.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace rlloop::tokenizer_detail {
+
+enum class SplitPattern {
+  // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  gpt2,
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  llama3,
+  // The Llama 3 pattern with \p{N} (one digit per piece): Qwen2, Qwen2.5, Qwen3.
+  qwen2,
+};
+
+// The pattern a tokenizer.json regex string denotes, or nothing when it is not one we implement.
+bool split_pattern_from_regex(std::string_view regex, SplitPattern& out);
+const char* split_pattern_regex(SplitPattern p);
+
+// Calls emit(start, end) for each piece of `text` (byte offsets), in order; the pieces tile the text.
+// Invalid UTF-8 bytes are single characters of no class (like punctuation).
+template <class Emit>
+void split_pieces(SplitPattern pattern, std::string_view text, Emit&& emit);
+
+}  // namespace rlloop::tokenizer_detail
+
+#include "pretokenize_impl.hpp"

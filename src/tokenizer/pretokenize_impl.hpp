@@ -1,0 +1,130 @@
+// Implementation of split_pieces (a template so the per-piece callback inlines into the encoder loop).
+#pragma once
+#include "unicode.hpp"
+
+namespace rlloop::tokenizer_detail {
+
+namespace scan {
+
+struct Char {
+  CharClass cls;
+  std::uint8_t len;
+  char32_t cp;
+};
+
+inline Char at(std::string_view s, std::size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  if (b < 0x80) return {char_class(b), 1, b};
+  const Decoded d = decode_utf8(s, i);
+  return {d.valid ? char_class(d.cp) : CharClass::invalid, d.len, d.cp};
+}
+
+// "Other" for the patterns: not whitespace, letter or number ([^\s\p{L}\p{N}]); invalid bytes count.
+inline bool is_other(CharClass c) { return c == CharClass::other || c == CharClass::invalid; }
+inline bool is_newline(char32_t cp) { return cp == '\r' || cp == '\n'; }
+
+// Length of a contraction ('s 't 're 've 'm 'll 'd) at i, or 0.
+inline std::size_t contraction(std::string_view s, std::size_t i, bool ignore_case) {
+  if (s[i] != '\'' || i + 1 >= s.size()) return 0;
+  auto low = [&](char c) { return ignore_case && c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+  const char a = low(s[i + 1]);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if (i + 2 >= s.size()) return 0;
+  const char b = low(s[i + 2]);
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+// End of the run of characters of class `cls` starting at i (max_count characters at most).
+template <class Pred>
+inline std::size_t run(std::string_view s, std::size_t i, Pred pred, std::size_t max_count = ~std::size_t{0}) {
+  std::size_t n = 0;
+  while (i < s.size() && n < max_count) {
+    const Char c = at(s, i);
+    if (!pred(c)) break;
+    i += c.len;
+    ++n;
+  }
+  return i;
+}
+
+// Whitespace at i: `\s+(?!\S)|\s+` — the run, minus its last character when a non-space follows and the
+// run is longer than one character (so that the last space can lead the next word).
+inline std::size_t trailing_space_rule(std::string_view s, std::size_t i) {
+  std::size_t end = i, last = i, count = 0;
+  while (end < s.size()) {
+    const Char c = at(s, end);
+    if (c.cls != CharClass::space) break;
+    last = end;
+    end += c.len;
+    ++count;
+  }
+  if (end < s.size() && count > 1) return last;
+  return end;
+}
+
+}  // namespace scan
+
+template <class Emit>
+void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
+  using scan::at;
+  const auto letter = [](const scan::Char& c) { return c.cls == CharClass::letter; };
+  const auto number = [](const scan::Char& c) { return c.cls == CharClass::number; };
+  const auto other = [](const scan::Char& c) { return scan::is_other(c.cls); };
+  const auto newline = [](const scan::Char& c) { return scan::is_newline(c.cp) && c.cls == CharClass::space; };
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const scan::Char c = at(s, i);
+    std::size_t end = 0;
+    if (pattern == SplitPattern::gpt2) {
+      if (std::size_t n = scan::contraction(s, i, false)) {
+        end = i + n;
+      } else {
+        // ` ?X+` for the three classes: an optional single space joins the run that follows it.
+        std::size_t j = i;
+        scan::Char d = c;
+        if (c.cp == ' ' && i + 1 < s.size()) {
+          d = at(s, i + 1);
+          if (d.cls == CharClass::letter || d.cls == CharClass::number || scan::is_other(d.cls)) j = i + 1;
+          else d = c;
+        }
+        if (d.cls == CharClass::letter) end = scan::run(s, j, letter);
+        else if (d.cls == CharClass::number) end = scan::run(s, j, number);
+        else if (scan::is_other(d.cls)) end = scan::run(s, j, other);
+        else end = scan::trailing_space_rule(s, i);
+      }
+    } else {
+      const std::size_t max_digits = pattern == SplitPattern::llama3 ? 3 : 1;
+      if (std::size_t n = scan::contraction(s, i, true)) {
+        end = i + n;
+      } else if (c.cls == CharClass::letter) {
+        end = scan::run(s, i, letter);
+      } else if (c.cls != CharClass::number && !(c.cls == CharClass::space && scan::is_newline(c.cp)) &&
+                 i + c.len < s.size() && at(s, i + c.len).cls == CharClass::letter) {
+        // [^\r\n\p{L}\p{N}]?\p{L}+ : one non-letter, non-digit, non-newline character leads a word.
+        end = scan::run(s, i + c.len, letter);
+      } else if (c.cls == CharClass::number) {
+        end = scan::run(s, i, number, max_digits);
+      } else if (scan::is_other(c.cls) ||
+                 (c.cp == ' ' && i + 1 < s.size() && scan::is_other(at(s, i + 1).cls))) {
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        end = scan::run(s, c.cp == ' ' ? i + 1 : i, other);
+        end = scan::run(s, end, newline);
+      } else {
+        // c is whitespace. `\s*[\r\n]+`: the run up to and including its last newline, if it has one.
+        std::size_t j = i, last_newline_end = 0;
+        while (j < s.size()) {
+          const scan::Char w = at(s, j);
+          if (w.cls != CharClass::space) break;
+          j += w.len;
+          if (scan::is_newline(w.cp)) last_newline_end = j;
+        }
+        end = last_newline_end ? last_newline_end : scan::trailing_space_rule(s, i);
+      }
+    }
+    emit(i, end);
+    i = end;
+  }
+}
+
+}  // namespace rlloop::tokenizer_detail

@@ -1,0 +1,196 @@
+// Parsing of tokenizer.json and encoder.json + vocab.bpe into a BpeSpec.
+#include "tokenizer_files.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "byte_level.hpp"
+
+namespace rlloop::tokenizer_detail {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("load_tokenizer: cannot open '" + path.string() + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw io_error("load_tokenizer: cannot read '" + path.string() + "'");
+  return std::move(ss).str();
+}
+
+json parse_json(const fs::path& path) {
+  try {
+    return json::parse(read_file(path));
+  } catch (const json::parse_error& e) {
+    throw invalid_argument("load_tokenizer: '" + path.string() + "' is not valid JSON (truncated or malformed?): " +
+                           e.what());
+  }
+}
+
+std::string type_of(const json& j) {
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?";
+}
+
+std::string raw_token(const std::string& token, const std::string& source) {
+  auto bytes = byte_level_to_bytes(token);
+  if (!bytes)
+    throw invalid_argument("load_tokenizer: '" + source + "': token '" + token +
+                           "' is not written in the byte-level alphabet (not a byte-level BPE vocabulary)");
+  return *bytes;
+}
+
+std::pair<std::string, std::string> split_merge(const std::string& line, const std::string& source) {
+  const auto space = line.find(' ');
+  if (space == std::string::npos || space == 0 || space + 1 >= line.size() ||
+      line.find(' ', space + 1) != std::string::npos)
+    throw invalid_argument("load_tokenizer: '" + source + "': merge '" + line + "' is not two tokens");
+  return {raw_token(line.substr(0, space), source), raw_token(line.substr(space + 1), source)};
+}
+
+// The split pattern implied by a tokenizer.json pre_tokenizer section.
+SplitPattern read_pre_tokenizer(const json& pre, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    throw unsupported("load_tokenizer: '" + source + "': pre_tokenizer " + what +
+                      " is not supported (rlloop implements byte-level BPE as in GPT-2, Llama 3 and Qwen2/3)");
+  };
+  auto check_byte_level = [&](const json& bl, bool want_regex) {
+    if (bl.value("add_prefix_space", false)) bad("ByteLevel with add_prefix_space=true");
+    if (bl.value("use_regex", true) != want_regex) bad("ByteLevel with use_regex=" + std::string(want_regex ? "false" : "true"));
+  };
+  if (type_of(pre) == "ByteLevel") {
+    check_byte_level(pre, true);
+    return SplitPattern::gpt2;
+  }
+  if (type_of(pre) != "Sequence" || !pre.contains("pretokenizers") || !pre["pretokenizers"].is_array() ||
+      pre["pretokenizers"].size() != 2)
+    bad("'" + type_of(pre) + "'");
+  const json& split = pre["pretokenizers"][0];
+  const json& bl = pre["pretokenizers"][1];
+  if (type_of(split) != "Split" || type_of(bl) != "ByteLevel")
+    bad("Sequence [" + type_of(split) + ", " + type_of(bl) + "]");
+  check_byte_level(bl, false);
+  if (split.value("behavior", std::string("Isolated")) != "Isolated" || split.value("invert", false))
+    bad("Split with behavior other than Isolated");
+  if (!split.contains("pattern") || !split["pattern"].is_object() || !split["pattern"].contains("Regex") ||
+      !split["pattern"]["Regex"].is_string())
+    bad("Split without a Regex pattern");
+  const auto regex = split["pattern"]["Regex"].get<std::string>();
+  SplitPattern p;
+  if (!split_pattern_from_regex(regex, p)) bad("Split regex '" + regex + "'");
+  return p;
+}
+
+std::optional<std::string> read_eos(const fs::path& config_path) {
+  if (!fs::exists(config_path)) return std::nullopt;
+  const json cfg = parse_json(config_path);
+  if (!cfg.is_object() || !cfg.contains("eos_token")) return std::nullopt;
+  const json& e = cfg["eos_token"];
+  if (e.is_string()) return e.get<std::string>();
+  if (e.is_object() && e.contains("content") && e["content"].is_string()) return e["content"].get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+BpeSpec read_tokenizer_json(const fs::path& path) {
+  const std::string source = path.string();
+  const json j = parse_json(path);
+  auto malformed = [&](const std::string& what) {
+    throw invalid_argument("load_tokenizer: '" + source + "': " + what);
+  };
+  if (!j.is_object()) malformed("the top level is not a JSON object");
+  if (!j.contains("model") || !j["model"].is_object()) malformed("no \"model\" object");
+  const json& model = j["model"];
+  const std::string model_type = model.contains("type") ? type_of(model) : "BPE";
+  if (model_type != "BPE")
+    throw unsupported("load_tokenizer: '" + source + "': model type '" + model_type +
+                      "' is not supported (rlloop reads byte-level BPE tokenizers)");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) malformed("model.vocab is missing or not an object");
+  if (!model.contains("merges") || !model["merges"].is_array()) malformed("model.merges is missing or not an array");
+  if (model.value("byte_fallback", false)) throw unsupported("load_tokenizer: '" + source + "': BPE byte_fallback is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+      throw unsupported("load_tokenizer: '" + source + "': BPE " + key + " is not supported");
+
+  BpeSpec spec;
+  spec.source = source;
+  const json normalizer = j.value("normalizer", json());
+  if (normalizer.is_null()) spec.nfc = false;
+  else if (type_of(normalizer) == "NFC") spec.nfc = true;
+  else throw unsupported("load_tokenizer: '" + source + "': normalizer '" + type_of(normalizer) + "' is not supported (only NFC or none)");
+  const json pre = j.value("pre_tokenizer", json());
+  if (pre.is_null()) throw unsupported("load_tokenizer: '" + source + "': a tokenizer without pre_tokenizer is not supported");
+  spec.pattern = read_pre_tokenizer(pre, source);
+  const json decoder = j.value("decoder", json());
+  if (!decoder.is_null() && type_of(decoder) != "ByteLevel")
+    throw unsupported("load_tokenizer: '" + source + "': decoder '" + type_of(decoder) + "' is not supported (only ByteLevel)");
+
+  spec.vocab.reserve(model["vocab"].size());
+  for (const auto& [token, id] : model["vocab"].items()) {
+    if (!id.is_number_integer()) malformed("vocab entry '" + token + "' has a non-integer id");
+    spec.vocab.emplace_back(raw_token(token, source), id.get<token_id>());
+  }
+  spec.merges.reserve(model["merges"].size());
+  for (const json& m : model["merges"]) {
+    if (m.is_string()) spec.merges.push_back(split_merge(m.get<std::string>(), source));
+    else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+      spec.merges.emplace_back(raw_token(m[0].get<std::string>(), source), raw_token(m[1].get<std::string>(), source));
+    else malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
+  }
+  if (j.contains("added_tokens")) {
+    if (!j["added_tokens"].is_array()) malformed("added_tokens is not an array");
+    for (const json& t : j["added_tokens"]) {
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
+          !t["content"].is_string())
+        malformed("an added token lacks an integer id or a string content: " + t.dump());
+      spec.added_tokens.push_back({t["content"].get<std::string>(), t["id"].get<token_id>(), t.value("special", true)});
+    }
+  }
+  spec.eos_token = read_eos(path.parent_path() / "tokenizer_config.json");
+  if (!spec.eos_token)
+    for (const auto& t : spec.added_tokens)
+      if (t.content == "<|endoftext|>") spec.eos_token = t.content;
+  return spec;
+}
+
+BpeSpec read_gpt2_files(const fs::path& dir) {
+  const fs::path encoder_path = dir / "encoder.json", merges_path = dir / "vocab.bpe";
+  BpeSpec spec;
+  spec.source = encoder_path.string();
+  const json enc = parse_json(encoder_path);
+  if (!enc.is_object()) throw invalid_argument("load_tokenizer: '" + spec.source + "' is not a JSON object of token -> id");
+  for (const auto& [token, id] : enc.items()) {
+    if (!id.is_number_integer())
+      throw invalid_argument("load_tokenizer: '" + spec.source + "': entry '" + token + "' has a non-integer id");
+    spec.vocab.emplace_back(raw_token(token, spec.source), id.get<token_id>());
+  }
+  std::istringstream lines(read_file(merges_path));
+  std::string line;
+  bool first = true;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (first && line.starts_with("#version")) {
+      first = false;
+      continue;
+    }
+    first = false;
+    if (line.empty()) continue;
+    spec.merges.push_back(split_merge(line, merges_path.string()));
+  }
+  spec.pattern = SplitPattern::gpt2;
+  spec.nfc = false;
+  // GPT-2's only special token; tiktoken and Hugging Face treat it as a special added token.
+  for (const auto& [bytes, id] : spec.vocab)
+    if (bytes == "<|endoftext|>") {
+      spec.added_tokens.push_back({bytes, id, true});
+      spec.eos_token = bytes;
+    }
+  return spec;
+}
+
+}  // namespace rlloop::tokenizer_detail
