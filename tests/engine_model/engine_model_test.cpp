@@ -1,0 +1,743 @@
+// Tests for the model half of the engine: config parsing, the transformer against golden logits from an
+// independent PyTorch implementation (make_golden.py), KV-cache consistency, safetensors and model/PEFT
+// directories, LoRA, and the sampler.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model_config.hpp"
+#include "model_io.hpp"
+#include "sampler.hpp"
+#include "transformer.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace rlloop;
+using namespace rlloop::engine;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------- helpers
+
+// Same generator as make_golden.py: element i of tensor `name` = offset + 0.25 * (2u - 1) with u the top
+// 24 bits of splitmix64(fnv1a64(name) ^ i); offset 1 for norm weights. Exact in double on both sides.
+std::uint64_t splitmix64(std::uint64_t x) {
+  std::uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+std::uint64_t fnv1a64(const std::string& s) {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
+  return h;
+}
+torch::Tensor hashed_weight(const std::string& name, at::IntArrayRef shape) {
+  const std::uint64_t salt = fnv1a64(name);
+  const double offset = name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0 ? 1.0 : 0.0;
+  auto t = torch::empty(shape, torch::kFloat32);
+  float* p = t.data_ptr<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const double u = static_cast<double>(splitmix64(salt ^ static_cast<std::uint64_t>(i)) >> 40) / double(1 << 24);
+    p[i] = static_cast<float>(offset + 0.25 * (2.0 * u - 1.0));
+  }
+  return t;
+}
+
+json golden() {
+  std::ifstream in(std::string(RLLOOP_SOURCE_DIR) + "/tests/engine_model/golden_logits.json");
+  return json::parse(in);
+}
+
+ModelConfig tiny_config(const std::string& model_type, bool tied = false) {
+  json j = {{"model_type", model_type}, {"vocab_size", 64},          {"hidden_size", 32},
+            {"intermediate_size", 48},  {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+            {"num_key_value_heads", 2}, {"tie_word_embeddings", tied}, {"max_position_embeddings", 256},
+            {"rope_theta", 10000.0},    {"rms_norm_eps", 1e-6}};
+  return ModelConfig::from_json(j);
+}
+
+torch::Tensor ids_of(const std::vector<std::int64_t>& v) { return torch::tensor(v, torch::kLong).unsqueeze(0); }
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// A fresh directory under the system temp dir, removed when the test ends.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("rlloop_engine_model_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+template <class E, class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("WRONG EXCEPTION TYPE: ") + e.what();
+  }
+  return "NO EXCEPTION";
+}
+
+bool state_dicts_equal(const TensorMap& a, const TensorMap& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || t.scalar_type() != it->second.scalar_type() || !torch::equal(t, it->second)) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------- ModelConfig
+
+TEST(ModelConfig, FamilyDefaultsAndExtensions) {
+  auto qwen2 = tiny_config("qwen2");
+  EXPECT_TRUE(qwen2.attention_bias);
+  EXPECT_FALSE(qwen2.o_proj_bias());
+  EXPECT_FALSE(qwen2.qk_norm);
+  EXPECT_EQ(qwen2.head_dim, 8);
+
+  json j = tiny_config("qwen3").to_json();
+  j["head_dim"] = 16;
+  j["rlloop_tokenizer"] = "byte";
+  j["eos_token_id"] = json::array({5, 6});
+  auto qwen3 = ModelConfig::from_json(j);
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.attention_bias);
+  EXPECT_EQ(qwen3.head_dim, 16);
+  EXPECT_EQ(qwen3.tokenizer, "byte");
+  EXPECT_EQ(qwen3.eos_token_id, 5);
+
+  auto llama = tiny_config("llama");
+  EXPECT_FALSE(llama.attention_bias);
+  EXPECT_EQ(llama.num_key_value_heads, 2);
+
+  // to_json -> from_json is the identity on every field we use.
+  auto back = ModelConfig::from_json(qwen3.to_json());
+  EXPECT_EQ(back.to_json(), qwen3.to_json());
+  EXPECT_EQ(back.tokenizer, "byte");
+}
+
+TEST(ModelConfig, ValidationNamesTheField) {
+  json j = tiny_config("llama").to_json();
+  j.erase("hidden_size");
+  EXPECT_NE(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }).find("hidden_size"), std::string::npos);
+
+  j = tiny_config("llama").to_json();
+  j["num_key_value_heads"] = 3;
+  EXPECT_NE(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }).find("num_key_value_heads"),
+            std::string::npos);
+
+  j = tiny_config("llama").to_json();
+  j["model_type"] = "gpt2";
+  EXPECT_NE(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }).find("gpt2"), std::string::npos);
+
+  j = tiny_config("llama").to_json();
+  j["eos_token_id"] = 64;
+  EXPECT_NE(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }).find("eos_token_id"), std::string::npos);
+
+  j = tiny_config("llama").to_json();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  EXPECT_NE(error_message<unsupported>([&] { ModelConfig::from_json(j); }).find("llama3"), std::string::npos);
+
+  EXPECT_NE(error_message<io_error>([&] { ModelConfig::load("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
+            std::string::npos);
+}
+
+TEST(ModelConfig, NumParametersMatchesTheModel) {
+  for (auto [type, tied] : {std::pair{"llama", false}, {"qwen2", true}, {"qwen3", false}}) {
+    json j = tiny_config(type, tied).to_json();
+    j["attention_bias"] = true;
+    auto cfg = ModelConfig::from_json(j);
+    Transformer m(cfg);
+    std::int64_t n = 0;
+    for (const auto& [name, t] : m.hf_state_dict()) n += t.numel();
+    EXPECT_EQ(cfg.num_parameters(), n) << type;
+  }
+}
+
+// ------------------------------------------------------------------------------------- golden logits
+
+TEST(Transformer, MatchesIndependentPytorchImplementation) {
+  json g = golden();
+  std::vector<std::int64_t> tokens = g["tokens"].get<std::vector<std::int64_t>>();
+  ASSERT_EQ(g["models"].size(), 4u);
+  for (auto& [key, entry] : g["models"].items()) {
+    SCOPED_TRACE(key);
+    ModelConfig cfg = ModelConfig::from_json(entry["config"]);
+    Transformer model(cfg);
+    TensorMap weights;
+    for (const auto& [name, t] : model.hf_state_dict()) weights[name] = hashed_weight(name, t.sizes());
+    model.load_hf_state_dict(weights);
+
+    auto expected_vec = entry["logits"].get<std::vector<std::vector<float>>>();
+    torch::Tensor expected = torch::empty({(std::int64_t)expected_vec.size(), cfg.vocab_size});
+    for (std::size_t i = 0; i < expected_vec.size(); ++i)
+      expected[i] = torch::tensor(expected_vec[i], torch::kFloat32);
+
+    torch::NoGradGuard no_grad;
+    torch::Tensor logits = model.forward(ids_of(tokens))[0];
+    EXPECT_LT(max_abs_diff(logits, expected), 1e-5);
+    // The same sequence twice in a batch gives the same rows.
+    torch::Tensor batch = model.forward(torch::cat({ids_of(tokens), ids_of(tokens)}, 0));
+    EXPECT_LT(max_abs_diff(batch[1], expected), 1e-5);
+  }
+}
+
+TEST(Transformer, LoadRejectsWrongNamesAndShapes) {
+  Transformer model(tiny_config("qwen3"));
+  TensorMap w = model.hf_state_dict();
+
+  TensorMap bad = w;
+  bad["model.layers.1.self_attn.k_proj.weight"] = torch::zeros({8, 32});
+  auto msg = error_message<invalid_argument>([&] { model.load_hf_state_dict(bad); });
+  EXPECT_NE(msg.find("model.layers.1.self_attn.k_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[8, 32]"), std::string::npos) << msg;
+
+  bad = w;
+  bad.erase("model.layers.0.self_attn.q_norm.weight");
+  msg = error_message<invalid_argument>([&] { model.load_hf_state_dict(bad); });
+  EXPECT_NE(msg.find("model.layers.0.self_attn.q_norm.weight"), std::string::npos) << msg;
+
+  bad = w;
+  bad["model.layers.0.self_attn.q_proj.bias"] = torch::zeros({32});
+  msg = error_message<invalid_argument>([&] { model.load_hf_state_dict(bad); });
+  EXPECT_NE(msg.find("model.layers.0.self_attn.q_proj.bias"), std::string::npos) << msg;
+
+  EXPECT_THROW(model.forward(ids_of({1, 64})), invalid_argument);
+}
+
+// ------------------------------------------------------------------------------------------- KV cache
+
+TEST(Transformer, KvCacheMatchesFullForward) {
+  for (const char* type : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(type);
+    auto model = init_model(tiny_config(type, std::string(type) == "qwen2"), 11, torch::kCPU, torch::kFloat32);
+    torch::NoGradGuard no_grad;
+    std::vector<std::int64_t> tokens = {3, 14, 15, 9, 26, 53, 58, 9, 7, 9, 32, 38};
+    torch::Tensor full = model->forward(ids_of(tokens))[0];  // [12, V]
+
+    // Prefill 5, then one token at a time.
+    KVCache cache = KVCache::allocate(model->config(), 1, 16, torch::kCPU, torch::kFloat32);
+    std::vector<std::int64_t> head(tokens.begin(), tokens.begin() + 5);
+    torch::Tensor prefill = model->forward(ids_of(head), &cache)[0];
+    EXPECT_LT(max_abs_diff(prefill, full.narrow(0, 0, 5)), 1e-5);
+    for (std::size_t i = 5; i < tokens.size(); ++i) {
+      torch::Tensor step = model->forward(ids_of({tokens[i]}), &cache)[0][0];
+      EXPECT_LT(max_abs_diff(step, full[i]), 1e-5) << "position " << i;
+    }
+    EXPECT_EQ(cache.length, 12);
+
+    // Prefill 4, a chunk of 3 (causal inside the chunk), a chunk of 5.
+    KVCache chunked = KVCache::allocate(model->config(), 1, 12, torch::kCPU, torch::kFloat32);
+    model->forward(ids_of({tokens.begin(), tokens.begin() + 4}), &chunked);
+    torch::Tensor mid = model->forward(ids_of({tokens.begin() + 4, tokens.begin() + 7}), &chunked)[0];
+    EXPECT_LT(max_abs_diff(mid, full.narrow(0, 4, 3)), 1e-5);
+    torch::Tensor tail = model->forward(ids_of({tokens.begin() + 7, tokens.end()}), &chunked)[0];
+    EXPECT_LT(max_abs_diff(tail, full.narrow(0, 7, 5)), 1e-5);
+    EXPECT_THROW(model->forward(ids_of({1}), &chunked), invalid_argument);  // capacity 12 is full
+  }
+}
+
+TEST(Transformer, RepeatedAndSelectedCacheRowsDecodeIndependently) {
+  auto model = init_model(tiny_config("qwen3"), 5, torch::kCPU, torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  std::vector<std::int64_t> prompt = {7, 1, 8, 2};
+  KVCache cache = KVCache::allocate(model->config(), 1, 8, torch::kCPU, torch::kFloat32);
+  model->forward(ids_of(prompt), &cache);
+  cache.repeat_batch(3);
+  ASSERT_EQ(cache.batch(), 3);
+  // Row r continues the prompt with token 10 + r, then the rows {2, 0} continue with 20 + r.
+  torch::Tensor step1 = model->forward(torch::tensor({10, 11, 12}, torch::kLong).unsqueeze(1), &cache);
+  cache.select_batch(torch::tensor({2, 0}, torch::kLong));
+  torch::Tensor step2 = model->forward(torch::tensor({22, 20}, torch::kLong).unsqueeze(1), &cache);
+  for (int r = 0; r < 3; ++r) {
+    auto seq = prompt;
+    seq.push_back(10 + r);
+    torch::Tensor full = model->forward(ids_of(seq))[0];
+    EXPECT_LT(max_abs_diff(step1[r][0], full[4]), 1e-5) << "row " << r;
+  }
+  for (auto [row, r] : {std::pair{0, 2}, std::pair{1, 0}}) {
+    auto seq = prompt;
+    seq.push_back(10 + r);
+    seq.push_back(20 + r);
+    torch::Tensor full = model->forward(ids_of(seq))[0];
+    EXPECT_LT(max_abs_diff(step2[row][0], full[5]), 1e-5) << "row " << r;
+  }
+}
+
+// -------------------------------------------------------------------------------------- safetensors
+
+TEST(Safetensors, RoundTripIsBitExact) {
+  TempDir dir;
+  TensorMap tensors = {
+      {"a.f32", torch::randn({3, 5})},
+      {"b.bf16", torch::randn({4, 2}).to(torch::kBFloat16)},
+      {"c.f16", torch::randn({7}).to(torch::kFloat16)},
+      {"d.i64", torch::arange(-3, 9, torch::kLong).reshape({3, 4})},
+      {"e.i32", torch::tensor({1, -2, 2147483647}, torch::kInt)},
+      {"f.scalar", torch::tensor(2.5f).reshape({})},
+      {"g.empty", torch::zeros({0, 3})},
+      {"h.noncontig", torch::randn({4, 6}).t()},
+  };
+  write_safetensors(dir / "t.safetensors", tensors, {{"format", "pt"}, {"note", "hello"}});
+  TensorMap back = read_safetensors(dir / "t.safetensors");
+  ASSERT_EQ(back.size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    ASSERT_TRUE(back.count(name)) << name;
+    EXPECT_EQ(back[name].scalar_type(), t.scalar_type()) << name;
+    EXPECT_EQ(back[name].sizes(), t.sizes()) << name;
+    EXPECT_TRUE(torch::equal(back[name], t)) << name;
+  }
+  auto meta = read_safetensors_metadata(dir / "t.safetensors");
+  EXPECT_EQ(meta["note"], "hello");
+
+  // Layout: 8-byte little-endian header length, JSON header, data starting 8-byte aligned.
+  std::ifstream in(dir / "t.safetensors", std::ios::binary);
+  std::uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  EXPECT_EQ(len % 8, 0u);
+  std::string header(len, '\0');
+  in.read(header.data(), len);
+  json h = json::parse(header);
+  EXPECT_EQ(h["a.f32"]["dtype"], "F32");
+  EXPECT_EQ(h["b.bf16"]["dtype"], "BF16");
+  EXPECT_EQ(h["a.f32"]["shape"], json::array({3, 5}));
+  EXPECT_EQ(h["__metadata__"]["format"], "pt");
+  // No temp files left behind.
+  int files = 0;
+  for ([[maybe_unused]] auto& e : fs::directory_iterator(dir.path)) ++files;
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Safetensors, ReadErrorsNameTheFile) {
+  TempDir dir;
+  const std::string missing = dir / "missing.safetensors";
+  auto msg = error_message<io_error>([&] { read_safetensors(missing); });
+  EXPECT_NE(msg.find(missing), std::string::npos) << msg;
+
+  const std::string truncated = dir / "truncated.safetensors";
+  write_safetensors(truncated, {{"w", torch::randn({16, 16})}});
+  fs::resize_file(truncated, fs::file_size(truncated) - 10);
+  msg = error_message<io_error>([&] { read_safetensors(truncated); });
+  EXPECT_NE(msg.find(truncated), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+
+  auto write_raw = [](const std::string& path, std::uint64_t len, const std::string& body) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << body;
+  };
+  const std::string bad_json = dir / "bad_json.safetensors";
+  write_raw(bad_json, 9, "{not json");
+  msg = error_message<io_error>([&] { read_safetensors(bad_json); });
+  EXPECT_NE(msg.find(bad_json), std::string::npos) << msg;
+  EXPECT_NE(msg.find("malformed"), std::string::npos) << msg;
+
+  const std::string huge_len = dir / "huge_len.safetensors";
+  write_raw(huge_len, 1ull << 40, "{}");
+  msg = error_message<io_error>([&] { read_safetensors(huge_len); });
+  EXPECT_NE(msg.find(huge_len), std::string::npos) << msg;
+
+  const std::string bad_entry = dir / "bad_entry.safetensors";
+  std::string body = R"({"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})";
+  write_raw(bad_entry, body.size(), body + std::string(16, '\0'));
+  msg = error_message<io_error>([&] { read_safetensors(bad_entry); });
+  EXPECT_NE(msg.find(bad_entry), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'x'"), std::string::npos) << msg;
+
+  const std::string bad_dtype = dir / "bad_dtype.safetensors";
+  body = R"({"y":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})";
+  write_raw(bad_dtype, body.size(), body + std::string(1, '\0'));
+  msg = error_message<io_error>([&] { read_safetensors(bad_dtype); });
+  EXPECT_NE(msg.find("F8_E4M3"), std::string::npos) << msg;
+
+  const std::string tiny = dir / "tiny.safetensors";
+  std::ofstream(tiny) << "abc";
+  msg = error_message<io_error>([&] { read_safetensors(tiny); });
+  EXPECT_NE(msg.find(tiny), std::string::npos) << msg;
+}
+
+TEST(ModelIo, SaveLoadSingleAndSharded) {
+  TempDir dir;
+  auto model = init_model(tiny_config("qwen2", true), 3, torch::kCPU, torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = ids_of({1, 2, 3, 4, 5});
+  torch::Tensor expected = model->forward(ids);
+
+  save_model(*model, dir / "single");
+  EXPECT_TRUE(fs::exists(dir / "single/config.json"));
+  EXPECT_TRUE(fs::exists(dir / "single/model.safetensors"));
+  auto single = load_model(dir / "single", torch::kCPU, torch::kFloat32);
+  EXPECT_TRUE(state_dicts_equal(single->hf_state_dict(), model->hf_state_dict()));
+  EXPECT_TRUE(torch::equal(single->forward(ids), expected));
+  EXPECT_EQ(single->config().to_json(), model->config().to_json());
+
+  // ~8 KB shards: the 8 KB embedding alone, then layers packed together.
+  save_model(*model, dir / "sharded", 8 * 1024);
+  EXPECT_FALSE(fs::exists(dir / "sharded/model.safetensors"));
+  json index = json::parse(std::ifstream(dir / "sharded/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GE(files.size(), 3u);
+  for (const auto& f : files) EXPECT_TRUE(fs::exists(dir / ("sharded/" + f))) << f;
+  EXPECT_EQ(index["weight_map"].size(), model->hf_state_dict().size());
+  auto sharded = load_model(dir / "sharded", torch::kCPU, torch::kFloat32);
+  EXPECT_TRUE(state_dicts_equal(sharded->hf_state_dict(), model->hf_state_dict()));
+  EXPECT_TRUE(torch::equal(sharded->forward(ids), expected));
+
+  // A shard that lost a tensor the index maps to it is reported with the tensor and the shard.
+  const std::string first = dir / ("sharded/" + *files.begin());
+  TensorMap shard = read_safetensors(first);
+  const std::string dropped = shard.begin()->first;
+  shard.erase(shard.begin());
+  write_safetensors(first, shard);
+  auto msg = error_message<io_error>([&] { load_model(dir / "sharded", torch::kCPU, torch::kFloat32); });
+  EXPECT_NE(msg.find(dropped), std::string::npos) << msg;
+  EXPECT_NE(msg.find(first), std::string::npos) << msg;
+
+  // A tensor with the wrong shape names the tensor.
+  TensorMap wrong = read_safetensors(dir / "single/model.safetensors");
+  wrong["model.norm.weight"] = torch::ones({31});
+  write_safetensors(dir / "single/model.safetensors", wrong);
+  msg = error_message<invalid_argument>([&] { load_model(dir / "single", torch::kCPU, torch::kFloat32); });
+  EXPECT_NE(msg.find("model.norm.weight"), std::string::npos) << msg;
+
+  EXPECT_THROW(load_model(dir / "nowhere", torch::kCPU, torch::kFloat32), not_found);
+}
+
+TEST(ModelIo, InitModelIsDeterministic) {
+  auto a = init_model(tiny_config("llama"), 42, torch::kCPU, torch::kFloat32);
+  auto b = init_model(tiny_config("llama"), 42, torch::kCPU, torch::kFloat32);
+  auto c = init_model(tiny_config("llama"), 43, torch::kCPU, torch::kFloat32);
+  EXPECT_TRUE(state_dicts_equal(a->hf_state_dict(), b->hf_state_dict()));
+  auto sa = a->hf_state_dict(), sc = c->hf_state_dict();
+  EXPECT_FALSE(torch::equal(sa["model.embed_tokens.weight"], sc["model.embed_tokens.weight"]));
+  EXPECT_TRUE(torch::equal(sa["model.norm.weight"], torch::ones({32})));
+  const double std = sa["model.layers.0.mlp.up_proj.weight"].std().item<double>();
+  EXPECT_NEAR(std, 0.02, 0.002);
+}
+
+// ---------------------------------------------------------------------------------------------- LoRA
+
+TEST(Lora, UntrainedAdapterIsBitExactAndOnlyAdaptersTrain) {
+  auto model = init_model(tiny_config("qwen2", true), 1, torch::kCPU, torch::kFloat32);
+  torch::Tensor ids = ids_of({5, 6, 7, 8, 9, 10});
+  torch::Tensor base;
+  {
+    torch::NoGradGuard g;
+    base = model->forward(ids);
+  }
+  model->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear", "lm_head"}}, 7);
+  torch::Tensor adapted = model->forward(ids);
+  EXPECT_TRUE(torch::equal(adapted, base));
+
+  auto trainable = model->named_trainable_parameters();
+  EXPECT_EQ(trainable.size(), 2u * (7 * 2 + 1));
+  for (const auto& [name, t] : trainable) {
+    EXPECT_TRUE(t.requires_grad()) << name;
+    EXPECT_TRUE(name.find(".lora_A.weight") != std::string::npos || name.find(".lora_B.weight") != std::string::npos)
+        << name;
+  }
+  EXPECT_EQ(trainable.front().first, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(trainable.back().first, "base_model.model.lm_head.lora_B.weight");
+  for (const auto& [name, t] : model->hf_state_dict()) EXPECT_FALSE(t.requires_grad()) << name;
+  // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform(a=sqrt(5))), B = 0.
+  torch::Tensor a0 = model->lora_a_parameters().front();
+  EXPECT_EQ(a0.sizes(), (std::vector<std::int64_t>{4, 32}));
+  EXPECT_LE(a0.abs().max().item<double>(), 1.0 / std::sqrt(32.0));
+  EXPECT_GT(a0.abs().max().item<double>(), 0.5 / std::sqrt(32.0));
+  for (const auto& b : model->lora_b_parameters()) EXPECT_EQ(b.abs().sum().item<double>(), 0.0);
+
+  // Gradients reach the adapters (B first: dL/dA is zero while B = 0) and nothing else.
+  adapted.logsumexp(-1).sum().backward();
+  for (const auto& b : model->lora_b_parameters()) {
+    ASSERT_TRUE(b.grad().defined());
+    EXPECT_GT(b.grad().abs().sum().item<double>(), 0.0);
+  }
+  for (const auto& [name, t] : model->hf_state_dict()) EXPECT_FALSE(t.grad().defined()) << name;
+
+  // Same seed, same A.
+  auto other = init_model(tiny_config("qwen2", true), 1, torch::kCPU, torch::kFloat32);
+  other->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear", "lm_head"}}, 7);
+  EXPECT_TRUE(torch::equal(other->lora_a_parameters().back(), model->lora_a_parameters().back()));
+  EXPECT_THROW(other->enable_lora(LoraOptions{}, 0), conflict);
+  auto bad = init_model(tiny_config("llama"), 1, torch::kCPU, torch::kFloat32);
+  auto msg = error_message<invalid_argument>([&] { bad->enable_lora(LoraOptions{.target_modules = {"qkv"}}, 0); });
+  EXPECT_NE(msg.find("qkv"), std::string::npos) << msg;
+}
+
+void perturb_b(Transformer& model, std::int64_t seed) {
+  torch::NoGradGuard g;
+  auto gen = at::detail::createCPUGenerator(seed);
+  for (auto& b : model.lora_b_parameters()) b.copy_(torch::empty(b.sizes()).normal_(0.0, 0.05, gen));
+}
+
+TEST(Lora, MergedWeightsReproduceAdaptedLogits) {
+  torch::Tensor ids = ids_of({5, 6, 7, 8, 9, 10, 11});
+  {  // untied llama, adapters on attention only: merged dict loads into a plain model
+    auto model = init_model(tiny_config("llama"), 2, torch::kCPU, torch::kFloat32);
+    model->enable_lora(LoraOptions{.rank = 2, .alpha = 16, .target_modules = {"q_proj", "v_proj", "down_proj"}}, 3);
+    perturb_b(*model, 4);
+    torch::NoGradGuard g;
+    torch::Tensor adapted = model->forward(ids);
+    Transformer plain(model->config());
+    plain.load_hf_state_dict(model->merged_hf_state_dict());
+    EXPECT_LT(max_abs_diff(plain.forward(ids), adapted), 1e-5);
+    // The adapted model really differs from the base.
+    Transformer base(model->config());
+    base.load_hf_state_dict(model->hf_state_dict());
+    EXPECT_GT(max_abs_diff(base.forward(ids), adapted), 1e-3);
+  }
+  {  // tied qwen2 with an lm_head adapter: save_model unties and load_model reproduces the logits
+    TempDir dir;
+    auto model = init_model(tiny_config("qwen2", true), 2, torch::kCPU, torch::kFloat32);
+    model->enable_lora(LoraOptions{.rank = 4, .alpha = 4, .target_modules = {"all-linear", "lm_head"}}, 3);
+    perturb_b(*model, 5);
+    torch::NoGradGuard g;
+    torch::Tensor adapted = model->forward(ids);
+    Transformer tied_plain(model->config());
+    EXPECT_THROW(tied_plain.load_hf_state_dict(model->merged_hf_state_dict()), invalid_argument);
+    save_model(*model, dir / "merged");
+    auto loaded = load_model(dir / "merged", torch::kCPU, torch::kFloat32);
+    EXPECT_FALSE(loaded->config().tie_word_embeddings);
+    EXPECT_FALSE(loaded->has_lora());
+    EXPECT_LT(max_abs_diff(loaded->forward(ids), adapted), 1e-5);
+  }
+}
+
+TEST(Lora, PeftAdapterRoundTrip) {
+  TempDir dir;
+  auto model = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
+  model->enable_lora(LoraOptions{.rank = 3, .alpha = 6, .target_modules = {"all-linear"}}, 9);
+  perturb_b(*model, 10);
+  torch::Tensor ids = ids_of({1, 3, 5, 7, 9});
+  torch::NoGradGuard g;
+  torch::Tensor adapted = model->forward(ids);
+  save_peft_adapter(*model, dir / "adapter", "tiny-qwen3");
+
+  json cfg = json::parse(std::ifstream(dir / "adapter/adapter_config.json"));
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 3);
+  EXPECT_EQ(cfg["lora_alpha"], 6);
+  EXPECT_EQ(cfg["target_modules"], "all-linear");
+  EXPECT_EQ(cfg["base_model_name_or_path"], "tiny-qwen3");
+  TensorMap tensors = read_safetensors(dir / "adapter/adapter_model.safetensors");
+  EXPECT_EQ(tensors.size(), 2u * 7 * 2);
+  ASSERT_TRUE(tensors.count("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  EXPECT_EQ(tensors["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"].sizes(),
+            (std::vector<std::int64_t>{32, 3}));
+
+  // A fresh base model (no adapters yet) picks up rank/alpha/targets from adapter_config.json.
+  auto fresh = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
+  load_peft_adapter(*fresh, dir / "adapter");
+  ASSERT_TRUE(fresh->has_lora());
+  EXPECT_EQ(fresh->lora_options()->rank, 3);
+  EXPECT_TRUE(torch::equal(fresh->forward(ids), adapted));
+  EXPECT_TRUE(state_dicts_equal(fresh->peft_state_dict(), model->peft_state_dict()));
+
+  // Mismatched rank is refused, naming the file.
+  auto other = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
+  other->enable_lora(LoraOptions{.rank = 2, .alpha = 6}, 0);
+  EXPECT_THROW(load_peft_adapter(*other, dir / "adapter"), conflict);
+  auto plain = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
+  EXPECT_THROW(save_peft_adapter(*plain, dir / "none", "x"), conflict);
+}
+
+// ------------------------------------------------------------------------------------------- sampler
+
+struct SamplerTest : ::testing::Test {
+  std::shared_ptr<Transformer> model = init_model(tiny_config("qwen3"), 21, torch::kCPU, torch::kFloat32);
+  std::vector<token_id> prompt = {1, 2, 3, 4, 5};
+
+  SampleResponse run(SamplingParams params, int n = 1, std::uint64_t seed = 0, const StopStringCheck& check = {},
+                     bool prompt_lp = false, int topk = 0) {
+    SampleRequest req;
+    req.prompt = ModelInput::from_tokens(prompt);
+    req.num_samples = n;
+    req.params = std::move(params);
+    req.include_prompt_logprobs = prompt_lp;
+    req.topk_prompt_logprobs = topk;
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    return sample(*model, req, check, gen);
+  }
+
+  // Greedy continuation computed with full forwards only (no cache).
+  std::vector<token_id> greedy_reference(int steps) {
+    torch::NoGradGuard g;
+    std::vector<std::int64_t> seq(prompt.begin(), prompt.end());
+    std::vector<token_id> out;
+    for (int i = 0; i < steps; ++i) {
+      auto next = model->forward(ids_of(seq))[0][-1].argmax().item<std::int64_t>();
+      seq.push_back(next);
+      out.push_back(static_cast<token_id>(next));
+    }
+    return out;
+  }
+
+  void expect_logprobs_match(const SampledSequence& s) {
+    std::vector<token_id> all = prompt;
+    all.insert(all.end(), s.tokens.begin(), s.tokens.end());
+    auto ref = compute_logprobs(*model, all);
+    ASSERT_EQ(s.logprobs.size(), s.tokens.size());
+    for (std::size_t i = 0; i < s.tokens.size(); ++i) EXPECT_NEAR(s.logprobs[i], ref[prompt.size() + i], 1e-4) << i;
+  }
+};
+
+TEST_F(SamplerTest, SameSeedSameSamples) {
+  SamplingParams p{.max_tokens = 12, .temperature = 1.0};
+  auto a = run(p, 4, 123), b = run(p, 4, 123), c = run(p, 4, 124);
+  ASSERT_EQ(a.sequences.size(), 4u);
+  bool all_same_as_c = true;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(a.sequences[i].tokens, b.sequences[i].tokens);
+    EXPECT_EQ(a.sequences[i].logprobs, b.sequences[i].logprobs);
+    all_same_as_c = all_same_as_c && a.sequences[i].tokens == c.sequences[i].tokens;
+  }
+  EXPECT_FALSE(all_same_as_c);
+  // Samples of one request differ from each other (they are not copies of one draw).
+  EXPECT_NE(a.sequences[0].tokens, a.sequences[1].tokens);
+}
+
+TEST_F(SamplerTest, LogprobsEqualComputeLogprobs) {
+  // The returned logprobs ignore temperature / top-k / top-p: they are the model's own.
+  auto r = run(SamplingParams{.max_tokens = 10, .temperature = 0.7, .top_k = 8, .top_p = 0.9}, 3, 5);
+  for (const auto& s : r.sequences) {
+    EXPECT_EQ(s.tokens.size(), 10u);
+    EXPECT_EQ(s.stop_reason, StopReason::length);
+    EXPECT_EQ(s.prefill_tokens, 5);
+    EXPECT_EQ(s.decode_tokens, 10);
+    expect_logprobs_match(s);
+  }
+}
+
+TEST_F(SamplerTest, GreedyTopKOneAndTinyTopPAgree) {
+  auto ref = greedy_reference(8);
+  auto greedy = run(SamplingParams{.max_tokens = 8, .temperature = 0.0}, 2);
+  for (const auto& s : greedy.sequences) EXPECT_EQ(s.tokens, ref);
+  expect_logprobs_match(greedy.sequences[0]);
+  EXPECT_EQ(run(SamplingParams{.max_tokens = 8, .temperature = 1.0, .top_k = 1}, 2, 99).sequences[1].tokens, ref);
+  EXPECT_EQ(run(SamplingParams{.max_tokens = 8, .temperature = 1.0, .top_p = 1e-6}, 2, 98).sequences[1].tokens, ref);
+}
+
+TEST_F(SamplerTest, StopsOnTokenIdsAndStopCheckAndLength) {
+  auto ref = greedy_reference(10);
+  // Stop on the first greedy token that has not appeared before index 3.
+  std::size_t at = 3;
+  while (std::find(ref.begin(), ref.begin() + at, ref[at]) != ref.begin() + at) ++at;
+  ASSERT_LT(at, ref.size());
+  auto r = run(SamplingParams{.max_tokens = 10, .temperature = 0.0, .stop_token_ids = {63, ref[at]}});
+  const auto& s = r.sequences[0];
+  std::vector<token_id> expected(ref.begin(), ref.begin() + at + 1);
+  if (std::find(expected.begin(), expected.end(), 63) == expected.end()) {
+    EXPECT_EQ(s.tokens, expected);  // stop token kept
+    EXPECT_EQ(s.stop_reason, StopReason::stop);
+    EXPECT_EQ(s.decode_tokens, static_cast<std::int64_t>(at + 1));
+  }
+
+  int calls = 0;
+  auto check = [&](std::span<const token_id> gen) {
+    ++calls;
+    return gen.size() == 2;
+  };
+  auto r2 = run(SamplingParams{.max_tokens = 10, .temperature = 1.0}, 3, 7, check);
+  for (const auto& seq : r2.sequences) {
+    EXPECT_EQ(seq.tokens.size(), 2u);
+    EXPECT_EQ(seq.stop_reason, StopReason::stop);
+  }
+  EXPECT_EQ(calls, 6);
+
+  auto r3 = run(SamplingParams{.max_tokens = 4, .temperature = 1.0}, 2, 7);
+  for (const auto& seq : r3.sequences) {
+    EXPECT_EQ(seq.tokens.size(), 4u);
+    EXPECT_EQ(seq.stop_reason, StopReason::length);
+  }
+  auto r4 = run(SamplingParams{.max_tokens = 0}, 2);
+  EXPECT_EQ(r4.sequences.size(), 2u);
+  EXPECT_TRUE(r4.sequences[0].tokens.empty());
+  EXPECT_EQ(r4.sequences[0].stop_reason, StopReason::length);
+}
+
+TEST_F(SamplerTest, FinishedSamplesLeaveTheBatch) {
+  // Many stop tokens at a high temperature: samples end at different steps, so the batch shrinks while the
+  // survivors keep decoding. Every survivor's logprobs must still match a cache-free recomputation.
+  std::vector<token_id> stops;
+  for (token_id t = 0; t < 64; t += 5) stops.push_back(t);
+  auto r = run(SamplingParams{.max_tokens = 16, .temperature = 1.5, .stop_token_ids = stops}, 8, 31);
+  std::set<std::size_t> lengths;
+  for (const auto& s : r.sequences) {
+    lengths.insert(s.tokens.size());
+    expect_logprobs_match(s);
+    if (s.stop_reason == StopReason::stop) {
+      EXPECT_NE(std::find(stops.begin(), stops.end(), s.tokens.back()), stops.end());
+    } else {
+      EXPECT_EQ(s.tokens.size(), 16u);
+    }
+    for (std::size_t i = 0; i + 1 < s.tokens.size(); ++i)
+      EXPECT_EQ(std::find(stops.begin(), stops.end(), s.tokens[i]), stops.end());
+  }
+  EXPECT_GE(lengths.size(), 2u);
+}
+
+TEST_F(SamplerTest, PromptLogprobs) {
+  auto r = run(SamplingParams{.max_tokens = 1}, 1, 0, {}, true, 3);
+  auto ref = compute_logprobs(*model, prompt);
+  ASSERT_TRUE(r.prompt_logprobs.has_value());
+  ASSERT_EQ(r.prompt_logprobs->size(), prompt.size());
+  EXPECT_EQ((*r.prompt_logprobs)[0], 0.0);
+  for (std::size_t i = 1; i < prompt.size(); ++i) EXPECT_NEAR((*r.prompt_logprobs)[i], ref[i], 1e-5);
+  ASSERT_TRUE(r.topk_prompt_logprobs.has_value());
+  const auto& topk = *r.topk_prompt_logprobs;
+  ASSERT_EQ(topk.size(), prompt.size());
+  EXPECT_TRUE(topk[0].empty());
+  for (std::size_t i = 1; i < prompt.size(); ++i) {
+    ASSERT_EQ(topk[i].size(), 3u);
+    EXPECT_GE(topk[i][0].logprob, topk[i][1].logprob);
+    EXPECT_GE(topk[i][1].logprob, topk[i][2].logprob);
+    EXPECT_GE(topk[i][0].logprob, ref[i] - 1e-6);
+    for (const auto& e : topk[i])
+      if (e.token == prompt[i]) EXPECT_NEAR(e.logprob, ref[i], 1e-5);
+  }
+  auto plain = run(SamplingParams{.max_tokens = 1});
+  EXPECT_FALSE(plain.prompt_logprobs.has_value());
+  EXPECT_FALSE(plain.topk_prompt_logprobs.has_value());
+}
+
+TEST_F(SamplerTest, ComputeLogprobsAndBadInput) {
+  auto lp = compute_logprobs(*model, std::vector<token_id>{4, 9, 2});
+  ASSERT_EQ(lp.size(), 3u);
+  EXPECT_EQ(lp[0], 0.0);
+  torch::NoGradGuard g;
+  auto ref = torch::log_softmax(model->forward(ids_of({4, 9, 2}))[0], -1);
+  EXPECT_NEAR(lp[1], ref[0][9].item<double>(), 1e-6);
+  EXPECT_NEAR(lp[2], ref[1][2].item<double>(), 1e-6);
+  EXPECT_TRUE(compute_logprobs(*model, std::vector<token_id>{}).empty());
+
+  prompt = {};
+  EXPECT_THROW(run(SamplingParams{}), invalid_argument);
+  prompt = {1, 99};
+  EXPECT_THROW(run(SamplingParams{}), invalid_argument);
+  prompt = {1, 2};
+  EXPECT_THROW(run(SamplingParams{.temperature = -1}), invalid_argument);
+  EXPECT_THROW(run(SamplingParams{.top_p = 0.0}), invalid_argument);
+  EXPECT_THROW(run(SamplingParams{.max_tokens = 1000}), invalid_argument);  // beyond max_position_embeddings
+}
+
+}  // namespace
