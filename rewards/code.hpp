@@ -63,6 +63,7 @@ inline std::string assemble_program(const CodeProblem& problem, const std::strin
 struct CodeGrade {
   int passed = 0;
   int total = 0;
+  double max_wall_seconds = 0;  // the longest test run (not the compile)
   Score score;
 };
 
@@ -103,6 +104,7 @@ class CodeReward {
       for (int i = 0; i < g.total; ++i) {
         const std::string_view input = problem.assert_style() ? std::string_view{} : std::string_view(problem.tests[i].input);
         const auto run = program.run(input, opts_.limits);
+        g.max_wall_seconds = std::max(g.max_wall_seconds, run.wall_seconds);
         Score t = judge(problem, i, run);
         if (t.ok()) {
           ++g.passed;

@@ -49,9 +49,12 @@ struct Sandbox::Impl {
                                "--hostname", "sandbox"};
     if (as_unprivileged) a.insert(a.end(), {"--unshare-user", "--disable-userns"});
     a.insert(a.end(), system_args.begin(), system_args.end());
+    const std::string tmp_size = std::to_string(req.limits.tmp_bytes);
     a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev",
-                       "--size", std::to_string(req.limits.tmp_bytes), "--tmpfs", "/tmp",
+                       "--remount-ro", "/dev",  // device nodes stay usable; no files can be created there
+                       "--size", tmp_size, "--tmpfs", "/tmp",
                        req.box_writable ? "--bind" : "--ro-bind", box.host_path(), "/box",
+                       "--remount-ro", "/",  // the sandbox's own root would otherwise be an unbounded tmpfs
                        "--chdir", "/tmp",
                        "--clearenv",
                        "--setenv", "PATH", "/usr/bin:/bin",

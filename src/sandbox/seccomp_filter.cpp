@@ -48,11 +48,10 @@ std::string build(bool allow_fork) {
   if (!allow_fork) {
     add(ctx, deny, SCMP_SYS(fork));
     add(ctx, deny, SCMP_SYS(vfork));
-    // clone(2) with CLONE_THREAD makes a thread (allowed); without it, a process.
-    if (seccomp_rule_add(ctx, deny, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)) != 0)
-      throw error("sandbox: seccomp clone rule failed");
-    // clone3 passes its flags in memory, which seccomp cannot read: answer ENOSYS so that libc falls back
-    // to clone(2), which the rule above can judge.
+    // No threads either: RLIMIT_NPROC counts threads per uid, and all sandboxes share one uid, so a thread
+    // bomb in one run could starve the others. Test programs run single-threaded.
+    add(ctx, deny, SCMP_SYS(clone));
+    // clone3 passes its flags in memory, which seccomp cannot read: ENOSYS makes libc fall back to clone(2).
     add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3));
   }
 

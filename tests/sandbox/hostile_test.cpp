@@ -1,0 +1,142 @@
+// Demonstration 4 (hostile half): every program in tests/sandbox/hostile/ scores as a failure within its
+// time limits, leaves no process behind and changes nothing outside its sandbox.
+//
+// Each program is graded against a one-test problem expecting "PWNED", which it prints only if its attack
+// worked, so a failing score means the attack failed.
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <oneapi/tbb/global_control.h>
+
+#include <rlloop/rewards/batch.hpp>
+#include <rlloop/rewards/code.hpp>
+
+namespace fs = std::filesystem;
+using namespace rlloop;
+using namespace rlloop::rewards;
+
+namespace {
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+}
+
+// Children of any of our threads: a process that escaped its sandbox would be re-parented to us (subreaper).
+std::vector<std::string> our_children() {
+  std::vector<std::string> kids;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::string c = read_file(task.path() / "children");
+    if (c.find_first_not_of(" \n") != std::string::npos) kids.push_back(c);
+  }
+  return kids;
+}
+}  // namespace
+
+TEST(Hostile, EveryProgramFailsHarmlessly) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  // Sandboxed runs mostly wait; let more of them run at once than there are cores.
+  tbb::global_control parallelism(tbb::global_control::max_allowed_parallelism, 8);
+
+  const std::string tag = std::to_string(::getpid());
+  const std::string secret = "rlloop-secret-" + tag + "-d41d8cd98f";
+  // A world-writable host folder with a world-readable secret: only the sandbox keeps programs out.
+  const fs::path host_dir = fs::path(RLLOOP_BINARY_DIR) / ("hostile-target-" + tag);
+  fs::remove_all(host_dir);
+  fs::create_directories(host_dir);
+  fs::permissions(host_dir, fs::perms::all);
+  { std::ofstream(host_dir / "secret.txt") << secret; }
+  fs::permissions(host_dir / "secret.txt", fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  ::setenv("RLLOOP_HOSTILE_SECRET", secret.c_str(), 1);
+  const fs::path scratch = fs::path("/tmp") / ("rlloop-hostile-scratch-" + tag);
+  fs::create_directories(scratch);
+
+  std::vector<CodeProblem> problems;
+  std::vector<std::string> sources;
+  for (const auto& e : fs::directory_iterator(fs::path(RLLOOP_SOURCE_DIR) / "tests/sandbox/hostile")) {
+    const auto ext = e.path().extension();
+    if (ext != ".py" && ext != ".cpp") continue;
+    CodeProblem p;
+    p.task_id = e.path().filename().string();
+    p.language = ext == ".py" ? sandbox::Language::python : sandbox::Language::cpp;
+    p.tests = {{"", "PWNED"}};
+    std::string src = read_file(e.path());
+    replace_all(src, "@HOST_DIR@", host_dir.string());
+    replace_all(src, "@SECRET@", secret);
+    problems.push_back(std::move(p));
+    sources.push_back(std::move(src));
+  }
+  ASSERT_GE(problems.size(), 15u);
+
+  CodeRewardOptions opts;
+  opts.limits.cpu_seconds = 1;
+  opts.limits.wall_seconds = 3;
+  opts.limits.output_bytes = 64 << 10;
+  const auto sb = std::make_shared<const sandbox::Sandbox>(sandbox::Options{.scratch_root = scratch.string()});
+  const CodeReward reward(sb, opts);
+  std::vector<CodeGrade> grades(problems.size());
+  rewards::detail::parallel_indices(problems.size(), {}, [&](std::size_t i) {
+    grades[i] = reward.grade(problems[i], sources[i]);
+  });
+
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const auto& g = grades[i];
+    SCOPED_TRACE(problems[i].task_id + ": " + std::string(to_string(g.score.status)) + " — " + g.score.details);
+    std::printf("  %-24s %-14s %s\n", problems[i].task_id.c_str(), std::string(to_string(g.score.status)).c_str(),
+                g.score.details.substr(0, 90).c_str());
+    EXPECT_EQ(g.score.value, 0.0);
+    EXPECT_NE(g.score.status, ScoreStatus::ok);
+    EXPECT_NE(g.score.status, ScoreStatus::sandbox_error);  // failed because of the limits, not a broken sandbox
+    EXPECT_LE(g.max_wall_seconds, opts.limits.wall_seconds + 1.0);
+    EXPECT_EQ(g.score.details.find(secret), std::string::npos);
+    // Every attack but the compile-time one must really have run.
+    if (problems[i].task_id != "cpp_include_secret.cpp") EXPECT_NE(g.score.status, ScoreStatus::compile_error);
+  }
+  auto status_of = [&](const std::string& name) {
+    for (std::size_t i = 0; i < problems.size(); ++i)
+      if (problems[i].task_id == name) return grades[i].score.status;
+    ADD_FAILURE() << "missing " << name;
+    return ScoreStatus::ok;
+  };
+  EXPECT_EQ(status_of("py_infinite_loop.py"), ScoreStatus::timeout);
+  EXPECT_EQ(status_of("cpp_infinite_loop.cpp"), ScoreStatus::timeout);
+  EXPECT_EQ(status_of("py_sleep_forever.py"), ScoreStatus::timeout);
+  EXPECT_EQ(status_of("py_huge_output.py"), ScoreStatus::output_limit);
+  EXPECT_EQ(status_of("cpp_huge_output.cpp"), ScoreStatus::output_limit);
+  EXPECT_EQ(status_of("cpp_include_secret.cpp"), ScoreStatus::compile_error);
+
+  // Nothing left running: escaped processes would have been re-parented to this process.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  EXPECT_TRUE(our_children().empty()) << "leftover processes: " << our_children().front();
+
+  // Nothing changed outside: the host folder holds only the secret, no marker anywhere, scratch boxes removed.
+  std::vector<std::string> in_host_dir;
+  for (const auto& e : fs::directory_iterator(host_dir)) in_host_dir.push_back(e.path().filename().string());
+  EXPECT_EQ(in_host_dir, std::vector<std::string>{"secret.txt"});
+  EXPECT_EQ(read_file(host_dir / "secret.txt"), secret);
+  for (const char* p : {"/usr/pwned_py", "/etc/pwned_py", "/root/pwned_py", "/pwned_py", "/var/tmp/pwned_py",
+                        "/home/pwned_py", "/usr/pwned_cpp", "/etc/pwned_cpp", "/root/pwned_cpp", "/pwned_cpp",
+                        "/var/tmp/pwned_cpp", "/dev/pwned_cpp", "/dev/shm/pwned_cpp", "/tmp/rlloop_hostile_private_tmp", "/tmp/daemon_alive",
+                        "/tmp/big"})
+    EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_TRUE(fs::is_empty(scratch)) << "scratch boxes were not removed";
+
+  fs::remove_all(host_dir);
+  fs::remove_all(scratch);
+}
