@@ -41,37 +41,16 @@ std::string read_text(const fs::path& p) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const fs::path target(path);
-  const fs::path tmp = target.string() + ".tmp-" + unique_suffix();
-  {
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) throw io_error("cannot create '" + tmp.string() + "': " + std::strerror(errno));
-    const char* data = contents.data();
-    std::size_t left = contents.size();
-    while (left > 0) {
-      ssize_t n = ::write(fd, data, left);
-      if (n < 0) {
-        ::close(fd);
-        throw io_error("cannot write '" + tmp.string() + "': " + std::strerror(errno));
-      }
-      data += n;
-      left -= static_cast<std::size_t>(n);
-    }
-    ::fsync(fd);
-    ::close(fd);
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0)
-    throw io_error("cannot rename '" + tmp.string() + "' to '" + target.string() + "': " + std::strerror(errno));
-  fsync_path(target.parent_path().empty() ? fs::path(".") : target.parent_path());
-}
-
 void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer,
                      const nlohmann::json& meta) {
   const fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = target.parent_path();
   fs::create_directories(parent);
-  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp-" + unique_suffix());
+  // A process killed mid-save leaves its temporary directory behind; it was never visible as a checkpoint.
+  const std::string tmp_prefix = "." + target.filename().string() + ".tmp-";
+  for (const auto& entry : fs::directory_iterator(parent))
+    if (entry.path().filename().string().rfind(tmp_prefix, 0) == 0) fs::remove_all(entry.path());
+  const fs::path tmp = parent / (tmp_prefix + unique_suffix());
   fs::create_directories(tmp);
   write_safetensors((tmp / "weights.safetensors").string(), weights);
   if (optimizer) write_safetensors((tmp / "optimizer.safetensors").string(), *optimizer);

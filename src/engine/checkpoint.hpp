@@ -25,7 +25,4 @@ StateContents read_state_dir(const std::string& path, bool with_optimizer);
 // The checkpoint LATEST in `parent` points to, if any.
 std::optional<std::string> latest_checkpoint(const std::string& parent);
 
-// Writes a small text file atomically (temp file, fsync, rename, fsync of the directory).
-void write_file_atomic(const std::string& path, const std::string& contents);
-
 }  // namespace rlloop::engine
