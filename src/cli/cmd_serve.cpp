@@ -1,0 +1,84 @@
+// `rlloop serve`: rlloop-server hosting LocalService sessions for the tenants of a tenants file.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <rlloop/error.hpp>
+
+#include "command.hpp"
+#include "server/server.hpp"
+#ifdef RLLOOP_HAVE_ENGINE
+#include <rlloop/local.hpp>
+#endif
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+int run_serve(int argc, char** argv) {
+  CLI::App app{"Serve the training-session API (SageMaker shape) for the tenants of a tenants file", "rlloop serve"};
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string data_dir = "rlloop-server-data";
+  std::string tenants_file;
+  std::vector<std::string> base_models;
+  std::string device = "auto";
+  app.add_option("--host", host, "Address to listen on");
+  app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--data-dir", data_dir, "Where checkpoints and session records are written");
+  app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
+  app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  rlloop::server::Options options;
+  options.host = host;
+  options.port = static_cast<std::uint16_t>(port);
+  options.data_dir = data_dir;
+  options.tenants = rlloop::server::load_tenants(tenants_file);
+
+#ifdef RLLOOP_HAVE_ENGINE
+  rlloop::LocalServiceOptions local;
+  local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
+  local.device = device;
+  for (const auto& entry : base_models) {
+    const auto eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
+      throw rlloop::invalid_argument("--base-model expects NAME=MODEL_DIR, got '" + entry + "'");
+    local.base_models.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  std::filesystem::create_directories(local.checkpoint_dir);
+  auto backend = rlloop::server::make_backend(std::make_shared<rlloop::LocalService>(local));
+#else
+  (void)base_models;
+  (void)device;
+  throw rlloop::unsupported("this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
+  rlloop::server::Backend backend;
+#endif
+
+  rlloop::server::Server server(options, backend);
+  server.start();
+  std::printf("{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u,\"tenants\":%zu}\n", host.c_str(), server.port(),
+              options.tenants.size());
+  std::fflush(stdout);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.stop();
+  return 0;
+}
+
+const rlloop::cli::RegisterCommand registration{{"serve", "serve the training-session API over HTTP (rlloop-server)", run_serve}};
+
+}  // namespace

@@ -1,0 +1,190 @@
+// SageMaker JSON 1.1 control plane: Create / Describe / List / Stop / Delete TrainingSession (spec §2).
+#include <algorithm>
+#include <regex>
+
+#include "server/api_impl.hpp"
+
+namespace rlloop::server {
+
+namespace {
+
+using namespace wire::detail;
+
+[[noreturn]] void validation(const std::string& message) { throw api_error("ValidationException", 400, message); }
+
+// Constraint helpers that turn the wire readers' invalid_argument into ValidationException.
+std::string string_field(const json& obj, const std::string& path, const char* key, std::size_t min_len, std::size_t max_len,
+                         const char* pattern = nullptr) {
+  const std::string v = string(need(obj, path, key), join(path, key));
+  if (v.size() < min_len || v.size() > max_len)
+    fail(join(path, key), "length must be in [" + std::to_string(min_len) + ", " + std::to_string(max_len) + "], got " +
+                              std::to_string(v.size()));
+  if (pattern && !std::regex_match(v, std::regex(pattern))) fail(join(path, key), "does not match " + std::string(pattern));
+  return v;
+}
+
+constexpr const char* kNamePattern = "[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}";
+
+std::string session_name(const json& body) { return string_field(body, "", "TrainingSessionName", 1, 63, kNamePattern); }
+
+// The base model the Service gets: the model id of a SageMaker Hub ARN (".../Model/<id>/<version>"), or, as an
+// rlloop extension for local use, a plain catalogue name.
+std::string base_model_from(const std::string& arn) {
+  if (arn.rfind("arn:", 0) != 0) return arn;
+  static const std::regex hub(
+      R"((arn:[a-z0-9-.]{1,63}:sagemaker:[a-zA-Z0-9]+(?:-[a-zA-Z0-9]+)+:([0-9]{12}|aws):hub-content/)[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}/Model/([a-zA-Z0-9](-*[a-zA-Z0-9]){0,63})(/[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4})?)");
+  std::smatch m;
+  if (!std::regex_match(arn, m, hub)) fail("ModelConfig.BaseModelArn", "is not a SageMaker Hub model ARN");
+  return m[4].str();
+}
+
+json summary(SessionHost& s) {
+  json j{{"TrainingSessionArn", s.arn}, {"TrainingSessionStatus", s.status}, {"CreationTime", s.creation_time},
+         {"LastModifiedTime", s.last_modified}};
+  return j;
+}
+
+json detail(SessionHost& s) {
+  json d = s.echo;
+  d["TrainingSessionArn"] = s.arn;
+  d["TrainingSessionName"] = s.name;
+  d["TrainingSessionStatus"] = s.status;
+  d["CreationTime"] = s.creation_time;
+  d["LastModifiedTime"] = s.last_modified;
+  if (s.end_time > 0) d["EndTime"] = s.end_time;
+  if (!s.error_details.empty()) d["ErrorDetails"] = s.error_details;
+  if (s.last_sequence_number >= 0) d["LastReceivedSequenceNumber"] = s.last_sequence_number;
+  d["BillableTokenUsage"] = {{"PrefillTokenCount", s.usage.prefill},
+                             {"SampleTokenCount", s.usage.sample},
+                             {"TrainingTokenCount", s.usage.training}};
+  return d;
+}
+
+}  // namespace
+
+json Api::Impl::control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t) {
+  const std::string prefix = "SageMaker.";
+  const std::string op = target.rfind(prefix, 0) == 0 ? target.substr(prefix.size()) : "";
+  try {
+    object(body, "");
+    if (op == "CreateTrainingSession") {
+      only_keys(body, "", {"TrainingSessionName", "RoleArn", "LoraConfig", "ModelConfig", "OutputConfig", "ModelPackageGroupArn",
+                           "VpcConfig", "Tags"});
+      const std::string name = session_name(body);
+      string_field(body, "", "RoleArn", 20, 2048, R"(arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+)");
+      const json& lora = object(need(body, "", "LoraConfig"), "LoraConfig");
+      only_keys(lora, "LoraConfig", {"Rank", "Alpha"});
+      const int rank = static_cast<int>(integer(need(lora, "LoraConfig", "Rank"), "LoraConfig.Rank", 1, 256));
+      const int alpha = static_cast<int>(integer(need(lora, "LoraConfig", "Alpha"), "LoraConfig.Alpha", 1, 1 << 30));
+      const json& model = object(need(body, "", "ModelConfig"), "ModelConfig");
+      only_keys(model, "ModelConfig", {"BaseModelArn", "AcceptEula"});
+      const std::string base = base_model_from(string_field(model, "ModelConfig", "BaseModelArn", 1, 2048));
+      if (const json* e = find(model, "AcceptEula")) boolean(*e, "ModelConfig.AcceptEula");
+      const json& output = object(need(body, "", "OutputConfig"), "OutputConfig");
+      const json& s3 = object(need(output, "OutputConfig", "S3Location"), "OutputConfig.S3Location");
+      string_field(s3, "OutputConfig.S3Location", "Path", 1, 1024, "(https|s3)://([^/]+)/?(.*)");
+      if (find(body, "ModelPackageGroupArn")) string_field(body, "", "ModelPackageGroupArn", 1, 2048);
+      if (const json* tags = find(body, "Tags")) {
+        array(*tags, "Tags");
+        if (tags->size() > 50) fail("Tags", "at most 50 tags");
+        for (std::size_t i = 0; i < tags->size(); ++i) {
+          object((*tags)[i], at("Tags", i));
+          string_field((*tags)[i], at("Tags", i), "Key", 1, 128);
+          string_field((*tags)[i], at("Tags", i), "Value", 0, 256);
+        }
+      }
+
+      SessionOptions opts;
+      opts.base_model = base;
+      opts.lora = LoraOptions{rank, alpha, {"all-linear"}};
+      opts.name = name;
+      json echo = body;
+      echo.erase("TrainingSessionName");
+      const std::string arn = "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + name;
+
+      std::lock_guard lock(mu);
+      if (sessions.count({t->config.id, name})) throw api_error("ResourceInUse", 400, "Training session " + name + " already exists");
+      std::size_t live = 0;
+      for (const auto& [key, s] : sessions) live += key.first == t->config.id;
+      if (live >= t->config.max_sessions)
+        throw api_error("ResourceLimitExceeded", 400,
+                        "tenant " + t->config.id + " already has " + std::to_string(live) + " sessions (limit " +
+                            std::to_string(t->config.max_sessions) + "); delete one first");
+      sessions[{t->config.id, name}] = std::make_shared<SessionHost>(t, name, arn, opts, std::move(echo), backend, options.region);
+      return {{"TrainingSessionArn", arn}};
+    }
+    if (op == "DescribeTrainingSession") {
+      only_keys(body, "", {"TrainingSessionName"});
+      auto s = find_session(*t, session_name(body));
+      std::lock_guard lock(s->mu);
+      return {{"TrainingSessionDetail", detail(*s)}};
+    }
+    if (op == "ListTrainingSessions") {
+      only_keys(body, "", {"CreationTimeAfter", "CreationTimeBefore", "NameContains", "StatusEquals", "MaxResults", "NextToken"});
+      const std::string contains = find(body, "NameContains") ? string_field(body, "", "NameContains", 0, 63, "[a-zA-Z0-9\\-]*") : "";
+      const std::string status = find(body, "StatusEquals") ? string(*find(body, "StatusEquals"), "StatusEquals") : "";
+      const double after = find(body, "CreationTimeAfter") ? number(*find(body, "CreationTimeAfter"), "CreationTimeAfter") : -1e300;
+      const double before = find(body, "CreationTimeBefore") ? number(*find(body, "CreationTimeBefore"), "CreationTimeBefore") : 1e300;
+      const std::int64_t max_results = find(body, "MaxResults") ? integer(*find(body, "MaxResults"), "MaxResults", 1, 100) : 100;
+      std::int64_t offset = 0;
+      if (const json* tok = find(body, "NextToken")) {
+        const std::string s = string(*tok, "NextToken");
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) fail("NextToken", "is not a token from a previous page");
+        offset = std::stoll(s);
+      }
+      std::vector<std::shared_ptr<SessionHost>> mine;
+      {
+        std::lock_guard lock(mu);
+        for (const auto& [key, s] : sessions)
+          if (key.first == t->config.id) mine.push_back(s);
+      }
+      std::vector<json> rows;
+      std::vector<std::pair<double, std::size_t>> order;
+      for (auto& s : mine) {
+        std::lock_guard lock(s->mu);
+        if (s->name.find(contains) == std::string::npos) continue;
+        if (!status.empty() && s->status != status) continue;
+        if (s->creation_time <= after || s->creation_time >= before) continue;
+        rows.push_back(summary(*s));
+      }
+      std::stable_sort(rows.begin(), rows.end(), [](const json& a, const json& b) { return a["CreationTime"] > b["CreationTime"]; });
+      json page = json::array();
+      for (std::int64_t i = offset; i < static_cast<std::int64_t>(rows.size()) && i < offset + max_results; ++i) page.push_back(rows[i]);
+      json out{{"TrainingSessionSummaries", std::move(page)}};
+      if (offset + max_results < static_cast<std::int64_t>(rows.size())) out["NextToken"] = std::to_string(offset + max_results);
+      return out;
+    }
+    if (op == "StopTrainingSession") {
+      only_keys(body, "", {"TrainingSessionName"});
+      auto s = find_session(*t, session_name(body));
+      s->stop();
+      return json::object();
+    }
+    if (op == "DeleteTrainingSession") {
+      only_keys(body, "", {"TrainingSessionName"});
+      const std::string name = session_name(body);
+      auto s = find_session(*t, name);
+      {
+        std::lock_guard lock(s->mu);
+        if (s->status != "Stopped" && s->status != "Failed" && s->status != "Expired")
+          throw api_error("ResourceInUse", 400, "Training session " + name + " is " + s->status + "; stop it before deleting");
+      }
+      s->join();
+      std::lock_guard lock(mu);
+      sessions.erase({t->config.id, name});
+      return json::object();
+    }
+  } catch (const invalid_argument& e) {
+    validation(e.what());
+  }
+  throw api_error("UnknownOperationException", 400, "unknown operation '" + target + "'");
+}
+
+std::shared_ptr<SessionHost> Api::Impl::find_session(const TenantState& t, const std::string& name) {
+  std::lock_guard lock(mu);
+  auto it = sessions.find({t.config.id, name});
+  if (it == sessions.end()) throw api_error("ResourceNotFound", 400, "Training session " + name + " does not exist");
+  return it->second;
+}
+
+}  // namespace rlloop::server

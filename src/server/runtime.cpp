@@ -1,0 +1,167 @@
+// Runtime REST API (spec §3): training and sampling operations, plus rlloop's read-only extensions
+// (session info, base models, capabilities, usage).
+#include <regex>
+
+#include "server/api_impl.hpp"
+
+namespace rlloop::server {
+
+namespace {
+
+std::vector<std::string> segments(const std::string& path) {
+  std::vector<std::string> out;
+  std::size_t start = 1;
+  while (start <= path.size()) {
+    std::size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    out.push_back(path.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+bool valid_label(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-')) return false;
+  return true;
+}
+
+Response json_response(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
+
+[[noreturn]] void not_found_error(const std::string& message) { throw api_error("ResourceNotFoundException", 404, message); }
+
+}  // namespace
+
+std::string Api::Impl::new_operation_id() {
+  // Unique within the process; a durable server would also prefix a boot id.
+  static const std::string boot = std::to_string(static_cast<long long>(now_seconds() * 1000) % 100000000);
+  return "op-" + boot + "-" + std::to_string(next_operation++);
+}
+
+json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
+  json sessions_json = json::array();
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [key, s] : sessions) {
+      if (key.first != t->config.id) continue;
+      std::lock_guard slock(s->mu);
+      sessions_json.push_back({{"trainingSessionName", s->name}, {"usage", wire::to_json(s->usage)}});
+    }
+  }
+  std::lock_guard lock(t->mu);
+  return {{"tenant", t->config.id}, {"usage", wire::to_json(t->usage)}, {"sessions", std::move(sessions_json)}};
+}
+
+Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t) {
+  const auto seg = segments(path);
+  const bool get = req.method == "GET", post = req.method == "POST";
+  if (seg.size() == 2 && seg[0] == "v1" && get) {
+    if (seg[1] == "usage") return json_response(usage_report(t));
+    if (seg[1] == "base-models") return json_response({{"baseModels", backend.list_base_models()}});
+    if (seg[1] == "capabilities") return json_response(wire::to_json(backend.capabilities()));
+  }
+  if (seg.size() < 4 || seg[0] != "v1" || seg[1] != "training-sessions")
+    not_found_error("no route for " + req.method + " " + path);
+  const std::string& name = seg[2];
+  if (!valid_label(name)) throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
+
+  std::shared_ptr<SessionHost> s;
+  {
+    std::lock_guard lock(mu);
+    auto it = sessions.find({t->config.id, name});
+    if (it == sessions.end()) not_found_error("Training session " + name + " does not exist");
+    s = it->second;
+  }
+  const std::string& kind = seg[3];
+  const bool training = kind == "operations", sampling = kind == "sampling-operations";
+
+  if (seg.size() == 4 && kind == "info" && get) {
+    std::shared_ptr<AnySession> session;
+    {
+      std::lock_guard lock(s->mu);
+      session = s->session;
+    }
+    if (!session) throw api_error("ConflictException", 409, "Training session " + name + " has no live model");
+    json info = wire::to_json(session->info());
+    info["usage"] = wire::to_json(session->usage());
+    return json_response(info);
+  }
+
+  if (seg.size() == 5 && get && (training || sampling)) {
+    const std::string& id = seg[4];
+    if (!valid_label(id)) throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
+    std::lock_guard lock(s->mu);
+    auto it = s->ops.find(id);
+    // An operation of another kind or session is "not found", as the spec says.
+    if (it == s->ops.end() || it->second->sampling != sampling)
+      not_found_error("operation " + id + " does not exist in training session " + name);
+    return json_response(it->second->state);
+  }
+
+  if (seg.size() == 4 && post && (training || sampling)) {
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+      throw api_error("ValidationException", 400, std::string("request body is not valid JSON: ") + e.what());
+    }
+    auto op = std::make_shared<OperationRecord>();
+    op->sampling = sampling;
+    std::optional<std::string> token;
+    std::int64_t seq = -1;
+    try {
+      if (training) {
+        auto r = wire::execute_training_request_from_json(body);
+        token = r.client_token;
+        seq = r.sequence_number;
+        op->op = std::move(r.operation);
+        op->fingerprint = std::to_string(seq) + ":" + body["operationConfig"].dump();
+      } else {
+        op->op = wire::execute_sampling_request_from_json(body);
+      }
+    } catch (const invalid_argument& e) {
+      throw api_error("ValidationException", 400, e.what());
+    }
+
+    std::lock_guard lock(s->mu);
+    if (s->status != "Running" && s->status != "Blocked")
+      throw api_error("ConflictException", 409, "Training session " + name + " is " + s->status + "; must be Running or Blocked");
+    if (token) {
+      if (auto it = s->client_tokens.find(*token); it != s->client_tokens.end()) {
+        if (s->ops.at(it->second)->fingerprint != op->fingerprint)
+          throw api_error("ValidationException", 400, "clientToken " + *token + " was already used with different parameters");
+        return json_response({{"operationId", it->second}});  // an idempotent retry: not executed twice
+      }
+    }
+    // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
+    try {
+      if (const auto* t_op = std::get_if<wire::TrainingOperation>(&op->op)) {
+        if (const auto* b = std::get_if<wire::ForwardOp>(t_op)) validate_batch(b->data, b->loss.fn, s->vocab_size);
+        if (const auto* b = std::get_if<wire::ForwardBackwardOp>(t_op)) validate_batch(b->data, b->loss.fn, s->vocab_size);
+      } else {
+        const auto& s_op = std::get<wire::SamplingOperation>(op->op);
+        if (const auto* r = std::get_if<SampleRequest>(&s_op)) validate_model_input(r->prompt, s->vocab_size, "prompt: ");
+        if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s_op)) validate_model_input(r->prompt, s->vocab_size, "prompt: ");
+      }
+    } catch (const invalid_argument& e) {
+      throw api_error("ValidationException", 400, e.what());
+    }
+    if (training) {
+      if (seq <= s->last_sequence_number)
+        throw api_error("ValidationException", 400,
+                        "sequenceNumber " + std::to_string(seq) + " must be greater than the last received " +
+                            std::to_string(s->last_sequence_number));
+      s->last_sequence_number = seq;
+    }
+    op->id = new_operation_id();
+    if (token) s->client_tokens[*token] = op->id;
+    s->ops[op->id] = op;
+    s->last_modified = now_seconds();
+    s->enqueue_locked(op);
+    return json_response({{"operationId", op->id}});
+  }
+  not_found_error("no route for " + req.method + " " + path);
+}
+
+}  // namespace rlloop::server

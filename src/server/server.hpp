@@ -1,0 +1,99 @@
+// rlloop-server: serves the training-session API (spec/training-session-api.md) for many tenants, hosting the
+// sessions of any Service through a type-erased Backend. Api is the protocol (request in, response out, no
+// sockets); Server puts it on an HTTP/1.1 keep-alive listener.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <rlloop/session.hpp>
+
+#include "sigv4/sigv4.hpp"
+
+namespace rlloop::server {
+
+// One customer: SigV4 access keys and/or bearer keys, and its limits.
+struct Tenant {
+  std::string id;
+  std::string account_id = "000000000000";  // 12 digits, used in the ARNs the tenant sees
+  std::vector<std::pair<std::string, std::string>> access_keys;  // access key id -> secret
+  std::vector<std::string> bearer_keys;
+  std::size_t max_sessions = 8;                   // sessions not yet deleted
+  std::size_t max_body_bytes = 64 * 1024 * 1024;  // larger requests get 413
+};
+
+// Reads a tenants file: {"tenants": [{"id", "accountId", "accessKeys": [{"accessKeyId", "secretAccessKey"}],
+// "bearerKeys": [...], "maxSessions", "maxBodyBytes"}]}. Throws io_error / invalid_argument naming the field.
+std::vector<Tenant> load_tenants(const std::string& path);
+std::vector<Tenant> parse_tenants(const std::string& json_text, const std::string& source = "tenants");
+
+// The sessions a server hosts, whatever Service makes them.
+struct Backend {
+  std::function<std::shared_ptr<AnySession>(const SessionOptions&)> create_session;
+  std::function<std::vector<std::string>()> list_base_models;
+  std::function<ServerCapabilities()> capabilities;
+};
+
+template <Service Svc>
+Backend make_backend(std::shared_ptr<Svc> svc) {
+  return Backend{[svc](const SessionOptions& o) { return std::make_shared<AnySession>(svc->create_session(o)); },
+                 [svc] { return svc->list_base_models(); }, [svc] { return svc->capabilities(); }};
+}
+
+struct Options {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;  // 0 = any free port (see Server::port())
+  std::string data_dir;    // reserved for durable session/operation records
+  std::vector<Tenant> tenants;
+  std::string region = "us-east-1";
+  std::chrono::seconds max_clock_skew{15 * 60};
+  // One JSON object per line; defaults to stderr.
+  std::function<void(const std::string&)> log;
+};
+
+struct Response {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+};
+
+// The protocol: routes, authenticates, validates, runs. Thread-safe.
+class Api {
+ public:
+  Api(Options options, Backend backend);
+  ~Api();
+  Api(const Api&) = delete;
+  Api& operator=(const Api&) = delete;
+
+  Response handle(const sigv4::HttpRequest& request);
+  // Largest body any tenant may send (the HTTP layer's parser limit).
+  std::size_t max_body_bytes() const;
+  // Stops every session worker (pending operations become Skipped).
+  void shutdown();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// HTTP/1.1 with keep-alive on top of Api; one thread per connection.
+class Server {
+ public:
+  Server(Options options, Backend backend);
+  ~Server();
+  void start();  // binds and starts accepting; returns at once
+  void stop();   // closes the listener and every connection, waits for their threads
+  std::uint16_t port() const;
+  Api& api();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlloop::server

@@ -1,0 +1,328 @@
+// rlloop-server over loopback HTTP with the fake service: control plane, runtime ordering, idempotency, errors,
+// tenants, limits and billing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <rlloop/json.hpp>
+
+#include "fake_service.hpp"
+#include "server/server.hpp"
+#include "test_client.hpp"
+
+using namespace rlloop;
+using test_http::json;
+
+namespace {
+
+const sigv4::Credentials kTenantA{"AKIDTENANTA", "secret-a", ""};
+
+struct ServerFixture : ::testing::Test {
+  void SetUp() override {
+    server::Tenant a{"a", "111122223333", {{"AKIDTENANTA", "secret-a"}}, {"bearer-a"}, 3, 4096};
+    server::Tenant b{"b", "444455556666", {}, {"bearer-b"}, 8, 1 << 20};
+    server::Options opts;
+    opts.tenants = {a, b};
+    opts.log = [this](const std::string& line) {
+      std::lock_guard lock(log_mu);
+      logs.push_back(line);
+    };
+    service = std::make_shared<fake::FakeService>();
+    srv = std::make_unique<server::Server>(opts, server::make_backend(service));
+    srv->start();
+  }
+  void TearDown() override { srv->stop(); }
+
+  test_http::Client client_a() {
+    test_http::Client c(srv->port());
+    c.use_sigv4(kTenantA);
+    return c;
+  }
+  test_http::Client client_b() {
+    test_http::Client c(srv->port());
+    c.use_bearer("bearer-b");
+    return c;
+  }
+
+  static json create_body(const std::string& name, const std::string& model = "tiny") {
+    return {{"TrainingSessionName", name},
+            {"RoleArn", "arn:aws:iam::111122223333:role/MyRole"},
+            {"LoraConfig", {{"Rank", 8}, {"Alpha", 16}}},
+            {"ModelConfig", {{"BaseModelArn", model}}},
+            {"OutputConfig", {{"S3Location", {{"Path", "s3://bucket/prefix/"}}}}}};
+  }
+
+  // Creates a session and waits until it is Running.
+  void create_running(test_http::Client& c, const std::string& name, const std::string& model = "tiny") {
+    auto r = c.control("CreateTrainingSession", create_body(name, model));
+    ASSERT_EQ(r.status, 200u) << r.body;
+    for (int i = 0; i < 200; ++i) {
+      auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", name}}).json_body();
+      if (d["TrainingSessionDetail"]["TrainingSessionStatus"] == "Running") return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    FAIL() << "session " << name << " never reached Running";
+  }
+
+  static json datum_json(std::vector<token_id> tokens) {
+    Datum d;
+    d.model_input = ModelInput::from_tokens(tokens);
+    d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(tokens);
+    d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(tokens.size(), 1.0f));
+    return wire::to_json(d);
+  }
+  static json fb_body(std::int64_t seq, std::vector<token_id> tokens = {1, 2, 3}) {
+    return {{"sequenceNumber", seq},
+            {"operationConfig", {{"forwardBackward", {{"datumList", json::array({datum_json(tokens)})}, {"lossFnName", "cross_entropy"}}}}}};
+  }
+  static json step_body(std::int64_t seq) {
+    return {{"sequenceNumber", seq}, {"operationConfig", {{"optimizerStep", {{"adamParamsConfig", {{"learningRate", 1e-3}}}}}}}};
+  }
+
+  // Polls an operation until it reaches a terminal status.
+  static json wait_op(test_http::Client& c, const std::string& url) {
+    for (int i = 0; i < 400; ++i) {
+      auto r = c.get(url);
+      EXPECT_EQ(r.status, 200u) << r.body;
+      json j = r.json_body();
+      const std::string s = j["status"];
+      if (s == "Completed" || s == "Failed" || s == "Skipped") return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "operation never finished: " << url;
+    return {};
+  }
+
+  std::shared_ptr<fake::FakeService> service;
+  std::unique_ptr<server::Server> srv;
+  std::mutex log_mu;
+  std::vector<std::string> logs;
+};
+
+}  // namespace
+
+TEST_F(ServerFixture, HealthNeedsNoAuthButEverythingElseDoes) {
+  test_http::Client anon(srv->port());
+  EXPECT_EQ(anon.get("/health").status, 200u);
+  auto r = anon.control("ListTrainingSessions", json::object());
+  EXPECT_EQ(r.status, 403u);
+  EXPECT_EQ(r.error_type, "MissingAuthenticationToken");
+  anon.use_bearer("nope");
+  EXPECT_EQ(anon.get("/v1/usage").error_type, "UnrecognizedClientException");
+  anon.use_sigv4({"AKIDTENANTA", "wrong-secret", ""});
+  r = anon.get("/v1/usage");
+  EXPECT_EQ(r.status, 403u);
+  EXPECT_EQ(r.error_type, "SignatureDoesNotMatch");
+}
+
+TEST_F(ServerFixture, ControlPlaneLifeCycle) {
+  auto c = client_a();
+  create_running(c, "sess-1");
+  auto dup = c.control("CreateTrainingSession", create_body("sess-1"));
+  EXPECT_EQ(dup.status, 400u);
+  EXPECT_EQ(dup.json_body()["__type"], "ResourceInUse");
+
+  auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "sess-1"}}).json_body()["TrainingSessionDetail"];
+  EXPECT_EQ(d["TrainingSessionArn"], "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-1");
+  EXPECT_EQ(d["LoraConfig"]["Rank"], 8);
+  EXPECT_EQ(d["RoleArn"], "arn:aws:iam::111122223333:role/MyRole");
+  EXPECT_FALSE(d.contains("LastReceivedSequenceNumber"));
+
+  create_running(c, "sess-2");
+  auto list = c.control("ListTrainingSessions", {{"MaxResults", 1}}).json_body();
+  ASSERT_EQ(list["TrainingSessionSummaries"].size(), 1u);
+  EXPECT_EQ(list["TrainingSessionSummaries"][0]["TrainingSessionArn"], "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-2");
+  auto page2 = c.control("ListTrainingSessions", {{"MaxResults", 1}, {"NextToken", list["NextToken"]}}).json_body();
+  EXPECT_EQ(page2["TrainingSessionSummaries"][0]["TrainingSessionArn"], "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-1");
+  EXPECT_FALSE(page2.contains("NextToken"));
+
+  auto del = c.control("DeleteTrainingSession", {{"TrainingSessionName", "sess-1"}});
+  EXPECT_EQ(del.json_body()["__type"], "ResourceInUse");
+  EXPECT_EQ(c.control("StopTrainingSession", {{"TrainingSessionName", "sess-1"}}).status, 200u);
+  auto fb = c.post("/v1/training-sessions/sess-1/operations", fb_body(1));
+  EXPECT_EQ(fb.status, 409u);
+  EXPECT_EQ(fb.error_type, "ConflictException");
+  for (int i = 0; i < 200; ++i) {
+    auto s = c.control("DescribeTrainingSession", {{"TrainingSessionName", "sess-1"}}).json_body();
+    if (s["TrainingSessionDetail"]["TrainingSessionStatus"] == "Stopped") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(c.control("DeleteTrainingSession", {{"TrainingSessionName", "sess-1"}}).status, 200u);
+  auto gone = c.control("DescribeTrainingSession", {{"TrainingSessionName", "sess-1"}});
+  EXPECT_EQ(gone.status, 400u);
+  EXPECT_EQ(gone.json_body()["__type"], "ResourceNotFound");
+}
+
+TEST_F(ServerFixture, CreateValidatesTheSpecConstraints) {
+  auto c = client_a();
+  auto bad_name = create_body("bad_name!");
+  auto r = c.control("CreateTrainingSession", bad_name);
+  EXPECT_EQ(r.json_body()["__type"], "ValidationException");
+  EXPECT_NE(r.json_body()["Message"].get<std::string>().find("TrainingSessionName: does not match"), std::string::npos);
+  auto no_role = create_body("ok");
+  no_role.erase("RoleArn");
+  EXPECT_EQ(c.control("CreateTrainingSession", no_role).json_body()["Message"], "RoleArn: required field is missing");
+  auto rank = create_body("ok");
+  rank["LoraConfig"]["Rank"] = 512;
+  EXPECT_EQ(c.control("CreateTrainingSession", rank).json_body()["Message"], "LoraConfig.Rank: must be in [1, 256], got 512");
+  EXPECT_EQ(c.control("FlyToTheMoon", json::object()).json_body()["__type"], "UnknownOperationException");
+
+  // A Hub ARN resolves to its model id; a base model the service cannot load fails the session.
+  auto hub = create_body("hub");
+  hub["ModelConfig"]["BaseModelArn"] = "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/missing/1.0.0";
+  ASSERT_EQ(c.control("CreateTrainingSession", hub).status, 200u);
+  json d;
+  for (int i = 0; i < 200; ++i) {
+    d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "hub"}}).json_body()["TrainingSessionDetail"];
+    if (d["TrainingSessionStatus"] != "Created") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(d["TrainingSessionStatus"], "Failed");
+  EXPECT_NE(d["ErrorDetails"].get<std::string>().find("base model 'missing'"), std::string::npos);
+}
+
+TEST_F(ServerFixture, PipelinedOperationsRunInSequenceOrderAndAreBilled) {
+  auto c = client_a();
+  create_running(c, "train");
+  // Submitted back to back without waiting: forward_backward then optim_step.
+  const std::string fb = c.post("/v1/training-sessions/train/operations", fb_body(1)).json_body()["operationId"];
+  const std::string st = c.post("/v1/training-sessions/train/operations", step_body(2)).json_body()["operationId"];
+  const json fbr = wait_op(c, "/v1/training-sessions/train/operations/" + fb);
+  ASSERT_EQ(fbr["status"], "Completed") << fbr.dump();
+  const auto out = std::get<wire::ForwardBackwardResult>(*wire::training_state_from_json(fbr).result).output;
+  EXPECT_NEAR(out.logprobs(0)[2], -0.04, 1e-6);
+  EXPECT_NEAR(out.metrics.at("loss:sum"), 0.02 + 0.03 + 0.04, 1e-6);
+  EXPECT_EQ(fbr["tokenUsage"]["trainingTokens"], 3);
+  const json str = wait_op(c, "/v1/training-sessions/train/operations/" + st);
+  EXPECT_EQ(str["operationResult"]["optimizerStep"]["metrics"]["step"], 1.0);
+  EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"forward_backward", "optim_step"}));
+
+  auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "train"}}).json_body()["TrainingSessionDetail"];
+  EXPECT_EQ(d["LastReceivedSequenceNumber"], 2);
+  EXPECT_EQ(d["BillableTokenUsage"]["TrainingTokenCount"], 3);
+
+  auto stale = c.post("/v1/training-sessions/train/operations", fb_body(2));
+  EXPECT_EQ(stale.status, 400u);
+  EXPECT_EQ(stale.error_type, "ValidationException");
+  EXPECT_EQ(stale.json_body()["message"], "sequenceNumber 2 must be greater than the last received 2");
+  // The wrong kind of operation id is not found.
+  EXPECT_EQ(c.get("/v1/training-sessions/train/sampling-operations/" + fb).status, 404u);
+  EXPECT_EQ(c.get("/v1/training-sessions/train/operations/op-nope").error_type, "ResourceNotFoundException");
+}
+
+TEST_F(ServerFixture, ClientTokenMakesRetriesIdempotent) {
+  auto c = client_a();
+  create_running(c, "idem");
+  json body = fb_body(5);
+  body["clientToken"] = "step-5-fb";
+  const auto first = c.post("/v1/training-sessions/idem/operations", body).json_body()["operationId"];
+  const auto again = c.post("/v1/training-sessions/idem/operations", body).json_body()["operationId"];
+  EXPECT_EQ(first, again);
+  wait_op(c, "/v1/training-sessions/idem/operations/" + first.get<std::string>());
+  EXPECT_EQ(service->sessions().back()->log().size(), 1u);
+  json changed = fb_body(5, {4, 5});
+  changed["clientToken"] = "step-5-fb";
+  auto r = c.post("/v1/training-sessions/idem/operations", changed);
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_NE(r.json_body()["message"].get<std::string>().find("already used with different parameters"), std::string::npos);
+}
+
+TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
+  auto c = client_a();
+  create_running(c, "val");
+  json body = fb_body(1);
+  body["operationConfig"]["forwardBackward"]["datumList"][0]["lossFnInputs"]["weights"]["data"] = {"x", "y", "z"};
+  auto r = c.post("/v1/training-sessions/val/operations", body);
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_EQ(r.json_body()["message"], "operationConfig.forwardBackward.datumList[0].lossFnInputs.weights.data: expected numbers");
+  r = c.post("/v1/training-sessions/val/operations", fb_body(2, {1, 2, 500}));
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_NE(r.json_body()["message"].get<std::string>().find("token id 500 at position 2 is out of range [0, 100)"), std::string::npos);
+  r = c.send("POST", "/v1/training-sessions/val/operations", "{not json");
+  EXPECT_EQ(r.error_type, "ValidationException");
+  EXPECT_EQ(c.post("/v1/training-sessions/nosuch/operations", fb_body(1)).status, 404u);
+}
+
+TEST_F(ServerFixture, AFailedOperationSkipsTheQueuedOnes) {
+  auto c = client_a();
+  create_running(c, "fail", "slow");
+  const std::string bad = c.post("/v1/training-sessions/fail/operations", fb_body(1, {99, 1})).json_body()["operationId"];
+  const std::string next = c.post("/v1/training-sessions/fail/operations", step_body(2)).json_body()["operationId"];
+  const json b = wait_op(c, "/v1/training-sessions/fail/operations/" + bad);
+  EXPECT_EQ(b["status"], "Failed");
+  EXPECT_EQ(b["errorDetails"], "fake: poisoned datum");
+  EXPECT_EQ(wait_op(c, "/v1/training-sessions/fail/operations/" + next)["status"], "Skipped");
+  // Operations submitted after the failure run normally.
+  const std::string later = c.post("/v1/training-sessions/fail/operations", step_body(3)).json_body()["operationId"];
+  EXPECT_EQ(wait_op(c, "/v1/training-sessions/fail/operations/" + later)["status"], "Completed");
+}
+
+TEST_F(ServerFixture, SamplingOperationsAndCheckpointsAreTenantScoped) {
+  auto a = client_a();
+  create_running(a, "samp");
+  json sample = {{"operationConfig",
+                  {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
+                               {"numSamples", 2},
+                               {"samplingParams", {{"maxTokens", 4}}},
+                               {"includePromptLogprobs", true}}}}}};
+  const std::string id = a.post("/v1/training-sessions/samp/sampling-operations", sample).json_body()["operationId"];
+  const json r = wait_op(a, "/v1/training-sessions/samp/sampling-operations/" + id);
+  const auto resp = std::get<SampleResponse>(*wire::sampling_state_from_json(r).result);
+  ASSERT_EQ(resp.sequences.size(), 2u);
+  EXPECT_EQ(resp.sequences[1].tokens, (std::vector<token_id>{5, 6, 7, 8}));
+  EXPECT_EQ(*resp.prompt_logprobs, fake::FakeSession::lp_of({1, 2, 3}));
+
+  const std::string save = a.post("/v1/training-sessions/samp/operations", {{"sequenceNumber", 1}, {"operationConfig", {{"saveWeights", json::object()}}}})
+                               .json_body()["operationId"];
+  const std::string arn = wait_op(a, "/v1/training-sessions/samp/operations/" + save)["operationResult"]["saveWeights"]["modelPackageArn"];
+  EXPECT_EQ(arn, "arn:aws:sagemaker:us-east-1:111122223333:model-package/samp/1");
+  sample["operationConfig"]["sample"]["modelPackageArn"] = arn;
+  const std::string id2 = a.post("/v1/training-sessions/samp/sampling-operations", sample).json_body()["operationId"];
+  EXPECT_EQ(wait_op(a, "/v1/training-sessions/samp/sampling-operations/" + id2)["status"], "Completed");
+  EXPECT_EQ(service->sessions().back()->log().back(), "sample:/fake/a-samp-weights-1");
+
+  // Tenant b sees nothing of tenant a: not the session, not its operations, not its checkpoints.
+  auto b = client_b();
+  EXPECT_EQ(b.control("DescribeTrainingSession", {{"TrainingSessionName", "samp"}}).json_body()["__type"], "ResourceNotFound");
+  EXPECT_EQ(b.get("/v1/training-sessions/samp/sampling-operations/" + id).status, 404u);
+  EXPECT_TRUE(b.control("ListTrainingSessions", json::object()).json_body()["TrainingSessionSummaries"].empty());
+  create_running(b, "samp");  // the same name is free in another tenant
+  const std::string id3 = b.post("/v1/training-sessions/samp/sampling-operations", sample).json_body()["operationId"];
+  const json other = wait_op(b, "/v1/training-sessions/samp/sampling-operations/" + id3);
+  EXPECT_EQ(other["status"], "Failed");
+  EXPECT_NE(other["errorDetails"].get<std::string>().find("does not exist in this account"), std::string::npos);
+
+  // Billing: a has 2 samples x (3 prefill + 4 decode) twice; b has nothing billed.
+  const json ua = a.get("/v1/usage").json_body();
+  EXPECT_EQ(ua["tenant"], "a");
+  EXPECT_EQ(ua["usage"]["prefill"], 12);
+  EXPECT_EQ(ua["usage"]["sample"], 16);
+  EXPECT_EQ(b.get("/v1/usage").json_body()["usage"]["sample"], 0);
+}
+
+TEST_F(ServerFixture, TenantLimitsAreErrorsNotCrashes) {
+  auto a = client_a();
+  for (const char* n : {"l1", "l2", "l3"}) ASSERT_EQ(a.control("CreateTrainingSession", create_body(n)).status, 200u);
+  auto r = a.control("CreateTrainingSession", create_body("l4"));
+  EXPECT_EQ(r.json_body()["__type"], "ResourceLimitExceeded");
+  // Tenant a may send 4096 bytes; the server still answers the next request on the same connection.
+  r = a.send("POST", "/v1/training-sessions/l1/operations", std::string(5000, ' '));
+  EXPECT_EQ(r.status, 413u);
+  EXPECT_EQ(r.error_type, "RequestEntityTooLarge");
+  EXPECT_EQ(a.get("/health").status, 200u);
+}
+
+TEST_F(ServerFixture, LogsOneJsonLinePerRequest) {
+  auto a = client_a();
+  a.get("/v1/usage");
+  a.control("DescribeTrainingSession", {{"TrainingSessionName", "none"}});
+  std::lock_guard lock(log_mu);
+  ASSERT_EQ(logs.size(), 2u);
+  const json first = json::parse(logs[0]), second = json::parse(logs[1]);
+  EXPECT_EQ(first["tenant"], "a");
+  EXPECT_EQ(first["status"], 200);
+  EXPECT_NE(first["requestId"], second["requestId"]);
+  EXPECT_EQ(second["errorType"], "ResourceNotFound");
+  EXPECT_EQ(second["target"], "SageMaker.DescribeTrainingSession");
+}
