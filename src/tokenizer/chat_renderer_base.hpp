@@ -1,0 +1,45 @@
+// Shared machinery of the chat renderers: a renderer describes a conversation as text segments, each marked
+// trained or not; this base turns them into tokens and per-token weights.
+#pragma once
+#include <rlloop/chat.hpp>
+
+namespace rlloop::tokenizer_detail {
+
+struct Segment {
+  std::string text;
+  bool train = false;
+};
+
+class SegmentRenderer : public ChatRenderer {
+ public:
+  explicit SegmentRenderer(std::shared_ptr<const Tokenizer> tokenizer);
+
+  std::string render_text(std::span<const Message> messages, bool add_generation_prompt) const override;
+  ModelInput build_generation_prompt(std::span<const Message> messages) const override;
+  SupervisedExample build_supervised_example(std::span<const Message> messages, TrainOn train_on) const override;
+
+ protected:
+  // The conversation as segments; assistant parts are marked trained according to train_on (ignored when
+  // add_generation_prompt is set).
+  virtual std::vector<Segment> segments(std::span<const Message> messages, bool add_generation_prompt,
+                                        TrainOn train_on) const = 0;
+  // The id of a special token the format needs; throws naming the renderer and token when it is missing.
+  token_id require_token(const std::string& token) const;
+  // Tokens up to the first of `stops` (excluded), and whether one was found.
+  std::pair<std::string, bool> text_until_stop(std::span<const token_id> tokens) const;
+  // Index of the last assistant message, or -1.
+  static std::ptrdiff_t last_assistant(std::span<const Message> messages);
+  static void check_roles(std::span<const Message> messages, const std::string& renderer);
+
+  std::shared_ptr<const Tokenizer> tok_;
+};
+
+}  // namespace rlloop::tokenizer_detail
+
+namespace rlloop::tokenizer_detail {
+// One per format (chat_qwen.cpp, chat_llama3.cpp, chat_role_colon.cpp).
+std::unique_ptr<ChatRenderer> make_chatml_renderer(std::shared_ptr<const Tokenizer> tok);
+std::unique_ptr<ChatRenderer> make_qwen3_renderer(std::shared_ptr<const Tokenizer> tok, bool thinking);
+std::unique_ptr<ChatRenderer> make_llama3_renderer(std::shared_ptr<const Tokenizer> tok);
+std::unique_ptr<ChatRenderer> make_role_colon_renderer(std::shared_ptr<const Tokenizer> tok);
+}  // namespace rlloop::tokenizer_detail
