@@ -72,3 +72,18 @@ static_assert(Service<LocalService>);
 std::string resolve_base_model(const LocalServiceOptions& service, const std::string& name);
 
 }  // namespace rlloop
+
+namespace rlloop {
+
+// What the engine runs on, for `rlloop info` and logs.
+struct EngineInfo {
+  std::string libtorch_version;
+  std::string device;      // the device "auto" resolves to
+  std::string dtype;
+  int threads = 0;
+  std::string blas;        // the BLAS library LibTorch's matmuls go through, as loaded in this process
+  bool cuda_available = false;
+};
+EngineInfo engine_info(const std::string& device = "auto", int num_threads = 0);
+
+}  // namespace rlloop

@@ -1,0 +1,26 @@
+// `rlloop info`: version, LibTorch, device, threads and BLAS of this build.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include <rlloop/local.hpp>
+
+#include "command.hpp"
+
+namespace {
+int run(int argc, char** argv) {
+  CLI::App app{"Print what rlloop runs on: version, LibTorch version, device, threads, BLAS."};
+  std::string device = "auto";
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  CLI11_PARSE(app, argc, argv);
+  const auto info = rlloop::engine_info(device);
+  std::printf("rlloop        %s\n", RLLOOP_VERSION);
+  std::printf("libtorch      %s\n", info.libtorch_version.c_str());
+  std::printf("device        %s (%s)\n", info.device.c_str(), info.dtype.c_str());
+  std::printf("cuda          %s\n", info.cuda_available ? "available" : "not available");
+  std::printf("threads       %d\n", info.threads);
+  std::printf("blas          %s\n", info.blas.c_str());
+  return 0;
+}
+const rlloop::cli::RegisterCommand reg({"info", "version, LibTorch, device, threads and BLAS", &run});
+}  // namespace

@@ -1,0 +1,51 @@
+// `rlloop sample --model DIR --prompt TEXT`: a quick look at what a model writes.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include <rlloop/local.hpp>
+#include <rlloop/rlloop.hpp>
+
+#include "command.hpp"
+
+namespace {
+int run(int argc, char** argv) {
+  CLI::App app{"Sample continuations of a prompt from a model directory (HF layout) or a built-in model name."};
+  std::string model, prompt, device = "auto", checkpoint;
+  int num_samples = 1;
+  rlloop::SamplingParams params{.max_tokens = 64};
+  std::int64_t seed = 0;
+  app.add_option("--model", model, "model directory (config.json + safetensors) or built-in name")->required();
+  app.add_option("--prompt", prompt, "prompt text")->required();
+  app.add_option("--checkpoint", checkpoint, "a save_state / save_weights_for_sampler directory to load");
+  app.add_option("-n,--num-samples", num_samples, "number of samples");
+  app.add_option("--max-tokens", params.max_tokens, "tokens to generate per sample");
+  app.add_option("--temperature", params.temperature, "0 = greedy");
+  app.add_option("--top-k", params.top_k, "-1 = off");
+  app.add_option("--top-p", params.top_p, "1 = off");
+  app.add_option("--stop", params.stop, "stop strings");
+  app.add_option("--seed", seed, "sampling seed");
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  CLI11_PARSE(app, argc, argv);
+  params.seed = seed;
+
+  rlloop::LocalServiceOptions opts;
+  opts.device = device;
+  rlloop::ServiceClient<rlloop::LocalService> service{rlloop::LocalService(opts)};
+  rlloop::SessionOptions session{.base_model = model};
+  auto tc = service.create_training_client(session);
+  if (!checkpoint.empty()) tc.load_state(checkpoint, false).get();
+  auto tokenizer = tc.get_tokenizer();
+  auto ids = tokenizer->encode(prompt);
+  auto resp = tc.live_sampling_client().sample(rlloop::ModelInput::from_tokens(ids), num_samples, params).get();
+  for (std::size_t i = 0; i < resp.sequences.size(); ++i) {
+    const auto& s = resp.sequences[i];
+    double sum = 0;
+    for (double lp : s.logprobs) sum += lp;
+    std::printf("--- sample %zu (%zu tokens, stop: %s, logprob %.3f)\n%s%s\n", i, s.tokens.size(),
+                rlloop::to_string(s.stop_reason), sum, prompt.c_str(), tokenizer->decode(s.tokens).c_str());
+  }
+  return 0;
+}
+const rlloop::cli::RegisterCommand reg({"sample", "sample continuations of a prompt from a model", &run});
+}  // namespace
