@@ -86,6 +86,10 @@ class FakeSession {
   }
   TokenUsage usage() { return {}; }
 
+  std::vector<double> last_weights() const {
+    std::lock_guard lock(mu_);
+    return last_weights_;
+  }
   std::vector<std::string> log() const {
     std::lock_guard lock(mu_);
     return log_;
@@ -117,6 +121,10 @@ class FakeSession {
       for (double t : targets) lp.push_back(static_cast<float>(-0.01 * (t + 1)));
       if (auto w = d.loss_fn_inputs.find("weights"); w != d.loss_fn_inputs.end()) {
         const auto ws = w->second.as_doubles();
+        {
+          std::lock_guard lock(mu_);
+          last_weights_ = ws;
+        }
         for (std::size_t k = 0; k < ws.size(); ++k) loss -= ws[k] * lp[k];
       }
       out.loss_fn_outputs.push_back({{"logprobs", TensorData::from_floats(lp)}});
@@ -140,6 +148,7 @@ class FakeSession {
   mutable std::mutex mu_;
   std::vector<std::string> log_;
   std::int64_t step_ = 0;
+  std::vector<double> last_weights_;
 };
 static_assert(Session<FakeSession>);
 
