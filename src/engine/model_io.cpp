@@ -421,7 +421,13 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
   } catch (const json::exception& e) {
     throw io_error("load_peft_adapter: " + cfg_path + " lacks a valid r / lora_alpha / target_modules: " + e.what());
   }
+  // Variants that change the math must not load silently as plain LoRA.
   if (cfg.value("use_dora", false)) throw unsupported("load_peft_adapter: " + cfg_path + ": DoRA is not supported");
+  if (cfg.value("use_rslora", false))
+    throw unsupported("load_peft_adapter: " + cfg_path + ": rsLoRA scaling (alpha / sqrt(r)) is not supported");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (cfg.contains(key) && cfg[key].is_object() && !cfg[key].empty())
+      throw unsupported("load_peft_adapter: " + cfg_path + ": per-module " + key + " is not supported");
   if (!model.has_lora()) {
     model.enable_lora(opts, /*seed=*/0);
   } else if (model.lora_options()->rank != opts.rank || model.lora_options()->alpha != opts.alpha) {

@@ -559,6 +559,40 @@ TEST(Lora, PeftAdapterRoundTrip) {
   EXPECT_THROW(load_peft_adapter(*other, dir / "adapter"), conflict);
   auto plain = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
   EXPECT_THROW(save_peft_adapter(*plain, dir / "none", "x"), conflict);
+
+  // rsLoRA scales differently: refused rather than loaded with the wrong scale.
+  cfg["use_rslora"] = true;
+  write_file_atomic(dir / "adapter/adapter_config.json", cfg.dump());
+  auto msg = error_message<unsupported>([&] { load_peft_adapter(*plain, dir / "adapter"); });
+  EXPECT_NE(msg.find("rsLoRA"), std::string::npos) << msg;
+}
+
+// bf16 is what GPUs run: the same code paths must work (CPU bf16 is slow, so the model stays tiny).
+TEST(Transformer, Bf16ForwardSampleAndSave) {
+  TempDir dir;
+  auto f32 = init_model(tiny_config("qwen2", true), 4, torch::kCPU, torch::kFloat32);
+  auto bf16 = init_model(tiny_config("qwen2", true), 4, torch::kCPU, torch::kBFloat16);
+  EXPECT_EQ(bf16->hf_state_dict()["model.embed_tokens.weight"].scalar_type(), torch::kBFloat16);
+  torch::NoGradGuard g;
+  torch::Tensor ids = ids_of({1, 2, 3, 4, 5, 6});
+  torch::Tensor a = f32->forward(ids), b = bf16->forward(ids);
+  EXPECT_EQ(b.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(max_abs_diff(a, b.to(torch::kFloat32)), 0.05);  // same seed, same weights up to rounding
+
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens({1, 2, 3});
+  req.num_samples = 2;
+  req.params.max_tokens = 5;
+  at::Generator gen = at::detail::createCPUGenerator(1);
+  auto r = sample(*bf16, req, {}, gen);
+  EXPECT_EQ(r.sequences[1].tokens.size(), 5u);
+
+  save_model(*bf16, dir / "m");
+  EXPECT_EQ(json::parse(std::ifstream(dir / "m/config.json"))["torch_dtype"], "bfloat16");
+  TensorMap stored = read_safetensors(dir / "m/model.safetensors");
+  EXPECT_EQ(stored["model.norm.weight"].scalar_type(), torch::kBFloat16);
+  auto back = load_model(dir / "m", torch::kCPU, torch::kBFloat16);
+  EXPECT_TRUE(state_dicts_equal(back->hf_state_dict(), bf16->hf_state_dict()));
 }
 
 // ------------------------------------------------------------------------------------------- sampler
