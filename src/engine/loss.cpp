@@ -3,11 +3,12 @@
 namespace rlloop::engine {
 
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in) {
-  const torch::Tensor& m = in.mask;
+  // Token weights mask the RL losses too (e.g. 0 on prompt tokens); all-ones gives exactly DESIGN.md's formulas.
+  const torch::Tensor& m = spec.fn == LossFn::cross_entropy ? in.mask : in.mask * in.weights;
   auto zero = torch::zeros({}, lp.options());
   switch (spec.fn) {
     case LossFn::cross_entropy:
-      return {-(lp * in.weights * m).sum(), zero};
+      return {-(lp * in.weights * in.mask).sum(), zero};
     case LossFn::importance_sampling: {
       auto r = torch::exp(lp - in.sampler_logprobs);
       return {-(r * in.advantages * m).sum(), zero};

@@ -10,7 +10,7 @@ namespace rlloop::engine {
 // Per-token loss inputs, all the same shape as the logprobs ([B, T], padding positions masked out).
 struct LossTensors {
   torch::Tensor mask;              // 1 for real tokens, 0 for padding
-  torch::Tensor weights;           // cross_entropy token weights
+  torch::Tensor weights;           // token weights: cross_entropy's w; for the RL losses a per-token factor (1 = as written)
   torch::Tensor advantages;        // A
   torch::Tensor sampler_logprobs;  // q
 };
@@ -20,7 +20,8 @@ struct LossValue {
   torch::Tensor clipped;     // scalar: number of tokens whose ratio was clipped (ppo, cispo), else 0
 };
 
-// lp = logprob of each target token under the current weights (carries the graph).
+// lp = logprob of each target token under the current weights (carries the graph). The RL losses multiply each
+// token's term by its weight (datums without "weights" get 1), so weight 0 leaves prompt tokens out.
 //   cross_entropy        -(lp * w).sum()
 //   importance_sampling  -(r * A).sum()                       r = exp(lp - q)
 //   ppo                  -min(r * A, clamp(r, lo, hi) * A).sum()

@@ -19,7 +19,7 @@ torch::Tensor vec(std::vector<double> v) { return torch::tensor(v, torch::kFloat
 //   t3: r = e^0.5  = 1.6487 > hi, A < 0  -> min picks r * A: unclipped, gradient flows
 struct Fixture {
   torch::Tensor lp = vec({-1.0, -2.0, -1.0, -0.5});
-  LossTensors in{vec({1, 1, 1, 1}), vec({1.0, 0.5, 2.0, 0.0}), vec({1.0, -2.0, 0.5, -1.0}), vec({-1.2, -1.5, -1.05, -1.0})};
+  LossTensors in{vec({1, 1, 1, 1}), vec({1.0, 1.0, 1.0, 1.0}), vec({1.0, -2.0, 0.5, -1.0}), vec({-1.2, -1.5, -1.05, -1.0})};
 };
 
 double loss_at(const LossSpec& spec, const Fixture& f, const torch::Tensor& lp) {
@@ -54,6 +54,7 @@ void expect_near_all(const std::vector<double>& a, const std::vector<double>& b,
 
 TEST(Loss, CrossEntropyGoldenAndGradient) {
   Fixture f;
+  f.in.weights = vec({1.0, 0.5, 2.0, 0.0});
   // -(-1*1 + -2*0.5 + -1*2 + -0.5*0) = 4
   EXPECT_NEAR(loss_at(LossSpec::cross_entropy(), f, f.lp), 4.0, 1e-12);
   expect_near_all(autograd(LossSpec::cross_entropy(), f), {-1.0, -0.5, -2.0, 0.0}, 1e-12);
@@ -114,5 +115,17 @@ TEST(Loss, PaddingIsMaskedOut) {
     EXPECT_EQ(g[2], 0.0) << to_string(spec.fn);
     EXPECT_EQ(g[3], 0.0) << to_string(spec.fn);
   }
-  EXPECT_NEAR(loss_at(LossSpec::cross_entropy(), f, f.lp), 2.0, 1e-12);
+  EXPECT_NEAR(loss_at(LossSpec::cross_entropy(), f, f.lp), 3.0, 1e-12);  // -(-1 + -2)
+}
+
+TEST(Loss, RlLossesScaleEachTokenByItsWeight) {
+  Fixture f;
+  Fixture g;
+  g.in.weights = vec({0.0, 1.0, 2.0, 1.0});
+  for (LossSpec spec : {LossSpec::importance_sampling(), LossSpec::ppo(), LossSpec::cispo(), LossSpec::dro()}) {
+    auto gf = autograd(spec, f), gg = autograd(spec, g);
+    EXPECT_EQ(gg[0], 0.0) << to_string(spec.fn);
+    EXPECT_NEAR(gg[2], 2.0 * gf[2], 1e-12) << to_string(spec.fn);
+    EXPECT_NEAR(gg[3], gf[3], 1e-12) << to_string(spec.fn);
+  }
 }
