@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <rlloop/rewards/batch.hpp>
@@ -35,16 +36,20 @@ TEST(ScoreBatch, GroupScoresOneContextManyCompletions) {
 }
 
 TEST(ScoreBatch, RunsConcurrently) {
-  // A reward that records how many calls overlap: with concurrency 2 some must, with 1 none may.
+  // A reward that records how many calls overlap. In the parallel case each call waits (up to 5 s) for a
+  // partner to show up, so a loaded machine slows the test down but cannot make it fail.
   struct Overlap {
     std::atomic<int>* active;
     std::atomic<int>* peak;
+    bool wait_for_partner;
     double operator()(const int&, std::string_view) const {
       const int now = ++*active;
       int p = peak->load();
       while (now > p && !peak->compare_exchange_weak(p, now)) {
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (wait_for_partner && peak->load() < 2 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       --*active;
       return 1;
     }
@@ -53,10 +58,10 @@ TEST(ScoreBatch, RunsConcurrently) {
   std::atomic<int> active{0}, peak{0};
   const std::vector<int> ctx(8, 0);
   const std::vector<std::string> comps(8, "x");
-  score_batch(Overlap{&active, &peak}, ctx, comps, {.max_concurrency = 1});
+  score_batch(Overlap{&active, &peak, false}, ctx, comps, {.max_concurrency = 1});
   EXPECT_EQ(peak.load(), 1);
   peak = 0;
-  score_batch(Overlap{&active, &peak}, ctx, comps, {.max_concurrency = 4});
+  score_batch(Overlap{&active, &peak, true}, ctx, comps, {.max_concurrency = 2});
   EXPECT_GE(peak.load(), 2);
 }
 
