@@ -51,10 +51,24 @@ torch::Tensor choose_tokens(const torch::Tensor& logits, const SamplingParams& p
     torch::Tensor drop = torch::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
     scaled = scaled.masked_fill(drop, neg_inf);
   }
-  return torch::multinomial(torch::softmax(scaled, -1), 1, /*replacement=*/false, generator).squeeze(-1);
+  torch::Tensor probs = torch::softmax(scaled, -1);
+  if (generator.device().type() == probs.device().type())
+    return torch::multinomial(probs, 1, /*replacement=*/false, generator).squeeze(-1);
+  return draw_inverse_cdf(probs, generator);
 }
 
 }  // namespace
+
+torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& generator) {
+  // One uniform per row from the (CPU) generator, moved to the probabilities' device; the CDF is inverted
+  // there, instead of copying [A, V] probabilities to the host every step. right=true means the first index
+  // whose CDF exceeds the target, so zero-probability tokens (flat CDF steps) are never chosen.
+  const std::int64_t V = probs.size(-1);
+  torch::Tensor u = torch::rand({probs.size(0), 1}, generator, torch::TensorOptions().dtype(torch::kFloat32));
+  torch::Tensor cdf = probs.to(torch::kFloat32).cumsum(-1);
+  torch::Tensor target = u.to(probs.device()) * cdf.narrow(-1, V - 1, 1);
+  return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(V - 1);
+}
 
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
                       at::Generator& generator) {

@@ -23,6 +23,11 @@ using StopStringCheck = std::function<bool(std::span<const token_id> generated)>
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
                       at::Generator& generator);
 
+// One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF with a uniform from `generator`.
+// sample() uses it when the generator lives on another device than the model (a CPU generator with a CUDA
+// model), where torch::multinomial would refuse the generator.
+torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& generator);
+
 // Logprob of each token given the previous ones; entry 0 is 0.0 (no context).
 std::vector<double> compute_logprobs(Transformer& model, std::span<const token_id> tokens);
 

@@ -754,6 +754,26 @@ TEST_F(SamplerTest, PromptLogprobs) {
   EXPECT_FALSE(plain.topk_prompt_logprobs.has_value());
 }
 
+TEST(Sampler, InverseCdfDrawFollowsTheDistribution) {
+  // Row 0: zero-probability tokens interleaved; row 1: one-hot.
+  torch::Tensor probs = torch::tensor({0.0f, 0.5f, 0.0f, 0.3f, 0.2f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f}).reshape({2, 5});
+  at::Generator gen = at::detail::createCPUGenerator(17);
+  std::vector<int> counts(5, 0);
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) {
+    torch::Tensor t = draw_inverse_cdf(probs, gen);
+    ASSERT_EQ(t[1].item<std::int64_t>(), 4);
+    ++counts[t[0].item<std::int64_t>()];
+  }
+  EXPECT_EQ(counts[0] + counts[2], 0);
+  // Binomial standard deviation ~ sqrt(n p (1-p)) <= 32: 5 sigma bounds (seeded, so deterministic anyway).
+  EXPECT_NEAR(counts[1], 0.5 * n, 160);
+  EXPECT_NEAR(counts[3], 0.3 * n, 150);
+  EXPECT_NEAR(counts[4], 0.2 * n, 130);
+  at::Generator g1 = at::detail::createCPUGenerator(3), g2 = at::detail::createCPUGenerator(3);
+  EXPECT_TRUE(torch::equal(draw_inverse_cdf(probs, g1), draw_inverse_cdf(probs, g2)));
+}
+
 TEST_F(SamplerTest, ComputeLogprobsAndBadInput) {
   auto lp = compute_logprobs(*model, std::vector<token_id>{4, 9, 2});
   ASSERT_EQ(lp.size(), 3u);
