@@ -75,7 +75,9 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const std::int64_t half = x.size(-1) / 2;
   torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  // `rotated` is contiguous and x (a transposed view) is not; the sum takes its first operand's layout, so this
+  // order yields a contiguous [B, heads, T, D] result (addition commutes exactly, the values are HF's).
+  return rotated * sin + x * cos;
 }
 
 }  // namespace
