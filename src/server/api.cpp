@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "server/api_impl.hpp"
+#include "server/journal.hpp"
 
 namespace rlloop::server {
 
@@ -25,6 +26,15 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
     for (const auto& [akid, secret] : t.access_keys) impl_->sigv4_keys[akid] = {state, secret};
     for (const auto& key : t.bearer_keys) impl_->bearer_keys[key] = state;
   }
+  if (!impl_->options.data_dir.empty()) {
+    impl_->journal = std::make_unique<Journal>(impl_->options.data_dir);
+    impl_->recover();
+  }
+}
+
+HostConfig Api::Impl::host_config() {
+  const std::string exports = options.data_dir.empty() ? "rlloop-exports" : options.data_dir + "/exports";
+  return HostConfig{options.region, exports, journal.get()};
 }
 
 Api::~Api() { shutdown(); }
@@ -35,7 +45,7 @@ void Api::shutdown() {
     std::lock_guard lock(impl_->mu);
     all = impl_->sessions;
   }
-  for (auto& [k, s] : all) s->stop();
+  for (auto& [k, s] : all) s->stop(/*durable=*/false);
   for (auto& [k, s] : all) s->join();
 }
 
@@ -115,17 +125,23 @@ Response Api::handle(const sigv4::HttpRequest& req) {
     // Control plane (JSON 1.1): {"__type", "Message"}; runtime (REST-JSON): X-Amzn-ErrorType + {"message"}.
     if (amz_target) {
       res.content_type = "application/x-amz-json-1.1";
-      res.body = json{{"__type", e.code()}, {"Message", e.what()}}.dump();
+      res.body = json{{"__type", e.code()}, {"Message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    } else if (is_openai_path(path)) {
+      // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
+      res.content_type = "application/json";
+      res.body = json{{"error", {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}}},
+                      {"message", e.what()}}
+                     .dump(-1, ' ', false, json::error_handler_t::replace);
     } else {
       res.content_type = "application/json";
-      res.body = json{{"message", e.what()}}.dump();
+      res.body = json{{"message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
     }
     res.headers.emplace_back("X-Amzn-ErrorType", e.code());
   } catch (const std::exception& e) {
     error_type = "InternalServerException";
     res.status = 500;
     res.content_type = "application/json";
-    res.body = json{{"message", std::string("internal error: ") + e.what()}}.dump();
+    res.body = json{{"message", std::string("internal error: ") + e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
     res.headers.emplace_back("X-Amzn-ErrorType", error_type);
   }
   res.headers.emplace_back("x-amzn-RequestId", request_id);
@@ -140,7 +156,7 @@ Response Api::handle(const sigv4::HttpRequest& req) {
   if (amz_target) line["target"] = *amz_target;
   if (!tenant_id.empty()) line["tenant"] = tenant_id;
   if (!error_type.empty()) line["errorType"] = error_type;
-  im.options.log(line.dump());
+  im.options.log(line.dump(-1, ' ', false, json::error_handler_t::replace));
   return res;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 #include <variant>
+#include <optional>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -48,21 +50,53 @@ struct OperationRecord {
   std::string id;
   bool sampling = false;
   std::string fingerprint;  // seq + canonical operationConfig: what an idempotent retry must repeat
+  json body;                // the request as received (journaled, so a restarted server can run it)
   std::variant<wire::TrainingOperation, wire::SamplingOperation> op;
   json state = {{"status", "Pending"}};  // the Get*OperationResult body
+  // Set when the operation ran: what it billed, and a sample's raw result (for the OpenAI endpoints).
+  TokenUsage billed;
+  std::shared_ptr<SampleResponse> sample_result;
+};
+
+class Journal;
+
+// What a session host needs from the server around it.
+struct HostConfig {
+  std::string region;
+  std::string export_dir;      // where saveWeights with mergeWeights writes
+  Journal* journal = nullptr;  // null = not durable
+};
+
+// What a restarted server knows of a session that was live: how to rebuild its state before taking new work.
+struct Recovery {
+  std::string autosave;  // latest state saved after a completed optimizerStep ("" = none yet)
+  std::vector<std::shared_ptr<OperationRecord>> replay;   // completed since then and changing state: run again, silently
+  std::vector<std::shared_ptr<OperationRecord>> pending;  // accepted but not finished: run as new
+  std::optional<std::string> sampler_path;                // from the last loadWeightsForSampling
 };
 
 // One hosted session: its control-plane record, its operations, and a worker that runs them in order.
 class SessionHost {
  public:
+  // Starts a worker that creates the session (and, given a Recovery, rebuilds its state first). With
+  // initial_status "Stopped" or "Failed" there is no worker: the record is only describable and deletable.
   SessionHost(std::shared_ptr<TenantState> tenant, std::string name, std::string arn, SessionOptions options, json echo,
-              const Backend& backend, std::string region);
+              const Backend& backend, HostConfig config, double creation_time = 0, std::optional<Recovery> recovery = {},
+              std::string initial_status = "Created");
   ~SessionHost();
 
   // Queues an accepted operation; the caller validated it and holds `mu`.
   void enqueue_locked(std::shared_ptr<OperationRecord> op);
-  void stop();  // Stopping -> Stopped; queued operations are Skipped
+  // Stopping -> Stopped; queued operations are Skipped. durable = a client asked (journaled); a server shutting
+  // down is not durable, so its sessions come back on restart with their queued operations.
+  void stop(bool durable = true);
   void join();
+  // Blocks until the session left "Created" (it is Running, or creation failed).
+  void wait_started();
+  // Blocks until op is no longer Pending or InProgress.
+  void wait_done(const OperationRecord& op);
+  // Writes a record about this session to the journal (when durable).
+  void journal(json record);
 
   const std::shared_ptr<TenantState> tenant;
   const std::string name;
@@ -81,20 +115,26 @@ class SessionHost {
   std::map<std::string, std::string> client_tokens;  // token -> operation id
   TokenUsage usage;
   std::int64_t vocab_size = 0;
+  SessionInfo info;  // of the live session, once Running
   std::shared_ptr<AnySession> session;
 
  private:
-  void run(Backend backend);
+  void run(Backend backend, std::optional<Recovery> recovery);
+  void recover(const Recovery& r);
   json execute(OperationRecord& op);
+  void finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave);
   std::string resolve_checkpoint(const std::string& arn);
   std::string add_checkpoint(const std::string& path);
-  void bill(const TokenUsage& u);
+  void bill(OperationRecord& op, const TokenUsage& u);
 
-  std::string region_;
+  HostConfig config_;
   std::condition_variable cv_;
+  std::condition_variable done_cv_;
   std::deque<std::shared_ptr<OperationRecord>> queue_;
   bool stopping_ = false;
   std::optional<std::string> sampler_path_;  // set by loadWeightsForSampling
+  std::function<Future<CheckpointRef>(const std::string&)> export_merged_;
+  std::string autosave_;  // the latest autosave (removed when the next one is journaled)
   std::thread worker_;
 };
 
@@ -108,6 +148,11 @@ struct Api::Impl {
   std::map<std::pair<std::string, std::string>, std::shared_ptr<SessionHost>> sessions;  // (tenant, name)
   std::atomic<std::uint64_t> next_request{1};
   std::atomic<std::uint64_t> next_operation{1};
+  std::unique_ptr<Journal> journal;  // when options.data_dir is set
+
+  HostConfig host_config();
+  // Rebuilds tenants' checkpoints and billing and every session from the journal; waits until the live ones run.
+  void recover();
 
   std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req);
   std::shared_ptr<SessionHost> find_session(const TenantState& t, const std::string& name);
@@ -115,6 +160,22 @@ struct Api::Impl {
   Response runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t);
   json usage_report(const std::shared_ptr<TenantState>& t);
   std::string new_operation_id();
+  // OpenAI-compatible sampling (openai.cpp): /v1/models, /v1/chat/completions, /v1/completions and the
+  // SageMaker pass-through /training-sessions/{name}/sample[-with-response-stream].
+  Response openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t);
+  // Queues a sampling operation outside the operation API and waits for it (the OpenAI endpoints).
+  std::shared_ptr<OperationRecord> sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request);
 };
+
+// Whether an operation state is final (not Pending or InProgress).
+inline bool terminal_state(const json& state) {
+  const std::string s = state.value("status", "");
+  return s != "Pending" && s != "InProgress";
+}
+
+// Whether a path is served by openai() (its errors use OpenAI's error shape).
+bool is_openai_path(const std::string& path);
+// The op's journal record fields, and rebuilding an op from them.
+json operation_record_json(const OperationRecord& op, const std::optional<std::string>& token, std::int64_t seq);
 
 }  // namespace rlloop::server

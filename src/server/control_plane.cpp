@@ -110,7 +110,15 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
         throw api_error("ResourceLimitExceeded", 400,
                         "tenant " + t->config.id + " already has " + std::to_string(live) + " sessions (limit " +
                             std::to_string(t->config.max_sessions) + "); delete one first");
-      sessions[{t->config.id, name}] = std::make_shared<SessionHost>(t, name, arn, opts, std::move(echo), backend, options.region);
+      auto host = std::make_shared<SessionHost>(t, name, arn, opts, echo, backend, host_config());
+      host->journal({{"t", "session"},
+                     {"arn", arn},
+                     {"baseModel", opts.base_model},
+                     {"rank", rank},
+                     {"alpha", alpha},
+                     {"echo", echo},
+                     {"creationTime", host->creation_time}});
+      sessions[{t->config.id, name}] = std::move(host);
       return {{"TrainingSessionArn", arn}};
     }
     if (op == "DescribeTrainingSession") {
@@ -170,6 +178,7 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
           throw api_error("ResourceInUse", 400, "Training session " + name + " is " + s->status + "; stop it before deleting");
       }
       s->join();
+      s->journal({{"t", "delete"}});
       std::lock_guard lock(mu);
       sessions.erase({t->config.id, name});
       return json::object();

@@ -34,6 +34,32 @@ struct Server::Impl {
   void serve(std::shared_ptr<tcp::socket> socket);
 };
 
+namespace {
+// A streamed response: headers with chunked transfer encoding, then one chunk per piece the producer writes.
+// Returns false when the connection broke (it is then closed).
+bool write_streamed(tcp::socket& socket, const Response& out, unsigned version) {
+  http::response<http::empty_body> res{static_cast<http::status>(out.status), version};
+  res.set(http::field::server, "rlloop-server");
+  res.set(http::field::content_type, out.content_type);
+  res.set(http::field::cache_control, "no-cache");
+  for (const auto& [k, v] : out.headers) res.set(k, v);
+  res.chunked(true);
+  beast::error_code ec;
+  http::response_serializer<http::empty_body> sr{res};
+  http::write_header(socket, sr, ec);
+  if (ec) return false;
+  bool alive = true;
+  out.stream([&](std::string_view piece) {
+    if (!alive || piece.empty()) return alive;
+    asio::write(socket, http::make_chunk(asio::const_buffer(piece.data(), piece.size())), ec);
+    alive = !ec;
+    return alive;
+  });
+  if (alive) asio::write(socket, http::make_chunk_last(), ec);
+  return alive && !ec;
+}
+}  // namespace
+
 void Server::Impl::serve(std::shared_ptr<tcp::socket> socket) {
   beast::flat_buffer buffer;
   const std::size_t limit = api.max_body_bytes();
@@ -63,6 +89,11 @@ void Server::Impl::serve(std::shared_ptr<tcp::socket> socket) {
     r.body = req.body();
     const Response out = api.handle(r);
 
+    if (out.stream) {
+      if (!write_streamed(*socket, out, req.version())) break;
+      if (!req.keep_alive()) break;
+      continue;
+    }
     http::response<http::string_body> res{static_cast<http::status>(out.status), req.version()};
     res.set(http::field::server, "rlloop-server");
     res.set(http::field::content_type, out.content_type);

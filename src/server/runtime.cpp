@@ -39,6 +39,13 @@ std::string Api::Impl::new_operation_id() {
   return "op-" + boot + "-" + std::to_string(next_operation++);
 }
 
+json operation_record_json(const OperationRecord& op, const std::optional<std::string>& token, std::int64_t seq) {
+  json rec{{"t", "accept"}, {"id", op.id}, {"sampling", op.sampling}, {"fingerprint", op.fingerprint}, {"body", op.body}};
+  if (token) rec["token"] = *token;
+  if (!op.sampling) rec["seq"] = seq;
+  return rec;
+}
+
 json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
   json sessions_json = json::array();
   {
@@ -54,6 +61,7 @@ json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
 }
 
 Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t) {
+  if (is_openai_path(path)) return openai(req, path, t);
   const auto seg = segments(path);
   const bool get = req.method == "GET", post = req.method == "POST";
   if (seg.size() == 2 && seg[0] == "v1" && get) {
@@ -108,6 +116,7 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     }
     auto op = std::make_shared<OperationRecord>();
     op->sampling = sampling;
+    op->body = body;
     std::optional<std::string> token;
     std::int64_t seq = -1;
     try {
@@ -155,6 +164,8 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
       s->last_sequence_number = seq;
     }
     op->id = new_operation_id();
+    // Durable before the id is returned: a client retrying after a crash gets this same operation back.
+    s->journal(operation_record_json(*op, token, seq));
     if (token) s->client_tokens[*token] = op->id;
     s->ops[op->id] = op;
     s->last_modified = now_seconds();

@@ -2,10 +2,12 @@
 // sessions of any Service through a type-erased Backend. Api is the protocol (request in, response out, no
 // sockets); Server puts it on an HTTP/1.1 keep-alive listener.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,23 +32,39 @@ struct Tenant {
 std::vector<Tenant> load_tenants(const std::string& path);
 std::vector<Tenant> parse_tenants(const std::string& json_text, const std::string& source = "tenants");
 
+// A session as the server holds it: the type-erased Session plus what only some Services offer (LocalSession's
+// merged-weights export, used by saveWeights with mergeWeights). An empty function = not offered.
+struct HostedSession {
+  std::shared_ptr<AnySession> session;
+  std::function<Future<CheckpointRef>(const std::string& dir)> export_merged_model;
+};
+
 // The sessions a server hosts, whatever Service makes them.
 struct Backend {
-  std::function<std::shared_ptr<AnySession>(const SessionOptions&)> create_session;
+  std::function<HostedSession(const SessionOptions&)> create_session;
   std::function<std::vector<std::string>()> list_base_models;
   std::function<ServerCapabilities()> capabilities;
 };
 
 template <Service Svc>
 Backend make_backend(std::shared_ptr<Svc> svc) {
-  return Backend{[svc](const SessionOptions& o) { return std::make_shared<AnySession>(svc->create_session(o)); },
-                 [svc] { return svc->list_base_models(); }, [svc] { return svc->capabilities(); }};
+  auto create = [svc](const SessionOptions& o) {
+    auto s = svc->create_session(o);
+    HostedSession h{std::make_shared<AnySession>(s), {}};
+    if constexpr (requires(const std::string& d) { s->export_merged_model(d); })
+      h.export_merged_model = [s](const std::string& dir) { return s->export_merged_model(dir); };
+    return h;
+  };
+  return Backend{std::move(create), [svc] { return svc->list_base_models(); }, [svc] { return svc->capabilities(); }};
 }
 
 struct Options {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;  // 0 = any free port (see Server::port())
-  std::string data_dir;    // reserved for durable session/operation records
+  // Durable records (sessions, operations and their results, client tokens, billing, checkpoint ARNs) and the
+  // per-session autosaves live here; a server restarted on the same directory brings its sessions back.
+  // Empty = nothing is persisted.
+  std::string data_dir;
   std::vector<Tenant> tenants;
   std::string region = "us-east-1";
   std::chrono::seconds max_clock_skew{15 * 60};
@@ -54,11 +72,16 @@ struct Options {
   std::function<void(const std::string&)> log;
 };
 
+// Sends one piece of a streamed body; false once the client has gone away.
+using StreamWriter = std::function<bool(std::string_view)>;
+
 struct Response {
   unsigned status = 200;
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // When set, the body is produced piece by piece (chunked transfer; server-sent events) instead of `body`.
+  std::function<void(const StreamWriter&)> stream;
 };
 
 // The protocol: routes, authenticates, validates, runs. Thread-safe.

@@ -1,8 +1,11 @@
 // A hosted session's worker: creates the session, then runs its operations one at a time in arrival (= sequence
-// number) order, recording each result and billing its tokens to the session and the tenant.
+// number) order, recording each result and billing its tokens to the session and the tenant. When the server is
+// durable, each result is journaled before it is visible, and a LoRA state is saved after every optimizer step.
 #include <chrono>
+#include <filesystem>
 
 #include "server/api_impl.hpp"
+#include "server/journal.hpp"
 
 namespace rlloop::server {
 
@@ -11,16 +14,29 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
+namespace {
+json usage_json(const TokenUsage& u) { return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}}; }
+}  // namespace
+
 SessionHost::SessionHost(std::shared_ptr<TenantState> t, std::string n, std::string a, SessionOptions o, json e,
-                         const Backend& backend, std::string region)
+                         const Backend& backend, HostConfig config, double created, std::optional<Recovery> recovery,
+                         std::string initial_status)
     : tenant(std::move(t)), name(std::move(n)), arn(std::move(a)), options(std::move(o)), echo(std::move(e)),
-      creation_time(now_seconds()), last_modified(creation_time), region_(std::move(region)) {
-  worker_ = std::thread([this, backend] { run(backend); });
+      creation_time(created > 0 ? created : now_seconds()), status(std::move(initial_status)),
+      last_modified(creation_time), config_(std::move(config)) {
+  if (status == "Created") worker_ = std::thread([this, backend, recovery = std::move(recovery)] { run(backend, recovery); });
 }
 
 SessionHost::~SessionHost() {
-  stop();
+  stop(false);
   join();
+}
+
+void SessionHost::journal(json record) {
+  if (!config_.journal) return;
+  record["tenant"] = tenant->config.id;
+  record["session"] = name;
+  config_.journal->append(record);
 }
 
 void SessionHost::enqueue_locked(std::shared_ptr<OperationRecord> op) {
@@ -28,10 +44,12 @@ void SessionHost::enqueue_locked(std::shared_ptr<OperationRecord> op) {
   cv_.notify_all();
 }
 
-void SessionHost::stop() {
+void SessionHost::stop(bool durable) {
   {
     std::lock_guard lock(mu);
-    if (status == "Running" || status == "Blocked" || status == "Created") status = "Stopping";
+    const bool live = status == "Running" || status == "Blocked" || status == "Created";
+    if (live) status = "Stopping";
+    if (live && durable) journal({{"t", "status"}, {"status", "Stopped"}, {"time", now_seconds()}});
     stopping_ = true;
     last_modified = now_seconds();
   }
@@ -42,7 +60,18 @@ void SessionHost::join() {
   if (worker_.joinable()) worker_.join();
 }
 
-void SessionHost::bill(const TokenUsage& u) {
+void SessionHost::wait_started() {
+  std::unique_lock lock(mu);
+  done_cv_.wait(lock, [&] { return status != "Created"; });
+}
+
+void SessionHost::wait_done(const OperationRecord& op) {
+  std::unique_lock lock(mu);
+  done_cv_.wait(lock, [&] { return terminal_state(op.state); });
+}
+
+void SessionHost::bill(OperationRecord& op, const TokenUsage& u) {
+  op.billed += u;
   {
     std::lock_guard lock(mu);
     usage += u;
@@ -61,8 +90,11 @@ std::string SessionHost::resolve_checkpoint(const std::string& package_arn) {
 
 std::string SessionHost::add_checkpoint(const std::string& path) {
   std::lock_guard lock(tenant->mu);
-  const std::string package = "arn:aws:sagemaker:" + region_ + ":" + tenant->config.account_id + ":model-package/" + name + "/" +
-                              std::to_string(tenant->next_checkpoint++);
+  const std::int64_t n = tenant->next_checkpoint++;
+  const std::string package =
+      "arn:aws:sagemaker:" + config_.region + ":" + tenant->config.account_id + ":model-package/" + name + "/" + std::to_string(n);
+  // Journaled before the ARN is returned to anyone, so a restarted server still resolves it.
+  journal({{"t", "checkpoint"}, {"arn", package}, {"path", path}, {"n", n}});
   tenant->checkpoints[package] = path;
   return package;
 }
@@ -80,13 +112,17 @@ json SessionHost::execute(OperationRecord& op) {
           if constexpr (std::is_same_v<T, wire::ForwardOp> || std::is_same_v<T, wire::ForwardBackwardOp>) {
             ForwardBackwardOutput out = std::is_same_v<T, wire::ForwardOp> ? session->forward(o.data, o.loss).get()
                                                                           : session->forward_backward(o.data, o.loss).get();
-            bill(TokenUsage{0, 0, out.training_tokens});
+            bill(op, TokenUsage{0, 0, out.training_tokens});
             if constexpr (std::is_same_v<T, wire::ForwardOp>) return wire::ForwardResult{std::move(out)};
             else return wire::ForwardBackwardResult{std::move(out)};
           } else if constexpr (std::is_same_v<T, wire::OptimizerStepOp>) {
             return session->optim_step(o.adam).get();
           } else if constexpr (std::is_same_v<T, wire::SaveWeightsOp>) {
-            if (o.merge_weights) throw unsupported("saveWeights.mergeWeights is not supported by this server");
+            if (o.merge_weights) {
+              if (!export_merged_) throw unsupported("saveWeights.mergeWeights is not supported by this server's sessions");
+              const auto dir = std::filesystem::path(config_.export_dir) / checkpoint_name("merged");
+              return wire::SaveWeightsResult{add_checkpoint(export_merged_(dir.string()).get().path)};
+            }
             return wire::SaveWeightsResult{add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path)};
           } else if constexpr (std::is_same_v<T, wire::SaveStateOp>) {
             return wire::SaveStateResult{add_checkpoint(session->save_state(checkpoint_name("state")).get().path)};
@@ -114,13 +150,14 @@ json SessionHost::execute(OperationRecord& op) {
             u.prefill += seq.prefill_tokens;
             u.sample += seq.decode_tokens;
           }
-          bill(u);
+          bill(op, u);
+          op.sample_result = std::make_shared<SampleResponse>(r);
           return r;
         } else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
           ComputeLogprobsRequest req = o;
           req.model_path = o.model_path ? std::optional(resolve_checkpoint(*o.model_path)) : sampler_path_;
           auto lp = session->compute_logprobs(req).get();
-          bill(TokenUsage{static_cast<std::int64_t>(o.prompt.length()), 0, 0});
+          bill(op, TokenUsage{static_cast<std::int64_t>(o.prompt.length()), 0, 0});
           return wire::ComputeLogprobsResult{std::move(lp)};
         } else {
           sampler_path_ = resolve_checkpoint(o.model_package_arn);
@@ -131,13 +168,46 @@ json SessionHost::execute(OperationRecord& op) {
   return wire::to_json(wire::SamplingOperationState{"Completed", std::move(result), std::nullopt, std::nullopt});
 }
 
-void SessionHost::run(Backend backend) {
-  std::shared_ptr<AnySession> created;
+// Journals an operation's end, then makes it visible: a client never sees a result a restart would forget.
+void SessionHost::finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave) {
+  json rec{{"t", "done"}, {"id", op->id}, {"state", state}, {"usage", usage_json(op->billed)}};
+  if (!autosave.empty()) rec["autosave"] = autosave;
+  journal(std::move(rec));
+  std::lock_guard lock(mu);
+  op->state = std::move(state);
+  last_modified = now_seconds();
+  done_cv_.notify_all();
+}
+
+// Rebuilds the state the session had when the server stopped: the last autosave (weights, optimizer moments, step,
+// RNG), then the state-changing operations that completed after it (gradients accumulated by forwardBackward,
+// loadState). Their results were already reported and billed; they are only run again.
+void SessionHost::recover(const Recovery& r) {
+  if (!r.autosave.empty()) {
+    session->load_state(r.autosave, true).get();
+    autosave_ = r.autosave;
+  }
+  for (const auto& op : r.replay) {
+    const auto& t = std::get<wire::TrainingOperation>(op->op);
+    if (const auto* fb = std::get_if<wire::ForwardBackwardOp>(&t)) session->forward_backward(fb->data, fb->loss).get();
+    if (const auto* ls = std::get_if<wire::LoadStateOp>(&t)) session->load_state(resolve_checkpoint(ls->model_package_arn), ls->load_optimizer).get();
+  }
+  sampler_path_ = r.sampler_path;
+}
+
+void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
+  HostedSession created;
   std::string failure;
-  std::int64_t vocab = 0;
+  SessionInfo session_info;
   try {
     created = backend.create_session(options);
-    vocab = created->info().vocab_size;
+    session_info = created.session->info();
+    {
+      std::lock_guard lock(mu);
+      session = created.session;
+    }
+    export_merged_ = created.export_merged_model;
+    if (recovery) recover(*recovery);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -145,14 +215,19 @@ void SessionHost::run(Backend backend) {
     std::lock_guard lock(mu);
     last_modified = now_seconds();
     if (!failure.empty()) {
+      session.reset();
       status = "Failed";
       error_details = failure.substr(0, 1024);
       end_time = last_modified;
+      journal({{"t", "status"}, {"status", "Failed"}, {"error", error_details}, {"time", end_time}});
     } else if (!stopping_) {
-      session = created;
-      vocab_size = vocab;
+      vocab_size = session_info.vocab_size;
+      info = session_info;
       status = "Running";
+      if (recovery)
+        for (auto& op : recovery->pending) queue_.push_back(op);
     }
+    done_cv_.notify_all();
   }
   while (failure.empty()) {
     std::shared_ptr<OperationRecord> op;
@@ -165,31 +240,48 @@ void SessionHost::run(Backend backend) {
       op->state = {{"status", "InProgress"}};
     }
     json state;
+    std::string autosave;
     try {
       state = execute(*op);
+      // A completed step must survive a crash before it is reported: save the trainable state (LoRA adapter +
+      // optimizer) under a fresh name; the journal record names it, and only then is the older one removed.
+      if (config_.journal && std::holds_alternative<wire::TrainingOperation>(op->op) &&
+          std::holds_alternative<wire::OptimizerStepOp>(std::get<wire::TrainingOperation>(op->op)))
+        autosave = session->save_state("autosave-" + tenant->config.id + "-" + name + "-" + op->id).get().path;
     } catch (const std::exception& e) {
       state = {{"status", "Failed"}, {"errorDetails", std::string(e.what()).substr(0, 1024)}};
     }
-    std::lock_guard lock(mu);
-    op->state = std::move(state);
-    last_modified = now_seconds();
+    const bool failed = state["status"] == "Failed";
+    finish(op, std::move(state), autosave);
+    if (!autosave.empty()) {
+      std::error_code ec;
+      if (!autosave_.empty()) std::filesystem::remove_all(autosave_, ec);
+      autosave_ = autosave;
+    }
     // Later training operations were planned on this one's effect (an optimizer step on its gradients, ...): skip
     // the ones already queued rather than run them on a state the caller did not expect.
-    if (op->state["status"] == "Failed" && !op->sampling) {
-      for (auto& queued : queue_)
-        if (!queued->sampling) queued->state = {{"status", "Skipped"}};
-      std::erase_if(queue_, [](const auto& q) { return !q->sampling; });
+    if (failed && !op->sampling) {
+      std::vector<std::shared_ptr<OperationRecord>> skipped;
+      {
+        std::lock_guard lock(mu);
+        for (auto& queued : queue_)
+          if (!queued->sampling) skipped.push_back(queued);
+        std::erase_if(queue_, [](const auto& q) { return !q->sampling; });
+      }
+      for (auto& q : skipped) finish(q, {{"status", "Skipped"}}, "");
     }
   }
   std::lock_guard lock(mu);
   for (auto& queued : queue_) queued->state = queued->sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}}
                                                                : json{{"status", "Skipped"}};
   queue_.clear();
+  done_cv_.notify_all();
   session.reset();  // frees the model while the record stays describable
   if (status == "Stopping" || status == "Created") {
     status = "Stopped";
     end_time = last_modified = now_seconds();
   }
+  done_cv_.notify_all();
 }
 
 }  // namespace rlloop::server

@@ -1,0 +1,343 @@
+// OpenAI-compatible sampling on live training sessions: GET /v1/models, POST /v1/chat/completions and
+// /v1/completions (model = a session name or one of the tenant's checkpoint ARNs), and the SageMaker pass-through
+// POST /training-sessions/{name}/sample[-with-response-stream]. Requests run as sampling operations in the
+// session's queue, so they are ordered with training and billed like any other; `usage` is exactly what was billed.
+// Streaming sends the sampled tokens as server-sent events once the sample is done (the engine samples a whole
+// batch at a time), decoded with a StreamDecoder so no event carries half a UTF-8 character.
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include <rlloop/chat.hpp>
+#include <rlloop/tokenizer.hpp>
+
+#include "server/openai_request.hpp"
+
+namespace rlloop::server {
+
+namespace {
+
+using openai::Request;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::int64_t unix_now() { return static_cast<std::int64_t>(now_seconds()); }
+
+// Tokenizers and chat renderers are loaded once per tokenizer spec and shared (both are immutable).
+struct ModelText {
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<const ChatRenderer> renderer;
+};
+
+std::string renderer_for(const SessionInfo& info) {
+  if (info.tokenizer == "byte") return "role_colon";
+  if (info.model_type == "llama") return "llama3";
+  if (info.model_type == "qwen3") return "qwen3_no_thinking";
+  if (info.model_type == "qwen2") return "chatml";
+  return "role_colon";
+}
+
+ModelText model_text(const SessionInfo& info) {
+  static std::mutex mu;
+  static std::map<std::string, ModelText> cache;
+  std::lock_guard lock(mu);
+  const std::string key = info.tokenizer + "|" + info.model_type;
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  ModelText m;
+  m.tokenizer = load_tokenizer(info.tokenizer);
+  try {
+    m.renderer = make_chat_renderer(renderer_for(info), m.tokenizer);
+  } catch (const invalid_argument&) {
+    m.renderer = make_chat_renderer("role_colon", m.tokenizer);  // a tokenizer without the format's special tokens
+  }
+  return cache[key] = m;
+}
+
+// One sampled sequence as OpenAI shows it: the visible text, which window of the decoded tokens it is, and the
+// tokens (without the stop token) for logprobs.
+struct Choice {
+  std::vector<token_id> tokens;
+  std::vector<double> logprobs;
+  std::string text;
+  std::string finish_reason;
+};
+
+// Cuts text at the first of the caller's stop strings (OpenAI leaves the stop sequence out).
+bool cut_at_stop(std::string& text, const std::vector<std::string>& stops) {
+  std::size_t cut = std::string::npos;
+  for (const auto& s : stops) cut = std::min(cut, text.find(s));
+  if (cut == std::string::npos) return false;
+  text.resize(cut);
+  return true;
+}
+
+std::string stream_decode(const Tokenizer& tok, const std::vector<token_id>& tokens) {
+  StreamDecoder d(tok);
+  std::string out;
+  for (token_id t : tokens) out += d.push(t);
+  return out + d.finish();
+}
+
+Choice make_choice(const SampledSequence& seq, const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids) {
+  Choice c;
+  for (std::size_t i = 0; i < seq.tokens.size(); ++i) {
+    if (std::find(stop_ids.begin(), stop_ids.end(), seq.tokens[i]) != stop_ids.end()) break;
+    c.tokens.push_back(seq.tokens[i]);
+    c.logprobs.push_back(i < seq.logprobs.size() ? seq.logprobs[i] : 0.0);
+  }
+  if (r.chat) c.text = m.renderer->parse_response(seq.tokens).message.content;
+  else c.text = stream_decode(*m.tokenizer, c.tokens);
+  const bool user_stop = cut_at_stop(c.text, r.params.stop);
+  c.finish_reason = seq.stop_reason == StopReason::stop || user_stop ? "stop" : "length";
+  return c;
+}
+
+json token_entry(const Tokenizer& tok, token_id id, double lp) {
+  const std::string piece = tok.decode(std::span<const token_id>(&id, 1));
+  json bytes = json::array();
+  for (unsigned char b : piece) bytes.push_back(b);
+  return {{"token", piece}, {"logprob", lp}, {"bytes", bytes}, {"top_logprobs", json::array()}};
+}
+
+json chat_logprobs(const Tokenizer& tok, const Choice& c, std::size_t from, std::size_t to) {
+  json content = json::array();
+  for (std::size_t i = from; i < to; ++i) content.push_back(token_entry(tok, c.tokens[i], c.logprobs[i]));
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json completion_logprobs(const Tokenizer& tok, const Choice& c, std::size_t from, std::size_t to) {
+  json tokens = json::array(), lps = json::array(), offsets = json::array();
+  std::size_t offset = 0;
+  for (std::size_t i = from; i < to; ++i) {
+    const std::string piece = tok.decode(std::span<const token_id>(&c.tokens[i], 1));
+    tokens.push_back(piece);
+    lps.push_back(c.logprobs[i]);
+    offsets.push_back(offset);
+    offset += piece.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offsets}};
+}
+
+json usage_of(const TokenUsage& u) {
+  return {{"prompt_tokens", u.prefill}, {"completion_tokens", u.sample}, {"total_tokens", u.prefill + u.sample}};
+}
+
+// The text each token adds to the visible window: decoded incrementally, clipped to where c.text sits in the
+// full decoded output. Pieces concatenate to exactly c.text.
+std::vector<std::string> stream_pieces(const Tokenizer& tok, const Choice& c) {
+  std::vector<std::string> pieces(c.tokens.size());
+  const std::string full = stream_decode(tok, c.tokens);
+  const std::size_t start = full.find(c.text);
+  if (start == std::string::npos || c.tokens.empty()) {
+    if (!pieces.empty()) pieces.back() = c.text;
+    else pieces.push_back(c.text);
+    return pieces;
+  }
+  const std::size_t end = start + c.text.size();
+  StreamDecoder d(tok);
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < c.tokens.size(); ++i) {
+    std::string piece = d.push(c.tokens[i]);
+    if (i + 1 == c.tokens.size()) piece += d.finish();
+    const std::size_t a = std::max(pos, start), b = std::min(pos + piece.size(), end);
+    if (a < b) pieces[i] = piece.substr(a - pos, b - a);
+    pos += piece.size();
+  }
+  return pieces;
+}
+
+}  // namespace
+
+bool is_openai_path(const std::string& path) {
+  if (path == "/v1/models" || path == "/v1/chat/completions" || path == "/v1/completions") return true;
+  const std::string prefix = "/training-sessions/";
+  return path.rfind(prefix, 0) == 0 && (path.ends_with("/sample") || path.ends_with("/sample-with-response-stream"));
+}
+
+std::shared_ptr<OperationRecord> Api::Impl::sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request) {
+  auto op = std::make_shared<OperationRecord>();
+  op->sampling = true;
+  {
+    std::lock_guard lock(s->mu);
+    if (s->status != "Running" && s->status != "Blocked")
+      throw api_error("ConflictException", 409, "Training session " + s->name + " is " + s->status + "; must be Running or Blocked");
+    try {
+      validate_model_input(request.prompt, s->vocab_size, "prompt: ");
+    } catch (const invalid_argument& e) {
+      throw api_error("invalid_request_error", 400, e.what());
+    }
+    op->op = wire::SamplingOperation{std::move(request)};
+    op->id = new_operation_id();
+    s->enqueue_locked(op);
+  }
+  s->wait_done(*op);
+  std::lock_guard lock(s->mu);
+  if (op->state.value("status", "") != "Completed" || !op->sample_result)
+    throw api_error("invalid_request_error", 400, "sampling failed: " + op->state.value("errorDetails", op->state.value("status", "")));
+  return op;
+}
+
+Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t) {
+  auto live = [&](const std::shared_ptr<SessionHost>& s) {
+    std::lock_guard lock(s->mu);
+    return s->status == "Running" || s->status == "Blocked";
+  };
+  if (path == "/v1/models") {
+    if (req.method != "GET") throw api_error("invalid_request_error", 405, "use GET /v1/models");
+    json data = json::array();
+    std::vector<std::shared_ptr<SessionHost>> mine;
+    {
+      std::lock_guard lock(mu);
+      for (const auto& [key, s] : sessions)
+        if (key.first == t->config.id) mine.push_back(s);
+    }
+    std::set<std::string> names;
+    for (auto& s : mine) {
+      if (!live(s)) continue;
+      names.insert(s->name);
+      data.push_back({{"id", s->name}, {"object", "model"}, {"created", static_cast<std::int64_t>(s->creation_time)}, {"owned_by", t->config.id}});
+    }
+    std::lock_guard lock(t->mu);
+    for (const auto& [arn, p] : t->checkpoints) {
+      const std::string session = arn.substr(arn.find("model-package/") + 14, arn.rfind('/') - arn.find("model-package/") - 14);
+      if (names.count(session)) data.push_back({{"id", arn}, {"object", "model"}, {"created", 0}, {"owned_by", t->config.id}});
+    }
+    return Response{200, "application/json", {}, dump({{"object", "list"}, {"data", data}})};
+  }
+  if (req.method != "POST") throw api_error("invalid_request_error", 405, "use POST " + path);
+
+  // Which session, and which weights.
+  const bool passthrough = path.rfind("/training-sessions/", 0) == 0;
+  std::shared_ptr<SessionHost> s;
+  std::optional<std::string> model_path;
+  Request r;
+  auto find_live = [&](const std::string& name) {
+    std::lock_guard lock(mu);
+    auto it = sessions.find({t->config.id, name});
+    if (it == sessions.end()) throw api_error("model_not_found", 404, "The model '" + name + "' does not exist (no live training session of that name)");
+    return it->second;
+  };
+  if (passthrough) {
+    const std::string rest = path.substr(std::string("/training-sessions/").size());
+    const std::string name = rest.substr(0, rest.find('/'));
+    if (name.empty() || name.size() > 64 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != std::string::npos)
+      throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
+    if (rest != name + "/sample" && rest != name + "/sample-with-response-stream")
+      throw api_error("ResourceNotFoundException", 404, "no route for POST " + path);
+    json peek = json::parse(req.body, nullptr, false);
+    const bool chat = !(peek.is_object() && peek.contains("prompt") && !peek.contains("messages"));
+    r = openai::parse_request(req.body, chat, false);
+    if (path.ends_with("-with-response-stream")) r.stream = true;
+    s = find_live(name);
+    if (auto pkg = req.header("X-Amzn-SageMaker-Model-Package")) model_path = *pkg;
+    r.model = model_path.value_or(name);
+  } else {
+    r = openai::parse_request(req.body, path == "/v1/chat/completions", true);
+    if (r.model.rfind("arn:", 0) == 0) {
+      {
+        std::lock_guard lock(t->mu);
+        if (!t->checkpoints.count(r.model)) throw api_error("model_not_found", 404, "The model '" + r.model + "' does not exist");
+      }
+      const auto at = r.model.find("model-package/");
+      if (at == std::string::npos) throw api_error("model_not_found", 404, "The model '" + r.model + "' is not a checkpoint ARN");
+      const std::string tail = r.model.substr(at + 14);
+      s = find_live(tail.substr(0, tail.rfind('/')));
+      model_path = r.model;
+    } else {
+      s = find_live(r.model);
+    }
+  }
+  SessionInfo info;
+  {
+    std::lock_guard lock(s->mu);
+    info = s->info;
+  }
+  if (info.tokenizer.empty()) throw api_error("ConflictException", 409, "Training session " + s->name + " is not running yet");
+  const ModelText m = model_text(info);
+
+  // The prompt, and where sampling stops.
+  SampleRequest sreq;
+  sreq.num_samples = r.n;
+  sreq.params = r.params;
+  sreq.model_path = model_path;
+  std::vector<token_id> stop_ids;
+  if (r.chat) {
+    try {
+      sreq.prompt = m.renderer->build_generation_prompt(r.messages);
+    } catch (const invalid_argument& e) {
+      throw api_error("invalid_request_error", 400, std::string("messages: ") + e.what());
+    }
+    for (const auto& s2 : m.renderer->stop_sequences()) sreq.params.stop.push_back(s2);
+    stop_ids = m.renderer->stop_token_ids();
+  } else {
+    sreq.prompt = ModelInput::from_tokens(r.prompt ? m.tokenizer->encode(*r.prompt, false) : r.prompt_tokens);
+    if (auto eos = m.tokenizer->eos_token_id()) stop_ids.push_back(*eos);
+  }
+  if (sreq.prompt.length() == 0) throw api_error("invalid_request_error", 400, "the prompt is empty");
+  if (info.eos_token_id) stop_ids.push_back(*info.eos_token_id);
+  sreq.params.stop_token_ids = stop_ids;
+
+  const auto op = sample_now(s, sreq);
+  std::vector<Choice> choices;
+  for (const auto& seq : op->sample_result->sequences) choices.push_back(make_choice(seq, r, m, stop_ids));
+  const TokenUsage billed = op->billed;
+  const std::string id = (r.chat ? "chatcmpl-" : "cmpl-") + op->id;
+  const std::int64_t created = unix_now();
+  const std::string object = r.chat ? "chat.completion" : "text_completion";
+
+  if (!r.stream) {
+    json out_choices = json::array();
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      const Choice& c = choices[i];
+      json lp = r.logprobs ? (r.chat ? chat_logprobs(*m.tokenizer, c, 0, c.tokens.size()) : completion_logprobs(*m.tokenizer, c, 0, c.tokens.size()))
+                           : json(nullptr);
+      if (r.chat)
+        out_choices.push_back({{"index", i}, {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
+                               {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+      else
+        out_choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+    }
+    json out{{"id", id}, {"object", object}, {"created", created}, {"model", r.model}, {"system_fingerprint", "rlloop"},
+             {"choices", out_choices}, {"usage", usage_of(billed)}};
+    return Response{200, "application/json", {}, dump(out)};
+  }
+
+  // Server-sent events: a chunk per token that adds text (or carries a logprob), then finish_reason, usage, [DONE].
+  Response res;
+  res.content_type = "text/event-stream";
+  const std::string chunk_object = r.chat ? "chat.completion.chunk" : "text_completion";
+  res.stream = [=, tok = m.tokenizer](const StreamWriter& write) {
+    auto event = [&](json choices_json, const json* usage) {
+      json c{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", r.model}, {"system_fingerprint", "rlloop"},
+             {"choices", std::move(choices_json)}};
+      if (usage) c["usage"] = *usage;
+      else if (r.include_usage) c["usage"] = nullptr;
+      return write("data: " + dump(c) + "\n\n");
+    };
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      const Choice& c = choices[i];
+      if (r.chat && !event(json::array({{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr))
+        return;
+      const auto pieces = stream_pieces(*tok, c);
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        if (pieces[k].empty() && !r.logprobs) continue;
+        const std::size_t to = std::min(k + 1, c.tokens.size()), from = std::min(k, to);
+        json lp = r.logprobs ? (r.chat ? chat_logprobs(*tok, c, from, to) : completion_logprobs(*tok, c, from, to)) : json(nullptr);
+        json ch = r.chat ? json{{"index", i}, {"delta", {{"content", pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
+                         : json{{"index", i}, {"text", pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
+        if (!event(json::array({ch}), nullptr)) return;
+      }
+      json last = r.chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}
+                         : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
+      if (!event(json::array({last}), nullptr)) return;
+    }
+    if (r.include_usage) {
+      const json u = usage_of(billed);
+      if (!event(json::array(), &u)) return;
+    }
+    write("data: [DONE]\n\n");
+  };
+  return res;
+}
+
+}  // namespace rlloop::server

@@ -1,0 +1,135 @@
+#include "server/openai_request.hpp"
+
+#include <cstdint>
+#include <limits>
+
+namespace rlloop::server::openai {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& field, const std::string& why) {
+  throw api_error("invalid_request_error", 400, "'" + field + "' " + why);
+}
+
+double number_in(const json& body, const char* key, double lo, double hi, double fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number()) bad(key, "must be a number");
+  const double v = body[key].get<double>();
+  if (!(v >= lo && v <= hi)) bad(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+std::int64_t integer_in(const json& body, const char* key, std::int64_t lo, std::int64_t hi, std::int64_t fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number_integer()) bad(key, "must be an integer");
+  const auto v = body[key].get<std::int64_t>();
+  if (v < lo || v > hi) bad(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts.
+std::string content_of(const json& c, const std::string& where) {
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_null()) return "";
+  if (!c.is_array()) bad(where, "must be a string or an array of text parts");
+  std::string out;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    const json& part = c[i];
+    const std::string pw = where + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      bad(pw, "must be {\"type\": \"text\", \"text\": string} (only text is supported)");
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+Request parse_request(const std::string& text, bool chat, bool model_required) {
+  json body = json::parse(text, nullptr, false);
+  if (body.is_discarded()) throw api_error("invalid_request_error", 400, "request body is not valid JSON");
+  if (!body.is_object()) throw api_error("invalid_request_error", 400, "request body must be a JSON object");
+  Request r;
+  r.chat = chat;
+  if (body.contains("model")) {
+    if (!body["model"].is_string()) bad("model", "must be a string");
+    r.model = body["model"].get<std::string>();
+  } else if (model_required) {
+    bad("model", "is required (a training session name or a checkpoint ARN; see GET /v1/models)");
+  }
+  if (chat) {
+    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+      bad("messages", "must be a non-empty array");
+    const json& ms = body["messages"];
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+      const std::string w = "messages[" + std::to_string(i) + "]";
+      if (!ms[i].is_object() || !ms[i].contains("role") || !ms[i]["role"].is_string()) bad(w, "must be an object with a string role");
+      std::string role = ms[i]["role"].get<std::string>();
+      if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+        bad(w + ".role", "must be system, developer, user, assistant or tool");
+      r.messages.push_back(Message{role, content_of(ms[i].value("content", json()), w + ".content"), std::nullopt});
+    }
+  } else {
+    if (!body.contains("prompt")) bad("prompt", "is required");
+    const json& p = body["prompt"];
+    if (p.is_string()) {
+      r.prompt = p.get<std::string>();
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      r.prompt = p[0].get<std::string>();
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        if (!p[i].is_number_integer()) bad("prompt[" + std::to_string(i) + "]", "must be a token id");
+        const auto id = p[i].get<std::int64_t>();
+        if (id < 0 || id > std::numeric_limits<token_id>::max()) bad("prompt[" + std::to_string(i) + "]", "is not a token id");
+        r.prompt_tokens.push_back(static_cast<token_id>(id));
+      }
+    } else {
+      bad("prompt", "must be a string, an array of one string, or an array of token ids");
+    }
+  }
+  r.n = static_cast<int>(integer_in(body, "n", 1, 16, 1));
+  r.params.temperature = number_in(body, "temperature", 0.0, 2.0, 1.0);
+  r.params.top_p = number_in(body, "top_p", 0.0, 1.0, 1.0);
+  if (r.params.top_p == 0.0) bad("top_p", "must be greater than 0");
+  const std::int64_t max_tokens = integer_in(body, "max_tokens", 1, 1 << 20, 16);
+  r.params.max_tokens = static_cast<int>(integer_in(body, "max_completion_tokens", 1, 1 << 20, max_tokens));
+  if (body.contains("seed") && !body["seed"].is_null()) r.params.seed = integer_in(body, "seed", INT64_MIN, INT64_MAX, 0);
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json& s = body["stop"];
+    if (s.is_string()) {
+      r.params.stop.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const auto& e : s) {
+        if (!e.is_string()) bad("stop", "must be a string or an array of up to 4 strings");
+        r.params.stop.push_back(e.get<std::string>());
+      }
+    } else {
+      bad("stop", "must be a string or an array of up to 4 strings");
+    }
+    for (const auto& s2 : r.params.stop)
+      if (s2.empty()) bad("stop", "strings must not be empty");
+  }
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    const json& l = body["logprobs"];
+    if (chat) {
+      if (!l.is_boolean()) bad("logprobs", "must be a boolean");
+      r.logprobs = l.get<bool>();
+    } else {
+      r.logprobs = integer_in(body, "logprobs", 0, 5, 0) > 0;
+    }
+  }
+  if (integer_in(body, "top_logprobs", 0, 20, 0) > 0) bad("top_logprobs", "is not supported (alternatives are not computed); use 0");
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean()) bad("stream", "must be a boolean");
+    r.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+    const json& so = body["stream_options"];
+    if (so.contains("include_usage") && !so["include_usage"].is_boolean()) bad("stream_options.include_usage", "must be a boolean");
+    r.include_usage = so.value("include_usage", false);
+  }
+  return r;
+}
+
+}  // namespace rlloop::server::openai
