@@ -1,0 +1,160 @@
+// Engine throughput on this machine, CPU fp32, a fixed number of intra-op threads (default 2):
+//   BM_MatmulPeak          a large fp32 torch::matmul (the machine's practical peak, same library and threads)
+//   BM_ForwardBackward/M   LocalSession::forward_backward, cross_entropy, on a fixed batch (public API)
+//   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
+// Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
+// FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter
+// (the tied embedding counted once: it is the unembedding matmul). Attention score/value FLOPs not counted.
+// Models start from init_model's seeded random weights (the engine's built-in starting point).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+#include <rlloop/local.hpp>
+
+#include "builtin_models.hpp"
+#include "device.hpp"
+#include "model_io.hpp"
+#include "sampler.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int threads() {
+  if (const char* env = std::getenv("RLLOOP_BENCH_THREADS")) return std::atoi(env);
+  return 2;
+}
+
+double g_peak_flops = 0.0;  // filled by BM_MatmulPeak; later benchmarks report a fraction of it
+
+struct Shape {
+  const char* model;
+  int batch, seq;  // forward_backward batch
+};
+const Shape kShapes[] = {{"rlloop-small", 64, 32}, {"rlloop-100m", 8, 256}};
+constexpr int kSamples = 16, kNewTokens = 128, kPromptTokens = 16;
+
+std::int64_t count_params(rlloop::engine::Transformer& m) {
+  std::int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+rlloop::LocalService& service() {
+  static rlloop::LocalService svc(rlloop::LocalServiceOptions{.device = "cpu", .num_threads = threads()});
+  return svc;
+}
+
+// One session per model for the whole run (building rlloop-100m's 110M random weights takes seconds).
+rlloop::LocalSession& session(const std::string& model) {
+  static std::map<std::string, std::shared_ptr<rlloop::LocalSession>> sessions;
+  auto& s = sessions[model];
+  if (!s) s = service().create_session(rlloop::SessionOptions{.base_model = model});
+  return *s;
+}
+
+std::shared_ptr<rlloop::engine::Transformer> sampler_model(const std::string& model) {
+  static std::map<std::string, std::shared_ptr<rlloop::engine::Transformer>> models;
+  auto& m = models[model];
+  if (!m) m = rlloop::engine::init_model(*rlloop::engine::builtin_model(model), 0, torch::kCPU, torch::kFloat32);
+  return m;
+}
+
+// Deterministic pseudo-random tokens in [0, 256) (byte ids: valid for both vocabularies).
+std::vector<rlloop::token_id> tokens(int n, std::uint32_t seed) {
+  std::vector<rlloop::token_id> v(n);
+  for (auto& t : v) {
+    seed = seed * 1664525u + 1013904223u;
+    t = static_cast<rlloop::token_id>((seed >> 16) % 256);
+  }
+  return v;
+}
+
+void report(benchmark::State& state, double seconds, double tokens, double flops) {
+  state.counters["tokens_per_s"] = tokens / seconds;
+  state.counters["GFLOPs"] = flops / seconds / 1e9;
+  if (g_peak_flops > 0) state.counters["peak_frac"] = flops / seconds / g_peak_flops;
+}
+
+void BM_MatmulPeak(benchmark::State& state) {
+  at::set_num_threads(threads());
+  const std::int64_t n = state.range(0);
+  auto a = torch::randn({n, n}), b = torch::randn({n, n});
+  torch::Tensor c = torch::matmul(a, b);  // warm-up
+  double best = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    c = torch::matmul(a, b);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n / s);
+    benchmark::DoNotOptimize(c.data_ptr<float>());
+  }
+  g_peak_flops = std::max(g_peak_flops, best);
+  state.counters["GFLOPs"] = best / 1e9;  // best iteration: the peak
+}
+
+void BM_ForwardBackward(benchmark::State& state) {
+  const Shape& shape = kShapes[state.range(0)];
+  auto& s = session(shape.model);
+  std::vector<rlloop::Datum> data;
+  for (int i = 0; i < shape.batch; ++i) {
+    auto seq = tokens(shape.seq + 1, 7 + i);
+    std::vector<rlloop::token_id> input(seq.begin(), seq.end() - 1), target(seq.begin() + 1, seq.end());
+    data.push_back({rlloop::ModelInput::from_tokens(input),
+                    {{"target_tokens", rlloop::TensorData::from_tokens(target)}}});
+  }
+  const auto loss = rlloop::LossSpec::cross_entropy();
+  const double params = static_cast<double>(s.info().num_parameters);
+  s.forward_backward(data, loss).get();  // warm-up (allocator, gradient buffers)
+  double seconds = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    auto out = s.forward_backward(data, loss).get();
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.metrics);
+  }
+  const double tok = static_cast<double>(shape.batch) * shape.seq * state.iterations();
+  report(state, seconds, tok, 6.0 * params * tok);
+  state.SetLabel(std::string(shape.model) + " " + std::to_string(shape.batch) + "x" + std::to_string(shape.seq));
+}
+
+void BM_Sample(benchmark::State& state) {
+  const Shape& shape = kShapes[state.range(0)];
+  rlloop::engine::configure_threads(threads());
+  auto model = sampler_model(shape.model);
+  const double params = static_cast<double>(count_params(*model));
+  rlloop::SampleRequest req;
+  req.prompt = rlloop::ModelInput::from_tokens(tokens(kPromptTokens, 3));
+  req.num_samples = kSamples;
+  req.params.max_tokens = kNewTokens;
+  req.params.temperature = 1.0;
+  at::Generator gen = at::detail::createCPUGenerator(1234);
+  rlloop::engine::sample(*model, req, {}, gen);  // warm-up
+  double seconds = 0.0, generated = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    auto out = rlloop::engine::sample(*model, req, {}, gen);
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    for (const auto& seq : out.sequences) generated += static_cast<double>(seq.tokens.size());
+  }
+  report(state, seconds, generated, 2.0 * params * generated);
+  state.SetLabel(std::string(shape.model) + " " + std::to_string(kSamples) + "x" + std::to_string(kNewTokens));
+}
+
+}  // namespace
+
+BENCHMARK(BM_MatmulPeak)->Arg(2048)->Arg(4096)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+// Arg = index into kShapes: 0 rlloop-small, 1 rlloop-100m. Iteration counts keep the whole run to ~2 minutes.
+BENCHMARK(BM_ForwardBackward)->Arg(0)->MinTime(3.0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ForwardBackward)->Arg(1)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Sample)->Arg(0)->MinTime(3.0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Sample)->Arg(1)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK_MAIN();
