@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""Runs bench_engine (rlloop, C++) and reference.py (eager PyTorch, Debian's /usr/bin/python3) on the same
+models, shapes and thread count, alternating C++ and Python per measurement so both see the same machine
+load, and prints tokens/s, achieved GFLOP/s, fraction of the matmul peak and rlloop / Python ratios.
+
+  /usr/bin/python3 bench/engine/compare.py --bench build-bench/bench/engine/bench_engine [--threads 2]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = [("rlloop-small", 0), ("rlloop-100m", 1)]
+TARGETS = {  # (op, model) -> (min ratio vs Python, min fraction of matmul peak)
+    ("forward_backward", "rlloop-small"): (1.2, None),
+    ("forward_backward", "rlloop-100m"): (1.1, 0.5),
+    ("sample", "rlloop-small"): (4.0, None),
+    ("sample", "rlloop-100m"): (4.0, None),
+}
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def run_cpp(bench, flt, env):
+    out = subprocess.run([bench, f"--benchmark_filter={flt}", "--benchmark_format=json"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["benchmarks"]
+
+
+def run_py(args, env):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "reference.py")] + args, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", default="build-bench/bench/engine/bench_engine")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), RLLOOP_BENCH_THREADS=str(args.threads))
+    started = time.time()
+    print(f"threads {args.threads}, load average at start {load():.2f}", flush=True)
+
+    cpp_peak = max(b["GFLOPs"] for b in run_cpp(args.bench, "BM_MatmulPeak", env))
+    py_peak = max(r["gflops"] for r in run_py(["--what", "matmul", "--threads", str(args.threads)], env))
+    peak = max(cpp_peak, py_peak)
+    print(f"fp32 matmul peak (2048^2 and 4096^2, best of 3): C++ {cpp_peak:.1f} GFLOP/s, "
+          f"Python {py_peak:.1f} GFLOP/s; peak used below = {peak:.1f} GFLOP/s", flush=True)
+
+    rows = []
+    for op, bm in (("forward_backward", "BM_ForwardBackward"), ("sample", "BM_Sample")):
+        for model, idx in MODELS:
+            l0 = load()
+            c = run_cpp(args.bench, f"{bm}/{idx}/", env)[0]
+            short = model.split("-")[1]
+            p = [r for r in run_py(["--what", op, "--only", short, "--threads", str(args.threads)], env)
+                 if r["name"] == f"{op}/{model}"][0]
+            row = dict(op=op, model=model, shape=c.get("label", "").split(" ")[-1],
+                       cpp_tok_s=c["tokens_per_s"], py_tok_s=p["tokens_per_s"],
+                       cpp_gflops=c["GFLOPs"], py_gflops=p["gflops"], load=(l0 + load()) / 2)
+            row["ratio"] = row["cpp_tok_s"] / row["py_tok_s"]
+            rows.append(row)
+            print(f"  {op} {model}: rlloop {row['cpp_tok_s']:.0f} tok/s, python {row['py_tok_s']:.0f} tok/s, "
+                  f"ratio {row['ratio']:.2f}x (load {row['load']:.1f})", flush=True)
+
+    print()
+    print("| op | model | shape | rlloop tok/s | Python tok/s | ratio | rlloop GFLOP/s (% peak) | "
+          "Python GFLOP/s (% peak) | target | met |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        want_ratio, want_peak = TARGETS[(r["op"], r["model"])]
+        frac_c, frac_p = r["cpp_gflops"] / peak, r["py_gflops"] / peak
+        met = r["ratio"] >= want_ratio and (want_peak is None or frac_c >= want_peak)
+        target = f">= {want_ratio}x" + (f", >= {want_peak:.0%} peak" if want_peak else "")
+        print(f"| {r['op']} | {r['model']} | {r['shape']} | {r['cpp_tok_s']:.0f} | {r['py_tok_s']:.0f} | "
+              f"{r['ratio']:.2f}x | {r['cpp_gflops']:.1f} ({frac_c:.0%}) | {r['py_gflops']:.1f} ({frac_p:.0%}) | "
+              f"{target} | {'yes' if met else 'no'} |")
+    print(f"\nmatmul peak {peak:.1f} GFLOP/s; load average {load():.2f} at the end; total {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
