@@ -48,7 +48,8 @@ def main():
     print(f"threads {args.threads}, load average at start {load():.2f}", flush=True)
 
     cpp_peak = max(b["GFLOPs"] for b in run_cpp(args.bench, "BM_MatmulPeak", env))
-    py_peak = max(r["gflops"] for r in run_py(["--what", "matmul", "--threads", str(args.threads)], env))
+    py_peak = max(r["gflops"] for r in run_py(["--what", "matmul", "--threads", str(args.threads)], env)
+                  if r["name"].startswith("matmul"))
     peak = max(cpp_peak, py_peak)
     print(f"fp32 matmul peak (2048^2 and 4096^2, best of 3): C++ {cpp_peak:.1f} GFLOP/s, "
           f"Python {py_peak:.1f} GFLOP/s; peak used below = {peak:.1f} GFLOP/s", flush=True)
