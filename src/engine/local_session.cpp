@@ -173,6 +173,10 @@ struct LocalSession::Impl {
       auto rng = m.at("rng_state").get<std::vector<std::uint8_t>>();
       auto t = torch::from_blob(rng.data(), {static_cast<std::int64_t>(rng.size())}, torch::kUInt8).clone();
       generator.set_state(t);
+    } else {
+      // Weights only: moments and gradients of the old weights mean nothing for the new ones; start fresh.
+      optimizer->zero_grad();
+      build_optimizer();
     }
     optimizer->zero_grad();
   }
@@ -241,11 +245,10 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
     at::Generator gen = req.params.seed ? at::detail::createCPUGenerator(static_cast<std::uint64_t>(*req.params.seed))
                                         : impl_->generator;
     auto out = engine::sample(m, req, stop_check, gen);
+    // The prompt is prefilled once for all samples, so it is billed once.
     TokenUsage u;
-    for (const auto& s : out.sequences) {
-      u.prefill += s.prefill_tokens;
-      u.sample += s.decode_tokens;
-    }
+    u.prefill = static_cast<std::int64_t>(req.prompt.length());
+    for (const auto& s : out.sequences) u.sample += s.decode_tokens;
     impl_->add_usage(u);
     return out;
   });

@@ -1,0 +1,19 @@
+// Uses the header-only core through every include root a user writes: <rlloop/...>, <rlloop/algorithms/...>,
+// <rlloop/rewards/...>, <rlloop/envs/...>.
+#include <cstdio>
+
+#include <rlloop/algorithms/advantages.hpp>
+#include <rlloop/envs/arithmetic.hpp>
+#include <rlloop/rewards/math.hpp>
+#include <rlloop/rlloop.hpp>
+
+int main() {
+  rlloop::envs::ArithmeticTask task({}, 3);
+  const auto p = task.next(rlloop::envs::Split::train);
+  const rlloop::rewards::MathAnswerReward reward;
+  const double right = rlloop::score_one(reward, p, p.target).value;
+  const auto adv = rlloop::algorithms::GroupCentered{}(std::vector<double>{right, 0.0});
+  const auto spec = rlloop::LossSpec::parse("ppo", {{"clip_low_threshold", 0.7}});
+  std::printf("%s %g %g %g\n", p.prompt.c_str(), right, adv[0], spec.clip_low_threshold);
+  return right == 1.0 && adv[0] == 0.5 && spec.clip_low_threshold == 0.7 ? 0 : 1;
+}
