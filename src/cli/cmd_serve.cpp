@@ -30,12 +30,16 @@ int run_serve(int argc, char** argv) {
   std::string tenants_file;
   std::vector<std::string> base_models;
   std::string device = "auto";
+  int threads = 0;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
-  app.add_option("--data-dir", data_dir, "Where checkpoints and session records are written");
+  app.add_option("--data-dir", data_dir,
+                 "Where checkpoints and the session journal are written; a restart on the same directory resumes its sessions");
   app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
+      ->check(CLI::Range(0, 1024));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -52,6 +56,7 @@ int run_serve(int argc, char** argv) {
   rlloop::LocalServiceOptions local;
   local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
   local.device = device;
+  local.num_threads = threads;
   for (const auto& entry : base_models) {
     const auto eq = entry.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
@@ -63,6 +68,7 @@ int run_serve(int argc, char** argv) {
 #else
   (void)base_models;
   (void)device;
+  (void)threads;
   throw rlloop::unsupported("this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
   rlloop::server::Backend backend;
 #endif

@@ -53,11 +53,12 @@ ModelText model_text(const SessionInfo& info) {
   return cache[key] = m;
 }
 
-// One sampled sequence as OpenAI shows it: the visible text, which window of the decoded tokens it is, and the
-// tokens (without the stop token) for logprobs.
+// One sampled sequence as OpenAI shows it: the tokens (without the stop token) for logprobs, the visible text
+// and, for streaming, the piece of it each token adds (the pieces concatenate to `text`).
 struct Choice {
   std::vector<token_id> tokens;
   std::vector<double> logprobs;
+  std::vector<std::string> pieces;
   std::string text;
   std::string finish_reason;
 };
@@ -71,12 +72,24 @@ bool cut_at_stop(std::string& text, const std::vector<std::string>& stops) {
   return true;
 }
 
-std::string stream_decode(const Tokenizer& tok, const std::vector<token_id>& tokens) {
-  StreamDecoder d(tok);
-  std::string out;
-  for (token_id t : tokens) out += d.push(t);
-  return out + d.finish();
-}
+// Presents byte pieces as "tokens" 0..n-1, so StreamDecoder turns any byte window into valid UTF-8 pieces with
+// the same rules it applies to a model's tokens.
+class BytePieces final : public Tokenizer {
+ public:
+  explicit BytePieces(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {}
+  std::vector<token_id> encode(std::string_view, bool) const override { return {}; }
+  std::string decode(std::span<const token_id> ids, bool) const override {
+    std::string out;
+    for (token_id id : ids) out += pieces_.at(static_cast<std::size_t>(id));
+    return out;
+  }
+  std::int64_t vocab_size() const override { return static_cast<std::int64_t>(pieces_.size()); }
+  std::optional<token_id> token_to_id(std::string_view) const override { return std::nullopt; }
+  std::optional<token_id> eos_token_id() const override { return std::nullopt; }
+
+ private:
+  std::vector<std::string> pieces_;
+};
 
 Choice make_choice(const SampledSequence& seq, const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids) {
   Choice c;
@@ -85,10 +98,33 @@ Choice make_choice(const SampledSequence& seq, const Request& r, const ModelText
     c.tokens.push_back(seq.tokens[i]);
     c.logprobs.push_back(i < seq.logprobs.size() ? seq.logprobs[i] : 0.0);
   }
-  if (r.chat) c.text = m.renderer->parse_response(seq.tokens).message.content;
-  else c.text = stream_decode(*m.tokenizer, c.tokens);
-  const bool user_stop = cut_at_stop(c.text, r.params.stop);
+  // The raw bytes of each token, and the part of them that is the answer: the renderer's parse of a chat turn
+  // (its header space and end-of-turn removed), or all of a completion; then the caller's stop strings.
+  std::vector<std::string> raw;
+  std::string all;
+  for (token_id t : c.tokens) all += raw.emplace_back(m.tokenizer->decode(std::span<const token_id>(&t, 1)));
+  std::string visible = r.chat ? m.renderer->parse_response(seq.tokens).message.content : all;
+  const bool user_stop = cut_at_stop(visible, r.params.stop);
   c.finish_reason = seq.stop_reason == StopReason::stop || user_stop ? "stop" : "length";
+  std::size_t start = all.find(visible);
+  if (start == std::string::npos) raw = {visible}, start = 0, all = visible;  // not a window: one piece
+  const std::size_t end = start + visible.size();
+  std::size_t pos = 0;
+  for (auto& piece : raw) {  // clip each token's bytes to [start, end)
+    const std::size_t begin = pos;
+    pos += piece.size();
+    const std::size_t a = std::max(begin, start), b = std::min(pos, end);
+    piece = a < b ? piece.substr(a - begin, b - a) : std::string();
+  }
+  const std::size_t n = raw.size();
+  BytePieces bytes(std::move(raw));
+  StreamDecoder d(bytes);
+  for (std::size_t k = 0; k < n; ++k) {
+    std::string piece = d.push(static_cast<token_id>(k));
+    if (k + 1 == n) piece += d.finish();
+    c.text += piece;
+    c.pieces.push_back(std::move(piece));
+  }
   return c;
 }
 
@@ -120,30 +156,6 @@ json completion_logprobs(const Tokenizer& tok, const Choice& c, std::size_t from
 
 json usage_of(const TokenUsage& u) {
   return {{"prompt_tokens", u.prefill}, {"completion_tokens", u.sample}, {"total_tokens", u.prefill + u.sample}};
-}
-
-// The text each token adds to the visible window: decoded incrementally, clipped to where c.text sits in the
-// full decoded output. Pieces concatenate to exactly c.text.
-std::vector<std::string> stream_pieces(const Tokenizer& tok, const Choice& c) {
-  std::vector<std::string> pieces(c.tokens.size());
-  const std::string full = stream_decode(tok, c.tokens);
-  const std::size_t start = full.find(c.text);
-  if (start == std::string::npos || c.tokens.empty()) {
-    if (!pieces.empty()) pieces.back() = c.text;
-    else pieces.push_back(c.text);
-    return pieces;
-  }
-  const std::size_t end = start + c.text.size();
-  StreamDecoder d(tok);
-  std::size_t pos = 0;
-  for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-    std::string piece = d.push(c.tokens[i]);
-    if (i + 1 == c.tokens.size()) piece += d.finish();
-    const std::size_t a = std::max(pos, start), b = std::min(pos + piece.size(), end);
-    if (a < b) pieces[i] = piece.substr(a - pos, b - a);
-    pos += piece.size();
-  }
-  return pieces;
 }
 
 }  // namespace
@@ -318,7 +330,7 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
       const Choice& c = choices[i];
       if (r.chat && !event(json::array({{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr))
         return;
-      const auto pieces = stream_pieces(*tok, c);
+      const auto& pieces = c.pieces;
       for (std::size_t k = 0; k < pieces.size(); ++k) {
         if (pieces[k].empty() && !r.logprobs) continue;
         const std::size_t to = std::min(k + 1, c.tokens.size()), from = std::min(k, to);

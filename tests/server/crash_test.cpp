@@ -1,0 +1,160 @@
+// Durability: train through `rlloop serve`, kill -9 it at random points five times and restart it on the same
+// --data-dir while the client keeps going (retrying with the same clientTokens). The final adapter weights must
+// equal those of an uninterrupted run bit for bit, and every step must have run exactly once.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <rlloop/remote.hpp>
+
+#include "server_process.hpp"
+
+using namespace rlloop;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kSteps = 30;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Datum sft_datum(const std::string& text) {
+  std::vector<token_id> t(text.begin(), text.end());
+  Datum d;
+  d.model_input = ModelInput::from_tokens({t.begin(), t.end() - 1});
+  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(t.begin() + 1, t.end()));
+  d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(t.size() - 1, 1.0f));
+  return d;
+}
+
+// The checkpoint directory the server recorded for a model-package ARN.
+fs::path checkpoint_path(const fs::path& data_dir, const std::string& arn) {
+  std::ifstream in(data_dir / "journal.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("t", "") == "checkpoint" && j.value("arn", "") == arn) return j["path"].get<std::string>();
+  }
+  return {};
+}
+
+struct RunResult {
+  std::string arn;
+  std::vector<double> losses;
+  std::int64_t steps = 0;
+};
+
+// The training loop of both runs: kSteps of forward_backward + optim_step, then save the adapter for sampling.
+// on_step(i) runs after step i was reported (the crash run's killer uses it to pick its moments).
+RunResult train(std::uint16_t port, const std::function<void(int)>& on_step) {
+  RemoteOptions o;
+  o.endpoint = "http://127.0.0.1:" + std::to_string(port);
+  o.bearer_key = "crash-key";
+  o.max_retries = 200;  // a restart takes a second or two; keep retrying through it
+  o.backoff_base = std::chrono::milliseconds(5);
+  o.poll_max = std::chrono::milliseconds(20);
+  RemoteService service(o);
+  SessionOptions opts;
+  opts.base_model = "rlloop-tiny";
+  opts.lora = LoraOptions{4, 8, {"all-linear"}};
+  opts.name = "crash";
+  auto s = service.create_session(opts);
+  const std::vector<std::string> texts = {"the cat sat on the mat", "hello world, hello", "2+2=4 and 3+3=6", "abcabcabcabc"};
+  AdamParams adam;
+  adam.learning_rate = 5e-3;
+  RunResult run;
+  for (int i = 0; i < kSteps; ++i) {
+    auto fb = s->forward_backward({sft_datum(texts[i % texts.size()]), sft_datum(texts[(i + 1) % texts.size()])},
+                                  LossSpec::cross_entropy());
+    auto step = s->optim_step(adam);
+    run.losses.push_back(fb.get().metrics.at("loss:sum"));
+    run.steps = static_cast<std::int64_t>(step.get().metrics.at("step"));
+    on_step(i);
+  }
+  run.arn = s->save_weights_for_sampler("final").get().path;
+  return run;
+}
+
+struct Dirs {
+  fs::path root;
+  Dirs() : root(fs::temp_directory_path() / ("rlloop-crash-" + std::to_string(::getpid()))) {
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream(root / "tenants.json") << R"({"tenants": [{"id": "crash", "bearerKeys": ["crash-key"]}]})";
+  }
+  ~Dirs() {
+    if (!::testing::Test::HasFailure()) fs::remove_all(root);
+  }
+  std::vector<std::string> args(const std::string& data, std::uint16_t port) const {
+    return {"--tenants", (root / "tenants.json").string(), "--port", std::to_string(port), "--data-dir", (root / data).string(),
+            "--device", "cpu", "--threads", "1"};
+  }
+};
+
+}  // namespace
+
+TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
+  Dirs dirs;
+  // Uninterrupted reference.
+  const std::uint16_t ref_port = test_server::free_port();
+  test_server::ServeProcess ref(RLLOOP_BIN, dirs.args("ref", ref_port), (dirs.root / "ref.log").string());
+  ref.start();
+  ASSERT_TRUE(ref.wait_listening(ref_port)) << read_file(dirs.root / "ref.log");
+  const RunResult expected = train(ref_port, [](int) {});
+  ref.kill(SIGTERM);
+
+  // The same loop, with the server killed at five random moments.
+  const std::uint16_t port = test_server::free_port();
+  auto server = std::make_unique<test_server::ServeProcess>(RLLOOP_BIN, dirs.args("crash", port), (dirs.root / "crash.log").string());
+  server->start();
+  ASSERT_TRUE(server->wait_listening(port)) << read_file(dirs.root / "crash.log");
+  std::mt19937 rng(std::random_device{}());
+  std::vector<int> kill_after;  // steps after which a kill is armed, spread over the run
+  for (int k = 0; k < 5; ++k) kill_after.push_back(2 + k * (kSteps - 4) / 5 + static_cast<int>(rng() % 3));
+  std::atomic<int> reported{-1};
+  std::atomic<int> kills{0};
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    for (int at : kill_after) {
+      while (reported.load() < at && !done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (done) return;
+      // Somewhere inside the next operations: between accept and run, mid-step, mid-autosave, before the reply.
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
+      server->kill(SIGKILL);
+      ++kills;
+      server->start();  // not waiting: the client retries until the recovered server listens
+    }
+  });
+  RunResult got;
+  try {
+    got = train(port, [&](int i) { reported = i; });
+  } catch (const std::exception& e) {
+    done = true;
+    killer.join();
+    FAIL() << "client failed after " << kills << " kills: " << e.what() << "\n" << read_file(dirs.root / "crash.log");
+  }
+  done = true;
+  killer.join();
+  EXPECT_EQ(kills.load(), 5);
+  EXPECT_EQ(got.steps, kSteps) << "every optimizer step ran exactly once";
+  ASSERT_EQ(got.losses.size(), expected.losses.size());
+  for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_EQ(got.losses[i], expected.losses[i]) << "step " << i;
+
+  const fs::path a = checkpoint_path(dirs.root / "ref", expected.arn), b = checkpoint_path(dirs.root / "crash", got.arn);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  const std::string wa = read_file(a / "weights.safetensors"), wb = read_file(b / "weights.safetensors");
+  ASSERT_GT(wa.size(), 1000u);
+  EXPECT_TRUE(wa == wb) << "final adapter weights differ from the uninterrupted run";
+  server->kill(SIGTERM);
+}
