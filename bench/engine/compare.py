@@ -42,6 +42,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", default="build-bench/bench/engine/bench_engine")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", choices=["all", "small", "100m"], default="all")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), RLLOOP_BENCH_THREADS=str(args.threads))
     started = time.time()
@@ -57,6 +58,8 @@ def main():
     rows = []
     for op, bm in (("forward_backward", "BM_ForwardBackward"), ("sample", "BM_Sample")):
         for model, idx in MODELS:
+            if args.models != "all" and not model.endswith(args.models):
+                continue
             l0 = load()
             c = run_cpp(args.bench, f"{bm}/{idx}/", env)[0]
             short = model.split("-")[1]
