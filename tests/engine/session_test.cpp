@@ -312,3 +312,22 @@ TEST(LocalSession, CustomLossGradientMatchesTheBuiltinOne) {
   EXPECT_TRUE(contains(error_of([&] { a.forward_backward_custom(batch, bad).get(); }),
                        "returned gradients for 1 datums, expected 2"));
 }
+
+TEST(LocalSession, TypeErasedSessionBehavesLikeTheConcreteOne) {
+  LocalService svc(service_in(temp_dir("any")));
+  auto concrete = svc.create_session(tiny());
+  AnySession erased(svc.create_session(tiny()));
+  std::vector<Datum> batch{sft_datum("4+4=8\n")};
+  TrainingClient<AnySession> any_client(std::make_shared<AnySession>(erased));
+  TrainingClient<LocalSession> local_client(concrete);
+  for (int s = 0; s < 2; ++s) {
+    any_client.forward_backward(batch, LossSpec::cross_entropy());
+    any_client.optim_step(AdamParams{.learning_rate = 1e-2});
+    local_client.forward_backward(batch, LossSpec::cross_entropy());
+    local_client.optim_step(AdamParams{.learning_rate = 1e-2});
+  }
+  EXPECT_EQ(any_client.forward(batch, LossSpec::cross_entropy()).get().logprobs(0),
+            local_client.forward(batch, LossSpec::cross_entropy()).get().logprobs(0));
+  EXPECT_EQ(any_client.get_info().step, 2);
+  EXPECT_EQ(any_client.usage(), local_client.usage());
+}
