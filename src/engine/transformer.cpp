@@ -230,7 +230,9 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
                            std::string(c10::toString(input_ids.scalar_type())) + " " + shape_string(input_ids.sizes()));
   const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
   if (B == 0 || T == 0) throw invalid_argument("Transformer::hidden_states: empty input " + shape_string(input_ids.sizes()));
-  {
+  // One decoded token per step comes from the sampler itself, inside the vocabulary by construction; checking
+  // it would cost a device sync per layer stack. Everything else is checked.
+  if (!(cache && T == 1)) {
     auto [lo, hi] = torch::aminmax(input_ids);
     const auto lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
     if (lo_v < 0 || hi_v >= cfg.vocab_size)
@@ -296,15 +298,26 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     }
     // Grouped-query attention without materialising repeated K/V: the `rep` query heads that share a KV head
     // are stacked along the row dimension, [B, nkv, rep*T, D] x [B, nkv, D, S].
-    torch::Tensor scores = torch::matmul(q.reshape({B, nkv, rep * T, D}), keys.transpose(-1, -2)) * scale;
-    if (mask.defined())
-      scores.view({B, nkv, rep, T, S}).masked_fill_(mask, -std::numeric_limits<double>::infinity());
-    torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
-    if (probs.scalar_type() != dtype) probs = probs.to(dtype);
-    torch::Tensor attn = torch::matmul(probs, values)  // [B, nkv, rep*T, D] == [B, nh, T, D]
-                             .view({B, nh, T, D})
-                             .transpose(1, 2)
-                             .reshape({B, T, nh * D});
+    torch::Tensor attn;
+    if (T == 1 && device.is_cpu()) {
+      // Decoding on CPU: B*nkv matrix products of one row each are dispatch-bound, and matmul would first copy
+      // the strided cache views. A broadcast multiply-and-sum reads the cache in place. [B, nkv, rep, S]
+      torch::Tensor qg = q.view({B, nkv, rep, 1, D});
+      torch::Tensor scores = (qg * keys.unsqueeze(2)).sum(-1) * scale;
+      torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
+      if (probs.scalar_type() != dtype) probs = probs.to(dtype);
+      attn = (probs.unsqueeze(-1) * values.unsqueeze(2)).sum(-2).reshape({B, 1, nh * D});  // [B, nkv, rep, D]
+    } else {
+      torch::Tensor scores = torch::matmul(q.reshape({B, nkv, rep * T, D}), keys.transpose(-1, -2)) * scale;
+      if (mask.defined())
+        scores.view({B, nkv, rep, T, S}).masked_fill_(mask, -std::numeric_limits<double>::infinity());
+      torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
+      if (probs.scalar_type() != dtype) probs = probs.to(dtype);
+      attn = torch::matmul(probs, values)  // [B, nkv, rep*T, D] == [B, nh, T, D]
+                 .view({B, nh, T, D})
+                 .transpose(1, 2)
+                 .reshape({B, T, nh * D});
+    }
     x = x + layer.o.apply(attn);
 
     h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
