@@ -22,3 +22,14 @@ function(rlloop_add_test name)
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
 endfunction()
+
+# rlloop_add_child_directories(): adds every sub-folder of the current one that has a CMakeLists.txt
+# (tests/, bench/, examples/: one independent folder per module or example).
+function(rlloop_add_child_directories)
+  file(GLOB children LIST_DIRECTORIES true CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  foreach(child ${children})
+    if(IS_DIRECTORY ${child} AND EXISTS ${child}/CMakeLists.txt)
+      add_subdirectory(${child})
+    endif()
+  endforeach()
+endfunction()
