@@ -74,7 +74,7 @@ int run(Algo& algo, const Options& o, TrainingClient<LocalSession>& client, cons
     std::fflush(stdout);
   };
   const auto before = algo.evaluate(held_out);
-  std::printf("before training: held-out loss %.4f, accuracy %.2f (policy = reference: every margin is 0)\n",
+  std::printf("before training: held-out loss %.4f, accuracy %.2f (policy = reference: margins are 0 up to float noise)\n",
               before.loss, before.accuracy);
   for (int s = 1; s <= o.steps; ++s) {
     std::vector<algorithms::PreferencePair> batch;
