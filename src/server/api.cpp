@@ -140,8 +140,15 @@ Response Api::handle(const sigv4::HttpRequest& req) {
   } catch (const std::exception& e) {
     error_type = "InternalServerException";
     res.status = 500;
-    res.content_type = "application/json";
-    res.body = json{{"message", std::string("internal error: ") + e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    const std::string message = std::string("internal error: ") + e.what();
+    // The same shapes as above: a control-plane client reads __type / Message.
+    if (amz_target) {
+      res.content_type = "application/x-amz-json-1.1";
+      res.body = json{{"__type", error_type}, {"Message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    } else {
+      res.content_type = "application/json";
+      res.body = json{{"message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
     res.headers.emplace_back("X-Amzn-ErrorType", error_type);
   }
   res.headers.emplace_back("x-amzn-RequestId", request_id);

@@ -137,7 +137,9 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       std::int64_t offset = 0;
       if (const json* tok = find(body, "NextToken")) {
         const std::string s = string(*tok, "NextToken");
-        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) fail("NextToken", "is not a token from a previous page");
+        // At most 18 digits: std::stoll would throw out_of_range (a 500) on longer ones.
+        if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+          fail("NextToken", "is not a token from a previous page");
         offset = std::stoll(s);
       }
       std::vector<std::shared_ptr<SessionHost>> mine;
