@@ -14,6 +14,15 @@
 
 using namespace rlloop;
 
+namespace {
+// A random byte-level model writes arbitrary bytes: show printable ASCII, '?' for the rest.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) out += c >= 32 && c < 127 ? static_cast<char>(c) : c == '\n' ? ' ' : '?';
+  return out;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string data = "../shared/data/gsm8k/train.jsonl", model = "rlloop-small", device = "auto";
   int steps = 3, problems = 4, group_size = 4, max_tokens = 64, lora_rank = 0;
@@ -74,7 +83,7 @@ int main(int argc, char** argv) {
   const auto text = tok->decode(seq.tokens, true);
   const auto score = score_one(reward, p, text);
   std::printf("sample completion (%zu tokens): %s -> %s (%s)\ntime: %.0f s\n", seq.tokens.size(),
-              nlohmann::json(text.substr(0, 80)).dump(-1, ' ', /*ensure_ascii=*/true).c_str(),
+              printable(text.substr(0, 80)).c_str(),
               std::string(to_string(score.status)).c_str(), score.details.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
