@@ -1,0 +1,71 @@
+// train() with callbacks: JSONL logging, early stopping, on_end, on the fake session.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <rlloop/algorithms/callbacks.hpp>
+
+#include "fake_session.hpp"
+#include "toy_loop.hpp"
+
+using namespace rlloop;
+using namespace rlloop::algorithms;
+using namespace rlloop::testing;
+
+namespace {
+struct CountSteps {
+  int* steps;
+  int* ends;
+  void on_step(const PolicyGradientStats&) { ++*steps; }
+  void on_end(const PolicyGradientStats&) { ++*ends; }
+};
+struct NotACallback {};
+static_assert(StepCallback<CountSteps, PolicyGradientStats>);
+static_assert(!StepCallback<NotACallback, PolicyGradientStats>);
+
+GRPO<FakeSession> make_grpo(std::shared_ptr<FakeSession> session) {
+  return GRPO<FakeSession>(TrainingClient<FakeSession>(std::move(session)), std::make_shared<CharTokenizer>("abcd"),
+                           {.group_size = 8, .sampling = {.max_tokens = 4, .seed = 7}, .adam = {.learning_rate = 0.1}});
+}
+}  // namespace
+
+TEST(Callbacks, LogEveryStepAndStopWhenTheRewardIsReached) {
+  auto session = std::make_shared<FakeSession>(FakeSessionOptions{.vocab_size = 5, .seed = 1, .eos_token_id = 4});
+  auto grpo = make_grpo(session);
+  const std::vector<toy::LetterProblem> problems{{"b"}, {"cd"}, {"dc"}, {"bb"}};
+  const auto path = std::filesystem::temp_directory_path() / ("rlloop-callbacks-" + std::to_string(::getpid()) + ".jsonl");
+  MetricsLog log(path.string());
+  int steps = 0, ends = 0;
+  const auto last = train(grpo, 100, [&] { return problems; }, toy::ShareOf{"a"}, JsonlLogger{&log},
+                          StopWhen{"reward_mean", 0.6}, CountSteps{&steps, &ends});
+  // Stopped early, at the first step whose reward reached 0.6, and every step was logged once.
+  EXPECT_GE(last.reward_mean, 0.6);
+  EXPECT_LT(steps, 100);
+  EXPECT_EQ(ends, 1);
+  EXPECT_EQ(session->info().step, steps);
+  std::ifstream in(path);
+  std::string line;
+  int lines = 0;
+  double last_logged = -1;
+  while (std::getline(in, line)) {
+    ++lines;
+    last_logged = nlohmann::json::parse(line).at("reward_mean").get<double>();
+  }
+  EXPECT_EQ(lines, steps);
+  EXPECT_EQ(last_logged, last.reward_mean);
+  for (int i = 0; i + 1 < lines; ++i) EXPECT_LT(log.records()[i].at("reward_mean").get<double>(), 0.6);
+  std::filesystem::remove(path);
+}
+
+TEST(Callbacks, StopWhenNamesAnUnknownField) {
+  auto session = std::make_shared<FakeSession>(FakeSessionOptions{.vocab_size = 5, .seed = 1, .eos_token_id = 4});
+  auto grpo = make_grpo(session);
+  const std::vector<toy::LetterProblem> problems{{"b"}};
+  try {
+    train(grpo, 3, [&] { return problems; }, toy::ShareOf{"a"}, StopWhen{"rewrd", 1.0});
+    FAIL();
+  } catch (const invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "StopWhen: the stats have no field 'rewrd'");
+  }
+}
