@@ -111,7 +111,7 @@ Response Api::handle(const sigv4::HttpRequest& req) {
         json body;
         try {
           body = req.body.empty() ? json::object() : json::parse(req.body);
-        } catch (const json::parse_error& e) {
+        } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
           throw api_error("SerializationException", 400, std::string("request body is not valid JSON: ") + e.what());
         }
         res.body = im.control_plane(*amz_target, body, tenant).dump();

@@ -111,7 +111,7 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     json body;
     try {
       body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999 (was a 500)
       throw api_error("ValidationException", 400, std::string("request body is not valid JSON: ") + e.what());
     }
     auto op = std::make_shared<OperationRecord>();

@@ -162,6 +162,7 @@ TEST_F(BadInput, ControlPlaneMalformedJsonAndWrongTypes) {
   // Not JSON at all: SerializationException (the JSON 1.1 protocol's name for an unreadable body).
   auto r = c.send("POST", "/", "{\"TrainingSessionName\": ", "SageMaker.CreateTrainingSession");
   EXPECT_NE(control_error_of(r, "SerializationException").find("not valid JSON"), std::string::npos);
+  control_error_of(c.send("POST", "/", R"({"MaxResults": 1e999})", "SageMaker.ListTrainingSessions"), "SerializationException");
   // JSON, but not an object.
   EXPECT_EQ(control_error_of(c.send("POST", "/", "[1,2]", "SageMaker.ListTrainingSessions"), "ValidationException"),
             "request body: expected an object");
@@ -271,6 +272,8 @@ TEST_F(BadInput, RuntimeWrongTypesAndUnknownUnionMembers) {
   EXPECT_EQ(c.send("POST", sops, "{\"operationConfig\": [").error_type, "ValidationException");
   runtime_error_of(c.send("POST", ops, ""), 400, "ValidationException");
   runtime_error_of(c.send("POST", ops, "null"), 400, "ValidationException");
+  // A number JSON cannot hold (the parser throws out_of_range, not parse_error; found by tests/fuzz, was a 500).
+  runtime_error_of(c.send("POST", ops, R"({"sequenceNumber": 1e999, "operationConfig": {"saveState": {}}})"), 400, "ValidationException");
 
   // Nothing was accepted: the session's sequence numbers are untouched and the next real operation runs.
   auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "rt"}}).json_body()["TrainingSessionDetail"];
