@@ -32,7 +32,8 @@ inline nlohmann::json to_json(const PolicyGradientStats& s) {
           {"kl", s.kl},
           {"entropy", s.entropy},
           {"seconds_sampling", s.seconds_sampling},
-          {"seconds_training", s.seconds_training}};
+          {"seconds_training", s.seconds_training},
+          {"staleness", s.staleness}};
 }
 
 template <class C, class Stats>

@@ -34,6 +34,7 @@ struct PolicyGradientOptions {
   int substeps = 1;                  // optimizer steps per batch: the rollouts are split into this many minibatches
   bool drop_uniform_groups = true;   // a group whose rewards are all equal carries no signal
   double kl_coef = 0.0;              // > 0 needs set_reference(): per-token penalty kl_coef * (logp - logp_ref)
+  int max_staleness = 1;             // off-policy mode: a batch may be learned at most this many steps after sampling
   AdamParams adam{.learning_rate = 1e-5};
 
   void validate() const {
@@ -45,6 +46,7 @@ struct PolicyGradientOptions {
     if (!(clip_high >= 0 && clip_high <= 9)) throw invalid_argument("PolicyGradientOptions::clip_high must be in [0, 9]");
     if (substeps < 1) throw invalid_argument("PolicyGradientOptions::substeps must be >= 1");
     if (!(kl_coef >= 0)) throw invalid_argument("PolicyGradientOptions::kl_coef must be >= 0");
+    if (max_staleness < 0) throw invalid_argument("PolicyGradientOptions::max_staleness must be >= 0");
   }
 };
 
@@ -59,6 +61,16 @@ struct PolicyGradientStats {
   double kl = 0;             // mean per-token k3 estimate against the reference (when kl_coef > 0)
   double entropy = 0;        // mean per-token -logprob of the sampled tokens (a sample estimate of entropy)
   double seconds_sampling = 0, seconds_training = 0;
+  std::int64_t staleness = 0;  // optimizer steps between sampling this batch and learning from it
+};
+
+// Sampling submitted for a batch of problems, not yet learned from (see PolicyGradient::submit).
+template <class P>
+struct PendingBatch {
+  std::vector<P> problems;
+  std::vector<std::vector<token_id>> prompts;
+  std::vector<Future<SampleResponse>> samples;
+  std::int64_t sampled_at_step = 0;
 };
 
 // Run state, apart from the immutable options (saved with the session checkpoint by the caller if needed).
@@ -116,26 +128,51 @@ class PolicyGradient {
   PolicyGradientState& state() { return state_; }
   TrainingClient<S>& client() { return client_; }
 
-  // One batch: every problem gets group_size samples from the current weights; then substeps optimizer steps.
+  // One synchronous batch: every problem gets group_size samples from the current weights, then substeps
+  // optimizer steps. Equivalent to learn(submit(problems), reward).
   template <PromptedProblem P, Reward<P> R>
   PolicyGradientStats step(const std::vector<P>& problems, const R& reward) {
+    auto batch = submit(problems);
+    return learn(batch, reward);
+  }
+
+  // Off-policy mode, for overlapping rollouts with learning:
+  //   auto pending = algo.submit(next());
+  //   for (...) { auto ahead = algo.submit(next()); stats = algo.learn(pending, reward); pending = std::move(ahead); }
+  // `ahead` is sampled from the weights before learn()'s update (staleness 1); the ppo / cispo ratio against
+  // the sampler's logprobs corrects for it, and scoring one batch overlaps sampling the next.
+  template <PromptedProblem P>
+  PendingBatch<P> submit(const std::vector<P>& problems) {
+    PendingBatch<P> batch{problems, {}, {}, state_.step};
+    auto sampler = client_.live_sampling_client();
+    for (std::size_t i = 0; i < problems.size(); ++i) {
+      batch.prompts.push_back(tokenizer_->encode(std::string_view(problems[i].prompt)));
+      SamplingParams params = options_.sampling;
+      // Seeds follow the submission count (equal to the step count in synchronous use), so a batch submitted
+      // ahead never repeats the draws of the one before it.
+      if (params.seed) params.seed = *params.seed + submitted_ * 100003 + static_cast<std::int64_t>(i);
+      batch.samples.push_back(sampler.sample(ModelInput::from_tokens(batch.prompts.back()), options_.group_size, params));
+    }
+    ++submitted_;
+    return batch;
+  }
+
+  // Waits for a submitted batch, scores it and trains on it. Refuses a batch older than max_staleness steps.
+  template <PromptedProblem P, Reward<P> R>
+  PolicyGradientStats learn(PendingBatch<P>& batch, const R& reward) {
     using clock = std::chrono::steady_clock;
     if (options_.kl_coef > 0 && !reference_)
-      throw invalid_argument("PolicyGradient::step: kl_coef > 0 needs set_reference()");
+      throw invalid_argument("PolicyGradient::learn: kl_coef > 0 needs set_reference()");
     PolicyGradientStats stats;
     stats.step = state_.step;
+    stats.staleness = state_.step - batch.sampled_at_step;
+    if (stats.staleness > options_.max_staleness)
+      throw invalid_argument("PolicyGradient::learn: the batch was sampled " + std::to_string(stats.staleness) +
+                             " steps ago, more than max_staleness = " + std::to_string(options_.max_staleness));
     const auto t0 = clock::now();
-
-    // Submit every group's sampling first, then wait: the session pipelines them.
-    auto sampler = client_.live_sampling_client();
-    std::vector<std::vector<token_id>> prompts;
-    std::vector<Future<SampleResponse>> pending;
-    for (std::size_t i = 0; i < problems.size(); ++i) {
-      prompts.push_back(tokenizer_->encode(std::string_view(problems[i].prompt)));
-      SamplingParams params = options_.sampling;
-      if (params.seed) params.seed = *params.seed + state_.step * 100003 + static_cast<std::int64_t>(i);
-      pending.push_back(sampler.sample(ModelInput::from_tokens(prompts.back()), options_.group_size, params));
-    }
+    const auto& problems = batch.problems;
+    const auto& prompts = batch.prompts;
+    auto& pending = batch.samples;
     std::vector<SampleResponse> responses;
     for (auto& f : pending) responses.push_back(f.get());
 
@@ -254,6 +291,7 @@ class PolicyGradient {
   AggregationPolicy aggregation_;
   std::optional<SamplingClient<S>> reference_;
   PolicyGradientState state_;
+  std::int64_t submitted_ = 0;  // batches submitted so far
 };
 
 }  // namespace rlloop::algorithms

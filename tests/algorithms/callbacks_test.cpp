@@ -69,3 +69,33 @@ TEST(Callbacks, StopWhenNamesAnUnknownField) {
     EXPECT_STREQ(e.what(), "StopWhen: the stats have no field 'rewrd'");
   }
 }
+
+TEST(OffPolicy, BatchesSubmittedAheadAreOneStepStaleAndStillLearn) {
+  auto session = std::make_shared<FakeSession>(FakeSessionOptions{.vocab_size = 5, .seed = 1, .eos_token_id = 4});
+  auto grpo = make_grpo(session);
+  const std::vector<toy::LetterProblem> problems{{"b"}, {"cd"}, {"dc"}, {"bb"}};
+  auto pending = grpo.submit(problems);
+  std::vector<PolicyGradientStats> stats;
+  for (int s = 0; s < 30; ++s) {
+    auto ahead = grpo.submit(problems);  // sampled before this step's update
+    stats.push_back(grpo.learn(pending, toy::ShareOf{"a"}));
+    pending = std::move(ahead);
+  }
+  EXPECT_EQ(stats[0].staleness, 0);
+  for (int s = 1; s < 30; ++s) EXPECT_EQ(stats[s].staleness, 1) << s;
+  EXPECT_LT((stats[0].reward_mean + stats[1].reward_mean) / 2, 0.4);
+  EXPECT_GT((stats[28].reward_mean + stats[29].reward_mean) / 2, 0.8);
+  // A batch older than max_staleness (1) is refused by name.
+  auto old = grpo.submit(problems);
+  grpo.learn(pending, toy::ShareOf{"a"});
+  grpo.learn(old, toy::ShareOf{"a"});  // staleness 1: fine
+  auto older = grpo.submit(problems);
+  grpo.step(problems, toy::ShareOf{"a"});
+  grpo.step(problems, toy::ShareOf{"a"});
+  try {
+    grpo.learn(older, toy::ShareOf{"a"});
+    FAIL();
+  } catch (const invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "PolicyGradient::learn: the batch was sampled 2 steps ago, more than max_staleness = 1");
+  }
+}
