@@ -15,8 +15,9 @@
 
 namespace rlloop {
 
-// The built-in losses (DESIGN.md §3). All are summed over tokens, never averaged.
-enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro };
+// The built-in losses (DESIGN.md §3). All are summed over tokens, never averaged. `value` is the critic's
+// regression loss for PPO with a value head (an rlloop extension, local sessions created with value_head).
+enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value };
 
 inline const char* to_string(LossFn f) {
   switch (f) {
@@ -25,30 +26,37 @@ inline const char* to_string(LossFn f) {
     case LossFn::ppo: return "ppo";
     case LossFn::cispo: return "cispo";
     case LossFn::dro: return "dro";
+    case LossFn::value: return "value";
   }
   return "?";
 }
 
 inline LossFn loss_fn_from_string(std::string_view name) {
-  for (LossFn f : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro})
+  for (LossFn f : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro,
+                   LossFn::value})
     if (name == to_string(f)) return f;
   throw invalid_argument("unknown loss function '" + std::string(name) +
-                         "' (expected cross_entropy, importance_sampling, ppo, cispo or dro)");
+                         "' (expected cross_entropy, importance_sampling, ppo, cispo, dro or value)");
 }
 
 // A loss with its configuration. clip thresholds bound the ratio r = exp(lp - q) for ppo and cispo;
-// beta weights the quadratic penalty of dro.
+// beta weights the quadratic penalty of dro; value_clip bounds how far a new value may move from "old_values"
+// in the value loss (0 = no clipping).
 struct LossSpec {
   LossFn fn = LossFn::cross_entropy;
   double clip_low_threshold = 0.8;
   double clip_high_threshold = 1.2;
   double beta = 0.1;
+  double value_clip = 0.2;
 
   static LossSpec cross_entropy() { return {LossFn::cross_entropy}; }
   static LossSpec importance_sampling() { return {LossFn::importance_sampling}; }
   static LossSpec ppo(double lo = 0.8, double hi = 1.2) { return {LossFn::ppo, lo, hi}; }
   static LossSpec cispo(double lo = 0.8, double hi = 1.2) { return {LossFn::cispo, lo, hi}; }
   static LossSpec dro(double beta = 0.1) { return {LossFn::dro, 0.8, 1.2, beta}; }
+  // 0.5 * sum(w * max((v - R)^2, (v_clip - R)^2)), v_clip = old + clamp(v - old, -clip, clip) when "old_values"
+  // are given; inputs "returns" (R), optional "old_values", optional "weights".
+  static LossSpec value(double clip = 0.2) { return {LossFn::value, 0.8, 1.2, 0.1, clip}; }
 
   // Config keys each loss accepts (the wire's lossFnConfig).
   static std::vector<std::string> config_keys(LossFn f) {
@@ -56,6 +64,7 @@ struct LossSpec {
       case LossFn::ppo:
       case LossFn::cispo: return {"clip_low_threshold", "clip_high_threshold"};
       case LossFn::dro: return {"beta"};
+      case LossFn::value: return {"value_clip"};
       default: return {};
     }
   }
@@ -74,6 +83,7 @@ struct LossSpec {
       if (key == "clip_low_threshold") s.clip_low_threshold = value;
       if (key == "clip_high_threshold") s.clip_high_threshold = value;
       if (key == "beta") s.beta = value;
+      if (key == "value_clip") s.value_clip = value;
     }
     s.validate();
     return s;
@@ -84,6 +94,7 @@ struct LossSpec {
       case LossFn::ppo:
       case LossFn::cispo: return {{"clip_low_threshold", clip_low_threshold}, {"clip_high_threshold", clip_high_threshold}};
       case LossFn::dro: return {{"beta", beta}};
+      case LossFn::value: return {{"value_clip", value_clip}};
       default: return {};
     }
   }
@@ -94,11 +105,14 @@ struct LossSpec {
     if (!(clip_high_threshold >= 1.0 && clip_high_threshold <= 10.0))
       throw invalid_argument("clip_high_threshold must be in [1, 10], got " + std::to_string(clip_high_threshold));
     if (!(beta >= 0.0 && std::isfinite(beta))) throw invalid_argument("dro beta must be a finite number >= 0");
+    if (!(value_clip >= 0.0 && std::isfinite(value_clip)))
+      throw invalid_argument("value_clip must be a finite number >= 0, got " + std::to_string(value_clip));
   }
 
   // Loss inputs each loss requires; "weights" is optional for the RL losses (defaults to 1 per token).
   static std::vector<std::string> required_inputs(LossFn f) {
     if (f == LossFn::cross_entropy) return {"target_tokens", "weights"};
+    if (f == LossFn::value) return {"returns"};
     return {"target_tokens", "advantages", "logprobs"};
   }
   bool operator==(const LossSpec&) const = default;
@@ -106,7 +120,8 @@ struct LossSpec {
 
 // Every loss input key the wire protocol accepts.
 inline bool is_known_loss_input(std::string_view key) {
-  for (std::string_view k : {"target_tokens", "weights", "advantages", "logprobs", "ref_log_prob", "temperature"})
+  for (std::string_view k :
+       {"target_tokens", "weights", "advantages", "logprobs", "ref_log_prob", "temperature", "returns", "old_values"})
     if (key == k) return true;
   return false;
 }

@@ -227,6 +227,7 @@ struct SessionOptions {
   std::optional<LoraOptions> lora;    // nullopt = full fine-tuning
   std::int64_t seed = 0;              // LoRA init, dropout-free; also the default sampler seed stream
   std::string name;                   // optional human-readable session name
+  bool value_head = false;            // add a trainable scalar head on the final hidden state (PPO critic)
 };
 
 struct SessionInfo {
@@ -242,6 +243,7 @@ struct SessionInfo {
   std::optional<token_id> eos_token_id;
   std::string device;                 // "cpu", "cuda:0"
   std::int64_t step = 0;              // optimizer steps taken
+  bool value_head = false;
 };
 
 struct ServerCapabilities {

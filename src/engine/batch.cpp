@@ -38,9 +38,12 @@ PaddedBatch pad_batch(const std::vector<Datum>& data, const ModelConfig& cfg) {
     std::int64_t t = 0;
     for (const auto& c : data[i].model_input.chunks)
       for (token_id tok : c.tokens) ids[i][t++] = tok;
-    const auto& tt = data[i].loss_fn_inputs.at("target_tokens");
+    // The value loss needs no targets; every other loss has them (validated before).
+    auto tt = data[i].loss_fn_inputs.find("target_tokens");
     for (std::int64_t j = 0; j < b.lengths[i]; ++j) {
-      targets[i][j] = tt.dtype == DType::int64 ? tt.int_data[j] : static_cast<std::int64_t>(tt.float_data[j]);
+      if (tt != data[i].loss_fn_inputs.end())
+        targets[i][j] = tt->second.dtype == DType::int64 ? tt->second.int_data[j]
+                                                         : static_cast<std::int64_t>(tt->second.float_data[j]);
       mask[i][j] = 1.0f;
     }
   }
@@ -89,6 +92,36 @@ ForwardBackwardOutput make_output(const torch::Tensor& lp, const PaddedBatch& b)
 
 }  // namespace
 
+namespace {
+// The critic: values from the value head, regressed on "returns". Outputs "values" per datum.
+ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
+                                     const PaddedBatch& b, bool backward) {
+  if (!model.has_value_head())
+    throw invalid_argument("loss 'value' needs a session created with a value head (SessionOptions::value_head)");
+  const auto device = model_device(model);
+  const std::int64_t T = b.ids.size(1);
+  auto v = model.values(model.hidden_states(b.ids.to(device)));
+  bool has_old = true;
+  for (const auto& d : data) has_old = has_old && d.loss_fn_inputs.count("old_values");
+  torch::Tensor old_values;
+  if (has_old) old_values = padded_input(data, "old_values", T, 0.0f).to(device);
+  auto m = b.mask.to(device) * padded_input(data, "weights", T, 1.0f).to(device);
+  auto value = value_loss(loss, v, padded_input(data, "returns", T, 0.0f).to(device), old_values, m);
+  if (backward) value.loss.backward();
+
+  ForwardBackwardOutput out;
+  auto cpu = v.detach().to(torch::kCPU).contiguous();
+  for (std::size_t i = 0; i < b.lengths.size(); ++i) {
+    const float* row = cpu.data_ptr<float>() + static_cast<std::int64_t>(i) * T;
+    out.loss_fn_outputs.push_back({{"values", TensorData::from_floats(std::vector<float>(row, row + b.lengths[i]))}});
+  }
+  out.training_tokens = b.total_tokens;
+  out.metrics["loss:sum"] = value.loss.item<double>();
+  out.metrics["value_clip_fraction"] = value.clipped.item<double>() / static_cast<double>(b.total_tokens);
+  return out;
+}
+}  // namespace
+
 ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
                                        bool backward) {
   loss.validate();
@@ -98,6 +131,7 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   const std::int64_t T = b.ids.size(1);
   std::optional<torch::NoGradGuard> no_grad;
   if (!backward) no_grad.emplace();
+  if (loss.fn == LossFn::value) return run_value_loss(model, data, loss, b, backward);
 
   auto lp = target_logprobs(model, b, device);
   LossTensors in;

@@ -89,6 +89,7 @@ struct LocalSession::Impl {
     resolved_base = resolve_base_model(service, options.base_model);
     model = load_base(resolved_base, options.seed, dev);
     if (options.lora) model->enable_lora(*options.lora, options.seed);
+    if (options.value_head) model->enable_value_head(options.seed);
     build_optimizer();
     generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(options.seed));
     try {
@@ -117,6 +118,7 @@ struct LocalSession::Impl {
     auto state = read_state_dir(*path, false);
     auto m = load_base(resolved_base, options.seed, dev);
     if (options.lora) m->enable_lora(*options.lora, options.seed);
+    if (options.value_head) m->enable_value_head(options.seed);
     load_trainable(*m, state.weights);
     return *samplers.emplace(*path, m).first->second;
   }
@@ -143,6 +145,7 @@ struct LocalSession::Impl {
     return {{"format", "rlloop-state-v1"},
             {"base_model", options.base_model},
             {"lora", lora_to_json(options.lora)},
+            {"value_head", options.value_head},
             {"seed", options.seed},
             {"step", optimizer->step_count()},
             {"for_sampler", for_sampler},
@@ -167,6 +170,9 @@ struct LocalSession::Impl {
     if (m.value("format", "") != "rlloop-state-v1") throw io_error("'" + path + "' is not an rlloop checkpoint");
     if (lora_from_json(m.at("lora")) != options.lora)
       throw invalid_argument("checkpoint '" + path + "' was saved with different LoRA settings than this session");
+    if (m.value("value_head", false) != options.value_head)
+      throw invalid_argument("checkpoint '" + path + "' was saved " + (options.value_head ? "without" : "with") +
+                             " a value head, unlike this session");
     load_trainable(*model, state.weights);
     if (with_optimizer) {
       optimizer->load_state_tensors(state.optimizer, m.at("step").get<std::int64_t>());
@@ -282,6 +288,7 @@ SessionInfo LocalSession::info() {
         if (cfg.eos_token_id) i.eos_token_id = static_cast<token_id>(*cfg.eos_token_id);
         i.device = device_name(impl_->dev.device);
         i.step = impl_->optimizer->step_count();
+        i.value_head = impl_->options.value_head;
         return i;
       })
       .get();
@@ -332,6 +339,7 @@ std::shared_ptr<LocalSession> LocalService::open_sampler(const std::string& path
   opts.base_model = state.meta.at("base_model").get<std::string>();
   opts.lora = lora_from_json(state.meta.at("lora"));
   opts.seed = state.meta.at("seed").get<std::int64_t>();
+  opts.value_head = state.meta.value("value_head", false);
   auto s = create_session(opts);
   s->load_state(path, false).get();
   return s;
@@ -346,7 +354,7 @@ std::vector<std::string> LocalService::list_base_models() {
 ServerCapabilities LocalService::capabilities() {
   ServerCapabilities c;
   c.base_models = list_base_models();
-  c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
+  c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "value"};
   c.supports_full_finetune = true;
   return c;
 }

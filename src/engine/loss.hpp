@@ -29,4 +29,10 @@ struct LossValue {
 //   dro                  -(lp * A - 0.5 * beta * (lp - q)^2).sum()
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in);
 
+// The critic's loss on values v [B, T]: 0.5 * sum(m * max((v - R)^2, (v_clip - R)^2)) with
+// v_clip = old + clamp(v - old, -clip, clip); without old values (undefined tensor) or with clip 0 it is the plain
+// squared error. m = mask * weights. `clipped` counts tokens where the clipped error was the larger one.
+LossValue value_loss(const LossSpec& spec, const torch::Tensor& v, const torch::Tensor& returns,
+                     const torch::Tensor& old_values, const torch::Tensor& m);
+
 }  // namespace rlloop::engine

@@ -90,6 +90,7 @@ struct Transformer::Impl {
   std::vector<Layer> layers;
   Linear lm_head;  // weight aliases embed when tied
   std::optional<LoraOptions> lora;
+  Linear value_head;  // undefined weight without a value head
 
   // Every base weight under its HF name, in a fixed order (init_model draws from one generator in this order).
   template <class F>
@@ -494,10 +495,34 @@ std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_
       out.emplace_back(Impl::peft_prefix(lin) + ".lora_A.weight", lin.lora_a);
       out.emplace_back(Impl::peft_prefix(lin) + ".lora_B.weight", lin.lora_b);
     });
-    return out;
+  } else {
+    impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { out.emplace_back(name, t); });
   }
-  impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { out.emplace_back(name, t); });
+  if (has_value_head()) {
+    out.emplace_back("value_head.weight", impl_->value_head.weight);
+    out.emplace_back("value_head.bias", impl_->value_head.bias);
+  }
   return out;
+}
+
+void Transformer::enable_value_head(std::int64_t seed) {
+  if (has_value_head()) throw conflict("enable_value_head: the model already has a value head");
+  const std::int64_t H = impl_->cfg.hidden_size;
+  // The head stays fp32 whatever the base dtype: it is tiny and its regression targets need the precision.
+  auto f32 = impl_->options.dtype(torch::kFloat32);
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed) ^ 0x5eedULL);
+  auto w = at::normal(0.0, 0.02, {1, H}, gen).to(f32.device());
+  impl_->value_head.name = "value_head";
+  impl_->value_head.short_name = "value_head";
+  impl_->value_head.weight = register_parameter("value_head_weight", w, true);
+  impl_->value_head.bias = register_parameter("value_head_bias", torch::zeros({1}, f32), true);
+}
+
+bool Transformer::has_value_head() const { return impl_->value_head.weight.defined(); }
+
+torch::Tensor Transformer::values(const torch::Tensor& hidden) {
+  if (!has_value_head()) throw invalid_argument("Transformer::values: the model has no value head");
+  return impl_->value_head.apply(hidden.to(torch::kFloat32)).squeeze(-1);
 }
 
 }  // namespace rlloop::engine

@@ -71,7 +71,16 @@ class Transformer : public torch::nn::Module {
   // Base weights with W + (alpha / rank) * B A folded in (HF names); the module itself is not changed.
   TensorMap merged_hf_state_dict() const;
 
-  // What the optimizer updates: the adapters with LoRA, every weight without. Names are stable across runs.
+  // PPO critic: a scalar linear head on the final hidden states ("value_head.weight" / "value_head.bias"),
+  // initialised from `seed` (weight ~ N(0, 0.02^2), bias 0), always trainable (with LoRA too). Not part of the
+  // HF state dict.
+  void enable_value_head(std::int64_t seed);
+  bool has_value_head() const;
+  // [B, T, H] -> [B, T] fp32.
+  torch::Tensor values(const torch::Tensor& hidden);
+
+  // What the optimizer updates: the adapters with LoRA, every weight without, plus the value head if any.
+  // Names are stable across runs.
   std::vector<std::pair<std::string, torch::Tensor>> named_trainable_parameters();
 
  private:

@@ -129,3 +129,23 @@ TEST(Loss, RlLossesScaleEachTokenByItsWeight) {
     EXPECT_NEAR(gg[3], gf[3], 1e-12) << to_string(spec.fn);
   }
 }
+
+TEST(Loss, ValueLossGoldenWithAndWithoutClipping) {
+  // t0 inside the clip range; t1 clipped (the clipped error is larger, so no gradient); t2 the unclipped error
+  // is larger, so the gradient flows.
+  auto v = vec({1.0, 2.0, 0.5}).set_requires_grad(true);
+  auto returns = vec({1.5, 1.0, -1.0}), old = vec({0.9, 2.5, 0.0}), m = vec({1, 1, 1});
+  auto clipped = value_loss(LossSpec::value(0.2), v, returns, old, m);
+  // 0.5 * (0.25 + (2.3 - 1)^2 + 2.25) = 0.125 + 0.845 + 1.125
+  EXPECT_NEAR(clipped.loss.item<double>(), 2.095, 1e-12);
+  EXPECT_EQ(clipped.clipped.item<double>(), 1.0);
+  clipped.loss.backward();
+  expect_near_all(std::vector<double>(v.grad().data_ptr<double>(), v.grad().data_ptr<double>() + 3), {-0.5, 0.0, 1.5},
+                  1e-12);
+  auto v2 = vec({1.0, 2.0, 0.5}).set_requires_grad(true);
+  auto plain = value_loss(LossSpec::value(0.2), v2, returns, torch::Tensor(), m);
+  EXPECT_NEAR(plain.loss.item<double>(), 1.75, 1e-12);  // 0.5 * (0.25 + 1 + 2.25)
+  plain.loss.backward();
+  expect_near_all(std::vector<double>(v2.grad().data_ptr<double>(), v2.grad().data_ptr<double>() + 3), {-0.5, 1.0, 1.5},
+                  1e-12);
+}

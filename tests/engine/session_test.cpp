@@ -331,3 +331,39 @@ TEST(LocalSession, TypeErasedSessionBehavesLikeTheConcreteOne) {
   EXPECT_EQ(any_client.get_info().step, 2);
   EXPECT_EQ(any_client.usage(), local_client.usage());
 }
+
+TEST(LocalSession, ValueHeadLearnsReturnsAndRoundTripsThroughCheckpoints) {
+  auto dir = temp_dir("value");
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  auto opts = tiny(LoraOptions{4, 8, {"all-linear"}}, 2);
+  opts.value_head = true;
+  auto tc = service.create_training_client(opts);
+  EXPECT_TRUE(tc.get_info().value_head);
+  Datum d;
+  d.model_input = ModelInput::from_tokens(bytes("3+4=7"));
+  d.loss_fn_inputs["returns"] = TensorData::from_floats({0.0f, 0.0f, 0.0f, 1.0f, 1.0f});
+  std::vector<Datum> batch{d};
+  double first = 0, last = 0;
+  for (int s = 0; s < 60; ++s) {
+    auto fb = tc.forward_backward(batch, LossSpec::value());
+    tc.optim_step(AdamParams{.learning_rate = 1e-2});
+    (s == 0 ? first : last) = fb.get().metrics.at("loss:sum");
+  }
+  EXPECT_GT(first, 0.5 * 0.9);  // values start near 0: 0.5 * (1 + 1) = 1
+  EXPECT_LT(last, 0.05);
+  auto values = tc.forward(batch, LossSpec::value()).get().loss_fn_outputs[0].at("values").as_doubles();
+  ASSERT_EQ(values.size(), 5u);
+  EXPECT_NEAR(values[4], 1.0, 0.2);
+  EXPECT_NEAR(values[0], 0.0, 0.2);
+
+  // The head is part of the trainable state: a new session loading the checkpoint predicts the same values.
+  auto path = tc.save_state("critic").get().path;
+  auto restored = service.create_training_client_from_state(path, opts);
+  EXPECT_EQ(restored.forward(batch, LossSpec::value()).get().loss_fn_outputs[0].at("values").as_doubles(), values);
+  // A session without a value head refuses the loss and the checkpoint, by name.
+  auto plain = service.create_training_client(tiny(LoraOptions{4, 8, {"all-linear"}}, 2));
+  EXPECT_TRUE(contains(error_of([&] { plain.forward(batch, LossSpec::value()).get(); }),
+                       "needs a session created with a value head"));
+  EXPECT_TRUE(contains(error_of([&] { plain.load_state(path, true).get(); }), "with a value head"));
+}
