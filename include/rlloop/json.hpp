@@ -266,6 +266,11 @@ inline TensorData tensor_from_json(const json& j, const std::string& path) {
       if (!v->is_number()) fail(dpath, "expected integers");
       const double d = v->get<double>();
       if (!v->is_number_integer() && d != std::floor(d)) fail(dpath, "expected integers");
+      // 2^63 is exactly representable; anything at or beyond it would not fit (casting it is undefined).
+      if (!v->is_number_integer() && !(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+        fail(dpath, "integer out of the int64 range");
+      if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+        fail(dpath, "integer out of the int64 range");
       t.int_data.push_back(v->is_number_integer() ? v->get<std::int64_t>() : static_cast<std::int64_t>(d));
     }
   }
@@ -277,7 +282,7 @@ inline TensorData tensor_from_json(const json& j, const std::string& path) {
     std::int64_t product = 1;
     for (std::size_t i = 0; i < s->size(); ++i) {
       shape.push_back(integer((*s)[i], at(spath, i), 0));
-      product *= shape.back();
+      if (__builtin_mul_overflow(product, shape.back(), &product)) fail(spath, "shape holds too many elements");
     }
     if (product != static_cast<std::int64_t>(leaves.size()))
       fail(spath, "shape holds " + std::to_string(product) + " elements but data holds " + std::to_string(leaves.size()));

@@ -1,6 +1,7 @@
 // safetensors reading/writing, HF model directories (single or sharded), PEFT adapter directories.
 #include "model_io.hpp"
 
+#include <atomic>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -82,7 +83,11 @@ template <class Writer>
 void atomic_write(const std::string& path, Writer&& writer) {
   fs::path target(path);
   fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  // pid + a process-wide counter: sessions of one process (rlloop serve) may write beside each other at once.
+  static std::atomic<std::uint64_t> counter{0};
+  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+                            std::to_string(counter.fetch_add(1))))
+                        .string();
   {
     Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (f.fd < 0) throw io_error("cannot create " + tmp + " (writing " + path + "): " + errno_text());
