@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   }
   const auto before = evaluate();
   log.write({{"phase", "eval"}, {"step", 0}, {"accuracy", before.accuracy}});
-  std::printf("held-out accuracy after SFT: %.3f\n", before.accuracy);
+  std::printf("SFT done, held-out accuracy %.3f; starting GRPO\n", before.accuracy);
 
   // 2. GRPO.
   algorithms::GRPO<LocalSession> grpo(client, tokenizer,
