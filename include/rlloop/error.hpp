@@ -43,10 +43,10 @@ class unsupported : public error {
   using error::error;
 };
 
-// An error returned by a remote service: keeps the AWS-style error name and the HTTP status.
-class remote_error : public error {
+// An error that carries an AWS-style error name and the HTTP status it maps to.
+class coded_error : public error {
  public:
-  remote_error(std::string code, int http_status, const std::string& message)
+  coded_error(std::string code, int http_status, const std::string& message)
       : error(code + ": " + message), code_(std::move(code)), http_status_(http_status) {}
   const std::string& code() const noexcept { return code_; }
   int http_status() const noexcept { return http_status_; }
@@ -54,6 +54,12 @@ class remote_error : public error {
  private:
   std::string code_;
   int http_status_;
+};
+
+// An error returned by a remote service.
+class remote_error : public coded_error {
+ public:
+  using coded_error::coded_error;
 };
 
 }  // namespace rlloop

@@ -49,16 +49,9 @@ struct SigningParams {
 
 // An authentication failure with the AWS error name (SignatureDoesNotMatch, IncompleteSignature, ...) and the
 // HTTP status to answer with.
-class auth_error : public error {
+class auth_error : public coded_error {
  public:
-  auth_error(std::string code, int http_status, const std::string& message)
-      : error(code + ": " + message), code_(std::move(code)), http_status_(http_status) {}
-  const std::string& code() const noexcept { return code_; }
-  int http_status() const noexcept { return http_status_; }
-
- private:
-  std::string code_;
-  int http_status_;
+  using coded_error::coded_error;
 };
 
 // ---- crypto (OpenSSL) ----
