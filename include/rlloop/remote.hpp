@@ -1,6 +1,8 @@
 // The remote backend: a training session on a service that speaks the SageMaker training-session API
 // (rlloop-server, or the real thing). Link rlloop::remote. Operations are submitted in call order with
-// consecutive sequence numbers, without waiting for earlier results; futures resolve by polling.
+// consecutive sequence numbers, without waiting for earlier results; futures resolve by polling. Retries reuse
+// the training clientToken, and for sampling an Idempotency-Key header (an rlloop-server extension), so a retried
+// operation runs once.
 #pragma once
 #include <chrono>
 #include <memory>

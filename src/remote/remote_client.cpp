@@ -111,13 +111,15 @@ void RemoteClient::give_back(std::unique_ptr<Connection> c) {
 }
 
 nlohmann::json RemoteClient::request(const std::string& method, const std::string& target, const std::string& body,
-                                     const std::string& amz_target) {
+                                     const std::string& amz_target, const Headers& headers) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   for (int attempt = 0;; ++attempt) {
-    // Same body (and so the same clientToken) on every attempt: the service runs the operation once.
+    // Same body and headers (and so the same clientToken / Idempotency-Key) on every attempt: the service runs
+    // the operation once.
     sigv4::HttpRequest r{method, target, {{"Host", host_ + ":" + port_}}, body};
     if (!body.empty()) r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
     if (!amz_target.empty()) r.set_header("X-Amz-Target", amz_target);
+    for (const auto& [k, v] : headers) r.set_header(k, v);
     if (options_.bearer_key) {
       r.set_header("Authorization", "Bearer " + *options_.bearer_key);
     } else {
@@ -176,8 +178,9 @@ nlohmann::json RemoteClient::control(const std::string& op, const nlohmann::json
   return request("POST", "/", body.dump(), "SageMaker." + op);
 }
 
-nlohmann::json RemoteClient::rest(const std::string& method, const std::string& target, const std::string& body) {
-  return request(method, target, body, "");
+nlohmann::json RemoteClient::rest(const std::string& method, const std::string& target, const std::string& body,
+                                  const Headers& headers) {
+  return request(method, target, body, "", headers);
 }
 
 }  // namespace rlloop::detail

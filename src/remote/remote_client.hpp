@@ -21,14 +21,16 @@ class RemoteClient {
 
   // Control plane: POST / with X-Amz-Target SageMaker.<op>.
   nlohmann::json control(const std::string& op, const nlohmann::json& body);
-  // Runtime REST; body empty for GET.
-  nlohmann::json rest(const std::string& method, const std::string& target, const std::string& body = "");
+  using Headers = std::vector<std::pair<std::string, std::string>>;
+  // Runtime REST; body empty for GET. `headers` go out on every attempt (e.g. an Idempotency-Key).
+  nlohmann::json rest(const std::string& method, const std::string& target, const std::string& body = "",
+                      const Headers& headers = {});
   const RemoteOptions& options() const { return options_; }
 
  private:
   struct Connection;
   nlohmann::json request(const std::string& method, const std::string& target, const std::string& body,
-                         const std::string& amz_target);
+                         const std::string& amz_target, const Headers& headers = {});
   std::unique_ptr<Connection> take();
   void give_back(std::unique_ptr<Connection> c);
 

@@ -1,4 +1,5 @@
 // RemoteSession / RemoteService over the wire JSON of rlloop/json.hpp.
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -14,6 +15,7 @@ using nlohmann::json;
 struct RemoteSession::State {
   std::mutex submit_mu;  // submissions leave in call order, so sequence numbers follow the caller's program order
   std::int64_t next_sequence = 1;
+  std::atomic<std::int64_t> next_sampling{1};  // sampling requests: Idempotency-Key <prefix>-s<n>
   std::string token_prefix;
 };
 
@@ -81,11 +83,14 @@ Future<T> submit(const std::shared_ptr<detail::RemoteClient>& client, RemoteSess
     return extract(*st.result);
   });
 }
+// Sampling requests have no clientToken in the API (spec §3.7); the same key goes in an Idempotency-Key header on
+// every retry instead, so rlloop-server runs (and bills) a retried sample once.
 template <class T, class Extract>
-Future<T> submit_sampling(const std::shared_ptr<detail::RemoteClient>& client, const std::string& name, wire::SamplingOperation op,
-                          Extract extract) {
+Future<T> submit_sampling(const std::shared_ptr<detail::RemoteClient>& client, RemoteSession::State& state, const std::string& name,
+                          wire::SamplingOperation op, Extract extract) {
+  const std::string key = state.token_prefix + "-s" + std::to_string(state.next_sampling++);
   const std::string id = client->rest("POST", "/v1/training-sessions/" + name + "/sampling-operations",
-                                      json{{"operationConfig", wire::to_json(op)}}.dump())["operationId"];
+                                      json{{"operationConfig", wire::to_json(op)}}.dump(), {{"Idempotency-Key", key}})["operationId"];
   const std::string url = "/v1/training-sessions/" + name + "/sampling-operations/" + id;
   return in_background<T>([client, url, extract] {
     const auto st = wire::sampling_state_from_json(poll(*client, url));
@@ -167,11 +172,11 @@ Future<CheckpointRef> RemoteSession::save_weights_for_sampler(const std::string&
 }
 
 Future<SampleResponse> RemoteSession::sample(const SampleRequest& request) {
-  return submit_sampling<SampleResponse>(client_, name_, request, [](const wire::SamplingResult& r) { return member<SampleResponse>(r); });
+  return submit_sampling<SampleResponse>(client_, *state_, name_, request, [](const wire::SamplingResult& r) { return member<SampleResponse>(r); });
 }
 
 Future<std::vector<double>> RemoteSession::compute_logprobs(const ComputeLogprobsRequest& request) {
-  return submit_sampling<std::vector<double>>(client_, name_, request, [](const wire::SamplingResult& r) {
+  return submit_sampling<std::vector<double>>(client_, *state_, name_, request, [](const wire::SamplingResult& r) {
     return member<wire::ComputeLogprobsResult>(r).logprobs;
   });
 }

@@ -128,6 +128,15 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
         op->fingerprint = std::to_string(seq) + ":" + body["operationConfig"].dump();
       } else {
         op->op = wire::execute_sampling_request_from_json(body);
+        // The API has no clientToken on sampling requests (spec §3.7), so rlloop takes one from the
+        // Idempotency-Key header (IETF httpapi draft): a header the real service ignores, unlike an unknown
+        // body member. A retried sample then runs, and is billed, once.
+        if (auto key = req.header("Idempotency-Key")) {
+          if (!wire::is_valid_client_token(*key))
+            throw invalid_argument("Idempotency-Key: must be 1-128 characters of [a-zA-Z0-9-]");
+          token = *key;
+        }
+        op->fingerprint = "sampling:" + body["operationConfig"].dump();
       }
     } catch (const invalid_argument& e) {
       throw api_error("ValidationException", 400, e.what());
@@ -139,7 +148,9 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     if (token) {
       if (auto it = s->client_tokens.find(*token); it != s->client_tokens.end()) {
         if (s->ops.at(it->second)->fingerprint != op->fingerprint)
-          throw api_error("ValidationException", 400, "clientToken " + *token + " was already used with different parameters");
+          throw api_error("ValidationException", 400,
+                          std::string(training ? "clientToken " : "Idempotency-Key ") + *token +
+                              " was already used with different parameters");
         return json_response({{"operationId", it->second}});  // an idempotent retry: not executed twice
       }
     }

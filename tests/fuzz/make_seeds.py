@@ -61,6 +61,9 @@ seeds = {
     "rt_save_load": req("POST", "/v1/training-sessions/s/operations", save) + SEP + req("POST", "/v1/training-sessions/s/operations", save_state)
                     + SEP + req("POST", "/v1/training-sessions/s/operations", load),
     "rt_sample": req("POST", "/v1/training-sessions/s/sampling-operations", sample),
+    "rt_sample_retry": req("POST", "/v1/training-sessions/s/sampling-operations", sample, [("Idempotency-Key", "k-1")]) + SEP
+                       + req("POST", "/v1/training-sessions/s/sampling-operations", sample, [("Idempotency-Key", "k-1")]) + SEP
+                       + req("POST", "/v1/training-sessions/s/sampling-operations", logprobs, [("Idempotency-Key", "k-1")]),
     "rt_logprobs": req("POST", "/v1/training-sessions/s/sampling-operations", logprobs),
     "rt_lwfs": req("POST", "/v1/training-sessions/s/sampling-operations", lwfs),
     "rt_info": req("GET", "/v1/training-sessions/s/info"),

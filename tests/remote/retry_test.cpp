@@ -237,10 +237,12 @@ TEST_F(RetryFixture, TrainingOperationsRunOnceThroughEveryKindOfFault) {
   EXPECT_EQ(json::parse(d.body)["TrainingSessionDetail"]["LastReceivedSequenceNumber"], 2);
 }
 
-TEST_F(RetryFixture, SamplingRetriesFaultsThatDidNotReachTheServer) {
-  // Sampling requests carry no clientToken (spec §3.7), so only faults before the server count here.
-  FaultyProxy proxy(srv->port(), [](const http::request<http::string_body>& r, int seen) {
-    if (is_sampling_submit(r)) return seen == 0 ? Fault::drop_before : seen == 1 ? Fault::s429 : Fault::forward;
+TEST_F(RetryFixture, SamplingRetriesRunOnceThroughEveryKindOfFault) {
+  // Sampling requests carry no clientToken (spec §3.7); the client sends an Idempotency-Key header instead, the
+  // same on every attempt, so even a sample the server ran whose answer was lost (drop_after) runs and bills once.
+  const std::vector<Fault> faults{Fault::drop_before, Fault::s429, Fault::drop_after, Fault::s500, Fault::drop_after, Fault::forward};
+  FaultyProxy proxy(srv->port(), [&](const http::request<http::string_body>& r, int seen) {
+    if (is_sampling_submit(r)) return faults.at(std::min<std::size_t>(seen, faults.size() - 1));
     return Fault::forward;
   });
   RemoteService remote(through(proxy));
@@ -250,6 +252,15 @@ TEST_F(RetryFixture, SamplingRetriesFaultsThatDidNotReachTheServer) {
   EXPECT_EQ(r.sequences[0].tokens, (std::vector<token_id>{6, 7, 8}));
   EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"sample"}));
   EXPECT_EQ(s->usage().sample, 6);
+  EXPECT_EQ(s->usage().prefill, 2);
+
+  // A second sample is a new operation with a new key: it runs (and bills) again.
+  s->sample(SampleRequest{ModelInput::from_tokens({5}), 2, SamplingParams{.max_tokens = 3}}).get();
+  EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"sample", "sample"}));
+  EXPECT_EQ(s->usage().sample, 12);
+  int submits = 0;
+  for (const auto& seen : proxy.log()) submits += seen.method == "POST" && seen.target == "/v1/training-sessions/samp/sampling-operations";
+  EXPECT_EQ(submits, static_cast<int>(faults.size()) + 1);
 }
 
 TEST_F(RetryFixture, GivesUpAfterMaxRetriesAndNeverRetriesClientErrors) {

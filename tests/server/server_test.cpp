@@ -228,6 +228,50 @@ TEST_F(ServerFixture, ClientTokenMakesRetriesIdempotent) {
   EXPECT_NE(r.json_body()["message"].get<std::string>().find("already used with different parameters"), std::string::npos);
 }
 
+TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
+  // Sampling requests have no clientToken (spec §3.7); rlloop-server takes the Idempotency-Key header instead, so
+  // a client retrying after a lost answer gets the original operation back: sampled and billed once.
+  auto c = client_a();
+  create_running(c, "sidem");
+  const std::string url = "/v1/training-sessions/sidem/sampling-operations";
+  json sample = {{"operationConfig",
+                  {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
+                               {"numSamples", 2},
+                               {"samplingParams", {{"maxTokens", 4}}}}}}}};
+  const test_http::Client::Headers key{{"Idempotency-Key", "sample-7"}};
+  const std::string first = c.post(url, sample, key).json_body()["operationId"];
+  const json done = wait_op(c, url + "/" + first);
+  ASSERT_EQ(done["status"], "Completed");
+  const json billed = c.get("/v1/usage").json_body()["usage"];
+  EXPECT_EQ(billed["prefill"], 6);
+  EXPECT_EQ(billed["sample"], 8);
+
+  const std::string again = c.post(url, sample, key).json_body()["operationId"];
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(wait_op(c, url + "/" + again), done);  // the same result, not a new sample
+  EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"sample"}));
+  EXPECT_EQ(c.get("/v1/usage").json_body()["usage"], billed);
+
+  // A key reused with other parameters is an error; a bad key is a ValidationException naming the header.
+  json changed = sample;
+  changed["operationConfig"]["sample"]["numSamples"] = 3;
+  auto r = c.post(url, changed, key);
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_EQ(r.json_body()["message"], "Idempotency-Key sample-7 was already used with different parameters");
+  r = c.post(url, sample, {{"Idempotency-Key", "no spaces"}});
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_EQ(r.json_body()["message"], "Idempotency-Key: must be 1-128 characters of [a-zA-Z0-9-]");
+  // A training clientToken and a sampling key share one namespace per session but never alias each other.
+  json fb = fb_body(1);
+  fb["clientToken"] = "sample-7";
+  EXPECT_EQ(c.post("/v1/training-sessions/sidem/operations", fb).status, 400u);
+  // Without a key every request is a new sample, as the API documents.
+  const std::string other = c.post(url, sample).json_body()["operationId"];
+  EXPECT_NE(other, first);
+  wait_op(c, url + "/" + other);
+  EXPECT_EQ(service->sessions().back()->log().size(), 2u);
+}
+
 TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
   auto c = client_a();
   create_running(c, "val");

@@ -32,11 +32,13 @@ class Client {
   void use_sigv4(rlloop::sigv4::Credentials c) { creds_ = std::move(c), bearer_.clear(); }
   void use_bearer(std::string key) { bearer_ = std::move(key), creds_.access_key_id.clear(); }
 
+  using Headers = std::vector<std::pair<std::string, std::string>>;
   Reply send(const std::string& method, const std::string& target, const std::string& body = "",
-             const std::string& amz_target = "") {
+             const std::string& amz_target = "", const Headers& headers = {}) {
     rlloop::sigv4::HttpRequest r{method, target, {{"Host", "127.0.0.1"}}, body};
     if (!body.empty()) r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
     if (!amz_target.empty()) r.set_header("X-Amz-Target", amz_target);
+    for (const auto& [k, v] : headers) r.set_header(k, v);
     if (!creds_.access_key_id.empty()) {
       rlloop::sigv4::SigningParams p;
       p.service = "sagemaker";
@@ -56,7 +58,9 @@ class Client {
   }
 
   Reply control(const std::string& op, const json& body) { return send("POST", "/", body.dump(), "SageMaker." + op); }
-  Reply post(const std::string& target, const json& body) { return send("POST", target, body.dump()); }
+  Reply post(const std::string& target, const json& body, const Headers& headers = {}) {
+    return send("POST", target, body.dump(), "", headers);
+  }
   Reply get(const std::string& target) { return send("GET", target); }
 
  private:
