@@ -1,11 +1,10 @@
-// Load (issue 5, item 7): 32 concurrent clients on loopback against rlloop-server hosting real LocalSessions on
-// rlloop-tiny, each with its own session, mixing sampling and training (half start with each). Two identical
-// waves; every call must succeed with sane values, and the server's resident memory (read from /proc/<pid>/status)
-// must stay bounded: the second wave may not grow it by more than a small allowance, so per-request leaks show.
+// Load (issue 5, item 7): 32 concurrent clients on loopback against `rlloop serve` (a child process with a temp
+// data dir) hosting real LocalSessions on rlloop-tiny, each with its own session, mixing sampling and training
+// (half start with each). Two identical waves; every call must succeed with sane values, and the server's resident
+// memory (read from /proc/<pid>/status) must stay bounded: the second wave may not grow it by more than a small
+// allowance, so per-request leaks show.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,10 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include <rlloop/local.hpp>
 #include <rlloop/remote.hpp>
-
-#include "server/server.hpp"
 
 #include "server_process.hpp"
 
@@ -40,35 +36,27 @@ long rss_kib(pid_t pid) {
   return 0;
 }
 
-// rlloop-server hosting LocalService in a forked child (its own /proc/<pid> for the RSS, apart from the clients).
-// Not `rlloop serve`: with a --data-dir, the per-session autosaves of 32 sessions race on the shared
-// <checkpoints>/LATEST temp file (src/engine atomic_write names it by pid only), failing ~15% of the operations.
+// `rlloop serve` as a child process, as a user runs it: its own data dir (journal, per-step durable checkpoints)
+// and its own /proc/<pid> for the RSS, apart from the clients.
 struct Serve {
-  pid_t pid = -1;
-  explicit Serve(std::uint16_t port) {
-    pid = ::fork();
-    if (pid == 0) {
-      server::Options opts;
-      opts.port = port;
-      opts.tenants = {server::Tenant{"load", "111122223333", {}, {"load-key"}, 40, 1 << 24}};
-      opts.log = [](const std::string&) {};
-      LocalServiceOptions lo;
-      lo.device = "cpu";
-      lo.num_threads = 1;
-      lo.checkpoint_dir = (fs::temp_directory_path() / ("rlloop-load-" + std::to_string(::getpid()))).string();
-      {
-        server::Server srv(opts, server::make_backend(std::make_shared<LocalService>(lo)));
-        srv.start();
-        while (::getppid() != 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // until the parent goes
-      }
-      ::_exit(0);
-    }
+  fs::path root = fs::temp_directory_path() / ("rlloop-load-" + std::to_string(::getpid()));
+  std::uint16_t port = test_server::free_port();
+  std::unique_ptr<test_server::ServeProcess> process;
+  Serve() {
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream(root / "tenants.json")
+        << R"({"tenants": [{"id": "load", "accountId": "111122223333", "bearerKeys": ["load-key"], "maxSessions": 40}]})";
+    process = std::make_unique<test_server::ServeProcess>(
+        RLLOOP_BIN,
+        std::vector<std::string>{"--tenants", (root / "tenants.json").string(), "--port", std::to_string(port), "--data-dir",
+                                 (root / "data").string(), "--device", "cpu", "--threads", "1"},
+        (root / "serve.log").string());
+    process->start();
   }
   ~Serve() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);  // nothing durable to flush
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    process.reset();  // SIGKILL: everything it acknowledged is already durable
+    if (!::testing::Test::HasFailure()) fs::remove_all(root);
   }
 };
 
@@ -120,12 +108,12 @@ void client_wave(RemoteSession& s, int client, Tally& tally) {
 }  // namespace
 
 TEST(Load, ThirtyTwoClientsMixingSamplingAndTrainingWithBoundedMemory) {
-  const std::uint16_t port = test_server::free_port();
-  Serve serve(port);
-  ASSERT_GT(serve.pid, 0);
-  for (int i = 0; i < 600 && !test_server::accepts(port); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(test_server::accepts(port)) << "the server did not start";
-  const long rss_start = rss_kib(serve.pid);
+  Serve serve;
+  const std::uint16_t port = serve.port;
+  ASSERT_TRUE(serve.process->wait_listening(port, std::chrono::seconds(120)))
+      << "rlloop serve did not start; see " << (serve.root / "serve.log");
+  const pid_t pid = serve.process->pid();
+  const long rss_start = rss_kib(pid);
 
   RemoteOptions o;
   o.endpoint = "http://127.0.0.1:" + std::to_string(port);
@@ -153,9 +141,9 @@ TEST(Load, ThirtyTwoClientsMixingSamplingAndTrainingWithBoundedMemory) {
   ASSERT_EQ(tally.errors, 0) << tally.messages.front();
 
   run_all([&](int c) { client_wave(*sessions[c], c, tally); });
-  const long rss_wave1 = rss_kib(serve.pid);
+  const long rss_wave1 = rss_kib(pid);
   run_all([&](int c) { client_wave(*sessions[c], c, tally); });
-  const long rss_wave2 = rss_kib(serve.pid);
+  const long rss_wave2 = rss_kib(pid);
 
   EXPECT_EQ(tally.errors, 0) << (tally.messages.empty() ? "" : tally.messages.front());
   EXPECT_EQ(tally.samples + tally.steps, 2 * kClients * kRounds);
@@ -180,5 +168,4 @@ TEST(Load, ThirtyTwoClientsMixingSamplingAndTrainingWithBoundedMemory) {
     if (s) s->stop();
   sessions.clear();
   services.clear();
-  fs::remove_all(fs::temp_directory_path() / ("rlloop-load-" + std::to_string(serve.pid)));
 }

@@ -68,6 +68,7 @@ class ServeProcess {
     }
     return false;
   }
+  pid_t pid() const { return pid_; }  // -1 when not running
   void kill(int sig) {
     if (pid_ <= 0) return;
     ::kill(pid_, sig);
