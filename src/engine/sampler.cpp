@@ -3,8 +3,11 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <rlloop/error.hpp>
+
+#include "cpu_decoder.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -129,6 +132,8 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
   if (max_new == 0) return resp;  // stop_reason stays "length"
 
   cache.repeat_batch(n);
+  std::optional<CpuDecoder> cpu_decoder;  // the dispatch-free decoding step, where it applies
+  if (CpuDecoder::supports(model)) cpu_decoder.emplace(model);
   torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
   std::vector<int> active(n);  // row -> sequence index
   for (int i = 0; i < n; ++i) active[i] = i;
@@ -170,7 +175,7 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
       for (auto r : keep) still.push_back(active[r]);
       active = std::move(still);
     }
-    logits = model.forward(next.unsqueeze(1), &cache).squeeze(1);
+    logits = cpu_decoder ? cpu_decoder->step(next, cache) : model.forward(next.unsqueeze(1), &cache).squeeze(1);
   }
   return resp;
 }

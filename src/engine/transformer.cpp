@@ -7,10 +7,14 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <sstream>
 
 #include <rlloop/error.hpp>
+
+#include "attention.hpp"
+#include "fused_ops.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -53,6 +57,13 @@ struct Linear {
     // With B = 0 the delta is an exact zero and y + 0 == y: an untrained adapter reproduces the base bit for bit.
     return torch::add(y, delta, lora_scale);
   }
+
+  // W + scale * B A (with an adapter), accumulated in fp32 (at least) and stored in W's dtype.
+  torch::Tensor merged_weight() const {
+    torch::NoGradGuard no_grad;
+    auto acc = lora_a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    return (weight.to(acc) + lora_scale * torch::matmul(lora_b.to(acc), lora_a.to(acc))).to(weight.scalar_type());
+  }
 };
 
 struct Layer {
@@ -61,15 +72,6 @@ struct Layer {
   std::vector<Linear*> linears() { return {&q, &k, &v, &o, &gate, &up, &down}; }
   std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
 };
-
-// HF LlamaRMSNorm: normalise in fp32, cast back, then scale by the weight in the input dtype.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const bool is_fp32 = x.scalar_type() == torch::kFloat32;
-  torch::Tensor xf = is_fp32 ? x : x.to(torch::kFloat32);
-  torch::Tensor normed = xf * torch::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + eps);
-  if (!is_fp32) normed = normed.to(x.scalar_type());
-  return weight * normed;
-}
 
 // HF rotate_half convention: the first and second halves of head_dim form the rotated pairs.
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -128,6 +130,28 @@ struct Transformer::Impl {
   }
 
   static std::string peft_prefix(const Linear& lin) { return "base_model.model." + lin.name; }
+
+  // RoPE cos/sin for every position, computed once (per device and dtype) instead of on every forward call;
+  // rows are what HF computes for those positions: inv_freq and angles in fp32, then cast.
+  std::mutex rope_mutex;
+  std::pair<torch::Tensor, torch::Tensor> rope;
+
+  std::pair<torch::Tensor, torch::Tensor> rope_tables(torch::Device device, torch::ScalarType dtype) {
+    std::lock_guard lock(rope_mutex);
+    if (rope.first.defined() && rope.first.device() == device && rope.first.scalar_type() == dtype) return rope;
+    // Normal tensors even when first called by the sampler: inference tensors cannot be saved for backward.
+    c10::InferenceMode not_inference(false);
+    torch::NoGradGuard no_grad;
+    const std::int64_t D = cfg.head_dim;
+    auto i64 = torch::TensorOptions().device(device).dtype(torch::kLong);
+    torch::Tensor inv_freq =
+        torch::reciprocal(torch::pow(cfg.rope_theta, torch::arange(0, D, 2, i64).to(torch::kFloat32) / D));
+    torch::Tensor positions = torch::arange(0, cfg.max_position_embeddings, i64).to(torch::kFloat32);
+    torch::Tensor angles = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
+    torch::Tensor emb = torch::cat({angles, angles}, -1);
+    rope = {emb.cos().to(dtype), emb.sin().to(dtype)};
+    return rope;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------- KVCache
@@ -252,28 +276,14 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   }
   const std::int64_t S = past + T;  // key length
   const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  const std::int64_t rep = nh / nkv;
   const auto device = impl_->embed.device();
   const auto dtype = impl_->embed.scalar_type();
   torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
 
-  // RoPE tables as HF computes them: inv_freq in fp32, angles = position * inv_freq, cos/sin in fp32, then
-  // cast to the activation dtype. [T, D], broadcast over batch and heads.
-  auto f32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
-  torch::Tensor inv_freq =
-      torch::reciprocal(torch::pow(cfg.rope_theta, torch::arange(0, D, 2, f32.dtype(torch::kLong)).to(torch::kFloat32) / D));
-  torch::Tensor angles = torch::arange(past, S, f32.dtype(torch::kLong)).to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);
-  torch::Tensor emb = torch::cat({angles, angles}, -1);
-  torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+  // [T, D] rows of the RoPE tables, broadcast over batch and heads.
+  const auto [cos_table, sin_table] = impl_->rope_tables(device, dtype);
+  torch::Tensor cos = cos_table.narrow(0, past, T), sin = sin_table.narrow(0, past, T);
 
-  // Causal mask over [T, S]: query i sits at position past + i and sees keys 0..past+i. A single new token
-  // sees everything cached, so decoding needs no mask.
-  torch::Tensor mask;
-  if (T > 1) {
-    auto q_pos = torch::arange(past, S, f32.dtype(torch::kLong)).unsqueeze(1);
-    auto k_pos = torch::arange(0, S, f32.dtype(torch::kLong)).unsqueeze(0);
-    mask = k_pos > q_pos;
-  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
   torch::Tensor x = torch::embedding(impl_->embed, ids);
@@ -297,32 +307,11 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
       keys = cache->keys[li].narrow(2, 0, S);
       values = cache->values[li].narrow(2, 0, S);
     }
-    // Grouped-query attention without materialising repeated K/V: the `rep` query heads that share a KV head
-    // are stacked along the row dimension, [B, nkv, rep*T, D] x [B, nkv, D, S].
-    torch::Tensor attn;
-    if (T == 1 && device.is_cpu()) {
-      // Decoding on CPU: B*nkv matrix products of one row each are dispatch-bound, and matmul would first copy
-      // the strided cache views. A broadcast multiply-and-sum reads the cache in place. [B, nkv, rep, S]
-      torch::Tensor qg = q.view({B, nkv, rep, 1, D});
-      torch::Tensor scores = (qg * keys.unsqueeze(2)).sum(-1) * scale;
-      torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
-      if (probs.scalar_type() != dtype) probs = probs.to(dtype);
-      attn = (probs.unsqueeze(-1) * values.unsqueeze(2)).sum(-2).reshape({B, 1, nh * D});  // [B, nkv, rep, D]
-    } else {
-      torch::Tensor scores = torch::matmul(q.reshape({B, nkv, rep * T, D}), keys.transpose(-1, -2)) * scale;
-      if (mask.defined())
-        scores.view({B, nkv, rep, T, S}).masked_fill_(mask, -std::numeric_limits<double>::infinity());
-      torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
-      if (probs.scalar_type() != dtype) probs = probs.to(dtype);
-      attn = torch::matmul(probs, values)  // [B, nkv, rep*T, D] == [B, nh, T, D]
-                 .view({B, nh, T, D})
-                 .transpose(1, 2)
-                 .reshape({B, T, nh * D});
-    }
+    torch::Tensor attn = causal_attention(q, keys, values, scale);  // [B, T, nh * D]
     x = x + layer.o.apply(attn);
 
     h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
-    x = x + layer.down.apply(torch::silu(layer.gate.apply(h)) * layer.up.apply(h));
+    x = x + layer.down.apply(swiglu(layer.gate.apply(h), layer.up.apply(h)));
   }
   if (cache) cache->length = S;
   return rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
@@ -478,12 +467,35 @@ TensorMap Transformer::merged_hf_state_dict() const {
   torch::NoGradGuard no_grad;
   impl_->for_each_linear([&](const Linear& lin) {
     if (!lin.lora_a.defined()) return;
-    // W + scale * B A, accumulated in fp32 (at least) and stored in W's dtype.
-    auto acc = lin.lora_a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    auto merged = lin.weight.to(acc) + lin.lora_scale * torch::matmul(lin.lora_b.to(acc), lin.lora_a.to(acc));
     // A tied model with an lm_head adapter gets an untied lm_head.weight (save_model unties the config).
-    out[lin.name + ".weight"] = merged.to(lin.weight.scalar_type());
+    out[lin.name + ".weight"] = lin.merged_weight();
   });
+  return out;
+}
+
+InferenceWeights Transformer::inference_weights() {
+  torch::NoGradGuard no_grad;
+  auto linear = [](const Linear& lin) {
+    return LinearWeights{lin.lora_a.defined() ? lin.merged_weight() : lin.weight.detach(),
+                         lin.bias.defined() ? lin.bias.detach() : torch::Tensor()};
+  };
+  InferenceWeights out;
+  out.embed = impl_->embed.detach();
+  out.final_norm = impl_->final_norm.detach();
+  for (const Layer& l : impl_->layers) {
+    LayerWeights w;
+    w.input_norm = l.input_norm.detach();
+    w.post_norm = l.post_norm.detach();
+    if (impl_->cfg.qk_norm) {
+      w.q_norm = l.q_norm.detach();
+      w.k_norm = l.k_norm.detach();
+    }
+    w.q = linear(l.q), w.k = linear(l.k), w.v = linear(l.v), w.o = linear(l.o);
+    w.gate = linear(l.gate), w.up = linear(l.up), w.down = linear(l.down);
+    out.layers.push_back(std::move(w));
+  }
+  out.lm_head = linear(impl_->lm_head);
+  std::tie(out.rope_cos, out.rope_sin) = impl_->rope_tables(impl_->embed.device(), impl_->embed.scalar_type());
   return out;
 }
 

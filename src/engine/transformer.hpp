@@ -35,6 +35,23 @@ struct KVCache {
   std::int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
 };
 
+// What an inference kernel reads: plain tensors, no autograd, LoRA folded in. Linears with adapters hold
+// W + (alpha / rank) * B A (a new tensor, computed once per snapshot); everything else aliases the parameters.
+struct LinearWeights {
+  torch::Tensor weight;  // [out, in]
+  torch::Tensor bias;    // [out]; undefined without bias
+};
+struct LayerWeights {
+  torch::Tensor input_norm, post_norm, q_norm, k_norm;  // q_norm/k_norm only with qk_norm
+  LinearWeights q, k, v, o, gate, up, down;
+};
+struct InferenceWeights {
+  torch::Tensor embed, final_norm;
+  std::vector<LayerWeights> layers;
+  LinearWeights lm_head;
+  torch::Tensor rope_cos, rope_sin;  // [max_position_embeddings, head_dim], the tables hidden_states uses
+};
+
 class Transformer : public torch::nn::Module {
  public:
   explicit Transformer(const ModelConfig& cfg);
@@ -78,6 +95,9 @@ class Transformer : public torch::nn::Module {
   bool has_value_head() const;
   // [B, T, H] -> [B, T] fp32.
   torch::Tensor values(const torch::Tensor& hidden);
+
+  // A snapshot of the current weights for inference kernels (see InferenceWeights).
+  InferenceWeights inference_weights();
 
   // What the optimizer updates: the adapters with LoRA, every weight without, plus the value head if any.
   // Names are stable across runs.

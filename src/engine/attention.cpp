@@ -1,0 +1,198 @@
+#include "attention.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <rlloop/error.hpp>
+
+#include "blas.hpp"
+
+namespace rlloop::engine {
+namespace {
+
+using blas::gemm;
+
+struct Dims {
+  std::int64_t B, nh, nkv, rep, T, S, D, past;
+};
+
+Dims dims_of(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values) {
+  auto fail = [](const std::string& what) { throw invalid_argument("causal_attention: " + what); };
+  if (q.dim() != 4 || keys.dim() != 4 || values.dim() != 4) fail("q, keys and values must be 4-D [B, heads, T, D]");
+  Dims d{q.size(0), q.size(1), keys.size(1), 0, q.size(2), keys.size(2), q.size(3), 0};
+  if (keys.sizes() != values.sizes()) fail("keys and values differ in shape");
+  if (keys.size(0) != d.B || keys.size(3) != d.D) fail("keys do not match q's batch or head_dim");
+  if (d.nkv == 0 || d.nh % d.nkv != 0) fail("the number of query heads is not a multiple of the KV heads");
+  if (d.S < d.T) fail("fewer keys than queries");
+  d.rep = d.nh / d.nkv;
+  d.past = d.S - d.T;
+  return d;
+}
+
+// Rows of keys/values may be strided (KV-cache views, transposed projections) but each row must be contiguous.
+torch::Tensor rows_contiguous(const torch::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+template <class T>
+const T* head_ptr(const torch::Tensor& t, std::int64_t b, std::int64_t h) {
+  return t.data_ptr<T>() + b * t.stride(0) + h * t.stride(1);
+}
+
+// In place over scores [T, S] (already scaled): causal softmax per row; stores each row's log-sum-exp.
+template <class T>
+void causal_softmax(T* scores, T* lse, const Dims& d) {
+  for (std::int64_t i = 0; i < d.T; ++i) {
+    T* row = scores + i * d.S;
+    const std::int64_t visible = d.past + i + 1;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (std::int64_t j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
+    T sum = 0;
+    for (std::int64_t j = 0; j < visible; ++j) sum += (row[j] = std::exp(row[j] - mx));
+    const T inv = T(1) / sum;
+    for (std::int64_t j = 0; j < visible; ++j) row[j] *= inv;
+    for (std::int64_t j = visible; j < d.S; ++j) row[j] = 0;
+    lse[i] = mx + std::log(sum);
+  }
+}
+
+// Recomputes the probabilities of one head from its log-sum-exp: scores [T, S] -> P in place.
+template <class T>
+void probabilities_from_lse(T* scores, const T* lse, const Dims& d) {
+  for (std::int64_t i = 0; i < d.T; ++i) {
+    T* row = scores + i * d.S;
+    const std::int64_t visible = d.past + i + 1;
+    for (std::int64_t j = 0; j < visible; ++j) row[j] = std::exp(row[j] - lse[i]);
+    for (std::int64_t j = visible; j < d.S; ++j) row[j] = 0;
+  }
+}
+
+// Work items are small (one head of one sequence); group enough of them per thread to amortise the fork.
+std::int64_t grain(const Dims& d) { return std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(1, d.T * d.S)); }
+
+// out [B, T, nh, D] and lse [B, nh, T].
+template <class T>
+void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                    const Dims& d, torch::Tensor& out, torch::Tensor& lse) {
+  at::parallel_for(0, d.B * d.nh, grain(d), [&](std::int64_t begin, std::int64_t end) {
+    std::vector<T> scores(static_cast<std::size_t>(d.T * d.S));
+    for (std::int64_t item = begin; item < end; ++item) {
+      const std::int64_t b = item / d.nh, h = item % d.nh, g = h / d.rep;
+      const T* qp = head_ptr<T>(q, b, h);
+      gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, head_ptr<T>(k, b, g), k.stride(2), T(0),
+              scores.data(), d.S);
+      causal_softmax(scores.data(), lse.data_ptr<T>() + item * d.T, d);
+      T* op = out.data_ptr<T>() + (b * d.T * d.nh + h) * d.D;
+      gemm<T>(false, false, d.T, d.D, d.S, T(1), scores.data(), d.S, head_ptr<T>(v, b, g), v.stride(2), T(0), op,
+              d.nh * d.D);
+    }
+  });
+}
+
+// Per (sequence, KV head): the `rep` query heads that share it accumulate into its dK and dV, so no two
+// threads write the same rows.
+template <class T>
+void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& lse,
+                     const torch::Tensor& grad_out, double scale, const Dims& d, torch::Tensor& dq, torch::Tensor& dk,
+                     torch::Tensor& dv) {
+  at::parallel_for(0, d.B * d.nkv, std::max<std::int64_t>(1, grain(d) / d.rep), [&](std::int64_t begin, std::int64_t end) {
+    std::vector<T> p(static_cast<std::size_t>(d.T * d.S)), dp(p.size());
+    for (std::int64_t item = begin; item < end; ++item) {
+      const std::int64_t b = item / d.nkv, g = item % d.nkv;
+      const T* kp = head_ptr<T>(k, b, g);
+      const T* vp = head_ptr<T>(v, b, g);
+      T* dkp = dk.data_ptr<T>() + item * d.S * d.D;
+      T* dvp = dv.data_ptr<T>() + item * d.S * d.D;
+      for (std::int64_t h = g * d.rep; h < (g + 1) * d.rep; ++h) {
+        const T* qp = head_ptr<T>(q, b, h);
+        const T* dop = grad_out.data_ptr<T>() + (b * d.T * d.nh + h) * d.D;  // [T, D], leading dim nh * D
+        const std::int64_t ldo = d.nh * d.D;
+        gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, kp, k.stride(2), T(0), p.data(), d.S);
+        probabilities_from_lse(p.data(), lse.data_ptr<T>() + (b * d.nh + h) * d.T, d);
+        gemm<T>(true, false, d.S, d.D, d.T, T(1), p.data(), d.S, dop, ldo, T(1), dvp, d.D);        // dV += P^T dO
+        gemm<T>(false, true, d.T, d.S, d.D, T(1), dop, ldo, vp, v.stride(2), T(0), dp.data(), d.S);  // dP = dO V^T
+        // Softmax backward: dS = P * (dP - rowsum(P * dP)), times the score scale.
+        for (std::int64_t i = 0; i < d.T; ++i) {
+          const T* pr = p.data() + i * d.S;
+          T* dr = dp.data() + i * d.S;
+          T dot = 0;
+          for (std::int64_t j = 0; j < d.S; ++j) dot += pr[j] * dr[j];
+          for (std::int64_t j = 0; j < d.S; ++j) dr[j] = pr[j] * (dr[j] - dot) * static_cast<T>(scale);
+        }
+        T* dqp = dq.data_ptr<T>() + (b * d.nh + h) * d.T * d.D;
+        gemm<T>(false, false, d.T, d.D, d.S, T(1), dp.data(), d.S, kp, k.stride(2), T(0), dqp, d.D);  // dQ = dS K
+        gemm<T>(true, false, d.S, d.D, d.T, T(1), dp.data(), d.S, qp, d.D, T(1), dkp, d.D);            // dK += dS^T Q
+      }
+    }
+  });
+}
+
+class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor q, torch::Tensor keys,
+                               torch::Tensor values, double scale) {
+    q = q.contiguous();
+    keys = rows_contiguous(keys);
+    values = rows_contiguous(values);
+    const Dims d = dims_of(q, keys, values);
+    auto out = torch::empty({d.B, d.T, d.nh * d.D}, q.options());
+    auto lse = torch::empty({d.B, d.nh, d.T}, q.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_attention", [&] {
+      forward_kernel<scalar_t>(q, keys, values, scale, d, out, lse);
+    });
+    ctx->save_for_backward({q, keys, values, lse});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &keys = saved[1], &values = saved[2], &lse = saved[3];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const Dims d = dims_of(q, keys, values);
+    const torch::Tensor grad_out = grads[0].contiguous();
+    auto dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
+    auto dk = torch::zeros({d.B, d.nkv, d.S, d.D}, q.options());
+    auto dv = torch::zeros({d.B, d.nkv, d.S, d.D}, q.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_attention_backward", [&] {
+      backward_kernel<scalar_t>(q, keys, values, lse, grad_out, scale, d, dq, dk, dv);
+    });
+    return {dq, dk, dv, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                               double scale) {
+  const auto dtype = q.scalar_type();
+  const bool kernel = q.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kFloat64) &&
+                      keys.scalar_type() == dtype && values.scalar_type() == dtype;
+  if (!kernel) return causal_attention_reference(q, keys, values, scale);
+  return CausalAttentionFn::apply(q, keys, values, scale);
+}
+
+torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys,
+                                         const torch::Tensor& values, double scale) {
+  const Dims d = dims_of(q, keys, values);
+  // The `rep` query heads that share a KV head are stacked along the rows: [B, nkv, rep*T, D] x [B, nkv, D, S],
+  // so the repeated K/V are never materialised.
+  torch::Tensor scores = torch::matmul(q.reshape({d.B, d.nkv, d.rep * d.T, d.D}), keys.transpose(-1, -2)) * scale;
+  if (d.T > 1) {
+    auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
+    auto mask = torch::arange(0, d.S, pos).unsqueeze(0) > torch::arange(d.past, d.S, pos).unsqueeze(1);  // [T, S]
+    scores.view({d.B, d.nkv, d.rep, d.T, d.S}).masked_fill_(mask, -std::numeric_limits<double>::infinity());
+  }
+  // Softmax in fp32 as HF does (fp64 stays fp64: it is used to check gradients).
+  const auto softmax_dtype = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  torch::Tensor probs = torch::softmax(scores, -1, softmax_dtype);
+  if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());
+  return torch::matmul(probs, values)  // [B, nkv, rep*T, D] == [B, nh, T, D]
+      .view({d.B, d.nh, d.T, d.D})
+      .transpose(1, 2)
+      .reshape({d.B, d.T, d.nh * d.D});
+}
+
+}  // namespace rlloop::engine

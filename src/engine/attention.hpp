@@ -1,0 +1,23 @@
+// Causal grouped-query attention, the one piece of the decoder that LibTorch 1.13 runs badly on CPU: its bmm
+// loops over the batch x heads matrices with three tensor `select`s and an addmm dispatch each (~20 us per
+// 32x32 matrix), which made attention a sixth of a small model's training step and most of a decoding step.
+// On CPU (fp32/fp64) this calls BLAS directly per (sequence, head) from one parallel loop and recomputes the
+// probabilities in the backward pass from a saved log-sum-exp; elsewhere (CUDA, bf16) it runs the ATen ops.
+#pragma once
+#include <torch/torch.h>
+
+namespace rlloop::engine {
+
+// q: [B, heads, T, D]; keys, values: [B, kv_heads, S, D] with S >= T and the last dimension contiguous (views
+// of a KV cache are fine). heads must be a multiple of kv_heads (query head h reads KV head h / (heads /
+// kv_heads)). Query i sits at position S - T + i and sees keys 0 ..= S - T + i. Returns [B, T, heads * D]
+// (the layout o_proj takes), differentiable with respect to q, keys and values.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                               double scale);
+
+// The same computation with plain ATen ops (matmul, masked_fill, softmax in fp32): the path for devices and
+// dtypes the kernel does not cover, and the reference the kernel is tested against.
+torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys,
+                                         const torch::Tensor& values, double scale);
+
+}  // namespace rlloop::engine

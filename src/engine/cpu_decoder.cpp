@@ -1,0 +1,149 @@
+#include "cpu_decoder.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <rlloop/error.hpp>
+
+#include "blas.hpp"
+#include "fused_ops.hpp"
+
+namespace rlloop::engine {
+namespace {
+
+const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
+// y[rows, out] = x[rows, in] W^T + b; with `accumulate` the product is added to y (residual connections).
+void linear(const float* x, std::int64_t rows, const LinearWeights& w, float* y, bool accumulate) {
+  const std::int64_t out = w.weight.size(0), in = w.weight.size(1);
+  blas::gemm<float>(false, true, rows, out, in, 1.0f, x, in, data(w.weight), in, accumulate ? 1.0f : 0.0f, y, out);
+  if (!w.bias.defined()) return;
+  const float* b = data(w.bias);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < out; ++i) y[r * out + i] += b[i];
+}
+
+void rms_norm_rows(const float* x, const torch::Tensor& weight, float* y, std::int64_t rows, std::int64_t width,
+                   double eps) {
+  for (std::int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * width, data(weight), y + r * width, width, eps);
+}
+
+// HF rotate_half RoPE on `rows` vectors of head_dim D, in place: the pairs are (i, i + D/2).
+void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, const float* sin) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * D;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = -b * sin[i] + a * cos[i];
+      v[i + half] = a * sin[i + half] + b * cos[i + half];
+    }
+  }
+}
+
+// Eight independent partial sums: vectorisable without reassociating a single float accumulator.
+float dot(const float* a, const float* b, std::int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
+bool CpuDecoder::supports(Transformer& model) {
+  const auto p = model.parameters().front();
+  return p.device().is_cpu() && p.scalar_type() == torch::kFloat32;
+}
+
+CpuDecoder::CpuDecoder(Transformer& model) : cfg_(model.config()), w_(model.inference_weights()) {
+  if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
+}
+
+torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
+  const std::int64_t A = tokens.size(0), H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, rep = nh / nkv;
+  const std::int64_t V = cfg_.vocab_size, pos = cache.length, S = pos + 1, cap = cache.capacity;
+  if (tokens.dim() != 1 || !tokens.device().is_cpu() || tokens.scalar_type() != torch::kLong || A != cache.batch())
+    throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
+  if (S > cap) throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cap) + " exceeded");
+  const double eps = cfg_.rms_norm_eps;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float* cos = data(w_.rope_cos) + pos * D;
+  const float* sin = data(w_.rope_sin) + pos * D;
+
+  std::vector<float> x(A * H), h(A * H), q(A * nh * D), k(A * nkv * D), v(A * nkv * D), attn(A * nh * D), gate(A * I),
+      up(A * I);
+  const auto* ids = tokens.data_ptr<std::int64_t>();
+  for (std::int64_t r = 0; r < A; ++r) {
+    if (ids[r] < 0 || ids[r] >= V) throw invalid_argument("CpuDecoder::step: token id out of range");
+    std::copy_n(data(w_.embed) + ids[r] * H, H, x.data() + r * H);
+  }
+
+  for (std::size_t li = 0; li < w_.layers.size(); ++li) {
+    const LayerWeights& L = w_.layers[li];
+    rms_norm_rows(x.data(), L.input_norm, h.data(), A, H, eps);
+    linear(h.data(), A, L.q, q.data(), false);
+    linear(h.data(), A, L.k, k.data(), false);
+    linear(h.data(), A, L.v, v.data(), false);
+    if (cfg_.qk_norm) {
+      rms_norm_rows(q.data(), L.q_norm, q.data(), A * nh, D, eps);
+      rms_norm_rows(k.data(), L.k_norm, k.data(), A * nkv, D, eps);
+    }
+    rope_rows(q.data(), A * nh, D, cos, sin);
+    rope_rows(k.data(), A * nkv, D, cos, sin);
+
+    auto& keys = cache.keys[li];
+    auto& values = cache.values[li];
+    if (!keys.is_contiguous() || !values.is_contiguous() || keys.scalar_type() != torch::kFloat32)
+      throw invalid_argument("CpuDecoder::step: the KV cache must be contiguous fp32");
+    float* kc = keys.data_ptr<float>();
+    float* vc = values.data_ptr<float>();
+    for (std::int64_t r = 0; r < A * nkv; ++r) {  // row r = (sequence, kv head)
+      std::copy_n(k.data() + r * D, D, kc + (r * cap + pos) * D);
+      std::copy_n(v.data() + r * D, D, vc + (r * cap + pos) * D);
+    }
+
+    at::parallel_for(0, A * nh, 8, [&](std::int64_t begin, std::int64_t end) {
+      std::vector<float> p(S);
+      for (std::int64_t item = begin; item < end; ++item) {
+        const std::int64_t a = item / nh, head = item % nh;
+        const float* qv = q.data() + item * D;
+        const float* K = kc + (a * nkv + head / rep) * cap * D;
+        const float* Vs = vc + (a * nkv + head / rep) * cap * D;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(qv, K + j * D, D) * scale);
+        float sum = 0;
+        for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        float* out = attn.data() + item * D;
+        std::fill_n(out, D, 0.0f);
+        for (std::int64_t j = 0; j < S; ++j) {
+          const float pj = p[j] / sum;
+          for (std::int64_t d = 0; d < D; ++d) out[d] += pj * Vs[j * D + d];
+        }
+      }
+    });
+    linear(attn.data(), A, L.o, x.data(), true);
+
+    rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
+    linear(h.data(), A, L.gate, gate.data(), false);
+    linear(h.data(), A, L.up, up.data(), false);
+    at::parallel_for(0, A * I, 4096, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    });
+    linear(gate.data(), A, L.down, x.data(), true);
+  }
+  cache.length = S;
+  rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
+  auto logits = torch::empty({A, V}, torch::kFloat32);
+  linear(h.data(), A, w_.lm_head, logits.data_ptr<float>(), false);
+  return logits;
+}
+
+}  // namespace rlloop::engine

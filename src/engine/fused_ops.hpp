@@ -1,0 +1,32 @@
+// Element-wise parts of the decoder as single fused CPU kernels (forward and backward). In eager LibTorch an
+// RMSNorm is six tensor ops forward and a dozen backward, each a pass over the activations plus a dispatch;
+// fused, it is one pass each way. On CPU fp32/fp64 these run the fused kernels; elsewhere (CUDA, bf16) the
+// ATen formulation, which is also the reference the kernels are tested against.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include <torch/torch.h>
+
+namespace rlloop::engine {
+
+// One row of rms_norm: y = w * (x * r) with r = 1 / sqrt(mean(x^2) + eps) (sum of squares in double);
+// returns r. Shared by the fused kernel and the CPU decoder so both compute the same values.
+template <class T>
+T rms_norm_row(const T* x, const T* w, T* y, std::int64_t H, double eps) {
+  double sum = 0;
+  for (std::int64_t i = 0; i < H; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const auto r = static_cast<T>(1.0 / std::sqrt(sum / static_cast<double>(H) + eps));
+  for (std::int64_t i = 0; i < H; ++i) y[i] = w[i] * (x[i] * r);
+  return r;
+}
+
+// Hugging Face LlamaRMSNorm: weight * (x * rsqrt(mean(x^2, -1) + eps)), normalised in fp32.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// The SwiGLU gate: silu(gate) * up, same shapes.
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor swiglu_reference(const torch::Tensor& gate, const torch::Tensor& up);
+
+}  // namespace rlloop::engine

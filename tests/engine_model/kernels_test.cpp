@@ -1,0 +1,196 @@
+// The engine's hand-written CPU kernels against the plain ATen formulation they replace: causal attention
+// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm and SwiGLU, and the
+// dispatch-free decoding step against Transformer::forward on the same cache (Llama, Qwen2 biases, Qwen3
+// q/k norms, LoRA).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "attention.hpp"
+#include "cpu_decoder.hpp"
+#include "fused_ops.hpp"
+#include "model_io.hpp"
+#include "transformer.hpp"
+
+using namespace rlloop;
+using namespace rlloop::engine;
+
+namespace {
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+torch::Tensor randn(at::IntArrayRef shape, torch::ScalarType dtype, bool grad = true) {
+  return torch::randn(shape, torch::TensorOptions().dtype(dtype)).set_requires_grad(grad);
+}
+
+struct AttentionCase {
+  std::int64_t B, nh, nkv, T, S, D;
+  bool strided_values;  // values as a transposed view (rows not adjacent), as the training path passes them
+};
+
+// Forward and all three gradients of causal_attention and causal_attention_reference on the same inputs.
+void check_attention(const AttentionCase& c, torch::ScalarType dtype, double tol) {
+  SCOPED_TRACE("B=" + std::to_string(c.B) + " heads=" + std::to_string(c.nh) + "/" + std::to_string(c.nkv) +
+               " T=" + std::to_string(c.T) + " S=" + std::to_string(c.S));
+  torch::manual_seed(7);
+  auto q = randn({c.B, c.nh, c.T, c.D}, dtype);
+  // Keys live in a larger buffer (a KV cache of capacity S + 3) and are passed as a narrowed view.
+  auto key_buffer = randn({c.B, c.nkv, c.S + 3, c.D}, dtype);
+  auto v_src = c.strided_values ? randn({c.B, c.S, c.nkv, c.D}, dtype) : randn({c.B, c.nkv, c.S, c.D}, dtype);
+  auto upstream = torch::randn({c.B, c.T, c.nh * c.D}, torch::TensorOptions().dtype(dtype));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+
+  auto run = [&](auto&& attention) {
+    for (auto* t : {&q, &key_buffer, &v_src}) t->mutable_grad() = torch::Tensor();
+    auto keys = key_buffer.narrow(2, 0, c.S);
+    auto values = c.strided_values ? v_src.transpose(1, 2) : v_src;
+    auto out = attention(q, keys, values, scale);
+    (out * upstream).sum().backward();
+    return std::vector<torch::Tensor>{out.detach(), q.grad().clone(), key_buffer.grad().clone(), v_src.grad().clone()};
+  };
+  auto fast = run(causal_attention);
+  auto ref = run(causal_attention_reference);
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(fast[i].sizes(), ref[i].sizes()) << names[i];
+    EXPECT_LT(max_abs_diff(fast[i], ref[i]), tol) << names[i];
+  }
+  // The cache slots past S get no gradient.
+  EXPECT_EQ(fast[2].narrow(2, c.S, 3).abs().max().item<double>(), 0.0);
+}
+
+TEST(CausalAttention, MatchesReferenceInDouble) {
+  check_attention({2, 4, 2, 5, 5, 8, true}, torch::kFloat64, 1e-12);   // training: GQA, transposed values
+  check_attention({2, 4, 4, 6, 6, 16, false}, torch::kFloat64, 1e-12);  // no GQA
+  check_attention({3, 6, 2, 3, 10, 8, false}, torch::kFloat64, 1e-12);  // a cached prefix of 7 positions
+  check_attention({2, 4, 1, 1, 9, 8, false}, torch::kFloat64, 1e-12);   // one decoded token, multi-query
+}
+
+TEST(CausalAttention, MatchesReferenceInFloat) {
+  check_attention({4, 4, 4, 32, 32, 32, true}, torch::kFloat32, 1e-5);
+  check_attention({2, 8, 2, 4, 20, 16, false}, torch::kFloat32, 1e-5);
+}
+
+TEST(CausalAttention, ChecksShapes) {
+  auto q = torch::zeros({1, 3, 2, 4}), kv = torch::zeros({1, 2, 2, 4});
+  try {
+    causal_attention(q, kv, kv, 1.0);
+    FAIL() << "no error for 3 query heads over 2 KV heads";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of the KV heads"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FusedOps, RmsNormMatchesFormulaWithGradients) {
+  torch::manual_seed(3);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const double tol = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+    auto x = randn({3, 70, 24}, dtype);  // 210 rows: several reduction blocks of 64
+    auto w = randn({24}, dtype);
+    auto upstream = torch::randn({3, 70, 24}, torch::TensorOptions().dtype(dtype));
+    auto fused = rms_norm(x, w, 1e-6);
+    (fused * upstream).sum().backward();
+    auto dx = x.grad().clone(), dw = w.grad().clone();
+    x.mutable_grad() = torch::Tensor();
+    w.mutable_grad() = torch::Tensor();
+    // The formula in the input dtype (rms_norm_reference normalises in fp32, as HF does).
+    auto plain = w * (x * torch::rsqrt(x.square().mean(-1, true) + 1e-6));
+    (plain * upstream).sum().backward();
+    EXPECT_LT(max_abs_diff(fused, plain), tol);
+    EXPECT_LT(max_abs_diff(dx, x.grad()), tol);
+    EXPECT_LT(max_abs_diff(dw, w.grad()), tol * 10);  // a sum over 210 rows
+  }
+}
+
+TEST(FusedOps, RmsNormWithFrozenWeightGivesOnlyInputGradient) {
+  auto x = randn({4, 8}, torch::kFloat32);
+  auto w = torch::ones({8});
+  rms_norm(x, w, 1e-5).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(FusedOps, SwigluMatchesFormulaWithGradients) {
+  torch::manual_seed(5);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const double tol = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+    auto g = randn({5, 40000}, dtype), u = randn({5, 40000}, dtype);  // several parallel chunks
+    auto upstream = torch::randn({5, 40000}, torch::TensorOptions().dtype(dtype));
+    auto fused = swiglu(g, u);
+    (fused * upstream).sum().backward();
+    auto dg = g.grad().clone(), du = u.grad().clone();
+    g.mutable_grad() = torch::Tensor();
+    u.mutable_grad() = torch::Tensor();
+    auto plain = swiglu_reference(g, u);
+    (plain * upstream).sum().backward();
+    EXPECT_LT(max_abs_diff(fused, plain), tol);
+    EXPECT_LT(max_abs_diff(dg, g.grad()), tol);
+    EXPECT_LT(max_abs_diff(du, u.grad()), tol);
+  }
+}
+
+ModelConfig small_config(const std::string& model_type, bool tied) {
+  nlohmann::json j = {{"model_type", model_type}, {"vocab_size", 64},          {"hidden_size", 32},
+                      {"intermediate_size", 48},  {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"tie_word_embeddings", tied}, {"max_position_embeddings", 64},
+                      {"rope_theta", 10000.0},    {"rms_norm_eps", 1e-6}};
+  return ModelConfig::from_json(j);
+}
+
+// Prefill a prompt for 3 rows with the model, then decode 4 steps with CpuDecoder on one cache and
+// Transformer::forward on a copy: logits and cached keys/values agree.
+void check_decoder(Transformer& model) {
+  c10::InferenceMode inference;
+  const auto& cfg = model.config();
+  auto prompt = torch::tensor(std::vector<std::int64_t>{3, 17, 5, 42, 8}, torch::kLong).unsqueeze(0);
+  KVCache fast = KVCache::allocate(cfg, 1, 12, torch::kCPU, torch::kFloat32);
+  model.hidden_states(prompt, &fast);
+  fast.repeat_batch(3);
+  KVCache slow = fast;
+  for (std::size_t l = 0; l < fast.keys.size(); ++l) {  // a deep copy: the tensors are shared otherwise
+    slow.keys[l] = fast.keys[l].clone();
+    slow.values[l] = fast.values[l].clone();
+  }
+  CpuDecoder decoder(model);
+  auto tokens = torch::tensor(std::vector<std::int64_t>{1, 63, 20}, torch::kLong);
+  for (int step = 0; step < 4; ++step) {
+    auto a = decoder.step(tokens, fast);
+    auto b = model.forward(tokens.unsqueeze(1), &slow).squeeze(1);
+    ASSERT_EQ(fast.length, slow.length);
+    EXPECT_LT(max_abs_diff(a, b), 2e-5) << "step " << step;
+    for (std::size_t l = 0; l < fast.keys.size(); ++l) {
+      EXPECT_LT(max_abs_diff(fast.keys[l].narrow(2, 0, fast.length), slow.keys[l].narrow(2, 0, slow.length)), 1e-5);
+      EXPECT_LT(max_abs_diff(fast.values[l].narrow(2, 0, fast.length), slow.values[l].narrow(2, 0, slow.length)), 1e-5);
+    }
+    tokens = a.argmax(-1);
+  }
+}
+
+TEST(CpuDecoder, MatchesModelForwardAcrossFamilies) {
+  for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
+    SCOPED_TRACE(type);
+    auto model = init_model(small_config(type, tied), 11, torch::kCPU, torch::kFloat32);
+    check_decoder(*model);
+  }
+}
+
+TEST(CpuDecoder, FoldsLoraAdapters) {
+  auto model = init_model(small_config("qwen2", false), 12, torch::kCPU, torch::kFloat32);
+  model->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear", "lm_head"}}, 3);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& b : model->lora_b_parameters()) b.normal_(0.0, 0.05);  // a trained-looking adapter
+  }
+  check_decoder(*model);
+}
+
+TEST(CpuDecoder, RejectsMismatchedRows) {
+  auto model = init_model(small_config("llama", true), 13, torch::kCPU, torch::kFloat32);
+  c10::InferenceMode inference;
+  KVCache cache = KVCache::allocate(model->config(), 2, 8, torch::kCPU, torch::kFloat32);
+  CpuDecoder decoder(*model);
+  EXPECT_THROW(decoder.step(torch::zeros({3}, torch::kLong), cache), std::exception);
+  EXPECT_THROW(decoder.step(torch::full({2}, 64, torch::kLong), cache), std::exception);  // outside the vocabulary
+}
+
+}  // namespace
