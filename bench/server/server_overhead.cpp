@@ -1,7 +1,8 @@
 // A GRPO-like step (16 prompts x 8 samples of 10 tokens, forward_backward on the 128 sequences, optim_step) on
 // rlloop-small, timed on a LocalSession and through rlloop-server on loopback (RemoteSession -> HTTP -> server ->
 // LocalSession), alternating steps so both see the same machine load. Prints per-step medians and the ratio.
-// Usage: bench_server_overhead [steps=5] [threads=0 (LibTorch threads; 0 = all cores)] [poll_max_ms=250 (RemoteOptions)]
+// Usage: bench_server_overhead [steps=5] [threads=0 (LibTorch threads; 0 = all cores)] [poll_max_ms] [long_poll_s]
+// (the last two default to RemoteOptions': 20 ms, 10 s; long_poll_s 0 = plain polling)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
   ro.endpoint = "http://127.0.0.1:" + std::to_string(srv.port());
   ro.bearer_key = "bench-key";
   if (argc > 3) ro.poll_max = std::chrono::milliseconds(std::atoi(argv[3]));
+  if (argc > 4) ro.long_poll = std::chrono::seconds(std::atoi(argv[4]));
 
   SessionOptions session{"rlloop-small", LoraOptions{8, 16, {"all-linear"}}, 0, "bench"};
   LocalService local_service(lo);
@@ -102,8 +104,8 @@ int main(int argc, char** argv) {
   const double l = median(lt), r = median(rt);
   std::printf("GRPO-like step on rlloop-small (%d prompts x %d samples x %d tokens + forward_backward + optim_step), median of %d:\n",
               kPrompts, kSamples, kTokens, steps);
-  std::printf("  local  %.1f ms\n  server %.1f ms\n  ratio  %.3fx (target <= 1.15x; LibTorch threads %d, poll_max %lld ms)\n", l, r,
-              r / l, threads, static_cast<long long>(ro.poll_max.count()));
+  std::printf("  local  %.1f ms\n  server %.1f ms\n  ratio  %.3fx (target <= 1.15x; LibTorch threads %d, poll_max %lld ms, long_poll %lld s)\n",
+              l, r, r / l, threads, static_cast<long long>(ro.poll_max.count()), static_cast<long long>(ro.long_poll.count()));
   remote->stop();
   srv.stop();
   std::filesystem::remove_all(dir);

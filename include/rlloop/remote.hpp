@@ -27,7 +27,12 @@ struct RemoteOptions {
   std::string s3_output_path = "s3://rlloop/output/";
   int max_retries = 6;                                   // on 429, 5xx and dropped connections
   std::chrono::milliseconds backoff_base{50};
-  std::chrono::milliseconds poll_initial{2}, poll_max{20};  // bench/server: 250 ms cost 1.25-1.67x per step
+  // Operation results: each GET asks rlloop-server to hold the answer until the operation is terminal, up to
+  // long_poll (?waitSeconds=, an rlloop extension; 0 = plain polling for a service without it). Between answers
+  // that are not final the client sleeps poll_initial, doubling up to poll_max (the only wait without long-poll;
+  // bench/server: poll_max 250 ms cost 1.25-1.67x per step).
+  std::chrono::seconds long_poll{10};
+  std::chrono::milliseconds poll_initial{2}, poll_max{20};
   std::chrono::seconds operation_timeout{3600};
 };
 

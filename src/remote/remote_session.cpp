@@ -1,4 +1,5 @@
 // RemoteSession / RemoteService over the wire JSON of rlloop/json.hpp.
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -29,13 +30,18 @@ std::string random_hex(std::size_t n) {
   return s;
 }
 
-// Polls an operation until it is terminal, with a growing interval; returns the Get*Result body.
+// Polls an operation until it is terminal (long-polls, then a growing interval); returns the Get*Result body.
 json poll(detail::RemoteClient& client, const std::string& url) {
   const auto& o = client.options();
   auto interval = o.poll_initial;
   const auto deadline = std::chrono::steady_clock::now() + o.operation_timeout;
   while (true) {
-    json state = client.rest("GET", url);
+    std::string target = url;
+    if (o.long_poll.count() > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
+      target += "?waitSeconds=" + std::to_string(std::clamp<long long>(std::min(left, o.long_poll).count(), 1, 20));
+    }
+    json state = client.rest("GET", target);
     const std::string status = state.value("status", "");
     if (status == "Completed") return state;
     if (status == "Failed") throw remote_error("OperationFailed", 200, state.value("errorDetails", "operation failed"));

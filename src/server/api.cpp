@@ -49,6 +49,8 @@ void Api::shutdown() {
   for (auto& [k, s] : all) s->join();
 }
 
+void Api::interrupt_waits() { impl_->closing = true; }
+
 std::size_t Api::max_body_bytes() const {
   std::size_t m = 1024 * 1024;
   for (const auto& [id, t] : impl_->tenants) m = std::max(m, t->config.max_body_bytes);

@@ -1,6 +1,7 @@
 // Internal state of the Api: tenants, hosted sessions and their operations. Not installed.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -95,6 +96,8 @@ class SessionHost {
   void wait_started();
   // Blocks until op is no longer Pending or InProgress.
   void wait_done(const OperationRecord& op);
+  // The same with `lock` held on mu, until `until` at the latest (long-poll GETs); true once op is terminal.
+  bool wait_done_until(std::unique_lock<std::mutex>& lock, const OperationRecord& op, std::chrono::steady_clock::time_point until);
   // Writes a record about this session to the journal (when durable).
   void journal(json record);
 
@@ -148,6 +151,7 @@ struct Api::Impl {
   std::map<std::pair<std::string, std::string>, std::shared_ptr<SessionHost>> sessions;  // (tenant, name)
   std::atomic<std::uint64_t> next_request{1};
   std::atomic<std::uint64_t> next_operation{1};
+  std::atomic<bool> closing{false};  // set by Api::interrupt_waits: long-polls answer at once
   std::unique_ptr<Journal> journal;  // when options.data_dir is set
 
   HostConfig host_config();

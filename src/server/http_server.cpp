@@ -155,6 +155,7 @@ void Server::stop() {
     ::shutdown(impl_->acceptor.native_handle(), SHUT_RDWR);
     for (auto& s : impl_->sockets) s->shutdown(tcp::socket::shutdown_both, ec);
   }
+  impl_->api.interrupt_waits();  // a long-poll would otherwise hold its connection thread until its deadline
   if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
   {
     std::lock_guard lock(impl_->mu);

@@ -1,5 +1,7 @@
 // Runtime REST API (spec §3): training and sampling operations, plus rlloop's read-only extensions
 // (session info, base models, capabilities, usage).
+#include <algorithm>
+#include <chrono>
 #include <regex>
 
 #include "server/api_impl.hpp"
@@ -30,6 +32,30 @@ bool valid_label(const std::string& s) {
 Response json_response(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
 
 [[noreturn]] void not_found_error(const std::string& message) { throw api_error("ResourceNotFoundException", 404, message); }
+
+// rlloop's long-poll on Get*OperationResult: `?waitSeconds=N` (0-20, as SQS's WaitTimeSeconds) answers as soon
+// as the operation is terminal, or after N seconds with its current state. A client then learns of a result
+// without polling late or often (bench/server). Other query parameters are ignored, as before.
+std::chrono::seconds wait_seconds(const std::string& target) {
+  const auto q = target.find('?');
+  if (q == std::string::npos) return std::chrono::seconds(0);
+  const std::string query = target.substr(q + 1);
+  constexpr std::string_view key = "waitSeconds=";
+  for (std::size_t start = 0; start <= query.size();) {
+    std::size_t end = query.find('&', start);
+    if (end == std::string::npos) end = query.size();
+    const std::string_view part(query.data() + start, end - start);
+    if (part.substr(0, key.size()) == key) {
+      const std::string_view v = part.substr(key.size());
+      if (v.empty() || v.size() > 2 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+          std::stoi(std::string(v)) > 20)
+        throw api_error("ValidationException", 400, "waitSeconds must be an integer in [0, 20]");
+      return std::chrono::seconds(std::stoi(std::string(v)));
+    }
+    start = end + 1;
+  }
+  return std::chrono::seconds(0);
+}
 
 }  // namespace
 
@@ -99,12 +125,19 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
   if (seg.size() == 5 && get && (training || sampling)) {
     const std::string& id = seg[4];
     if (!valid_label(id)) throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
-    std::lock_guard lock(s->mu);
+    const auto wait = wait_seconds(req.target);
+    std::unique_lock lock(s->mu);
     auto it = s->ops.find(id);
     // An operation of another kind or session is "not found", as the spec says.
     if (it == s->ops.end() || it->second->sampling != sampling)
       not_found_error("operation " + id + " does not exist in training session " + name);
-    return json_response(it->second->state);
+    const std::shared_ptr<OperationRecord> op = it->second;
+    // In slices, so that a server shutting down (interrupt_waits) answers within one.
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (!closing && std::chrono::steady_clock::now() < deadline &&
+           !s->wait_done_until(lock, *op, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)))) {
+    }
+    return json_response(op->state);
   }
 
   if (seg.size() == 4 && post && (training || sampling)) {

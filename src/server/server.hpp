@@ -97,6 +97,9 @@ class Api {
   std::size_t max_body_bytes() const;
   // Stops every session worker (pending operations become Skipped).
   void shutdown();
+  // Long-polls (Get*OperationResult?waitSeconds=N) answer at once, now and from now on: Server::stop calls it
+  // before it waits for its connection threads.
+  void interrupt_waits();
 
   struct Impl;
 

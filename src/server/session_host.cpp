@@ -70,6 +70,11 @@ void SessionHost::wait_done(const OperationRecord& op) {
   done_cv_.wait(lock, [&] { return terminal_state(op.state); });
 }
 
+bool SessionHost::wait_done_until(std::unique_lock<std::mutex>& lock, const OperationRecord& op,
+                                  std::chrono::steady_clock::time_point until) {
+  return done_cv_.wait_until(lock, until, [&] { return terminal_state(op.state); });
+}
+
 void SessionHost::bill(OperationRecord& op, const TokenUsage& u) {
   op.billed += u;
   {

@@ -55,6 +55,9 @@ seeds = {
     "cp_stop_delete": cp("StopTrainingSession", {"TrainingSessionName": "s"}) + SEP + cp("DeleteTrainingSession", {"TrainingSessionName": "s"})
                       + SEP + req("POST", "/v1/training-sessions/s/operations", fb),
     "rt_fb_get": req("POST", "/v1/training-sessions/s/operations", fb) + SEP + req("GET", "/v1/training-sessions/s/operations/op-1-1"),
+    "rt_fb_longpoll": req("POST", "/v1/training-sessions/s/operations", fb) + SEP
+                      + req("GET", "/v1/training-sessions/s/operations/op-1-1?waitSeconds=1") + SEP
+                      + req("GET", "/v1/training-sessions/s/sampling-operations/op-1-1?x=1&waitSeconds=21"),
     "rt_fb_retry": req("POST", "/v1/training-sessions/s/operations", fb) + SEP + req("POST", "/v1/training-sessions/s/operations", fb),
     "rt_ppo": req("POST", "/v1/training-sessions/s/operations", ppo),
     "rt_step": req("POST", "/v1/training-sessions/s/operations", step),

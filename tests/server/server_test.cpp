@@ -272,6 +272,47 @@ TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
   EXPECT_EQ(service->sessions().back()->log().size(), 2u);
 }
 
+TEST_F(ServerFixture, WaitSecondsLongPollsUntilTheOperationIsTerminal) {
+  // rlloop's long-poll: GET ...?waitSeconds=N answers when the operation is terminal (one request, no polling).
+  auto c = client_b();
+  create_running(c, "lp", "slow");  // 30 ms per operation
+  const std::string url = "/v1/training-sessions/lp/operations/";
+  c.post(url.substr(0, url.size() - 1), fb_body(1));
+  c.post(url.substr(0, url.size() - 1), step_body(2));
+  const std::string last = c.post(url.substr(0, url.size() - 1), fb_body(3)).json_body()["operationId"];
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c.get(url + last + "?waitSeconds=10");
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(r.status, 200u) << r.body;
+  EXPECT_EQ(r.json_body()["status"], "Completed");
+  EXPECT_GE(waited, std::chrono::milliseconds(30));  // it did wait for the queue...
+  EXPECT_LT(waited, std::chrono::seconds(5));        // ...and no longer than the operations took
+  // Other parameters are ignored; a bad waitSeconds is a ValidationException.
+  EXPECT_EQ(c.get(url + last + "?waitSeconds=0&x=1").json_body()["status"], "Completed");
+  for (const std::string bad : {"21", "-1", "1.5", "", "999"}) {
+    r = c.get(url + last + "?waitSeconds=" + bad);
+    EXPECT_EQ(r.status, 400u) << bad;
+    EXPECT_EQ(r.json_body()["message"], "waitSeconds must be an integer in [0, 20]") << bad;
+  }
+
+  // A server that stops does not wait for its long-polls: 200 queued operations would take 6 s.
+  for (int seq = 4; seq < 204; ++seq) c.post(url.substr(0, url.size() - 1), step_body(seq));
+  const std::string tail = c.post(url.substr(0, url.size() - 1), step_body(204)).json_body()["operationId"];
+  std::thread poller([port = srv->port(), url, tail] {
+    test_http::Client p(port);
+    p.use_bearer("bearer-b");
+    try {
+      p.get(url + tail + "?waitSeconds=20");
+    } catch (const std::exception&) {  // the connection is closed under it
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t1 = std::chrono::steady_clock::now();
+  srv->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(2));
+  poller.join();
+}
+
 TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
   auto c = client_a();
   create_running(c, "val");
