@@ -8,8 +8,8 @@
 
 #include <rlloop/error.hpp>
 
-#include "blas.hpp"
 #include "fused_ops.hpp"
+#include "small_gemm.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -19,7 +19,7 @@ const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 // y[rows, out] = x[rows, in] W^T + b; with `accumulate` the product is added to y (residual connections).
 void linear(const float* x, std::int64_t rows, const LinearWeights& w, float* y, bool accumulate) {
   const std::int64_t out = w.weight.size(0), in = w.weight.size(1);
-  blas::gemm<float>(false, true, rows, out, in, 1.0f, x, in, data(w.weight), in, accumulate ? 1.0f : 0.0f, y, out);
+  linear_rows(x, rows, data(w.weight), out, in, y, accumulate);
   if (!w.bias.defined()) return;
   const float* b = data(w.bias);
   for (std::int64_t r = 0; r < rows; ++r)
@@ -45,7 +45,7 @@ void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, co
 }
 
 // Eight independent partial sums: vectorisable without reassociating a single float accumulator.
-float dot(const float* a, const float* b, std::int64_t n) {
+inline __attribute__((always_inline)) float dot(const float* a, const float* b, std::int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -53,6 +53,22 @@ float dot(const float* a, const float* b, std::int64_t n) {
   float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+// One query row against S cached keys/values of one head: softmax(q K^T * scale) V into out[D]; p: S floats
+// of scratch. Compiled twice, for AVX2 (selected at load time where the CPU has it) and for the baseline.
+__attribute__((target_clones("arch=haswell", "default"))) void attend(const float* q, const float* K, const float* V,
+                                                                        std::int64_t S, std::int64_t D, float scale,
+                                                                        float* p, float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(q, K + j * D, D) * scale);
+  float sum = 0;
+  for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
+  std::fill_n(out, D, 0.0f);
+  for (std::int64_t j = 0; j < S; ++j) {
+    const float pj = p[j] / sum;
+    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * V[j * D + d];
+  }
 }
 
 }  // namespace
@@ -110,23 +126,14 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
       std::copy_n(v.data() + r * D, D, vc + (r * cap + pos) * D);
     }
 
-    at::parallel_for(0, A * nh, 8, [&](std::int64_t begin, std::int64_t end) {
+    // In parallel only with enough work: a parallel region costs more than a small model's whole attention.
+    const std::int64_t per_chunk = std::max<std::int64_t>(1, (1 << 18) / (S * D));
+    at::parallel_for(0, A * nh, per_chunk, [&](std::int64_t begin, std::int64_t end) {
       std::vector<float> p(S);
       for (std::int64_t item = begin; item < end; ++item) {
-        const std::int64_t a = item / nh, head = item % nh;
-        const float* qv = q.data() + item * D;
-        const float* K = kc + (a * nkv + head / rep) * cap * D;
-        const float* Vs = vc + (a * nkv + head / rep) * cap * D;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(qv, K + j * D, D) * scale);
-        float sum = 0;
-        for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        float* out = attn.data() + item * D;
-        std::fill_n(out, D, 0.0f);
-        for (std::int64_t j = 0; j < S; ++j) {
-          const float pj = p[j] / sum;
-          for (std::int64_t d = 0; d < D; ++d) out[d] += pj * Vs[j * D + d];
-        }
+        const std::int64_t a = item / nh, kv = a * nkv + (item % nh) / rep;
+        attend(q.data() + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(),
+               attn.data() + item * D);
       }
     });
     linear(attn.data(), A, L.o, x.data(), true);

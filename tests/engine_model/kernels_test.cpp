@@ -1,7 +1,7 @@
 // The engine's hand-written CPU kernels against the plain ATen formulation they replace: causal attention
-// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm and SwiGLU, and the
-// dispatch-free decoding step against Transformer::forward on the same cache (Llama, Qwen2 biases, Qwen3
-// q/k norms, LoRA).
+// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm and SwiGLU, the few-row
+// matrix product, and the dispatch-free decoding step against Transformer::forward on the same cache
+// (Llama, Qwen2 biases, Qwen3 q/k norms, LoRA).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +10,7 @@
 #include "cpu_decoder.hpp"
 #include "fused_ops.hpp"
 #include "model_io.hpp"
+#include "small_gemm.hpp"
 #include "transformer.hpp"
 
 using namespace rlloop;
@@ -126,6 +127,23 @@ TEST(FusedOps, SwigluMatchesFormulaWithGradients) {
     EXPECT_LT(max_abs_diff(fused, plain), tol);
     EXPECT_LT(max_abs_diff(dg, g.grad()), tol);
     EXPECT_LT(max_abs_diff(du, u.grad()), tol);
+  }
+}
+
+TEST(SmallGemm, MatchesMatmulIncludingTails) {
+  torch::manual_seed(9);
+  // {M, N, K}: odd rows and columns (the kernel's tails), a BLAS-only K, more rows than the kernel takes,
+  // and a product big enough to be split across threads.
+  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {16, 130, 64}, {3, 9, 12}, {80, 33, 32}, {16, 2050, 768}}) {
+    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
+    auto x = torch::randn({M, K}), w = torch::randn({N, K}), y0 = torch::randn({M, N});
+    auto expected = torch::matmul(x.to(torch::kFloat64), w.to(torch::kFloat64).t());
+    auto y = torch::empty({M, N});
+    linear_rows(x.data_ptr<float>(), M, w.data_ptr<float>(), N, K, y.data_ptr<float>(), false);
+    EXPECT_LT(max_abs_diff(y.to(torch::kFloat64), expected), 1e-4 * std::sqrt(K));
+    auto acc = y0.clone();
+    linear_rows(x.data_ptr<float>(), M, w.data_ptr<float>(), N, K, acc.data_ptr<float>(), true);
+    EXPECT_LT(max_abs_diff(acc.to(torch::kFloat64), expected + y0.to(torch::kFloat64)), 1e-4 * std::sqrt(K));
   }
 }
 

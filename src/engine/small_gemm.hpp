@@ -1,0 +1,20 @@
+// Y[M, N] = X[M, K] W[N, K]^T (or Y += ...) for few rows (a decoding step's batch), reading W in place.
+// OpenBLAS packs (copies) the whole weight on every call, which for a 16-row product costs more than the
+// arithmetic: 41% of rlloop-100m's decoding time was sgemm_incopy. This kernel streams each block of W rows
+// once from memory and keeps it in L1 while every row of X passes over it (AVX2 + FMA, chosen at run time;
+// other CPUs and shapes go to BLAS). Each output is computed by one thread in a fixed order: results do not
+// depend on the thread count.
+#pragma once
+#include <cstdint>
+
+namespace rlloop::engine {
+
+// True when the AVX2/FMA kernel runs for this shape on this CPU (otherwise linear_rows uses BLAS).
+bool small_gemm_applies(std::int64_t M, std::int64_t K);
+
+// Y (row-major [M, N], leading dimension N) = X (row-major [M, K]) W^T (W row-major [N, K]), or Y += that
+// with `accumulate`.
+void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
+                 bool accumulate);
+
+}  // namespace rlloop::engine
