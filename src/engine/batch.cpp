@@ -67,12 +67,13 @@ torch::Tensor padded_input(const std::vector<Datum>& data, const std::string& ke
   return out;
 }
 
-// Logprob of each target token, [B, T] fp32, with the graph unless grad is off. logsumexp + gather avoids
-// materialising a second [B, T, V] log_softmax tensor.
+// Logprob of each target token, [B, T] fp32, with the graph unless grad is off. log_softmax + gather, not
+// gather - logsumexp: LibTorch's log_softmax kernels (forward and backward) are vectorised, logsumexp's
+// backward is a generic exp over [B, T, V]; on rlloop-100m's 32k vocabulary that was 0.9 s of a 32 s step.
 torch::Tensor target_logprobs(Transformer& model, const PaddedBatch& b, torch::Device device) {
   auto logits = model.forward(b.ids.to(device)).to(torch::kFloat32);
   auto targets = b.targets.to(device).unsqueeze(-1);
-  return logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1);
+  return torch::log_softmax(logits, -1).gather(-1, targets).squeeze(-1);
 }
 
 torch::Device model_device(Transformer& model) { return model.parameters().front().device(); }
