@@ -31,17 +31,8 @@ void rms_norm_rows(const float* x, const torch::Tensor& weight, float* y, std::i
   for (std::int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * width, data(weight), y + r * width, width, eps);
 }
 
-// HF rotate_half RoPE on `rows` vectors of head_dim D, in place: the pairs are (i, i + D/2).
 void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, const float* sin) {
-  const std::int64_t half = D / 2;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* v = x + r * D;
-    for (std::int64_t i = 0; i < half; ++i) {
-      const float a = v[i], b = v[i + half];
-      v[i] = -b * sin[i] + a * cos[i];
-      v[i + half] = a * sin[i + half] + b * cos[i + half];
-    }
-  }
+  for (std::int64_t r = 0; r < rows; ++r) rope_row(x + r * D, x + r * D, cos, sin, D);
 }
 
 // Eight independent partial sums: vectorisable without reassociating a single float accumulator.

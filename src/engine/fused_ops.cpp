@@ -120,7 +120,75 @@ class SwigluFn : public torch::autograd::Function<SwigluFn> {
   }
 };
 
+// Forward and backward are one pass each, and the [B, T, heads] -> [B, heads, T] transpose is done on the way.
+class RopeFn : public torch::autograd::Function<RopeFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor cos,
+                               torch::Tensor sin) {
+    x = x.contiguous();
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    const std::int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+    auto out = torch::empty({B, H, T, D}, x.options());
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rope", [&] {
+      const scalar_t *xp = x.data_ptr<scalar_t>(), *cp = cos.data_ptr<scalar_t>(), *sp = sin.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      at::parallel_for(0, B * T * H, 256, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t r = begin; r < end; ++r) {  // r = (b, t, h), the source row order
+          const std::int64_t b = r / (T * H), t = (r / H) % T, h = r % H;
+          rope_row(xp + r * D, op + ((b * H + h) * T + t) * D, cp + t * D, sp + t * D, D);
+        }
+      });
+    });
+    ctx->save_for_backward({cos, sin});
+    return out;
+  }
+
+  // dx_i = dy_i cos_i + dy_{i+h} sin_{i+h},  dx_{i+h} = dy_{i+h} cos_{i+h} - dy_i sin_i.
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &cos = saved[0], &sin = saved[1];
+    const torch::Tensor dy = grads[0].contiguous();
+    const std::int64_t B = dy.size(0), H = dy.size(1), T = dy.size(2), D = dy.size(3), half = D / 2;
+    auto dx = torch::empty({B, T, H, D}, dy.options());
+    AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "rope_backward", [&] {
+      const scalar_t *dyp = dy.data_ptr<scalar_t>(), *cp = cos.data_ptr<scalar_t>(), *sp = sin.data_ptr<scalar_t>();
+      scalar_t* dxp = dx.data_ptr<scalar_t>();
+      at::parallel_for(0, B * T * H, 256, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t r = begin; r < end; ++r) {
+          const std::int64_t b = r / (T * H), t = (r / H) % T, h = r % H;
+          const scalar_t* g = dyp + ((b * H + h) * T + t) * D;
+          const scalar_t *c = cp + t * D, *s = sp + t * D;
+          scalar_t* d = dxp + r * D;
+          for (std::int64_t i = 0; i < half; ++i) {
+            d[i] = g[i] * c[i] + g[i + half] * s[i + half];
+            d[i + half] = g[i + half] * c[i + half] - g[i] * s[i];
+          }
+        }
+      });
+    });
+    return {dx, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (!fused_dtype(x) || cos.scalar_type() != x.scalar_type() || x.dim() != 4 || x.size(3) % 2 != 0 ||
+      cos.size(0) != x.size(1))
+    return rope_reference(x, cos, sin);
+  return RopeFn::apply(x, cos, sin);
+}
+
+torch::Tensor rope_reference(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const torch::Tensor heads = x.transpose(1, 2);  // [B, heads, T, D]
+  const std::int64_t half = heads.size(-1) / 2;
+  torch::Tensor rotated = torch::cat({-heads.narrow(-1, half, half), heads.narrow(-1, 0, half)}, -1);
+  // `rotated` is contiguous and `heads` (a transposed view) is not; the sum takes its first operand's layout, so
+  // this order yields a contiguous [B, heads, T, D] result (addition commutes exactly, the values are HF's).
+  return rotated * sin + heads * cos;
+}
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (!fused_dtype(x) || weight.scalar_type() != x.scalar_type() || weight.dim() != 1 || weight.size(0) != x.size(-1))

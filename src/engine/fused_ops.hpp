@@ -25,6 +25,22 @@ T rms_norm_row(const T* x, const T* w, T* y, std::int64_t H, double eps) {
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+// One vector of HF rotate_half RoPE (pairs (i, i + D/2)): y = x * cos + rotate_half(x) * sin. y may be x.
+template <class T>
+void rope_row(const T* x, T* y, const T* cos, const T* sin, std::int64_t D) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const T a = x[i], b = x[i + half];
+    y[i] = -b * sin[i] + a * cos[i];
+    y[i + half] = a * sin[i + half] + b * cos[i + half];
+  }
+}
+
+// RoPE on x [B, T, heads, D] (a projection's output viewed per head) with cos/sin rows [T, D]; returns the
+// rotated heads as [B, heads, T, D], contiguous (the layout attention reads).
+torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+torch::Tensor rope_reference(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 // The SwiGLU gate: silu(gate) * up, same shapes.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 torch::Tensor swiglu_reference(const torch::Tensor& gate, const torch::Tensor& up);

@@ -73,15 +73,6 @@ struct Layer {
   std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
 };
 
-// HF rotate_half convention: the first and second halves of head_dim form the rotated pairs.
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const std::int64_t half = x.size(-1) / 2;
-  torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  // `rotated` is contiguous and x (a transposed view) is not; the sum takes its first operand's layout, so this
-  // order yields a contiguous [B, heads, T, D] result (addition commutes exactly, the values are HF's).
-  return rotated * sin + x * cos;
-}
-
 }  // namespace
 
 struct Transformer::Impl {
@@ -297,8 +288,8 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
       q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps);
       k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps);
     }
-    q = apply_rope(q.transpose(1, 2), cos, sin);  // [B, nh, T, D], contiguous
-    k = apply_rope(k.transpose(1, 2), cos, sin);  // [B, nkv, T, D]
+    q = rope(q, cos, sin);  // [B, nh, T, D], contiguous
+    k = rope(k, cos, sin);  // [B, nkv, T, D]
 
     torch::Tensor keys = k, values = v;
     if (cache) {

@@ -1,5 +1,5 @@
 // The engine's hand-written CPU kernels against the plain ATen formulation they replace: causal attention
-// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm and SwiGLU, the few-row
+// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm, RoPE and SwiGLU, the few-row
 // matrix product, and the dispatch-free decoding step against Transformer::forward on the same cache
 // (Llama, Qwen2 biases, Qwen3 q/k norms, LoRA).
 #include <gtest/gtest.h>
@@ -127,6 +127,27 @@ TEST(FusedOps, SwigluMatchesFormulaWithGradients) {
     EXPECT_LT(max_abs_diff(fused, plain), tol);
     EXPECT_LT(max_abs_diff(dg, g.grad()), tol);
     EXPECT_LT(max_abs_diff(du, u.grad()), tol);
+  }
+}
+
+TEST(FusedOps, RopeMatchesReferenceWithGradients) {
+  torch::manual_seed(8);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const double tol = dtype == torch::kFloat64 ? 1e-12 : 1e-6;
+    auto x = randn({2, 5, 3, 8}, dtype);  // [B, T, heads, D]
+    auto cos = torch::randn({5, 8}, torch::TensorOptions().dtype(dtype));
+    auto sin = torch::randn({5, 8}, torch::TensorOptions().dtype(dtype));
+    auto upstream = torch::randn({2, 3, 5, 8}, torch::TensorOptions().dtype(dtype));
+    auto fused = rope(x, cos, sin);
+    ASSERT_EQ(fused.sizes(), upstream.sizes());
+    EXPECT_TRUE(fused.is_contiguous());
+    (fused * upstream).sum().backward();
+    auto dx = x.grad().clone();
+    x.mutable_grad() = torch::Tensor();
+    auto plain = rope_reference(x, cos, sin);
+    (plain * upstream).sum().backward();
+    EXPECT_LT(max_abs_diff(fused, plain), tol);
+    EXPECT_LT(max_abs_diff(dx, x.grad()), tol);
   }
 }
 
