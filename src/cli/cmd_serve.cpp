@@ -31,6 +31,7 @@ int run_serve(int argc, char** argv) {
   std::vector<std::string> base_models;
   std::string device = "auto";
   int threads = 0;
+  bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--data-dir", data_dir,
@@ -40,6 +41,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
   app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
       ->check(CLI::Range(0, 1024));
+  app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
+               "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,6 +54,7 @@ int run_serve(int argc, char** argv) {
   options.port = static_cast<std::uint16_t>(port);
   options.data_dir = data_dir;
   options.tenants = rlloop::server::load_tenants(tenants_file);
+  options.bill_prompt_per_sample = bill_prompt_per_sample;
 
 #ifdef RLLOOP_HAVE_ENGINE
   rlloop::LocalServiceOptions local;

@@ -34,7 +34,7 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
 
 HostConfig Api::Impl::host_config() {
   const std::string exports = options.data_dir.empty() ? "rlloop-exports" : options.data_dir + "/exports";
-  return HostConfig{options.region, exports, journal.get()};
+  return HostConfig{options.region, exports, journal.get(), options.bill_prompt_per_sample};
 }
 
 Api::~Api() { shutdown(); }

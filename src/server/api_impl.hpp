@@ -66,6 +66,7 @@ struct HostConfig {
   std::string region;
   std::string export_dir;      // where saveWeights with mergeWeights writes
   Journal* journal = nullptr;  // null = not durable
+  bool bill_prompt_per_sample = false;  // Options::bill_prompt_per_sample
 };
 
 // What a restarted server knows of a session that was live: how to rebuild its state before taking new work.

@@ -68,6 +68,10 @@ struct Options {
   std::vector<Tenant> tenants;
   std::string region = "us-east-1";
   std::chrono::seconds max_clock_skew{15 * 60};
+  // Prefill billing of a sample call with numSamples = n (the spec leaves it open: §6, item 4): false = the prompt once,
+  // as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n > 1;
+  // true = n times (each sequence's tokenUsage.prefill, summed).
+  bool bill_prompt_per_sample = false;
   // One JSON object per line; defaults to stderr.
   std::function<void(const std::string&)> log;
 };

@@ -150,11 +150,13 @@ json SessionHost::execute(OperationRecord& op) {
           SampleRequest req = o;
           req.model_path = o.model_path ? std::optional(resolve_checkpoint(*o.model_path)) : sampler_path_;
           SampleResponse r = session->sample(req).get();
+          // Each sequence reports the prompt as its prefill (spec SampleTokenUsage); billed once by default.
           TokenUsage u;
           for (const auto& seq : r.sequences) {
-            u.prefill += seq.prefill_tokens;
+            if (config_.bill_prompt_per_sample) u.prefill += seq.prefill_tokens;
             u.sample += seq.decode_tokens;
           }
+          if (!config_.bill_prompt_per_sample) u.prefill = static_cast<std::int64_t>(req.prompt.length());
           bill(op, u);
           op.sample_result = std::make_shared<SampleResponse>(r);
           return r;

@@ -108,9 +108,16 @@ TEST_F(EngineServer, SftLoopThroughServerMatchesLocalSession) {
   // Sampling with a seed gives the same tokens through the server.
   SampleRequest sr;
   sr.prompt = ModelInput::from_tokens(bytes("the cat"));
+  sr.num_samples = 3;
   sr.params.max_tokens = 6;
   sr.params.seed = 7;
   EXPECT_EQ(remote_session->sample(sr).get().sequences.at(0).tokens, local_session->sample(sr).get().sequences.at(0).tokens);
+  // The server bills exactly what the session does: the prompt once per call (not per sample), every decoded token.
+  const TokenUsage ru = remote_session->usage(), lu = local_session->usage();
+  EXPECT_EQ(ru.prefill, 7);
+  EXPECT_EQ(ru.prefill, lu.prefill);
+  EXPECT_EQ(ru.sample, lu.sample);
+  EXPECT_EQ(ru.training, lu.training);
 }
 
 TEST_F(EngineServer, MergedWeightsExportAndBaseModelCatalogue) {

@@ -243,7 +243,7 @@ TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
   const json done = wait_op(c, url + "/" + first);
   ASSERT_EQ(done["status"], "Completed");
   const json billed = c.get("/v1/usage").json_body()["usage"];
-  EXPECT_EQ(billed["prefill"], 6);
+  EXPECT_EQ(billed["prefill"], 3);
   EXPECT_EQ(billed["sample"], 8);
 
   const std::string again = c.post(url, sample, key).json_body()["operationId"];
@@ -378,12 +378,34 @@ TEST_F(ServerFixture, SamplingOperationsAndCheckpointsAreTenantScoped) {
   EXPECT_EQ(other["status"], "Failed");
   EXPECT_NE(other["errorDetails"].get<std::string>().find("does not exist in this account"), std::string::npos);
 
-  // Billing: a has 2 samples x (3 prefill + 4 decode) twice; b has nothing billed.
+  // Billing: a has a 3-token prompt (billed once per call) + 2 samples x 4 decode, twice; b has nothing billed.
   const json ua = a.get("/v1/usage").json_body();
   EXPECT_EQ(ua["tenant"], "a");
-  EXPECT_EQ(ua["usage"]["prefill"], 12);
+  EXPECT_EQ(ua["usage"]["prefill"], 6);
   EXPECT_EQ(ua["usage"]["sample"], 16);
   EXPECT_EQ(b.get("/v1/usage").json_body()["usage"]["sample"], 0);
+}
+
+TEST_F(ServerFixture, PromptBilledPerSampleWhenConfigured) {
+  // Options::bill_prompt_per_sample (rlloop serve --bill-prompt-per-sample): n samples bill the prompt n times.
+  srv->stop();
+  server::Options opts;
+  opts.tenants = {server::Tenant{"b", "444455556666", {}, {"bearer-b"}, 8, 1 << 20}};
+  opts.log = [](const std::string&) {};
+  opts.bill_prompt_per_sample = true;
+  srv = std::make_unique<server::Server>(opts, server::make_backend(service));
+  srv->start();
+  auto c = client_b();
+  create_running(c, "pps");
+  json sample = {{"operationConfig",
+                  {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
+                               {"numSamples", 2},
+                               {"samplingParams", {{"maxTokens", 4}}}}}}}};
+  const std::string id = c.post("/v1/training-sessions/pps/sampling-operations", sample).json_body()["operationId"];
+  EXPECT_EQ(wait_op(c, "/v1/training-sessions/pps/sampling-operations/" + id)["status"], "Completed");
+  const json u = c.get("/v1/usage").json_body()["usage"];
+  EXPECT_EQ(u["prefill"], 6);
+  EXPECT_EQ(u["sample"], 8);
 }
 
 TEST_F(ServerFixture, TenantLimitsAreErrorsNotCrashes) {
