@@ -3,7 +3,7 @@
 models, shapes and thread count, alternating C++ and Python per measurement so both see the same machine
 load, and prints tokens/s, achieved GFLOP/s, fraction of the matmul peak and rlloop / Python ratios.
 
-  /usr/bin/python3 bench/engine/compare.py --bench build-bench/bench/engine/bench_engine [--threads 2]
+  /usr/bin/python3 bench/engine/compare.py --bench build-bench/bench/engine/bench_engine [--threads 2] [--repeats 3]
 """
 import argparse
 import json
@@ -43,10 +43,12 @@ def main():
     ap.add_argument("--bench", default="build-bench/bench/engine/bench_engine")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", choices=["all", "small", "100m"], default="all")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run each measurement N times (C++ and Python alternating) and keep each side's best")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), RLLOOP_BENCH_THREADS=str(args.threads))
     started = time.time()
-    print(f"threads {args.threads}, load average at start {load():.2f}", flush=True)
+    print(f"threads {args.threads}, repeats {args.repeats}, load average at start {load():.2f}", flush=True)
 
     cpp_peak = max(b["GFLOPs"] for b in run_cpp(args.bench, "BM_MatmulPeak", env))
     py_peak = max(r["gflops"] for r in run_py(["--what", "matmul", "--threads", str(args.threads)], env)
@@ -61,10 +63,14 @@ def main():
             if args.models != "all" and not model.endswith(args.models):
                 continue
             l0 = load()
-            c = run_cpp(args.bench, f"{bm}/{idx}/", env)[0]
             short = model.split("-")[1]
-            p = [r for r in run_py(["--what", op, "--only", short, "--threads", str(args.threads)], env)
-                 if r["name"] == f"{op}/{model}"][0]
+            c = p = None
+            for _ in range(args.repeats):  # alternate, keep each side's best run
+                ci = run_cpp(args.bench, f"{bm}/{idx}/", env)[0]
+                pi = [r for r in run_py(["--what", op, "--only", short, "--threads", str(args.threads)], env)
+                      if r["name"] == f"{op}/{model}"][0]
+                c = ci if c is None or ci["tokens_per_s"] > c["tokens_per_s"] else c
+                p = pi if p is None or pi["tokens_per_s"] > p["tokens_per_s"] else p
             row = dict(op=op, model=model, shape=c.get("label", "").split(" ")[-1],
                        cpp_tok_s=c["tokens_per_s"], py_tok_s=p["tokens_per_s"],
                        cpp_gflops=c["GFLOPs"], py_gflops=p["gflops"], load=(l0 + load()) / 2)

@@ -3,11 +3,11 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include <rlloop/error.hpp>
 
+#include "decode_attention.hpp"
 #include "fused_ops.hpp"
 #include "small_gemm.hpp"
 
@@ -33,33 +33,6 @@ void rms_norm_rows(const float* x, const torch::Tensor& weight, float* y, std::i
 
 void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, const float* sin) {
   for (std::int64_t r = 0; r < rows; ++r) rope_row(x + r * D, x + r * D, cos, sin, D);
-}
-
-// Eight independent partial sums: vectorisable without reassociating a single float accumulator.
-inline __attribute__((always_inline)) float dot(const float* a, const float* b, std::int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-// One query row against S cached keys/values of one head: softmax(q K^T * scale) V into out[D]; p: S floats
-// of scratch. Compiled twice, for AVX2 (selected at load time where the CPU has it) and for the baseline.
-__attribute__((target_clones("arch=haswell", "default"))) void attend(const float* q, const float* K, const float* V,
-                                                                        std::int64_t S, std::int64_t D, float scale,
-                                                                        float* p, float* out) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(q, K + j * D, D) * scale);
-  float sum = 0;
-  for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
-  std::fill_n(out, D, 0.0f);
-  for (std::int64_t j = 0; j < S; ++j) {
-    const float pj = p[j] / sum;
-    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * V[j * D + d];
-  }
 }
 
 }  // namespace
@@ -123,7 +96,7 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
       std::vector<float> p(S);
       for (std::int64_t item = begin; item < end; ++item) {
         const std::int64_t a = item / nh, kv = a * nkv + (item % nh) / rep;
-        attend(q.data() + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(),
+        attend_row(q.data() + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(),
                attn.data() + item * D);
       }
     });

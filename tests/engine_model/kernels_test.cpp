@@ -1,13 +1,14 @@
 // The engine's hand-written CPU kernels against the plain ATen formulation they replace: causal attention
-// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm, RoPE and SwiGLU, the few-row
-// matrix product, and the dispatch-free decoding step against Transformer::forward on the same cache
-// (Llama, Qwen2 biases, Qwen3 q/k norms, LoRA).
+// (forward and gradients; GQA, a KV-cache prefix, strided rows), the fused RMSNorm, RoPE and SwiGLU, the
+// few-row matrix product, one decoded token's attention, and the dispatch-free decoding step against
+// Transformer::forward on the same cache (Llama, Qwen2 biases, Qwen3 q/k norms, LoRA).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "attention.hpp"
 #include "cpu_decoder.hpp"
+#include "decode_attention.hpp"
 #include "fused_ops.hpp"
 #include "model_io.hpp"
 #include "small_gemm.hpp"
@@ -165,6 +166,24 @@ TEST(SmallGemm, MatchesMatmulIncludingTails) {
     auto acc = y0.clone();
     linear_rows(x.data_ptr<float>(), M, w.data_ptr<float>(), N, K, acc.data_ptr<float>(), true);
     EXPECT_LT(max_abs_diff(acc.to(torch::kFloat64), expected + y0.to(torch::kFloat64)), 1e-4 * std::sqrt(K));
+  }
+}
+
+TEST(DecodeAttention, RowMatchesSoftmaxFormula) {
+  torch::manual_seed(10);
+  // {S, D}: key counts around the kernel's 4- and 8-wide steps; D = 12 takes the portable path.
+  for (auto [S, D] : {std::pair{1, 8}, {7, 32}, {13, 64}, {40, 128}, {9, 12}}) {
+    SCOPED_TRACE("S=" + std::to_string(S) + " D=" + std::to_string(D));
+    for (double spread : {1.0, 30.0}) {  // 30: scores far apart, many probabilities underflow to zero
+      auto q = torch::randn({D}) * spread, K = torch::randn({S, D}), V = torch::randn({S, D});
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      auto expected = torch::matmul(torch::softmax(torch::matmul(K.to(torch::kFloat64), q.to(torch::kFloat64)) * scale, 0),
+                                    V.to(torch::kFloat64));
+      std::vector<float> p(S), out(D);
+      attend_row(q.data_ptr<float>(), K.data_ptr<float>(), V.data_ptr<float>(), S, D, scale, p.data(), out.data());
+      auto got = torch::tensor(out).to(torch::kFloat64);
+      EXPECT_LT(max_abs_diff(got, expected), 1e-5);
+    }
   }
 }
 

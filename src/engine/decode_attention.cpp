@@ -1,0 +1,134 @@
+#include "decode_attention.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace rlloop::engine {
+namespace {
+
+// Portable version. Eight partial sums make the dot product vectorisable without reassociating one float.
+float dot(const float* a, const float* b, std::int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void attend_portable(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale,
+                     float* p, float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(q, K + j * D, D) * scale);
+  float sum = 0;
+  for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
+  std::fill_n(out, D, 0.0f);
+  for (std::int64_t j = 0; j < S; ++j) {
+    const float pj = p[j] / sum;
+    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * V[j * D + d];
+  }
+}
+
+// e^x for x <= 0 (scores minus their maximum), 8 lanes: e^x = 2^n e^r with n = round(x / ln 2) and
+// |r| <= ln(2) / 2, e^r from its degree-6 Taylor polynomial (relative error < 2e-7, about one ulp); inputs
+// below -87 give 0 instead of a denormal.
+__attribute__((target("avx2,fma"))) __m256 exp_nonpositive(__m256 x) {
+  const __m256 lower = _mm256_set1_ps(-87.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, lower, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lower);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - n ln2 with ln2 split in a high part exact in float and a low correction (Cody-Waite).
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 poly = _mm256_set1_ps(1.0f / 720);
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 120));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 24));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 6));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(0.5f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 result = _mm256_mul_ps(poly, _mm256_castsi256_ps(pow2n));
+  return _mm256_andnot_ps(underflow, result);
+}
+
+__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// D a multiple of 8 (every head_dim in practice).
+__attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float* K, const float* V, std::int64_t S,
+                                                    std::int64_t D, float scale, float* p, float* out) {
+  // Scores, four keys per pass: one load of q feeds four FMAs; the four sums are reduced together.
+  std::int64_t j = 0;
+  for (; j + 4 <= S; j += 4) {
+    const float *k0 = K + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (std::int64_t d = 0; d < D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + d), qv, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + d), qv, a1);
+      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + d), qv, a2);
+      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + d), qv, a3);
+    }
+    // hadd pairs: [a0 a0 a1 a1 | a0 a0 a1 a1] etc.; then the 128-bit halves add up to [s0 s1 s2 s3].
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(p + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+  }
+  for (; j < S; ++j) {
+    __m256 a = _mm256_setzero_ps();
+    for (std::int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(K + j * D + d), _mm256_loadu_ps(q + d), a);
+    p[j] = hsum(a) * scale;
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < S; ++i) mx = std::max(mx, p[i]);
+  // Probabilities (unnormalised), 8 at a time.
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  std::int64_t i = 0;
+  for (; i + 8 <= S; i += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + i), vmx));
+    _mm256_storeu_ps(p + i, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  float sum = hsum(vsum);
+  for (; i < S; ++i) sum += (p[i] = std::exp(p[i] - mx));
+  // out = (sum_j p_j V_j) / sum, 32 columns of out in registers at a time.
+  const __m256 inv = _mm256_set1_ps(1.0f / sum);
+  for (std::int64_t d0 = 0; d0 < D; d0 += 32) {
+    const std::int64_t width = std::min<std::int64_t>(32, D - d0);
+    __m256 o[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (std::int64_t jj = 0; jj < S; ++jj) {
+      const __m256 pj = _mm256_set1_ps(p[jj]);
+      const float* v = V + jj * D + d0;
+      for (std::int64_t c = 0; c < width / 8; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * c), o[c]);
+    }
+    for (std::int64_t c = 0; c < width / 8; ++c) _mm256_storeu_ps(out + d0 + 8 * c, _mm256_mul_ps(o[c], inv));
+  }
+}
+
+bool use_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+}  // namespace
+
+void attend_row(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale, float* p,
+                float* out) {
+  if (D % 8 == 0 && use_avx2())
+    attend_avx2(q, K, V, S, D, scale, p, out);
+  else
+    attend_portable(q, K, V, S, D, scale, p, out);
+}
+
+}  // namespace rlloop::engine
