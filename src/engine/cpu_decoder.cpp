@@ -105,7 +105,7 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
     linear(h.data(), A, L.gate, gate.data(), false);
     linear(h.data(), A, L.up, up.data(), false);
-    at::parallel_for(0, A * I, 4096, [&](std::int64_t begin, std::int64_t end) {
+    at::parallel_for(0, A * I, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     });
     linear(gate.data(), A, L.down, x.data(), true);
