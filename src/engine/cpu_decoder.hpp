@@ -1,7 +1,8 @@
-// One decoding step of the whole decoder on CPU fp32 without going through ATen: BLAS for the projections,
-// plain loops for norms, RoPE, attention over the KV cache and the SwiGLU gate. Decoding a small model is
-// dominated by per-op dispatch (about 700 ATen ops per step for rlloop-small, most of its time), not by
-// arithmetic; this does the same step in ~30 BLAS calls and a few passes over [rows, hidden] buffers.
+// One decoding step of the whole decoder on CPU fp32 without going through ATen: few-row matrix products for
+// the projections (small_gemm.hpp), plain loops for norms, RoPE and the SwiGLU gate, and a row kernel for
+// attention over the KV cache (decode_attention.hpp). Decoding a small model is dominated by per-op dispatch
+// (about 700 ATen ops per step for rlloop-small, most of its time), not by arithmetic; this does the same
+// step in ~30 product calls and a few passes over [rows, hidden] buffers.
 //
 // The sampler prefills the prompt with Transformer::hidden_states (same cache layout) and uses this for the
 // token-by-token steps when supports() holds; elsewhere (CUDA, bf16) it keeps calling the model.
