@@ -45,15 +45,46 @@ bool CpuDecoder::supports(Transformer& model) {
 
 CpuDecoder::CpuDecoder(Transformer& model) : cfg_(model.config()), w_(model.inference_weights()) {
   if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
+  std::int64_t bytes = 0;
+  for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
+  weights_fit_in_cache_ = bytes <= (16 << 20);
 }
 
 torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
-  const std::int64_t A = tokens.size(0), H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, rep = nh / nkv;
-  const std::int64_t V = cfg_.vocab_size, pos = cache.length, S = pos + 1, cap = cache.capacity;
+  const std::int64_t A = tokens.size(0), V = cfg_.vocab_size;
   if (tokens.dim() != 1 || !tokens.device().is_cpu() || tokens.scalar_type() != torch::kLong || A != cache.batch())
     throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
-  if (S > cap) throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cap) + " exceeded");
+  if (cache.length + 1 > cache.capacity)
+    throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
+  for (std::size_t l = 0; l < cache.keys.size(); ++l)
+    if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() ||
+        cache.keys[l].scalar_type() != torch::kFloat32 || cache.values[l].scalar_type() != torch::kFloat32)
+      throw invalid_argument("CpuDecoder::step: the KV cache must be contiguous fp32");
+  const auto* ids = tokens.data_ptr<std::int64_t>();
+  for (std::int64_t r = 0; r < A; ++r)
+    if (ids[r] < 0 || ids[r] >= V)
+      throw invalid_argument("CpuDecoder::step: token id " + std::to_string(ids[r]) + " is outside the vocabulary");
+
+  auto logits = torch::empty({A, V}, torch::kFloat32);
+  const int threads = at::get_num_threads();
+  if (threads > 1 && A > 1 && weights_fit_in_cache_) {
+    // Sequences are independent: split the rows across threads once per step (one parallel region), not every
+    // operation; each thread reads all the weights, which is cheap only while they stay in the caches.
+    at::parallel_for(0, A, (A + threads - 1) / threads, [&](std::int64_t begin, std::int64_t end) {
+      decode_rows(ids, begin, end, cache, logits.data_ptr<float>());
+    });
+  } else {
+    decode_rows(ids, 0, A, cache, logits.data_ptr<float>());  // the operations split their own work
+  }
+  cache.length += 1;
+  return logits;
+}
+
+void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int64_t r1, KVCache& cache,
+                             float* logits) const {
+  const std::int64_t A = r1 - r0, H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, rep = nh / nkv;
+  const std::int64_t pos = cache.length, S = pos + 1, cap = cache.capacity;
   const double eps = cfg_.rms_norm_eps;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const float* cos = data(w_.rope_cos) + pos * D;
@@ -61,11 +92,7 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
 
   std::vector<float> x(A * H), h(A * H), q(A * nh * D), k(A * nkv * D), v(A * nkv * D), attn(A * nh * D), gate(A * I),
       up(A * I);
-  const auto* ids = tokens.data_ptr<std::int64_t>();
-  for (std::int64_t r = 0; r < A; ++r) {
-    if (ids[r] < 0 || ids[r] >= V) throw invalid_argument("CpuDecoder::step: token id out of range");
-    std::copy_n(data(w_.embed) + ids[r] * H, H, x.data() + r * H);
-  }
+  for (std::int64_t r = 0; r < A; ++r) std::copy_n(data(w_.embed) + ids[r0 + r] * H, H, x.data() + r * H);
 
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
@@ -80,13 +107,10 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
     rope_rows(q.data(), A * nh, D, cos, sin);
     rope_rows(k.data(), A * nkv, D, cos, sin);
 
-    auto& keys = cache.keys[li];
-    auto& values = cache.values[li];
-    if (!keys.is_contiguous() || !values.is_contiguous() || keys.scalar_type() != torch::kFloat32)
-      throw invalid_argument("CpuDecoder::step: the KV cache must be contiguous fp32");
-    float* kc = keys.data_ptr<float>();
-    float* vc = values.data_ptr<float>();
-    for (std::int64_t r = 0; r < A * nkv; ++r) {  // row r = (sequence, kv head)
+    // This range's sequences in the cache [rows, kv heads, capacity, D]; row r = (sequence, kv head).
+    float* kc = cache.keys[li].data_ptr<float>() + r0 * nkv * cap * D;
+    float* vc = cache.values[li].data_ptr<float>() + r0 * nkv * cap * D;
+    for (std::int64_t r = 0; r < A * nkv; ++r) {
       std::copy_n(k.data() + r * D, D, kc + (r * cap + pos) * D);
       std::copy_n(v.data() + r * D, D, vc + (r * cap + pos) * D);
     }
@@ -98,7 +122,7 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
       for (std::int64_t item = begin; item < end; ++item) {
         const std::int64_t a = item / nh, kv = a * nkv + (item % nh) / rep;
         attend_row(q.data() + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(),
-               attn.data() + item * D);
+                   attn.data() + item * D);
       }
     });
     linear(attn.data(), A, L.o, x.data(), true);
@@ -111,11 +135,8 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
     });
     linear(gate.data(), A, L.down, x.data(), true);
   }
-  cache.length = S;
   rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
-  auto logits = torch::empty({A, V}, torch::kFloat32);
-  linear(h.data(), A, w_.lm_head, logits.data_ptr<float>(), false);
-  return logits;
+  linear(h.data(), A, w_.lm_head, logits + r0 * cfg_.vocab_size, false);
 }
 
 }  // namespace rlloop::engine

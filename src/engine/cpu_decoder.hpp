@@ -26,8 +26,12 @@ class CpuDecoder {
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
  private:
+  // Rows [r0, r1) of one step at position cache.length: writes their keys/values and logits rows.
+  void decode_rows(const std::int64_t* ids, std::int64_t r0, std::int64_t r1, KVCache& cache, float* logits) const;
+
   const ModelConfig& cfg_;
   InferenceWeights w_;
+  bool weights_fit_in_cache_ = false;  // <= 16 MiB: threads split the rows of a step, otherwise each operation
 };
 
 }  // namespace rlloop::engine

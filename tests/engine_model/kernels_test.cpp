@@ -225,11 +225,17 @@ void check_decoder(Transformer& model) {
 }
 
 TEST(CpuDecoder, MatchesModelForwardAcrossFamilies) {
-  for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
-    SCOPED_TRACE(type);
-    auto model = init_model(small_config(type, tied), 11, torch::kCPU, torch::kFloat32);
-    check_decoder(*model);
+  const int threads = at::get_num_threads();
+  // One thread: one pass over all rows; two: the rows of each step split between the threads.
+  for (int n : {1, 2}) {
+    at::set_num_threads(n);
+    for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
+      SCOPED_TRACE(std::string(type) + ", " + std::to_string(n) + " thread(s)");
+      auto model = init_model(small_config(type, tied), 11, torch::kCPU, torch::kFloat32);
+      check_decoder(*model);
+    }
   }
+  at::set_num_threads(threads);
 }
 
 TEST(CpuDecoder, FoldsLoraAdapters) {
