@@ -1,14 +1,18 @@
 // The arithmetic recipe shared by grpo_arith (local session) and remote_grpo (a training-session URL): one
 // template over the Session, so both examples run literally the same loop.
-//   1. SFT warm start on worked examples (prompt -> "#### N" + EOS),
+//   1. SFT warm start on worked examples (prompt -> "#### N" + EOS) from an imperfect demonstrator that forgets
+//      the carries in 60% of them, so imitation alone learns the mistake (ArithRecipe::sft_carry_slips),
 //   2. the SFT state is saved and reloaded without optimizer state (GRPO starts with fresh Adam moments),
-//   3. GRPO rewarded by the math-answer reward, held-out accuracy every 20 steps,
+//   3. GRPO rewarded by the math-answer reward, which grades the true sum, held-out accuracy every 20 steps,
 //   4. metrics JSONL and an SVG plot of reward and accuracy per GRPO step.
 #pragma once
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,10 +27,16 @@
 namespace rlloop::examples {
 
 struct ArithRecipe {
-  int sft_steps = 600;
+  int sft_steps = 900;
   int grpo_steps = 80;
   int difficulty = 2;
   int sft_batch = 64;
+  int sft_examples = 0;  // distinct worked examples SFT cycles through (0: a fresh problem for every example)
+  // Share of worked examples written by a careless demonstrator that forgets every carry (sums only: 58+67 ->
+  // "#### 15" instead of 125). Above 0.5 the wrong answer is the most likely one on every problem with a carry,
+  // so SFT alone, with any amount of data or compute, learns to forget carries; the reward grades the true sum.
+  double sft_carry_slips = 0.6;
+  int sft_eval_every = 0;  // held-out evaluation every N SFT steps (0: only after SFT)
   int grpo_problems = 16;
   int group_size = 8;
   int eval_problems = 200;
@@ -60,13 +70,52 @@ inline std::string format(const char* f, double a, double b = 0) {
   return buf;
 }
 
+using ExamplePool = std::vector<envs::ArithmeticProblem>;
+
+// The answer of a sum added digit by digit with every carry forgotten ("58+67=" -> 15); nullopt for an
+// expression that is not a sum of non-negative numbers.
+inline std::optional<std::string> carry_free_sum(const std::string& prompt) {
+  std::vector<std::string> terms(1);
+  for (char c : prompt) {
+    if (c >= '0' && c <= '9') terms.back() += c;
+    else if (c == '+') terms.emplace_back();
+    else if (c != '=') return std::nullopt;
+  }
+  std::string digits;  // least significant first
+  for (std::size_t pos = 0;; ++pos) {
+    int sum = 0;
+    bool any = false;
+    for (const auto& t : terms)
+      if (pos < t.size()) sum += t[t.size() - 1 - pos] - '0', any = true;
+    if (!any) break;
+    digits += static_cast<char>('0' + sum % 10);
+  }
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  return std::string(digits.rbegin(), digits.rend());
+}
+
+// The SFT set: n distinct training problems, drawn once.
+inline ExamplePool sft_pool(envs::ArithmeticTask& task, int n) {
+  ExamplePool pool;
+  std::set<std::string> seen;
+  for (long attempts = 0; pool.size() < static_cast<std::size_t>(n); ++attempts) {
+    if (attempts > 100L * n) throw invalid_argument("ArithRecipe::sft_examples: more than the task has distinct problems");
+    auto p = task.next(envs::Split::train);
+    if (seen.insert(p.prompt).second) pool.push_back(std::move(p));
+  }
+  return pool;
+}
+
 template <Session S>
 ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
   namespace fs = std::filesystem;
   fs::create_directories(o.out_dir);
   auto tokenizer = client.get_tokenizer();
   const auto eos = *tokenizer->eos_token_id();
+  // SFT and GRPO draw training problems from separate streams, so GRPO sees the same prompts whether SFT ran
+  // here or was loaded (--from-sft).
   envs::ArithmeticTask train_task(envs::ArithmeticOptions::for_difficulty(o.difficulty), o.seed);
+  envs::ArithmeticTask grpo_task(envs::ArithmeticOptions::for_difficulty(o.difficulty), o.seed + 2000);
   envs::ArithmeticTask eval_task(envs::ArithmeticOptions::for_difficulty(o.difficulty), o.seed + 1000);
   ArithResult result;
   result.held_out = eval_task.sample(static_cast<std::size_t>(o.eval_problems), envs::Split::held_out);
@@ -82,15 +131,39 @@ ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
   const int sft_steps = o.from_sft.empty() ? o.sft_steps : 0;
   if (!o.from_sft.empty()) client.load_state(o.from_sft, /*with_optimizer=*/false).get();
   algorithms::Sft<S> sft(client, {.adam = {.learning_rate = o.sft_lr, .beta2 = 0.99}});
+  const auto pool = o.sft_examples > 0 && sft_steps > 0 ? sft_pool(train_task, o.sft_examples) : ExamplePool{};
+  std::mt19937_64 pool_rng(static_cast<std::uint64_t>(o.seed)), slip_rng(static_cast<std::uint64_t>(o.seed) + 3000);
+  std::vector<std::size_t> order;
+  std::size_t next = 0;
+  auto next_example = [&]() -> envs::ArithmeticProblem {
+    if (pool.empty()) return train_task.next(envs::Split::train);
+    if (next == order.size()) {  // a new epoch over the fixed set, in a new order (Fisher-Yates on mt19937_64)
+      order.resize(pool.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      for (std::size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[pool_rng() % (i + 1)]);
+      next = 0;
+    }
+    return pool[order[next++]];
+  };
   for (int s = 1; s <= sft_steps; ++s) {
     std::vector<Datum> batch;
-    for (const auto& p : train_task.sample(static_cast<std::size_t>(o.sft_batch), envs::Split::train)) {
+    for (int i = 0; i < o.sft_batch; ++i) {
+      auto p = next_example();
+      if (o.sft_carry_slips > 0 && static_cast<double>(slip_rng() >> 11) * 0x1.0p-53 < o.sft_carry_slips)
+        if (auto careless = carry_free_sum(p.prompt)) p.target = train_task.options().answer_prefix + *careless;
       auto completion = tokenizer->encode(p.target);
       completion.push_back(eos);
       batch.push_back(algorithms::completion_datum(tokenizer->encode(p.prompt), completion));
     }
     auto st = sft.step(batch);
-    log.write({{"phase", "sft"}, {"step", s}, {"loss", st.loss_per_token}});
+    nlohmann::json rec{{"phase", "sft"}, {"step", s}, {"loss", st.loss_per_token}};
+    if (o.sft_eval_every > 0 && s % o.sft_eval_every == 0 && s < sft_steps) {
+      rec["accuracy"] = evaluate().accuracy;
+      std::printf("%sheld-out accuracy at SFT step %d: %.3f\n", ::isatty(STDERR_FILENO) ? "\n" : "", s,
+                  rec["accuracy"].get<double>());
+      std::fflush(stdout);
+    }
+    log.write(rec);
     progress("sft", s, sft_steps, format("loss %.3f", st.loss_per_token));
   }
   if (sft_steps > 0) {
@@ -112,7 +185,7 @@ ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
                             .loss = LossFn::ppo,
                             .adam = {.learning_rate = o.grpo_lr, .beta2 = 0.99}});
   for (int s = 1; s <= o.grpo_steps; ++s) {
-    auto st = grpo.step(train_task.sample(static_cast<std::size_t>(o.grpo_problems), envs::Split::train), reward);
+    auto st = grpo.step(grpo_task.sample(static_cast<std::size_t>(o.grpo_problems), envs::Split::train), reward);
     nlohmann::json rec{{"phase", "grpo"},         {"step", s},
                        {"reward", st.reward_mean}, {"reward_std", st.reward_std},
                        {"train_accuracy", st.accuracy}, {"groups_used", st.groups_used},

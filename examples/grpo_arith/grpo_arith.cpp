@@ -25,6 +25,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval-problems", o.eval_problems, "held-out problems for evaluation");
   app.add_option("--seed", o.seed, "seed for data and sampling");
   app.add_option("--sft-batch", o.sft_batch, "examples per SFT step");
+  app.add_option("--sft-examples", o.sft_examples,
+                 "distinct worked examples SFT cycles through (0: a fresh problem for every example)");
+  app.add_option("--sft-carry-slips", o.sft_carry_slips,
+                 "share of SFT worked examples that forget every carry (0: all correct)");
+  app.add_option("--sft-eval-every", o.sft_eval_every, "held-out evaluation every N SFT steps (0: only after SFT)");
   app.add_option("--sft-lr", o.sft_lr, "SFT learning rate");
   app.add_option("--grpo-lr", o.grpo_lr, "GRPO learning rate");
   app.add_option("--out", o.out_dir, "where metrics.jsonl and plot.svg go");

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   app.add_option("--eval-problems", o.recipe.eval_problems, "held-out problems for evaluation");
   app.add_option("--seed", o.recipe.seed, "seed for data and sampling");
   app.add_option("--sft-batch", o.recipe.sft_batch, "examples per SFT step");
+  app.add_option("--sft-examples", o.recipe.sft_examples,
+                 "distinct worked examples SFT cycles through (0: a fresh problem for every example)");
+  app.add_option("--sft-carry-slips", o.recipe.sft_carry_slips,
+                 "share of SFT worked examples that forget every carry (0: all correct)");
   app.add_option("--sft-lr", o.recipe.sft_lr, "SFT learning rate (at most 0.01)");
   app.add_option("--grpo-lr", o.recipe.grpo_lr, "GRPO learning rate (at most 0.01)");
   app.add_option("--out", o.recipe.out_dir, "where metrics.jsonl and plot.svg go");
