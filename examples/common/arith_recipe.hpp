@@ -77,9 +77,12 @@ using ExamplePool = std::vector<envs::ArithmeticProblem>;
 inline std::optional<std::string> carry_free_sum(const std::string& prompt) {
   std::vector<std::string> terms(1);
   for (char c : prompt) {
-    if (c >= '0' && c <= '9') terms.back() += c;
-    else if (c == '+') terms.emplace_back();
-    else if (c != '=') return std::nullopt;
+    if (c >= '0' && c <= '9')
+      terms.back() += c;
+    else if (c == '+')
+      terms.emplace_back();
+    else if (c != '=')
+      return std::nullopt;
   }
   std::string digits;  // least significant first
   for (std::size_t pos = 0;; ++pos) {
@@ -99,7 +102,8 @@ inline ExamplePool sft_pool(envs::ArithmeticTask& task, int n) {
   ExamplePool pool;
   std::set<std::string> seen;
   for (long attempts = 0; pool.size() < static_cast<std::size_t>(n); ++attempts) {
-    if (attempts > 100L * n) throw invalid_argument("ArithRecipe::sft_examples: more than the task has distinct problems");
+    if (attempts > 100L * n)
+      throw invalid_argument("ArithRecipe::sft_examples: more than the task has distinct problems");
     auto p = task.next(envs::Split::train);
     if (seen.insert(p.prompt).second) pool.push_back(std::move(p));
   }
