@@ -8,5 +8,5 @@ scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS" --target grpo_arith rlloop_cli
+cmake --build "$BUILD_DIR" -j "$JOBS" --target grpo_arith
 exec "$BUILD_DIR/bin/grpo_arith" --out runs/grpo_arith "$@"
