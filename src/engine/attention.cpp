@@ -32,8 +32,15 @@ Dims dims_of(const torch::Tensor& q, const torch::Tensor& keys, const torch::Ten
   return d;
 }
 
-// Rows of keys/values may be strided (KV-cache views, transposed projections) but each row must be contiguous.
-torch::Tensor rows_contiguous(const torch::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+// Rows of keys/values may be strided (KV-cache views, transposed projections) but each row must be contiguous
+// and rows must not overlap (BLAS needs a leading dimension >= D).
+torch::Tensor rows_contiguous(const torch::Tensor& t) {
+  const bool ok = t.stride(3) == 1 && (t.size(2) == 1 || t.stride(2) >= t.size(3));
+  return ok ? t : t.contiguous();
+}
+
+// Leading dimension of the [S, D] rows of one head; a single row may carry any stride, BLAS wants >= D.
+std::int64_t row_stride(const torch::Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.stride(2); }
 
 template <class T>
 const T* head_ptr(const torch::Tensor& t, std::int64_t b, std::int64_t h) {
@@ -80,11 +87,11 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
     for (std::int64_t item = begin; item < end; ++item) {
       const std::int64_t b = item / d.nh, h = item % d.nh, g = h / d.rep;
       const T* qp = head_ptr<T>(q, b, h);
-      gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, head_ptr<T>(k, b, g), k.stride(2), T(0),
+      gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, head_ptr<T>(k, b, g), row_stride(k), T(0),
               scores.data(), d.S);
       causal_softmax(scores.data(), lse.data_ptr<T>() + item * d.T, d);
       T* op = out.data_ptr<T>() + (b * d.T * d.nh + h) * d.D;
-      gemm<T>(false, false, d.T, d.D, d.S, T(1), scores.data(), d.S, head_ptr<T>(v, b, g), v.stride(2), T(0), op,
+      gemm<T>(false, false, d.T, d.D, d.S, T(1), scores.data(), d.S, head_ptr<T>(v, b, g), row_stride(v), T(0), op,
               d.nh * d.D);
     }
   });
@@ -108,10 +115,10 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
         const T* qp = head_ptr<T>(q, b, h);
         const T* dop = grad_out.data_ptr<T>() + (b * d.T * d.nh + h) * d.D;  // [T, D], leading dim nh * D
         const std::int64_t ldo = d.nh * d.D;
-        gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, kp, k.stride(2), T(0), p.data(), d.S);
+        gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, kp, row_stride(k), T(0), p.data(), d.S);
         probabilities_from_lse(p.data(), lse.data_ptr<T>() + (b * d.nh + h) * d.T, d);
         gemm<T>(true, false, d.S, d.D, d.T, T(1), p.data(), d.S, dop, ldo, T(1), dvp, d.D);        // dV += P^T dO
-        gemm<T>(false, true, d.T, d.S, d.D, T(1), dop, ldo, vp, v.stride(2), T(0), dp.data(), d.S);  // dP = dO V^T
+        gemm<T>(false, true, d.T, d.S, d.D, T(1), dop, ldo, vp, row_stride(v), T(0), dp.data(), d.S);  // dP = dO V^T
         // Softmax backward: dS = P * (dP - rowsum(P * dP)), times the score scale.
         for (std::int64_t i = 0; i < d.T; ++i) {
           const T* pr = p.data() + i * d.S;
@@ -121,7 +128,7 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
           for (std::int64_t j = 0; j < d.S; ++j) dr[j] = pr[j] * (dr[j] - dot) * static_cast<T>(scale);
         }
         T* dqp = dq.data_ptr<T>() + (b * d.nh + h) * d.T * d.D;
-        gemm<T>(false, false, d.T, d.D, d.S, T(1), dp.data(), d.S, kp, k.stride(2), T(0), dqp, d.D);  // dQ = dS K
+        gemm<T>(false, false, d.T, d.D, d.S, T(1), dp.data(), d.S, kp, row_stride(k), T(0), dqp, d.D);  // dQ = dS K
         gemm<T>(true, false, d.S, d.D, d.T, T(1), dp.data(), d.S, qp, d.D, T(1), dkp, d.D);            // dK += dS^T Q
       }
     }

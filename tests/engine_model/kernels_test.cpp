@@ -66,6 +66,7 @@ TEST(CausalAttention, MatchesReferenceInDouble) {
   check_attention({2, 4, 4, 6, 6, 16, false}, torch::kFloat64, 1e-12);  // no GQA
   check_attention({3, 6, 2, 3, 10, 8, false}, torch::kFloat64, 1e-12);  // a cached prefix of 7 positions
   check_attention({2, 4, 1, 1, 9, 8, false}, torch::kFloat64, 1e-12);   // one decoded token, multi-query
+  check_attention({2, 4, 2, 1, 1, 8, true}, torch::kFloat64, 1e-12);    // a one-token sequence
 }
 
 TEST(CausalAttention, MatchesReferenceInFloat) {
