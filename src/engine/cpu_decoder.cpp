@@ -17,10 +17,19 @@ namespace {
 
 const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
-// y[rows, out] = x[rows, in] W^T + b; with `accumulate` the product is added to y (residual connections).
+// y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with an adapter); with `accumulate` the result is
+// added to y (residual connections). Adapters are applied unmerged, so the step always sees the live weights.
 void linear(const float* x, std::int64_t rows, const LinearWeights& w, float* y, bool accumulate) {
   const std::int64_t out = w.weight.size(0), in = w.weight.size(1);
   linear_rows(x, rows, data(w.weight), out, in, y, accumulate);
+  if (w.lora_a.defined()) {
+    const std::int64_t rank = w.lora_a.size(0);
+    std::vector<float> down(rows * rank), delta(rows * out);
+    linear_rows(x, rows, data(w.lora_a), rank, in, down.data(), false);
+    linear_rows(down.data(), rows, data(w.lora_b), out, rank, delta.data(), false);
+    const auto scale = static_cast<float>(w.lora_scale);
+    for (std::int64_t i = 0; i < rows * out; ++i) y[i] += scale * delta[i];
+  }
   if (!w.bias.defined()) return;
   const float* b = data(w.bias);
   for (std::int64_t r = 0; r < rows; ++r)
@@ -39,8 +48,9 @@ void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, co
 }  // namespace
 
 bool CpuDecoder::supports(Transformer& model) {
-  const auto p = model.parameters().front();
-  return p.device().is_cpu() && p.scalar_type() == torch::kFloat32;
+  for (const auto& p : model.parameters())  // base weights and adapters alike
+    if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat32) return false;
+  return true;
 }
 
 CpuDecoder::CpuDecoder(Transformer& model) : cfg_(model.config()), w_(model.inference_weights()) {

@@ -15,10 +15,11 @@ namespace rlloop::engine {
 
 class CpuDecoder {
  public:
-  // CPU, fp32 weights, and a cache of the same dtype.
+  // CPU and fp32 weights (adapters included); the cache must be fp32 too.
   static bool supports(Transformer& model);
 
-  // Snapshots the weights (LoRA adapters folded in); the model must not change while the decoder is used.
+  // Holds views of the model's weights (LoRA adapters applied unmerged, so no copy is made); the model must
+  // outlive the decoder.
   explicit CpuDecoder(Transformer& model);
 
   // Feeds tokens[i] to row i of the cache at position cache.length, appends its keys and values and advances

@@ -467,8 +467,13 @@ TensorMap Transformer::merged_hf_state_dict() const {
 InferenceWeights Transformer::inference_weights() {
   torch::NoGradGuard no_grad;
   auto linear = [](const Linear& lin) {
-    return LinearWeights{lin.lora_a.defined() ? lin.merged_weight() : lin.weight.detach(),
-                         lin.bias.defined() ? lin.bias.detach() : torch::Tensor()};
+    LinearWeights w{lin.weight.detach(), lin.bias.defined() ? lin.bias.detach() : torch::Tensor()};
+    if (lin.lora_a.defined()) {
+      w.lora_a = lin.lora_a.detach();
+      w.lora_b = lin.lora_b.detach();
+      w.lora_scale = lin.lora_scale;
+    }
+    return w;
   };
   InferenceWeights out;
   out.embed = impl_->embed.detach();

@@ -35,11 +35,12 @@ struct KVCache {
   std::int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
 };
 
-// What an inference kernel reads: plain tensors, no autograd, LoRA folded in. Linears with adapters hold
-// W + (alpha / rank) * B A (a new tensor, computed once per snapshot); everything else aliases the parameters.
+// What an inference kernel reads: the parameters themselves as plain tensors (no autograd, no copies).
 struct LinearWeights {
-  torch::Tensor weight;  // [out, in]
-  torch::Tensor bias;    // [out]; undefined without bias
+  torch::Tensor weight;          // [out, in]
+  torch::Tensor bias;            // [out]; undefined without bias
+  torch::Tensor lora_a, lora_b;  // [rank, in], [out, rank]; undefined without an adapter
+  double lora_scale = 0.0;       // y = x W^T + b + lora_scale * (x A^T) B^T
 };
 struct LayerWeights {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;  // q_norm/k_norm only with qk_norm
@@ -96,7 +97,7 @@ class Transformer : public torch::nn::Module {
   // [B, T, H] -> [B, T] fp32.
   torch::Tensor values(const torch::Tensor& hidden);
 
-  // A snapshot of the current weights for inference kernels (see InferenceWeights).
+  // Views of the current weights for inference kernels (see InferenceWeights).
   InferenceWeights inference_weights();
 
   // What the optimizer updates: the adapters with LoRA, every weight without, plus the value head if any.

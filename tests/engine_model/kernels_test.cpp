@@ -239,7 +239,7 @@ TEST(CpuDecoder, MatchesModelForwardAcrossFamilies) {
   at::set_num_threads(threads);
 }
 
-TEST(CpuDecoder, FoldsLoraAdapters) {
+TEST(CpuDecoder, AppliesLoraAdapters) {
   auto model = init_model(small_config("qwen2", false), 12, torch::kCPU, torch::kFloat32);
   model->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear", "lm_head"}}, 3);
   {
