@@ -21,12 +21,13 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor weight,
                                double eps) {
     x = x.contiguous();
+    weight = weight.contiguous();
     const std::int64_t H = x.size(-1), rows = x.numel() / H;
     auto y = torch::empty_like(x);
     auto inv_rms = torch::empty({rows}, x.options());
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
       const scalar_t* xp = x.data_ptr<scalar_t>();
-      const scalar_t* wp = weight.contiguous().data_ptr<scalar_t>();
+      const scalar_t* wp = weight.data_ptr<scalar_t>();
       scalar_t* yp = y.data_ptr<scalar_t>();
       scalar_t* rp = inv_rms.data_ptr<scalar_t>();
       at::parallel_for(0, rows, kRowsPerBlock, [&](std::int64_t begin, std::int64_t end) {
@@ -50,7 +51,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     auto partial_dw = torch::zeros({want_dw ? blocks : 0, H}, x.options());
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm_backward", [&] {
       const scalar_t* xp = x.data_ptr<scalar_t>();
-      const scalar_t* wp = weight.contiguous().data_ptr<scalar_t>();
+      const scalar_t* wp = weight.data_ptr<scalar_t>();
       const scalar_t* rp = inv_rms.data_ptr<scalar_t>();
       const scalar_t* dyp = dy.data_ptr<scalar_t>();
       scalar_t* dxp = dx.data_ptr<scalar_t>();
