@@ -81,6 +81,7 @@ struct EngineInfo {
   std::string device;      // the device "auto" resolves to
   std::string dtype;
   int threads = 0;
+  int parallel_threads = 0;  // threads that ran one of the engine's own parallel regions (== threads when built right)
   std::string blas;        // the BLAS library LibTorch's matmuls go through, as loaded in this process
   bool cuda_available = false;
 };

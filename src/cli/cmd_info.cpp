@@ -18,7 +18,7 @@ int run(int argc, char** argv) {
   std::printf("libtorch      %s\n", info.libtorch_version.c_str());
   std::printf("device        %s (%s)\n", info.device.c_str(), info.dtype.c_str());
   std::printf("cuda          %s\n", info.cuda_available ? "available" : "not available");
-  std::printf("threads       %d\n", info.threads);
+  std::printf("threads       %d (%d ran a parallel region of the engine)\n", info.threads, info.parallel_threads);
   std::printf("blas          %s\n", info.blas.c_str());
   return 0;
 }

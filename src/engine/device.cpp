@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <thread>
+
+#include <ATen/Parallel.h>
 
 #include <rlloop/error.hpp>
 
@@ -30,6 +33,16 @@ int configure_threads(int requested) {
     chosen = n;
   });
   return chosen;
+}
+
+int threads_in_parallel_region(int items) {
+  std::mutex mutex;
+  std::set<std::thread::id> seen;
+  at::parallel_for(0, items, 1, [&](std::int64_t, std::int64_t) {
+    std::lock_guard lock(mutex);
+    seen.insert(std::this_thread::get_id());
+  });
+  return static_cast<int>(seen.size());
 }
 
 std::string device_name(const torch::Device& d) { return d.str(); }

@@ -18,6 +18,11 @@ DeviceChoice choose_device(const std::string& spec);
 // else the number of cores (LibTorch here defaults to 1 thread, leaving half the machine idle).
 int configure_threads(int requested);
 
+// How many distinct threads run an at::parallel_for over `items` single-item chunks compiled in the engine.
+// parallel_for is a header template, serial in any translation unit built without OpenMP whatever LibTorch's
+// thread count says; this is how `rlloop info` and the tests see that the engine's kernels really split.
+int threads_in_parallel_region(int items);
+
 std::string device_name(const torch::Device& d);
 
 }  // namespace rlloop::engine

@@ -33,6 +33,7 @@ EngineInfo engine_info(const std::string& device, int num_threads) {
   info.device = engine::device_name(choice.device);
   info.dtype = choice.dtype == torch::kBFloat16 ? "bfloat16" : "float32";
   info.threads = engine::configure_threads(num_threads);
+  info.parallel_threads = engine::threads_in_parallel_region(info.threads);
   // Touch BLAS once so that a lazily loaded library shows up in the process map.
   (void)torch::matmul(torch::ones({2, 2}), torch::ones({2, 2})).sum().item<float>();
   info.blas = loaded_blas();

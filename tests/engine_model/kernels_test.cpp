@@ -9,6 +9,7 @@
 #include "attention.hpp"
 #include "cpu_decoder.hpp"
 #include "decode_attention.hpp"
+#include "device.hpp"
 #include "fused_ops.hpp"
 #include "model_io.hpp"
 #include "small_gemm.hpp"
@@ -59,6 +60,15 @@ void check_attention(const AttentionCase& c, torch::ScalarType dtype, double tol
   }
   // The cache slots past S get no gradient.
   EXPECT_EQ(fast[2].narrow(2, c.S, 3).abs().max().item<double>(), 0.0);
+}
+
+TEST(Parallel, EngineKernelsSplitAcrossThreads) {
+  // The engine's at::parallel_for calls were once silently serial (built without OpenMP): 2 threads, 1 used.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  EXPECT_EQ(rlloop::engine::threads_in_parallel_region(2), 2);
+  EXPECT_EQ(rlloop::engine::threads_in_parallel_region(1), 1);
+  at::set_num_threads(threads);
 }
 
 TEST(CausalAttention, MatchesReferenceInDouble) {
