@@ -11,6 +11,7 @@
 #include "batch.hpp"
 #include "builtin_models.hpp"
 #include "checkpoint.hpp"
+#include "cpu_allocator.hpp"
 #include "device.hpp"
 #include "loss.hpp"
 #include "model_io.hpp"
@@ -85,6 +86,7 @@ struct LocalSession::Impl {
 
   Impl(const SessionOptions& opts, const LocalServiceOptions& svc) : options(opts), service(svc) {
     configure_threads(service.num_threads);
+    install_caching_cpu_allocator();
     dev = choose_device(service.device);
     resolved_base = resolve_base_model(service, options.base_model);
     model = load_base(resolved_base, options.seed, dev);
