@@ -1,6 +1,8 @@
 // Engine throughput on this machine, CPU fp32, a fixed number of intra-op threads (default 2):
 //   BM_MatmulPeak          a large fp32 torch::matmul (the machine's practical peak, same library and threads)
 //   BM_ForwardBackward/M   LocalSession::forward_backward, cross_entropy, on a fixed batch (public API)
+//   BM_DecodeProduct       the decoding step's matrix product alone: 16 rows x every rlloop-100m weight, read from
+//                          memory as the sampler reads them (the ceiling for sampling rlloop-100m)
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
 // Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
 // FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter
@@ -22,6 +24,7 @@
 #include "device.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
+#include "small_gemm.hpp"
 
 namespace {
 
@@ -149,6 +152,25 @@ void BM_Sample(benchmark::State& state) {
   state.SetLabel(std::string(shape.model) + " " + std::to_string(kSamples) + "x" + std::to_string(kNewTokens));
 }
 
+// 16 rows times [2048, 768] weights, cycling through 96 distinct matrices (600 MB, far beyond the caches, like
+// rlloop-100m's 110M weights): the product a decoding step of 16 samples is made of.
+void BM_DecodeProduct(benchmark::State& state) {
+  rlloop::engine::configure_threads(threads());
+  constexpr std::int64_t M = kSamples, N = 2048, K = 768, kMatrices = 96;
+  auto weights = torch::randn({kMatrices, N, K});
+  auto x = torch::randn({M, K}), y = torch::empty({M, N});
+  double seconds = 0.0, flops = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    for (std::int64_t i = 0; i < kMatrices; ++i)
+      rlloop::engine::linear_rows(x.data_ptr<float>(), M, weights[i].data_ptr<float>(), N, K, y.data_ptr<float>(), false);
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    flops += 2.0 * M * N * K * kMatrices;
+  }
+  state.counters["GFLOPs"] = flops / seconds / 1e9;
+  if (g_peak_flops > 0) state.counters["peak_frac"] = flops / seconds / g_peak_flops;
+}
+
 }  // namespace
 
 BENCHMARK(BM_MatmulPeak)->Arg(2048)->Arg(4096)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -156,6 +178,7 @@ BENCHMARK(BM_MatmulPeak)->Arg(2048)->Arg(4096)->Iterations(3)->Unit(benchmark::k
 // iteration counts keep the whole run short (one rlloop-100m forward_backward step is ~20-60 s here).
 BENCHMARK(BM_ForwardBackward)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ForwardBackward)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeProduct)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 

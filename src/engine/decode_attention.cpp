@@ -1,13 +1,16 @@
 #include "decode_attention.hpp"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "simd.hpp"
+
 namespace rlloop::engine {
 namespace {
+
+using simd::exp_nonpositive;
+using simd::hsum;
 
 // Portable version. Eight partial sums make the dot product vectorisable without reassociating one float.
 float dot(const float* a, const float* b, std::int64_t n) {
@@ -31,37 +34,6 @@ void attend_portable(const float* q, const float* K, const float* V, std::int64_
     const float pj = p[j] / sum;
     for (std::int64_t d = 0; d < D; ++d) out[d] += pj * V[j * D + d];
   }
-}
-
-// e^x for x <= 0 (scores minus their maximum), 8 lanes: e^x = 2^n e^r with n = round(x / ln 2) and
-// |r| <= ln(2) / 2, e^r from its degree-6 Taylor polynomial (relative error < 2e-7, about one ulp); inputs
-// below -87 give 0 instead of a denormal.
-__attribute__((target("avx2,fma"))) __m256 exp_nonpositive(__m256 x) {
-  const __m256 lower = _mm256_set1_ps(-87.0f);
-  const __m256 underflow = _mm256_cmp_ps(x, lower, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lower);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n ln2 with ln2 split in a high part exact in float and a low correction (Cody-Waite).
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 poly = _mm256_set1_ps(1.0f / 720);
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 120));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 24));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 6));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(0.5f));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f));
-  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 result = _mm256_mul_ps(poly, _mm256_castsi256_ps(pow2n));
-  return _mm256_andnot_ps(underflow, result);
-}
-
-__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // D a multiple of 8 (every head_dim in practice).
@@ -116,16 +88,12 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float
   }
 }
 
-bool use_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 
 }  // namespace
 
 void attend_row(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale, float* p,
                 float* out) {
-  if (D % 8 == 0 && use_avx2())
+  if (D % 8 == 0 && simd::has_avx2_fma())
     attend_avx2(q, K, V, S, D, scale, p, out);
   else
     attend_portable(q, K, V, S, D, scale, p, out);

@@ -8,6 +8,7 @@
 #include <rlloop/error.hpp>
 
 #include "cpu_decoder.hpp"
+#include "token_draw.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -58,6 +59,28 @@ torch::Tensor choose_tokens(const torch::Tensor& logits, const SamplingParams& p
   if (generator.device().type() == probs.device().type())
     return torch::multinomial(probs, 1, /*replacement=*/false, generator).squeeze(-1);
   return draw_inverse_cdf(probs, generator);
+}
+
+// The next token of every row and its logprob at temperature 1 (the model's own, unfiltered, as
+// compute_logprobs gives it), both [A]. CPU fp32 logits without top-k / top-p take the one-pass kernel.
+struct Draw {
+  torch::Tensor tokens, logprobs;
+};
+Draw draw_next(const torch::Tensor& logits, const SamplingParams& p, at::Generator& generator) {
+  const std::int64_t A = logits.size(0), V = logits.size(-1);
+  const bool truncated = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0;
+  if (logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.stride(-1) == 1 && !truncated) {
+    torch::Tensor uniforms;
+    if (p.temperature > 0) uniforms = torch::rand({A}, generator, torch::TensorOptions().dtype(torch::kFloat64));
+    Draw d{torch::empty({A}, torch::kLong), torch::empty({A}, torch::kFloat32)};
+    draw_tokens(logits.data_ptr<float>(), A, V, logits.stride(0), p.temperature,
+                uniforms.defined() ? uniforms.data_ptr<double>() : nullptr, d.tokens.data_ptr<std::int64_t>(),
+                d.logprobs.data_ptr<float>());
+    return d;
+  }
+  torch::Tensor next = choose_tokens(logits, p, generator);
+  torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32), -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
+  return {next, lp};
 }
 
 }  // namespace
@@ -139,9 +162,7 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
   for (int i = 0; i < n; ++i) active[i] = i;
 
   while (true) {
-    torch::Tensor next = choose_tokens(logits, params, generator);  // [A]
-    // The reported logprob is the model's own (temperature 1, unfiltered), as compute_logprobs gives it.
-    torch::Tensor chosen_lp = torch::log_softmax(logits.to(torch::kFloat32), -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
+    auto [next, chosen_lp] = draw_next(logits, params, generator);  // [A] each
     const torch::Tensor next_cpu = next.cpu();
     const torch::Tensor lp_cpu = chosen_lp.cpu();
     const auto* tok = next_cpu.data_ptr<std::int64_t>();

@@ -1,9 +1,9 @@
 #include "small_gemm.hpp"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include "blas.hpp"
+#include "simd.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -11,12 +11,7 @@ namespace {
 constexpr std::int64_t kMaxRows = 64;  // beyond this BLAS's packing pays for itself
 constexpr std::int64_t kWRows = 4;     // W rows per block: 4 x 2 accumulators + 6 loads fit the 16 ymm registers
 
-__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using simd::hsum;
 
 // Output columns [n0, n1): blocks of 4 W rows against pairs of X rows; K is a multiple of 8.
 __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, const float* W, std::int64_t n0,
@@ -73,15 +68,11 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
   }
 }
 
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 
 }  // namespace
 
 bool small_gemm_applies(std::int64_t M, std::int64_t K) {
-  return M <= kMaxRows && K % 8 == 0 && cpu_has_avx2_fma();
+  return M <= kMaxRows && K % 8 == 0 && simd::has_avx2_fma();
 }
 
 void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,

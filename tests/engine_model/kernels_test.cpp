@@ -13,6 +13,7 @@
 #include "fused_ops.hpp"
 #include "model_io.hpp"
 #include "small_gemm.hpp"
+#include "token_draw.hpp"
 #include "transformer.hpp"
 
 using namespace rlloop;
@@ -196,6 +197,80 @@ TEST(DecodeAttention, RowMatchesSoftmaxFormula) {
       EXPECT_LT(max_abs_diff(got, expected), 1e-5);
     }
   }
+}
+
+// Reference in double: the first index whose cumulative softmax(l / T) exceeds u, and log_softmax(l)[token].
+std::pair<std::int64_t, double> reference_draw(const torch::Tensor& row, double temperature, double u) {
+  auto l = row.to(torch::kFloat64);
+  auto w = torch::softmax(l / temperature, 0);
+  auto cdf = w.cumsum(0);
+  std::int64_t token = 0;
+  while (token + 1 < l.size(0) && cdf[token].item<double>() <= u) ++token;
+  return {token, torch::log_softmax(l, 0)[token].item<double>()};
+}
+
+TEST(TokenDraw, MatchesInverseCdfOfSoftmaxAndReportsTemperatureOneLogprobs) {
+  torch::manual_seed(11);
+  // Vocabularies around the 8-wide steps and the 1024-entry blocks; some entries -inf (masked tokens).
+  for (std::int64_t V : {5, 8, 1003, 4100}) {
+    auto logits = torch::randn({6, V}) * 3;
+    logits.index_put_({0, 1}, -std::numeric_limits<float>::infinity());
+    const std::vector<double> u = {0.0, 0.013, 0.25, 0.5, 0.77, 0.9999};
+    for (double T : {1.0, 0.6, 2.5}) {
+      SCOPED_TRACE("V=" + std::to_string(V) + " T=" + std::to_string(T));
+      std::vector<std::int64_t> tokens(6);
+      std::vector<float> logprobs(6);
+      draw_tokens(logits.data_ptr<float>(), 6, V, V, T, u.data(), tokens.data(), logprobs.data());
+      for (int r = 0; r < 6; ++r) {
+        auto [token, logprob] = reference_draw(logits[r], T, u[r]);
+        EXPECT_EQ(tokens[r], token) << "row " << r;
+        EXPECT_NEAR(logprobs[r], logprob, 1e-5) << "row " << r;
+      }
+      EXPECT_NE(tokens[0], 1);  // a -inf logit is never drawn, even at u = 0
+    }
+  }
+}
+
+TEST(TokenDraw, EvenlySpacedUniformsReproduceTheProbabilities) {
+  const std::vector<float> logits = {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f)};
+  constexpr int N = 1000;
+  std::vector<double> u(N);
+  for (int i = 0; i < N; ++i) u[i] = (i + 0.5) / N;
+  std::vector<std::int64_t> tokens(N);
+  std::vector<float> logprobs(N);
+  draw_tokens(logits.data(), N, 4, /*row_stride=*/0, 1.0, u.data(), tokens.data(), logprobs.data());
+  std::vector<int> counts(4, 0);
+  for (auto t : tokens) ++counts[t];
+  for (int k = 0; k < 4; ++k) EXPECT_NEAR(counts[k], N * (k + 1) / 10.0, 1.0) << "token " << k;
+  EXPECT_NEAR(logprobs[N - 1], std::log(0.4), 1e-6);
+}
+
+TEST(TokenDraw, GreedyTakesTheFirstLargestLogit) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  std::int64_t token = -1;
+  float logprob = 0;
+  draw_tokens(logits.data(), 1, 9, 9, 0.0, nullptr, &token, &logprob);
+  EXPECT_EQ(token, 1);
+  auto expected = torch::log_softmax(torch::tensor(logits).to(torch::kFloat64), 0)[1].item<double>();
+  EXPECT_NEAR(logprob, expected, 1e-6);
+}
+
+TEST(TokenDraw, NonFiniteLogitsAreAnErrorNamingTheRow) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits(2 * 16, 0.0f);
+  const double u[2] = {0.5, 0.5};
+  std::int64_t tokens[2];
+  float logprobs[2];
+  logits[16 + 9] = nan;
+  try {
+    draw_tokens(logits.data(), 2, 16, 16, 1.0, u, tokens, logprobs);
+    ADD_FAILURE() << "no error for a NaN logit";
+  } catch (const rlloop::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1 are NaN"), std::string::npos) << e.what();
+  }
+  std::fill(logits.begin(), logits.begin() + 16, -inf);
+  logits[16 + 9] = 0.0f;
+  EXPECT_THROW(draw_tokens(logits.data(), 2, 16, 16, 1.0, u, tokens, logprobs), rlloop::invalid_argument);
 }
 
 ModelConfig small_config(const std::string& model_type, bool tied) {

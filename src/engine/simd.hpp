@@ -1,0 +1,53 @@
+// AVX2/FMA building blocks shared by the CPU kernels. Every function carries its own target attribute, so
+// callers compile for any x86-64 and choose these paths at run time (has_avx2_fma()).
+#pragma once
+#include <immintrin.h>
+
+namespace rlloop::engine::simd {
+
+inline bool has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+// Sum of the 8 lanes.
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Largest of the 8 lanes.
+__attribute__((target("avx2,fma"))) inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// e^x for x <= 0 (values minus their maximum), 8 lanes: e^x = 2^n e^r with n = round(x / ln 2) and
+// |r| <= ln(2) / 2, e^r from its degree-6 Taylor polynomial (relative error < 2e-7, about one ulp); inputs
+// below -87 (and -inf) give 0 instead of a denormal.
+__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lower = _mm256_set1_ps(-87.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, lower, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lower);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - n ln2 with ln2 split in a high part exact in float and a low correction (Cody-Waite).
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 poly = _mm256_set1_ps(1.0f / 720);
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 120));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 24));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f / 6));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(0.5f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.0f));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 result = _mm256_mul_ps(poly, _mm256_castsi256_ps(pow2n));
+  return _mm256_andnot_ps(underflow, result);
+}
+
+}  // namespace rlloop::engine::simd
