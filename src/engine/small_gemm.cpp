@@ -25,10 +25,17 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
   for (; n + kWRows <= n1; n += kWRows) {
     const float* w0 = W + n * K;
     const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    // The next block's weights (contiguous with these) are prefetched a slice per pass over X, so they arrive
+    // while this block computes instead of stalling the next one on memory latency.
+    const float* next = n + 2 * kWRows <= n1 ? w0 + kWRows * K : nullptr;
+    const std::int64_t lines = kWRows * K / 16, per_pass = (lines + M / 2 - 1) / std::max<std::int64_t>(1, M / 2);
     std::int64_t m = 0;
     for (; m + 2 <= M; m += 2) {
       const float *x0 = X + m * K, *x1 = x0 + K;
       __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      if (next)
+        for (std::int64_t line = m / 2 * per_pass, end = std::min(lines, line + per_pass); line < end; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(next + line * 16), _MM_HINT_T0);
       for (std::int64_t k = 0; k < K; k += 8) {
         const __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k);
         __m256 w = _mm256_loadu_ps(w0 + k);
