@@ -192,7 +192,12 @@ struct LocalSession::Impl {
 
 LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service)
     : impl_(std::make_unique<Impl>(options, service)) {}
-LocalSession::~LocalSession() = default;
+LocalSession::~LocalSession() {
+  impl_.reset();  // the model, its gradients and optimizer state go first
+  // Blocks cached for this session's shapes would sit unused in a long-lived process (a server whose
+  // tenants come and go); the next step of another session refills the cache with its own.
+  if (auto* allocator = install_caching_cpu_allocator()) allocator->release_cached();
+}
 
 Future<ForwardBackwardOutput> LocalSession::forward(const std::vector<Datum>& data, const LossSpec& loss) {
   return impl_->queue.submit<ForwardBackwardOutput>([this, data, loss] {

@@ -1,4 +1,5 @@
-// The caching CPU allocator: bucket sizes, reuse, the cap, thread safety, and tensors allocated through it.
+// The caching CPU allocator: bucket sizes, reuse, the cap, thread safety, tensors allocated through it, and
+// the release when a session closes.
 #include <gtest/gtest.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -6,6 +7,8 @@
 
 #include <thread>
 #include <vector>
+
+#include <rlloop/local.hpp>
 
 #include "cpu_allocator.hpp"
 
@@ -108,4 +111,17 @@ TEST(CachingCpuAllocator, InstalledForLibTorchTensors) {
   EXPECT_EQ(again.data_ptr(), address);
   EXPECT_EQ(again.abs().sum().item<double>(), 0.0);
   EXPECT_EQ(alloc->stats().hits, before.hits + 1);
+}
+
+TEST(CachingCpuAllocator, ClosingASessionReturnsTheCachedBlocks) {
+  rlloop::LocalService service(rlloop::LocalServiceOptions{.device = "cpu", .num_threads = 1});
+  CachingCpuAllocator* alloc = nullptr;
+  {
+    auto session = service.create_session(rlloop::SessionOptions{.base_model = "rlloop-tiny"});
+    alloc = rlloop::engine::install_caching_cpu_allocator();
+    ASSERT_NE(alloc, nullptr);
+    { torch::Tensor t = torch::empty({1 << 20}); }  // 4 MiB, freed into the cache
+    EXPECT_GE(alloc->stats().cached_bytes, 4 * MiB);
+  }
+  EXPECT_EQ(alloc->stats().cached_bytes, 0u);
 }
