@@ -9,11 +9,18 @@ namespace rlloop::engine {
 namespace {
 
 constexpr std::int64_t kMaxRows = 64;  // beyond this BLAS's packing pays for itself
-constexpr std::int64_t kWRows = 4;     // W rows per block: 4 x 2 accumulators + 6 loads fit the 16 ymm registers
+constexpr std::int64_t kWRows = 3;  // W rows per block: 3 x 4 accumulators + 3 W + 1 X fill the 16 ymm registers
+constexpr std::int64_t kXRows = 4;
 
 using simd::hsum;
 
-// Output columns [n0, n1): blocks of 4 W rows against pairs of X rows; K is a multiple of 8.
+// [s(a0) s(a1) s(a2) s(a3)]: four horizontal sums at once.
+__attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Output columns [n0, n1): blocks of 3 W rows against 4 X rows at a time; K is a multiple of 8.
 __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, const float* W, std::int64_t n0,
                                                 std::int64_t n1, std::int64_t K, float* Y, std::int64_t ldy,
                                                 bool accumulate) {
@@ -21,51 +28,58 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
     float& y = Y[m * ldy + n];
     y = accumulate ? y + v : v;
   };
+  auto store4 = [&](std::int64_t m, std::int64_t n, __m128 v) {  // column n of rows m..m+3
+    alignas(16) float f[4];
+    _mm_store_ps(f, v);
+    for (int i = 0; i < 4; ++i) store(m + i, n, f[i]);
+  };
+  const std::int64_t passes = std::max<std::int64_t>(1, (M + kXRows - 1) / kXRows);
+  const std::int64_t lines = kWRows * K / 16, per_pass = (lines + passes - 1) / passes;
   std::int64_t n = n0;
   for (; n + kWRows <= n1; n += kWRows) {
     const float* w0 = W + n * K;
-    const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    const float *w1 = w0 + K, *w2 = w1 + K;
     // The next block's weights (contiguous with these) are prefetched a slice per pass over X, so they arrive
     // while this block computes instead of stalling the next one on memory latency.
     const float* next = n + 2 * kWRows <= n1 ? w0 + kWRows * K : nullptr;
-    const std::int64_t lines = kWRows * K / 16, per_pass = (lines + M / 2 - 1) / std::max<std::int64_t>(1, M / 2);
-    std::int64_t m = 0;
-    for (; m + 2 <= M; m += 2) {
-      const float *x0 = X + m * K, *x1 = x0 + K;
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    for (std::int64_t m = 0, pass = 0; m < M; m += kXRows, ++pass) {
       if (next)
-        for (std::int64_t line = m / 2 * per_pass, end = std::min(lines, line + per_pass); line < end; ++line)
+        for (std::int64_t line = pass * per_pass, end = std::min(lines, line + per_pass); line < end; ++line)
           _mm_prefetch(reinterpret_cast<const char*>(next + line * 16), _MM_HINT_T0);
-      for (std::int64_t k = 0; k < K; k += 8) {
-        const __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k);
-        __m256 w = _mm256_loadu_ps(w0 + k);
-        a00 = _mm256_fmadd_ps(w, v0, a00), a01 = _mm256_fmadd_ps(w, v1, a01);
-        w = _mm256_loadu_ps(w1 + k);
-        a10 = _mm256_fmadd_ps(w, v0, a10), a11 = _mm256_fmadd_ps(w, v1, a11);
-        w = _mm256_loadu_ps(w2 + k);
-        a20 = _mm256_fmadd_ps(w, v0, a20), a21 = _mm256_fmadd_ps(w, v1, a21);
-        w = _mm256_loadu_ps(w3 + k);
-        a30 = _mm256_fmadd_ps(w, v0, a30), a31 = _mm256_fmadd_ps(w, v1, a31);
+      if (m + kXRows <= M) {
+        const float *x0 = X + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        for (std::int64_t k = 0; k < K; k += 8) {
+          const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k);
+          __m256 x = _mm256_loadu_ps(x0 + k);
+          a00 = _mm256_fmadd_ps(v0, x, a00), a10 = _mm256_fmadd_ps(v1, x, a10), a20 = _mm256_fmadd_ps(v2, x, a20);
+          x = _mm256_loadu_ps(x1 + k);
+          a01 = _mm256_fmadd_ps(v0, x, a01), a11 = _mm256_fmadd_ps(v1, x, a11), a21 = _mm256_fmadd_ps(v2, x, a21);
+          x = _mm256_loadu_ps(x2 + k);
+          a02 = _mm256_fmadd_ps(v0, x, a02), a12 = _mm256_fmadd_ps(v1, x, a12), a22 = _mm256_fmadd_ps(v2, x, a22);
+          x = _mm256_loadu_ps(x3 + k);
+          a03 = _mm256_fmadd_ps(v0, x, a03), a13 = _mm256_fmadd_ps(v1, x, a13), a23 = _mm256_fmadd_ps(v2, x, a23);
+        }
+        store4(m, n, hsum4(a00, a01, a02, a03));
+        store4(m, n + 1, hsum4(a10, a11, a12, a13));
+        store4(m, n + 2, hsum4(a20, a21, a22, a23));
+        continue;
       }
-      store(m, n, hsum(a00)), store(m + 1, n, hsum(a01));
-      store(m, n + 1, hsum(a10)), store(m + 1, n + 1, hsum(a11));
-      store(m, n + 2, hsum(a20)), store(m + 1, n + 2, hsum(a21));
-      store(m, n + 3, hsum(a30)), store(m + 1, n + 3, hsum(a31));
-    }
-    for (; m < M; ++m) {  // an odd last row
-      const float* x0 = X + m * K;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (std::int64_t k = 0; k < K; k += 8) {
-        const __m256 v0 = _mm256_loadu_ps(x0 + k);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), v0, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), v0, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), v0, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), v0, a3);
+      for (std::int64_t r = m; r < M; ++r) {  // the last M % 4 rows
+        const float* x0 = X + r * K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
+        for (std::int64_t k = 0; k < K; k += 8) {
+          const __m256 x = _mm256_loadu_ps(x0 + k);
+          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), x, a0);
+          a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), x, a1);
+          a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), x, a2);
+        }
+        store(r, n, hsum(a0)), store(r, n + 1, hsum(a1)), store(r, n + 2, hsum(a2));
       }
-      store(m, n, hsum(a0)), store(m, n + 1, hsum(a1)), store(m, n + 2, hsum(a2)), store(m, n + 3, hsum(a3));
     }
   }
-  for (; n < n1; ++n) {  // the last N % 4 columns
+  for (; n < n1; ++n) {  // the last N % 3 columns
     const float* w0 = W + n * K;
     for (std::int64_t m = 0; m < M; ++m) {
       __m256 a = _mm256_setzero_ps();
@@ -74,7 +88,6 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
     }
   }
 }
-
 
 }  // namespace
 

@@ -166,9 +166,10 @@ TEST(FusedOps, RopeMatchesReferenceWithGradients) {
 
 TEST(SmallGemm, MatchesMatmulIncludingTails) {
   torch::manual_seed(9);
-  // {M, N, K}: odd rows and columns (the kernel's tails), a BLAS-only K, more rows than the kernel takes,
-  // and a product big enough to be split across threads.
-  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {16, 130, 64}, {3, 9, 12}, {80, 33, 32}, {16, 2050, 768}}) {
+  // {M, N, K}: rows and columns that leave every remainder of the kernel's 4-row and 3-column blocks, a
+  // BLAS-only K, more rows than the kernel takes, and a product big enough to be split across threads.
+  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {7, 11, 24}, {2, 8, 8}, {16, 130, 64}, {3, 9, 12}, {80, 33, 32},
+                         {16, 2050, 768}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     auto x = torch::randn({M, K}), w = torch::randn({N, K}), y0 = torch::randn({M, N});
     auto expected = torch::matmul(x.to(torch::kFloat64), w.to(torch::kFloat64).t());
