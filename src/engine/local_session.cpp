@@ -67,7 +67,18 @@ std::string resolve_base_model(const LocalServiceOptions& service, const std::st
                   " ) and not a directory holding config.json");
 }
 
+// Blocks cached for a closed session's shapes would sit unused in a long-lived process (a server whose tenants
+// come and go); the next step of another session refills the cache with its own.
+namespace {
+struct ReleaseCachedCpuBlocks {
+  ~ReleaseCachedCpuBlocks() {
+    if (auto* allocator = install_caching_cpu_allocator()) allocator->release_cached();
+  }
+};
+}  // namespace
+
 struct LocalSession::Impl {
+  ReleaseCachedCpuBlocks release_cache;  // first member: destroyed last, after the queue, model and gradients
   SessionOptions options;
   LocalServiceOptions service;
   std::string resolved_base;
@@ -192,12 +203,7 @@ struct LocalSession::Impl {
 
 LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service)
     : impl_(std::make_unique<Impl>(options, service)) {}
-LocalSession::~LocalSession() {
-  impl_.reset();  // the model, its gradients and optimizer state go first
-  // Blocks cached for this session's shapes would sit unused in a long-lived process (a server whose
-  // tenants come and go); the next step of another session refills the cache with its own.
-  if (auto* allocator = install_caching_cpu_allocator()) allocator->release_cached();
-}
+LocalSession::~LocalSession() = default;
 
 Future<ForwardBackwardOutput> LocalSession::forward(const std::vector<Datum>& data, const LossSpec& loss) {
   return impl_->queue.submit<ForwardBackwardOutput>([this, data, loss] {
