@@ -1,8 +1,8 @@
 // Engine throughput on this machine, CPU fp32, a fixed number of intra-op threads (default 2):
 //   BM_MatmulPeak          a large fp32 torch::matmul (the machine's practical peak, same library and threads)
 //   BM_ForwardBackward/M   LocalSession::forward_backward, cross_entropy, on a fixed batch (public API)
-//   BM_DecodeProduct       the decoding step's matrix product alone: 16 rows x every rlloop-100m weight, read from
-//                          memory as the sampler reads them (the ceiling for sampling rlloop-100m)
+//   BM_DecodeProduct       the decoding step's matrix product alone: 16 rows x 600 MB of [2048, 768] weights,
+//                          streamed from memory as the sampler streams rlloop-100m's (its ceiling)
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
 // Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
 // FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <iterator>
@@ -111,6 +112,10 @@ std::size_t default_cap_bytes() {
 }
 }  // namespace
 
+namespace {
+std::atomic<CachingCpuAllocator*> g_installed{nullptr};
+}
+
 CachingCpuAllocator* install_caching_cpu_allocator() {
   // Installed once and never destroyed: tensors allocated through it may outlive every static object.
   static CachingCpuAllocator* const installed = []() -> CachingCpuAllocator* {
@@ -118,9 +123,12 @@ CachingCpuAllocator* install_caching_cpu_allocator() {
     if (cap == 0) return nullptr;
     auto* allocator = new CachingCpuAllocator(c10::GetDefaultCPUAllocator(), cap);
     c10::SetCPUAllocator(allocator, /*priority=*/1);
+    g_installed.store(allocator);
     return allocator;
   }();
   return installed;
 }
+
+CachingCpuAllocator* installed_caching_cpu_allocator() noexcept { return g_installed.load(); }
 
 }  // namespace rlloop::engine

@@ -54,4 +54,7 @@ class CachingCpuAllocator final : public c10::Allocator {
 // at most 8 GiB. Returns the installed allocator, or nullptr when caching is off.
 CachingCpuAllocator* install_caching_cpu_allocator();
 
+// The allocator install_caching_cpu_allocator() installed, or nullptr (not yet, or caching off); never throws.
+CachingCpuAllocator* installed_caching_cpu_allocator() noexcept;
+
 }  // namespace rlloop::engine

@@ -72,7 +72,7 @@ std::string resolve_base_model(const LocalServiceOptions& service, const std::st
 namespace {
 struct ReleaseCachedCpuBlocks {
   ~ReleaseCachedCpuBlocks() {
-    if (auto* allocator = install_caching_cpu_allocator()) allocator->release_cached();
+    if (auto* allocator = installed_caching_cpu_allocator()) allocator->release_cached();
   }
 };
 }  // namespace
