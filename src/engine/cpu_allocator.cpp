@@ -7,7 +7,10 @@
 #include <bit>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -16,18 +19,27 @@
 
 namespace rlloop::engine {
 
-struct CachingCpuAllocator::Block {
-  void* data;
-  std::size_t size;  // the bucket size it was allocated with
+namespace {
+// Large blocks handed out and not yet freed, by data pointer: the deleter gets only the pointer (context ==
+// data), so it finds its allocator and bucket size here. One table for all instances (tests make several).
+struct LiveBlock {
   CachingCpuAllocator* owner;
+  std::size_t size;
 };
+std::mutex g_live_mutex;
+std::unordered_map<void*, LiveBlock>& live_blocks() {
+  static auto* table = new std::unordered_map<void*, LiveBlock>();  // never destroyed: frees may come late
+  return *table;
+}
+}  // namespace
 
 CachingCpuAllocator::CachingCpuAllocator(c10::Allocator* fallback, std::size_t cap_bytes, std::size_t min_block_bytes)
-    : fallback_(fallback), cap_bytes_(cap_bytes), min_block_bytes_(min_block_bytes) {}
+    : fallback_(fallback), cap_bytes_(cap_bytes), min_block_bytes_(std::max<std::size_t>(1, min_block_bytes)) {}
 
 CachingCpuAllocator::~CachingCpuAllocator() { release_cached(); }
 
 std::size_t CachingCpuAllocator::bucket_size(std::size_t bytes) {
+  if (bytes > (std::numeric_limits<std::size_t>::max() >> 2)) return bytes;  // no allocation succeeds anyway
   const std::size_t step = std::max<std::size_t>(std::size_t{64} << 10, std::bit_floor(bytes) / 8);
   return (bytes + step - 1) / step * step;
 }
@@ -42,7 +54,7 @@ c10::DataPtr CachingCpuAllocator::allocate(std::size_t bytes) const {
     // the CPU caches, where the oldest one is not (FIFO reuse cost the small model ~15% of a step).
     if (auto it = free_.upper_bound(size); it != free_.begin() && std::prev(it)->first == size) {
       --it;
-      data = it->second;
+      data = it->second.data;
       free_.erase(it);
       stats_.cached_bytes -= size;
       ++stats_.hits;
@@ -59,27 +71,53 @@ c10::DataPtr CachingCpuAllocator::allocate(std::size_t bytes) const {
       data = c10::alloc_cpu(size);
     }
   }
-  auto* block = new Block{data, size, const_cast<CachingCpuAllocator*>(this)};
-  return {data, block, &CachingCpuAllocator::free_block, c10::Device(c10::DeviceType::CPU)};
-}
-
-void CachingCpuAllocator::free_block(void* block) {
-  auto* b = static_cast<Block*>(block);
-  b->owner->give_back(b);
-}
-
-void CachingCpuAllocator::give_back(Block* block) {
-  bool keep = false;
   {
-    std::lock_guard lock(mutex_);
-    if (stats_.cached_bytes + block->size <= cap_bytes_) {
-      free_.emplace(block->size, block->data);
-      stats_.cached_bytes += block->size;
-      keep = true;
+    std::lock_guard lock(g_live_mutex);
+    live_blocks()[data] = LiveBlock{const_cast<CachingCpuAllocator*>(this), size};
+  }
+  return {data, data, &CachingCpuAllocator::delete_data, c10::Device(c10::DeviceType::CPU)};
+}
+
+c10::DeleterFnPtr CachingCpuAllocator::raw_deleter() const { return &CachingCpuAllocator::delete_data; }
+
+void CachingCpuAllocator::delete_data(void* data) {
+  if (!data) return;
+  LiveBlock block{nullptr, 0};
+  {
+    std::lock_guard lock(g_live_mutex);
+    auto& live = live_blocks();
+    if (auto it = live.find(data); it != live.end()) {
+      block = it->second;
+      live.erase(it);
     }
   }
-  if (!keep) c10::free_cpu(block->data);
-  delete block;
+  // Not ours: a small block raw_allocate took from the fallback (DefaultCPUAllocator: posix_memalign).
+  if (!block.owner) return c10::free_cpu(data);
+  block.owner->give_back(data, block.size);
+}
+
+void CachingCpuAllocator::give_back(void* data, std::size_t size) {
+  std::vector<void*> evicted;
+  {
+    std::lock_guard lock(mutex_);
+    if (size > cap_bytes_) {
+      evicted.push_back(data);
+    } else {
+      // Oldest first: in RL loops sequence lengths drift, and buckets no step asks for any more should not
+      // fill the cap while the current ones are turned away.
+      while (stats_.cached_bytes + size > cap_bytes_ && !free_.empty()) {
+        auto oldest = free_.begin();
+        for (auto it = free_.begin(); it != free_.end(); ++it)
+          if (it->second.age < oldest->second.age) oldest = it;
+        evicted.push_back(oldest->second.data);
+        stats_.cached_bytes -= oldest->first;
+        free_.erase(oldest);
+      }
+      free_.emplace(size, Cached{data, next_age_++});
+      stats_.cached_bytes += size;
+    }
+  }
+  for (void* p : evicted) c10::free_cpu(p);
 }
 
 CachingCpuAllocator::Stats CachingCpuAllocator::stats() const {
@@ -88,13 +126,13 @@ CachingCpuAllocator::Stats CachingCpuAllocator::stats() const {
 }
 
 void CachingCpuAllocator::release_cached() {
-  std::multimap<std::size_t, void*> blocks;
+  std::multimap<std::size_t, Cached> blocks;
   {
     std::lock_guard lock(mutex_);
     blocks.swap(free_);
     stats_.cached_bytes = 0;
   }
-  for (const auto& [size, data] : blocks) c10::free_cpu(data);
+  for (const auto& [size, block] : blocks) c10::free_cpu(block.data);
 }
 
 namespace {
@@ -102,7 +140,7 @@ std::size_t default_cap_bytes() {
   if (const char* env = std::getenv("RLLOOP_CPU_CACHE_MB")) {
     char* end = nullptr;
     const long long mb = std::strtoll(env, &end, 10);
-    if (end == env || *end != '\0' || mb < 0)
+    if (end == env || *end != '\0' || mb < 0 || mb > (1LL << 30))
       throw invalid_argument("RLLOOP_CPU_CACHE_MB must be a non-negative number of MiB, got '" + std::string(env) + "'");
     return static_cast<std::size_t>(mb) << 20;
   }

@@ -18,13 +18,16 @@ namespace rlloop::engine {
 class CachingCpuAllocator final : public c10::Allocator {
  public:
   // Blocks below min_block_bytes go to `fallback` untouched (glibc already reuses small blocks); at most
-  // cap_bytes of freed blocks are kept, a block freed beyond that goes back to the system.
+  // cap_bytes of freed blocks are kept, the oldest go back to the system first.
   CachingCpuAllocator(c10::Allocator* fallback, std::size_t cap_bytes, std::size_t min_block_bytes = 1 << 20);
   ~CachingCpuAllocator() override;
   CachingCpuAllocator(const CachingCpuAllocator&) = delete;
   CachingCpuAllocator& operator=(const CachingCpuAllocator&) = delete;
 
+  // Every DataPtr's context is its data pointer (LibTorch's raw_allocate / raw_deallocate, used by its oneDNN
+  // paths, require that), so raw_deleter() works for every block this allocator hands out.
   c10::DataPtr allocate(std::size_t bytes) const override;
+  c10::DeleterFnPtr raw_deleter() const override;
 
   // The size a request is served with: rounded up to 1/8 of its power of two (at most 12.5% more), so that
   // nearby sizes (sequences a few tokens longer) share blocks.
@@ -38,14 +41,18 @@ class CachingCpuAllocator final : public c10::Allocator {
   void release_cached();  // returns every cached block to the system
 
  private:
-  struct Block;
-  static void free_block(void* block);  // the DataPtr deleter
-  void give_back(Block* block);
+  struct Cached {
+    void* data;
+    std::uint64_t age;  // order of freeing: the oldest is evicted first when the cap is reached
+  };
+  static void delete_data(void* data);  // the deleter of every DataPtr (context == data)
+  void give_back(void* data, std::size_t size);
 
   c10::Allocator* fallback_;
   std::size_t cap_bytes_, min_block_bytes_;
   mutable std::mutex mutex_;
-  mutable std::multimap<std::size_t, void*> free_;  // bucket size -> block
+  mutable std::multimap<std::size_t, Cached> free_;  // bucket size -> blocks, in the order they were freed
+  mutable std::uint64_t next_age_ = 0;
   mutable Stats stats_;
 };
 

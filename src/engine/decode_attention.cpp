@@ -88,7 +88,6 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float
   }
 }
 
-
 }  // namespace
 
 void attend_row(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale, float* p,

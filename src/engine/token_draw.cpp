@@ -53,7 +53,8 @@ double exp_sums_portable(const float* l, std::int64_t V, float max, float inv_t,
   for (std::int64_t i = 0; i < V; ++i) {
     const float x = l[i] - max;
     sum += std::exp(x);
-    if (weights) wsum += (weights[i] = std::exp(x * inv_t));
+    // A masked (-inf) logit keeps weight 0 even when 1 / T rounds to 0 (-inf * 0 is NaN).
+    if (weights) wsum += (weights[i] = x == kNegInf ? 0.0f : std::exp(x * inv_t));
   }
   if (weights) *weight_sum = wsum;
   return sum;
@@ -61,7 +62,7 @@ double exp_sums_portable(const float* l, std::int64_t V, float max, float inv_t,
 
 __attribute__((target("avx2,fma"))) double exp_sums_avx2(const float* l, std::int64_t V, float max, float inv_t,
                                                         float* weights, double* weight_sum) {
-  const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_t);
+  const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_t), vneginf = _mm256_set1_ps(kNegInf);
   const bool same = inv_t == 1.0f;  // temperature 1: the weights are the normaliser's terms
   double sum = 0.0, wsum = 0.0;
   std::int64_t i = 0;
@@ -72,7 +73,10 @@ __attribute__((target("avx2,fma"))) double exp_sums_avx2(const float* l, std::in
       const __m256 e = simd::exp_nonpositive(x);
       s = _mm256_add_ps(s, e);
       if (!weights) continue;
-      const __m256 w = same ? e : simd::exp_nonpositive(_mm256_mul_ps(x, vinv));
+      // Masked (-inf) logits stay -inf after scaling, also when 1 / T rounds to 0 (-inf * 0 is NaN).
+      const __m256 w = same ? e
+                            : simd::exp_nonpositive(
+                                  _mm256_blendv_ps(_mm256_mul_ps(x, vinv), x, _mm256_cmp_ps(x, vneginf, _CMP_EQ_OQ)));
       _mm256_storeu_ps(weights + i, w);
       ws = _mm256_add_ps(ws, w);
     }
@@ -110,7 +114,7 @@ void draw_row(const float* l, std::int64_t V, double temperature, double uniform
   const bool avx2 = simd::has_avx2_fma();
   const RowMax m = avx2 ? row_max_avx2(l, V) : row_max_portable(l, V);
   if (m.nan || !std::isfinite(m.max))
-    throw invalid_argument("sample: the model's logits for sample row " + std::to_string(row) + " are " +
+    throw invalid_argument("sample: the model's logits for row " + std::to_string(row) + " of the decoding batch are " +
                            (m.nan ? "NaN" : m.max > 0 ? "+inf" : "all -inf") +
                            " (diverged weights?); no token can be drawn");
   // A temperature so small that 1 / T overflows a float is the limit T -> 0: greedy.

@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,35 @@ TEST(CachingCpuAllocator, HandsOutTheMostRecentlyFreedBlockFirst) {
   EXPECT_EQ(alloc.allocate(2 * MiB).get(), b_address);
 }
 
+TEST(CachingCpuAllocator, EvictsTheOldestBlocksWhenTheCapIsReached) {
+  CachingCpuAllocator alloc(c10::GetDefaultCPUAllocator(), 8 * MiB);
+  c10::DataPtr a = alloc.allocate(2 * MiB), b = alloc.allocate(4 * MiB), c = alloc.allocate(4 * MiB);
+  void* c_address = c.get();
+  a.clear();
+  b.clear();
+  c.clear();  // 2 + 4 + 4 MiB > 8: the oldest (a, the 2 MiB bucket) goes
+  EXPECT_EQ(alloc.stats().cached_bytes, 8 * MiB);
+  const auto before = alloc.stats();
+  c10::DataPtr again4 = alloc.allocate(4 * MiB);
+  EXPECT_EQ(again4.get(), c_address);
+  c10::DataPtr again2 = alloc.allocate(2 * MiB);
+  EXPECT_EQ(alloc.stats().hits, before.hits + 1);
+  EXPECT_EQ(alloc.stats().misses, before.misses + 1);
+}
+
+TEST(CachingCpuAllocator, RawAllocateAndDeallocateWorkForLargeAndSmallBlocks) {
+  // LibTorch's oneDNN paths use raw_allocate / raw_deallocate, which need context == data and a raw deleter.
+  CachingCpuAllocator alloc(c10::GetDefaultCPUAllocator(), 64 * MiB);
+  ASSERT_NE(alloc.raw_deleter(), nullptr);
+  for (std::size_t bytes : {4 * MiB, std::size_t{100}}) {
+    void* p = alloc.raw_allocate(bytes);
+    ASSERT_NE(p, nullptr);
+    static_cast<char*>(p)[bytes - 1] = 1;
+    alloc.raw_deallocate(p);
+  }
+  EXPECT_EQ(alloc.stats().cached_bytes, 4 * MiB);  // the large one came back to the cache
+}
+
 TEST(CachingCpuAllocator, SmallRequestsBypassTheCache) {
   CachingCpuAllocator alloc(c10::GetDefaultCPUAllocator(), 64 * MiB);
   {
@@ -97,8 +127,9 @@ TEST(CachingCpuAllocator, ConcurrentAllocateAndFreeKeepCountsConsistent) {
 }
 
 TEST(CachingCpuAllocator, InstalledForLibTorchTensors) {
+  if (std::getenv("RLLOOP_CPU_CACHE_MB")) GTEST_SKIP() << "RLLOOP_CPU_CACHE_MB is set: the installed cap is not the default";
   CachingCpuAllocator* alloc = rlloop::engine::install_caching_cpu_allocator();
-  ASSERT_NE(alloc, nullptr);  // RLLOOP_CPU_CACHE_MB is not set to 0 in the test environment
+  ASSERT_NE(alloc, nullptr);
   EXPECT_EQ(c10::GetCPUAllocator(), alloc);
   void* address = nullptr;
   {
@@ -111,9 +142,15 @@ TEST(CachingCpuAllocator, InstalledForLibTorchTensors) {
   EXPECT_EQ(again.data_ptr(), address);
   EXPECT_EQ(again.abs().sum().item<double>(), 0.0);
   EXPECT_EQ(alloc->stats().hits, before.hits + 1);
+  // oneDNN (MKLDNN) tensors go through raw_allocate / raw_deallocate: large and small round trips.
+  for (std::int64_t n : {1024, 8}) {
+    auto dense = torch::randn({n, n});
+    EXPECT_TRUE(torch::equal(dense.to_mkldnn().to_dense(), dense));
+  }
 }
 
 TEST(CachingCpuAllocator, ClosingASessionReturnsTheCachedBlocks) {
+  if (std::getenv("RLLOOP_CPU_CACHE_MB")) GTEST_SKIP() << "RLLOOP_CPU_CACHE_MB is set: caching may be off";
   rlloop::LocalService service(rlloop::LocalServiceOptions{.device = "cpu", .num_threads = 1});
   CachingCpuAllocator* alloc = nullptr;
   {

@@ -168,8 +168,8 @@ TEST(SmallGemm, MatchesMatmulIncludingTails) {
   torch::manual_seed(9);
   // {M, N, K}: rows and columns that leave every remainder of the kernel's 4-row and 3-column blocks, a
   // BLAS-only K, more rows than the kernel takes, and a product big enough to be split across threads.
-  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {7, 11, 24}, {2, 8, 8}, {16, 130, 64}, {3, 9, 12}, {80, 33, 32},
-                         {16, 2050, 768}}) {
+  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {7, 11, 24}, {2, 8, 8}, {4, 12, 16}, {6, 9, 8}, {16, 130, 64},
+                         {3, 9, 12}, {80, 33, 32}, {16, 2050, 768}, {16, 2049, 768}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     auto x = torch::randn({M, K}), w = torch::randn({N, K}), y0 = torch::randn({M, N});
     auto expected = torch::matmul(x.to(torch::kFloat64), w.to(torch::kFloat64).t());
@@ -246,6 +246,54 @@ TEST(TokenDraw, EvenlySpacedUniformsReproduceTheProbabilities) {
   EXPECT_NEAR(logprobs[N - 1], std::log(0.4), 1e-6);
 }
 
+TEST(TokenDraw, HugeTemperatureIsUniformOverUnmaskedTokens) {
+  // 1 / T rounds to 0 in float: every finite logit gets weight 1, masked ones still 0 (not NaN).
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits = {0.0f, 5.0f, -3.0f, 1.0f, 2.0f, 0.5f, -1.0f, 4.0f, -inf};  // 9: tail past 8 lanes
+  std::vector<float> wide(16, 1.0f);
+  wide[3] = -inf, wide[12] = -inf;
+  for (const auto* row : {&logits, &wide}) {
+    const auto V = static_cast<std::int64_t>(row->size());
+    std::vector<double> u = {0.0, 0.999999};
+    std::int64_t tokens[2];
+    float logprobs[2];
+    draw_tokens(row->data(), 2, V, 0, 1e46, u.data(), tokens, logprobs);
+    EXPECT_EQ(tokens[0], 0);                                    // u = 0: the first unmasked token
+    EXPECT_EQ(tokens[1], row == &logits ? V - 2 : V - 1);       // u -> 1: the last unmasked one
+    EXPECT_TRUE(std::isfinite(logprobs[0]) && std::isfinite(logprobs[1]));
+  }
+}
+
+TEST(TokenDraw, RowsSplitAcrossThreadsGiveTheSerialResultAndErrors) {
+  const int threads = at::get_num_threads();
+  torch::manual_seed(12);
+  const std::int64_t A = 64, V = 32768;  // enough work for several parallel chunks
+  auto logits = torch::randn({A, V}) * 2;
+  std::vector<double> u(A);
+  for (std::int64_t r = 0; r < A; ++r) u[r] = (r * 0.618034) - std::floor(r * 0.618034);
+  auto run = [&](int n) {
+    at::set_num_threads(n);
+    std::vector<std::int64_t> tokens(A);
+    std::vector<float> logprobs(A);
+    draw_tokens(logits.data_ptr<float>(), A, V, V, 0.8, u.data(), tokens.data(), logprobs.data());
+    return std::pair{tokens, logprobs};
+  };
+  const auto serial = run(1), parallel = run(2);
+  EXPECT_EQ(serial.first, parallel.first);
+  EXPECT_EQ(serial.second, parallel.second);
+  logits.index_put_({A - 3, 100}, std::numeric_limits<float>::quiet_NaN());  // a late row: another thread's chunk
+  at::set_num_threads(2);
+  std::vector<std::int64_t> tokens(A);
+  std::vector<float> logprobs(A);
+  try {
+    draw_tokens(logits.data_ptr<float>(), A, V, V, 0.8, u.data(), tokens.data(), logprobs.data());
+    ADD_FAILURE() << "no error for a NaN logit";
+  } catch (const rlloop::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("row 61 of the decoding batch are NaN"), std::string::npos) << e.what();
+  }
+  at::set_num_threads(threads);
+}
+
 TEST(TokenDraw, GreedyTakesTheFirstLargestLogit) {
   const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   std::int64_t token = -1;
@@ -267,7 +315,7 @@ TEST(TokenDraw, NonFiniteLogitsAreAnErrorNamingTheRow) {
     draw_tokens(logits.data(), 2, 16, 16, 1.0, u, tokens, logprobs);
     ADD_FAILURE() << "no error for a NaN logit";
   } catch (const rlloop::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("row 1 are NaN"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("row 1 of the decoding batch are NaN"), std::string::npos) << e.what();
   }
   std::fill(logits.begin(), logits.begin() + 16, -inf);
   logits[16 + 9] = 0.0f;
