@@ -26,9 +26,12 @@ struct LiveBlock {
   CachingCpuAllocator* owner;
   std::size_t size;
 };
-std::mutex g_live_mutex;
-std::unordered_map<void*, LiveBlock>& live_blocks() {
-  static auto* table = new std::unordered_map<void*, LiveBlock>();  // never destroyed: frees may come late
+struct LiveTable {
+  std::mutex mutex;
+  std::unordered_map<void*, LiveBlock> blocks;
+};
+LiveTable& live() {
+  static auto* table = new LiveTable();  // never destroyed: tensors may be freed after static destruction
   return *table;
 }
 }  // namespace
@@ -72,8 +75,8 @@ c10::DataPtr CachingCpuAllocator::allocate(std::size_t bytes) const {
     }
   }
   {
-    std::lock_guard lock(g_live_mutex);
-    live_blocks()[data] = LiveBlock{const_cast<CachingCpuAllocator*>(this), size};
+    std::lock_guard lock(live().mutex);
+    live().blocks[data] = LiveBlock{const_cast<CachingCpuAllocator*>(this), size};
   }
   return {data, data, &CachingCpuAllocator::delete_data, c10::Device(c10::DeviceType::CPU)};
 }
@@ -84,11 +87,11 @@ void CachingCpuAllocator::delete_data(void* data) {
   if (!data) return;
   LiveBlock block{nullptr, 0};
   {
-    std::lock_guard lock(g_live_mutex);
-    auto& live = live_blocks();
-    if (auto it = live.find(data); it != live.end()) {
+    LiveTable& table = live();
+    std::lock_guard lock(table.mutex);
+    if (auto it = table.blocks.find(data); it != table.blocks.end()) {
       block = it->second;
-      live.erase(it);
+      table.blocks.erase(it);
     }
   }
   // Not ours: a small block raw_allocate took from the fallback (DefaultCPUAllocator: posix_memalign).
@@ -148,11 +151,9 @@ std::size_t default_cap_bytes() {
   const std::size_t physical = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
   return std::min<std::size_t>(physical / 4, std::size_t{8} << 30);
 }
-}  // namespace
 
-namespace {
 std::atomic<CachingCpuAllocator*> g_installed{nullptr};
-}
+}  // namespace
 
 CachingCpuAllocator* install_caching_cpu_allocator() {
   // Installed once and never destroyed: tensors allocated through it may outlive every static object.

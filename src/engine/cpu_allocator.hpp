@@ -18,7 +18,8 @@ namespace rlloop::engine {
 class CachingCpuAllocator final : public c10::Allocator {
  public:
   // Blocks below min_block_bytes go to `fallback` untouched (glibc already reuses small blocks); at most
-  // cap_bytes of freed blocks are kept, the oldest go back to the system first.
+  // cap_bytes of freed blocks are kept, the oldest go back to the system first. An instance must outlive the
+  // blocks it hands out (the installed one is never destroyed).
   CachingCpuAllocator(c10::Allocator* fallback, std::size_t cap_bytes, std::size_t min_block_bytes = 1 << 20);
   ~CachingCpuAllocator() override;
   CachingCpuAllocator(const CachingCpuAllocator&) = delete;
