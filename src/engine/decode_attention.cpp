@@ -51,9 +51,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float
       a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + d), qv, a2);
       a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + d), qv, a3);
     }
-    // hadd pairs: [a0 a0 a1 a1 | a0 a0 a1 a1] etc.; then the 128-bit halves add up to [s0 s1 s2 s3].
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 sums = simd::hsum4(a0, a1, a2, a3);
     _mm_storeu_ps(p + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
   }
   for (; j < S; ++j) {

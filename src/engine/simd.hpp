@@ -18,6 +18,13 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// [sum(a0) sum(a1) sum(a2) sum(a3)]: four horizontal sums at once. hadd pairs neighbouring lanes
+// ([a0 a0 a1 a1 | a0 a0 a1 a1] etc.); then the two 128-bit halves add up.
+__attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 // Largest of the 8 lanes.
 __attribute__((target("avx2,fma"))) inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

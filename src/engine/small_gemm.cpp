@@ -13,12 +13,7 @@ constexpr std::int64_t kWRows = 3;  // W rows per block: 3 x 4 accumulators + 3 
 constexpr std::int64_t kXRows = 4;
 
 using simd::hsum;
-
-// [s(a0) s(a1) s(a2) s(a3)]: four horizontal sums at once.
-__attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
+using simd::hsum4;
 
 // Output columns [n0, n1): blocks of 3 W rows against 4 X rows at a time; K is a multiple of 8.
 __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, const float* W, std::int64_t n0,
