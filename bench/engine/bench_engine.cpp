@@ -3,6 +3,7 @@
 //   BM_ForwardBackward/M   LocalSession::forward_backward, cross_entropy, on a fixed batch (public API)
 //   BM_DecodeProduct       the decoding step's matrix product alone: 16 rows x 600 MB of [2048, 768] weights,
 //                          streamed from memory as the sampler streams rlloop-100m's (its ceiling)
+//   BM_ReadBandwidth       a threaded sum over the same 600 MB: the read bandwidth that product could use
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
 // Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
 // FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter
@@ -171,6 +172,21 @@ void BM_DecodeProduct(benchmark::State& state) {
   if (g_peak_flops > 0) state.counters["peak_frac"] = flops / seconds / g_peak_flops;
 }
 
+// Reading the same 600 MB with LibTorch's vectorised, threaded sum: the memory bandwidth BM_DecodeProduct
+// would hit if it were bandwidth-bound (it streams 8 FLOP per weight byte).
+void BM_ReadBandwidth(benchmark::State& state) {
+  rlloop::engine::configure_threads(threads());
+  auto weights = torch::randn({96, 2048, 768});
+  double seconds = 0.0, bytes = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    benchmark::DoNotOptimize(weights.sum().item<float>());
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    bytes += static_cast<double>(weights.nbytes());
+  }
+  state.counters["GBps"] = bytes / seconds / 1e9;
+}
+
 }  // namespace
 
 BENCHMARK(BM_MatmulPeak)->Arg(2048)->Arg(4096)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -179,6 +195,7 @@ BENCHMARK(BM_MatmulPeak)->Arg(2048)->Arg(4096)->Iterations(3)->Unit(benchmark::k
 BENCHMARK(BM_ForwardBackward)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ForwardBackward)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeProduct)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ReadBandwidth)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
