@@ -4,7 +4,10 @@
 //   BM_DecodeProduct       the decoding step's matrix product alone: 16 rows x 600 MB of [2048, 768] weights,
 //                          streamed from memory as the sampler streams rlloop-100m's (its ceiling)
 //   BM_ReadBandwidth       a threaded sum over the same 600 MB: the read bandwidth that product could use
+//   BM_DecodeProductBf16   the same product with operands rounded to bf16 (bf16_gemm.hpp, the "bf16" sampling
+//                          precision; AVX512_BF16 dot products where the CPU has them)
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
+//   BM_SampleBf16/M        the same with bf16 decoding steps (LocalServiceOptions::sampling_precision = "bf16")
 // Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
 // FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter
 // (the tied embedding counted once: it is the unembedding matmul). Attention score/value FLOPs not counted.
@@ -16,12 +19,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include <rlloop/local.hpp>
 
+#include "bf16_gemm.hpp"
 #include "builtin_models.hpp"
+#include "cpu_allocator.hpp"
 #include "device.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
@@ -65,6 +71,8 @@ rlloop::LocalSession& session(const std::string& model) {
 }
 
 std::shared_ptr<rlloop::engine::Transformer> sampler_model(const std::string& model) {
+  // As a LocalSession does: without it each call page-faults its KV cache (and bf16 weights) in afresh.
+  rlloop::engine::install_caching_cpu_allocator();
   static std::map<std::string, std::shared_ptr<rlloop::engine::Transformer>> models;
   auto& m = models[model];
   if (!m) m = rlloop::engine::init_model(*rlloop::engine::builtin_model(model), 0, torch::kCPU, torch::kFloat32);
@@ -130,7 +138,7 @@ void BM_ForwardBackward(benchmark::State& state) {
   state.SetLabel(std::string(shape.model) + " " + std::to_string(shape.batch) + "x" + std::to_string(shape.seq));
 }
 
-void BM_Sample(benchmark::State& state) {
+void run_sample(benchmark::State& state, rlloop::engine::DecodePrecision precision) {
   const Shape& shape = kShapes[state.range(0)];
   rlloop::engine::configure_threads(threads());
   auto model = sampler_model(shape.model);
@@ -141,17 +149,20 @@ void BM_Sample(benchmark::State& state) {
   req.params.max_tokens = kNewTokens;
   req.params.temperature = 1.0;
   at::Generator gen = at::detail::createCPUGenerator(1234);
-  rlloop::engine::sample(*model, req, {}, gen);  // warm-up
+  rlloop::engine::sample(*model, req, {}, gen, precision);  // warm-up
   double seconds = 0.0, generated = 0.0;
   for (auto _ : state) {
     auto t0 = Clock::now();
-    auto out = rlloop::engine::sample(*model, req, {}, gen);
+    auto out = rlloop::engine::sample(*model, req, {}, gen, precision);
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     for (const auto& seq : out.sequences) generated += static_cast<double>(seq.tokens.size());
   }
   report(state, seconds, generated, 2.0 * params * generated);
   state.SetLabel(std::string(shape.model) + " " + std::to_string(kSamples) + "x" + std::to_string(kNewTokens));
 }
+
+void BM_Sample(benchmark::State& state) { run_sample(state, rlloop::engine::DecodePrecision::fp32); }
+void BM_SampleBf16(benchmark::State& state) { run_sample(state, rlloop::engine::DecodePrecision::bf16); }
 
 // 16 rows times [2048, 768] weights, cycling through 96 distinct matrices (600 MB, far beyond the caches, like
 // rlloop-100m's 110M weights): the product a decoding step of 16 samples is made of.
@@ -170,6 +181,26 @@ void BM_DecodeProduct(benchmark::State& state) {
   }
   state.counters["GFLOPs"] = flops / seconds / 1e9;
   if (g_peak_flops > 0) state.counters["peak_frac"] = flops / seconds / g_peak_flops;
+}
+
+// BM_DecodeProduct with the weights rounded to bf16 (300 MB) and the rows rounded per call, as the bf16
+// decoding step runs them.
+void BM_DecodeProductBf16(benchmark::State& state) {
+  rlloop::engine::configure_threads(threads());
+  constexpr std::int64_t M = kSamples, N = 2048, K = 768, kMatrices = 96;
+  std::vector<rlloop::engine::Bf16Weight> weights;
+  for (std::int64_t i = 0; i < kMatrices; ++i) weights.emplace_back(torch::randn({N, K}).data_ptr<float>(), N, K);
+  auto x = torch::randn({M, K}), y = torch::empty({M, N});
+  double seconds = 0.0, flops = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    for (const auto& w : weights) w.multiply(x.data_ptr<float>(), M, y.data_ptr<float>(), false);
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    flops += 2.0 * M * N * K * kMatrices;
+  }
+  state.counters["GFLOPs"] = flops / seconds / 1e9;
+  if (g_peak_flops > 0) state.counters["peak_frac"] = flops / seconds / g_peak_flops;
+  state.SetLabel(weights.front().stored_as_bf16() ? "avx512_bf16" : "rounded fp32 (no AVX512_BF16)");
 }
 
 // Reading the same 600 MB with LibTorch's vectorised, threaded sum: the memory bandwidth BM_DecodeProduct
@@ -196,7 +227,10 @@ BENCHMARK(BM_ForwardBackward)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecon
 BENCHMARK(BM_ForwardBackward)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeProduct)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ReadBandwidth)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeProductBf16)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_SampleBf16)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_SampleBf16)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -19,7 +19,14 @@ TARGETS = {  # (op, model) -> (min ratio vs Python, min fraction of matmul peak)
     ("forward_backward", "rlloop-100m"): (1.1, 0.5),
     ("sample", "rlloop-small"): (4.0, None),
     ("sample", "rlloop-100m"): (4.0, None),
+    ("sample_bf16", "rlloop-small"): (4.0, None),
+    ("sample_bf16", "rlloop-100m"): (4.0, None),
 }
+# op -> (bench_engine benchmark, reference.py --what, reference.py --dtype). sample_bf16 is rlloop's "bf16"
+# sampling precision against Python sampling in bfloat16: the same precision on both sides.
+OPS = [("forward_backward", "BM_ForwardBackward", "forward_backward", "float32"),
+       ("sample", "BM_Sample", "sample", "float32"),
+       ("sample_bf16", "BM_SampleBf16", "sample", "bfloat16")]
 
 
 def load():
@@ -64,9 +71,12 @@ def main():
         decode = max(b["GFLOPs"] for b in run_cpp(args.bench, "BM_DecodeProduct", env))
         print(f"decoding product alone (16 rows x [2048, 768] weights from memory): {decode:.1f} GFLOP/s "
               f"({decode / peak:.0%} of peak)", flush=True)
+        bf16 = run_cpp(args.bench, "BM_DecodeProductBf16", env)[0]
+        print(f"the same product on bf16-rounded operands ({bf16.get('label', '')}): {bf16['GFLOPs']:.1f} GFLOP/s",
+              flush=True)
 
     rows = []
-    for op, bm in (("forward_backward", "BM_ForwardBackward"), ("sample", "BM_Sample")):
+    for op, bm, py_what, py_dtype in OPS:
         for model, idx in MODELS:
             if args.models != "all" and not model.endswith(args.models):
                 continue
@@ -75,8 +85,9 @@ def main():
             c = p = None
             for _ in range(args.repeats):  # alternate, keep each side's best run
                 ci = run_cpp(args.bench, f"{bm}/{idx}/", env)[0]
-                pi = [r for r in run_py(["--what", op, "--only", short, "--threads", str(args.threads)], env)
-                      if r["name"] == f"{op}/{model}"][0]
+                pi = [r for r in run_py(["--what", py_what, "--only", short, "--threads", str(args.threads),
+                                         "--dtype", py_dtype], env)
+                      if r["name"] == f"{py_what}/{model}"][0]
                 c = ci if c is None or ci["tokens_per_s"] > c["tokens_per_s"] else c
                 p = pi if p is None or pi["tokens_per_s"] > p["tokens_per_s"] else p
             row = dict(op=op, model=model, shape=c.get("label", "").split(" ")[-1],
@@ -99,6 +110,12 @@ def main():
         print(f"| {r['op']} | {r['model']} | {r['shape']} | {r['cpp_tok_s']:.0f} | {r['py_tok_s']:.0f} | "
               f"{r['ratio']:.2f}x | {r['cpp_gflops']:.1f} ({frac_c:.0%}) | {r['py_gflops']:.1f} ({frac_p:.0%}) | "
               f"{target} | {'yes' if met else 'no'} |")
+    fp32 = {r["model"]: r for r in rows if r["op"] == "sample"}
+    for r in rows:  # bf16 sampling against Python's fp32 sampling (the CPU default), for the record
+        if r["op"] == "sample_bf16" and r["model"] in fp32:
+            print(f"\nsample_bf16 {r['model']}: {r['cpp_tok_s'] / fp32[r['model']]['py_tok_s']:.2f}x Python's float32 "
+                  f"sampling ({fp32[r['model']]['py_tok_s']:.0f} tok/s), {r['cpp_tok_s'] / fp32[r['model']]['cpp_tok_s']:.2f}x "
+                  f"rlloop's fp32 sampling")
     for r in rows:  # what an unmet ratio would take, in the same run's units
         want_ratio, _ = TARGETS[(r["op"], r["model"])]
         if r["ratio"] >= want_ratio:
@@ -107,7 +124,7 @@ def main():
         need = want_ratio * r["py_tok_s"] * flop_per_token
         line = (f"\n{r['op']} {r['model']}: {want_ratio}x Python is {want_ratio * r['py_tok_s']:.0f} tok/s = "
                 f"{need:.1f} GFLOP/s = {need / peak:.0%} of the matmul peak")
-        if r["op"] == "sample" and r["model"] == "rlloop-100m" and decode:
+        if r["op"] == "sample" and r["model"] == "rlloop-100m" and decode:  # the fp32 product's cap
             line += (f"; the decoding product alone allows at most {decode / flop_per_token:.0f} tok/s "
                      f"({decode / flop_per_token / r['py_tok_s']:.2f}x Python)")
         print(line)

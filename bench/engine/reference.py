@@ -71,7 +71,7 @@ class Attention(nn.Module):
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
         if mask is not None:
             scores = scores + mask
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # no-op in fp32
         out = (probs @ v).transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out)
 
@@ -201,7 +201,8 @@ def bench_sample(name, model, gen):
         toks, _ = generate(model, prompt, gen)
         tokens += toks.numel()
     seconds = time.perf_counter() - t0
-    emit(name=f"sample/{name}", seconds=seconds / iters, tokens_per_s=tokens / seconds,
+    emit(name=f"sample/{name}", dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
+         seconds=seconds / iters, tokens_per_s=tokens / seconds,
          gflops=2.0 * n_params(model) * tokens / seconds / 1e9)
 
 
@@ -210,6 +211,8 @@ def main():
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--only", choices=["small", "100m"])
     ap.add_argument("--what", choices=["all", "matmul", "forward_backward", "sample"], default="all")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="sampling precision (the model is converted with .to(); forward_backward stays float32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     emit(name="info", torch=torch.__version__, threads=torch.get_num_threads())
@@ -228,7 +231,7 @@ def main():
         if args.what in ("all", "forward_backward"):
             bench_forward_backward(name, model, gen)
         if args.what in ("all", "sample"):
-            bench_sample(name, model, gen)
+            bench_sample(name, model.to(getattr(torch, args.dtype)), gen)
 
 
 if __name__ == "__main__":

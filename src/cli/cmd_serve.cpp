@@ -29,7 +29,7 @@ int run_serve(int argc, char** argv) {
   std::string data_dir = "rlloop-server-data";
   std::string tenants_file;
   std::vector<std::string> base_models;
-  std::string device = "auto";
+  std::string device = "auto", sampling_precision = "fp32";
   int threads = 0;
   bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
@@ -41,6 +41,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
   app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
       ->check(CLI::Range(0, 1024));
+  app.add_option("--sampling-precision", sampling_precision,
+                 "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)");
   app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
                "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
   try {
@@ -61,6 +63,7 @@ int run_serve(int argc, char** argv) {
   local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
   local.device = device;
   local.num_threads = threads;
+  local.sampling_precision = sampling_precision;
   for (const auto& entry : base_models) {
     const auto eq = entry.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())

@@ -19,9 +19,12 @@ const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 // y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with an adapter); with `accumulate` the result is
 // added to y (residual connections). Adapters are applied unmerged, so the step always sees the live weights.
-void linear(const float* x, std::int64_t rows, const LinearWeights& w, float* y, bool accumulate) {
+// `rounded` (bf16 precision) replaces W; adapters and biases stay fp32.
+void linear(const float* x, std::int64_t rows, const LinearWeights& w, const Bf16Weight* rounded, float* y,
+            bool accumulate) {
   const std::int64_t out = w.weight.size(0), in = w.weight.size(1);
-  linear_rows(x, rows, data(w.weight), out, in, y, accumulate);
+  if (rounded) rounded->multiply(x, rows, y, accumulate);
+  else linear_rows(x, rows, data(w.weight), out, in, y, accumulate);
   if (w.lora_a.defined()) {
     const std::int64_t rank = w.lora_a.size(0);
     std::vector<float> down(rows * rank), delta(rows * out);
@@ -53,11 +56,20 @@ bool CpuDecoder::supports(Transformer& model) {
   return true;
 }
 
-CpuDecoder::CpuDecoder(Transformer& model) : cfg_(model.config()), w_(model.inference_weights()) {
+CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision)
+    : cfg_(model.config()), w_(model.inference_weights()) {
   if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
   std::int64_t bytes = 0;
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);
+  if (precision == DecodePrecision::fp32) return;
+  auto round = [](const LinearWeights& w) {
+    return Bf16Weight(data(w.weight), w.weight.size(0), w.weight.size(1));
+  };
+  for (const LayerWeights& L : w_.layers)
+    rounded_layers_.push_back(
+        {round(L.q), round(L.k), round(L.v), round(L.o), round(L.gate), round(L.up), round(L.down)});
+  rounded_lm_head_ = round(w_.lm_head);
 }
 
 torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
@@ -104,12 +116,14 @@ void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int6
       up(A * I);
   for (std::int64_t r = 0; r < A; ++r) std::copy_n(data(w_.embed) + ids[r0 + r] * H, H, x.data() + r * H);
 
+  const bool bf16 = !rounded_layers_.empty();
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
+    const RoundedLayer* R = bf16 ? &rounded_layers_[li] : nullptr;
     rms_norm_rows(x.data(), L.input_norm, h.data(), A, H, eps);
-    linear(h.data(), A, L.q, q.data(), false);
-    linear(h.data(), A, L.k, k.data(), false);
-    linear(h.data(), A, L.v, v.data(), false);
+    linear(h.data(), A, L.q, R ? &R->q : nullptr, q.data(), false);
+    linear(h.data(), A, L.k, R ? &R->k : nullptr, k.data(), false);
+    linear(h.data(), A, L.v, R ? &R->v : nullptr, v.data(), false);
     if (cfg_.qk_norm) {
       rms_norm_rows(q.data(), L.q_norm, q.data(), A * nh, D, eps);
       rms_norm_rows(k.data(), L.k_norm, k.data(), A * nkv, D, eps);
@@ -135,18 +149,18 @@ void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int6
                    attn.data() + item * D);
       }
     });
-    linear(attn.data(), A, L.o, x.data(), true);
+    linear(attn.data(), A, L.o, R ? &R->o : nullptr, x.data(), true);
 
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
-    linear(h.data(), A, L.gate, gate.data(), false);
-    linear(h.data(), A, L.up, up.data(), false);
+    linear(h.data(), A, L.gate, R ? &R->gate : nullptr, gate.data(), false);
+    linear(h.data(), A, L.up, R ? &R->up : nullptr, up.data(), false);
     at::parallel_for(0, A * I, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     });
-    linear(gate.data(), A, L.down, x.data(), true);
+    linear(gate.data(), A, L.down, R ? &R->down : nullptr, x.data(), true);
   }
   rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
-  linear(h.data(), A, w_.lm_head, logits + r0 * cfg_.vocab_size, false);
+  linear(h.data(), A, w_.lm_head, bf16 ? &rounded_lm_head_ : nullptr, logits + r0 * cfg_.vocab_size, false);
 }
 
 }  // namespace rlloop::engine

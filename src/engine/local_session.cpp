@@ -47,6 +47,12 @@ std::optional<LoraOptions> lora_from_json(const nlohmann::json& j) {
                      j.at("target_modules").get<std::vector<std::string>>()};
 }
 
+DecodePrecision parse_sampling_precision(const std::string& name) {
+  if (name == "fp32") return DecodePrecision::fp32;
+  if (name == "bf16") return DecodePrecision::bf16;
+  throw invalid_argument("sampling_precision: unknown value '" + name + "' (expected fp32 or bf16)");
+}
+
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
   if (!cfg.tokenizer.empty()) return cfg.tokenizer;
   if (resolved.rfind("builtin:", 0) == 0) return "byte";
@@ -83,6 +89,7 @@ struct LocalSession::Impl {
   LocalServiceOptions service;
   std::string resolved_base;
   DeviceChoice dev;
+  engine::DecodePrecision decode_precision = engine::DecodePrecision::fp32;
   std::shared_ptr<Transformer> model;
   std::unique_ptr<AdamW> optimizer;
   std::shared_ptr<const Tokenizer> tokenizer;  // for stop strings; null if the model has none we can load
@@ -96,6 +103,7 @@ struct LocalSession::Impl {
   WorkQueue queue;  // last member: its worker stops (after finishing queued jobs) before the rest is destroyed
 
   Impl(const SessionOptions& opts, const LocalServiceOptions& svc) : options(opts), service(svc) {
+    decode_precision = parse_sampling_precision(service.sampling_precision);
     configure_threads(service.num_threads);
     install_caching_cpu_allocator();
     dev = choose_device(service.device);
@@ -263,7 +271,7 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
     if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
     at::Generator gen = req.params.seed ? at::detail::createCPUGenerator(static_cast<std::uint64_t>(*req.params.seed))
                                         : impl_->generator;
-    auto out = engine::sample(m, req, stop_check, gen);
+    auto out = engine::sample(m, req, stop_check, gen, impl_->decode_precision);
     // The prompt is prefilled once for all samples, so it is billed once.
     TokenUsage u;
     u.prefill = static_cast<std::int64_t>(req.prompt.length());
@@ -328,7 +336,9 @@ Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) 
 
 // --- LocalService ----------------------------------------------------------------------------------------
 
-LocalService::LocalService(LocalServiceOptions options) : options_(std::move(options)) {}
+LocalService::LocalService(LocalServiceOptions options) : options_(std::move(options)) {
+  parse_sampling_precision(options_.sampling_precision);  // a typo fails here, not at the first session
+}
 
 std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions& options) {
   if (options.lora) {

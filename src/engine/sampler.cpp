@@ -97,7 +97,7 @@ torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& genera
 }
 
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
-                      at::Generator& generator) {
+                      at::Generator& generator, DecodePrecision precision) {
   const ModelConfig& cfg = model.config();
   const std::vector<token_id> prompt = req.prompt.tokens();
   validate(req, cfg, prompt.size());
@@ -156,7 +156,7 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
 
   cache.repeat_batch(n);
   std::optional<CpuDecoder> cpu_decoder;  // the dispatch-free decoding step, where it applies
-  if (CpuDecoder::supports(model)) cpu_decoder.emplace(model);
+  if (CpuDecoder::supports(model)) cpu_decoder.emplace(model, precision);
   torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
   std::vector<int> active(n);  // row -> sequence index
   for (int i = 0; i < n; ++i) active[i] = i;

@@ -56,6 +56,31 @@ TEST(LocalSession, SampleLogprobsEqualComputeLogprobsAndForward) {
   }
 }
 
+TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
+  auto service = service_in(temp_dir("bf16"));
+  service.sampling_precision = "bf16";
+  LocalService svc(service);
+  auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
+  auto sc = tc.live_sampling_client();
+  SamplingParams params{.max_tokens = 12, .temperature = 1.0, .seed = 7};
+  auto resp = sc.sample(kPrompt, 4, params).get();
+  for (const auto& seq : resp.sequences) {
+    ASSERT_EQ(seq.tokens.size(), 12u);
+    auto full = kPrompt.tokens();
+    full.insert(full.end(), seq.tokens.begin(), seq.tokens.end());
+    auto scored = sc.compute_logprobs(ModelInput::from_tokens(full)).get();  // fp32, as training sees it
+    for (std::size_t i = 0; i < seq.tokens.size(); ++i)
+      EXPECT_NEAR(seq.logprobs[i], scored[kPrompt.length() + i], 0.05) << "token " << i;
+  }
+  auto again = sc.sample(kPrompt, 4, params).get();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(again.sequences[i].tokens, resp.sequences[i].tokens);
+
+  auto typo = service_in(temp_dir("bf16-typo"));
+  typo.sampling_precision = "fp16";
+  const std::string err = error_of([&] { LocalService bad(typo); });
+  EXPECT_TRUE(contains(err, "sampling_precision") && contains(err, "'fp16'")) << err;
+}
+
 TEST(LocalSession, SameSeedSameSamplesAndGreedyIsArgmax) {
   LocalService svc(service_in(temp_dir("seed")));
   auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");

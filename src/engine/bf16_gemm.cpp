@@ -1,0 +1,189 @@
+#include "bf16_gemm.hpp"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include <rlloop/error.hpp>
+
+#include "simd.hpp"
+#include "small_gemm.hpp"
+
+namespace rlloop::engine {
+
+std::uint16_t to_bf16(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  if (std::isnan(f)) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // keep it a (quiet) NaN
+  // Adding 0x7FFF plus the lowest kept bit rounds to nearest with ties to even; a carry into the exponent is
+  // the correct rounding up (and turns the largest finite values into infinity, as it should).
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+
+bool bf16_dot_supported() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512bf16") && simd::has_avx2_fma();
+  return yes;
+}
+
+namespace {
+
+#define RLLOOP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+
+constexpr std::int64_t kWRows = 4;  // 4 W rows x 4 X rows: 16 accumulators + 4 W + 1 X of the 32 zmm registers
+constexpr std::int64_t kXRows = 4;
+constexpr std::int64_t kStep = 32;  // bf16 values per 512-bit register (one cache line)
+
+std::int64_t padded(std::int64_t cols) { return (cols + kStep - 1) / kStep * kStep; }
+
+std::uint16_t* bits(const torch::Tensor& bf16) { return reinterpret_cast<std::uint16_t*>(bf16.data_ptr()); }
+
+RLLOOP_BF16_TARGET inline __m512bh load(const std::uint16_t* p) {
+  return reinterpret_cast<__m512bh>(_mm512_load_si512(p));  // same bits, bf16 view; p is 64-byte aligned
+}
+
+RLLOOP_BF16_TARGET inline __m256 fold(__m512 v) {  // 16 lanes -> 8 partial sums
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+// Sums of 4 accumulators, in lanes 0..3.
+RLLOOP_BF16_TARGET inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  return simd::hsum4(fold(a0), fold(a1), fold(a2), fold(a3));
+}
+
+// Rows [m0, m1) of X [M, K] fp32 -> bf16 rows of `stride` values, zero past K (round to nearest even;
+// vcvtneps2bf16 also flushes denormal inputs to zero).
+RLLOOP_BF16_TARGET void round_rows(const float* X, std::int64_t m0, std::int64_t m1, std::int64_t K,
+                                   std::uint16_t* out, std::int64_t stride) {
+  for (std::int64_t m = m0; m < m1; ++m) {
+    const float* x = X + m * K;
+    std::uint16_t* o = out + m * stride;
+    for (std::int64_t k = 0; k < stride; k += 16) {
+      const std::int64_t left = std::max<std::int64_t>(0, K - k);
+      const auto in = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + k),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + k))));
+    }
+  }
+}
+
+// Output columns [n0, n1) of Y = X W^T, both operands bf16 rows of `stride` values (zero-padded, aligned).
+// Same shape of loop as small_gemm.cpp's kernel: each block of W rows is read from memory once and stays in
+// L1 while every group of X rows passes over it; the next block is prefetched a slice per pass.
+RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std::uint16_t* W, std::int64_t n0,
+                               std::int64_t n1, std::int64_t stride, float* Y, std::int64_t ldy, bool accumulate) {
+  auto store = [&](std::int64_t m, std::int64_t n, float v) {
+    float& y = Y[m * ldy + n];
+    y = accumulate ? y + v : v;
+  };
+  auto store4 = [&](std::int64_t m, std::int64_t n, __m128 v) {  // column n of rows m..m+3
+    alignas(16) float f[4];
+    _mm_store_ps(f, v);
+    for (int i = 0; i < 4; ++i) store(m + i, n, f[i]);
+  };
+  const std::int64_t passes = std::max<std::int64_t>(1, (M + kXRows - 1) / kXRows);
+  const std::int64_t lines = kWRows * stride / kStep, per_pass = (lines + passes - 1) / passes;
+  std::int64_t n = n0;
+  for (; n + kWRows <= n1; n += kWRows) {
+    const std::uint16_t* w0 = W + n * stride;
+    const std::uint16_t *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    const std::uint16_t* next = n + 2 * kWRows <= n1 ? w0 + kWRows * stride : nullptr;
+    for (std::int64_t m = 0, pass = 0; m < M; m += kXRows, ++pass) {
+      if (next)
+        for (std::int64_t line = pass * per_pass, end = std::min(lines, line + per_pass); line < end; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(next + line * kStep), _MM_HINT_T0);
+      if (m + kXRows <= M) {
+        const std::uint16_t *x0 = X + m * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        for (std::int64_t k = 0; k < stride; k += kStep) {
+          const __m512bh v0 = load(w0 + k), v1 = load(w1 + k), v2 = load(w2 + k), v3 = load(w3 + k);
+          __m512bh x = load(x0 + k);
+          a00 = _mm512_dpbf16_ps(a00, v0, x), a10 = _mm512_dpbf16_ps(a10, v1, x);
+          a20 = _mm512_dpbf16_ps(a20, v2, x), a30 = _mm512_dpbf16_ps(a30, v3, x);
+          x = load(x1 + k);
+          a01 = _mm512_dpbf16_ps(a01, v0, x), a11 = _mm512_dpbf16_ps(a11, v1, x);
+          a21 = _mm512_dpbf16_ps(a21, v2, x), a31 = _mm512_dpbf16_ps(a31, v3, x);
+          x = load(x2 + k);
+          a02 = _mm512_dpbf16_ps(a02, v0, x), a12 = _mm512_dpbf16_ps(a12, v1, x);
+          a22 = _mm512_dpbf16_ps(a22, v2, x), a32 = _mm512_dpbf16_ps(a32, v3, x);
+          x = load(x3 + k);
+          a03 = _mm512_dpbf16_ps(a03, v0, x), a13 = _mm512_dpbf16_ps(a13, v1, x);
+          a23 = _mm512_dpbf16_ps(a23, v2, x), a33 = _mm512_dpbf16_ps(a33, v3, x);
+        }
+        store4(m, n, hsum4(a00, a01, a02, a03));
+        store4(m, n + 1, hsum4(a10, a11, a12, a13));
+        store4(m, n + 2, hsum4(a20, a21, a22, a23));
+        store4(m, n + 3, hsum4(a30, a31, a32, a33));
+        continue;
+      }
+      for (std::int64_t r = m; r < M; ++r) {  // the last M % 4 rows
+        const std::uint16_t* x0 = X + r * stride;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (std::int64_t k = 0; k < stride; k += kStep) {
+          const __m512bh x = load(x0 + k);
+          a0 = _mm512_dpbf16_ps(a0, load(w0 + k), x), a1 = _mm512_dpbf16_ps(a1, load(w1 + k), x);
+          a2 = _mm512_dpbf16_ps(a2, load(w2 + k), x), a3 = _mm512_dpbf16_ps(a3, load(w3 + k), x);
+        }
+        alignas(16) float f[4];
+        _mm_store_ps(f, hsum4(a0, a1, a2, a3));
+        for (int i = 0; i < 4; ++i) store(r, n + i, f[i]);
+      }
+    }
+  }
+  for (; n < n1; ++n) {  // the last N % 4 columns
+    const std::uint16_t* w0 = W + n * stride;
+    for (std::int64_t m = 0; m < M; ++m) {
+      __m512 a = _mm512_setzero_ps();
+      for (std::int64_t k = 0; k < stride; k += kStep) a = _mm512_dpbf16_ps(a, load(w0 + k), load(X + m * stride + k));
+      store(m, n, _mm512_reduce_add_ps(a));
+    }
+  }
+}
+
+}  // namespace
+
+Bf16Weight::Bf16Weight(const float* W, std::int64_t rows, std::int64_t cols, Storage storage)
+    : rows_(rows), cols_(cols), stride_(padded(cols)) {
+  if (storage == Storage::best) storage = bf16_dot_supported() ? Storage::bf16 : Storage::widened;
+  if (storage == Storage::bf16 && !bf16_dot_supported())
+    throw invalid_argument("Bf16Weight: bf16 storage needs a CPU with AVX512_BF16");
+  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(1, cols));
+  if (storage == Storage::bf16) {
+    bf16_ = torch::empty({rows, stride_}, torch::kBFloat16);
+    at::parallel_for(0, rows, grain, [&](std::int64_t begin, std::int64_t end) {
+      round_rows(W, begin, end, cols, bits(bf16_), stride_);
+    });
+    return;
+  }
+  widened_ = torch::empty({rows, cols}, torch::kFloat32);
+  float* out = widened_.data_ptr<float>();
+  at::parallel_for(0, rows * cols, grain * cols, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out[i] = from_bf16(to_bf16(W[i]));
+  });
+}
+
+void Bf16Weight::multiply(const float* X, std::int64_t M, float* Y, bool accumulate) const {
+  const std::int64_t N = rows_, K = cols_;
+  if (!stored_as_bf16()) {
+    std::vector<float> rounded(M * K);
+    for (std::int64_t i = 0; i < M * K; ++i) rounded[i] = from_bf16(to_bf16(X[i]));
+    linear_rows(rounded.data(), M, widened_.data_ptr<float>(), N, K, Y, accumulate);
+    return;
+  }
+  const torch::Tensor x = torch::empty({M, stride_}, torch::kBFloat16);
+  round_rows(X, 0, M, K, bits(x), stride_);
+  // Blocks of kWRows columns divided evenly between the threads, as in linear_rows; the grain (~1M
+  // multiply-adds) keeps small products on the calling thread.
+  const std::int64_t blocks = (N + kWRows - 1) / kWRows;
+  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, M * K * kWRows));
+  at::parallel_for(0, blocks, grain, [&](std::int64_t begin, std::int64_t end) {
+    kernel(bits(x), M, bits(bf16_), begin * kWRows, std::min(N, end * kWRows), stride_, Y, N, accumulate);
+  });
+}
+
+}  // namespace rlloop::engine

@@ -1,0 +1,141 @@
+// The "bf16" sampling precision's pieces: rounding to bf16, the few-row product on rounded operands (the
+// AVX512_BF16 kernel where this CPU has it, the widened-fp32 fallback always), and the bf16 decoding step
+// against the fp32 model.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "bf16_gemm.hpp"
+#include "cpu_decoder.hpp"
+#include "model_io.hpp"
+#include "transformer.hpp"
+
+using namespace rlloop;
+using namespace rlloop::engine;
+
+namespace {
+
+float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
+
+TEST(Bf16, RoundsToNearestWithTiesToEven) {
+  EXPECT_EQ(to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(to_bf16(-2.5f), 0xC020);
+  EXPECT_EQ(to_bf16(from_bits(0x3F808000)), 0x3F80);  // halfway, the even neighbour is below
+  EXPECT_EQ(to_bf16(from_bits(0x3F818000)), 0x3F82);  // halfway, the even neighbour is above
+  EXPECT_EQ(to_bf16(from_bits(0x3F808001)), 0x3F81);  // just above halfway
+  EXPECT_EQ(to_bf16(from_bits(0x3F807FFF)), 0x3F80);  // just below halfway
+  EXPECT_EQ(to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to infinity
+  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(from_bits(0x7F800001)))));  // a NaN whose payload is all low bits
+  EXPECT_EQ(from_bf16(0x3F80), 1.0f);
+  EXPECT_EQ(from_bf16(0xC020), -2.5f);
+  // Every bf16 value is a float: rounding it again changes nothing.
+  for (std::uint32_t b = 0; b < 0x7F80; b += 97) EXPECT_EQ(to_bf16(from_bf16(static_cast<std::uint16_t>(b))), b);
+}
+
+// X [M, K] and W [N, K] rounded to bf16, their product in double: what Bf16Weight::multiply computes up to
+// the order of its fp32 sums.
+torch::Tensor rounded_product(const torch::Tensor& x, const torch::Tensor& w) {
+  auto round = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat64); };
+  return torch::matmul(round(x), round(w).t());
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+TEST(Bf16Weight, ProductOfRoundedOperandsIncludingTails) {
+  torch::manual_seed(21);
+  std::vector<Bf16Weight::Storage> storages{Bf16Weight::Storage::widened};
+  if (bf16_dot_supported()) storages.push_back(Bf16Weight::Storage::bf16);
+  // {M, N, K}: every remainder of the kernel's 4 x 4 blocks and 32-value steps (K not a multiple of 32 pads
+  // the rows), one row, and a product big enough to be split across threads.
+  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {7, 11, 24}, {1, 4, 32}, {4, 12, 40}, {3, 9, 12}, {16, 130, 70},
+                         {6, 5, 8}, {16, 2050, 768}}) {
+    auto x = torch::randn({M, K}), w = torch::randn({N, K}), y0 = torch::randn({M, N});
+    const auto expected = rounded_product(x, w);
+    const double tol = 1e-5 * std::sqrt(K) * expected.abs().max().item<double>();
+    for (auto storage : storages) {
+      SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                   (storage == Bf16Weight::Storage::bf16 ? " bf16" : " widened"));
+      const Bf16Weight weight(w.data_ptr<float>(), N, K, storage);
+      EXPECT_EQ(weight.stored_as_bf16(), storage == Bf16Weight::Storage::bf16);
+      auto y = torch::empty({M, N});
+      weight.multiply(x.data_ptr<float>(), M, y.data_ptr<float>(), false);
+      EXPECT_LT(max_abs_diff(y, expected), tol);
+      auto acc = y0.clone();
+      weight.multiply(x.data_ptr<float>(), M, acc.data_ptr<float>(), true);
+      EXPECT_LT(max_abs_diff(acc, expected + y0.to(torch::kFloat64)), tol);
+    }
+  }
+}
+
+TEST(Bf16Weight, RoundingIsVisibleAgainstTheFp32Product) {
+  // The rounding is real (not an fp32 product in disguise) and of bf16's size: 8 significant bits, so
+  // relative errors near 2^-9 per operand that partly cancel over K terms.
+  torch::manual_seed(22);
+  const std::int64_t M = 8, N = 64, K = 256;
+  auto x = torch::randn({M, K}), w = torch::randn({N, K});
+  const Bf16Weight weight(w.data_ptr<float>(), N, K);
+  auto y = torch::empty({M, N});
+  weight.multiply(x.data_ptr<float>(), M, y.data_ptr<float>(), false);
+  const double err = max_abs_diff(y, torch::matmul(x.to(torch::kFloat64), w.to(torch::kFloat64).t()));
+  EXPECT_GT(err, 1e-3);
+  EXPECT_LT(err, 0.5);  // |y| ~ sqrt(K) = 16
+}
+
+TEST(Bf16Weight, Bf16StorageNeedsTheInstructions) {
+  if (bf16_dot_supported()) GTEST_SKIP() << "this CPU has AVX512_BF16";
+  const float w[4] = {1, 2, 3, 4};
+  EXPECT_THROW(Bf16Weight(w, 2, 2, Bf16Weight::Storage::bf16), rlloop::invalid_argument);
+}
+
+ModelConfig small_config(const std::string& model_type, bool tied) {
+  nlohmann::json j = {{"model_type", model_type}, {"vocab_size", 64},          {"hidden_size", 32},
+                      {"intermediate_size", 48},  {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"tie_word_embeddings", tied}, {"max_position_embeddings", 64},
+                      {"rope_theta", 10000.0},    {"rms_norm_eps", 1e-6}};
+  return ModelConfig::from_json(j);
+}
+
+TEST(CpuDecoder, Bf16StepsStayCloseToTheFp32Model) {
+  // Decode 4 steps of 3 rows with the bf16 decoder and with Transformer::forward (fp32) on copies of one
+  // prefilled cache: next-token logprobs differ by bf16 rounding only (nonzero, and small).
+  for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
+    SCOPED_TRACE(type);
+    auto model = init_model(small_config(type, tied), 23, torch::kCPU, torch::kFloat32);
+    {
+      torch::NoGradGuard no_grad;  // weights of a trained model's size, so that logits spread
+      for (auto& p : model->parameters())
+        if (p.dim() == 2) p.normal_(0.0, 0.3);
+    }
+    c10::InferenceMode inference;
+    auto prompt = torch::tensor(std::vector<std::int64_t>{3, 17, 5, 42, 8}, torch::kLong).unsqueeze(0);
+    KVCache fast = KVCache::allocate(model->config(), 1, 12, torch::kCPU, torch::kFloat32);
+    model->hidden_states(prompt, &fast);
+    fast.repeat_batch(3);
+    KVCache slow = fast;
+    for (std::size_t l = 0; l < fast.keys.size(); ++l) {
+      slow.keys[l] = fast.keys[l].clone();
+      slow.values[l] = fast.values[l].clone();
+    }
+    CpuDecoder decoder(*model, DecodePrecision::bf16);
+    auto tokens = torch::tensor(std::vector<std::int64_t>{1, 63, 20}, torch::kLong);
+    double largest = 0.0;
+    for (int step = 0; step < 4; ++step) {
+      auto a = torch::log_softmax(decoder.step(tokens, fast), -1);
+      auto b = torch::log_softmax(model->forward(tokens.unsqueeze(1), &slow).squeeze(1), -1);
+      largest = std::max(largest, max_abs_diff(a, b));
+      tokens = b.argmax(-1);  // both follow the fp32 model's tokens
+    }
+    EXPECT_GT(largest, 1e-3);  // fp32 decoding stays below 1e-5 here
+    EXPECT_LT(largest, 0.3);   // bf16 decoding: 0.075-0.09
+  }
+}
+
+}  // namespace
