@@ -68,7 +68,7 @@ def main():
     # rlloop-100m faster than this rate allows.
     decode = None
     if args.models in ("all", "100m"):
-        decode = max(b["GFLOPs"] for b in run_cpp(args.bench, "BM_DecodeProduct", env))
+        decode = max(b["GFLOPs"] for b in run_cpp(args.bench, "BM_DecodeProduct/", env))
         print(f"decoding product alone (16 rows x [2048, 768] weights from memory): {decode:.1f} GFLOP/s "
               f"({decode / peak:.0%} of peak)", flush=True)
         bf16 = run_cpp(args.bench, "BM_DecodeProductBf16", env)[0]
