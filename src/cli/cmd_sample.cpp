@@ -26,7 +26,8 @@ int run(int argc, char** argv) {
   app.add_option("--stop", params.stop, "stop strings");
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
-  app.add_option("--sampling-precision", precision, "fp32 or bf16 (CPU decoding; bf16 is faster with AVX512_BF16)");
+  app.add_option("--sampling-precision", precision, "fp32 or bf16 (CPU decoding; bf16 is faster with AVX512_BF16)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   params.seed = seed;
 

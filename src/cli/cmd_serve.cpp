@@ -42,7 +42,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
       ->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", sampling_precision,
-                 "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)");
+                 "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
                "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
   try {

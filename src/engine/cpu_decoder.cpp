@@ -18,8 +18,8 @@ namespace {
 const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 // y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with an adapter); with `accumulate` the result is
-// added to y (residual connections). Adapters are applied unmerged, so the step always sees the live weights.
-// `rounded` (bf16 precision) replaces W; adapters and biases stay fp32.
+// added to y (residual connections). Adapters are applied unmerged, so the step always sees the live adapter
+// weights. `rounded` (bf16 precision: the decoder's snapshot of W) replaces W; adapters and biases stay fp32.
 void linear(const float* x, std::int64_t rows, const LinearWeights& w, const Bf16Weight* rounded, float* y,
             bool accumulate) {
   const std::int64_t out = w.weight.size(0), in = w.weight.size(1);

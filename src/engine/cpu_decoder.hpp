@@ -25,9 +25,10 @@ class CpuDecoder {
   static bool supports(Transformer& model);
 
   // Holds views of the model's weights (LoRA adapters applied unmerged, so no copy is made); the model must
-  // outlive the decoder. With bf16 it also holds bf16 copies of the base projection weights, made here: the
-  // decoder lives for one sample() call, so the copies always match the current weights (rounding
-  // rlloop-100m's 110M weights takes ~2% of a 16 x 128 sampling call).
+  // outlive the decoder. With bf16 it also holds bf16 snapshots of the base projection weights, made here, so
+  // a decoder must not outlive a change of the weights: sample() builds one per call, which the session's
+  // work queue never interleaves with a training step (rounding rlloop-100m's 110M weights takes ~1.5% of a
+  // 16 x 128 sampling call).
   explicit CpuDecoder(Transformer& model, DecodePrecision precision = DecodePrecision::fp32);
 
   // Feeds tokens[i] to row i of the cache at position cache.length, appends its keys and values and advances

@@ -155,8 +155,10 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
   if (max_new == 0) return resp;  // stop_reason stays "length"
 
   cache.repeat_batch(n);
-  std::optional<CpuDecoder> cpu_decoder;  // the dispatch-free decoding step, where it applies
-  if (CpuDecoder::supports(model)) cpu_decoder.emplace(model, precision);
+  // The dispatch-free decoding step, where it applies; built at the first step (one with bf16 rounds the
+  // whole model, wasted when every sample stops at its first token).
+  const bool use_cpu_decoder = CpuDecoder::supports(model);
+  std::optional<CpuDecoder> cpu_decoder;
   torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
   std::vector<int> active(n);  // row -> sequence index
   for (int i = 0; i < n; ++i) active[i] = i;
@@ -196,6 +198,7 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
       for (auto r : keep) still.push_back(active[r]);
       active = std::move(still);
     }
+    if (use_cpu_decoder && !cpu_decoder) cpu_decoder.emplace(model, precision);
     logits = cpu_decoder ? cpu_decoder->step(next, cache) : model.forward(next.unsqueeze(1), &cache).squeeze(1);
   }
   return resp;

@@ -64,14 +64,18 @@ TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
   auto sc = tc.live_sampling_client();
   SamplingParams params{.max_tokens = 12, .temperature = 1.0, .seed = 7};
   auto resp = sc.sample(kPrompt, 4, params).get();
+  double largest = 0.0;  // fp32 sampling stays within 1e-4 (the test above); bf16 must show its rounding
   for (const auto& seq : resp.sequences) {
     ASSERT_EQ(seq.tokens.size(), 12u);
     auto full = kPrompt.tokens();
     full.insert(full.end(), seq.tokens.begin(), seq.tokens.end());
     auto scored = sc.compute_logprobs(ModelInput::from_tokens(full)).get();  // fp32, as training sees it
-    for (std::size_t i = 0; i < seq.tokens.size(); ++i)
-      EXPECT_NEAR(seq.logprobs[i], scored[kPrompt.length() + i], 0.05) << "token " << i;
+    for (std::size_t i = 0; i < seq.tokens.size(); ++i) {
+      EXPECT_NEAR(seq.logprobs[i], scored[kPrompt.length() + i], 0.01) << "token " << i;
+      largest = std::max(largest, std::abs(seq.logprobs[i] - scored[kPrompt.length() + i]));
+    }
   }
+  EXPECT_GT(largest, 1e-4);  // 6.6e-4 on rlloop-tiny
   auto again = sc.sample(kPrompt, 4, params).get();
   for (int i = 0; i < 4; ++i) EXPECT_EQ(again.sequences[i].tokens, resp.sequences[i].tokens);
 

@@ -75,6 +75,33 @@ TEST(Bf16Weight, ProductOfRoundedOperandsIncludingTails) {
   }
 }
 
+TEST(Bf16Weight, RoundsWeightsAndInputsAsToBf16Does) {
+  // One-column products with a factor of 1 expose the rounding itself: W [N, 1] times X = 1 gives round(W),
+  // X [M, 1] times W = 1 gives round(X), exactly (no sums). Ties, values just off ties, large, negative.
+  const std::vector<float> values{1.0f,
+                                  from_bits(0x3F808000),
+                                  from_bits(0x3F818000),
+                                  from_bits(0x3F808001),
+                                  from_bits(0x3F807FFF),
+                                  -3.14159f,
+                                  65504.0f,
+                                  1e30f,
+                                  -7.5e-20f,
+                                  0.1f};
+  const auto n = static_cast<std::int64_t>(values.size());
+  std::vector<Bf16Weight::Storage> storages{Bf16Weight::Storage::widened};
+  if (bf16_dot_supported()) storages.push_back(Bf16Weight::Storage::bf16);
+  const float one = 1.0f;
+  for (auto storage : storages) {
+    SCOPED_TRACE(storage == Bf16Weight::Storage::bf16 ? "bf16" : "widened");
+    std::vector<float> y(n);
+    Bf16Weight(values.data(), n, 1, storage).multiply(&one, 1, y.data(), false);
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], from_bf16(to_bf16(values[i]))) << "weight " << values[i];
+    Bf16Weight(&one, 1, 1, storage).multiply(values.data(), n, y.data(), false);
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], from_bf16(to_bf16(values[i]))) << "input " << values[i];
+  }
+}
+
 TEST(Bf16Weight, RoundingIsVisibleAgainstTheFp32Product) {
   // The rounding is real (not an fp32 product in disguise) and of bf16's size: 8 significant bits, so
   // relative errors near 2^-9 per operand that partly cancel over K terms.
