@@ -37,8 +37,8 @@ inline nlohmann::json to_json(const PolicyGradientStats& s) {
 }
 
 template <class C, class Stats>
-concept StepCallback = std::copy_constructible<C> && (requires(C& c, const Stats& s) { c.on_step(s); } ||
-                                                      requires(C& c, const Stats& s) { c.on_end(s); });
+concept StepCallback = std::copy_constructible<C> &&(
+    requires(C& c, const Stats& s) { c.on_step(s); } || requires(C & c, const Stats& s) { c.on_end(s); });
 
 // Appends every step's stats to a MetricsLog (JSONL).
 struct JsonlLogger {
@@ -64,7 +64,9 @@ struct StopWhen {
 namespace detail {
 template <class C, class Stats>
 bool call_on_step(C& c, const Stats& s) {
-  if constexpr (requires { { c.on_step(s) } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { c.on_step(s) } -> std::convertible_to<bool>;
+                }) {
     return static_cast<bool>(c.on_step(s));
   } else if constexpr (requires { c.on_step(s); }) {
     c.on_step(s);
@@ -80,8 +82,8 @@ void call_on_end(C& c, const Stats& s) {
 // A convenience loop (the user may just as well write the for loop): `steps` calls of algo.step(next(), reward),
 // with the callbacks after each step; stops early when one asks. Returns the last step's stats.
 template <class Algo, class NextBatch, class R, class... Callbacks>
-  requires(StepCallback<Callbacks, PolicyGradientStats> && ...)
-PolicyGradientStats train(Algo& algo, int steps, NextBatch&& next, const R& reward, Callbacks... callbacks) {
+requires(StepCallback<Callbacks, PolicyGradientStats>&&...) PolicyGradientStats
+    train(Algo& algo, int steps, NextBatch&& next, const R& reward, Callbacks... callbacks) {
   PolicyGradientStats last;
   for (int i = 0; i < steps; ++i) {
     last = algo.step(next(), reward);

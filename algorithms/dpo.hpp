@@ -32,7 +32,7 @@ namespace rlloop::algorithms {
 
 struct PreferencePair {
   std::vector<token_id> prompt;
-  std::vector<token_id> chosen;    // the preferred completion
+  std::vector<token_id> chosen;  // the preferred completion
   std::vector<token_id> rejected;
 };
 
@@ -74,13 +74,13 @@ struct DpoOptions {
 
 struct DpoStats {
   std::int64_t step = 0;
-  double loss = 0;             // mean over pairs
-  double accuracy = 0;         // share of pairs whose chosen implicit reward beats the rejected one
-  double reward_chosen = 0;    // mean beta * (pi - ref) of the chosen completions
+  double loss = 0;           // mean over pairs
+  double accuracy = 0;       // share of pairs whose chosen implicit reward beats the rejected one
+  double reward_chosen = 0;  // mean beta * (pi - ref) of the chosen completions
   double reward_rejected = 0;
-  double margin = 0;           // reward_chosen - reward_rejected
+  double margin = 0;  // reward_chosen - reward_rejected
   int pairs = 0;
-  int reference_calls = 0;     // compute_logprobs calls this step (0 once every pair is cached)
+  int reference_calls = 0;  // compute_logprobs calls this step (0 once every pair is cached)
 };
 
 // Run state: counters and the cached reference logprobs, keyed by (prompt length, prompt + completion).
@@ -109,8 +109,9 @@ CustomLossResult preference_objective(const std::vector<Datum>& data, const std:
                                       double beta, const LossPolicy& policy) {
   const std::size_t n = ref_chosen.size();
   if (data.size() != 2 * n || logprobs.size() != 2 * n || ref_rejected.size() != n)
-    throw invalid_argument("preference_objective: expected " + std::to_string(2 * n) + " datums (chosen, rejected) for " +
-                           std::to_string(n) + " pairs, got " + std::to_string(data.size()));
+    throw invalid_argument("preference_objective: expected " + std::to_string(2 * n) +
+                           " datums (chosen, rejected) for " + std::to_string(n) + " pairs, got " +
+                           std::to_string(data.size()));
   CustomLossResult out;
   double acc = 0, rc = 0, rr = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -195,7 +196,8 @@ class PreferenceOptimization {
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const auto& pair = batch[i];
       if (pair.prompt.empty() || pair.chosen.empty() || pair.rejected.empty())
-        throw invalid_argument("DPO: pair " + std::to_string(i) + " has an empty prompt, chosen or rejected completion");
+        throw invalid_argument("DPO: pair " + std::to_string(i) +
+                               " has an empty prompt, chosen or rejected completion");
       for (const auto* completion : {&pair.chosen, &pair.rejected}) {
         p.data.push_back(completion_datum(pair.prompt, *completion));
         std::vector<token_id> full = pair.prompt;

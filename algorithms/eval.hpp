@@ -13,7 +13,7 @@
 namespace rlloop::algorithms {
 
 struct EvalResult {
-  double accuracy = 0;     // share of completions whose Score is ok
+  double accuracy = 0;  // share of completions whose Score is ok
   double reward_mean = 0;
   std::vector<std::string> completions;
 };

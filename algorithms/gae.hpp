@@ -19,7 +19,7 @@
 namespace rlloop::algorithms {
 
 struct GaeOptions {
-  double gamma = 1.0;   // LLM RL usually does not discount within a completion
+  double gamma = 1.0;  // LLM RL usually does not discount within a completion
   double lambda = 0.95;
 
   void validate() const {

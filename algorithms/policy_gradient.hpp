@@ -31,10 +31,10 @@ struct PolicyGradientOptions {
   LossFn loss = LossFn::ppo;  // ppo, importance_sampling or cispo
   double clip_low = 0.2;      // the ratio is clipped to [1 - clip_low, 1 + clip_high] (asymmetric in DAPO)
   double clip_high = 0.2;
-  int substeps = 1;                  // optimizer steps per batch: the rollouts are split into this many minibatches
-  bool drop_uniform_groups = true;   // a group whose rewards are all equal carries no signal
-  double kl_coef = 0.0;              // > 0 needs set_reference(): per-token penalty kl_coef * (logp - logp_ref)
-  int max_staleness = 1;             // off-policy mode: a batch may be learned at most this many steps after sampling
+  int substeps = 1;                 // optimizer steps per batch: the rollouts are split into this many minibatches
+  bool drop_uniform_groups = true;  // a group whose rewards are all equal carries no signal
+  double kl_coef = 0.0;             // > 0 needs set_reference(): per-token penalty kl_coef * (logp - logp_ref)
+  int max_staleness = 1;            // off-policy mode: a batch may be learned at most this many steps after sampling
   AdamParams adam{.learning_rate = 1e-5};
 
   void validate() const {
@@ -43,7 +43,8 @@ struct PolicyGradientOptions {
     if (loss != LossFn::ppo && loss != LossFn::importance_sampling && loss != LossFn::cispo)
       throw invalid_argument("PolicyGradientOptions::loss must be ppo, importance_sampling or cispo");
     if (!(clip_low >= 0 && clip_low <= 1)) throw invalid_argument("PolicyGradientOptions::clip_low must be in [0, 1]");
-    if (!(clip_high >= 0 && clip_high <= 9)) throw invalid_argument("PolicyGradientOptions::clip_high must be in [0, 9]");
+    if (!(clip_high >= 0 && clip_high <= 9))
+      throw invalid_argument("PolicyGradientOptions::clip_high must be in [0, 9]");
     if (substeps < 1) throw invalid_argument("PolicyGradientOptions::substeps must be >= 1");
     if (!(kl_coef >= 0)) throw invalid_argument("PolicyGradientOptions::kl_coef must be >= 0");
     if (max_staleness < 0) throw invalid_argument("PolicyGradientOptions::max_staleness must be >= 0");
@@ -82,8 +83,8 @@ struct PolicyGradientState {
 struct Rollout {
   std::vector<token_id> prompt;
   std::vector<token_id> completion;
-  std::vector<double> logprobs;       // sampler logprobs of the completion tokens
-  std::vector<double> advantages;     // per completion token
+  std::vector<double> logprobs;    // sampler logprobs of the completion tokens
+  std::vector<double> advantages;  // per completion token
 };
 
 // Next-token datum of prompt + completion: only completion tokens carry weight, advantage and logprob.
@@ -151,7 +152,8 @@ class PolicyGradient {
       // Seeds follow the submission count (equal to the step count in synchronous use), so a batch submitted
       // ahead never repeats the draws of the one before it.
       if (params.seed) params.seed = *params.seed + submitted_ * 100003 + static_cast<std::int64_t>(i);
-      batch.samples.push_back(sampler.sample(ModelInput::from_tokens(batch.prompts.back()), options_.group_size, params));
+      batch.samples.push_back(
+          sampler.sample(ModelInput::from_tokens(batch.prompts.back()), options_.group_size, params));
     }
     ++submitted_;
     return batch;
@@ -216,8 +218,8 @@ class PolicyGradient {
       ++stats.groups_used;
       const auto adv = advantage_(group);
       for (std::size_t j = 0; j < seqs.size(); ++j)
-        rollouts.push_back({prompts[i], seqs[j].tokens, seqs[j].logprobs,
-                            std::vector<double>(seqs[j].tokens.size(), adv[j])});
+        rollouts.push_back(
+            {prompts[i], seqs[j].tokens, seqs[j].logprobs, std::vector<double>(seqs[j].tokens.size(), adv[j])});
     }
     stats.entropy = stats.sampled_tokens ? -logprob_sum / static_cast<double>(stats.sampled_tokens) : 0.0;
     if (options_.kl_coef > 0) apply_kl_penalty(rollouts, stats);
@@ -257,7 +259,8 @@ class PolicyGradient {
   void train(const std::vector<Rollout>& rollouts, PolicyGradientStats& stats) {
     const LossSpec loss{options_.loss, 1.0 - options_.clip_low, 1.0 + options_.clip_high};
     const std::size_t n = rollouts.size();
-    const std::size_t per = (n + static_cast<std::size_t>(options_.substeps) - 1) / static_cast<std::size_t>(options_.substeps);
+    const std::size_t per =
+        (n + static_cast<std::size_t>(options_.substeps) - 1) / static_cast<std::size_t>(options_.substeps);
     std::vector<Future<ForwardBackwardOutput>> fbs;
     std::vector<Future<OptimStepOutput>> steps;
     for (std::size_t begin = 0; begin < n; begin += per) {

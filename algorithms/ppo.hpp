@@ -52,9 +52,9 @@ struct PpoStats {
 
 // Rollout-time data of one completion for PPO.
 struct PpoRollout {
-  Rollout policy;                   // advantages filled by GAE
-  std::vector<double> values;       // critic value before each completion token
-  std::vector<double> returns;      // GAE returns: the critic's targets
+  Rollout policy;               // advantages filled by GAE
+  std::vector<double> values;   // critic value before each completion token
+  std::vector<double> returns;  // GAE returns: the critic's targets
 };
 
 // The critic's datum: values at the completion positions regress on the returns; prompt positions weigh 0.

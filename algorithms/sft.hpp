@@ -10,7 +10,8 @@ namespace rlloop::algorithms {
 
 // Prompt + completion as one next-token datum: weight 0 on the prompt, 1 on the completion.
 inline Datum completion_datum(const std::vector<token_id>& prompt, const std::vector<token_id>& completion) {
-  if (prompt.empty() || completion.empty()) throw invalid_argument("completion_datum: prompt and completion must be non-empty");
+  if (prompt.empty() || completion.empty())
+    throw invalid_argument("completion_datum: prompt and completion must be non-empty");
   std::vector<token_id> full = prompt;
   full.insert(full.end(), completion.begin(), completion.end());
   std::vector<float> w(full.size() - 1, 0.0f);

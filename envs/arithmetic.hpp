@@ -21,23 +21,30 @@
 namespace rlloop::envs {
 
 struct ArithmeticOptions {
-  int digits = 2;                    // operands have 1..digits digits (1..9)
-  int operands = 2;                  // 2..8
-  std::string operators = "+";       // any of "+-*"
-  bool allow_negative = false;       // with '-', redraw problems whose result is negative
-  double held_out_fraction = 0.1;    // share of the problem space reserved for evaluation
+  int digits = 2;                       // operands have 1..digits digits (1..9)
+  int operands = 2;                     // 2..8
+  std::string operators = "+";          // any of "+-*"
+  bool allow_negative = false;          // with '-', redraw problems whose result is negative
+  double held_out_fraction = 0.1;       // share of the problem space reserved for evaluation
   std::string answer_prefix = "#### ";  // the completion a model should write is answer_prefix + N
 
   // Level 1: 1-digit a+b; 2: 2-digit a+b; 3: 2-digit a±b; 4: 3-digit a±b; 5: 2-digit a±b±c; 6: with '*'.
   static ArithmeticOptions for_difficulty(int level) {
     switch (level) {
-      case 1: return {.digits = 1, .operands = 2, .operators = "+"};
-      case 2: return {.digits = 2, .operands = 2, .operators = "+"};
-      case 3: return {.digits = 2, .operands = 2, .operators = "+-"};
-      case 4: return {.digits = 3, .operands = 2, .operators = "+-"};
-      case 5: return {.digits = 2, .operands = 3, .operators = "+-"};
-      case 6: return {.digits = 2, .operands = 3, .operators = "+-*"};
-      default: throw invalid_argument("ArithmeticOptions::for_difficulty: level must be 1..6, got " + std::to_string(level));
+      case 1:
+        return {.digits = 1, .operands = 2, .operators = "+"};
+      case 2:
+        return {.digits = 2, .operands = 2, .operators = "+"};
+      case 3:
+        return {.digits = 2, .operands = 2, .operators = "+-"};
+      case 4:
+        return {.digits = 3, .operands = 2, .operators = "+-"};
+      case 5:
+        return {.digits = 2, .operands = 3, .operators = "+-"};
+      case 6:
+        return {.digits = 2, .operands = 3, .operators = "+-*"};
+      default:
+        throw invalid_argument("ArithmeticOptions::for_difficulty: level must be 1..6, got " + std::to_string(level));
     }
   }
 
@@ -78,8 +85,9 @@ class ArithmeticTask {
       auto p = draw();
       if (p && split_of(p->prompt, opts_.held_out_fraction) == split) return *p;
     }
-    throw invalid_argument("ArithmeticTask: no problem of the requested split in this problem space; "
-                           "raise digits/operands or change held_out_fraction");
+    throw invalid_argument(
+        "ArithmeticTask: no problem of the requested split in this problem space; "
+        "raise digits/operands or change held_out_fraction");
   }
 
   std::vector<ArithmeticProblem> sample(std::size_t n, Split split) {

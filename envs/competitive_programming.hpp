@@ -28,7 +28,8 @@ inline CodeProblem parse_code_problem(const nlohmann::json& j, const std::string
     p.entry_point = required_string(j, "entry_point", path, line);
     p.reference_solution = optional_string(j, "canonical_solution");
   } else if (j.contains("tests")) {
-    if (!j["tests"].is_array() || j["tests"].empty()) throw invalid_argument(where + "'tests' must be a non-empty array");
+    if (!j["tests"].is_array() || j["tests"].empty())
+      throw invalid_argument(where + "'tests' must be a non-empty array");
     for (const auto& t : j["tests"]) {
       if (!t.is_object() || !t.contains("input") || !t.contains("output") || !t["input"].is_string() ||
           !t["output"].is_string())
@@ -40,7 +41,8 @@ inline CodeProblem parse_code_problem(const nlohmann::json& j, const std::string
     const auto& out = j["outputs"];
     if (!in.is_array() || !out.is_array() || in.size() != out.size() || in.empty())
       throw invalid_argument(where + "'inputs' and 'outputs' must be non-empty arrays of equal length");
-    for (std::size_t i = 0; i < in.size(); ++i) p.tests.push_back({in[i].get<std::string>(), out[i].get<std::string>()});
+    for (std::size_t i = 0; i < in.size(); ++i)
+      p.tests.push_back({in[i].get<std::string>(), out[i].get<std::string>()});
   } else {
     throw invalid_argument(where + "problem '" + p.task_id + "' has no tests ('tests', 'inputs'/'outputs' or 'test')");
   }

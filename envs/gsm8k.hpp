@@ -12,7 +12,7 @@
 namespace rlloop::envs {
 
 struct MathProblem {
-  std::string id;        // "<file stem>-<line>"
+  std::string id;  // "<file stem>-<line>"
   std::string question;
   std::string solution;  // the reference worked solution, "... #### 72"
   std::string answer;    // the reference final answer, "72"

@@ -31,7 +31,8 @@ void for_each_jsonl(const std::string& path, Fn&& fn) {
 }
 
 // j[key] as a string; throws naming file, line and field when it is missing or not a string.
-inline std::string required_string(const nlohmann::json& j, const char* key, const std::string& path, std::size_t line) {
+inline std::string required_string(const nlohmann::json& j, const char* key, const std::string& path,
+                                   std::size_t line) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string())
     throw invalid_argument(path + ":" + std::to_string(line) + ": field '" + key + "' missing or not a string");

@@ -48,8 +48,8 @@ inline std::string extract_code(std::string_view completion) {
   if (body_start == std::string_view::npos) return std::string(completion);
   ++body_start;
   const auto close = completion.find("```", body_start);
-  return std::string(completion.substr(body_start, close == std::string_view::npos ? std::string_view::npos
-                                                                                    : close - body_start));
+  return std::string(
+      completion.substr(body_start, close == std::string_view::npos ? std::string_view::npos : close - body_start));
 }
 
 // The program the sandbox runs for `problem` given the model's code.
@@ -102,7 +102,8 @@ class CodeReward {
       first_failure = {0.0, ScoreStatus::compile_error, "compile error: " + clip_text(program.compile_log(), 400)};
     } else {
       for (int i = 0; i < g.total; ++i) {
-        const std::string_view input = problem.assert_style() ? std::string_view{} : std::string_view(problem.tests[i].input);
+        const std::string_view input =
+            problem.assert_style() ? std::string_view{} : std::string_view(problem.tests[i].input);
         const auto run = program.run(input, opts_.limits);
         g.max_wall_seconds = std::max(g.max_wall_seconds, run.wall_seconds);
         Score t = judge(problem, i, run);
@@ -137,12 +138,16 @@ class CodeReward {
     const std::string where = "test " + std::to_string(i + 1) + ": ";
     switch (r.outcome) {
       case Outcome::timeout:
-      case Outcome::cpu_limit: return {0, ScoreStatus::timeout, where + "time limit exceeded"};
-      case Outcome::output_limit: return {0, ScoreStatus::output_limit, where + "output limit exceeded"};
-      case Outcome::sandbox_error: return {0, ScoreStatus::sandbox_error, where + clip_text(r.stderr_data, 200)};
+      case Outcome::cpu_limit:
+        return {0, ScoreStatus::timeout, where + "time limit exceeded"};
+      case Outcome::output_limit:
+        return {0, ScoreStatus::output_limit, where + "output limit exceeded"};
+      case Outcome::sandbox_error:
+        return {0, ScoreStatus::sandbox_error, where + clip_text(r.stderr_data, 200)};
       case Outcome::signaled:
         return {0, ScoreStatus::runtime_error, where + "killed by signal " + std::to_string(r.signal)};
-      case Outcome::exited: break;
+      case Outcome::exited:
+        break;
     }
     if (r.exit_code != 0)
       return {0, ScoreStatus::runtime_error,

@@ -37,11 +37,11 @@ class WeightedSum {
   explicit WeightedSum(Weighted<R>... parts) : parts_(std::move(parts)...) {}
 
   template <class Ctx>
-    requires(Reward<R, Ctx> && ...)
-  Score operator()(const Ctx& ctx, std::string_view completion) const {
+  requires(Reward<R, Ctx>&&...) Score operator()(const Ctx& ctx, std::string_view completion) const {
     Score total{0.0, ScoreStatus::ok, {}};
-    std::apply([&](const auto&... p) { (detail::merge_into(total, score_one(p.reward, ctx, completion), p.weight), ...); },
-               parts_);
+    std::apply(
+        [&](const auto&... p) { (detail::merge_into(total, score_one(p.reward, ctx, completion), p.weight), ...); },
+        parts_);
     return total;
   }
 
@@ -63,8 +63,7 @@ class Clipped {
     if (!(lo <= hi)) throw invalid_argument("clip: lo must be <= hi");
   }
   template <class Ctx>
-    requires Reward<R, Ctx>
-  Score operator()(const Ctx& ctx, std::string_view completion) const {
+  requires Reward<R, Ctx> Score operator()(const Ctx& ctx, std::string_view completion) const {
     Score s = score_one(reward_, ctx, completion);
     s.value = std::clamp(s.value, lo_, hi_);
     return s;
@@ -88,8 +87,7 @@ class FormatAdjusted {
       : reward_(std::move(reward)), check_(std::move(check)), when_met_(when_met), when_missed_(when_missed) {}
 
   template <class Ctx>
-    requires Reward<R, Ctx>
-  Score operator()(const Ctx& ctx, std::string_view completion) const {
+  requires Reward<R, Ctx> Score operator()(const Ctx& ctx, std::string_view completion) const {
     Score s = score_one(reward_, ctx, completion);
     const bool met = check_(completion);
     s.value += met ? when_met_ : when_missed_;

@@ -45,8 +45,8 @@ inline std::optional<double> first_number_in(std::string_view text) {
     std::size_t b = i;
     while (b > 0 && (text[b - 1] == '-' || text[b - 1] == '$')) --b;
     std::size_t e = i;
-    while (e < text.size() && (std::isdigit(static_cast<unsigned char>(text[e])) || text[e] == ',' ||
-                               text[e] == '.' || text[e] == '/'))
+    while (e < text.size() &&
+           (std::isdigit(static_cast<unsigned char>(text[e])) || text[e] == ',' || text[e] == '.' || text[e] == '/'))
       ++e;
     if (auto v = parse_number(text.substr(b, e - b))) return v;
     return std::nullopt;
@@ -85,7 +85,8 @@ struct MathAnswerOptions {
 
 // The model's stated answer: the last \boxed{}, else the text after the last "####" (else, optionally, the last
 // number in the completion).
-inline std::optional<std::string> extract_model_answer(std::string_view completion, bool fallback_to_last_number = false) {
+inline std::optional<std::string> extract_model_answer(std::string_view completion,
+                                                       bool fallback_to_last_number = false) {
   if (auto b = extract_boxed(completion)) return b;
   if (auto h = extract_after_hashes(completion)) return h;
   if (!fallback_to_last_number) return std::nullopt;
@@ -108,8 +109,10 @@ concept HasReferenceAnswer = std::convertible_to<const Ctx&, std::string_view> |
 
 template <HasReferenceAnswer Ctx>
 std::string_view reference_of(const Ctx& c) {
-  if constexpr (std::convertible_to<const Ctx&, std::string_view>) return std::string_view(c);
-  else return std::string_view(c.answer);
+  if constexpr (std::convertible_to<const Ctx&, std::string_view>)
+    return std::string_view(c);
+  else
+    return std::string_view(c.answer);
 }
 
 // 1 for the right number, 0 otherwise; "no answer found" is ScoreStatus::unparseable.

@@ -72,7 +72,7 @@ inline std::optional<double> parse_number(std::string_view text) {
     sign = "-";
   }
   if (!sign.empty()) {
-    detail::strip_prefix(body, "\\$") || detail::strip_prefix(body, "$");  // -$5
+    detail::strip_prefix(body, "\\$") || detail::strip_prefix(body, "$");                    // -$5
     if (!body.empty() && (body.front() == '-' || body.front() == '+')) return std::nullopt;  // "--4"
   }
   const double k = sign == "-" ? -1.0 : 1.0;

@@ -175,7 +175,8 @@ void BM_DecodeProduct(benchmark::State& state) {
   for (auto _ : state) {
     auto t0 = Clock::now();
     for (std::int64_t i = 0; i < kMatrices; ++i)
-      rlloop::engine::linear_rows(x.data_ptr<float>(), M, weights[i].data_ptr<float>(), N, K, y.data_ptr<float>(), false);
+      rlloop::engine::linear_rows(x.data_ptr<float>(), M, weights[i].data_ptr<float>(), N, K, y.data_ptr<float>(),
+                                  false);
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     flops += 2.0 * M * N * K * kMatrices;
   }

@@ -75,32 +75,31 @@ int main(int argc, char** argv) {
   std::map<std::string, Stat> stats;
   double profiled_wall_us = 0;
   {
-    prof::TLSLegacyProfilerGuard guard(
-        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
-        [&](const prof::thread_event_lists& lists) {
-          for (const auto& list : lists) {
-            struct Open {
-              std::string name;
-              double start, child;
-            };
-            std::vector<Open> stack;
-            for (const auto& e : list) {
-              const auto kind = e.kindStr();
-              if (kind == "push") {
-                stack.push_back({e.name(), e.cpuUs(), 0.0});
-              } else if (kind == "pop" && !stack.empty()) {
-                Open o = stack.back();
-                stack.pop_back();
-                const double dur = e.cpuUs() - o.start;
-                auto& s = stats[o.name];
-                s.self_us += dur - o.child;
-                s.total_us += dur;
-                ++s.calls;
-                if (!stack.empty()) stack.back().child += dur;
-              }
-            }
-          }
-        });
+    prof::TLSLegacyProfilerGuard guard(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
+                                       [&](const prof::thread_event_lists& lists) {
+                                         for (const auto& list : lists) {
+                                           struct Open {
+                                             std::string name;
+                                             double start, child;
+                                           };
+                                           std::vector<Open> stack;
+                                           for (const auto& e : list) {
+                                             const auto kind = e.kindStr();
+                                             if (kind == "push") {
+                                               stack.push_back({e.name(), e.cpuUs(), 0.0});
+                                             } else if (kind == "pop" && !stack.empty()) {
+                                               Open o = stack.back();
+                                               stack.pop_back();
+                                               const double dur = e.cpuUs() - o.start;
+                                               auto& s = stats[o.name];
+                                               s.self_us += dur - o.child;
+                                               s.total_us += dur;
+                                               ++s.calls;
+                                               if (!stack.empty()) stack.back().child += dur;
+                                             }
+                                           }
+                                         }
+                                       });
     auto p0 = std::chrono::steady_clock::now();
     call();
     profiled_wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - p0).count();
@@ -113,10 +112,11 @@ int main(int argc, char** argv) {
     self_sum += s.self_us;
     calls += s.calls;
   }
-  std::printf("%s %s, %d threads: wall %.1f ms (unprofiled), %.1f ms profiled; %ld op calls, self time in ops %.1f ms "
-              "(%.0f%% of profiled wall)\n",
-              model_name.c_str(), op.c_str(), threads, wall * 1e3, profiled_wall_us / 1e3, calls, self_sum / 1e3,
-              100.0 * self_sum / profiled_wall_us);
+  std::printf(
+      "%s %s, %d threads: wall %.1f ms (unprofiled), %.1f ms profiled; %ld op calls, self time in ops %.1f ms "
+      "(%.0f%% of profiled wall)\n",
+      model_name.c_str(), op.c_str(), threads, wall * 1e3, profiled_wall_us / 1e3, calls, self_sum / 1e3,
+      100.0 * self_sum / profiled_wall_us);
   std::printf("%-44s %10s %7s %10s %8s\n", "op", "self ms", "self %", "total ms", "calls");
   for (int i = 0; i < top && i < static_cast<int>(rows.size()); ++i) {
     const auto& [n, s] = rows[i];

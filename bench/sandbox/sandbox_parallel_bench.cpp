@@ -55,7 +55,8 @@ void score(benchmark::State& state, int concurrency) {
     for (const auto& s : scores) solved += s.value;
   }
   if (solved != 64) state.SkipWithError("a reference solution failed: the comparison would be meaningless");
-  state.counters["programs/s"] = benchmark::Counter(64.0 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["programs/s"] =
+      benchmark::Counter(64.0 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void BM_score64_serial(benchmark::State& state) { score(state, 1); }
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   const double serial = reporter.seconds["BM_score64_serial"], parallel = reporter.seconds["BM_score64_parallel"];
   if (serial > 0 && parallel > 0)
-    std::printf("64 programs: serial %.0f ms, parallel (%d jobs, %u cores) %.0f ms, speed-up %.2fx\n", serial,
-                g_jobs, std::thread::hardware_concurrency(), parallel, serial / parallel);
+    std::printf("64 programs: serial %.0f ms, parallel (%d jobs, %u cores) %.0f ms, speed-up %.2fx\n", serial, g_jobs,
+                std::thread::hardware_concurrency(), parallel, serial / parallel);
   benchmark::Shutdown();
 }

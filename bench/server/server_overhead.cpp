@@ -3,12 +3,12 @@
 // LocalSession), alternating steps so both see the same machine load. Prints per-step medians and the ratio.
 // Usage: bench_server_overhead [steps=5] [threads=0 (LibTorch threads; 0 = all cores)] [poll_max_ms] [long_poll_s]
 // (the last two default to RemoteOptions': 20 ms, 10 s; long_poll_s 0 = plain polling)
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 
 #include <rlloop/local.hpp>
 #include <rlloop/remote.hpp>
@@ -30,7 +30,8 @@ double grpo_step(S& s, int step) {
   for (int p = 0; p < kPrompts; ++p) {
     const std::string text = "prompt " + std::to_string(p) + ": 2+" + std::to_string(p) + "=";
     prompts.emplace_back(text.begin(), text.end());
-    SampleRequest r{ModelInput::from_tokens(prompts.back()), kSamples, SamplingParams{.max_tokens = kTokens, .seed = step * 100 + p}};
+    SampleRequest r{ModelInput::from_tokens(prompts.back()), kSamples,
+                    SamplingParams{.max_tokens = kTokens, .seed = step * 100 + p}};
     futures.push_back(s.sample(r));
   }
   std::vector<Datum> batch;
@@ -102,10 +103,14 @@ int main(int argc, char** argv) {
     std::printf("step %d: local %.1f ms, server %.1f ms\n", i, lt.back(), rt.back());
   }
   const double l = median(lt), r = median(rt);
-  std::printf("GRPO-like step on rlloop-small (%d prompts x %d samples x %d tokens + forward_backward + optim_step), median of %d:\n",
-              kPrompts, kSamples, kTokens, steps);
-  std::printf("  local  %.1f ms\n  server %.1f ms\n  ratio  %.3fx (target <= 1.15x; LibTorch threads %d, poll_max %lld ms, long_poll %lld s)\n",
-              l, r, r / l, threads, static_cast<long long>(ro.poll_max.count()), static_cast<long long>(ro.long_poll.count()));
+  std::printf(
+      "GRPO-like step on rlloop-small (%d prompts x %d samples x %d tokens + forward_backward + optim_step), median of "
+      "%d:\n",
+      kPrompts, kSamples, kTokens, steps);
+  std::printf(
+      "  local  %.1f ms\n  server %.1f ms\n  ratio  %.3fx (target <= 1.15x; LibTorch threads %d, poll_max %lld ms, "
+      "long_poll %lld s)\n",
+      l, r, r / l, threads, static_cast<long long>(ro.poll_max.count()), static_cast<long long>(ro.long_poll.count()));
   remote->stop();
   srv.stop();
   std::filesystem::remove_all(dir);

@@ -63,16 +63,17 @@ int main(int argc, char** argv) {
   const rewards::CodeReward reward;  // pass rate over the tests, in the sandbox
   algorithms::GRPO<LocalSession> grpo(
       client, tok,
-      {.group_size = group_size, .sampling = {.max_tokens = max_tokens, .temperature = 1.0, .seed = seed,
-                                              .stop_token_ids = {eos}},
+      {.group_size = group_size,
+       .sampling = {.max_tokens = max_tokens, .temperature = 1.0, .seed = seed, .stop_token_ids = {eos}},
        .adam = {.learning_rate = lr}});
   std::size_t next = 0;
   for (int s = 1; s <= steps; ++s) {
     std::vector<rewards::CodeProblem> batch;
     for (int i = 0; i < problems; ++i) batch.push_back(all[next++ % all.size()]);
     const auto st = grpo.step(batch, reward);
-    std::printf("grpo step %d  reward %.3f  all tests passed %.3f  groups used %d dropped %d  sampling+grading %.1f s\n",
-                s, st.reward_mean, st.accuracy, st.groups_used, st.groups_dropped, st.seconds_sampling);
+    std::printf(
+        "grpo step %d  reward %.3f  all tests passed %.3f  groups used %d dropped %d  sampling+grading %.1f s\n", s,
+        st.reward_mean, st.accuracy, st.groups_used, st.groups_dropped, st.seconds_sampling);
   }
   // What the sandbox said about a few fresh completions of the first problem.
   std::map<std::string, int> statuses;
@@ -81,7 +82,8 @@ int main(int argc, char** argv) {
                         .sample(ModelInput::from_tokens(tok->encode(p.prompt)), 8,
                                 {.max_tokens = max_tokens, .temperature = 1.0, .seed = seed, .stop_token_ids = {eos}})
                         .get();
-  for (const auto& seq : resp.sequences) ++statuses[std::string(to_string(reward(p, tok->decode(seq.tokens, true)).status))];
+  for (const auto& seq : resp.sequences)
+    ++statuses[std::string(to_string(reward(p, tok->decode(seq.tokens, true)).status))];
   std::printf("statuses of 8 samples for %s:", p.task_id.c_str());
   for (const auto& [k, n] : statuses) std::printf(" %s=%d", k.c_str(), n);
   std::printf("\ntime: %.0f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

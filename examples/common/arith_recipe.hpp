@@ -44,7 +44,7 @@ struct ArithRecipe {
   double grpo_lr = 1e-4;
   std::int64_t seed = 1;
   std::string out_dir = "runs/grpo_arith";
-  std::string from_sft;  // skip SFT: load this saved state (weights only) instead
+  std::string from_sft;             // skip SFT: load this saved state (weights only) instead
   std::string name = "grpo_arith";  // used in the plot title
 };
 
@@ -127,8 +127,7 @@ ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
   const SamplingParams eval_params{.max_tokens = 12, .temperature = 0.0};
   MetricsLog log((fs::path(o.out_dir) / "metrics.jsonl").string());
   auto evaluate = [&] {
-    return algorithms::evaluate_greedy(client.live_sampling_client(), *tokenizer, result.held_out, reward,
-                                       eval_params);
+    return algorithms::evaluate_greedy(client.live_sampling_client(), *tokenizer, result.held_out, reward, eval_params);
   };
 
   // 1-2. SFT warm start, or a saved one.
@@ -190,12 +189,18 @@ ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
                             .adam = {.learning_rate = o.grpo_lr, .beta2 = 0.99}});
   for (int s = 1; s <= o.grpo_steps; ++s) {
     auto st = grpo.step(grpo_task.sample(static_cast<std::size_t>(o.grpo_problems), envs::Split::train), reward);
-    nlohmann::json rec{{"phase", "grpo"},         {"step", s},
-                       {"reward", st.reward_mean}, {"reward_std", st.reward_std},
-                       {"train_accuracy", st.accuracy}, {"groups_used", st.groups_used},
-                       {"loss", st.loss},          {"clip_fraction", st.clip_fraction},
-                       {"entropy", st.entropy},    {"sampled_tokens", st.sampled_tokens},
-                       {"seconds_sampling", st.seconds_sampling}, {"seconds_training", st.seconds_training}};
+    nlohmann::json rec{{"phase", "grpo"},
+                       {"step", s},
+                       {"reward", st.reward_mean},
+                       {"reward_std", st.reward_std},
+                       {"train_accuracy", st.accuracy},
+                       {"groups_used", st.groups_used},
+                       {"loss", st.loss},
+                       {"clip_fraction", st.clip_fraction},
+                       {"entropy", st.entropy},
+                       {"sampled_tokens", st.sampled_tokens},
+                       {"seconds_sampling", st.seconds_sampling},
+                       {"seconds_training", st.seconds_training}};
     if (s % 20 == 0 || s == o.grpo_steps) rec["accuracy"] = evaluate().accuracy;
     log.write(rec);
     progress("grpo", s, o.grpo_steps, format("reward %.3f  groups %.0f", st.reward_mean, st.groups_used));

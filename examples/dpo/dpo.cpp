@@ -67,15 +67,21 @@ int run(Algo& algo, const Options& o, TrainingClient<LocalSession>& client, cons
 
   auto report = [&](int step, const algorithms::DpoStats& train) {
     const auto ev = algo.evaluate(held_out);
-    log.write({{"step", step}, {"loss", train.loss}, {"accuracy", train.accuracy}, {"margin", train.margin},
-               {"held_out_accuracy", ev.accuracy}, {"held_out_margin", ev.margin}, {"held_out_loss", ev.loss}});
+    log.write({{"step", step},
+               {"loss", train.loss},
+               {"accuracy", train.accuracy},
+               {"margin", train.margin},
+               {"held_out_accuracy", ev.accuracy},
+               {"held_out_margin", ev.margin},
+               {"held_out_loss", ev.loss}});
     std::printf("step %4d  train loss %.4f acc %.2f margin %+.3f | held-out loss %.4f acc %.2f margin %+.3f\n", step,
                 train.loss, train.accuracy, train.margin, ev.loss, ev.accuracy, ev.margin);
     std::fflush(stdout);
   };
   const auto before = algo.evaluate(held_out);
-  std::printf("before training: held-out loss %.4f, accuracy %.2f (policy = reference: margins are 0 up to float noise)\n",
-              before.loss, before.accuracy);
+  std::printf(
+      "before training: held-out loss %.4f, accuracy %.2f (policy = reference: margins are 0 up to float noise)\n",
+      before.loss, before.accuracy);
   for (int s = 1; s <= o.steps; ++s) {
     std::vector<algorithms::PreferencePair> batch;
     for (const auto& p : train_task.sample(static_cast<std::size_t>(o.batch), envs::Split::train))

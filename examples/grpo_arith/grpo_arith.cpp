@@ -44,8 +44,7 @@ int main(int argc, char** argv) {
   ServiceClient<LocalService> service{LocalService(svc_opts)};
   auto client = service.create_full_training_client("rlloop-small", o.seed);
   std::printf("rlloop grpo_arith: model rlloop-small (%lld parameters) on %s, difficulty %d\n",
-              static_cast<long long>(client.get_info().num_parameters), client.get_info().device.c_str(),
-              o.difficulty);
+              static_cast<long long>(client.get_info().num_parameters), client.get_info().device.c_str(), o.difficulty);
 
   const auto result = examples::run_arith_recipe(client, o);
   examples::print_arith_summary(result);

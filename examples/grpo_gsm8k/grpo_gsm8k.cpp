@@ -53,11 +53,13 @@ int main(int argc, char** argv) {
   // Keep the problems whose prompt and completion fit the model's context (512 positions for rlloop-small).
   std::vector<envs::MathProblem> all;
   for (const auto& p : loaded)
-    if (static_cast<std::int64_t>(tok->encode(p.prompt).size()) + max_tokens <= client.get_info().max_position_embeddings)
+    if (static_cast<std::int64_t>(tok->encode(p.prompt).size()) + max_tokens <=
+        client.get_info().max_position_embeddings)
       all.push_back(p);
   if (all.empty()) throw invalid_argument("no GSM8K problem fits the model's context with --max-tokens");
   std::printf("rlloop grpo_gsm8k: %zu problems from %s; model %s (%lld parameters) on %s\n", all.size(), data.c_str(),
-              model.c_str(), static_cast<long long>(client.get_info().num_parameters), client.get_info().device.c_str());
+              model.c_str(), static_cast<long long>(client.get_info().num_parameters),
+              client.get_info().device.c_str());
 
   SamplingParams sampling{.max_tokens = max_tokens, .temperature = 1.0, .seed = seed};
   if (auto eos = tok->eos_token_id()) sampling.stop_token_ids = {*eos};
@@ -69,10 +71,11 @@ int main(int argc, char** argv) {
     std::vector<envs::MathProblem> batch;
     for (int i = 0; i < problems; ++i) batch.push_back(all[next++ % all.size()]);
     const auto st = grpo.step(batch, reward);
-    std::printf("step %d  reward %.3f  accuracy %.3f  groups used %d dropped %d  sampled %lld tokens  "
-                "sampling %.1f s  training %.1f s\n",
-                s, st.reward_mean, st.accuracy, st.groups_used, st.groups_dropped,
-                static_cast<long long>(st.sampled_tokens), st.seconds_sampling, st.seconds_training);
+    std::printf(
+        "step %d  reward %.3f  accuracy %.3f  groups used %d dropped %d  sampled %lld tokens  "
+        "sampling %.1f s  training %.1f s\n",
+        s, st.reward_mean, st.accuracy, st.groups_used, st.groups_dropped, static_cast<long long>(st.sampled_tokens),
+        st.seconds_sampling, st.seconds_training);
   }
   // One graded completion, to see what the reward sees.
   const auto& p = all.front();
@@ -83,8 +86,7 @@ int main(int argc, char** argv) {
   const auto text = tok->decode(seq.tokens, true);
   const auto score = score_one(reward, p, text);
   std::printf("sample completion (%zu tokens): %s -> %s (%s)\ntime: %.0f s\n", seq.tokens.size(),
-              printable(text.substr(0, 80)).c_str(),
-              std::string(to_string(score.status)).c_str(), score.details.c_str(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+              printable(text.substr(0, 80)).c_str(), std::string(to_string(score.status)).c_str(),
+              score.details.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
 }

@@ -37,8 +37,7 @@ int main(int argc, char** argv) {
   const auto held_out = eval_task.sample(static_cast<std::size_t>(eval_problems), envs::Split::held_out);
   const rewards::MathAnswerReward reward;
   auto accuracy = [&] {
-    return algorithms::evaluate_greedy(client.live_sampling_client(), *tokenizer, held_out, reward,
-                                       {.max_tokens = 12})
+    return algorithms::evaluate_greedy(client.live_sampling_client(), *tokenizer, held_out, reward, {.max_tokens = 12})
         .accuracy;
   };
 

@@ -30,8 +30,12 @@ struct Options {
   int lora_alpha = 64;
   std::string session_name;
   // The API caps learningRate at 0.01; LoRA wants a larger GRPO step than grpo_arith's full fine-tuning (1e-4).
-  examples::ArithRecipe recipe{.sft_steps = 300, .grpo_steps = 40, .sft_lr = 5e-3, .grpo_lr = 1e-3,
-                               .out_dir = "runs/remote_grpo", .name = "remote_grpo"};
+  examples::ArithRecipe recipe{.sft_steps = 300,
+                               .grpo_steps = 40,
+                               .sft_lr = 5e-3,
+                               .grpo_lr = 1e-3,
+                               .out_dir = "runs/remote_grpo",
+                               .name = "remote_grpo"};
 };
 
 }  // namespace
@@ -42,7 +46,8 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"GRPO on synthetic arithmetic against a remote training session (rlloop serve), LoRA on rlloop-small."};
   app.add_option("--url", o.url, "service endpoint, http://host:port");
-  app.add_option("--api-key", o.api_key, "bearer key of a tenant (default: $RLLOOP_API_KEY; none: SigV4 from the AWS environment)");
+  app.add_option("--api-key", o.api_key,
+                 "bearer key of a tenant (default: $RLLOOP_API_KEY; none: SigV4 from the AWS environment)");
   app.add_option("--base-model", o.base_model, "base model of the service's catalogue");
   app.add_option("--lora-rank", o.lora_rank, "LoRA rank");
   app.add_option("--lora-alpha", o.lora_alpha, "LoRA alpha");

@@ -38,7 +38,8 @@ std::vector<std::vector<Message>> chat_set() {
   std::vector<std::vector<Message>> out;
   for (const auto& [q, a] : qa) {
     out.push_back({{"user", q, {}}, {"assistant", a, {}}});
-    out.push_back({{"user", q, {}}, {"assistant", a, {}}, {"user", "Thanks!", {}}, {"assistant", "You are welcome.", {}}});
+    out.push_back(
+        {{"user", q, {}}, {"assistant", a, {}}, {"user", "Thanks!", {}}, {"assistant", "You are welcome.", {}}});
   }
   return out;
 }
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
     std::vector<Datum> b;
     for (int i = 0; i < batch; ++i) b.push_back(data[rng() % data.size()]);
     const auto st = sft.step(b);
-    if (s == 1 || s % 50 == 0) std::printf("step %4d  loss per assistant token %.4f  (%.0f tokens)\n", s, st.loss_per_token, st.weight);
+    if (s == 1 || s % 50 == 0)
+      std::printf("step %4d  loss per assistant token %.4f  (%.0f tokens)\n", s, st.loss_per_token, st.weight);
   }
 
   // Greedy replies, stopping where the next user turn would start.

@@ -38,7 +38,8 @@ struct SupervisedExample {
                              " weights)");
     Datum d;
     d.model_input = ModelInput::from_tokens({tokens.begin(), tokens.end() - 1});
-    d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(tokens.begin() + 1, tokens.end()));
+    d.loss_fn_inputs["target_tokens"] =
+        TensorData::from_tokens(std::vector<token_id>(tokens.begin() + 1, tokens.end()));
     d.loss_fn_inputs["weights"] = TensorData::from_floats({weights.begin() + 1, weights.end()});
     return d;
   }

@@ -88,9 +88,9 @@ class ServiceClient {
 
   explicit ServiceClient(Svc service) : service_(std::move(service)) {}
 
-  TrainingClient<session_type> create_lora_training_client(const std::string& base_model, int rank = 16,
-                                                            int alpha = 32, std::int64_t seed = 0,
-                                                            std::vector<std::string> target_modules = {"all-linear"}) {
+  TrainingClient<session_type> create_lora_training_client(const std::string& base_model, int rank = 16, int alpha = 32,
+                                                           std::int64_t seed = 0,
+                                                           std::vector<std::string> target_modules = {"all-linear"}) {
     SessionOptions opts;
     opts.base_model = base_model;
     opts.lora = LoraOptions{rank, alpha, std::move(target_modules)};
@@ -107,8 +107,7 @@ class ServiceClient {
     return TrainingClient<session_type>(service_.create_session(opts));
   }
   // Resumes from save_state: opts describe the model the state belongs to.
-  TrainingClient<session_type> create_training_client_from_state(const std::string& path,
-                                                                  const SessionOptions& opts) {
+  TrainingClient<session_type> create_training_client_from_state(const std::string& path, const SessionOptions& opts) {
     return TrainingClient<session_type>(service_.create_session_from_state(path, opts));
   }
   SamplingClient<session_type> create_sampling_client(const std::string& path) {

@@ -3,7 +3,7 @@
 // (GSM8K, code, arithmetic) end after one step; multi-turn ones (envs/guess_number.hpp) keep going.
 // Tokenization happens elsewhere.
 //
-//   template <rlloop::Env E> ... 
+//   template <rlloop::Env E> ...
 //   std::string obs = env.reset();
 //   while (true) { auto r = env.step(policy(obs)); total += r.reward.value; if (r.done) break; obs = r.observation; }
 #pragma once
@@ -75,7 +75,7 @@ std::vector<E> make_group(const E& env, std::size_t n) {
 
 // One GRPO group per problem: groups[i] holds `group_size` copies of make_env(problems[i]).
 template <class Problem, class MakeEnv>
-  requires Env<std::invoke_result_t<MakeEnv&, const Problem&>>
+requires Env<std::invoke_result_t<MakeEnv&, const Problem&>>
 auto make_groups(const std::vector<Problem>& problems, std::size_t group_size, MakeEnv&& make_env) {
   std::vector<std::vector<std::invoke_result_t<MakeEnv&, const Problem&>>> groups;
   groups.reserve(problems.size());
@@ -94,8 +94,8 @@ struct Episode {
 
 // Plays `env` with `policy` (callable: std::string(std::string_view observation)) for at most max_turns.
 template <Env E, class Policy>
-  requires std::convertible_to<std::invoke_result_t<Policy&, std::string_view>, std::string>
-Episode run_episode(E& env, Policy&& policy, int max_turns = 64) {
+requires std::convertible_to<std::invoke_result_t<Policy&, std::string_view>, std::string> Episode
+run_episode(E& env, Policy&& policy, int max_turns = 64) {
   Episode ep;
   std::string obs = env.reset();
   for (int t = 0; t < max_turns; ++t) {

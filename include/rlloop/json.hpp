@@ -51,7 +51,8 @@ struct LoadStateOp {
   bool load_optimizer = true;
   bool operator==(const LoadStateOp&) const = default;
 };
-using TrainingOperation = std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp, LoadStateOp>;
+using TrainingOperation =
+    std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp, LoadStateOp>;
 
 struct LoadWeightsForSamplingOp {
   std::string model_package_arn;
@@ -77,8 +78,8 @@ struct SaveWeightsResult {
 struct SaveStateResult {
   std::string model_package_arn;
 };
-using TrainingResult =
-    std::variant<ForwardResult, ForwardBackwardResult, OptimStepOutput, SaveWeightsResult, SaveStateResult, LoadStateOutput>;
+using TrainingResult = std::variant<ForwardResult, ForwardBackwardResult, OptimStepOutput, SaveWeightsResult,
+                                    SaveStateResult, LoadStateOutput>;
 
 struct ComputeLogprobsResult {
   std::vector<double> logprobs;
@@ -103,7 +104,9 @@ inline bool is_terminal_status(const std::string& s) { return s == "Completed" |
 
 namespace detail {
 
-inline std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+inline std::string join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
 inline std::string at(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
 
 [[noreturn]] inline void fail(const std::string& path, const std::string& what) {
@@ -139,11 +142,13 @@ inline double number(const json& j, const std::string& path) {
   if (!j.is_number()) fail(path, "expected a number");
   return j.get<double>();
 }
-inline std::int64_t integer(const json& j, const std::string& path, std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+inline std::int64_t integer(const json& j, const std::string& path,
+                            std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                             std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
   std::int64_t v = 0;
   if (j.is_number_integer()) {
-    if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    if (j.is_number_unsigned() &&
+        j.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       fail(path, "integer out of range");
     v = j.get<std::int64_t>();
   } else if (j.is_number_float() && std::isfinite(j.get<double>()) && j.get<double>() == std::floor(j.get<double>()) &&
@@ -152,11 +157,13 @@ inline std::int64_t integer(const json& j, const std::string& path, std::int64_t
   } else {
     fail(path, "expected an integer");
   }
-  if (v < lo || v > hi) fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+  if (v < lo || v > hi)
+    fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
   return v;
 }
 inline double in_range(double v, const std::string& path, double lo, double hi) {
-  if (!(v >= lo && v <= hi)) fail(path, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + json(v).dump());
+  if (!(v >= lo && v <= hi))
+    fail(path, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + json(v).dump());
   return v;
 }
 // Rejects members a request type does not define, so a typo is an error rather than a silently ignored field.
@@ -206,7 +213,8 @@ inline ModelInput model_input_from_json(const json& j, const std::string& path) 
     EncodedTextChunk chunk;
     chunk.tokens.reserve(tokens.size());
     for (std::size_t k = 0; k < tokens.size(); ++k)
-      chunk.tokens.push_back(static_cast<token_id>(integer(tokens[k], at(tpath, k), 0, std::numeric_limits<token_id>::max())));
+      chunk.tokens.push_back(
+          static_cast<token_id>(integer(tokens[k], at(tpath, k), 0, std::numeric_limits<token_id>::max())));
     out.chunks.push_back(std::move(chunk));
   }
   return out;
@@ -214,8 +222,10 @@ inline ModelInput model_input_from_json(const json& j, const std::string& path) 
 
 inline json to_json(const TensorData& t) {
   json j{{"dtype", to_string(t.dtype)}};
-  if (t.dtype == DType::float32) j["data"] = t.float_data;
-  else j["data"] = t.int_data;
+  if (t.dtype == DType::float32)
+    j["data"] = t.float_data;
+  else
+    j["data"] = t.int_data;
   j["shape"] = t.shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(t.size())} : t.shape;
   return j;
 }
@@ -246,9 +256,12 @@ inline TensorData tensor_from_json(const json& j, const std::string& path) {
   object(j, path);
   TensorData t;
   const std::string dtype = string(need(j, path, "dtype"), join(path, "dtype"));
-  if (dtype == "float32" || dtype == "float64") t.dtype = DType::float32;
-  else if (dtype == "int64" || dtype == "int32") t.dtype = DType::int64;
-  else fail(join(path, "dtype"), "unsupported dtype '" + dtype + "' (expected float32 or int64)");
+  if (dtype == "float32" || dtype == "float64")
+    t.dtype = DType::float32;
+  else if (dtype == "int64" || dtype == "int32")
+    t.dtype = DType::int64;
+  else
+    fail(join(path, "dtype"), "unsupported dtype '" + dtype + "' (expected float32 or int64)");
 
   const std::string dpath = join(path, "data");
   std::vector<std::int64_t> inferred;
@@ -285,7 +298,8 @@ inline TensorData tensor_from_json(const json& j, const std::string& path) {
       if (__builtin_mul_overflow(product, shape.back(), &product)) fail(spath, "shape holds too many elements");
     }
     if (product != static_cast<std::int64_t>(leaves.size()))
-      fail(spath, "shape holds " + std::to_string(product) + " elements but data holds " + std::to_string(leaves.size()));
+      fail(spath,
+           "shape holds " + std::to_string(product) + " elements but data holds " + std::to_string(leaves.size()));
     t.shape = std::move(shape);
   }
   return t;
@@ -356,8 +370,10 @@ inline SamplingParams sampling_params_from_json(const json& j, const std::string
   only_keys(j, path, {"maxTokens", "temperature", "topK", "topP", "seed", "stop", "stopTokenIds"});
   SamplingParams p;
   p.max_tokens = static_cast<int>(integer(need(j, path, "maxTokens"), join(path, "maxTokens"), 1, 131072));
-  if (const json* v = find(j, "temperature")) p.temperature = in_range(number(*v, join(path, "temperature")), join(path, "temperature"), 0, 2);
-  if (const json* v = find(j, "topK")) p.top_k = static_cast<int>(integer(*v, join(path, "topK"), -1, std::numeric_limits<std::int32_t>::max()));
+  if (const json* v = find(j, "temperature"))
+    p.temperature = in_range(number(*v, join(path, "temperature")), join(path, "temperature"), 0, 2);
+  if (const json* v = find(j, "topK"))
+    p.top_k = static_cast<int>(integer(*v, join(path, "topK"), -1, std::numeric_limits<std::int32_t>::max()));
   if (const json* v = find(j, "topP")) p.top_p = in_range(number(*v, join(path, "topP")), join(path, "topP"), 0, 1);
   if (const json* v = find(j, "seed")) p.seed = integer(*v, join(path, "seed"));
   if (const json* v = find(j, "stop")) {
@@ -369,14 +385,19 @@ inline SamplingParams sampling_params_from_json(const json& j, const std::string
     const std::string spath = join(path, "stopTokenIds");
     array(*v, spath);
     for (std::size_t i = 0; i < v->size(); ++i)
-      p.stop_token_ids.push_back(static_cast<token_id>(integer((*v)[i], at(spath, i), 0, std::numeric_limits<token_id>::max())));
+      p.stop_token_ids.push_back(
+          static_cast<token_id>(integer((*v)[i], at(spath, i), 0, std::numeric_limits<token_id>::max())));
   }
   return p;
 }
 
 inline json to_json(const AdamParams& a) {
-  json j{{"learningRate", a.learning_rate}, {"beta1", a.beta1},          {"beta2", a.beta2},
-         {"eps", a.eps},                    {"weightDecay", a.weight_decay}, {"loraPlusLrRatio", a.lora_plus_lr_ratio}};
+  json j{{"learningRate", a.learning_rate},
+         {"beta1", a.beta1},
+         {"beta2", a.beta2},
+         {"eps", a.eps},
+         {"weightDecay", a.weight_decay},
+         {"loraPlusLrRatio", a.lora_plus_lr_ratio}};
   if (a.grad_clip_norm) j["gradClipNorm"] = *a.grad_clip_norm;
   return j;
 }
@@ -387,7 +408,9 @@ inline AdamParams adam_from_json(const json& j, const std::string& path) {
   object(j, path);
   only_keys(j, path, {"learningRate", "beta1", "beta2", "eps", "weightDecay", "gradClipNorm", "loraPlusLrRatio"});
   AdamParams a;
-  auto read = [&](const char* key, double lo, double hi) { return in_range(number(*find(j, key), join(path, key)), join(path, key), lo, hi); };
+  auto read = [&](const char* key, double lo, double hi) {
+    return in_range(number(*find(j, key), join(path, key)), join(path, key), lo, hi);
+  };
   need(j, path, "learningRate");
   a.learning_rate = read("learningRate", 0, 0.01);
   if (a.learning_rate <= 0) fail(join(path, "learningRate"), "must be > 0");
@@ -425,9 +448,12 @@ inline json to_json(const TrainingOperation& op) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, ForwardOp>) return {{"forward", detail::batch_json(o)}};
-        else if constexpr (std::is_same_v<T, ForwardBackwardOp>) return {{"forwardBackward", detail::batch_json(o)}};
-        else if constexpr (std::is_same_v<T, OptimizerStepOp>) return {{"optimizerStep", {{"adamParamsConfig", to_json(o.adam)}}}};
+        if constexpr (std::is_same_v<T, ForwardOp>)
+          return {{"forward", detail::batch_json(o)}};
+        else if constexpr (std::is_same_v<T, ForwardBackwardOp>)
+          return {{"forwardBackward", detail::batch_json(o)}};
+        else if constexpr (std::is_same_v<T, OptimizerStepOp>)
+          return {{"optimizerStep", {{"adamParamsConfig", to_json(o.adam)}}}};
         else if constexpr (std::is_same_v<T, SaveWeightsOp>) {
           json c{{"mergeWeights", o.merge_weights}};
           if (!o.description.empty()) c["description"] = o.description;
@@ -504,7 +530,8 @@ inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) 
   object(j, "");
   only_keys(j, "", {"sequenceNumber", "clientToken", "operationConfig"});
   ExecuteTrainingRequest r;
-  r.sequence_number = integer(need(j, "", "sequenceNumber"), "sequenceNumber", 0, std::numeric_limits<std::int32_t>::max());
+  r.sequence_number =
+      integer(need(j, "", "sequenceNumber"), "sequenceNumber", 0, std::numeric_limits<std::int32_t>::max());
   if (const json* t = find(j, "clientToken")) {
     r.client_token = string(*t, "clientToken");
     if (!is_valid_client_token(*r.client_token)) fail("clientToken", "must be 1-128 characters of [a-zA-Z0-9-]");
@@ -525,7 +552,8 @@ inline json to_json(const SamplingOperation& op) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, SampleRequest>) return {{"sample", to_json(o)}};
+        if constexpr (std::is_same_v<T, SampleRequest>)
+          return {{"sample", to_json(o)}};
         else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
           json c{{"prompt", to_json(o.prompt)}};
           if (o.model_path) c["modelPackageArn"] = *o.model_path;
@@ -553,12 +581,15 @@ inline SamplingOperation sampling_operation_from_json(const json& j, const std::
     return s;
   };
   if (member == "sample") {
-    only_keys(c, p, {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn"});
+    only_keys(
+        c, p,
+        {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn"});
     SampleRequest r;
     r.prompt = model_input_from_json(need(c, p, "prompt"), join(p, "prompt"));
     r.num_samples = static_cast<int>(integer(need(c, p, "numSamples"), join(p, "numSamples"), 1, 1000));
     r.params = sampling_params_from_json(need(c, p, "samplingParams"), join(p, "samplingParams"));
-    if (const json* v = find(c, "includePromptLogprobs")) r.include_prompt_logprobs = boolean(*v, join(p, "includePromptLogprobs"));
+    if (const json* v = find(c, "includePromptLogprobs"))
+      r.include_prompt_logprobs = boolean(*v, join(p, "includePromptLogprobs"));
     if (const json* v = find(c, "topkPromptLogprobs"))
       r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), 0, 1000));
     r.model_path = arn(false);
@@ -618,7 +649,8 @@ inline ForwardBackwardOutput forward_backward_output_from_json(const json& j, co
       const std::string p = at(opath, i);
       object((*outs)[i], p);
       std::map<std::string, TensorData> m;
-      for (auto it = (*outs)[i].begin(); it != (*outs)[i].end(); ++it) m[it.key()] = tensor_from_json(it.value(), join(p, it.key()));
+      for (auto it = (*outs)[i].begin(); it != (*outs)[i].end(); ++it)
+        m[it.key()] = tensor_from_json(it.value(), join(p, it.key()));
       o.loss_fn_outputs.push_back(std::move(m));
     }
   }
@@ -626,7 +658,8 @@ inline ForwardBackwardOutput forward_backward_output_from_json(const json& j, co
   o.metrics = metrics_from_json(j, path);
   if (const json* u = find(j, "tokenUsage")) {
     object(*u, join(path, "tokenUsage"));
-    if (const json* t = find(*u, "trainingTokens")) o.training_tokens = integer(*t, join(path, "tokenUsage.trainingTokens"), 0);
+    if (const json* t = find(*u, "trainingTokens"))
+      o.training_tokens = integer(*t, join(path, "tokenUsage.trainingTokens"), 0);
   }
   return o;
 }
@@ -635,15 +668,20 @@ inline json to_json(const TrainingResult& r) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, ForwardResult>) return {{"forward", to_json(o.output)}};
-        else if constexpr (std::is_same_v<T, ForwardBackwardResult>) return {{"forwardBackward", to_json(o.output)}};
-        else if constexpr (std::is_same_v<T, OptimStepOutput>) return {{"optimizerStep", {{"metrics", o.metrics}}}};
+        if constexpr (std::is_same_v<T, ForwardResult>)
+          return {{"forward", to_json(o.output)}};
+        else if constexpr (std::is_same_v<T, ForwardBackwardResult>)
+          return {{"forwardBackward", to_json(o.output)}};
+        else if constexpr (std::is_same_v<T, OptimStepOutput>)
+          return {{"optimizerStep", {{"metrics", o.metrics}}}};
         else if constexpr (std::is_same_v<T, SaveWeightsResult>) {
           json c = json::object();
           if (o.model_package_arn) c["modelPackageArn"] = *o.model_package_arn;
           return {{"saveWeights", std::move(c)}};
-        } else if constexpr (std::is_same_v<T, SaveStateResult>) return {{"saveState", {{"modelPackageArn", o.model_package_arn}}}};
-        else return {{"loadState", json::object()}};
+        } else if constexpr (std::is_same_v<T, SaveStateResult>)
+          return {{"saveState", {{"modelPackageArn", o.model_package_arn}}}};
+        else
+          return {{"loadState", json::object()}};
       },
       r);
 }
@@ -711,13 +749,17 @@ inline SampleResponse sample_response_from_json(const json& j, const std::string
     object(seqs[i], p);
     SampledSequence s;
     const std::string reason = string(need(seqs[i], p, "stopReason"), join(p, "stopReason"));
-    if (reason == "stop") s.stop_reason = StopReason::stop;
-    else if (reason == "length") s.stop_reason = StopReason::length;
-    else fail(join(p, "stopReason"), "unknown stop reason '" + reason + "' (expected stop or length)");
+    if (reason == "stop")
+      s.stop_reason = StopReason::stop;
+    else if (reason == "length")
+      s.stop_reason = StopReason::length;
+    else
+      fail(join(p, "stopReason"), "unknown stop reason '" + reason + "' (expected stop or length)");
     const std::string tpath = join(p, "tokens");
     const json& tokens = array(need(seqs[i], p, "tokens"), tpath);
     for (std::size_t k = 0; k < tokens.size(); ++k)
-      s.tokens.push_back(static_cast<token_id>(integer(tokens[k], at(tpath, k), 0, std::numeric_limits<token_id>::max())));
+      s.tokens.push_back(
+          static_cast<token_id>(integer(tokens[k], at(tpath, k), 0, std::numeric_limits<token_id>::max())));
     if (const json* lp = find(seqs[i], "logprobs")) s.logprobs = doubles(*lp, join(p, "logprobs"));
     if (const json* u = find(seqs[i], "tokenUsage")) {
       const std::string upath = join(p, "tokenUsage");
@@ -739,7 +781,8 @@ inline SampleResponse sample_response_from_json(const json& j, const std::string
       for (std::size_t k = 0; k < (*tk)[i].size(); ++k) {
         const std::string p = at(rpath, k);
         const json& e = object((*tk)[i][k], p);
-        row.push_back({static_cast<token_id>(integer(need(e, p, "tokenId"), join(p, "tokenId"), 0, std::numeric_limits<token_id>::max())),
+        row.push_back({static_cast<token_id>(
+                           integer(need(e, p, "tokenId"), join(p, "tokenId"), 0, std::numeric_limits<token_id>::max())),
                        number(need(e, p, "logprob"), join(p, "logprob"))});
       }
       rows.push_back(std::move(row));
@@ -753,9 +796,12 @@ inline json to_json(const SamplingResult& r) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, SampleResponse>) return {{"sample", to_json(o)}};
-        else if constexpr (std::is_same_v<T, ComputeLogprobsResult>) return {{"computeLogprobs", {{"logprobs", o.logprobs}}}};
-        else return {{"loadWeightsForSampling", json::object()}};
+        if constexpr (std::is_same_v<T, SampleResponse>)
+          return {{"sample", to_json(o)}};
+        else if constexpr (std::is_same_v<T, ComputeLogprobsResult>)
+          return {{"computeLogprobs", {{"logprobs", o.logprobs}}}};
+        else
+          return {{"loadWeightsForSampling", json::object()}};
       },
       r);
 }
@@ -787,7 +833,8 @@ inline TrainingOperationState training_state_from_json(const json& j) {
   if (const json* r = find(j, "operationResult")) s.result = training_result_from_json(*r, "operationResult");
   if (const json* e = find(j, "errorDetails")) s.error_details = string(*e, "errorDetails");
   if (const json* u = find(j, "tokenUsage"))
-    if (const json* t = find(object(*u, "tokenUsage"), "trainingTokens")) s.training_tokens = integer(*t, "tokenUsage.trainingTokens", 0);
+    if (const json* t = find(object(*u, "tokenUsage"), "trainingTokens"))
+      s.training_tokens = integer(*t, "tokenUsage.trainingTokens", 0);
   return s;
 }
 
@@ -803,7 +850,9 @@ inline SamplingOperationState sampling_state_from_json(const json& j) {
 
 // ---- rlloop extensions: session info, usage and capabilities (not in the SageMaker spec) ---------------------
 
-inline json to_json(const TokenUsage& u) { return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}}; }
+inline json to_json(const TokenUsage& u) {
+  return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}};
+}
 
 inline TokenUsage token_usage_from_json(const json& j, const std::string& path) {
   using namespace detail;
@@ -815,14 +864,17 @@ inline TokenUsage token_usage_from_json(const json& j, const std::string& path) 
   return u;
 }
 
-inline json to_json(const LoraOptions& l) { return {{"rank", l.rank}, {"alpha", l.alpha}, {"targetModules", l.target_modules}}; }
+inline json to_json(const LoraOptions& l) {
+  return {{"rank", l.rank}, {"alpha", l.alpha}, {"targetModules", l.target_modules}};
+}
 
 inline LoraOptions lora_from_json(const json& j, const std::string& path) {
   using namespace detail;
   object(j, path);
   LoraOptions l;
   l.rank = static_cast<int>(integer(need(j, path, "rank"), join(path, "rank"), 1, 256));
-  l.alpha = static_cast<int>(integer(need(j, path, "alpha"), join(path, "alpha"), 1, std::numeric_limits<std::int32_t>::max()));
+  l.alpha = static_cast<int>(
+      integer(need(j, path, "alpha"), join(path, "alpha"), 1, std::numeric_limits<std::int32_t>::max()));
   if (const json* m = find(j, "targetModules")) {
     l.target_modules.clear();
     const std::string mpath = join(path, "targetModules");
@@ -869,7 +921,8 @@ inline SessionInfo session_info_from_json(const json& j, const std::string& path
   num("numTrainableParameters", s.num_trainable_parameters);
   num("step", s.step);
   if (const json* l = find(j, "lora")) s.lora = lora_from_json(*l, join(path, "lora"));
-  if (const json* e = find(j, "eosTokenId")) s.eos_token_id = static_cast<token_id>(integer(*e, join(path, "eosTokenId"), 0));
+  if (const json* e = find(j, "eosTokenId"))
+    s.eos_token_id = static_cast<token_id>(integer(*e, join(path, "eosTokenId"), 0));
   return s;
 }
 
@@ -892,7 +945,8 @@ inline ServerCapabilities capabilities_from_json(const json& j, const std::strin
   };
   strings("baseModels", c.base_models);
   strings("lossFunctions", c.loss_functions);
-  if (const json* v = find(j, "supportsFullFinetune")) c.supports_full_finetune = boolean(*v, join(path, "supportsFullFinetune"));
+  if (const json* v = find(j, "supportsFullFinetune"))
+    c.supports_full_finetune = boolean(*v, join(path, "supportsFullFinetune"));
   if (const json* v = find(j, "maxLoraRank")) c.max_lora_rank = integer(*v, join(path, "maxLoraRank"), 0);
   return c;
 }

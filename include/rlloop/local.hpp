@@ -86,11 +86,11 @@ namespace rlloop {
 // What the engine runs on, for `rlloop info` and logs.
 struct EngineInfo {
   std::string libtorch_version;
-  std::string device;      // the device "auto" resolves to
+  std::string device;  // the device "auto" resolves to
   std::string dtype;
   int threads = 0;
   int parallel_threads = 0;  // threads that ran one of the engine's own parallel regions (== threads when built right)
-  std::string blas;        // the BLAS library LibTorch's matmuls go through, as loaded in this process
+  std::string blas;          // the BLAS library LibTorch's matmuls go through, as loaded in this process
   bool cuda_available = false;
 };
 EngineInfo engine_info(const std::string& device = "auto", int num_threads = 0);

@@ -21,19 +21,25 @@ enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value }
 
 inline const char* to_string(LossFn f) {
   switch (f) {
-    case LossFn::cross_entropy: return "cross_entropy";
-    case LossFn::importance_sampling: return "importance_sampling";
-    case LossFn::ppo: return "ppo";
-    case LossFn::cispo: return "cispo";
-    case LossFn::dro: return "dro";
-    case LossFn::value: return "value";
+    case LossFn::cross_entropy:
+      return "cross_entropy";
+    case LossFn::importance_sampling:
+      return "importance_sampling";
+    case LossFn::ppo:
+      return "ppo";
+    case LossFn::cispo:
+      return "cispo";
+    case LossFn::dro:
+      return "dro";
+    case LossFn::value:
+      return "value";
   }
   return "?";
 }
 
 inline LossFn loss_fn_from_string(std::string_view name) {
-  for (LossFn f : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro,
-                   LossFn::value})
+  for (LossFn f :
+       {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro, LossFn::value})
     if (name == to_string(f)) return f;
   throw invalid_argument("unknown loss function '" + std::string(name) +
                          "' (expected cross_entropy, importance_sampling, ppo, cispo, dro or value)");
@@ -62,10 +68,14 @@ struct LossSpec {
   static std::vector<std::string> config_keys(LossFn f) {
     switch (f) {
       case LossFn::ppo:
-      case LossFn::cispo: return {"clip_low_threshold", "clip_high_threshold"};
-      case LossFn::dro: return {"beta"};
-      case LossFn::value: return {"value_clip"};
-      default: return {};
+      case LossFn::cispo:
+        return {"clip_low_threshold", "clip_high_threshold"};
+      case LossFn::dro:
+        return {"beta"};
+      case LossFn::value:
+        return {"value_clip"};
+      default:
+        return {};
     }
   }
 
@@ -77,8 +87,7 @@ struct LossSpec {
     for (const auto& [key, value] : config) {
       bool known = false;
       for (const auto& k : keys) known = known || k == key;
-      if (!known)
-        throw invalid_argument("loss '" + std::string(name) + "' does not accept config key '" + key + "'");
+      if (!known) throw invalid_argument("loss '" + std::string(name) + "' does not accept config key '" + key + "'");
       if (!std::isfinite(value)) throw invalid_argument("loss config '" + key + "' is not a finite number");
       if (key == "clip_low_threshold") s.clip_low_threshold = value;
       if (key == "clip_high_threshold") s.clip_high_threshold = value;
@@ -92,10 +101,14 @@ struct LossSpec {
   std::map<std::string, double> config() const {
     switch (fn) {
       case LossFn::ppo:
-      case LossFn::cispo: return {{"clip_low_threshold", clip_low_threshold}, {"clip_high_threshold", clip_high_threshold}};
-      case LossFn::dro: return {{"beta", beta}};
-      case LossFn::value: return {{"value_clip", value_clip}};
-      default: return {};
+      case LossFn::cispo:
+        return {{"clip_low_threshold", clip_low_threshold}, {"clip_high_threshold", clip_high_threshold}};
+      case LossFn::dro:
+        return {{"beta", beta}};
+      case LossFn::value:
+        return {{"value_clip", value_clip}};
+      default:
+        return {};
     }
   }
 

@@ -64,8 +64,8 @@ inline void write_svg_plot(const std::string& path, const std::vector<nlohmann::
   for (int g = 0; g <= 4; ++g) {
     const double y = ymin + (ymax - ymin) * g / 4.0;
     svg << "<line x1='" << L << "' x2='" << W - R << "' y1='" << py(y) << "' y2='" << py(y)
-        << "' stroke='#ddd'/><text x='" << L - 8 << "' y='" << py(y) + 4 << "' text-anchor='end'>" << std::round(y * 100) / 100
-        << "</text>\n";
+        << "' stroke='#ddd'/><text x='" << L - 8 << "' y='" << py(y) + 4 << "' text-anchor='end'>"
+        << std::round(y * 100) / 100 << "</text>\n";
   }
   svg << "<text x='" << (L + W - R) / 2 << "' y='" << H - 12 << "' text-anchor='middle'>" << x_key << "</text>\n";
   int c = 0;
@@ -74,7 +74,8 @@ inline void write_svg_plot(const std::string& path, const std::vector<nlohmann::
     const char* color = colors[c % 6];
     svg << "<polyline fill='none' stroke='" << color << "' stroke-width='2' points='";
     for (const auto& [x, y] : pts) svg << px(x) << ',' << py(y) << ' ';
-    svg << "'/>\n<text x='" << W - R + 10 << "' y='" << T + 20 + 18 * c << "' fill='" << color << "'>" << k << "</text>\n";
+    svg << "'/>\n<text x='" << W - R + 10 << "' y='" << T + 20 + 18 * c << "' fill='" << color << "'>" << k
+        << "</text>\n";
     ++c;
   }
   svg << "</svg>\n";

@@ -25,7 +25,7 @@ struct RemoteOptions {
   // CreateTrainingSession inputs the service requires.
   std::string role_arn = "arn:aws:iam::000000000000:role/rlloop";
   std::string s3_output_path = "s3://rlloop/output/";
-  int max_retries = 6;                                   // on 429, 5xx and dropped connections
+  int max_retries = 6;  // on 429, 5xx and dropped connections
   std::chrono::milliseconds backoff_base{50};
   // Operation results: each GET asks rlloop-server to hold the answer until the operation is terminal, up to
   // long_poll (?waitSeconds=, an rlloop extension; 0 = plain polling for a service without it). Between answers

@@ -38,14 +38,22 @@ enum class ScoreStatus {
 
 constexpr std::string_view to_string(ScoreStatus s) noexcept {
   switch (s) {
-    case ScoreStatus::ok: return "ok";
-    case ScoreStatus::wrong_answer: return "wrong_answer";
-    case ScoreStatus::unparseable: return "unparseable";
-    case ScoreStatus::compile_error: return "compile_error";
-    case ScoreStatus::runtime_error: return "runtime_error";
-    case ScoreStatus::timeout: return "timeout";
-    case ScoreStatus::output_limit: return "output_limit";
-    case ScoreStatus::sandbox_error: return "sandbox_error";
+    case ScoreStatus::ok:
+      return "ok";
+    case ScoreStatus::wrong_answer:
+      return "wrong_answer";
+    case ScoreStatus::unparseable:
+      return "unparseable";
+    case ScoreStatus::compile_error:
+      return "compile_error";
+    case ScoreStatus::runtime_error:
+      return "runtime_error";
+    case ScoreStatus::timeout:
+      return "timeout";
+    case ScoreStatus::output_limit:
+      return "output_limit";
+    case ScoreStatus::sandbox_error:
+      return "sandbox_error";
   }
   return "unknown";
 }
@@ -60,12 +68,13 @@ struct Score {
 
 namespace detail {
 template <class T>
-concept score_like = std::convertible_to<T, Score> || (std::is_arithmetic_v<std::remove_cvref_t<T>>);
+concept score_like = std::convertible_to<T, Score> ||(std::is_arithmetic_v<std::remove_cvref_t<T>>);
 }  // namespace detail
 
 // R scores a completion of a prompt described by Ctx.
 template <class R, class Ctx>
-concept Reward = std::copy_constructible<R> && requires(const R& reward, const Ctx& context, std::string_view completion) {
+concept Reward = std::copy_constructible<R> &&
+    requires(const R& reward, const Ctx& context, std::string_view completion) {
   { reward(context, completion) } -> detail::score_like;
 };
 

@@ -3,8 +3,9 @@
 // Every run gets: no network (own net namespace), its own pid namespace (everything it starts dies with it),
 // a read-only /usr, no /home, /root or /etc secrets, a private size-capped /tmp as its only writable place,
 // a cleared environment, a seccomp filter (no new processes, no non-Unix sockets, no ptrace/mount/...),
-// (programs under test may not create processes or threads), setrlimit caps (CPU seconds, address space, processes, file size) and a wall-clock deadline after which
-// the whole process group is killed. Output comes back through pipes, each capped.
+// (programs under test may not create processes or threads), setrlimit caps (CPU seconds, address space, processes,
+// file size) and a wall-clock deadline after which the whole process group is killed. Output comes back through pipes,
+// each capped.
 //
 // What the program did is data (RunResult::outcome); only a failure to start the sandbox at all — a
 // missing bwrap, a broken option — throws rlloop::error. Link rlloop::sandbox.

@@ -96,7 +96,9 @@ class AnySession {
   template <class S>
   struct Model final : Interface {
     explicit Model(std::shared_ptr<S> s) : s(std::move(s)) {}
-    Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) override { return s->forward(d, l); }
+    Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) override {
+      return s->forward(d, l);
+    }
     Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& d, const LossSpec& l) override {
       return s->forward_backward(d, l);
     }

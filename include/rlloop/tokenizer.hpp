@@ -83,10 +83,14 @@ class StreamDecoder {
       const auto b = static_cast<unsigned char>(s[i + k]);
       unsigned char lo = 0x80, hi = 0xBF;
       if (k == 1) {
-        if (b0 == 0xE0) lo = 0xA0;
-        else if (b0 == 0xED) hi = 0x9F;
-        else if (b0 == 0xF0) lo = 0x90;
-        else if (b0 == 0xF4) hi = 0x8F;
+        if (b0 == 0xE0)
+          lo = 0xA0;
+        else if (b0 == 0xED)
+          hi = 0x9F;
+        else if (b0 == 0xF0)
+          lo = 0x90;
+        else if (b0 == 0xF4)
+          hi = 0x8F;
       }
       if (b < lo || b > hi) return false;
     }

@@ -25,7 +25,9 @@ struct EncodedTextChunk {
 struct ModelInput {
   std::vector<EncodedTextChunk> chunks;
 
-  static ModelInput from_tokens(std::vector<token_id> tokens) { return ModelInput{{EncodedTextChunk{std::move(tokens)}}}; }
+  static ModelInput from_tokens(std::vector<token_id> tokens) {
+    return ModelInput{{EncodedTextChunk{std::move(tokens)}}};
+  }
 
   std::size_t length() const {
     std::size_t n = 0;
@@ -147,7 +149,8 @@ struct ForwardBackwardOutput {
 
   // Per-token logprobs of datum i.
   std::vector<double> logprobs(std::size_t i) const {
-    if (i >= loss_fn_outputs.size()) throw invalid_argument("ForwardBackwardOutput::logprobs: datum index out of range");
+    if (i >= loss_fn_outputs.size())
+      throw invalid_argument("ForwardBackwardOutput::logprobs: datum index out of range");
     auto it = loss_fn_outputs[i].find("logprobs");
     if (it == loss_fn_outputs[i].end()) throw invalid_argument("ForwardBackwardOutput::logprobs: no logprobs output");
     return it->second.as_doubles();
@@ -223,26 +226,26 @@ struct LoraOptions {
 
 // What a session is created with.
 struct SessionOptions {
-  std::string base_model;             // a catalogue name or a model directory (HF layout)
-  std::optional<LoraOptions> lora;    // nullopt = full fine-tuning
-  std::int64_t seed = 0;              // LoRA init, dropout-free; also the default sampler seed stream
-  std::string name;                   // optional human-readable session name
-  bool value_head = false;            // add a trainable scalar head on the final hidden state (PPO critic)
+  std::string base_model;           // a catalogue name or a model directory (HF layout)
+  std::optional<LoraOptions> lora;  // nullopt = full fine-tuning
+  std::int64_t seed = 0;            // LoRA init, dropout-free; also the default sampler seed stream
+  std::string name;                 // optional human-readable session name
+  bool value_head = false;          // add a trainable scalar head on the final hidden state (PPO critic)
 };
 
 struct SessionInfo {
   std::string name;
   std::string base_model;
-  std::string model_type;             // "llama", "qwen2", "qwen3"
+  std::string model_type;  // "llama", "qwen2", "qwen3"
   std::optional<LoraOptions> lora;
   std::int64_t vocab_size = 0;
   std::int64_t max_position_embeddings = 0;
   std::int64_t num_parameters = 0;
   std::int64_t num_trainable_parameters = 0;
-  std::string tokenizer;              // what load_tokenizer() accepts: a tokenizer.json path or "byte"
+  std::string tokenizer;  // what load_tokenizer() accepts: a tokenizer.json path or "byte"
   std::optional<token_id> eos_token_id;
-  std::string device;                 // "cpu", "cuda:0"
-  std::int64_t step = 0;              // optimizer steps taken
+  std::string device;     // "cpu", "cuda:0"
+  std::int64_t step = 0;  // optimizer steps taken
   bool value_head = false;
 };
 

@@ -43,9 +43,11 @@ int run(int argc, char** argv) {
   int jobs = 0;
   bool verbose = false;
   app.add_option("--problems", problem_files, "problems JSONL (HumanEval or stdin/stdout schema); repeatable")
-      ->required()->check(CLI::ExistingFile);
+      ->required()
+      ->check(CLI::ExistingFile);
   app.add_option("--completions", completions_file, "completions JSONL: {\"task_id\", \"completion\"}")
-      ->required()->check(CLI::ExistingFile);
+      ->required()
+      ->check(CLI::ExistingFile);
   app.add_option("--mode", mode, "score per problem: all-pass (1/0) or pass-rate (fraction of tests)")
       ->check(CLI::IsMember({"all-pass", "pass-rate"}));
   app.add_option("--cpu-seconds", cpu_seconds, "CPU limit per test run");
@@ -64,7 +66,8 @@ int run(int argc, char** argv) {
   const auto completions = load_completions(completions_file);
 
   rlloop::rewards::CodeRewardOptions opts;
-  opts.mode = mode == "pass-rate" ? rlloop::rewards::CodeRewardMode::pass_rate : rlloop::rewards::CodeRewardMode::all_pass;
+  opts.mode =
+      mode == "pass-rate" ? rlloop::rewards::CodeRewardMode::pass_rate : rlloop::rewards::CodeRewardMode::all_pass;
   opts.limits.cpu_seconds = cpu_seconds;
   opts.limits.wall_seconds = wall_seconds;
   const rlloop::rewards::CodeReward reward(opts);

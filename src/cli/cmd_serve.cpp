@@ -34,8 +34,9 @@ int run_serve(int argc, char** argv) {
   bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
-  app.add_option("--data-dir", data_dir,
-                 "Where checkpoints and the session journal are written; a restart on the same directory resumes its sessions");
+  app.add_option(
+      "--data-dir", data_dir,
+      "Where checkpoints and the session journal are written; a restart on the same directory resumes its sessions");
   app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
@@ -77,7 +78,8 @@ int run_serve(int argc, char** argv) {
   (void)base_models;
   (void)device;
   (void)threads;
-  throw rlloop::unsupported("this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
+  throw rlloop::unsupported(
+      "this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
   rlloop::server::Backend backend;
 #endif
 
@@ -93,6 +95,7 @@ int run_serve(int argc, char** argv) {
   return 0;
 }
 
-const rlloop::cli::RegisterCommand registration{{"serve", "serve the training-session API over HTTP (rlloop-server)", run_serve}};
+const rlloop::cli::RegisterCommand registration{
+    {"serve", "serve the training-session API over HTTP (rlloop-server)", run_serve}};
 
 }  // namespace

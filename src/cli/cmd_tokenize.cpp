@@ -36,7 +36,8 @@ int run(int argc, char** argv) {
   std::string spec;
   bool decode = false, no_special = false, skip_special = false, generation_prompt = false;
   std::string chat, train_on = "last";
-  app.add_option("--tokenizer", spec, "\"byte\", a tokenizer.json, a model directory, or a GPT-2 encoder.json directory")
+  app.add_option("--tokenizer", spec,
+                 "\"byte\", a tokenizer.json, a model directory, or a GPT-2 encoder.json directory")
       ->required();
   app.add_flag("--decode", decode, "read JSON arrays of ids, write JSON strings");
   app.add_flag("--no-special", no_special, "encode special-token text as ordinary text");
@@ -77,7 +78,8 @@ int run(int argc, char** argv) {
       }
       out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     } else if (decode) {
-      if (!in.is_array()) throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not a JSON array of ids");
+      if (!in.is_array())
+        throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not a JSON array of ids");
       std::vector<rlloop::token_id> ids;
       for (const auto& v : in) {
         if (!v.is_number_integer())
@@ -85,7 +87,8 @@ int run(int argc, char** argv) {
         ids.push_back(v.get<rlloop::token_id>());
       }
       // Decoded bytes that are not valid UTF-8 are written with U+FFFD, as JSON strings must be Unicode.
-      out = nlohmann::json(tok->decode(ids, skip_special)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      out =
+          nlohmann::json(tok->decode(ids, skip_special)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     } else {
       if (!in.is_string()) throw rlloop::invalid_argument("line " + std::to_string(line_no) + " is not a JSON string");
       out = nlohmann::json(tok->encode(in.get_ref<const std::string&>(), !no_special)).dump();

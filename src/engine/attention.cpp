@@ -80,8 +80,8 @@ std::int64_t grain(const Dims& d) { return std::max<std::int64_t>(1, 4096 / std:
 
 // out [B, T, nh, D] and lse [B, nh, T].
 template <class T>
-void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
-                    const Dims& d, torch::Tensor& out, torch::Tensor& lse) {
+void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale, const Dims& d,
+                    torch::Tensor& out, torch::Tensor& lse) {
   at::parallel_for(0, d.B * d.nh, grain(d), [&](std::int64_t begin, std::int64_t end) {
     std::vector<T> scores(static_cast<std::size_t>(d.T * d.S));
     for (std::int64_t item = begin; item < end; ++item) {
@@ -103,36 +103,38 @@ template <class T>
 void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& lse,
                      const torch::Tensor& grad_out, double scale, const Dims& d, torch::Tensor& dq, torch::Tensor& dk,
                      torch::Tensor& dv) {
-  at::parallel_for(0, d.B * d.nkv, std::max<std::int64_t>(1, grain(d) / d.rep), [&](std::int64_t begin, std::int64_t end) {
-    std::vector<T> p(static_cast<std::size_t>(d.T * d.S)), dp(p.size());
-    for (std::int64_t item = begin; item < end; ++item) {
-      const std::int64_t b = item / d.nkv, g = item % d.nkv;
-      const T* kp = head_ptr<T>(k, b, g);
-      const T* vp = head_ptr<T>(v, b, g);
-      T* dkp = dk.data_ptr<T>() + item * d.S * d.D;
-      T* dvp = dv.data_ptr<T>() + item * d.S * d.D;
-      for (std::int64_t h = g * d.rep; h < (g + 1) * d.rep; ++h) {
-        const T* qp = head_ptr<T>(q, b, h);
-        const T* dop = grad_out.data_ptr<T>() + (b * d.T * d.nh + h) * d.D;  // [T, D], leading dim nh * D
-        const std::int64_t ldo = d.nh * d.D;
-        gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, kp, row_stride(k), T(0), p.data(), d.S);
-        probabilities_from_lse(p.data(), lse.data_ptr<T>() + (b * d.nh + h) * d.T, d);
-        gemm<T>(true, false, d.S, d.D, d.T, T(1), p.data(), d.S, dop, ldo, T(1), dvp, d.D);        // dV += P^T dO
-        gemm<T>(false, true, d.T, d.S, d.D, T(1), dop, ldo, vp, row_stride(v), T(0), dp.data(), d.S);  // dP = dO V^T
-        // Softmax backward: dS = P * (dP - rowsum(P * dP)), times the score scale.
-        for (std::int64_t i = 0; i < d.T; ++i) {
-          const T* pr = p.data() + i * d.S;
-          T* dr = dp.data() + i * d.S;
-          T dot = 0;
-          for (std::int64_t j = 0; j < d.S; ++j) dot += pr[j] * dr[j];
-          for (std::int64_t j = 0; j < d.S; ++j) dr[j] = pr[j] * (dr[j] - dot) * static_cast<T>(scale);
+  at::parallel_for(
+      0, d.B * d.nkv, std::max<std::int64_t>(1, grain(d) / d.rep), [&](std::int64_t begin, std::int64_t end) {
+        std::vector<T> p(static_cast<std::size_t>(d.T * d.S)), dp(p.size());
+        for (std::int64_t item = begin; item < end; ++item) {
+          const std::int64_t b = item / d.nkv, g = item % d.nkv;
+          const T* kp = head_ptr<T>(k, b, g);
+          const T* vp = head_ptr<T>(v, b, g);
+          T* dkp = dk.data_ptr<T>() + item * d.S * d.D;
+          T* dvp = dv.data_ptr<T>() + item * d.S * d.D;
+          for (std::int64_t h = g * d.rep; h < (g + 1) * d.rep; ++h) {
+            const T* qp = head_ptr<T>(q, b, h);
+            const T* dop = grad_out.data_ptr<T>() + (b * d.T * d.nh + h) * d.D;  // [T, D], leading dim nh * D
+            const std::int64_t ldo = d.nh * d.D;
+            gemm<T>(false, true, d.T, d.S, d.D, static_cast<T>(scale), qp, d.D, kp, row_stride(k), T(0), p.data(), d.S);
+            probabilities_from_lse(p.data(), lse.data_ptr<T>() + (b * d.nh + h) * d.T, d);
+            gemm<T>(true, false, d.S, d.D, d.T, T(1), p.data(), d.S, dop, ldo, T(1), dvp, d.D);  // dV += P^T dO
+            gemm<T>(false, true, d.T, d.S, d.D, T(1), dop, ldo, vp, row_stride(v), T(0), dp.data(),
+                    d.S);  // dP = dO V^T
+            // Softmax backward: dS = P * (dP - rowsum(P * dP)), times the score scale.
+            for (std::int64_t i = 0; i < d.T; ++i) {
+              const T* pr = p.data() + i * d.S;
+              T* dr = dp.data() + i * d.S;
+              T dot = 0;
+              for (std::int64_t j = 0; j < d.S; ++j) dot += pr[j] * dr[j];
+              for (std::int64_t j = 0; j < d.S; ++j) dr[j] = pr[j] * (dr[j] - dot) * static_cast<T>(scale);
+            }
+            T* dqp = dq.data_ptr<T>() + (b * d.nh + h) * d.T * d.D;
+            gemm<T>(false, false, d.T, d.D, d.S, T(1), dp.data(), d.S, kp, row_stride(k), T(0), dqp, d.D);  // dQ = dS K
+            gemm<T>(true, false, d.S, d.D, d.T, T(1), dp.data(), d.S, qp, d.D, T(1), dkp, d.D);  // dK += dS^T Q
+          }
         }
-        T* dqp = dq.data_ptr<T>() + (b * d.nh + h) * d.T * d.D;
-        gemm<T>(false, false, d.T, d.D, d.S, T(1), dp.data(), d.S, kp, row_stride(k), T(0), dqp, d.D);  // dQ = dS K
-        gemm<T>(true, false, d.S, d.D, d.T, T(1), dp.data(), d.S, qp, d.D, T(1), dkp, d.D);            // dK += dS^T Q
-      }
-    }
-  });
+      });
 }
 
 class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
@@ -145,9 +147,8 @@ class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
     const Dims d = dims_of(q, keys, values);
     auto out = torch::empty({d.B, d.T, d.nh * d.D}, q.options());
     auto lse = torch::empty({d.B, d.nh, d.T}, q.options());
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_attention", [&] {
-      forward_kernel<scalar_t>(q, keys, values, scale, d, out, lse);
-    });
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_attention",
+                               [&] { forward_kernel<scalar_t>(q, keys, values, scale, d, out, lse); });
     ctx->save_for_backward({q, keys, values, lse});
     ctx->saved_data["scale"] = scale;
     return out;
@@ -181,8 +182,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
   return CausalAttentionFn::apply(q, keys, values, scale);
 }
 
-torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys,
-                                         const torch::Tensor& values, double scale) {
+torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                         double scale) {
   const Dims d = dims_of(q, keys, values);
   // The `rep` query heads that share a KV head are stacked along the rows: [B, nkv, rep*T, D] x [B, nkv, D, S],
   // so the repeated K/V are never materialised.

@@ -17,7 +17,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
 
 // The same computation with plain ATen ops (matmul, masked_fill, softmax in fp32): the path for devices and
 // dtypes the kernel does not cover, and the reference the kernel is tested against.
-torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys,
-                                         const torch::Tensor& values, double scale);
+torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                         double scale);
 
 }  // namespace rlloop::engine

@@ -60,8 +60,8 @@ RLLOOP_BF16_TARGET inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a
 
 // Rows [m0, m1) of X [M, K] fp32 -> bf16 rows of `stride` values, zero past K (round to nearest even;
 // vcvtneps2bf16 also flushes denormal inputs to zero).
-RLLOOP_BF16_TARGET void round_rows(const float* X, std::int64_t m0, std::int64_t m1, std::int64_t K,
-                                   std::uint16_t* out, std::int64_t stride) {
+RLLOOP_BF16_TARGET void round_rows(const float* X, std::int64_t m0, std::int64_t m1, std::int64_t K, std::uint16_t* out,
+                                   std::int64_t stride) {
   for (std::int64_t m = m0; m < m1; ++m) {
     const float* x = X + m * K;
     std::uint16_t* o = out + m * stride;
@@ -101,8 +101,8 @@ RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std
           _mm_prefetch(reinterpret_cast<const char*>(next + line * kStep), _MM_HINT_T0);
       if (m + kXRows <= M) {
         const std::uint16_t *x0 = X + m * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
-        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
+               a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
         for (std::int64_t k = 0; k < stride; k += kStep) {
           const __m512bh v0 = load(w0 + k), v1 = load(w1 + k), v2 = load(w2 + k), v3 = load(w3 + k);
           __m512bh x = load(x0 + k);

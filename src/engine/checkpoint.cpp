@@ -85,8 +85,7 @@ StateContents read_state_dir(const std::string& path, bool with_optimizer) {
   if (!fs::exists(dir)) throw not_found("checkpoint '" + path + "' does not exist");
   if (!fs::exists(dir / "state.json")) {
     if (auto latest = latest_checkpoint(path)) dir = *latest;
-    if (!fs::exists(dir / "state.json"))
-      throw io_error("'" + path + "' is not a checkpoint: state.json is missing");
+    if (!fs::exists(dir / "state.json")) throw io_error("'" + path + "' is not a checkpoint: state.json is missing");
   }
   StateContents out;
   try {

@@ -144,11 +144,13 @@ std::size_t default_cap_bytes() {
     char* end = nullptr;
     const long long mb = std::strtoll(env, &end, 10);
     if (end == env || *end != '\0' || mb < 0 || mb > (1LL << 30))
-      throw invalid_argument("RLLOOP_CPU_CACHE_MB must be a non-negative number of MiB, got '" + std::string(env) + "'");
+      throw invalid_argument("RLLOOP_CPU_CACHE_MB must be a non-negative number of MiB, got '" + std::string(env) +
+                             "'");
     return static_cast<std::size_t>(mb) << 20;
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  const std::size_t physical = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+  const std::size_t physical =
+      pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
   return std::min<std::size_t>(physical / 4, std::size_t{8} << 30);
 }
 

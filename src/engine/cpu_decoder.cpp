@@ -23,8 +23,10 @@ const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 void linear(const float* x, std::int64_t rows, const LinearWeights& w, const Bf16Weight* rounded, float* y,
             bool accumulate) {
   const std::int64_t out = w.weight.size(0), in = w.weight.size(1);
-  if (rounded) rounded->multiply(x, rows, y, accumulate);
-  else linear_rows(x, rows, data(w.weight), out, in, y, accumulate);
+  if (rounded)
+    rounded->multiply(x, rows, y, accumulate);
+  else
+    linear_rows(x, rows, data(w.weight), out, in, y, accumulate);
   if (w.lora_a.defined()) {
     const std::int64_t rank = w.lora_a.size(0);
     std::vector<float> down(rows * rank), delta(rows * out);
@@ -63,9 +65,7 @@ CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision)
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);
   if (precision == DecodePrecision::fp32) return;
-  auto round = [](const LinearWeights& w) {
-    return Bf16Weight(data(w.weight), w.weight.size(0), w.weight.size(1));
-  };
+  auto round = [](const LinearWeights& w) { return Bf16Weight(data(w.weight), w.weight.size(0), w.weight.size(1)); };
   for (const LayerWeights& L : w_.layers)
     rounded_layers_.push_back(
         {round(L.q), round(L.k), round(L.v), round(L.o), round(L.gate), round(L.up), round(L.down)});

@@ -38,7 +38,7 @@ void attend_portable(const float* q, const float* K, const float* V, std::int64_
 
 // D a multiple of 8 (every head_dim in practice).
 __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float* K, const float* V, std::int64_t S,
-                                                    std::int64_t D, float scale, float* p, float* out) {
+                                                     std::int64_t D, float scale, float* p, float* out) {
   // Scores, four keys per pass: one load of q feeds four FMAs; the four sums are reduced together.
   std::int64_t j = 0;
   for (; j + 4 <= S; j += 4) {
@@ -56,7 +56,8 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float
   }
   for (; j < S; ++j) {
     __m256 a = _mm256_setzero_ps();
-    for (std::int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(K + j * D + d), _mm256_loadu_ps(q + d), a);
+    for (std::int64_t d = 0; d < D; d += 8)
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(K + j * D + d), _mm256_loadu_ps(q + d), a);
     p[j] = hsum(a) * scale;
   }
   float mx = -std::numeric_limits<float>::infinity();

@@ -14,8 +14,10 @@ namespace rlloop::engine {
 DeviceChoice choose_device(const std::string& spec) {
   if (spec == "cpu") return {torch::Device(torch::kCPU), torch::kFloat32};
   const bool want_cuda = spec.rfind("cuda", 0) == 0;
-  if (spec != "auto" && !want_cuda) throw invalid_argument("device must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
-  if (torch::cuda::is_available()) return {torch::Device(spec == "auto" ? std::string("cuda") : spec), torch::kBFloat16};
+  if (spec != "auto" && !want_cuda)
+    throw invalid_argument("device must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
+  if (torch::cuda::is_available())
+    return {torch::Device(spec == "auto" ? std::string("cuda") : spec), torch::kBFloat16};
   if (want_cuda) throw unsupported("device '" + spec + "' requested but this LibTorch build has no usable CUDA");
   return {torch::Device(torch::kCPU), torch::kFloat32};
 }

@@ -239,7 +239,8 @@ Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::v
 }
 
 Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {
-  return impl_->queue.submit<OptimStepOutput>([this, params] { return OptimStepOutput{impl_->optimizer->step(params)}; });
+  return impl_->queue.submit<OptimStepOutput>(
+      [this, params] { return OptimStepOutput{impl_->optimizer->step(params)}; });
 }
 
 Future<CheckpointRef> LocalSession::save_state(const std::string& name) {

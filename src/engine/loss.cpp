@@ -39,8 +39,7 @@ LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const Loss
 LossValue value_loss(const LossSpec& spec, const torch::Tensor& v, const torch::Tensor& returns,
                      const torch::Tensor& old_values, const torch::Tensor& m) {
   auto err = (v - returns).square();
-  if (!old_values.defined() || spec.value_clip == 0.0)
-    return {0.5 * (err * m).sum(), torch::zeros({}, v.options())};
+  if (!old_values.defined() || spec.value_clip == 0.0) return {0.5 * (err * m).sum(), torch::zeros({}, v.options())};
   auto v_clip = old_values + torch::clamp(v - old_values, -spec.value_clip, spec.value_clip);
   auto err_clip = (v_clip - returns).square();
   auto clipped = ((err_clip > err) * m).sum().to(v.scalar_type());

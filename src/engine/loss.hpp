@@ -9,15 +9,15 @@ namespace rlloop::engine {
 
 // Per-token loss inputs, all the same shape as the logprobs ([B, T], padding positions masked out).
 struct LossTensors {
-  torch::Tensor mask;              // 1 for real tokens, 0 for padding
-  torch::Tensor weights;           // token weights: cross_entropy's w; for the RL losses a per-token factor (1 = as written)
-  torch::Tensor advantages;        // A
+  torch::Tensor mask;        // 1 for real tokens, 0 for padding
+  torch::Tensor weights;     // token weights: cross_entropy's w; for the RL losses a per-token factor (1 = as written)
+  torch::Tensor advantages;  // A
   torch::Tensor sampler_logprobs;  // q
 };
 
 struct LossValue {
-  torch::Tensor loss;        // scalar, summed over tokens
-  torch::Tensor clipped;     // scalar: number of tokens whose ratio was clipped (ppo, cispo), else 0
+  torch::Tensor loss;     // scalar, summed over tokens
+  torch::Tensor clipped;  // scalar: number of tokens whose ratio was clipped (ppo, cispo), else 0
 };
 
 // lp = logprob of each target token under the current weights (carries the graph). The RL losses multiply each

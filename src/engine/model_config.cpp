@@ -66,8 +66,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.num_attention_heads = required_int(j, "num_attention_heads");
   c.num_key_value_heads = optional_value<std::int64_t>(j, "num_key_value_heads", c.num_attention_heads);
   // Qwen3 states head_dim explicitly and it need not be hidden_size / heads (Qwen3-0.6B: 1024 / 16 heads, 128).
-  c.head_dim = optional_value<std::int64_t>(
-      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  c.head_dim = optional_value<std::int64_t>(j, "head_dim",
+                                            c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   c.rms_norm_eps = optional_value<double>(j, "rms_norm_eps", 1e-6);
   c.rope_theta = optional_value<double>(j, "rope_theta", 10000.0);
   c.max_position_embeddings = optional_value<std::int64_t>(j, "max_position_embeddings", 2048);
@@ -136,7 +136,8 @@ nlohmann::json ModelConfig::to_json() const {
 
 void ModelConfig::validate() const {
   auto positive = [](const char* name, std::int64_t v) {
-    if (v <= 0) throw invalid_argument(std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
+    if (v <= 0)
+      throw invalid_argument(std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
   };
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
@@ -150,7 +151,8 @@ void ModelConfig::validate() const {
     throw invalid_argument("model config: num_attention_heads (" + std::to_string(num_attention_heads) +
                            ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
   if (head_dim % 2 != 0)
-    throw invalid_argument("model config: head_dim must be even for rotary embeddings, got " + std::to_string(head_dim));
+    throw invalid_argument("model config: head_dim must be even for rotary embeddings, got " +
+                           std::to_string(head_dim));
   if (!(rms_norm_eps > 0)) throw invalid_argument("model config: rms_norm_eps must be positive");
   if (!(rope_theta > 0)) throw invalid_argument("model config: rope_theta must be positive");
   if (qk_norm && model_type != "qwen3")
@@ -165,8 +167,8 @@ std::int64_t ModelConfig::num_parameters() const {
   const std::int64_t q_dim = num_attention_heads * head_dim;
   const std::int64_t kv_dim = num_key_value_heads * head_dim;
   std::int64_t layer = hidden_size * q_dim + 2 * hidden_size * kv_dim + q_dim * hidden_size  // q, k, v, o
-                       + 3 * hidden_size * intermediate_size                                // gate, up, down
-                       + 2 * hidden_size;                                                   // two norms
+                       + 3 * hidden_size * intermediate_size                                 // gate, up, down
+                       + 2 * hidden_size;                                                    // two norms
   if (attention_bias) layer += q_dim + 2 * kv_dim + (model_type == "qwen2" ? 0 : hidden_size);
   if (qk_norm) layer += 2 * head_dim;
   std::int64_t total = vocab_size * hidden_size + num_hidden_layers * layer + hidden_size;

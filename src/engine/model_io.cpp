@@ -1,10 +1,10 @@
 // safetensors reading/writing, HF model directories (single or sharded), PEFT adapter directories.
 #include "model_io.hpp"
 
-#include <atomic>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <atomic>
 
 #include <bit>
 #include <cerrno>
@@ -48,8 +48,8 @@ torch::ScalarType dtype_from_name(const std::string& name, const std::string& pa
 const char* dtype_name(torch::ScalarType t, const std::string& tensor) {
   for (const auto& d : kDTypes)
     if (t == d.type) return d.name;
-  throw invalid_argument("write_safetensors: tensor '" + tensor + "' has a dtype safetensors cannot store: " +
-                         std::string(c10::toString(t)));
+  throw invalid_argument("write_safetensors: tensor '" + tensor +
+                         "' has a dtype safetensors cannot store: " + std::string(c10::toString(t)));
 }
 
 // Owns a file descriptor; closes it on every path out.
@@ -157,8 +157,9 @@ TensorMap read_safetensors(const std::string& path) {
     }
   };
 
-  if (file_size < 8) throw io_error("read_safetensors: " + path + " is truncated (" + std::to_string(file_size) +
-                                    " bytes, shorter than the 8-byte header length)");
+  if (file_size < 8)
+    throw io_error("read_safetensors: " + path + " is truncated (" + std::to_string(file_size) +
+                   " bytes, shorter than the 8-byte header length)");
   std::uint64_t header_len = 0;
   read_at(reinterpret_cast<char*>(&header_len), 8, 0);
   if (header_len > kMaxHeaderBytes || header_len > file_size - 8)
@@ -187,8 +188,8 @@ TensorMap read_safetensors(const std::string& path) {
     const auto& dt = entry["dtype"];
     const auto& shape_j = entry["shape"];
     const auto& offs = entry["data_offsets"];
-    if (!dt.is_string() || !shape_j.is_array() || !offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
-        !offs[1].is_number_unsigned())
+    if (!dt.is_string() || !shape_j.is_array() || !offs.is_array() || offs.size() != 2 ||
+        !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
       throw bad("dtype must be a string, shape an array, data_offsets two non-negative integers");
     const torch::ScalarType dtype = dtype_from_name(dt.get<std::string>(), path, name);
     std::vector<std::int64_t> shape;
@@ -260,7 +261,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     write_all(fd, reinterpret_cast<const char*>(&len), 8, tmp);
     write_all(fd, text.data(), text.size(), tmp);
     for (const auto& c : cpu)
-      write_all(fd, static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel()) * c.element_size(), tmp);
+      write_all(fd, static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel()) * c.element_size(),
+                tmp);
   });
 }
 
@@ -282,7 +284,8 @@ std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device de
     std::map<std::string, std::string> weight_map;
     std::set<std::string> shards;
     for (auto& [name, file] : idx["weight_map"].items()) {
-      if (!file.is_string()) throw io_error("load_model: " + index.string() + ": weight_map['" + name + "'] is not a file name");
+      if (!file.is_string())
+        throw io_error("load_model: " + index.string() + ": weight_map['" + name + "'] is not a file name");
       weight_map[name] = file.get<std::string>();
       shards.insert(file.get<std::string>());
     }
@@ -292,8 +295,8 @@ std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device de
       for (auto& [name, t] : read_safetensors((d / shard).string())) {
         auto it = weight_map.find(name);
         if (it == weight_map.end() || it->second != shard)
-          throw io_error("load_model: shard " + (d / shard).string() + " holds tensor '" + name +
-                         "' that " + index.string() + " does not map to it");
+          throw io_error("load_model: shard " + (d / shard).string() + " holds tensor '" + name + "' that " +
+                         index.string() + " does not map to it");
         tensors.emplace(name, std::move(t));
       }
     }
@@ -389,15 +392,9 @@ void save_peft_adapter(const Transformer& model, const std::string& dir, const s
   fs::create_directories(d, ec);
   if (ec) throw io_error("save_peft_adapter: cannot create " + dir + ": " + ec.message());
   const LoraOptions& lora = *model.lora_options();
-  json cfg = {{"peft_type", "LORA"},
-              {"task_type", "CAUSAL_LM"},
-              {"r", lora.rank},
-              {"lora_alpha", lora.alpha},
-              {"lora_dropout", 0.0},
-              {"bias", "none"},
-              {"fan_in_fan_out", false},
-              {"inference_mode", true},
-              {"base_model_name_or_path", base_model_name}};
+  json cfg = {{"peft_type", "LORA"},      {"task_type", "CAUSAL_LM"}, {"r", lora.rank},
+              {"lora_alpha", lora.alpha}, {"lora_dropout", 0.0},      {"bias", "none"},
+              {"fan_in_fan_out", false},  {"inference_mode", true},   {"base_model_name_or_path", base_model_name}};
   // PEFT accepts the literal "all-linear" as a string, and a list of module names otherwise.
   if (lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear")
     cfg["target_modules"] = "all-linear";
@@ -421,8 +418,8 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
     opts.rank = cfg.at("r").get<int>();
     opts.alpha = cfg.value("lora_alpha", 8);
     const auto& tm = cfg.at("target_modules");
-    opts.target_modules = tm.is_string() ? std::vector<std::string>{tm.get<std::string>()}
-                                         : tm.get<std::vector<std::string>>();
+    opts.target_modules =
+        tm.is_string() ? std::vector<std::string>{tm.get<std::string>()} : tm.get<std::vector<std::string>>();
   } catch (const json::exception& e) {
     throw io_error("load_peft_adapter: " + cfg_path + " lacks a valid r / lora_alpha / target_modules: " + e.what());
   }
@@ -438,7 +435,8 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
   } else if (model.lora_options()->rank != opts.rank || model.lora_options()->alpha != opts.alpha) {
     throw conflict("load_peft_adapter: " + cfg_path + " has rank " + std::to_string(opts.rank) + ", alpha " +
                    std::to_string(opts.alpha) + " but the model's adapters have rank " +
-                   std::to_string(model.lora_options()->rank) + ", alpha " + std::to_string(model.lora_options()->alpha));
+                   std::to_string(model.lora_options()->rank) + ", alpha " +
+                   std::to_string(model.lora_options()->alpha));
   }
   const std::string weights = (d / "adapter_model.safetensors").string();
   try {

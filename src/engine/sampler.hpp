@@ -19,11 +19,11 @@ using StopStringCheck = std::function<bool(std::span<const token_id> generated)>
 // Prefills the prompt once, then decodes req.num_samples sequences in lockstep with one cache.
 // Per token: logits -> temperature (0 = greedy) -> top-k -> top-p -> draw with `generator`.
 // Returned logprobs are of the model's own distribution (temperature 1, unfiltered), i.e. what
-// compute_logprobs gives for the same tokens (at fp32 precision). Stops per sequence on a stop token id (kept in the output),
-// a stop string, or max_tokens ("length"). Prompt logprobs / top-k prompt logprobs on request.
-// `precision` is that of the CPU decoding steps (cpu_decoder.hpp): with bf16 the logprobs are those of the
-// rounded model, not exactly compute_logprobs'. The prompt's prefill (and so the first token) is always
-// computed at the model's own precision; CUDA models are bf16 throughout and ignore it.
+// compute_logprobs gives for the same tokens (at fp32 precision). Stops per sequence on a stop token id (kept in the
+// output), a stop string, or max_tokens ("length"). Prompt logprobs / top-k prompt logprobs on request. `precision` is
+// that of the CPU decoding steps (cpu_decoder.hpp): with bf16 the logprobs are those of the rounded model, not exactly
+// compute_logprobs'. The prompt's prefill (and so the first token) is always computed at the model's own precision;
+// CUDA models are bf16 throughout and ignore it.
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
                       at::Generator& generator, DecodePrecision precision = DecodePrecision::fp32);
 

@@ -9,7 +9,7 @@ namespace rlloop::engine {
 namespace {
 
 constexpr std::int64_t kMaxRows = 64;  // beyond this BLAS's packing pays for itself
-constexpr std::int64_t kWRows = 3;  // W rows per block: 3 x 4 accumulators + 3 W + 1 X fill the 16 ymm registers
+constexpr std::int64_t kWRows = 3;     // W rows per block: 3 x 4 accumulators + 3 W + 1 X fill the 16 ymm registers
 constexpr std::int64_t kXRows = 4;
 
 using simd::hsum;
@@ -43,8 +43,8 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
           _mm_prefetch(reinterpret_cast<const char*>(next + line * 16), _MM_HINT_T0);
       if (m + kXRows <= M) {
         const float *x0 = X + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
+               a20 = a00, a21 = a00, a22 = a00, a23 = a00;
         for (std::int64_t k = 0; k < K; k += 8) {
           const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k);
           __m256 x = _mm256_loadu_ps(x0 + k);
@@ -78,7 +78,8 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
     const float* w0 = W + n * K;
     for (std::int64_t m = 0; m < M; ++m) {
       __m256 a = _mm256_setzero_ps();
-      for (std::int64_t k = 0; k < K; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), _mm256_loadu_ps(X + m * K + k), a);
+      for (std::int64_t k = 0; k < K; k += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), _mm256_loadu_ps(X + m * K + k), a);
       store(m, n, hsum(a));
     }
   }
@@ -86,9 +87,7 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
 
 }  // namespace
 
-bool small_gemm_applies(std::int64_t M, std::int64_t K) {
-  return M <= kMaxRows && K % 8 == 0 && simd::has_avx2_fma();
-}
+bool small_gemm_applies(std::int64_t M, std::int64_t K) { return M <= kMaxRows && K % 8 == 0 && simd::has_avx2_fma(); }
 
 void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
                  bool accumulate) {

@@ -61,7 +61,7 @@ double exp_sums_portable(const float* l, std::int64_t V, float max, float inv_t,
 }
 
 __attribute__((target("avx2,fma"))) double exp_sums_avx2(const float* l, std::int64_t V, float max, float inv_t,
-                                                        float* weights, double* weight_sum) {
+                                                         float* weights, double* weight_sum) {
   const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_t), vneginf = _mm256_set1_ps(kNegInf);
   const bool same = inv_t == 1.0f;  // temperature 1: the weights are the normaliser's terms
   double sum = 0.0, wsum = 0.0;
@@ -115,7 +115,9 @@ void draw_row(const float* l, std::int64_t V, double temperature, double uniform
   const RowMax m = avx2 ? row_max_avx2(l, V) : row_max_portable(l, V);
   if (m.nan || !std::isfinite(m.max))
     throw invalid_argument("sample: the model's logits for row " + std::to_string(row) + " of the decoding batch are " +
-                           (m.nan ? "NaN" : m.max > 0 ? "+inf" : "all -inf") +
+                           (m.nan       ? "NaN"
+                            : m.max > 0 ? "+inf"
+                                        : "all -inf") +
                            " (diverged weights?); no token can be drawn");
   // A temperature so small that 1 / T overflows a float is the limit T -> 0: greedy.
   const bool greedy = temperature == 0.0 || 1.0 / temperature > 1e30;

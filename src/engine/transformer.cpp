@@ -19,7 +19,8 @@
 namespace rlloop::engine {
 namespace {
 
-const std::vector<std::string> kAllLinear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+const std::vector<std::string> kAllLinear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
 
 std::string shape_string(at::IntArrayRef s) {
   std::ostringstream os;
@@ -245,7 +246,8 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     throw invalid_argument("Transformer::hidden_states: input_ids must be an int64 [batch, tokens] tensor, got " +
                            std::string(c10::toString(input_ids.scalar_type())) + " " + shape_string(input_ids.sizes()));
   const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
-  if (B == 0 || T == 0) throw invalid_argument("Transformer::hidden_states: empty input " + shape_string(input_ids.sizes()));
+  if (B == 0 || T == 0)
+    throw invalid_argument("Transformer::hidden_states: empty input " + shape_string(input_ids.sizes()));
   // One decoded token per step comes from the sampler itself, inside the vocabulary by construction; checking
   // it would cost a device sync per layer stack. Everything else is checked.
   if (!(cache && T == 1)) {
@@ -260,7 +262,8 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     if (static_cast<std::int64_t>(cache->keys.size()) != cfg.num_hidden_layers || cache->batch() != B)
       throw invalid_argument("Transformer::hidden_states: the KV cache has " + std::to_string(cache->keys.size()) +
                              " layers and batch " + std::to_string(cache->batch()) + ", the model " +
-                             std::to_string(cfg.num_hidden_layers) + " layers and the input batch " + std::to_string(B));
+                             std::to_string(cfg.num_hidden_layers) + " layers and the input batch " +
+                             std::to_string(B));
     if (past + T > cache->capacity)
       throw invalid_argument("Transformer::hidden_states: KV cache capacity " + std::to_string(cache->capacity) +
                              " exceeded (" + std::to_string(past) + " cached + " + std::to_string(T) + " new tokens)");
@@ -359,8 +362,10 @@ void Transformer::load_hf_state_dict(const TensorMap& tensors) {
 
 void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
   if (impl_->lora) throw conflict("Transformer::enable_lora: the model already has LoRA adapters");
-  if (options.rank <= 0) throw invalid_argument("LoraOptions.rank must be positive, got " + std::to_string(options.rank));
-  if (options.alpha <= 0) throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
+  if (options.rank <= 0)
+    throw invalid_argument("LoraOptions.rank must be positive, got " + std::to_string(options.rank));
+  if (options.alpha <= 0)
+    throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
   std::set<std::string> targets;
   for (const auto& m : options.target_modules) {
     if (m == "all-linear") {
@@ -390,9 +395,9 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
     auto a = torch::empty({options.rank, in}, torch::kFloat32).uniform_(-bound, bound, gen);
     lin.lora_a = register_parameter(module_name(lin.name) + "_lora_A", a.to(device, lora_dtype), true);
-    lin.lora_b = register_parameter(module_name(lin.name) + "_lora_B",
-                                    torch::zeros({out, options.rank}, torch::TensorOptions().device(device).dtype(lora_dtype)),
-                                    true);
+    lin.lora_b = register_parameter(
+        module_name(lin.name) + "_lora_B",
+        torch::zeros({out, options.rank}, torch::TensorOptions().device(device).dtype(lora_dtype)), true);
     lin.lora_scale = scale;
   });
   impl_->lora = options;
@@ -430,7 +435,8 @@ TensorMap Transformer::peft_state_dict() const {
 }
 
 void Transformer::load_peft_state_dict(const TensorMap& tensors) {
-  if (!impl_->lora) throw conflict("Transformer::load_peft_state_dict: the model has no LoRA adapters (enable_lora first)");
+  if (!impl_->lora)
+    throw conflict("Transformer::load_peft_state_dict: the model has no LoRA adapters (enable_lora first)");
   std::map<std::string, torch::Tensor> expected;
   impl_->for_each_linear([&](Linear& lin) {
     if (!lin.lora_a.defined()) return;

@@ -49,9 +49,12 @@ sigv4::Credentials credentials_file() {
     const auto eq = line.find('=');
     if (eq == std::string::npos) continue;
     const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
-    if (key == "aws_access_key_id") c.access_key_id = value;
-    else if (key == "aws_secret_access_key") c.secret_access_key = value;
-    else if (key == "aws_session_token") c.session_token = value;
+    if (key == "aws_access_key_id")
+      c.access_key_id = value;
+    else if (key == "aws_secret_access_key")
+      c.secret_access_key = value;
+    else if (key == "aws_session_token")
+      c.session_token = value;
   }
   return c;
 }
@@ -117,7 +120,8 @@ nlohmann::json RemoteClient::request(const std::string& method, const std::strin
     // Same body and headers (and so the same clientToken / Idempotency-Key) on every attempt: the service runs
     // the operation once.
     sigv4::HttpRequest r{method, target, {{"Host", host_ + ":" + port_}}, body};
-    if (!body.empty()) r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
+    if (!body.empty())
+      r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
     if (!amz_target.empty()) r.set_header("X-Amz-Target", amz_target);
     for (const auto& [k, v] : headers) r.set_header(k, v);
     if (options_.bearer_key) {

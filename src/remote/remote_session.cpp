@@ -73,14 +73,15 @@ RemoteSession::~RemoteSession() = default;
 namespace {
 // Submits a training operation and returns a Future of its result member.
 template <class T, class Extract>
-Future<T> submit(const std::shared_ptr<detail::RemoteClient>& client, RemoteSession::State& state, const std::string& name,
-                 wire::TrainingOperation op, Extract extract) {
+Future<T> submit(const std::shared_ptr<detail::RemoteClient>& client, RemoteSession::State& state,
+                 const std::string& name, wire::TrainingOperation op, Extract extract) {
   std::string id;
   {
     std::lock_guard lock(state.submit_mu);
     const std::int64_t seq = state.next_sequence++;
     wire::ExecuteTrainingRequest req{seq, state.token_prefix + "-" + std::to_string(seq), std::move(op)};
-    id = client->rest("POST", "/v1/training-sessions/" + name + "/operations", wire::to_json(req).dump())["operationId"];
+    id =
+        client->rest("POST", "/v1/training-sessions/" + name + "/operations", wire::to_json(req).dump())["operationId"];
   }
   const std::string url = "/v1/training-sessions/" + name + "/operations/" + id;
   return in_background<T>([client, url, extract] {
@@ -92,11 +93,12 @@ Future<T> submit(const std::shared_ptr<detail::RemoteClient>& client, RemoteSess
 // Sampling requests have no clientToken in the API (spec §3.7); the same key goes in an Idempotency-Key header on
 // every retry instead, so rlloop-server runs (and bills) a retried sample once.
 template <class T, class Extract>
-Future<T> submit_sampling(const std::shared_ptr<detail::RemoteClient>& client, RemoteSession::State& state, const std::string& name,
-                          wire::SamplingOperation op, Extract extract) {
+Future<T> submit_sampling(const std::shared_ptr<detail::RemoteClient>& client, RemoteSession::State& state,
+                          const std::string& name, wire::SamplingOperation op, Extract extract) {
   const std::string key = state.token_prefix + "-s" + std::to_string(state.next_sampling++);
-  const std::string id = client->rest("POST", "/v1/training-sessions/" + name + "/sampling-operations",
-                                      json{{"operationConfig", wire::to_json(op)}}.dump(), {{"Idempotency-Key", key}})["operationId"];
+  const std::string id =
+      client->rest("POST", "/v1/training-sessions/" + name + "/sampling-operations",
+                   json{{"operationConfig", wire::to_json(op)}}.dump(), {{"Idempotency-Key", key}})["operationId"];
   const std::string url = "/v1/training-sessions/" + name + "/sampling-operations/" + id;
   return in_background<T>([client, url, extract] {
     const auto st = wire::sampling_state_from_json(poll(*client, url));
@@ -112,16 +114,19 @@ const R& member(const auto& result) {
 }  // namespace
 
 Future<ForwardBackwardOutput> RemoteSession::forward(const std::vector<Datum>& data, const LossSpec& loss) {
-  return submit<ForwardBackwardOutput>(client_, *state_, name_, wire::ForwardOp{{data, loss}},
-                                       [](const wire::TrainingResult& r) { return member<wire::ForwardResult>(r).output; });
+  return submit<ForwardBackwardOutput>(
+      client_, *state_, name_, wire::ForwardOp{{data, loss}},
+      [](const wire::TrainingResult& r) { return member<wire::ForwardResult>(r).output; });
 }
 
 Future<ForwardBackwardOutput> RemoteSession::forward_backward(const std::vector<Datum>& data, const LossSpec& loss) {
-  return submit<ForwardBackwardOutput>(client_, *state_, name_, wire::ForwardBackwardOp{{data, loss}},
-                                       [](const wire::TrainingResult& r) { return member<wire::ForwardBackwardResult>(r).output; });
+  return submit<ForwardBackwardOutput>(
+      client_, *state_, name_, wire::ForwardBackwardOp{{data, loss}},
+      [](const wire::TrainingResult& r) { return member<wire::ForwardBackwardResult>(r).output; });
 }
 
-Future<ForwardBackwardOutput> RemoteSession::forward_backward_custom(const std::vector<Datum>& data, const CustomLossFn& fn) {
+Future<ForwardBackwardOutput> RemoteSession::forward_backward_custom(const std::vector<Datum>& data,
+                                                                     const CustomLossFn& fn) {
   // cross_entropy needs weights; the forward pass ignores them, so zeros are fine where the caller gave none.
   std::vector<Datum> probe = data;
   for (auto& d : probe)
@@ -138,14 +143,16 @@ Future<ForwardBackwardOutput> RemoteSession::forward_backward_custom(const std::
   for (std::size_t i = 0; i < data.size(); ++i) {
     if (custom.grad_logprobs[i].size() != logprobs[i].size())
       throw invalid_argument("forward_backward_custom: gradient " + std::to_string(i) + " has " +
-                             std::to_string(custom.grad_logprobs[i].size()) + " values, expected " + std::to_string(logprobs[i].size()));
+                             std::to_string(custom.grad_logprobs[i].size()) + " values, expected " +
+                             std::to_string(logprobs[i].size()));
     std::vector<float> w;
     for (double g : custom.grad_logprobs[i]) w.push_back(static_cast<float>(-g));
     weighted[i].loss_fn_inputs["weights"] = TensorData::from_floats(std::move(w));
   }
   const double loss = custom.loss;
   const Metrics metrics = custom.metrics;
-  return submit<ForwardBackwardOutput>(client_, *state_, name_, wire::ForwardBackwardOp{{weighted, LossSpec::cross_entropy()}},
+  return submit<ForwardBackwardOutput>(client_, *state_, name_,
+                                       wire::ForwardBackwardOp{{weighted, LossSpec::cross_entropy()}},
                                        [loss, metrics](const wire::TrainingResult& r) {
                                          ForwardBackwardOutput out = member<wire::ForwardBackwardResult>(r).output;
                                          out.metrics["loss:sum"] = loss;  // the user's loss, not the surrogate's
@@ -160,8 +167,9 @@ Future<OptimStepOutput> RemoteSession::optim_step(const AdamParams& params) {
 }
 
 Future<CheckpointRef> RemoteSession::save_state(const std::string& name) {
-  return submit<CheckpointRef>(client_, *state_, name_, wire::SaveStateOp{name},
-                               [](const wire::TrainingResult& r) { return CheckpointRef{member<wire::SaveStateResult>(r).model_package_arn}; });
+  return submit<CheckpointRef>(client_, *state_, name_, wire::SaveStateOp{name}, [](const wire::TrainingResult& r) {
+    return CheckpointRef{member<wire::SaveStateResult>(r).model_package_arn};
+  });
 }
 
 Future<LoadStateOutput> RemoteSession::load_state(const std::string& path, bool with_optimizer) {
@@ -170,15 +178,18 @@ Future<LoadStateOutput> RemoteSession::load_state(const std::string& path, bool 
 }
 
 Future<CheckpointRef> RemoteSession::save_weights_for_sampler(const std::string& name) {
-  return submit<CheckpointRef>(client_, *state_, name_, wire::SaveWeightsOp{false, name}, [](const wire::TrainingResult& r) {
-    const auto& w = member<wire::SaveWeightsResult>(r);
-    if (!w.model_package_arn) throw remote_error("InternalServerException", 200, "saveWeights returned no modelPackageArn");
-    return CheckpointRef{*w.model_package_arn};
-  });
+  return submit<CheckpointRef>(
+      client_, *state_, name_, wire::SaveWeightsOp{false, name}, [](const wire::TrainingResult& r) {
+        const auto& w = member<wire::SaveWeightsResult>(r);
+        if (!w.model_package_arn)
+          throw remote_error("InternalServerException", 200, "saveWeights returned no modelPackageArn");
+        return CheckpointRef{*w.model_package_arn};
+      });
 }
 
 Future<SampleResponse> RemoteSession::sample(const SampleRequest& request) {
-  return submit_sampling<SampleResponse>(client_, *state_, name_, request, [](const wire::SamplingResult& r) { return member<SampleResponse>(r); });
+  return submit_sampling<SampleResponse>(client_, *state_, name_, request,
+                                         [](const wire::SamplingResult& r) { return member<SampleResponse>(r); });
 }
 
 Future<std::vector<double>> RemoteSession::compute_logprobs(const ComputeLogprobsRequest& request) {
@@ -200,40 +211,46 @@ TokenUsage RemoteSession::usage() {
 
 void RemoteSession::stop() { client_->control("StopTrainingSession", {{"TrainingSessionName", name_}}); }
 
-RemoteService::RemoteService(RemoteOptions options) : client_(std::make_shared<detail::RemoteClient>(std::move(options))) {}
+RemoteService::RemoteService(RemoteOptions options)
+    : client_(std::make_shared<detail::RemoteClient>(std::move(options))) {}
 
 std::shared_ptr<RemoteSession> RemoteService::create_session(const SessionOptions& options) {
   if (!options.lora) throw unsupported("remote sessions are LoRA only (the training-session API requires LoraConfig)");
   const std::string name = options.name.empty() ? "rlloop-" + random_hex(12) : options.name;
   const auto& o = client_->options();
-  client_->control("CreateTrainingSession", {{"TrainingSessionName", name},
-                                             {"RoleArn", o.role_arn},
-                                             {"LoraConfig", {{"Rank", options.lora->rank}, {"Alpha", options.lora->alpha}}},
-                                             {"ModelConfig", {{"BaseModelArn", options.base_model}}},
-                                             {"OutputConfig", {{"S3Location", {{"Path", o.s3_output_path}}}}}});
+  client_->control("CreateTrainingSession",
+                   {{"TrainingSessionName", name},
+                    {"RoleArn", o.role_arn},
+                    {"LoraConfig", {{"Rank", options.lora->rank}, {"Alpha", options.lora->alpha}}},
+                    {"ModelConfig", {{"BaseModelArn", options.base_model}}},
+                    {"OutputConfig", {{"S3Location", {{"Path", o.s3_output_path}}}}}});
   auto interval = o.poll_initial;
   while (true) {
-    const json d = client_->control("DescribeTrainingSession", {{"TrainingSessionName", name}})["TrainingSessionDetail"];
+    const json d =
+        client_->control("DescribeTrainingSession", {{"TrainingSessionName", name}})["TrainingSessionDetail"];
     const std::string status = d.value("TrainingSessionStatus", "");
     if (status == "Running") break;
     if (status != "Created" && status != "Scheduled")
-      throw remote_error("SessionNotRunning", 200, "training session " + name + " is " + status + ": " + d.value("ErrorDetails", ""));
+      throw remote_error("SessionNotRunning", 200,
+                         "training session " + name + " is " + status + ": " + d.value("ErrorDetails", ""));
     std::this_thread::sleep_for(interval);
     interval = std::min(o.poll_max, interval * 2);
   }
   return std::make_shared<RemoteSession>(client_, name);
 }
 
-std::shared_ptr<RemoteSession> RemoteService::create_session_from_state(const std::string& path, const SessionOptions& options) {
+std::shared_ptr<RemoteSession> RemoteService::create_session_from_state(const std::string& path,
+                                                                        const SessionOptions& options) {
   auto s = create_session(options);
   s->load_state(path, true).get();
   return s;
 }
 
 std::shared_ptr<RemoteSession> RemoteService::open_sampler(const std::string& path) {
-  throw unsupported("open_sampler('" + path +
-                    "'): a remote sampler needs a session; use save_weights_and_get_sampling_client or a SamplingClient "
-                    "with model_path on a live session");
+  throw unsupported(
+      "open_sampler('" + path +
+      "'): a remote sampler needs a session; use save_weights_and_get_sampling_client or a SamplingClient "
+      "with model_path on a live session");
 }
 
 std::vector<std::string> RemoteService::list_base_models() {

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -78,7 +78,9 @@ void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NON
 
   const auto& l = spec.limits;
   auto cap = [&](int res, rlim_t soft, rlim_t hard) {
-    struct rlimit r{soft, hard};
+    struct rlimit r {
+      soft, hard
+    };
     if (::setrlimit(res, &r) != 0) die("setrlimit");
   };
   const rlim_t cpu = static_cast<rlim_t>(std::ceil(l.cpu_seconds));
@@ -127,8 +129,8 @@ RunResult launch(const LaunchSpec& spec, double* cpu_seconds_used) {
   }
 
   const auto start = clock_type::now();
-  const auto deadline = start + std::chrono::duration_cast<clock_type::duration>(
-                                    std::chrono::duration<double>(spec.limits.wall_seconds));
+  const auto deadline =
+      start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(spec.limits.wall_seconds));
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw io_error(std::string("sandbox: fork: ") + std::strerror(errno));
@@ -168,8 +170,8 @@ RunResult launch(const LaunchSpec& spec, double* cpu_seconds_used) {
     if (err_r) i_err = n, pfds[n++] = {err_r.fd, POLLIN, 0};
     if (in_w) i_in = n, pfds[n++] = {in_w.fd, POLLOUT, 0};
     if (!exited) i_pid = n, pfds[n++] = {pidfd.fd, POLLIN, 0};
-    const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             (exited ? drain_until : deadline) - now).count() + 1;
+    const auto wait_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>((exited ? drain_until : deadline) - now).count() + 1;
     int r = ::poll(pfds, static_cast<nfds_t>(n), static_cast<int>(std::min<long long>(wait_ms, 1000)));
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
@@ -197,7 +199,8 @@ RunResult launch(const LaunchSpec& spec, double* cpu_seconds_used) {
     if (i_in >= 0 && (pfds[i_in].revents & (POLLOUT | POLLERR | POLLHUP))) {
       ssize_t w = ::write(in_w.fd, spec.stdin_data.data() + stdin_done, spec.stdin_data.size() - stdin_done);
       if (w > 0) stdin_done += static_cast<std::size_t>(w);
-      if ((w < 0 && errno != EAGAIN) || stdin_done == spec.stdin_data.size()) in_w.reset();  // EPIPE: it stopped reading
+      if ((w < 0 && errno != EAGAIN) || stdin_done == spec.stdin_data.size())
+        in_w.reset();  // EPIPE: it stopped reading
     }
     if (i_pid >= 0 && (pfds[i_pid].revents & POLLIN)) {
       exited = true;
@@ -210,7 +213,7 @@ RunResult launch(const LaunchSpec& spec, double* cpu_seconds_used) {
   // namespace's init dies (--die-with-parent) and the kernel kills all that is left inside.
   ::killpg(pid, SIGKILL);
   int status = 0;
-  struct rusage ru{};
+  struct rusage ru {};
   while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
   }
   result.wall_seconds = std::chrono::duration<double>(clock_type::now() - start).count();

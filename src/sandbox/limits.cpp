@@ -23,18 +23,23 @@ void Options::validate() const {
   require(!bwrap_path.empty() && bwrap_path.front() == '/', "Options::bwrap_path", "must be an absolute path");
   require(sandbox_uid != 0, "Options::sandbox_uid", "must not be root (0)");
   require(sandbox_gid != 0, "Options::sandbox_gid", "must not be root (0)");
-  require(!scratch_root.empty() && scratch_root.front() == '/', "Options::scratch_root",
-          "must be an absolute path");
+  require(!scratch_root.empty() && scratch_root.front() == '/', "Options::scratch_root", "must be an absolute path");
 }
 
 std::string_view to_string(Outcome o) noexcept {
   switch (o) {
-    case Outcome::exited: return "exited";
-    case Outcome::signaled: return "signaled";
-    case Outcome::cpu_limit: return "cpu_limit";
-    case Outcome::timeout: return "timeout";
-    case Outcome::output_limit: return "output_limit";
-    case Outcome::sandbox_error: return "sandbox_error";
+    case Outcome::exited:
+      return "exited";
+    case Outcome::signaled:
+      return "signaled";
+    case Outcome::cpu_limit:
+      return "cpu_limit";
+    case Outcome::timeout:
+      return "timeout";
+    case Outcome::output_limit:
+      return "output_limit";
+    case Outcome::sandbox_error:
+      return "sandbox_error";
   }
   return "unknown";
 }

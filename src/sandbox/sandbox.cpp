@@ -45,25 +45,48 @@ struct Sandbox::Impl {
   std::vector<std::string> bwrap_argv(const Box& box, const RunRequest& req, bool as_unprivileged) const {
     std::vector<std::string> a{opts.bwrap_path,
                                "--unshare-all",  // net, pid, ipc, uts, cgroup (and user where possible)
-                               "--die-with-parent",
-                               "--hostname", "sandbox"};
+                               "--die-with-parent", "--hostname", "sandbox"};
     if (as_unprivileged) a.insert(a.end(), {"--unshare-user", "--disable-userns"});
     a.insert(a.end(), system_args.begin(), system_args.end());
     const std::string tmp_size = std::to_string(req.limits.tmp_bytes);
-    a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev",
-                       "--remount-ro", "/dev",  // device nodes stay usable; no files can be created there
-                       "--size", tmp_size, "--tmpfs", "/tmp",
-                       req.box_writable ? "--bind" : "--ro-bind", box.host_path(), "/box",
-                       "--remount-ro", "/",  // the sandbox's own root would otherwise be an unbounded tmpfs
-                       "--chdir", "/tmp",
+    a.insert(a.end(), {"--proc",
+                       "/proc",
+                       "--dev",
+                       "/dev",
+                       "--remount-ro",
+                       "/dev",  // device nodes stay usable; no files can be created there
+                       "--size",
+                       tmp_size,
+                       "--tmpfs",
+                       "/tmp",
+                       req.box_writable ? "--bind" : "--ro-bind",
+                       box.host_path(),
+                       "/box",
+                       "--remount-ro",
+                       "/",  // the sandbox's own root would otherwise be an unbounded tmpfs
+                       "--chdir",
+                       "/tmp",
                        "--clearenv",
-                       "--setenv", "PATH", "/usr/bin:/bin",
-                       "--setenv", "HOME", "/tmp",
-                       "--setenv", "TMPDIR", "/tmp",
-                       "--setenv", "LANG", "C.UTF-8",
-                       "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-                       "--setenv", "PYTHONHASHSEED", "0",
-                       "--seccomp", std::to_string(detail::seccomp_child_fd),
+                       "--setenv",
+                       "PATH",
+                       "/usr/bin:/bin",
+                       "--setenv",
+                       "HOME",
+                       "/tmp",
+                       "--setenv",
+                       "TMPDIR",
+                       "/tmp",
+                       "--setenv",
+                       "LANG",
+                       "C.UTF-8",
+                       "--setenv",
+                       "PYTHONDONTWRITEBYTECODE",
+                       "1",
+                       "--setenv",
+                       "PYTHONHASHSEED",
+                       "0",
+                       "--seccomp",
+                       std::to_string(detail::seccomp_child_fd),
                        "--"});
     a.insert(a.end(), req.argv.begin(), req.argv.end());
     return a;
@@ -90,8 +113,8 @@ struct Sandbox::Impl {
   static void classify(RunResult& r, double cpu, const Limits& limits) {
     if (r.outcome != Outcome::exited && r.outcome != Outcome::signaled) return;
     if (r.outcome == Outcome::exited) {
-      const bool launcher_failed = r.stderr_data.rfind("bwrap: ", 0) == 0 ||
-                                   r.stderr_data.rfind("rlloop-sandbox: ", 0) == 0;
+      const bool launcher_failed =
+          r.stderr_data.rfind("bwrap: ", 0) == 0 || r.stderr_data.rfind("rlloop-sandbox: ", 0) == 0;
       if ((r.exit_code == 1 || r.exit_code == 127) && launcher_failed) {
         r.outcome = Outcome::sandbox_error;
         return;
@@ -124,7 +147,7 @@ Sandbox::Sandbox(Options opts) {
     throw unsupported("sandbox: bubblewrap not found at Options::bwrap_path = " + opts.bwrap_path +
                       " (Debian: apt-get install bubblewrap)");
   // Writing stdin to a program that stopped reading must give EPIPE, not kill the process.
-  struct sigaction old{};
+  struct sigaction old {};
   if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   (void)detail::seccomp_bpf(false);  // build (and check) the filters now, not in the first run
   impl_ = std::make_unique<Impl>(std::move(opts));

@@ -33,12 +33,31 @@ std::string build(bool allow_fork) {
   } guard{ctx};
 
   const uint32_t deny = SCMP_ACT_ERRNO(EPERM);
-  for (int nr : {SCMP_SYS(ptrace), SCMP_SYS(process_vm_readv), SCMP_SYS(process_vm_writev), SCMP_SYS(mount),
-                 SCMP_SYS(umount2), SCMP_SYS(pivot_root), SCMP_SYS(chroot), SCMP_SYS(unshare), SCMP_SYS(setns),
-                 SCMP_SYS(keyctl), SCMP_SYS(add_key), SCMP_SYS(request_key), SCMP_SYS(bpf),
-                 SCMP_SYS(perf_event_open), SCMP_SYS(userfaultfd), SCMP_SYS(kexec_load), SCMP_SYS(init_module),
-                 SCMP_SYS(finit_module), SCMP_SYS(delete_module), SCMP_SYS(reboot), SCMP_SYS(swapon),
-                 SCMP_SYS(swapoff), SCMP_SYS(acct), SCMP_SYS(setsid), SCMP_SYS(setpgid)})
+  for (int nr : {SCMP_SYS(ptrace),
+                 SCMP_SYS(process_vm_readv),
+                 SCMP_SYS(process_vm_writev),
+                 SCMP_SYS(mount),
+                 SCMP_SYS(umount2),
+                 SCMP_SYS(pivot_root),
+                 SCMP_SYS(chroot),
+                 SCMP_SYS(unshare),
+                 SCMP_SYS(setns),
+                 SCMP_SYS(keyctl),
+                 SCMP_SYS(add_key),
+                 SCMP_SYS(request_key),
+                 SCMP_SYS(bpf),
+                 SCMP_SYS(perf_event_open),
+                 SCMP_SYS(userfaultfd),
+                 SCMP_SYS(kexec_load),
+                 SCMP_SYS(init_module),
+                 SCMP_SYS(finit_module),
+                 SCMP_SYS(delete_module),
+                 SCMP_SYS(reboot),
+                 SCMP_SYS(swapon),
+                 SCMP_SYS(swapoff),
+                 SCMP_SYS(acct),
+                 SCMP_SYS(setsid),
+                 SCMP_SYS(setpgid)})
     add(ctx, deny, nr);
 
   // Only Unix-domain sockets.

@@ -18,7 +18,8 @@ std::string bearer_of(const std::string& auth) {
 Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->backend = std::move(backend);
-  if (!impl_->options.log) impl_->options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  if (!impl_->options.log)
+    impl_->options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   for (const Tenant& t : impl_->options.tenants) {
     auto state = std::make_shared<TenantState>();
     state->config = t;
@@ -83,7 +84,8 @@ std::shared_ptr<TenantState> Api::Impl::authenticate(const sigv4::HttpRequest& r
         sigv4::clock::now(), opts);
     (void)id;
   } catch (const sigv4::auth_error& e) {
-    throw api_error(e.code(), static_cast<unsigned>(e.http_status()), std::string(e.what()).substr(e.code().size() + 2));
+    throw api_error(e.code(), static_cast<unsigned>(e.http_status()),
+                    std::string(e.what()).substr(e.code().size() + 2));
   }
   return tenant;
 }
@@ -105,11 +107,12 @@ Response Api::handle(const sigv4::HttpRequest& req) {
       tenant_id = tenant->config.id;
       if (req.body.size() > tenant->config.max_body_bytes)
         throw api_error("RequestEntityTooLarge", 413,
-                        "request body of " + std::to_string(req.body.size()) + " bytes exceeds this tenant's limit of " +
-                            std::to_string(tenant->config.max_body_bytes));
+                        "request body of " + std::to_string(req.body.size()) +
+                            " bytes exceeds this tenant's limit of " + std::to_string(tenant->config.max_body_bytes));
       if (amz_target) {
         res.content_type = "application/x-amz-json-1.1";
-        if (req.method != "POST" || path != "/") throw api_error("UnknownOperationException", 400, "control-plane calls are POST /");
+        if (req.method != "POST" || path != "/")
+          throw api_error("UnknownOperationException", 400, "control-plane calls are POST /");
         json body;
         try {
           body = req.body.empty() ? json::object() : json::parse(req.body);
@@ -131,9 +134,10 @@ Response Api::handle(const sigv4::HttpRequest& req) {
     } else if (is_openai_path(path)) {
       // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
       res.content_type = "application/json";
-      res.body = json{{"error", {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}}},
-                      {"message", e.what()}}
-                     .dump(-1, ' ', false, json::error_handler_t::replace);
+      res.body = json{
+          {"error", {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}}},
+          {"message",
+           e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
     } else {
       res.content_type = "application/json";
       res.body = json{{"message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -146,7 +150,8 @@ Response Api::handle(const sigv4::HttpRequest& req) {
     // The same shapes as above: a control-plane client reads __type / Message.
     if (amz_target) {
       res.content_type = "application/x-amz-json-1.1";
-      res.body = json{{"__type", error_type}, {"Message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
+      res.body =
+          json{{"__type", error_type}, {"Message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
     } else {
       res.content_type = "application/json";
       res.body = json{{"message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -155,13 +160,16 @@ Response Api::handle(const sigv4::HttpRequest& req) {
   }
   res.headers.emplace_back("x-amzn-RequestId", request_id);
 
-  json line{{"ts", now_seconds()},
-            {"level", res.status >= 500 ? "error" : res.status >= 400 ? "warn" : "info"},
-            {"requestId", request_id},
-            {"method", req.method},
-            {"path", path},
-            {"status", res.status},
-            {"durationMs", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count()}};
+  json line{
+      {"ts", now_seconds()},
+      {"level", res.status >= 500   ? "error"
+                : res.status >= 400 ? "warn"
+                                    : "info"},
+      {"requestId", request_id},
+      {"method", req.method},
+      {"path", path},
+      {"status", res.status},
+      {"durationMs", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count()}};
   if (amz_target) line["target"] = *amz_target;
   if (!tenant_id.empty()) line["tenant"] = tenant_id;
   if (!error_type.empty()) line["errorType"] = error_type;

@@ -4,14 +4,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
-#include <optional>
-#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -64,15 +64,15 @@ class Journal;
 // What a session host needs from the server around it.
 struct HostConfig {
   std::string region;
-  std::string export_dir;      // where saveWeights with mergeWeights writes
-  Journal* journal = nullptr;  // null = not durable
+  std::string export_dir;               // where saveWeights with mergeWeights writes
+  Journal* journal = nullptr;           // null = not durable
   bool bill_prompt_per_sample = false;  // Options::bill_prompt_per_sample
 };
 
 // What a restarted server knows of a session that was live: how to rebuild its state before taking new work.
 struct Recovery {
   std::string autosave;  // latest state saved after a completed optimizerStep ("" = none yet)
-  std::vector<std::shared_ptr<OperationRecord>> replay;   // completed since then and changing state: run again, silently
+  std::vector<std::shared_ptr<OperationRecord>> replay;  // completed since then and changing state: run again, silently
   std::vector<std::shared_ptr<OperationRecord>> pending;  // accepted but not finished: run as new
   std::optional<std::string> sampler_path;                // from the last loadWeightsForSampling
 };
@@ -83,8 +83,8 @@ class SessionHost {
   // Starts a worker that creates the session (and, given a Recovery, rebuilds its state first). With
   // initial_status "Stopped" or "Failed" there is no worker: the record is only describable and deletable.
   SessionHost(std::shared_ptr<TenantState> tenant, std::string name, std::string arn, SessionOptions options, json echo,
-              const Backend& backend, HostConfig config, double creation_time = 0, std::optional<Recovery> recovery = {},
-              std::string initial_status = "Created");
+              const Backend& backend, HostConfig config, double creation_time = 0,
+              std::optional<Recovery> recovery = {}, std::string initial_status = "Created");
   ~SessionHost();
 
   // Queues an accepted operation; the caller validated it and holds `mu`.
@@ -98,7 +98,8 @@ class SessionHost {
   // Blocks until op is no longer Pending or InProgress.
   void wait_done(const OperationRecord& op);
   // The same with `lock` held on mu, until `until` at the latest (long-poll GETs); true once op is terminal.
-  bool wait_done_until(std::unique_lock<std::mutex>& lock, const OperationRecord& op, std::chrono::steady_clock::time_point until);
+  bool wait_done_until(std::unique_lock<std::mutex>& lock, const OperationRecord& op,
+                       std::chrono::steady_clock::time_point until);
   // Writes a record about this session to the journal (when durable).
   void journal(json record);
 
@@ -145,10 +146,10 @@ class SessionHost {
 struct Api::Impl {
   Options options;
   Backend backend;
-  std::map<std::string, std::shared_ptr<TenantState>> tenants;                       // by id
+  std::map<std::string, std::shared_ptr<TenantState>> tenants;                             // by id
   std::map<std::string, std::pair<std::shared_ptr<TenantState>, std::string>> sigv4_keys;  // akid -> tenant, secret
   std::map<std::string, std::shared_ptr<TenantState>> bearer_keys;
-  std::mutex mu;  // guards sessions
+  std::mutex mu;                                                                         // guards sessions
   std::map<std::pair<std::string, std::string>, std::shared_ptr<SessionHost>> sessions;  // (tenant, name)
   std::atomic<std::uint64_t> next_request{1};
   std::atomic<std::uint64_t> next_operation{1};

@@ -13,19 +13,22 @@ using namespace wire::detail;
 [[noreturn]] void validation(const std::string& message) { throw api_error("ValidationException", 400, message); }
 
 // Constraint helpers that turn the wire readers' invalid_argument into ValidationException.
-std::string string_field(const json& obj, const std::string& path, const char* key, std::size_t min_len, std::size_t max_len,
-                         const char* pattern = nullptr) {
+std::string string_field(const json& obj, const std::string& path, const char* key, std::size_t min_len,
+                         std::size_t max_len, const char* pattern = nullptr) {
   const std::string v = string(need(obj, path, key), join(path, key));
   if (v.size() < min_len || v.size() > max_len)
     fail(join(path, key), "length must be in [" + std::to_string(min_len) + ", " + std::to_string(max_len) + "], got " +
                               std::to_string(v.size()));
-  if (pattern && !std::regex_match(v, std::regex(pattern))) fail(join(path, key), "does not match " + std::string(pattern));
+  if (pattern && !std::regex_match(v, std::regex(pattern)))
+    fail(join(path, key), "does not match " + std::string(pattern));
   return v;
 }
 
 constexpr const char* kNamePattern = "[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}";
 
-std::string session_name(const json& body) { return string_field(body, "", "TrainingSessionName", 1, 63, kNamePattern); }
+std::string session_name(const json& body) {
+  return string_field(body, "", "TrainingSessionName", 1, 63, kNamePattern);
+}
 
 // The base model the Service gets: the model id of a SageMaker Hub ARN (".../Model/<id>/<version>"), or, as an
 // rlloop extension for local use, a plain catalogue name.
@@ -39,7 +42,9 @@ std::string base_model_from(const std::string& arn) {
 }
 
 json summary(SessionHost& s) {
-  json j{{"TrainingSessionArn", s.arn}, {"TrainingSessionStatus", s.status}, {"CreationTime", s.creation_time},
+  json j{{"TrainingSessionArn", s.arn},
+         {"TrainingSessionStatus", s.status},
+         {"CreationTime", s.creation_time},
          {"LastModifiedTime", s.last_modified}};
   return j;
 }
@@ -68,8 +73,9 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
   try {
     object(body, "");
     if (op == "CreateTrainingSession") {
-      only_keys(body, "", {"TrainingSessionName", "RoleArn", "LoraConfig", "ModelConfig", "OutputConfig", "ModelPackageGroupArn",
-                           "VpcConfig", "Tags"});
+      only_keys(body, "",
+                {"TrainingSessionName", "RoleArn", "LoraConfig", "ModelConfig", "OutputConfig", "ModelPackageGroupArn",
+                 "VpcConfig", "Tags"});
       const std::string name = session_name(body);
       string_field(body, "", "RoleArn", 20, 2048, R"(arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+)");
       const json& lora = object(need(body, "", "LoraConfig"), "LoraConfig");
@@ -100,10 +106,12 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       opts.name = name;
       json echo = body;
       echo.erase("TrainingSessionName");
-      const std::string arn = "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + name;
+      const std::string arn =
+          "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + name;
 
       std::lock_guard lock(mu);
-      if (sessions.count({t->config.id, name})) throw api_error("ResourceInUse", 400, "Training session " + name + " already exists");
+      if (sessions.count({t->config.id, name}))
+        throw api_error("ResourceInUse", 400, "Training session " + name + " already exists");
       std::size_t live = 0;
       for (const auto& [key, s] : sessions) live += key.first == t->config.id;
       if (live >= t->config.max_sessions)
@@ -128,12 +136,17 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       return {{"TrainingSessionDetail", detail(*s)}};
     }
     if (op == "ListTrainingSessions") {
-      only_keys(body, "", {"CreationTimeAfter", "CreationTimeBefore", "NameContains", "StatusEquals", "MaxResults", "NextToken"});
-      const std::string contains = find(body, "NameContains") ? string_field(body, "", "NameContains", 0, 63, "[a-zA-Z0-9\\-]*") : "";
+      only_keys(body, "",
+                {"CreationTimeAfter", "CreationTimeBefore", "NameContains", "StatusEquals", "MaxResults", "NextToken"});
+      const std::string contains =
+          find(body, "NameContains") ? string_field(body, "", "NameContains", 0, 63, "[a-zA-Z0-9\\-]*") : "";
       const std::string status = find(body, "StatusEquals") ? string(*find(body, "StatusEquals"), "StatusEquals") : "";
-      const double after = find(body, "CreationTimeAfter") ? number(*find(body, "CreationTimeAfter"), "CreationTimeAfter") : -1e300;
-      const double before = find(body, "CreationTimeBefore") ? number(*find(body, "CreationTimeBefore"), "CreationTimeBefore") : 1e300;
-      const std::int64_t max_results = find(body, "MaxResults") ? integer(*find(body, "MaxResults"), "MaxResults", 1, 100) : 100;
+      const double after =
+          find(body, "CreationTimeAfter") ? number(*find(body, "CreationTimeAfter"), "CreationTimeAfter") : -1e300;
+      const double before =
+          find(body, "CreationTimeBefore") ? number(*find(body, "CreationTimeBefore"), "CreationTimeBefore") : 1e300;
+      const std::int64_t max_results =
+          find(body, "MaxResults") ? integer(*find(body, "MaxResults"), "MaxResults", 1, 100) : 100;
       std::int64_t offset = 0;
       if (const json* tok = find(body, "NextToken")) {
         const std::string s = string(*tok, "NextToken");
@@ -157,11 +170,14 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
         if (s->creation_time <= after || s->creation_time >= before) continue;
         rows.push_back(summary(*s));
       }
-      std::stable_sort(rows.begin(), rows.end(), [](const json& a, const json& b) { return a["CreationTime"] > b["CreationTime"]; });
+      std::stable_sort(rows.begin(), rows.end(),
+                       [](const json& a, const json& b) { return a["CreationTime"] > b["CreationTime"]; });
       json page = json::array();
-      for (std::int64_t i = offset; i < static_cast<std::int64_t>(rows.size()) && i < offset + max_results; ++i) page.push_back(rows[i]);
+      for (std::int64_t i = offset; i < static_cast<std::int64_t>(rows.size()) && i < offset + max_results; ++i)
+        page.push_back(rows[i]);
       json out{{"TrainingSessionSummaries", std::move(page)}};
-      if (offset + max_results < static_cast<std::int64_t>(rows.size())) out["NextToken"] = std::to_string(offset + max_results);
+      if (offset + max_results < static_cast<std::int64_t>(rows.size()))
+        out["NextToken"] = std::to_string(offset + max_results);
       return out;
     }
     if (op == "StopTrainingSession") {
@@ -177,7 +193,8 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       {
         std::lock_guard lock(s->mu);
         if (s->status != "Stopped" && s->status != "Failed" && s->status != "Expired")
-          throw api_error("ResourceInUse", 400, "Training session " + name + " is " + s->status + "; stop it before deleting");
+          throw api_error("ResourceInUse", 400,
+                          "Training session " + name + " is " + s->status + "; stop it before deleting");
       }
       s->join();
       s->journal({{"t", "delete"}});

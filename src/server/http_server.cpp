@@ -127,7 +127,8 @@ void Server::Impl::accept_loop() {
   }
 }
 
-Server::Server(Options options, Backend backend) : impl_(std::make_unique<Impl>(std::move(options), std::move(backend))) {}
+Server::Server(Options options, Backend backend)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(backend))) {}
 
 Server::~Server() { stop(); }
 
@@ -137,7 +138,9 @@ void Server::start() {
   impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
   beast::error_code ec;
   impl_->acceptor.bind(endpoint, ec);
-  if (ec) throw io_error("cannot listen on " + impl_->options.host + ":" + std::to_string(impl_->options.port) + ": " + ec.message());
+  if (ec)
+    throw io_error("cannot listen on " + impl_->options.host + ":" + std::to_string(impl_->options.port) + ": " +
+                   ec.message());
   impl_->acceptor.listen(asio::socket_base::max_listen_connections);
   impl_->port = impl_->acceptor.local_endpoint().port();
   impl_->accept_thread = std::thread([this] { impl_->accept_loop(); });

@@ -91,7 +91,8 @@ class BytePieces final : public Tokenizer {
   std::vector<std::string> pieces_;
 };
 
-Choice make_choice(const SampledSequence& seq, const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids) {
+Choice make_choice(const SampledSequence& seq, const Request& r, const ModelText& m,
+                   const std::vector<token_id>& stop_ids) {
   Choice c;
   for (std::size_t i = 0; i < seq.tokens.size(); ++i) {
     if (std::find(stop_ids.begin(), stop_ids.end(), seq.tokens[i]) != stop_ids.end()) break;
@@ -172,7 +173,8 @@ std::shared_ptr<OperationRecord> Api::Impl::sample_now(const std::shared_ptr<Ses
   {
     std::lock_guard lock(s->mu);
     if (s->status != "Running" && s->status != "Blocked")
-      throw api_error("ConflictException", 409, "Training session " + s->name + " is " + s->status + "; must be Running or Blocked");
+      throw api_error("ConflictException", 409,
+                      "Training session " + s->name + " is " + s->status + "; must be Running or Blocked");
     try {
       validate_model_input(request.prompt, s->vocab_size, "prompt: ");
     } catch (const invalid_argument& e) {
@@ -185,11 +187,13 @@ std::shared_ptr<OperationRecord> Api::Impl::sample_now(const std::shared_ptr<Ses
   s->wait_done(*op);
   std::lock_guard lock(s->mu);
   if (op->state.value("status", "") != "Completed" || !op->sample_result)
-    throw api_error("invalid_request_error", 400, "sampling failed: " + op->state.value("errorDetails", op->state.value("status", "")));
+    throw api_error("invalid_request_error", 400,
+                    "sampling failed: " + op->state.value("errorDetails", op->state.value("status", "")));
   return op;
 }
 
-Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t) {
+Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path,
+                           const std::shared_ptr<TenantState>& t) {
   auto live = [&](const std::shared_ptr<SessionHost>& s) {
     std::lock_guard lock(s->mu);
     return s->status == "Running" || s->status == "Blocked";
@@ -207,12 +211,17 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
     for (auto& s : mine) {
       if (!live(s)) continue;
       names.insert(s->name);
-      data.push_back({{"id", s->name}, {"object", "model"}, {"created", static_cast<std::int64_t>(s->creation_time)}, {"owned_by", t->config.id}});
+      data.push_back({{"id", s->name},
+                      {"object", "model"},
+                      {"created", static_cast<std::int64_t>(s->creation_time)},
+                      {"owned_by", t->config.id}});
     }
     std::lock_guard lock(t->mu);
     for (const auto& [arn, p] : t->checkpoints) {
-      const std::string session = arn.substr(arn.find("model-package/") + 14, arn.rfind('/') - arn.find("model-package/") - 14);
-      if (names.count(session)) data.push_back({{"id", arn}, {"object", "model"}, {"created", 0}, {"owned_by", t->config.id}});
+      const std::string session =
+          arn.substr(arn.find("model-package/") + 14, arn.rfind('/') - arn.find("model-package/") - 14);
+      if (names.count(session))
+        data.push_back({{"id", arn}, {"object", "model"}, {"created", 0}, {"owned_by", t->config.id}});
     }
     return Response{200, "application/json", {}, dump({{"object", "list"}, {"data", data}})};
   }
@@ -226,13 +235,16 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
   auto find_live = [&](const std::string& name) {
     std::lock_guard lock(mu);
     auto it = sessions.find({t->config.id, name});
-    if (it == sessions.end()) throw api_error("model_not_found", 404, "The model '" + name + "' does not exist (no live training session of that name)");
+    if (it == sessions.end())
+      throw api_error("model_not_found", 404,
+                      "The model '" + name + "' does not exist (no live training session of that name)");
     return it->second;
   };
   if (passthrough) {
     const std::string rest = path.substr(std::string("/training-sessions/").size());
     const std::string name = rest.substr(0, rest.find('/'));
-    if (name.empty() || name.size() > 64 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != std::string::npos)
+    if (name.empty() || name.size() > 64 ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != std::string::npos)
       throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
     if (rest != name + "/sample" && rest != name + "/sample-with-response-stream")
       throw api_error("ResourceNotFoundException", 404, "no route for POST " + path);
@@ -248,10 +260,12 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
     if (r.model.rfind("arn:", 0) == 0) {
       {
         std::lock_guard lock(t->mu);
-        if (!t->checkpoints.count(r.model)) throw api_error("model_not_found", 404, "The model '" + r.model + "' does not exist");
+        if (!t->checkpoints.count(r.model))
+          throw api_error("model_not_found", 404, "The model '" + r.model + "' does not exist");
       }
       const auto at = r.model.find("model-package/");
-      if (at == std::string::npos) throw api_error("model_not_found", 404, "The model '" + r.model + "' is not a checkpoint ARN");
+      if (at == std::string::npos)
+        throw api_error("model_not_found", 404, "The model '" + r.model + "' is not a checkpoint ARN");
       const std::string tail = r.model.substr(at + 14);
       s = find_live(tail.substr(0, tail.rfind('/')));
       model_path = r.model;
@@ -264,7 +278,8 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
     std::lock_guard lock(s->mu);
     info = s->info;
   }
-  if (info.tokenizer.empty()) throw api_error("ConflictException", 409, "Training session " + s->name + " is not running yet");
+  if (info.tokenizer.empty())
+    throw api_error("ConflictException", 409, "Training session " + s->name + " is not running yet");
   const ModelText m = model_text(info);
 
   // The prompt, and where sampling stops.
@@ -301,16 +316,24 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
     json out_choices = json::array();
     for (std::size_t i = 0; i < choices.size(); ++i) {
       const Choice& c = choices[i];
-      json lp = r.logprobs ? (r.chat ? chat_logprobs(*m.tokenizer, c, 0, c.tokens.size()) : completion_logprobs(*m.tokenizer, c, 0, c.tokens.size()))
+      json lp = r.logprobs ? (r.chat ? chat_logprobs(*m.tokenizer, c, 0, c.tokens.size())
+                                     : completion_logprobs(*m.tokenizer, c, 0, c.tokens.size()))
                            : json(nullptr);
       if (r.chat)
-        out_choices.push_back({{"index", i}, {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
-                               {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+        out_choices.push_back({{"index", i},
+                               {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
+                               {"logprobs", lp},
+                               {"finish_reason", c.finish_reason}});
       else
         out_choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
     }
-    json out{{"id", id}, {"object", object}, {"created", created}, {"model", r.model}, {"system_fingerprint", "rlloop"},
-             {"choices", out_choices}, {"usage", usage_of(billed)}};
+    json out{{"id", id},
+             {"object", object},
+             {"created", created},
+             {"model", r.model},
+             {"system_fingerprint", "rlloop"},
+             {"choices", out_choices},
+             {"usage", usage_of(billed)}};
     return Response{200, "application/json", {}, dump(out)};
   }
 
@@ -320,27 +343,38 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
   const std::string chunk_object = r.chat ? "chat.completion.chunk" : "text_completion";
   res.stream = [=, tok = m.tokenizer](const StreamWriter& write) {
     auto event = [&](json choices_json, const json* usage) {
-      json c{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", r.model}, {"system_fingerprint", "rlloop"},
-             {"choices", std::move(choices_json)}};
-      if (usage) c["usage"] = *usage;
-      else if (r.include_usage) c["usage"] = nullptr;
+      json c{{"id", id},         {"object", chunk_object},         {"created", created},
+             {"model", r.model}, {"system_fingerprint", "rlloop"}, {"choices", std::move(choices_json)}};
+      if (usage)
+        c["usage"] = *usage;
+      else if (r.include_usage)
+        c["usage"] = nullptr;
       return write("data: " + dump(c) + "\n\n");
     };
     for (std::size_t i = 0; i < choices.size(); ++i) {
       const Choice& c = choices[i];
-      if (r.chat && !event(json::array({{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr))
+      if (r.chat && !event(json::array({{{"index", i},
+                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}}),
+                           nullptr))
         return;
       const auto& pieces = c.pieces;
       for (std::size_t k = 0; k < pieces.size(); ++k) {
         if (pieces[k].empty() && !r.logprobs) continue;
         const std::size_t to = std::min(k + 1, c.tokens.size()), from = std::min(k, to);
-        json lp = r.logprobs ? (r.chat ? chat_logprobs(*tok, c, from, to) : completion_logprobs(*tok, c, from, to)) : json(nullptr);
-        json ch = r.chat ? json{{"index", i}, {"delta", {{"content", pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
-                         : json{{"index", i}, {"text", pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
+        json lp = r.logprobs ? (r.chat ? chat_logprobs(*tok, c, from, to) : completion_logprobs(*tok, c, from, to))
+                             : json(nullptr);
+        json ch =
+            r.chat
+                ? json{{"index", i}, {"delta", {{"content", pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
+                : json{{"index", i}, {"text", pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
         if (!event(json::array({ch}), nullptr)) return;
       }
-      json last = r.chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}
-                         : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
+      json last =
+          r.chat
+              ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}
+              : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
       if (!event(json::array({last}), nullptr)) return;
     }
     if (r.include_usage) {

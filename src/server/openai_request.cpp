@@ -63,7 +63,8 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
     const json& ms = body["messages"];
     for (std::size_t i = 0; i < ms.size(); ++i) {
       const std::string w = "messages[" + std::to_string(i) + "]";
-      if (!ms[i].is_object() || !ms[i].contains("role") || !ms[i]["role"].is_string()) bad(w, "must be an object with a string role");
+      if (!ms[i].is_object() || !ms[i].contains("role") || !ms[i]["role"].is_string())
+        bad(w, "must be an object with a string role");
       std::string role = ms[i]["role"].get<std::string>();
       if (role == "developer") role = "system";  // OpenAI's newer name for the system role
       if (role != "system" && role != "user" && role != "assistant" && role != "tool")
@@ -81,7 +82,8 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
       for (std::size_t i = 0; i < p.size(); ++i) {
         if (!p[i].is_number_integer()) bad("prompt[" + std::to_string(i) + "]", "must be a token id");
         const auto id = p[i].get<std::int64_t>();
-        if (id < 0 || id > std::numeric_limits<token_id>::max()) bad("prompt[" + std::to_string(i) + "]", "is not a token id");
+        if (id < 0 || id > std::numeric_limits<token_id>::max())
+          bad("prompt[" + std::to_string(i) + "]", "is not a token id");
         r.prompt_tokens.push_back(static_cast<token_id>(id));
       }
     } else {
@@ -94,7 +96,8 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
   if (r.params.top_p == 0.0) bad("top_p", "must be greater than 0");
   const std::int64_t max_tokens = integer_in(body, "max_tokens", 1, 1 << 20, 16);
   r.params.max_tokens = static_cast<int>(integer_in(body, "max_completion_tokens", 1, 1 << 20, max_tokens));
-  if (body.contains("seed") && !body["seed"].is_null()) r.params.seed = integer_in(body, "seed", INT64_MIN, INT64_MAX, 0);
+  if (body.contains("seed") && !body["seed"].is_null())
+    r.params.seed = integer_in(body, "seed", INT64_MIN, INT64_MAX, 0);
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& s = body["stop"];
     if (s.is_string()) {
@@ -119,14 +122,16 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
       r.logprobs = integer_in(body, "logprobs", 0, 5, 0) > 0;
     }
   }
-  if (integer_in(body, "top_logprobs", 0, 20, 0) > 0) bad("top_logprobs", "is not supported (alternatives are not computed); use 0");
+  if (integer_in(body, "top_logprobs", 0, 20, 0) > 0)
+    bad("top_logprobs", "is not supported (alternatives are not computed); use 0");
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean()) bad("stream", "must be a boolean");
     r.stream = body["stream"].get<bool>();
   }
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     const json& so = body["stream_options"];
-    if (so.contains("include_usage") && !so["include_usage"].is_boolean()) bad("stream_options.include_usage", "must be a boolean");
+    if (so.contains("include_usage") && !so["include_usage"].is_boolean())
+      bad("stream_options.include_usage", "must be a boolean");
     r.include_usage = so.value("include_usage", false);
   }
   return r;

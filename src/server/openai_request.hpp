@@ -14,14 +14,14 @@ namespace rlloop::server::openai {
 struct Request {
   bool chat = true;
   std::string model;
-  std::vector<Message> messages;          // chat
-  std::optional<std::string> prompt;      // completions: text
-  std::vector<token_id> prompt_tokens;    // completions: already tokenized
+  std::vector<Message> messages;        // chat
+  std::optional<std::string> prompt;    // completions: text
+  std::vector<token_id> prompt_tokens;  // completions: already tokenized
   int n = 1;
-  SamplingParams params;                  // max_tokens, temperature, top_p, seed, stop (the user's stop strings)
+  SamplingParams params;  // max_tokens, temperature, top_p, seed, stop (the user's stop strings)
   bool logprobs = false;
   bool stream = false;
-  bool include_usage = false;             // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
 };
 
 // chat = /v1/chat/completions shape (messages), else /v1/completions (prompt). model_required: /v1/* paths.

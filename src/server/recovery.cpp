@@ -26,7 +26,8 @@ struct SessionRecord {
 };
 
 TokenUsage usage_from(const json& j) {
-  return TokenUsage{j.value("prefill", std::int64_t{0}), j.value("sample", std::int64_t{0}), j.value("training", std::int64_t{0})};
+  return TokenUsage{j.value("prefill", std::int64_t{0}), j.value("sample", std::int64_t{0}),
+                    j.value("training", std::int64_t{0})};
 }
 
 std::shared_ptr<OperationRecord> operation_from(const json& rec) {
@@ -35,8 +36,10 @@ std::shared_ptr<OperationRecord> operation_from(const json& rec) {
   op->sampling = rec.at("sampling").get<bool>();
   op->fingerprint = rec.value("fingerprint", "");
   op->body = rec.at("body");
-  if (op->sampling) op->op = wire::execute_sampling_request_from_json(op->body);
-  else op->op = wire::execute_training_request_from_json(op->body).operation;
+  if (op->sampling)
+    op->op = wire::execute_sampling_request_from_json(op->body);
+  else
+    op->op = wire::execute_training_request_from_json(op->body).operation;
   return op;
 }
 
@@ -103,8 +106,10 @@ void Api::Impl::recover() {
           s.replay.clear();
         } else if (changes_state(*op)) {
           s.replay.push_back(op);
-        } else if (op->sampling && std::holds_alternative<wire::LoadWeightsForSamplingOp>(std::get<wire::SamplingOperation>(op->op))) {
-          s.sampler_path = std::get<wire::LoadWeightsForSamplingOp>(std::get<wire::SamplingOperation>(op->op)).model_package_arn;
+        } else if (op->sampling &&
+                   std::holds_alternative<wire::LoadWeightsForSamplingOp>(std::get<wire::SamplingOperation>(op->op))) {
+          s.sampler_path =
+              std::get<wire::LoadWeightsForSamplingOp>(std::get<wire::SamplingOperation>(op->op)).model_package_arn;
         }
       }
     } catch (const std::exception& e) {
@@ -130,8 +135,8 @@ void Api::Impl::recover() {
       }
       recovery = std::move(r);
     }
-    auto host = std::make_shared<SessionHost>(tenant, key.second, s.arn, s.options, s.echo, backend, host_config(), s.creation_time,
-                                              std::move(recovery), live ? "Created" : s.status);
+    auto host = std::make_shared<SessionHost>(tenant, key.second, s.arn, s.options, s.echo, backend, host_config(),
+                                              s.creation_time, std::move(recovery), live ? "Created" : s.status);
     {
       std::lock_guard lock(host->mu);
       host->ops = std::move(s.ops);
@@ -145,7 +150,8 @@ void Api::Impl::recover() {
     if (live) starting.push_back(host);
   }
   for (auto& h : starting) h->wait_started();
-  options.log(json{{"ts", now_seconds()}, {"level", "info"}, {"event", "recovered"}, {"sessions", found.size()}}.dump());
+  options.log(
+      json{{"ts", now_seconds()}, {"level", "info"}, {"event", "recovered"}, {"sessions", found.size()}}.dump());
 }
 
 }  // namespace rlloop::server

@@ -31,7 +31,9 @@ bool valid_label(const std::string& s) {
 
 Response json_response(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
 
-[[noreturn]] void not_found_error(const std::string& message) { throw api_error("ResourceNotFoundException", 404, message); }
+[[noreturn]] void not_found_error(const std::string& message) {
+  throw api_error("ResourceNotFoundException", 404, message);
+}
 
 // rlloop's long-poll on Get*OperationResult: `?waitSeconds=N` (0-20, as SQS's WaitTimeSeconds) answers as soon
 // as the operation is terminal, or after N seconds with its current state. A client then learns of a result
@@ -66,7 +68,8 @@ std::string Api::Impl::new_operation_id() {
 }
 
 json operation_record_json(const OperationRecord& op, const std::optional<std::string>& token, std::int64_t seq) {
-  json rec{{"t", "accept"}, {"id", op.id}, {"sampling", op.sampling}, {"fingerprint", op.fingerprint}, {"body", op.body}};
+  json rec{
+      {"t", "accept"}, {"id", op.id}, {"sampling", op.sampling}, {"fingerprint", op.fingerprint}, {"body", op.body}};
   if (token) rec["token"] = *token;
   if (!op.sampling) rec["seq"] = seq;
   return rec;
@@ -86,7 +89,8 @@ json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
   return {{"tenant", t->config.id}, {"usage", wire::to_json(t->usage)}, {"sessions", std::move(sessions_json)}};
 }
 
-Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t) {
+Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path,
+                            const std::shared_ptr<TenantState>& t) {
   if (is_openai_path(path)) return openai(req, path, t);
   const auto seg = segments(path);
   const bool get = req.method == "GET", post = req.method == "POST";
@@ -98,7 +102,8 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
   if (seg.size() < 4 || seg[0] != "v1" || seg[1] != "training-sessions")
     not_found_error("no route for " + req.method + " " + path);
   const std::string& name = seg[2];
-  if (!valid_label(name)) throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
+  if (!valid_label(name))
+    throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
 
   std::shared_ptr<SessionHost> s;
   {
@@ -124,7 +129,8 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
 
   if (seg.size() == 5 && get && (training || sampling)) {
     const std::string& id = seg[4];
-    if (!valid_label(id)) throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
+    if (!valid_label(id))
+      throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
     const auto wait = wait_seconds(req.target);
     std::unique_lock lock(s->mu);
     auto it = s->ops.find(id);
@@ -135,7 +141,8 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     // In slices, so that a server shutting down (interrupt_waits) answers within one.
     const auto deadline = std::chrono::steady_clock::now() + wait;
     while (!closing && std::chrono::steady_clock::now() < deadline &&
-           !s->wait_done_until(lock, *op, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)))) {
+           !s->wait_done_until(lock, *op,
+                               std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)))) {
     }
     return json_response(op->state);
   }
@@ -177,7 +184,8 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
 
     std::lock_guard lock(s->mu);
     if (s->status != "Running" && s->status != "Blocked")
-      throw api_error("ConflictException", 409, "Training session " + name + " is " + s->status + "; must be Running or Blocked");
+      throw api_error("ConflictException", 409,
+                      "Training session " + name + " is " + s->status + "; must be Running or Blocked");
     if (token) {
       if (auto it = s->client_tokens.find(*token); it != s->client_tokens.end()) {
         if (s->ops.at(it->second)->fingerprint != op->fingerprint)
@@ -191,11 +199,14 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     try {
       if (const auto* t_op = std::get_if<wire::TrainingOperation>(&op->op)) {
         if (const auto* b = std::get_if<wire::ForwardOp>(t_op)) validate_batch(b->data, b->loss.fn, s->vocab_size);
-        if (const auto* b = std::get_if<wire::ForwardBackwardOp>(t_op)) validate_batch(b->data, b->loss.fn, s->vocab_size);
+        if (const auto* b = std::get_if<wire::ForwardBackwardOp>(t_op))
+          validate_batch(b->data, b->loss.fn, s->vocab_size);
       } else {
         const auto& s_op = std::get<wire::SamplingOperation>(op->op);
-        if (const auto* r = std::get_if<SampleRequest>(&s_op)) validate_model_input(r->prompt, s->vocab_size, "prompt: ");
-        if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s_op)) validate_model_input(r->prompt, s->vocab_size, "prompt: ");
+        if (const auto* r = std::get_if<SampleRequest>(&s_op))
+          validate_model_input(r->prompt, s->vocab_size, "prompt: ");
+        if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s_op))
+          validate_model_input(r->prompt, s->vocab_size, "prompt: ");
       }
     } catch (const invalid_argument& e) {
       throw api_error("ValidationException", 400, e.what());

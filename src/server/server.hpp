@@ -20,7 +20,7 @@ namespace rlloop::server {
 // One customer: SigV4 access keys and/or bearer keys, and its limits.
 struct Tenant {
   std::string id;
-  std::string account_id = "000000000000";  // 12 digits, used in the ARNs the tenant sees
+  std::string account_id = "000000000000";                       // 12 digits, used in the ARNs the tenant sees
   std::vector<std::pair<std::string, std::string>> access_keys;  // access key id -> secret
   std::vector<std::string> bearer_keys;
   std::size_t max_sessions = 8;                   // sessions not yet deleted
@@ -68,9 +68,9 @@ struct Options {
   std::vector<Tenant> tenants;
   std::string region = "us-east-1";
   std::chrono::seconds max_clock_skew{15 * 60};
-  // Prefill billing of a sample call with numSamples = n (the spec leaves it open: §6, item 4): false = the prompt once,
-  // as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n > 1;
-  // true = n times (each sequence's tokenUsage.prefill, summed).
+  // Prefill billing of a sample call with numSamples = n (the spec leaves it open: §6, item 4): false = the prompt
+  // once, as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n >
+  // 1; true = n times (each sequence's tokenUsage.prefill, summed).
   bool bill_prompt_per_sample = false;
   // One JSON object per line; defaults to stderr.
   std::function<void(const std::string&)> log;

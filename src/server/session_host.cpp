@@ -15,16 +15,25 @@ double now_seconds() {
 }
 
 namespace {
-json usage_json(const TokenUsage& u) { return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}}; }
+json usage_json(const TokenUsage& u) {
+  return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}};
+}
 }  // namespace
 
 SessionHost::SessionHost(std::shared_ptr<TenantState> t, std::string n, std::string a, SessionOptions o, json e,
                          const Backend& backend, HostConfig config, double created, std::optional<Recovery> recovery,
                          std::string initial_status)
-    : tenant(std::move(t)), name(std::move(n)), arn(std::move(a)), options(std::move(o)), echo(std::move(e)),
-      creation_time(created > 0 ? created : now_seconds()), status(std::move(initial_status)),
-      last_modified(creation_time), config_(std::move(config)) {
-  if (status == "Created") worker_ = std::thread([this, backend, recovery = std::move(recovery)] { run(backend, recovery); });
+    : tenant(std::move(t)),
+      name(std::move(n)),
+      arn(std::move(a)),
+      options(std::move(o)),
+      echo(std::move(e)),
+      creation_time(created > 0 ? created : now_seconds()),
+      status(std::move(initial_status)),
+      last_modified(creation_time),
+      config_(std::move(config)) {
+  if (status == "Created")
+    worker_ = std::thread([this, backend, recovery = std::move(recovery)] { run(backend, recovery); });
 }
 
 SessionHost::~SessionHost() {
@@ -89,15 +98,16 @@ void SessionHost::bill(OperationRecord& op, const TokenUsage& u) {
 std::string SessionHost::resolve_checkpoint(const std::string& package_arn) {
   std::lock_guard lock(tenant->mu);
   auto it = tenant->checkpoints.find(package_arn);
-  if (it == tenant->checkpoints.end()) throw not_found("model package '" + package_arn + "' does not exist in this account");
+  if (it == tenant->checkpoints.end())
+    throw not_found("model package '" + package_arn + "' does not exist in this account");
   return it->second;
 }
 
 std::string SessionHost::add_checkpoint(const std::string& path) {
   std::lock_guard lock(tenant->mu);
   const std::int64_t n = tenant->next_checkpoint++;
-  const std::string package =
-      "arn:aws:sagemaker:" + config_.region + ":" + tenant->config.account_id + ":model-package/" + name + "/" + std::to_string(n);
+  const std::string package = "arn:aws:sagemaker:" + config_.region + ":" + tenant->config.account_id +
+                              ":model-package/" + name + "/" + std::to_string(n);
   // Journaled before the ARN is returned to anyone, so a restarted server still resolves it.
   journal({{"t", "checkpoint"}, {"arn", package}, {"path", path}, {"n", n}});
   tenant->checkpoints[package] = path;
@@ -115,20 +125,25 @@ json SessionHost::execute(OperationRecord& op) {
         [&](const auto& o) -> wire::TrainingResult {
           using T = std::decay_t<decltype(o)>;
           if constexpr (std::is_same_v<T, wire::ForwardOp> || std::is_same_v<T, wire::ForwardBackwardOp>) {
-            ForwardBackwardOutput out = std::is_same_v<T, wire::ForwardOp> ? session->forward(o.data, o.loss).get()
-                                                                          : session->forward_backward(o.data, o.loss).get();
+            ForwardBackwardOutput out = std::is_same_v<T, wire::ForwardOp>
+                                            ? session->forward(o.data, o.loss).get()
+                                            : session->forward_backward(o.data, o.loss).get();
             bill(op, TokenUsage{0, 0, out.training_tokens});
-            if constexpr (std::is_same_v<T, wire::ForwardOp>) return wire::ForwardResult{std::move(out)};
-            else return wire::ForwardBackwardResult{std::move(out)};
+            if constexpr (std::is_same_v<T, wire::ForwardOp>)
+              return wire::ForwardResult{std::move(out)};
+            else
+              return wire::ForwardBackwardResult{std::move(out)};
           } else if constexpr (std::is_same_v<T, wire::OptimizerStepOp>) {
             return session->optim_step(o.adam).get();
           } else if constexpr (std::is_same_v<T, wire::SaveWeightsOp>) {
             if (o.merge_weights) {
-              if (!export_merged_) throw unsupported("saveWeights.mergeWeights is not supported by this server's sessions");
+              if (!export_merged_)
+                throw unsupported("saveWeights.mergeWeights is not supported by this server's sessions");
               const auto dir = std::filesystem::path(config_.export_dir) / checkpoint_name("merged");
               return wire::SaveWeightsResult{add_checkpoint(export_merged_(dir.string()).get().path)};
             }
-            return wire::SaveWeightsResult{add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path)};
+            return wire::SaveWeightsResult{
+                add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path)};
           } else if constexpr (std::is_same_v<T, wire::SaveStateOp>) {
             return wire::SaveStateResult{add_checkpoint(session->save_state(checkpoint_name("state")).get().path)};
           } else {
@@ -139,7 +154,8 @@ json SessionHost::execute(OperationRecord& op) {
         *t);
     wire::TrainingOperationState st{"Completed", std::move(result), std::nullopt, std::nullopt};
     if (const auto* f = std::get_if<wire::ForwardResult>(&*st.result)) st.training_tokens = f->output.training_tokens;
-    if (const auto* f = std::get_if<wire::ForwardBackwardResult>(&*st.result)) st.training_tokens = f->output.training_tokens;
+    if (const auto* f = std::get_if<wire::ForwardBackwardResult>(&*st.result))
+      st.training_tokens = f->output.training_tokens;
     return wire::to_json(st);
   }
   const auto& s = std::get<wire::SamplingOperation>(op.op);
@@ -197,7 +213,8 @@ void SessionHost::recover(const Recovery& r) {
   for (const auto& op : r.replay) {
     const auto& t = std::get<wire::TrainingOperation>(op->op);
     if (const auto* fb = std::get_if<wire::ForwardBackwardOp>(&t)) session->forward_backward(fb->data, fb->loss).get();
-    if (const auto* ls = std::get_if<wire::LoadStateOp>(&t)) session->load_state(resolve_checkpoint(ls->model_package_arn), ls->load_optimizer).get();
+    if (const auto* ls = std::get_if<wire::LoadStateOp>(&t))
+      session->load_state(resolve_checkpoint(ls->model_package_arn), ls->load_optimizer).get();
   }
   sampler_path_ = r.sampler_path;
 }
@@ -279,8 +296,9 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     }
   }
   std::lock_guard lock(mu);
-  for (auto& queued : queue_) queued->state = queued->sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}}
-                                                               : json{{"status", "Skipped"}};
+  for (auto& queued : queue_)
+    queued->state = queued->sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}}
+                                     : json{{"status", "Skipped"}};
   queue_.clear();
   done_cv_.notify_all();
   session.reset();  // frees the model while the record stays describable

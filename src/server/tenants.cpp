@@ -65,10 +65,13 @@ std::vector<Tenant> parse_tenants(const std::string& text, const std::string& so
           unique_key(tenant.bearer_keys.back(), at(kp, k));
         }
       }
-      if (tenant.access_keys.empty() && tenant.bearer_keys.empty()) fail(p, "tenant has neither accessKeys nor bearerKeys");
-      if (const json* v = find(t, "maxSessions")) tenant.max_sessions = static_cast<std::size_t>(integer(*v, join(p, "maxSessions"), 0, 1 << 20));
+      if (tenant.access_keys.empty() && tenant.bearer_keys.empty())
+        fail(p, "tenant has neither accessKeys nor bearerKeys");
+      if (const json* v = find(t, "maxSessions"))
+        tenant.max_sessions = static_cast<std::size_t>(integer(*v, join(p, "maxSessions"), 0, 1 << 20));
       if (const json* v = find(t, "maxBodyBytes"))
-        tenant.max_body_bytes = static_cast<std::size_t>(integer(*v, join(p, "maxBodyBytes"), 1, std::int64_t(1) << 34));
+        tenant.max_body_bytes =
+            static_cast<std::size_t>(integer(*v, join(p, "maxBodyBytes"), 1, std::int64_t(1) << 34));
       out.push_back(std::move(tenant));
     }
     if (out.empty()) fail("tenants", "needs at least one tenant");

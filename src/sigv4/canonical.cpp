@@ -66,10 +66,12 @@ std::string format_amz_date(clock::time_point t) {
 }
 
 clock::time_point parse_amz_date(std::string_view s) {
-  if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z') throw invalid_argument("sigv4: invalid X-Amz-Date '" + std::string(s) + "'");
+  if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z')
+    throw invalid_argument("sigv4: invalid X-Amz-Date '" + std::string(s) + "'");
   const int y = digits(s, 0, 4), mo = digits(s, 4, 2), d = digits(s, 6, 2), h = digits(s, 9, 2), mi = digits(s, 11, 2),
             sec = digits(s, 13, 2);
-  if (std::min({y, mo, d, h, mi, sec}) < 0) throw invalid_argument("sigv4: invalid X-Amz-Date '" + std::string(s) + "'");
+  if (std::min({y, mo, d, h, mi, sec}) < 0)
+    throw invalid_argument("sigv4: invalid X-Amz-Date '" + std::string(s) + "'");
   return make_time(y, mo, d, h, mi, sec, s);
 }
 
@@ -200,8 +202,8 @@ std::string canonical_request(const HttpRequest& req, const std::vector<std::str
   const std::string_view path = target.substr(0, q);
   const std::string_view query = q == std::string_view::npos ? std::string_view{} : target.substr(q + 1);
   const CanonicalHeaders h = canonical_headers(req, signed_names);
-  return req.method + "\n" + canonical_path(path, normalize_path) + "\n" + canonical_query(query, query_skip) + "\n" + h.block +
-         "\n" + h.signed_headers + "\n" + std::string(payload_hash_hex);
+  return req.method + "\n" + canonical_path(path, normalize_path) + "\n" + canonical_query(query, query_skip) + "\n" +
+         h.block + "\n" + h.signed_headers + "\n" + std::string(payload_hash_hex);
 }
 
 std::string credential_scope(std::string_view date8, std::string_view region, std::string_view service) {
@@ -212,7 +214,8 @@ std::string string_to_sign(std::string_view amz_date, std::string_view scope, st
   return "AWS4-HMAC-SHA256\n" + std::string(amz_date) + "\n" + std::string(scope) + "\n" + hex(sha256(creq));
 }
 
-std::string signing_key(std::string_view secret, std::string_view date8, std::string_view region, std::string_view service) {
+std::string signing_key(std::string_view secret, std::string_view date8, std::string_view region,
+                        std::string_view service) {
   const std::string k_date = hmac_sha256("AWS4" + std::string(secret), date8);
   const std::string k_region = hmac_sha256(k_date, region);
   const std::string k_service = hmac_sha256(k_region, service);

@@ -55,15 +55,15 @@ class auth_error : public coded_error {
 };
 
 // ---- crypto (OpenSSL) ----
-std::string sha256(std::string_view data);                              // raw 32 bytes
-std::string hmac_sha256(std::string_view key, std::string_view data);   // raw 32 bytes
-std::string hex(std::string_view bytes);                                // lowercase
+std::string sha256(std::string_view data);                             // raw 32 bytes
+std::string hmac_sha256(std::string_view key, std::string_view data);  // raw 32 bytes
+std::string hex(std::string_view bytes);                               // lowercase
 bool constant_time_equal(std::string_view a, std::string_view b);
 
 // ---- the algorithm ----
-std::string format_amz_date(clock::time_point t);            // 20150830T123600Z
-clock::time_point parse_amz_date(std::string_view s);        // throws invalid_argument
-clock::time_point parse_iso8601(std::string_view s);         // 2015-08-30T12:36:00Z; throws invalid_argument
+std::string format_amz_date(clock::time_point t);      // 20150830T123600Z
+clock::time_point parse_amz_date(std::string_view s);  // throws invalid_argument
+clock::time_point parse_iso8601(std::string_view s);   // 2015-08-30T12:36:00Z; throws invalid_argument
 std::string uri_encode(std::string_view s, bool keep_slash);
 std::string uri_decode(std::string_view s);
 std::string canonical_path(std::string_view path, bool normalize);
@@ -82,7 +82,8 @@ std::string canonical_request(const HttpRequest& req, const std::vector<std::str
                               std::string_view payload_hash_hex, const std::vector<std::string>& query_skip = {});
 std::string credential_scope(std::string_view date8, std::string_view region, std::string_view service);
 std::string string_to_sign(std::string_view amz_date, std::string_view scope, std::string_view canonical_request);
-std::string signing_key(std::string_view secret, std::string_view date8, std::string_view region, std::string_view service);
+std::string signing_key(std::string_view secret, std::string_view date8, std::string_view region,
+                        std::string_view service);
 std::string signature(std::string_view signing_key, std::string_view string_to_sign);  // hex
 
 // ---- signer ----
@@ -111,6 +112,7 @@ using SecretLookup = std::function<std::optional<std::string>(const std::string&
 // Checks a signed (Authorization header) or presigned (query) request and returns who signed it; throws
 // auth_error with MissingAuthenticationToken, IncompleteSignature, UnrecognizedClientException,
 // InvalidSignatureException (expired / skewed) or SignatureDoesNotMatch.
-Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_point now, const VerifyOptions& options = {});
+Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_point now,
+                const VerifyOptions& options = {});
 
 }  // namespace rlloop::sigv4

@@ -41,15 +41,20 @@ Claim claim_from_header(const HttpRequest& req, const std::string& auth) {
   Claim c;
   constexpr std::string_view algo = "AWS4-HMAC-SHA256 ";
   if (auth.rfind(algo, 0) != 0)
-    reject("IncompleteSignature", "Authorization header must use AWS4-HMAC-SHA256 (got '" + auth.substr(0, auth.find(' ')) + "')");
+    reject("IncompleteSignature",
+           "Authorization header must use AWS4-HMAC-SHA256 (got '" + auth.substr(0, auth.find(' ')) + "')");
   for (const std::string& part : split(std::string_view(auth).substr(algo.size()), ',')) {
     const std::string_view p = trim(part);
     const std::size_t eq = p.find('=');
-    if (eq == std::string_view::npos) reject("IncompleteSignature", "malformed Authorization component '" + std::string(p) + "'");
+    if (eq == std::string_view::npos)
+      reject("IncompleteSignature", "malformed Authorization component '" + std::string(p) + "'");
     const std::string_view key = p.substr(0, eq), value = p.substr(eq + 1);
-    if (key == "Credential") c.credential = value;
-    else if (key == "SignedHeaders") c.signed_headers = value;
-    else if (key == "Signature") c.signature = value;
+    if (key == "Credential")
+      c.credential = value;
+    else if (key == "SignedHeaders")
+      c.signed_headers = value;
+    else if (key == "Signature")
+      c.signature = value;
   }
   if (c.credential.empty()) reject("IncompleteSignature", "Authorization header lacks Credential");
   if (c.signed_headers.empty()) reject("IncompleteSignature", "Authorization header lacks SignedHeaders");
@@ -70,10 +75,12 @@ Claim claim_from_query(std::string_view query) {
   c.presigned = true;
   auto need = [&](const char* key) -> std::string {
     auto it = params.find(key);
-    if (it == params.end() || it->second.empty()) reject("IncompleteSignature", std::string("presigned request lacks ") + key);
+    if (it == params.end() || it->second.empty())
+      reject("IncompleteSignature", std::string("presigned request lacks ") + key);
     return it->second;
   };
-  if (need("X-Amz-Algorithm") != "AWS4-HMAC-SHA256") reject("IncompleteSignature", "X-Amz-Algorithm must be AWS4-HMAC-SHA256");
+  if (need("X-Amz-Algorithm") != "AWS4-HMAC-SHA256")
+    reject("IncompleteSignature", "X-Amz-Algorithm must be AWS4-HMAC-SHA256");
   c.credential = need("X-Amz-Credential");
   c.signed_headers = need("X-Amz-SignedHeaders");
   c.signature = need("X-Amz-Signature");
@@ -91,21 +98,27 @@ Claim claim_from_query(std::string_view query) {
 
 }  // namespace
 
-Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_point now, const VerifyOptions& options) {
+Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_point now,
+                const VerifyOptions& options) {
   const std::size_t q = req.target.find('?');
-  const std::string_view query = q == std::string::npos ? std::string_view{} : std::string_view(req.target).substr(q + 1);
+  const std::string_view query =
+      q == std::string::npos ? std::string_view{} : std::string_view(req.target).substr(q + 1);
   Claim claim;
-  if (const auto auth = req.header("Authorization")) claim = claim_from_header(req, *auth);
-  else if (query.find("X-Amz-Signature=") != std::string_view::npos || query.find("X-Amz-Algorithm=") != std::string_view::npos)
+  if (const auto auth = req.header("Authorization"))
+    claim = claim_from_header(req, *auth);
+  else if (query.find("X-Amz-Signature=") != std::string_view::npos ||
+           query.find("X-Amz-Algorithm=") != std::string_view::npos)
     claim = claim_from_query(query);
-  else reject("MissingAuthenticationToken", "request is not signed (no Authorization header or X-Amz-Signature)");
+  else
+    reject("MissingAuthenticationToken", "request is not signed (no Authorization header or X-Amz-Signature)");
 
   const auto scope = split(claim.credential, '/');
   if (scope.size() != 5 || scope[4] != "aws4_request" || scope[0].empty())
     reject("IncompleteSignature", "Credential must be <access key id>/<date>/<region>/<service>/aws4_request");
   Identity id{scope[0], scope[2], scope[3]};
   if (options.service && id.service != *options.service)
-    reject("SignatureDoesNotMatch", "credential scope names service '" + id.service + "', expected '" + *options.service + "'");
+    reject("SignatureDoesNotMatch",
+           "credential scope names service '" + id.service + "', expected '" + *options.service + "'");
 
   clock::time_point signed_at;
   try {
@@ -114,15 +127,18 @@ Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_
     reject("IncompleteSignature", "X-Amz-Date '" + claim.amz_date + "' is not yyyymmddThhmmssZ");
   }
   if (scope[1] != claim.amz_date.substr(0, 8))
-    reject("SignatureDoesNotMatch", "credential scope date " + scope[1] + " does not match X-Amz-Date " + claim.amz_date);
+    reject("SignatureDoesNotMatch",
+           "credential scope date " + scope[1] + " does not match X-Amz-Date " + claim.amz_date);
   if (claim.presigned) {
-    if (now < signed_at - options.max_skew) reject("InvalidSignatureException", "presigned request is dated in the future");
+    if (now < signed_at - options.max_skew)
+      reject("InvalidSignatureException", "presigned request is dated in the future");
     if (now > signed_at + std::chrono::seconds(*claim.expires))
       reject("InvalidSignatureException", "Signature expired: presigned request expired at " +
                                               format_amz_date(signed_at + std::chrono::seconds(*claim.expires)));
   } else if (now - signed_at > options.max_skew || signed_at - now > options.max_skew) {
     reject("InvalidSignatureException", "Signature expired: " + claim.amz_date + " is not within " +
-                                            std::to_string(options.max_skew.count()) + " s of the server time " + format_amz_date(now));
+                                            std::to_string(options.max_skew.count()) + " s of the server time " +
+                                            format_amz_date(now));
   }
 
   const std::vector<std::string> names = split(claim.signed_headers, ';');
@@ -131,7 +147,9 @@ Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_
   if (!has_host) reject("SignatureDoesNotMatch", "SignedHeaders must include host");
 
   const auto secret = lookup(id.access_key_id);
-  if (!secret) reject("UnrecognizedClientException", "The security token included in the request is invalid (unknown access key id)");
+  if (!secret)
+    reject("UnrecognizedClientException",
+           "The security token included in the request is invalid (unknown access key id)");
 
   // The body is always hashed here, so a request cannot claim a different payload than the one it carries.
   const std::string payload_hash = hex(sha256(req.body));
@@ -147,11 +165,13 @@ Identity verify(const HttpRequest& req, const SecretLookup& lookup, clock::time_
   } catch (const invalid_argument& e) {
     reject("SignatureDoesNotMatch", e.what());
   }
-  const std::string expected = signature(signing_key(*secret, scope[1], id.region, id.service),
-                                         string_to_sign(claim.amz_date, claim.credential.substr(id.access_key_id.size() + 1), creq));
+  const std::string expected =
+      signature(signing_key(*secret, scope[1], id.region, id.service),
+                string_to_sign(claim.amz_date, claim.credential.substr(id.access_key_id.size() + 1), creq));
   if (!constant_time_equal(expected, claim.signature))
     reject("SignatureDoesNotMatch",
-           "The request signature we calculated does not match the signature you provided. Check your AWS Secret Access Key "
+           "The request signature we calculated does not match the signature you provided. Check your AWS Secret "
+           "Access Key "
            "and signing method.");
   return id;
 }

@@ -23,8 +23,7 @@ void MergeTable::build(const std::vector<Entry>& entries) {
   }
 }
 
-BpeTokenizer::BpeTokenizer(BpeSpec spec)
-    : source_(std::move(spec.source)), pattern_(spec.pattern), nfc_(spec.nfc) {
+BpeTokenizer::BpeTokenizer(BpeSpec spec) : source_(std::move(spec.source)), pattern_(spec.pattern), nfc_(spec.nfc) {
   auto fail = [&](const std::string& what) { throw invalid_argument("load_tokenizer: '" + source_ + "': " + what); };
   token_id max_id = -1;
   for (const auto& [bytes, id] : spec.vocab) max_id = std::max(max_id, id);

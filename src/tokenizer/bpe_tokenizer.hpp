@@ -92,7 +92,7 @@ class BpeTokenizer final : public Tokenizer {
   StringMap bytes_to_id_;
   std::array<token_id, 256> byte_ids_{};
   MergeTable merges_;
-  std::vector<AddedToken> added_;          // longest first, so the first match is the longest
+  std::vector<AddedToken> added_;  // longest first, so the first match is the longest
   std::array<bool, 256> added_first_byte_{};
   std::optional<token_id> eos_;
 

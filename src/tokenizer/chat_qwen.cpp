@@ -9,7 +9,9 @@ namespace rlloop::tokenizer_detail {
 namespace {
 
 bool starts_with(const std::string& s, std::string_view p) { return s.starts_with(p); }
-std::string lstrip_newlines(std::string s) { return s.erase(0, s.find_first_not_of('\n') == std::string::npos ? s.size() : s.find_first_not_of('\n')); }
+std::string lstrip_newlines(std::string s) {
+  return s.erase(0, s.find_first_not_of('\n') == std::string::npos ? s.size() : s.find_first_not_of('\n'));
+}
 std::string rstrip_newlines(std::string s) {
   const auto p = s.find_last_not_of('\n');
   s.resize(p == std::string::npos ? 0 : p + 1);

@@ -19,8 +19,7 @@ ModelInput SegmentRenderer::build_generation_prompt(std::span<const Message> mes
   return ModelInput::from_tokens(tok_->encode(render_text(messages, true), true));
 }
 
-SupervisedExample SegmentRenderer::build_supervised_example(std::span<const Message> messages,
-                                                            TrainOn train_on) const {
+SupervisedExample SegmentRenderer::build_supervised_example(std::span<const Message> messages, TrainOn train_on) const {
   if (last_assistant(messages) < 0)
     throw invalid_argument(name() + ": a supervised example needs at least one assistant message");
   const std::vector<Segment> segs = segments(messages, false, train_on);
@@ -46,8 +45,8 @@ SupervisedExample SegmentRenderer::build_supervised_example(std::span<const Mess
     std::size_t begin = 0;
     for (std::size_t i = 0; i < ex.tokens.size(); ++i) {
       const std::size_t end = ends[i];
-      const bool t = std::any_of(trained.begin(), trained.end(),
-                                 [&](const auto& r) { return begin < r.second && end > r.first; });
+      const bool t =
+          std::any_of(trained.begin(), trained.end(), [&](const auto& r) { return begin < r.second && end > r.first; });
       ex.weights.push_back(t ? 1.0f : 0.0f);
       begin = end;
     }
@@ -66,7 +65,9 @@ SupervisedExample SegmentRenderer::build_supervised_example(std::span<const Mess
 
 token_id SegmentRenderer::require_token(const std::string& token) const {
   auto id = tok_->token_to_id(token);
-  if (!id) throw invalid_argument("make_chat_renderer: " + name() + " needs the token '" + token + "', which the tokenizer lacks");
+  if (!id)
+    throw invalid_argument("make_chat_renderer: " + name() + " needs the token '" + token +
+                           "', which the tokenizer lacks");
   return *id;
 }
 

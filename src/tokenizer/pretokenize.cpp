@@ -11,18 +11,25 @@ constexpr const char* kQwen2 =
 }  // namespace
 
 bool split_pattern_from_regex(std::string_view regex, SplitPattern& out) {
-  if (regex == kGpt2) out = SplitPattern::gpt2;
-  else if (regex == kLlama3) out = SplitPattern::llama3;
-  else if (regex == kQwen2) out = SplitPattern::qwen2;
-  else return false;
+  if (regex == kGpt2)
+    out = SplitPattern::gpt2;
+  else if (regex == kLlama3)
+    out = SplitPattern::llama3;
+  else if (regex == kQwen2)
+    out = SplitPattern::qwen2;
+  else
+    return false;
   return true;
 }
 
 const char* split_pattern_regex(SplitPattern p) {
   switch (p) {
-    case SplitPattern::gpt2: return kGpt2;
-    case SplitPattern::llama3: return kLlama3;
-    case SplitPattern::qwen2: return kQwen2;
+    case SplitPattern::gpt2:
+      return kGpt2;
+    case SplitPattern::llama3:
+      return kLlama3;
+    case SplitPattern::qwen2:
+      return kQwen2;
   }
   return "";
 }

@@ -85,13 +85,19 @@ void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
         scan::Char d = c;
         if (c.cp == ' ' && i + 1 < s.size()) {
           d = at(s, i + 1);
-          if (d.cls == CharClass::letter || d.cls == CharClass::number || scan::is_other(d.cls)) j = i + 1;
-          else d = c;
+          if (d.cls == CharClass::letter || d.cls == CharClass::number || scan::is_other(d.cls))
+            j = i + 1;
+          else
+            d = c;
         }
-        if (d.cls == CharClass::letter) end = scan::run(s, j, letter);
-        else if (d.cls == CharClass::number) end = scan::run(s, j, number);
-        else if (scan::is_other(d.cls)) end = scan::run(s, j, other);
-        else end = scan::trailing_space_rule(s, i);
+        if (d.cls == CharClass::letter)
+          end = scan::run(s, j, letter);
+        else if (d.cls == CharClass::number)
+          end = scan::run(s, j, number);
+        else if (scan::is_other(d.cls))
+          end = scan::run(s, j, other);
+        else
+          end = scan::trailing_space_rule(s, i);
       }
     } else {
       const std::size_t max_digits = pattern == SplitPattern::llama3 ? 3 : 1;
@@ -105,8 +111,7 @@ void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
         end = scan::run(s, i + c.len, letter);
       } else if (c.cls == CharClass::number) {
         end = scan::run(s, i, number, max_digits);
-      } else if (scan::is_other(c.cls) ||
-                 (c.cp == ' ' && i + 1 < s.size() && scan::is_other(at(s, i + 1).cls))) {
+      } else if (scan::is_other(c.cls) || (c.cp == ' ' && i + 1 < s.size() && scan::is_other(at(s, i + 1).cls))) {
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
         end = scan::run(s, c.cp == ' ' ? i + 1 : i, other);
         end = scan::run(s, end, newline);

@@ -27,8 +27,8 @@ json parse_json(const fs::path& path) {
   try {
     return json::parse(read_file(path));
   } catch (const json::parse_error& e) {
-    throw invalid_argument("load_tokenizer: '" + path.string() + "' is not valid JSON (truncated or malformed?): " +
-                           e.what());
+    throw invalid_argument("load_tokenizer: '" + path.string() +
+                           "' is not valid JSON (truncated or malformed?): " + e.what());
   }
 }
 
@@ -60,7 +60,8 @@ SplitPattern read_pre_tokenizer(const json& pre, const std::string& source) {
   };
   auto check_byte_level = [&](const json& bl, bool want_regex) {
     if (bl.value("add_prefix_space", false)) bad("ByteLevel with add_prefix_space=true");
-    if (bl.value("use_regex", true) != want_regex) bad("ByteLevel with use_regex=" + std::string(want_regex ? "false" : "true"));
+    if (bl.value("use_regex", true) != want_regex)
+      bad("ByteLevel with use_regex=" + std::string(want_regex ? "false" : "true"));
   };
   if (type_of(pre) == "ByteLevel") {
     check_byte_level(pre, true);
@@ -112,7 +113,8 @@ BpeSpec read_tokenizer_json(const fs::path& path) {
                       "' is not supported (rlloop reads byte-level BPE tokenizers)");
   if (!model.contains("vocab") || !model["vocab"].is_object()) malformed("model.vocab is missing or not an object");
   if (!model.contains("merges") || !model["merges"].is_array()) malformed("model.merges is missing or not an array");
-  if (model.value("byte_fallback", false)) throw unsupported("load_tokenizer: '" + source + "': BPE byte_fallback is not supported");
+  if (model.value("byte_fallback", false))
+    throw unsupported("load_tokenizer: '" + source + "': BPE byte_fallback is not supported");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
       throw unsupported("load_tokenizer: '" + source + "': BPE " + key + " is not supported");
@@ -120,15 +122,21 @@ BpeSpec read_tokenizer_json(const fs::path& path) {
   BpeSpec spec;
   spec.source = source;
   const json normalizer = j.value("normalizer", json());
-  if (normalizer.is_null()) spec.nfc = false;
-  else if (type_of(normalizer) == "NFC") spec.nfc = true;
-  else throw unsupported("load_tokenizer: '" + source + "': normalizer '" + type_of(normalizer) + "' is not supported (only NFC or none)");
+  if (normalizer.is_null())
+    spec.nfc = false;
+  else if (type_of(normalizer) == "NFC")
+    spec.nfc = true;
+  else
+    throw unsupported("load_tokenizer: '" + source + "': normalizer '" + type_of(normalizer) +
+                      "' is not supported (only NFC or none)");
   const json pre = j.value("pre_tokenizer", json());
-  if (pre.is_null()) throw unsupported("load_tokenizer: '" + source + "': a tokenizer without pre_tokenizer is not supported");
+  if (pre.is_null())
+    throw unsupported("load_tokenizer: '" + source + "': a tokenizer without pre_tokenizer is not supported");
   spec.pattern = read_pre_tokenizer(pre, source);
   const json decoder = j.value("decoder", json());
   if (!decoder.is_null() && type_of(decoder) != "ByteLevel")
-    throw unsupported("load_tokenizer: '" + source + "': decoder '" + type_of(decoder) + "' is not supported (only ByteLevel)");
+    throw unsupported("load_tokenizer: '" + source + "': decoder '" + type_of(decoder) +
+                      "' is not supported (only ByteLevel)");
 
   spec.vocab.reserve(model["vocab"].size());
   for (const auto& [token, id] : model["vocab"].items()) {
@@ -137,10 +145,12 @@ BpeSpec read_tokenizer_json(const fs::path& path) {
   }
   spec.merges.reserve(model["merges"].size());
   for (const json& m : model["merges"]) {
-    if (m.is_string()) spec.merges.push_back(split_merge(m.get<std::string>(), source));
+    if (m.is_string())
+      spec.merges.push_back(split_merge(m.get<std::string>(), source));
     else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
       spec.merges.emplace_back(raw_token(m[0].get<std::string>(), source), raw_token(m[1].get<std::string>(), source));
-    else malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
+    else
+      malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
   }
   if (j.contains("added_tokens")) {
     if (!j["added_tokens"].is_array()) malformed("added_tokens is not an array");
@@ -163,7 +173,8 @@ BpeSpec read_gpt2_files(const fs::path& dir) {
   BpeSpec spec;
   spec.source = encoder_path.string();
   const json enc = parse_json(encoder_path);
-  if (!enc.is_object()) throw invalid_argument("load_tokenizer: '" + spec.source + "' is not a JSON object of token -> id");
+  if (!enc.is_object())
+    throw invalid_argument("load_tokenizer: '" + spec.source + "' is not a JSON object of token -> id");
   for (const auto& [token, id] : enc.items()) {
     if (!id.is_number_integer())
       throw invalid_argument("load_tokenizer: '" + spec.source + "': entry '" + token + "' has a non-integer id");

@@ -30,10 +30,14 @@ struct Composition {
 constexpr std::array<CharClass, 128> make_ascii_classes() {
   std::array<CharClass, 128> t{};
   for (int c = 0; c < 128; ++c) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) t[c] = CharClass::letter;
-    else if (c >= '0' && c <= '9') t[c] = CharClass::number;
-    else if (c == ' ' || (c >= '\t' && c <= '\r')) t[c] = CharClass::space;
-    else t[c] = CharClass::other;
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+      t[c] = CharClass::letter;
+    else if (c >= '0' && c <= '9')
+      t[c] = CharClass::number;
+    else if (c == ' ' || (c >= '\t' && c <= '\r'))
+      t[c] = CharClass::space;
+    else
+      t[c] = CharClass::other;
   }
   return t;
 }
@@ -41,8 +45,7 @@ constexpr auto kAscii = make_ascii_classes();
 
 // Hangul syllables compose and decompose arithmetically (Unicode 3.12).
 constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
-constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount,
-                   kSCount = kLCount * kNCount;
+constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 
 // Invalid bytes travel through normalization as values past the Unicode range.
 constexpr char32_t kRawByteBase = 0x110000;
@@ -112,8 +115,10 @@ std::string nfc(std::string_view text) {
   cps.reserve(text.size());
   for (std::size_t i = 0; i < text.size();) {
     const Decoded d = decode_utf8(text, i);
-    if (d.valid) decompose(d.cp, cps);
-    else cps.push_back(kRawByteBase + d.cp);
+    if (d.valid)
+      decompose(d.cp, cps);
+    else
+      cps.push_back(kRawByteBase + d.cp);
     i += d.len;
   }
   // Canonical ordering: stable sort of each run of marks by combining class (runs are short).
@@ -147,8 +152,10 @@ std::string nfc(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (char32_t c : cps) {
-    if (c >= kRawByteBase) out.push_back(static_cast<char>(c - kRawByteBase));
-    else append_utf8(out, c);
+    if (c >= kRawByteBase)
+      out.push_back(static_cast<char>(c - kRawByteBase));
+    else
+      append_utf8(out, c);
   }
   return out;
 }

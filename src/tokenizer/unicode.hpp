@@ -12,8 +12,8 @@ namespace rlloop::tokenizer_detail {
 enum class CharClass : std::uint8_t { other = 0, letter = 1, number = 2, space = 3, invalid = 4 };
 
 struct Decoded {
-  char32_t cp;         // the code point, or the raw byte when the sequence is invalid
-  std::uint8_t len;    // bytes consumed (1 for an invalid byte)
+  char32_t cp;       // the code point, or the raw byte when the sequence is invalid
+  std::uint8_t len;  // bytes consumed (1 for an invalid byte)
   bool valid;
 };
 
@@ -25,10 +25,14 @@ inline Decoded decode_utf8(std::string_view s, std::size_t i) {
   int n;
   char32_t cp;
   char32_t min;
-  if ((b0 & 0xE0) == 0xC0) n = 1, cp = b0 & 0x1F, min = 0x80;
-  else if ((b0 & 0xF0) == 0xE0) n = 2, cp = b0 & 0x0F, min = 0x800;
-  else if ((b0 & 0xF8) == 0xF0) n = 3, cp = b0 & 0x07, min = 0x10000;
-  else return {b0, 1, false};
+  if ((b0 & 0xE0) == 0xC0)
+    n = 1, cp = b0 & 0x1F, min = 0x80;
+  else if ((b0 & 0xF0) == 0xE0)
+    n = 2, cp = b0 & 0x0F, min = 0x800;
+  else if ((b0 & 0xF8) == 0xF0)
+    n = 3, cp = b0 & 0x07, min = 0x10000;
+  else
+    return {b0, 1, false};
   if (i + static_cast<std::size_t>(n) >= s.size()) return {b0, 1, false};  // truncated sequence
   for (int k = 1; k <= n; ++k) {
     const auto b = static_cast<unsigned char>(s[i + k]);

@@ -34,11 +34,13 @@ TEST(Callbacks, LogEveryStepAndStopWhenTheRewardIsReached) {
   auto session = std::make_shared<FakeSession>(FakeSessionOptions{.vocab_size = 5, .seed = 1, .eos_token_id = 4});
   auto grpo = make_grpo(session);
   const std::vector<toy::LetterProblem> problems{{"b"}, {"cd"}, {"dc"}, {"bb"}};
-  const auto path = std::filesystem::temp_directory_path() / ("rlloop-callbacks-" + std::to_string(::getpid()) + ".jsonl");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("rlloop-callbacks-" + std::to_string(::getpid()) + ".jsonl");
   MetricsLog log(path.string());
   int steps = 0, ends = 0;
-  const auto last = train(grpo, 100, [&] { return problems; }, toy::ShareOf{"a"}, JsonlLogger{&log},
-                          StopWhen{"reward_mean", 0.6}, CountSteps{&steps, &ends});
+  const auto last = train(
+      grpo, 100, [&] { return problems; }, toy::ShareOf{"a"}, JsonlLogger{&log}, StopWhen{"reward_mean", 0.6},
+      CountSteps{&steps, &ends});
   // Stopped early, at the first step whose reward reached 0.6, and every step was logged once.
   EXPECT_GE(last.reward_mean, 0.6);
   EXPECT_LT(steps, 100);
@@ -63,7 +65,8 @@ TEST(Callbacks, StopWhenNamesAnUnknownField) {
   auto grpo = make_grpo(session);
   const std::vector<toy::LetterProblem> problems{{"b"}};
   try {
-    train(grpo, 3, [&] { return problems; }, toy::ShareOf{"a"}, StopWhen{"rewrd", 1.0});
+    train(
+        grpo, 3, [&] { return problems; }, toy::ShareOf{"a"}, StopWhen{"rewrd", 1.0});
     FAIL();
   } catch (const invalid_argument& e) {
     EXPECT_STREQ(e.what(), "StopWhen: the stats have no field 'rewrd'");

@@ -30,9 +30,12 @@ TEST(SameLoop, GrpoTemplateRunsOnTheLibTorchSession) {
   ServiceClient<LocalService> service{LocalService(cpu_service())};
   auto client = service.create_full_training_client("rlloop-tiny", /*seed=*/3);
   const std::vector<toy::LetterProblem> problems{{"ab"}, {"ba"}};
-  const auto stats = toy::run_toy_grpo(client, client.get_tokenizer(), problems, toy::ShareOf{"abcdefghijklmnopqrstuvwxyz"},
-                                       2, {.group_size = 4, .sampling = {.max_tokens = 4, .seed = 5},
-                                           .drop_uniform_groups = false, .adam = {.learning_rate = 1e-3}});
+  const auto stats =
+      toy::run_toy_grpo(client, client.get_tokenizer(), problems, toy::ShareOf{"abcdefghijklmnopqrstuvwxyz"}, 2,
+                        {.group_size = 4,
+                         .sampling = {.max_tokens = 4, .seed = 5},
+                         .drop_uniform_groups = false,
+                         .adam = {.learning_rate = 1e-3}});
   ASSERT_EQ(stats.size(), 2u);
   for (const auto& s : stats) {
     EXPECT_GT(s.sampled_tokens, 0);

@@ -29,11 +29,11 @@ namespace rlloop::testing {
 
 struct FakeSessionOptions {
   std::int64_t vocab_size = 8;
-  int context_length = 1;              // tokens of context a row is keyed by
-  double init_scale = 0.0;             // 0 = every row starts uniform
+  int context_length = 1;   // tokens of context a row is keyed by
+  double init_scale = 0.0;  // 0 = every row starts uniform
   std::int64_t seed = 0;
   std::optional<token_id> eos_token_id;
-  std::string tokenizer = "fake";      // what info().tokenizer reports
+  std::string tokenizer = "fake";  // what info().tokenizer reports
   // Decodes tokens for stop strings; without it a request with stop strings is rejected.
   std::shared_ptr<const Tokenizer> decoder;
 
@@ -138,8 +138,10 @@ class FakeSession {
     const double r = std::exp(lp - q);
     const double rc = std::clamp(r, spec.clip_low_threshold, spec.clip_high_threshold);
     switch (spec.fn) {
-      case LossFn::cross_entropy: return {-lp * m, -m, false};
-      case LossFn::importance_sampling: return {-r * adv * m, -r * adv * m, false};
+      case LossFn::cross_entropy:
+        return {-lp * m, -m, false};
+      case LossFn::importance_sampling:
+        return {-r * adv * m, -r * adv * m, false};
       case LossFn::ppo: {
         // min(r A, clamp(r) A): the gradient flows through r unless the clamped term is the smaller one and the
         // clamp is active (then d/dr is 0). Ties (r inside the clip range) give the full gradient, as in torch.
@@ -147,7 +149,8 @@ class FakeSession {
         const bool unclipped_min = inside || r * adv < rc * adv;
         return {-std::min(r * adv, rc * adv) * m, unclipped_min ? -r * adv * m : 0.0, rc != r};
       }
-      case LossFn::cispo: return {-rc * lp * adv * m, -rc * adv * m, rc != r};
+      case LossFn::cispo:
+        return {-rc * lp * adv * m, -rc * adv * m, rc != r};
       case LossFn::dro: {
         const double d = lp - q;
         return {-(lp * adv - 0.5 * spec.beta * d * d) * m, -(adv - spec.beta * d) * m, false};
@@ -182,7 +185,8 @@ class FakeSession {
   // The last context_length tokens of tokens[0, end) (fewer at the start of a sequence).
   Context context_of(const std::vector<token_id>& tokens, std::size_t end) const {
     const std::size_t k = std::min<std::size_t>(end, static_cast<std::size_t>(options_.context_length));
-    return Context(tokens.begin() + static_cast<std::ptrdiff_t>(end - k), tokens.begin() + static_cast<std::ptrdiff_t>(end));
+    return Context(tokens.begin() + static_cast<std::ptrdiff_t>(end - k),
+                   tokens.begin() + static_cast<std::ptrdiff_t>(end));
   }
 
   // The logits of a context; an unseen row gets its seeded initial values (not stored: reading is pure).
@@ -297,7 +301,8 @@ class FakeSession {
     CustomLossResult r = fn(data, lps);
     if (r.grad_logprobs.size() != data.size())
       throw invalid_argument("forward_backward_custom: the loss function returned gradients for " +
-                             std::to_string(r.grad_logprobs.size()) + " datums, expected " + std::to_string(data.size()));
+                             std::to_string(r.grad_logprobs.size()) + " datums, expected " +
+                             std::to_string(data.size()));
     for (std::size_t i = 0; i < data.size(); ++i) {
       if (r.grad_logprobs[i].size() != lps[i].size())
         throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) + " has " +
@@ -320,7 +325,8 @@ class FakeSession {
     if (!(p.beta1 >= 0 && p.beta1 < 1)) throw invalid_argument("AdamParams.beta1 must be in [0, 1)");
     if (!(p.beta2 >= 0 && p.beta2 < 1)) throw invalid_argument("AdamParams.beta2 must be in [0, 1)");
     if (!(p.eps > 0)) throw invalid_argument("AdamParams.eps must be > 0");
-    if (!(p.weight_decay >= 0 && p.weight_decay <= 1)) throw invalid_argument("AdamParams.weight_decay must be in [0, 1]");
+    if (!(p.weight_decay >= 0 && p.weight_decay <= 1))
+      throw invalid_argument("AdamParams.weight_decay must be in [0, 1]");
     double sq = 0;
     for (const auto& [ctx, g] : grads_)
       for (double x : g) sq += x * x;
@@ -329,8 +335,8 @@ class FakeSession {
       grads_.clear();
       throw invalid_argument("optim_step: the gradient norm is not finite; the step was skipped and gradients cleared");
     }
-    const double scale = p.grad_clip_norm && *p.grad_clip_norm > 0 && norm > *p.grad_clip_norm
-                             ? *p.grad_clip_norm / (norm + 1e-6) : 1.0;
+    const double scale =
+        p.grad_clip_norm && *p.grad_clip_norm > 0 && norm > *p.grad_clip_norm ? *p.grad_clip_norm / (norm + 1e-6) : 1.0;
     ++step_;
     const double b1 = 1 - std::pow(p.beta1, double(step_)), b2 = 1 - std::pow(p.beta2, double(step_));
     for (const auto& [ctx, g] : grads_) {
@@ -363,7 +369,8 @@ class FakeSession {
     const Table& w = weights_for(req.model_path);
     const auto prompt = req.prompt.tokens();
     // Same seed + input => same output; without a seed, a per-session counter keeps runs reproducible.
-    const std::uint64_t base = p.seed ? mix(static_cast<std::uint64_t>(*p.seed)) : mix(options_.seed ^ ++unseeded_calls_);
+    const std::uint64_t base =
+        p.seed ? mix(static_cast<std::uint64_t>(*p.seed)) : mix(options_.seed ^ ++unseeded_calls_);
     SampleResponse out;
     for (int s = 0; s < req.num_samples; ++s) {
       std::mt19937_64 rng(mix(base + static_cast<std::uint64_t>(s)));
@@ -418,7 +425,8 @@ class FakeSession {
     if (p.temperature == 0) return static_cast<token_id>(std::max_element(lsm.begin(), lsm.end()) - lsm.begin());
     std::vector<token_id> ids(lsm.size());
     std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [&](token_id a, token_id b) { return lsm[std::size_t(a)] > lsm[std::size_t(b)]; });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](token_id a, token_id b) { return lsm[std::size_t(a)] > lsm[std::size_t(b)]; });
     if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < ids.size()) ids.resize(static_cast<std::size_t>(p.top_k));
     std::vector<double> prob;
     for (token_id t : ids) prob.push_back(std::exp((lsm[std::size_t(t)] - lsm[std::size_t(ids[0])]) / p.temperature));
@@ -461,7 +469,9 @@ class FakeService {
     throw unsupported("FakeService: sampler weights live in their session's memory; use its SamplingClient");
   }
   std::vector<std::string> list_base_models() { return {"fake-table"}; }
-  ServerCapabilities capabilities() { return {{"fake-table"}, {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}, true, 0}; }
+  ServerCapabilities capabilities() {
+    return {{"fake-table"}, {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}, true, 0};
+  }
 
  private:
   FakeSessionOptions options_;
@@ -477,7 +487,8 @@ class CharTokenizer final : public Tokenizer {
     std::vector<token_id> out;
     for (char c : text) {
       const auto pos = alphabet_.find(c);
-      if (pos == std::string::npos) throw invalid_argument(std::string("CharTokenizer: character '") + c + "' is not in the alphabet");
+      if (pos == std::string::npos)
+        throw invalid_argument(std::string("CharTokenizer: character '") + c + "' is not in the alphabet");
       out.push_back(static_cast<token_id>(pos));
     }
     return out;
@@ -498,7 +509,8 @@ class CharTokenizer final : public Tokenizer {
   std::int64_t vocab_size() const override { return static_cast<std::int64_t>(alphabet_.size()) + 1; }
   std::optional<token_id> token_to_id(std::string_view token) const override {
     if (token == "<eos>") return eos();
-    if (token.size() == 1 && alphabet_.find(token[0]) != std::string::npos) return static_cast<token_id>(alphabet_.find(token[0]));
+    if (token.size() == 1 && alphabet_.find(token[0]) != std::string::npos)
+      return static_cast<token_id>(alphabet_.find(token[0]));
     return std::nullopt;
   }
   std::optional<token_id> eos_token_id() const override { return eos(); }

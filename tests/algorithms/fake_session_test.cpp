@@ -139,12 +139,13 @@ TEST(FakeSession, CustomLossGradientIsChainedIntoTheTable) {
   FakeSession a({.vocab_size = 4}), b({.vocab_size = 4});
   auto d = next_token_datum({0, 1, 2}, {1.0f, 1.0f});
   a.forward_backward({d}, LossSpec::cross_entropy()).get();
-  const auto out = b.forward_backward_custom({d}, [](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
-                      CustomLossResult r;
-                      r.loss = -(lp[0][0] + lp[0][1]);
-                      r.grad_logprobs = {{-1.0, -1.0}};
-                      return r;
-                    }).get();
+  const auto out =
+      b.forward_backward_custom({d}, [](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+         CustomLossResult r;
+         r.loss = -(lp[0][0] + lp[0][1]);
+         r.grad_logprobs = {{-1.0, -1.0}};
+         return r;
+       }).get();
   EXPECT_NEAR(out.metrics.at("loss:sum"), 2 * std::log(4.0), 1e-12);
   a.optim_step({.learning_rate = 0.1}).get();
   b.optim_step({.learning_rate = 0.1}).get();
@@ -159,13 +160,14 @@ TEST(FakeSession, CustomLossGradientIsChainedIntoTheTable) {
 
 TEST(FakeSession, GrpoOnAToyRewardRaisesTheReward) {
   // Alphabet "abcd" + EOS; reward = share of 'a' in the completion. Uniform start: expected reward ~0.25 per
-  // character; with this seed it climbs from ~0.26 to ~0.93 over 30 steps. The same template runs on rlloop-tiny in algorithms_engine_test.
+  // character; with this seed it climbs from ~0.26 to ~0.93 over 30 steps. The same template runs on rlloop-tiny in
+  // algorithms_engine_test.
   auto tokenizer = std::make_shared<CharTokenizer>("abcd");
   auto session = std::make_shared<FakeSession>(FakeSessionOptions{.vocab_size = 5, .seed = 1, .eos_token_id = 4});
   const std::vector<toy::LetterProblem> problems{{"b"}, {"cd"}, {"dc"}, {"bb"}};
-  const auto stats = toy::run_toy_grpo(TrainingClient<FakeSession>(session), tokenizer, problems, toy::ShareOf{"a"}, 30,
-                                       {.group_size = 8, .sampling = {.max_tokens = 4, .seed = 7},
-                                        .adam = {.learning_rate = 0.1}});
+  const auto stats =
+      toy::run_toy_grpo(TrainingClient<FakeSession>(session), tokenizer, problems, toy::ShareOf{"a"}, 30,
+                        {.group_size = 8, .sampling = {.max_tokens = 4, .seed = 7}, .adam = {.learning_rate = 0.1}});
   const double first = (stats[0].reward_mean + stats[1].reward_mean) / 2;
   const double last = (stats[28].reward_mean + stats[29].reward_mean) / 2;
   EXPECT_LT(first, 0.4);

@@ -58,11 +58,11 @@ TEST(Aggregation, PerTokenWeights) {
 // log_ratio = log pi - log ref.
 TEST(Kl, SchulmanEstimators) {
   EXPECT_DOUBLE_EQ(kl_k1(0.5), 0.5);
-  EXPECT_DOUBLE_EQ(kl_k2(0.5), 0.125);                 // 0.5 * 0.25
-  EXPECT_NEAR(kl_k3(0.5), 0.10653066, 1e-8);           // e^-0.5 - 1 + 0.5 = 0.60653066 - 0.5
-  EXPECT_NEAR(kl_k3(-0.5), 0.14872127, 1e-8);          // e^0.5 - 1 - 0.5 = 1.64872127 - 1.5
+  EXPECT_DOUBLE_EQ(kl_k2(0.5), 0.125);         // 0.5 * 0.25
+  EXPECT_NEAR(kl_k3(0.5), 0.10653066, 1e-8);   // e^-0.5 - 1 + 0.5 = 0.60653066 - 0.5
+  EXPECT_NEAR(kl_k3(-0.5), 0.14872127, 1e-8);  // e^0.5 - 1 - 0.5 = 1.64872127 - 1.5
   EXPECT_EQ(kl_k3(0.0), 0.0);
-  EXPECT_NEAR(kl_k1(-0.5), -0.5, 0);                   // k1 can be negative; k2, k3 cannot
+  EXPECT_NEAR(kl_k1(-0.5), -0.5, 0);  // k1 can be negative; k2, k3 cannot
 }
 
 // rewards (0, 0, 1), values (0.5, 0.6, 0.7), episode ends after t = 2, gamma 0.9, lambda 0.8 (gamma*lambda 0.72):
@@ -148,8 +148,9 @@ TEST(Dpo, IpoLossAndGradient) {
 }
 
 // Two pairs, beta 0.1. Weights mark completion tokens (position 0 is prompt, weight 0):
-//   pair 0: chosen lp (-9, -1, -2) w (0,1,1) -> -3, ref -4 -> +1;  rejected lp (-9, -3) w (0,1) -> -3, ref -2 -> -1;  z = 2
-//   pair 1: chosen lp (-5, -2)  w (0,1)   -> -2, ref -2 ->  0;  rejected lp (-5, -1) w (0,1) -> -1, ref -1.5 -> 0.5; z = -0.5
+//   pair 0: chosen lp (-9, -1, -2) w (0,1,1) -> -3, ref -4 -> +1;  rejected lp (-9, -3) w (0,1) -> -3, ref -2 -> -1;  z
+//   = 2 pair 1: chosen lp (-5, -2)  w (0,1)   -> -2, ref -2 ->  0;  rejected lp (-5, -1) w (0,1) -> -1, ref -1.5 ->
+//   0.5; z = -0.5
 // loss = (0.59813887 + log(1 + e^0.05) = 0.71845965) / 2 = 0.65829926
 // dL/dz / N: pair 0 -0.1 * sigmoid(-0.2) / 2 = -0.02250830; pair 1 -0.1 * sigmoid(0.05) / 2 = -0.02562487
 // accuracy 1/2; rewards chosen 0.1 * (1 + 0) / 2 = 0.05, rejected 0.1 * (-1 + 0.5) / 2 = -0.025, margin 0.075
@@ -174,8 +175,9 @@ TEST(Dpo, PreferenceObjectiveOnABatch) {
   EXPECT_NEAR(r.metrics.at("dpo:reward_chosen"), 0.05, 1e-12);
   EXPECT_NEAR(r.metrics.at("dpo:reward_rejected"), -0.025, 1e-12);
   EXPECT_NEAR(r.metrics.at("dpo:margin"), 0.075, 1e-12);
-  EXPECT_THROW(preference_objective(data, lp, std::vector<double>{-4}, std::vector<double>{-2}, 0.1, SigmoidPreference{}),
-               rlloop::invalid_argument);
+  EXPECT_THROW(
+      preference_objective(data, lp, std::vector<double>{-4}, std::vector<double>{-2}, 0.1, SigmoidPreference{}),
+      rlloop::invalid_argument);
 }
 
 TEST(Dpo, OptionsAreValidatedWithTheFieldName) {

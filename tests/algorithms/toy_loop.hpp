@@ -28,10 +28,10 @@ struct ShareOf {
 
 template <rlloop::Session S>
 std::vector<rlloop::algorithms::PolicyGradientStats> run_toy_grpo(rlloop::TrainingClient<S> client,
-                                                                   std::shared_ptr<const rlloop::Tokenizer> tokenizer,
-                                                                   const std::vector<LetterProblem>& problems,
-                                                                   const ShareOf& reward, int steps,
-                                                                   rlloop::algorithms::PolicyGradientOptions options) {
+                                                                  std::shared_ptr<const rlloop::Tokenizer> tokenizer,
+                                                                  const std::vector<LetterProblem>& problems,
+                                                                  const ShareOf& reward, int steps,
+                                                                  rlloop::algorithms::PolicyGradientOptions options) {
   rlloop::algorithms::GRPO<S> grpo(std::move(client), std::move(tokenizer), std::move(options));
   std::vector<rlloop::algorithms::PolicyGradientStats> out;
   for (int s = 0; s < steps; ++s) out.push_back(grpo.step(problems, reward));

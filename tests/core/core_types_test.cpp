@@ -62,7 +62,8 @@ TEST(ValidateBatch, NamesTheProblem) {
   EXPECT_EQ(message_of([&] { validate_batch(short_w, LossFn::cross_entropy, 10); }),
             "datum 0: loss input 'weights' has 1 values but the model input has 3 tokens");
   std::vector<Datum> rl{sft_datum({1, 2}, {2, 3})};
-  EXPECT_EQ(message_of([&] { validate_batch(rl, LossFn::ppo, 10); }), "datum 0: loss 'ppo' needs loss input 'advantages'");
+  EXPECT_EQ(message_of([&] { validate_batch(rl, LossFn::ppo, 10); }),
+            "datum 0: loss 'ppo' needs loss input 'advantages'");
   rl[0].loss_fn_inputs["advantages"] = TensorData::from_floats({1.0f, std::nanf("")});
   rl[0].loss_fn_inputs["logprobs"] = TensorData::from_floats({-1.0f, -1.0f});
   EXPECT_EQ(message_of([&] { validate_batch(rl, LossFn::ppo, 10); }),

@@ -127,7 +127,8 @@ TEST(CachingCpuAllocator, ConcurrentAllocateAndFreeKeepCountsConsistent) {
 }
 
 TEST(CachingCpuAllocator, InstalledForLibTorchTensors) {
-  if (std::getenv("RLLOOP_CPU_CACHE_MB")) GTEST_SKIP() << "RLLOOP_CPU_CACHE_MB is set: the installed cap is not the default";
+  if (std::getenv("RLLOOP_CPU_CACHE_MB"))
+    GTEST_SKIP() << "RLLOOP_CPU_CACHE_MB is set: the installed cap is not the default";
   CachingCpuAllocator* alloc = rlloop::engine::install_caching_cpu_allocator();
   ASSERT_NE(alloc, nullptr);
   EXPECT_EQ(c10::GetCPUAllocator(), alloc);

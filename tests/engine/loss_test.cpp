@@ -19,7 +19,8 @@ torch::Tensor vec(std::vector<double> v) { return torch::tensor(v, torch::kFloat
 //   t3: r = e^0.5  = 1.6487 > hi, A < 0  -> min picks r * A: unclipped, gradient flows
 struct Fixture {
   torch::Tensor lp = vec({-1.0, -2.0, -1.0, -0.5});
-  LossTensors in{vec({1, 1, 1, 1}), vec({1.0, 1.0, 1.0, 1.0}), vec({1.0, -2.0, 0.5, -1.0}), vec({-1.2, -1.5, -1.05, -1.0})};
+  LossTensors in{vec({1, 1, 1, 1}), vec({1.0, 1.0, 1.0, 1.0}), vec({1.0, -2.0, 0.5, -1.0}),
+                 vec({-1.2, -1.5, -1.05, -1.0})};
 };
 
 double loss_at(const LossSpec& spec, const Fixture& f, const torch::Tensor& lp) {
@@ -101,8 +102,8 @@ TEST(Loss, DroGoldenAndGradient) {
   const double expected = -((-1.0 - 0.05 * 0.04) + (4.0 - 0.05 * 0.25) + (-0.5 - 0.05 * 0.0025) + (0.5 - 0.05 * 0.25));
   EXPECT_NEAR(loss_at(spec, f, f.lp), expected, 1e-12);
   // d/dlp = -(A - beta (lp - q))
-  expect_near_all(autograd(spec, f), {-(1.0 - 0.1 * 0.2), -(-2.0 + 0.1 * 0.5), -(0.5 - 0.1 * 0.05), -(-1.0 - 0.1 * 0.5)},
-                  1e-12);
+  expect_near_all(autograd(spec, f),
+                  {-(1.0 - 0.1 * 0.2), -(-2.0 + 0.1 * 0.5), -(0.5 - 0.1 * 0.05), -(-1.0 - 0.1 * 0.5)}, 1e-12);
   expect_near_all(autograd(spec, f), finite_difference(spec, f), 1e-6);
 }
 

@@ -42,8 +42,8 @@ TEST(AdamW, ClipsTheGlobalNormAndScalesLoraB) {
   AdamW opt({{"a", a, false}, {"b", b, true}});
   set_grad(a, {3.0f});
   set_grad(b, {4.0f});
-  AdamParams hp{.learning_rate = 0.01, .beta1 = 0.0, .beta2 = 0.0, .eps = 1e-8, .grad_clip_norm = 1.0,
-                .lora_plus_lr_ratio = 4.0};
+  AdamParams hp{
+      .learning_rate = 0.01, .beta1 = 0.0, .beta2 = 0.0, .eps = 1e-8, .grad_clip_norm = 1.0, .lora_plus_lr_ratio = 4.0};
   auto m = opt.step(hp);
   EXPECT_NEAR(m.at("grad_norm"), 5.0, 1e-6);  // reported before clipping
   // beta = 0: the update is g / |g| whatever the scale, so clipping leaves the sign; LoRA+ quadruples B's step.

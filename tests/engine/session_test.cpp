@@ -209,8 +209,7 @@ std::pair<double, double> policy_gradient_toy(const LossSpec& loss) {
   std::vector<double> mean_reward;
   for (int step = 0; step < 40; ++step) {
     auto resp = tc.live_sampling_client()
-                    .sample(ModelInput::from_tokens(prompt), 32,
-                            SamplingParams{.max_tokens = 1, .seed = 1000 + step})
+                    .sample(ModelInput::from_tokens(prompt), 32, SamplingParams{.max_tokens = 1, .seed = 1000 + step})
                     .get();
     std::vector<double> rewards;
     for (const auto& s : resp.sequences) rewards.push_back(s.tokens[0] >= '0' && s.tokens[0] <= '9' ? 1.0 : 0.0);
@@ -274,7 +273,9 @@ TEST(LocalSession, BadInputIsRejectedByNameAndTheSessionKeepsWorking) {
   EXPECT_TRUE(contains(error_of([&] { tc.forward_backward(mismatch, LossSpec::cross_entropy()).get(); }),
                        "loss input 'weights' has 2 values but the model input has 5 tokens"));
   EXPECT_TRUE(contains(error_of([&] { LossSpec::parse("reinforce"); }), "unknown loss function 'reinforce'"));
-  EXPECT_TRUE(contains(error_of([&] { LossSpec::parse("ppo", {{"epsilon", 0.2}}); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         LossSpec::parse("ppo", {{"epsilon", 0.2}});
+                       }),
                        "does not accept config key 'epsilon'"));
   auto nan_adv = good;
   const std::size_t n = nan_adv[0].model_input.length();
@@ -284,11 +285,9 @@ TEST(LocalSession, BadInputIsRejectedByNameAndTheSessionKeepsWorking) {
   nan_adv[0].loss_fn_inputs["logprobs"] = TensorData::from_floats(std::vector<float>(n, -1.0f));
   EXPECT_TRUE(contains(error_of([&] { tc.forward_backward(nan_adv, LossSpec::ppo()).get(); }),
                        "loss input 'advantages' holds a non-finite value at position 2"));
-  EXPECT_TRUE(contains(error_of([&] { tc.optim_step(AdamParams{.learning_rate = 0.0}).get(); }),
-                       "AdamParams.learning_rate"));
-  EXPECT_TRUE(contains(error_of([&] {
-                         tc.live_sampling_client().sample(kPrompt, 0, SamplingParams{}).get();
-                       }),
+  EXPECT_TRUE(
+      contains(error_of([&] { tc.optim_step(AdamParams{.learning_rate = 0.0}).get(); }), "AdamParams.learning_rate"));
+  EXPECT_TRUE(contains(error_of([&] { tc.live_sampling_client().sample(kPrompt, 0, SamplingParams{}).get(); }),
                        "num_samples must be in [1, 1000]"));
 
   // Missing and truncated weights files name the file.

@@ -55,8 +55,14 @@ TEST(Bf16Weight, ProductOfRoundedOperandsIncludingTails) {
   if (bf16_dot_supported()) storages.push_back(Bf16Weight::Storage::bf16);
   // {M, N, K}: every remainder of the kernel's 4 x 4 blocks and 32-value steps (K not a multiple of 32 pads
   // the rows), one row, and a product big enough to be split across threads.
-  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {7, 11, 24}, {1, 4, 32}, {4, 12, 40}, {3, 9, 12}, {16, 130, 70},
-                         {6, 5, 8}, {16, 2050, 768}}) {
+  for (auto [M, N, K] : {std::tuple{5, 7, 16},
+                         {7, 11, 24},
+                         {1, 4, 32},
+                         {4, 12, 40},
+                         {3, 9, 12},
+                         {16, 130, 70},
+                         {6, 5, 8},
+                         {16, 2050, 768}}) {
     auto x = torch::randn({M, K}), w = torch::randn({N, K}), y0 = torch::randn({M, N});
     const auto expected = rounded_product(x, w);
     const double tol = 1e-5 * std::sqrt(K) * expected.abs().max().item<double>();
@@ -123,10 +129,17 @@ TEST(Bf16Weight, Bf16StorageNeedsTheInstructions) {
 }
 
 ModelConfig small_config(const std::string& model_type, bool tied) {
-  nlohmann::json j = {{"model_type", model_type}, {"vocab_size", 64},          {"hidden_size", 32},
-                      {"intermediate_size", 48},  {"num_hidden_layers", 2},    {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2}, {"tie_word_embeddings", tied}, {"max_position_embeddings", 64},
-                      {"rope_theta", 10000.0},    {"rms_norm_eps", 1e-6}};
+  nlohmann::json j = {{"model_type", model_type},
+                      {"vocab_size", 64},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 48},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"tie_word_embeddings", tied},
+                      {"max_position_embeddings", 64},
+                      {"rope_theta", 10000.0},
+                      {"rms_norm_eps", 1e-6}};
   return ModelConfig::from_json(j);
 }
 

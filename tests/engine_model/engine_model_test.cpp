@@ -55,10 +55,17 @@ json golden() {
 }
 
 ModelConfig tiny_config(const std::string& model_type, bool tied = false) {
-  json j = {{"model_type", model_type}, {"vocab_size", 64},          {"hidden_size", 32},
-            {"intermediate_size", 48},  {"num_hidden_layers", 2},    {"num_attention_heads", 4},
-            {"num_key_value_heads", 2}, {"tie_word_embeddings", tied}, {"max_position_embeddings", 256},
-            {"rope_theta", 10000.0},    {"rms_norm_eps", 1e-6}};
+  json j = {{"model_type", model_type},
+            {"vocab_size", 64},
+            {"hidden_size", 32},
+            {"intermediate_size", 48},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"tie_word_embeddings", tied},
+            {"max_position_embeddings", 256},
+            {"rope_theta", 10000.0},
+            {"rms_norm_eps", 1e-6}};
   return ModelConfig::from_json(j);
 }
 
@@ -150,14 +157,16 @@ TEST(ModelConfig, ValidationNamesTheField) {
 
   j = tiny_config("llama").to_json();
   j["eos_token_id"] = 64;
-  EXPECT_NE(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }).find("eos_token_id"), std::string::npos);
+  EXPECT_NE(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }).find("eos_token_id"),
+            std::string::npos);
 
   j = tiny_config("llama").to_json();
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   EXPECT_NE(error_message<unsupported>([&] { ModelConfig::from_json(j); }).find("llama3"), std::string::npos);
 
-  EXPECT_NE(error_message<io_error>([&] { ModelConfig::load("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
-            std::string::npos);
+  EXPECT_NE(
+      error_message<io_error>([&] { ModelConfig::load("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
+      std::string::npos);
 }
 
 TEST(ModelConfig, NumParametersMatchesTheModel) {
@@ -188,8 +197,7 @@ TEST(Transformer, MatchesIndependentPytorchImplementation) {
 
     auto expected_vec = entry["logits"].get<std::vector<std::vector<float>>>();
     torch::Tensor expected = torch::empty({(std::int64_t)expected_vec.size(), cfg.vocab_size});
-    for (std::size_t i = 0; i < expected_vec.size(); ++i)
-      expected[i] = torch::tensor(expected_vec[i], torch::kFloat32);
+    for (std::size_t i = 0; i < expected_vec.size(); ++i) expected[i] = torch::tensor(expected_vec[i], torch::kFloat32);
 
     torch::NoGradGuard no_grad;
     torch::Tensor logits = model.forward(ids_of(tokens))[0];

@@ -73,7 +73,7 @@ TEST(Parallel, EngineKernelsSplitAcrossThreads) {
 }
 
 TEST(CausalAttention, MatchesReferenceInDouble) {
-  check_attention({2, 4, 2, 5, 5, 8, true}, torch::kFloat64, 1e-12);   // training: GQA, transposed values
+  check_attention({2, 4, 2, 5, 5, 8, true}, torch::kFloat64, 1e-12);    // training: GQA, transposed values
   check_attention({2, 4, 4, 6, 6, 16, false}, torch::kFloat64, 1e-12);  // no GQA
   check_attention({3, 6, 2, 3, 10, 8, false}, torch::kFloat64, 1e-12);  // a cached prefix of 7 positions
   check_attention({2, 4, 1, 1, 9, 8, false}, torch::kFloat64, 1e-12);   // one decoded token, multi-query
@@ -168,8 +168,16 @@ TEST(SmallGemm, MatchesMatmulIncludingTails) {
   torch::manual_seed(9);
   // {M, N, K}: rows and columns that leave every remainder of the kernel's 4-row and 3-column blocks, a
   // BLAS-only K, more rows than the kernel takes, and a product big enough to be split across threads.
-  for (auto [M, N, K] : {std::tuple{5, 7, 16}, {7, 11, 24}, {2, 8, 8}, {4, 12, 16}, {6, 9, 8}, {16, 130, 64},
-                         {3, 9, 12}, {80, 33, 32}, {16, 2050, 768}, {16, 2049, 768}}) {
+  for (auto [M, N, K] : {std::tuple{5, 7, 16},
+                         {7, 11, 24},
+                         {2, 8, 8},
+                         {4, 12, 16},
+                         {6, 9, 8},
+                         {16, 130, 64},
+                         {3, 9, 12},
+                         {80, 33, 32},
+                         {16, 2050, 768},
+                         {16, 2049, 768}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     auto x = torch::randn({M, K}), w = torch::randn({N, K}), y0 = torch::randn({M, N});
     auto expected = torch::matmul(x.to(torch::kFloat64), w.to(torch::kFloat64).t());
@@ -190,8 +198,9 @@ TEST(DecodeAttention, RowMatchesSoftmaxFormula) {
     for (double spread : {1.0, 30.0}) {  // 30: scores far apart, many probabilities underflow to zero
       auto q = torch::randn({D}) * spread, K = torch::randn({S, D}), V = torch::randn({S, D});
       const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      auto expected = torch::matmul(torch::softmax(torch::matmul(K.to(torch::kFloat64), q.to(torch::kFloat64)) * scale, 0),
-                                    V.to(torch::kFloat64));
+      auto expected =
+          torch::matmul(torch::softmax(torch::matmul(K.to(torch::kFloat64), q.to(torch::kFloat64)) * scale, 0),
+                        V.to(torch::kFloat64));
       std::vector<float> p(S), out(D);
       attend_row(q.data_ptr<float>(), K.data_ptr<float>(), V.data_ptr<float>(), S, D, scale, p.data(), out.data());
       auto got = torch::tensor(out).to(torch::kFloat64);
@@ -258,8 +267,8 @@ TEST(TokenDraw, HugeTemperatureIsUniformOverUnmaskedTokens) {
     std::int64_t tokens[2];
     float logprobs[2];
     draw_tokens(row->data(), 2, V, 0, 1e46, u.data(), tokens, logprobs);
-    EXPECT_EQ(tokens[0], 0);                                    // u = 0: the first unmasked token
-    EXPECT_EQ(tokens[1], row == &logits ? V - 2 : V - 1);       // u -> 1: the last unmasked one
+    EXPECT_EQ(tokens[0], 0);                               // u = 0: the first unmasked token
+    EXPECT_EQ(tokens[1], row == &logits ? V - 2 : V - 1);  // u -> 1: the last unmasked one
     EXPECT_TRUE(std::isfinite(logprobs[0]) && std::isfinite(logprobs[1]));
   }
 }
@@ -323,10 +332,17 @@ TEST(TokenDraw, NonFiniteLogitsAreAnErrorNamingTheRow) {
 }
 
 ModelConfig small_config(const std::string& model_type, bool tied) {
-  nlohmann::json j = {{"model_type", model_type}, {"vocab_size", 64},          {"hidden_size", 32},
-                      {"intermediate_size", 48},  {"num_hidden_layers", 2},    {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2}, {"tie_word_embeddings", tied}, {"max_position_embeddings", 64},
-                      {"rope_theta", 10000.0},    {"rms_norm_eps", 1e-6}};
+  nlohmann::json j = {{"model_type", model_type},
+                      {"vocab_size", 64},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 48},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"tie_word_embeddings", tied},
+                      {"max_position_embeddings", 64},
+                      {"rope_theta", 10000.0},
+                      {"rms_norm_eps", 1e-6}};
   return ModelConfig::from_json(j);
 }
 

@@ -91,7 +91,8 @@ GrpoTrace run_grpo(ServiceClient<Svc>& service) {
                             .sampling = {.max_tokens = 8, .temperature = 1.0, .seed = 11},
                             .loss = LossFn::ppo,
                             .adam = {.learning_rate = 1e-2}});
-  const std::vector<std::vector<Prompt>> batches = {{{"2+3="}, {"hello "}}, {{"the cat "}, {"7*6="}}, {{"abc"}, {"2+3="}}};
+  const std::vector<std::vector<Prompt>> batches = {
+      {{"2+3="}, {"hello "}}, {{"the cat "}, {"7*6="}}, {{"abc"}, {"2+3="}}};
   GrpoTrace t;
   for (const auto& problems : batches) {
     auto pending = grpo.submit(problems);
@@ -172,11 +173,11 @@ class RemoteParity : public ::testing::Test {
     std::ofstream(root_ / "tenants.json")
         << R"({"tenants": [{"id": "parity", "bearerKeys": ["parity-key"], "maxSessions": 16}]})";
     port_ = test_server::free_port();
-    server_ = new test_server::ServeProcess(RLLOOP_BIN,
-                                            {"--tenants", (root_ / "tenants.json").string(), "--port",
-                                             std::to_string(port_), "--data-dir", (root_ / "data").string(),
-                                             "--device", "cpu", "--threads", "1"},
-                                            (root_ / "serve.log").string());
+    server_ =
+        new test_server::ServeProcess(RLLOOP_BIN,
+                                      {"--tenants", (root_ / "tenants.json").string(), "--port", std::to_string(port_),
+                                       "--data-dir", (root_ / "data").string(), "--device", "cpu", "--threads", "1"},
+                                      (root_ / "serve.log").string());
     server_->start();
     listening_ = server_->wait_listening(port_);
   }
@@ -186,7 +187,9 @@ class RemoteParity : public ::testing::Test {
     server_ = nullptr;
     if (!::testing::UnitTest::GetInstance()->Failed()) fs::remove_all(root_);
   }
-  void SetUp() override { ASSERT_TRUE(listening_) << "rlloop serve did not start:\n" << read_file(root_ / "serve.log"); }
+  void SetUp() override {
+    ASSERT_TRUE(listening_) << "rlloop serve did not start:\n" << read_file(root_ / "serve.log");
+  }
 
   ServiceClient<RemoteService> remote() const {
     RemoteOptions o;

@@ -1,7 +1,7 @@
 // Fuzz target for the server's protocol layer: raw bytes become one to four HTTP requests (method, target,
 // headers, body) that go straight into rlloop::server::Api::handle, no sockets, against an Api hosting a
-// Running session "s" (tenant a) of an instant in-memory service. Besides memory errors (ASan/UBSan in the libFuzzer build),
-// every answer must keep the protocol's promises, or the target aborts:
+// Running session "s" (tenant a) of an instant in-memory service. Besides memory errors (ASan/UBSan in the libFuzzer
+// build), every answer must keep the protocol's promises, or the target aborts:
 //   * no 5xx: the service never fails internally, so a 500 means a request slipped past validation;
 //   * an error carries X-Amzn-ErrorType and the documented body shape: {"__type","Message"} for the control plane,
 //     {"error":{...},"message"} for the OpenAI paths, {"message"} for the rest of the runtime;
@@ -40,13 +40,17 @@ class TinySession {
   explicit TinySession(SessionOptions o) : opts_(std::move(o)) {}
   Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec&) { return batch(d); }
   Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& d, const LossSpec&) { return batch(d); }
-  Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>& d, const CustomLossFn&) { return batch(d); }
+  Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>& d, const CustomLossFn&) {
+    return batch(d);
+  }
   Future<OptimStepOutput> optim_step(const AdamParams& a) {
     return Future<OptimStepOutput>::ready(OptimStepOutput{{{"step", double(++step_)}, {"lr", a.learning_rate}}});
   }
   Future<CheckpointRef> save_state(const std::string& name) { return Future<CheckpointRef>::ready({"/tiny/" + name}); }
   Future<LoadStateOutput> load_state(const std::string&, bool) { return Future<LoadStateOutput>::ready({}); }
-  Future<CheckpointRef> save_weights_for_sampler(const std::string& name) { return Future<CheckpointRef>::ready({"/tiny/" + name}); }
+  Future<CheckpointRef> save_weights_for_sampler(const std::string& name) {
+    return Future<CheckpointRef>::ready({"/tiny/" + name});
+  }
   Future<SampleResponse> sample(const SampleRequest& r) {
     SampleResponse out;
     const auto prompt = r.prompt.tokens();
@@ -80,10 +84,12 @@ class TinySession {
 
  private:
   Future<ForwardBackwardOutput> batch(const std::vector<Datum>& data) {
-    if (opts_.base_model == "poison") return Future<ForwardBackwardOutput>::failed(std::make_exception_ptr(invalid_argument("poisoned")));
+    if (opts_.base_model == "poison")
+      return Future<ForwardBackwardOutput>::failed(std::make_exception_ptr(invalid_argument("poisoned")));
     ForwardBackwardOutput out;
     for (const auto& d : data) {
-      out.loss_fn_outputs.push_back({{"logprobs", TensorData::from_floats(std::vector<float>(d.model_input.length(), -0.1f))}});
+      out.loss_fn_outputs.push_back(
+          {{"logprobs", TensorData::from_floats(std::vector<float>(d.model_input.length(), -0.1f))}});
       out.training_tokens += static_cast<std::int64_t>(d.model_input.length());
     }
     out.metrics["loss:sum"] = 0.1 * static_cast<double>(out.training_tokens);
@@ -100,7 +106,9 @@ class TinyService {
     if (o.base_model == "missing") throw not_found("base model 'missing' is not in the catalogue");
     return std::make_shared<TinySession>(o);
   }
-  std::shared_ptr<TinySession> create_session_from_state(const std::string&, const SessionOptions& o) { return create_session(o); }
+  std::shared_ptr<TinySession> create_session_from_state(const std::string&, const SessionOptions& o) {
+    return create_session(o);
+  }
   std::shared_ptr<TinySession> open_sampler(const std::string&) { return create_session({}); }
   std::vector<std::string> list_base_models() { return {"tiny", "poison"}; }
   ServerCapabilities capabilities() { return {{"tiny", "poison"}, {"cross_entropy", "ppo"}, false, 64}; }
@@ -110,14 +118,15 @@ static_assert(Service<TinyService>);
 [[noreturn]] void violated(const sigv4::HttpRequest& req, const server::Response& res, const std::string& what) {
   std::fprintf(stderr, "api_fuzz: %s\nrequest: %s %s\n", what.c_str(), req.method.c_str(), req.target.c_str());
   for (const auto& [k, v] : req.headers) std::fprintf(stderr, "  %s: %s\n", k.c_str(), v.c_str());
-  std::fprintf(stderr, "  body (%zu bytes): %.300s\nresponse %u: %.600s\n", req.body.size(), req.body.c_str(), res.status,
-               res.body.c_str());
+  std::fprintf(stderr, "  body (%zu bytes): %.300s\nresponse %u: %.600s\n", req.body.size(), req.body.c_str(),
+               res.status, res.body.c_str());
   std::abort();
 }
 
 std::string header_of(const server::Response& res, std::string_view name) {
   for (const auto& [k, v] : res.headers)
-    if (k.size() == name.size() && std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
+    if (k.size() == name.size() &&
+        std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
       return v;
   return "";
 }
@@ -211,7 +220,8 @@ void ensure_session_s(server::Api& api) {
   if (status == "Running") return;
   if (!status.empty()) {
     call(api, "SageMaker.StopTrainingSession", {{"TrainingSessionName", "s"}});
-    for (int i = 0; i < 20000 && status_of_s(api) == "Stopping"; ++i) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    for (int i = 0; i < 20000 && status_of_s(api) == "Stopping"; ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     call(api, "SageMaker.DeleteTrainingSession", {{"TrainingSessionName", "s"}});
   }
   const json body{{"TrainingSessionName", "s"},

@@ -138,11 +138,13 @@ TEST(WireJson, NestedTensorDataIsFlattenedWithItsShape) {
   const TensorData t = tensor_from_json(json::parse(R"({"data": [[1, 2, 3], [4, 5, 6]], "dtype": "int64"})"), "t");
   EXPECT_EQ(t.shape, (std::vector<std::int64_t>{2, 3}));
   EXPECT_EQ(t.int_data, (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}));
-  EXPECT_NE(error_of([] { tensor_from_json(json::parse(R"({"data": [[1, 2], [3]], "dtype": "int64"})"), "t"); })
-                .find("t.data[1]: ragged nested array"),
+  EXPECT_NE(error_of([] {
+              tensor_from_json(json::parse(R"({"data": [[1, 2], [3]], "dtype": "int64"})"), "t");
+            }).find("t.data[1]: ragged nested array"),
             std::string::npos);
-  EXPECT_EQ(error_of([] { tensor_from_json(json::parse(R"({"data": [1, 2, 3], "dtype": "int64", "shape": [2]})"), "t"); }),
-            "t.shape: shape holds 2 elements but data holds 3");
+  EXPECT_EQ(
+      error_of([] { tensor_from_json(json::parse(R"({"data": [1, 2, 3], "dtype": "int64", "shape": [2]})"), "t"); }),
+      "t.shape: shape holds 2 elements but data holds 3");
   EXPECT_EQ(error_of([] { tensor_from_json(json::parse(R"({"data": [1.5], "dtype": "int64"})"), "t"); }),
             "t.data: expected integers");
   EXPECT_EQ(error_of([] { tensor_from_json(json::parse(R"({"data": [1], "dtype": "bfloat16"})"), "t"); }),
@@ -150,76 +152,122 @@ TEST(WireJson, NestedTensorDataIsFlattenedWithItsShape) {
 }
 
 TEST(WireJson, ErrorsNameTheJsonPath) {
-  EXPECT_EQ(error_of([] { execute_training_request_from_json(fb_body({{"data", {"a", "b", "c"}}, {"dtype", "float32"}})); }),
+  EXPECT_EQ(error_of([] {
+              execute_training_request_from_json(fb_body({{"data", {"a", "b", "c"}}, {"dtype", "float32"}}));
+            }),
             "operationConfig.forwardBackward.datumList[2].lossFnInputs.weights.data: expected numbers");
   EXPECT_EQ(error_of([] { execute_training_request_from_json(fb_body("nope")); }),
             "operationConfig.forwardBackward.datumList[2].lossFnInputs.weights: expected an object");
-  EXPECT_EQ(error_of([] { execute_training_request_from_json(json{{"operationConfig", {{"saveState", json::object()}}}}); }),
+  EXPECT_EQ(error_of([] {
+              execute_training_request_from_json(json{{"operationConfig", {{"saveState", json::object()}}}});
+            }),
             "sequenceNumber: required field is missing");
-  EXPECT_EQ(error_of([] { execute_training_request_from_json(json{{"sequenceNumber", -1}, {"operationConfig", {{"saveState", json::object()}}}}); }),
-            "sequenceNumber: must be in [0, 2147483647], got -1");
   EXPECT_EQ(error_of([] {
               execute_training_request_from_json(
-                  json{{"sequenceNumber", 1}, {"clientToken", "bad token!"}, {"operationConfig", {{"saveState", json::object()}}}});
+                  json{{"sequenceNumber", -1}, {"operationConfig", {{"saveState", json::object()}}}});
+            }),
+            "sequenceNumber: must be in [0, 2147483647], got -1");
+  EXPECT_EQ(error_of([] {
+              execute_training_request_from_json(json{{"sequenceNumber", 1},
+                                                      {"clientToken", "bad token!"},
+                                                      {"operationConfig", {{"saveState", json::object()}}}});
             }),
             "clientToken: must be 1-128 characters of [a-zA-Z0-9-]");
   EXPECT_EQ(error_of([] { execute_training_request_from_json(json::array()); }), "request body: expected an object");
 }
 
 TEST(WireJson, UnknownUnionMembersAndLossInputsAreRejected) {
-  EXPECT_EQ(error_of([] { execute_training_request_from_json(json{{"sequenceNumber", 1}, {"operationConfig", {{"train", json::object()}}}}); }),
-            "operationConfig.train: unknown member (expected one of forward, forwardBackward, optimizerStep, saveWeights, "
-            "saveState, loadState)");
+  EXPECT_EQ(
+      error_of([] {
+        execute_training_request_from_json(
+            json{{"sequenceNumber", 1}, {"operationConfig", {{"train", json::object()}}}});
+      }),
+      "operationConfig.train: unknown member (expected one of forward, forwardBackward, optimizerStep, saveWeights, "
+      "saveState, loadState)");
   EXPECT_NE(error_of([] {
               execute_training_request_from_json(
-                  json{{"sequenceNumber", 1}, {"operationConfig", {{"saveState", json::object()}, {"loadState", json::object()}}}});
+                  json{{"sequenceNumber", 1},
+                       {"operationConfig", {{"saveState", json::object()}, {"loadState", json::object()}}}});
             }).find("operationConfig: expected exactly one of"),
             std::string::npos);
   json body = fb_body({{"data", {1, 1, 1}}, {"dtype", "float32"}});
-  body["operationConfig"]["forwardBackward"]["datumList"][0]["lossFnInputs"]["mask"] = {{"data", {1, 1, 1}}, {"dtype", "float32"}};
-  EXPECT_NE(error_of([&] { execute_training_request_from_json(body); })
-                .find("operationConfig.forwardBackward.datumList[0].lossFnInputs.mask: unknown loss input"),
+  body["operationConfig"]["forwardBackward"]["datumList"][0]["lossFnInputs"]["mask"] = {{"data", {1, 1, 1}},
+                                                                                        {"dtype", "float32"}};
+  EXPECT_NE(error_of([&] {
+              execute_training_request_from_json(body);
+            }).find("operationConfig.forwardBackward.datumList[0].lossFnInputs.mask: unknown loss input"),
             std::string::npos);
-  EXPECT_EQ(error_of([] { sampling_operation_from_json(json{{"generate", json::object()}}, "operationConfig"); }),
-            "operationConfig.generate: unknown member (expected one of sample, computeLogprobs, loadWeightsForSampling)");
+  EXPECT_EQ(
+      error_of([] {
+        sampling_operation_from_json(json{{"generate", json::object()}}, "operationConfig");
+      }),
+      "operationConfig.generate: unknown member (expected one of sample, computeLogprobs, loadWeightsForSampling)");
 }
 
 TEST(WireJson, LossAndOptimizerSettingsAreValidated) {
   json body = fb_body({{"data", {1, 1, 1}}, {"dtype", "float32"}});
   body["operationConfig"]["forwardBackward"]["lossFnName"] = "kto";
-  EXPECT_NE(error_of([&] { execute_training_request_from_json(body); }).find("operationConfig.forwardBackward: unknown loss function 'kto'"),
+  EXPECT_NE(error_of([&] {
+              execute_training_request_from_json(body);
+            }).find("operationConfig.forwardBackward: unknown loss function 'kto'"),
             std::string::npos);
   body["operationConfig"]["forwardBackward"]["lossFnName"] = "ppo";
   body["operationConfig"]["forwardBackward"]["lossFnConfig"] = {{"clip_low_threshold", "high"}};
   EXPECT_EQ(error_of([&] { execute_training_request_from_json(body); }),
             "operationConfig.forwardBackward.lossFnConfig.clip_low_threshold: expected a number");
-  body["operationConfig"]["forwardBackward"]["lossFnConfig"] = {{"clip_low_threshold", 0.6}, {"clip_high_threshold", 1.4}};
+  body["operationConfig"]["forwardBackward"]["lossFnConfig"] = {{"clip_low_threshold", 0.6},
+                                                                {"clip_high_threshold", 1.4}};
   const auto ok = execute_training_request_from_json(body);
   EXPECT_EQ(std::get<ForwardBackwardOp>(ok.operation).loss, LossSpec::ppo(0.6, 1.4));
 
-  EXPECT_EQ(error_of([] { adam_from_json(json{{"learningRate", 0.5}}, "adam"); }), "adam.learningRate: must be in [0.0, 0.01], got 0.5");
-  EXPECT_EQ(error_of([] { adam_from_json(json{{"beta1", 0.9}}, "adam"); }), "adam.learningRate: required field is missing");
-  EXPECT_EQ(error_of([] { adam_from_json(json{{"learningRate", 1e-3}, {"momentum", 0.9}}, "adam"); }), "adam.momentum: unknown field");
+  EXPECT_EQ(error_of([] {
+              adam_from_json(json{{"learningRate", 0.5}}, "adam");
+            }),
+            "adam.learningRate: must be in [0.0, 0.01], got 0.5");
+  EXPECT_EQ(error_of([] {
+              adam_from_json(json{{"beta1", 0.9}}, "adam");
+            }),
+            "adam.learningRate: required field is missing");
+  EXPECT_EQ(error_of([] {
+              adam_from_json(json{{"learningRate", 1e-3}, {"momentum", 0.9}}, "adam");
+            }),
+            "adam.momentum: unknown field");
   const AdamParams a = adam_from_json(json{{"learningRate", 1e-3}, {"gradClipNorm", 1.0}}, "adam");
   EXPECT_EQ(a.learning_rate, 1e-3);
   EXPECT_EQ(a.grad_clip_norm, 1.0);
   EXPECT_EQ(a.beta2, AdamParams{}.beta2);
 
-  EXPECT_EQ(error_of([] { sampling_params_from_json(json{{"maxTokens", 16}, {"topP", 1.5}}, "p"); }), "p.topP: must be in [0.0, 1.0], got 1.5");
-  EXPECT_EQ(error_of([] { sampling_params_from_json(json{{"temperature", 1.0}}, "p"); }), "p.maxTokens: required field is missing");
+  EXPECT_EQ(error_of([] {
+              sampling_params_from_json(json{{"maxTokens", 16}, {"topP", 1.5}}, "p");
+            }),
+            "p.topP: must be in [0.0, 1.0], got 1.5");
+  EXPECT_EQ(error_of([] {
+              sampling_params_from_json(json{{"temperature", 1.0}}, "p");
+            }),
+            "p.maxTokens: required field is missing");
 }
 
 TEST(WireJson, SamplingRoundTripsAndResults) {
-  SampleRequest req{ModelInput::from_tokens({5, 6}).append({7}), 3,
-                    SamplingParams{.max_tokens = 8, .temperature = 0.5, .top_k = 4, .top_p = 0.9, .seed = 42, .stop = {"x"}, .stop_token_ids = {256}},
-                    true, 2, std::nullopt};
+  SampleRequest req{ModelInput::from_tokens({5, 6}).append({7}),
+                    3,
+                    SamplingParams{.max_tokens = 8,
+                                   .temperature = 0.5,
+                                   .top_k = 4,
+                                   .top_p = 0.9,
+                                   .seed = 42,
+                                   .stop = {"x"},
+                                   .stop_token_ids = {256}},
+                    true,
+                    2,
+                    std::nullopt};
   const auto back = std::get<SampleRequest>(sampling_operation_from_json(to_json(SamplingOperation{req}), "c"));
   EXPECT_EQ(back.prompt, req.prompt);
   EXPECT_EQ(back.params, req.params);
   EXPECT_EQ(back.num_samples, 3);
   EXPECT_FALSE(back.model_path);
 
-  SamplingOperationState st{"Completed", SamplingResult{ComputeLogprobsResult{{0.0, -1.5}}}, std::nullopt, std::nullopt};
+  SamplingOperationState st{"Completed", SamplingResult{ComputeLogprobsResult{{0.0, -1.5}}}, std::nullopt,
+                            std::nullopt};
   const auto st2 = sampling_state_from_json(json::parse(to_json(st).dump()));
   EXPECT_EQ(std::get<ComputeLogprobsResult>(*st2.result).logprobs, (std::vector<double>{0.0, -1.5}));
 

@@ -49,8 +49,8 @@ struct Serve {
         << R"({"tenants": [{"id": "load", "accountId": "111122223333", "bearerKeys": ["load-key"], "maxSessions": 40}]})";
     process = std::make_unique<test_server::ServeProcess>(
         RLLOOP_BIN,
-        std::vector<std::string>{"--tenants", (root / "tenants.json").string(), "--port", std::to_string(port), "--data-dir",
-                                 (root / "data").string(), "--device", "cpu", "--threads", "1"},
+        std::vector<std::string>{"--tenants", (root / "tenants.json").string(), "--port", std::to_string(port),
+                                 "--data-dir", (root / "data").string(), "--device", "cpu", "--threads", "1"},
         (root / "serve.log").string());
     process->start();
   }
@@ -85,17 +85,22 @@ void client_wave(RemoteSession& s, int client, Tally& tally) {
   for (int round = 0; round < kRounds; ++round) {
     try {
       if ((round + client) % 2 == 0) {
-        SampleRequest r{ModelInput::from_tokens({'a' + client % 26, 'b', 'c'}), 4, SamplingParams{.max_tokens = 8, .seed = client}};
+        SampleRequest r{ModelInput::from_tokens({'a' + client % 26, 'b', 'c'}), 4,
+                        SamplingParams{.max_tokens = 8, .seed = client}};
         const SampleResponse out = s.sample(r).get();
-        if (out.sequences.size() != 4) tally.fail("client " + std::to_string(client) + ": " + std::to_string(out.sequences.size()) + " sequences");
+        if (out.sequences.size() != 4)
+          tally.fail("client " + std::to_string(client) + ": " + std::to_string(out.sequences.size()) + " sequences");
         for (const auto& seq : out.sequences)
-          if (seq.tokens.size() > 8 || seq.logprobs.size() != seq.tokens.size()) tally.fail("client " + std::to_string(client) + ": bad sequence length");
+          if (seq.tokens.size() > 8 || seq.logprobs.size() != seq.tokens.size())
+            tally.fail("client " + std::to_string(client) + ": bad sequence length");
         ++tally.samples;
       } else {
-        auto fb = s.forward_backward({sft_datum("client " + std::to_string(client) + " says hello")}, LossSpec::cross_entropy());
+        auto fb = s.forward_backward({sft_datum("client " + std::to_string(client) + " says hello")},
+                                     LossSpec::cross_entropy());
         auto step = s.optim_step(AdamParams{.learning_rate = 1e-3});
         const double loss = fb.get().metrics.at("loss:sum");
-        if (!std::isfinite(loss) || loss <= 0) tally.fail("client " + std::to_string(client) + ": loss " + std::to_string(loss));
+        if (!std::isfinite(loss) || loss <= 0)
+          tally.fail("client " + std::to_string(client) + ": loss " + std::to_string(loss));
         step.get();
         ++tally.steps;
       }
@@ -133,7 +138,8 @@ TEST(Load, ThirtyTwoClientsMixingSamplingAndTrainingWithBoundedMemory) {
   };
   run_all([&](int c) {
     try {
-      sessions[c] = services[c]->create_session(SessionOptions{"rlloop-tiny", LoraOptions{4, 8, {"all-linear"}}, 0, "load-" + std::to_string(c)});
+      sessions[c] = services[c]->create_session(
+          SessionOptions{"rlloop-tiny", LoraOptions{4, 8, {"all-linear"}}, 0, "load-" + std::to_string(c)});
     } catch (const std::exception& e) {
       tally.fail("create " + std::to_string(c) + ": " + e.what());
     }
@@ -156,8 +162,9 @@ TEST(Load, ThirtyTwoClientsMixingSamplingAndTrainingWithBoundedMemory) {
     EXPECT_LE(billed, 2 * (kRounds / 2) * 4 * 8);
   }
 
-  std::printf("server RSS: %.1f MiB at start, %.1f MiB after wave 1, %.1f MiB after wave 2 (%d clients, %d calls each wave)\n",
-              rss_start / 1024.0, rss_wave1 / 1024.0, rss_wave2 / 1024.0, kClients, kClients * kRounds);
+  std::printf(
+      "server RSS: %.1f MiB at start, %.1f MiB after wave 1, %.1f MiB after wave 2 (%d clients, %d calls each wave)\n",
+      rss_start / 1024.0, rss_wave1 / 1024.0, rss_wave2 / 1024.0, kClients, kClients * kRounds);
   ASSERT_GT(rss_start, 0);
   // 32 live rlloop-tiny sessions are a few MiB each; the whole server stays well under 1 GiB, and the second,
   // identical wave adds at most 64 MiB (operation records are kept, but they are small).

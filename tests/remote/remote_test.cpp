@@ -63,11 +63,13 @@ TEST_F(RemoteFixture, TrainingLoopThroughTheClients) {
 
   auto sampler = tc.save_weights_and_get_sampling_client("w1");
   ASSERT_TRUE(sampler.model_path());
-  EXPECT_EQ(*sampler.model_path(), "arn:aws:sagemaker:us-east-1:111122223333:model-package/" + tc.session().name() + "/1");
+  EXPECT_EQ(*sampler.model_path(),
+            "arn:aws:sagemaker:us-east-1:111122223333:model-package/" + tc.session().name() + "/1");
   const SampleResponse r = sampler.sample(ModelInput::from_tokens({5}), 2, SamplingParams{.max_tokens = 3}).get();
   ASSERT_EQ(r.sequences.size(), 2u);
   EXPECT_EQ(r.sequences[0].tokens, (std::vector<token_id>{6, 7, 8}));
-  EXPECT_EQ(tc.live_sampling_client().compute_logprobs(ModelInput::from_tokens({1, 9})).get(), (std::vector<double>{0.0, -0.1}));
+  EXPECT_EQ(tc.live_sampling_client().compute_logprobs(ModelInput::from_tokens({1, 9})).get(),
+            (std::vector<double>{0.0, -0.1}));
   EXPECT_EQ(tc.usage().sample, 6);
 }
 

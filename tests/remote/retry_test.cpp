@@ -197,7 +197,8 @@ struct RetryFixture : ::testing::Test {
 TEST_F(RetryFixture, TrainingOperationsRunOnceThroughEveryKindOfFault) {
   // Every training submission meets, in order: a connection dropped before forwarding, 503, 429, 500, a
   // connection dropped after the server accepted it, and only then an answer. Polls get one 503 each.
-  const std::vector<Fault> submit_faults{Fault::drop_before, Fault::s503, Fault::s429, Fault::s500, Fault::drop_after, Fault::forward};
+  const std::vector<Fault> submit_faults{Fault::drop_before, Fault::s503,       Fault::s429,
+                                         Fault::s500,        Fault::drop_after, Fault::forward};
   FaultyProxy proxy(srv->port(), [&](const http::request<http::string_body>& r, int seen) {
     if (is_training_submit(r)) return submit_faults.at(std::min<std::size_t>(seen, submit_faults.size() - 1));
     if (is_poll(r)) return seen == 0 ? Fault::s503 : Fault::forward;
@@ -232,22 +233,27 @@ TEST_F(RetryFixture, TrainingOperationsRunOnceThroughEveryKindOfFault) {
   EXPECT_NE(attempts[1][0]["clientToken"], attempts[2][0]["clientToken"]);
 
   // The server kept one operation per token: the sequence number it last received is 2.
-  auto d = srv->api().handle({"POST", "/", {{"Authorization", "Bearer bearer-a"}, {"X-Amz-Target", "SageMaker.DescribeTrainingSession"}},
-                              R"({"TrainingSessionName":"retry"})"});
+  auto d =
+      srv->api().handle({"POST",
+                         "/",
+                         {{"Authorization", "Bearer bearer-a"}, {"X-Amz-Target", "SageMaker.DescribeTrainingSession"}},
+                         R"({"TrainingSessionName":"retry"})"});
   EXPECT_EQ(json::parse(d.body)["TrainingSessionDetail"]["LastReceivedSequenceNumber"], 2);
 }
 
 TEST_F(RetryFixture, SamplingRetriesRunOnceThroughEveryKindOfFault) {
   // Sampling requests carry no clientToken (spec §3.7); the client sends an Idempotency-Key header instead, the
   // same on every attempt, so even a sample the server ran whose answer was lost (drop_after) runs and bills once.
-  const std::vector<Fault> faults{Fault::drop_before, Fault::s429, Fault::drop_after, Fault::s500, Fault::drop_after, Fault::forward};
+  const std::vector<Fault> faults{Fault::drop_before, Fault::s429,       Fault::drop_after,
+                                  Fault::s500,        Fault::drop_after, Fault::forward};
   FaultyProxy proxy(srv->port(), [&](const http::request<http::string_body>& r, int seen) {
     if (is_sampling_submit(r)) return faults.at(std::min<std::size_t>(seen, faults.size() - 1));
     return Fault::forward;
   });
   RemoteService remote(through(proxy));
   auto s = remote.create_session(SessionOptions{"tiny", LoraOptions{}, 0, "samp"});
-  const SampleResponse r = s->sample(SampleRequest{ModelInput::from_tokens({5}), 2, SamplingParams{.max_tokens = 3}}).get();
+  const SampleResponse r =
+      s->sample(SampleRequest{ModelInput::from_tokens({5}), 2, SamplingParams{.max_tokens = 3}}).get();
   ASSERT_EQ(r.sequences.size(), 2u);
   EXPECT_EQ(r.sequences[0].tokens, (std::vector<token_id>{6, 7, 8}));
   EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"sample"}));
@@ -259,7 +265,8 @@ TEST_F(RetryFixture, SamplingRetriesRunOnceThroughEveryKindOfFault) {
   EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"sample", "sample"}));
   EXPECT_EQ(s->usage().sample, 12);
   int submits = 0;
-  for (const auto& seen : proxy.log()) submits += seen.method == "POST" && seen.target == "/v1/training-sessions/samp/sampling-operations";
+  for (const auto& seen : proxy.log())
+    submits += seen.method == "POST" && seen.target == "/v1/training-sessions/samp/sampling-operations";
   EXPECT_EQ(submits, static_cast<int>(faults.size()) + 1);
 }
 

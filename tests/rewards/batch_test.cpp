@@ -68,6 +68,7 @@ TEST(ScoreBatch, RunsConcurrently) {
 TEST(ScoreBatch, MismatchedSizesThrow) {
   EXPECT_THROW(score_batch(MathAnswerReward{}, std::vector<std::string>{"#### 1"}, std::vector<std::string>{}),
                invalid_argument);
-  EXPECT_THROW(score_batch(MathAnswerReward{}, std::vector<std::string>{}, std::vector<std::string>{}, {.max_concurrency = -1}),
-               invalid_argument);
+  EXPECT_THROW(
+      score_batch(MathAnswerReward{}, std::vector<std::string>{}, std::vector<std::string>{}, {.max_concurrency = -1}),
+      invalid_argument);
 }

@@ -49,7 +49,7 @@ TEST(Combinators, FormatBonusAndPenalty) {
 
 TEST(Combinators, Nest) {
   const auto r = clip(weighted_sum(std::pair{2.0, MathAnswerReward{}}, std::pair{-0.1, LengthReward{}}), -1.0, 1.0);
-  EXPECT_DOUBLE_EQ(r(std::string("#### 4"), "#### 4").value, 1.0);                 // 2 - 0.6 clipped to 1
-  EXPECT_DOUBLE_EQ(r(std::string("#### 4"), "#### 5").value, -0.6);                // 0 - 0.6
-  EXPECT_DOUBLE_EQ(r(std::string("#### 4"), std::string(40, 'x')).value, -1.0);    // -4 clipped
+  EXPECT_DOUBLE_EQ(r(std::string("#### 4"), "#### 4").value, 1.0);               // 2 - 0.6 clipped to 1
+  EXPECT_DOUBLE_EQ(r(std::string("#### 4"), "#### 5").value, -0.6);              // 0 - 0.6
+  EXPECT_DOUBLE_EQ(r(std::string("#### 4"), std::string(40, 'x')).value, -1.0);  // -4 clipped
 }

@@ -39,18 +39,18 @@ TEST(Gsm8k, EveryReferenceIsCorrectInEveryFormatAndPerturbationsAreWrong) {
     const long long n = static_cast<long long>(v);
     const std::string plain = std::to_string(n);
     const std::string accepted[] = {
-        p.solution,                                  // the reference worked solution itself
-        "#### " + p.answer,                          // as written in the data set (maybe with commas)
-        "Let me think.\n#### " + plain,              // bare after ####
-        "#### " + with_commas(n),                    // thousands separators
-        "#### $" + with_commas(n),                   // currency
-        "#### " + plain + ".00",                     // trailing decimals
-        "#### " + plain + ".",                       // sentence full stop
-        "The answer is \\boxed{" + plain + "}.",     // LaTeX box
-        "\\boxed{\\$" + with_commas(n) + "}",        // escaped dollar inside the box
-        "\\boxed{" + plain + ".0}",                  // float form
+        p.solution,                                           // the reference worked solution itself
+        "#### " + p.answer,                                   // as written in the data set (maybe with commas)
+        "Let me think.\n#### " + plain,                       // bare after ####
+        "#### " + with_commas(n),                             // thousands separators
+        "#### $" + with_commas(n),                            // currency
+        "#### " + plain + ".00",                              // trailing decimals
+        "#### " + plain + ".",                                // sentence full stop
+        "The answer is \\boxed{" + plain + "}.",              // LaTeX box
+        "\\boxed{\\$" + with_commas(n) + "}",                 // escaped dollar inside the box
+        "\\boxed{" + plain + ".0}",                           // float form
         "\\boxed{\\frac{" + std::to_string(2 * n) + "}{2}}",  // a fraction equal to it
-        "#### 1\nno wait\n#### " + plain,            // the last answer counts
+        "#### 1\nno wait\n#### " + plain,                     // the last answer counts
     };
     for (const auto& c : accepted) {
       const Score s = reward(p, c);
@@ -58,8 +58,8 @@ TEST(Gsm8k, EveryReferenceIsCorrectInEveryFormatAndPerturbationsAreWrong) {
       ASSERT_EQ(s.status, ScoreStatus::ok);
     }
     std::vector<std::string> perturbed = {"#### " + std::to_string(n + 1), "#### " + std::to_string(n - 1),
-                                          "\\boxed{" + std::to_string(n * 10 + 1) + "}",
-                                          "\\boxed{" + plain + ".5}", "#### " + plain + "\n#### " + std::to_string(n + 7)};
+                                          "\\boxed{" + std::to_string(n * 10 + 1) + "}", "\\boxed{" + plain + ".5}",
+                                          "#### " + plain + "\n#### " + std::to_string(n + 7)};
     if (n != 0) perturbed.push_back("#### " + std::to_string(-n));
     if (std::llabs(n) >= 10) perturbed.push_back("#### " + plain.substr(0, plain.size() - 1));  // dropped digit
     for (const auto& c : perturbed) {

@@ -33,7 +33,8 @@ std::string read_file(const fs::path& p) {
 }
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
 }
 
 // Children of any of our threads: a process that escaped its sandbox would be re-parented to us (subreaper).
@@ -60,7 +61,8 @@ TEST(Hostile, EveryProgramFailsHarmlessly) {
   fs::create_directories(host_dir);
   fs::permissions(host_dir, fs::perms::all);
   { std::ofstream(host_dir / "secret.txt") << secret; }
-  fs::permissions(host_dir / "secret.txt", fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  fs::permissions(host_dir / "secret.txt",
+                  fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
   ::setenv("RLLOOP_HOSTILE_SECRET", secret.c_str(), 1);
   const fs::path scratch = fs::path("/tmp") / ("rlloop-hostile-scratch-" + tag);
   fs::create_directories(scratch);
@@ -89,9 +91,8 @@ TEST(Hostile, EveryProgramFailsHarmlessly) {
   const auto sb = std::make_shared<const sandbox::Sandbox>(sandbox::Options{.scratch_root = scratch.string()});
   const CodeReward reward(sb, opts);
   std::vector<CodeGrade> grades(problems.size());
-  rewards::detail::parallel_indices(problems.size(), {}, [&](std::size_t i) {
-    grades[i] = reward.grade(problems[i], sources[i]);
-  });
+  rewards::detail::parallel_indices(problems.size(), {},
+                                    [&](std::size_t i) { grades[i] = reward.grade(problems[i], sources[i]); });
 
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const auto& g = grades[i];
@@ -130,10 +131,10 @@ TEST(Hostile, EveryProgramFailsHarmlessly) {
   for (const auto& e : fs::directory_iterator(host_dir)) in_host_dir.push_back(e.path().filename().string());
   EXPECT_EQ(in_host_dir, std::vector<std::string>{"secret.txt"});
   EXPECT_EQ(read_file(host_dir / "secret.txt"), secret);
-  for (const char* p : {"/usr/pwned_py", "/etc/pwned_py", "/root/pwned_py", "/pwned_py", "/var/tmp/pwned_py",
-                        "/home/pwned_py", "/usr/pwned_cpp", "/etc/pwned_cpp", "/root/pwned_cpp", "/pwned_cpp",
-                        "/var/tmp/pwned_cpp", "/dev/pwned_cpp", "/dev/shm/pwned_cpp", "/tmp/rlloop_hostile_private_tmp", "/tmp/daemon_alive",
-                        "/tmp/big"})
+  for (const char* p :
+       {"/usr/pwned_py", "/etc/pwned_py", "/root/pwned_py", "/pwned_py", "/var/tmp/pwned_py", "/home/pwned_py",
+        "/usr/pwned_cpp", "/etc/pwned_cpp", "/root/pwned_cpp", "/pwned_cpp", "/var/tmp/pwned_cpp", "/dev/pwned_cpp",
+        "/dev/shm/pwned_cpp", "/tmp/rlloop_hostile_private_tmp", "/tmp/daemon_alive", "/tmp/big"})
     EXPECT_FALSE(fs::exists(p)) << p;
   EXPECT_TRUE(fs::is_empty(scratch)) << "scratch boxes were not removed";
 

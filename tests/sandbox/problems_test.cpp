@@ -71,7 +71,8 @@ TEST(Problems, WrongSolutionsFail) {
       {"cp/factorial", "import math\nprint(math.factorial(int(input()) + 1))\n", ScoreStatus::wrong_answer},
       {"cp/collatz-steps", "while True: pass\n", ScoreStatus::timeout},
       // skips the last number
-      {"cp/cpp-sum-array", "#include <iostream>\nint main(){long long n,s=0,x;std::cin>>n;while(--n>0){std::cin>>x;s+=x;}std::cout<<s;}\n",
+      {"cp/cpp-sum-array",
+       "#include <iostream>\nint main(){long long n,s=0,x;std::cin>>n;while(--n>0){std::cin>>x;s+=x;}std::cout<<s;}\n",
        ScoreStatus::wrong_answer},
       {"cp/cpp-lcm", "#include <iostream>\nint main(){ std::cout << a * b; }\n", ScoreStatus::compile_error},
       {"fn/add", "    return a - b\n", ScoreStatus::runtime_error},  // AssertionError
@@ -89,13 +90,15 @@ TEST(Problems, WrongSolutionsFail) {
   const auto scores = score_batch(reward, problems, codes);
   for (std::size_t i = 0; i < scores.size(); ++i) {
     EXPECT_LT(scores[i].value, 1.0) << cases[i].id << ": " << scores[i].details;
-    EXPECT_EQ(scores[i].status, cases[i].status) << cases[i].id << ": " << to_string(scores[i].status) << " " << scores[i].details;
+    EXPECT_EQ(scores[i].status, cases[i].status)
+        << cases[i].id << ": " << to_string(scores[i].status) << " " << scores[i].details;
   }
 }
 
 TEST(Problems, PassRateAndAllPassModes) {
   // Calls 1 prime: fails exactly 1 of the 5 is-prime tests.
-  const std::string almost = "n = int(input())\nprint('YES' if n == 1 or all(n % d for d in range(2, int(n**0.5) + 1)) else 'NO')\n";
+  const std::string almost =
+      "n = int(input())\nprint('YES' if n == 1 or all(n % d for d in range(2, int(n**0.5) + 1)) else 'NO')\n";
   const auto& p = problem("cp/is-prime");
   const CodeReward rate(shared_sandbox(), {.mode = CodeRewardMode::pass_rate});
   const CodeGrade g = rate.grade(p, almost);
@@ -110,13 +113,13 @@ TEST(Problems, PassRateAndAllPassModes) {
 
 TEST(Problems, FencedCompletionsAndFloatTolerance) {
   const CodeReward reward(shared_sandbox());
-  const Score fenced = reward(problem("cp/sum-two"), "Here you go:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\nDone.");
+  const Score fenced = reward(problem("cp/sum-two"),
+                              "Here you go:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\nDone.");
   EXPECT_EQ(fenced.value, 1.0) << fenced.details;
   // Prints the area with a different number of digits: within 1e-6, so accepted.
-  const Score area = reward(problem("cp/circle-area"), "r = float(input())\nprint('%.9f' % (3.14159265358979 * r * r))\n");
+  const Score area =
+      reward(problem("cp/circle-area"), "r = float(input())\nprint('%.9f' % (3.14159265358979 * r * r))\n");
   EXPECT_EQ(area.value, 1.0) << area.details;
 }
 
-TEST(Problems, LoaderRejectsBrokenFiles) {
-  EXPECT_THROW(envs::load_code_problems("/nonexistent.jsonl"), io_error);
-}
+TEST(Problems, LoaderRejectsBrokenFiles) { EXPECT_THROW(envs::load_code_problems("/nonexistent.jsonl"), io_error); }

@@ -66,11 +66,12 @@ TEST(Sandbox, EnforcesCpuWallAndOutputLimits) {
 
 TEST(Sandbox, SeesNoEnvironmentNetworkOrHostFiles) {
   ::setenv("RLLOOP_SANDBOX_TEST_SECRET", "hunter2", 1);
-  const auto r = py(
-      "import os, socket\n"
-      "print(sorted(os.environ))\n"
-      "print(os.path.exists('/root'), os.path.exists('/home'), os.path.exists('/etc/shadow'))\n"
-      "try:\n  socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n  print('socket')\nexcept OSError:\n  print('nosocket')\n");
+  const auto r =
+      py("import os, socket\n"
+         "print(sorted(os.environ))\n"
+         "print(os.path.exists('/root'), os.path.exists('/home'), os.path.exists('/etc/shadow'))\n"
+         "try:\n  socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n  print('socket')\nexcept OSError:\n  "
+         "print('nosocket')\n");
   ASSERT_TRUE(r.ok()) << r.stderr_data;
   EXPECT_EQ(r.stdout_data.find("RLLOOP_SANDBOX_TEST_SECRET"), std::string::npos) << r.stdout_data;
   EXPECT_NE(r.stdout_data.find("False False False"), std::string::npos) << r.stdout_data;
@@ -78,15 +79,16 @@ TEST(Sandbox, SeesNoEnvironmentNetworkOrHostFiles) {
 }
 
 TEST(Sandbox, BoxIsReadOnlyAndTmpIsWritable) {
-  const auto r = py(
-      "open('/tmp/a', 'w').write('ok')\nprint(open('/tmp/a').read())\n"
-      "try:\n  open('/box/x', 'w')\n  print('box writable')\nexcept OSError:\n  print('box read-only')\n");
+  const auto r =
+      py("open('/tmp/a', 'w').write('ok')\nprint(open('/tmp/a').read())\n"
+         "try:\n  open('/box/x', 'w')\n  print('box writable')\nexcept OSError:\n  print('box read-only')\n");
   ASSERT_TRUE(r.ok()) << r.stderr_data;
   EXPECT_EQ(r.stdout_data, "ok\nbox read-only\n");
 }
 
 TEST(Sandbox, CompilesAndRunsCpp) {
-  const Program ok(sb(), Language::cpp, "#include <iostream>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a*b;}\n");
+  const Program ok(sb(), Language::cpp,
+                   "#include <iostream>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a*b;}\n");
   ASSERT_TRUE(ok.compiled()) << ok.compile_log();
   EXPECT_EQ(ok.run("6 7", quick()).stdout_data, "42");
   const Program bad(sb(), Language::cpp, "int main() { return undefined_thing; }\n");
@@ -100,7 +102,8 @@ TEST(Sandbox, RunWithFilesMountsThemInBox) {
   RunRequest req;
   req.argv = {"/usr/bin/python3", "-S", "/box/prog.py", "/box/data.txt"};
   req.limits = quick();
-  const auto r = sb().run({{"prog.py", "import sys\nprint(open(sys.argv[1]).read().upper())\n"}, {"data.txt", "hi"}}, req);
+  const auto r =
+      sb().run({{"prog.py", "import sys\nprint(open(sys.argv[1]).read().upper())\n"}, {"data.txt", "hi"}}, req);
   ASSERT_TRUE(r.ok()) << r.stderr_data;
   EXPECT_EQ(r.stdout_data, "HI\n");
 }

@@ -50,7 +50,8 @@ sigv4::HttpRequest signed_request(const std::string& method, const std::string& 
                                   const sigv4::Credentials& creds, sigv4::clock::time_point when = sigv4::clock::now(),
                                   const std::string& amz_target = "") {
   sigv4::HttpRequest r{method, target, {{"Host", "127.0.0.1"}}, body};
-  if (!body.empty()) r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
+  if (!body.empty())
+    r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
   if (!amz_target.empty()) r.set_header("X-Amz-Target", amz_target);
   sigv4::SigningParams p;
   p.time = when;
@@ -117,7 +118,8 @@ struct BadInput : ::testing::Test {
   static std::string wait_status(test_http::Client& c, const std::string& name, Pred done) {
     std::string s;
     for (int i = 0; i < 400; ++i) {
-      s = c.control("DescribeTrainingSession", {{"TrainingSessionName", name}}).json_body()["TrainingSessionDetail"]["TrainingSessionStatus"];
+      s = c.control("DescribeTrainingSession", {{"TrainingSessionName", name}})
+              .json_body()["TrainingSessionDetail"]["TrainingSessionStatus"];
       if (done(s)) return s;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -132,17 +134,23 @@ struct BadInput : ::testing::Test {
   }
   static json fb_body(std::int64_t seq) {
     return {{"sequenceNumber", seq},
-            {"operationConfig", {{"forwardBackward", {{"datumList", json::array({datum_json({1, 2, 3})})}, {"lossFnName", "cross_entropy"}}}}}};
+            {"operationConfig",
+             {{"forwardBackward",
+               {{"datumList", json::array({datum_json({1, 2, 3})})}, {"lossFnName", "cross_entropy"}}}}}};
   }
   static json sample_body() {
     return {{"operationConfig",
-             {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2}))}, {"numSamples", 1}, {"samplingParams", {{"maxTokens", 2}}}}}}}};
+             {{"sample",
+               {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2}))},
+                {"numSamples", 1},
+                {"samplingParams", {{"maxTokens", 2}}}}}}}};
   }
   // A forward_backward that still runs to Completed: the proof that the server kept serving.
   static void still_trains(test_http::Client& c, const std::string& name, std::int64_t seq) {
     auto r = c.post("/v1/training-sessions/" + name + "/operations", fb_body(seq));
     ASSERT_EQ(r.status, 200u) << r.body;
-    const std::string url = "/v1/training-sessions/" + name + "/operations/" + r.json_body()["operationId"].get<std::string>();
+    const std::string url =
+        "/v1/training-sessions/" + name + "/operations/" + r.json_body()["operationId"].get<std::string>();
     std::string status;
     for (int i = 0; i < 400 && status != "Completed" && status != "Failed"; ++i) {
       status = c.get(url).json_body()["status"];
@@ -162,20 +170,24 @@ TEST_F(BadInput, ControlPlaneMalformedJsonAndWrongTypes) {
   // Not JSON at all: SerializationException (the JSON 1.1 protocol's name for an unreadable body).
   auto r = c.send("POST", "/", "{\"TrainingSessionName\": ", "SageMaker.CreateTrainingSession");
   EXPECT_NE(control_error_of(r, "SerializationException").find("not valid JSON"), std::string::npos);
-  control_error_of(c.send("POST", "/", R"({"MaxResults": 1e999})", "SageMaker.ListTrainingSessions"), "SerializationException");
+  control_error_of(c.send("POST", "/", R"({"MaxResults": 1e999})", "SageMaker.ListTrainingSessions"),
+                   "SerializationException");
   // JSON, but not an object.
   EXPECT_EQ(control_error_of(c.send("POST", "/", "[1,2]", "SageMaker.ListTrainingSessions"), "ValidationException"),
             "request body: expected an object");
   // Wrong types, naming the field.
   auto body = create_body("types");
   body["LoraConfig"]["Rank"] = "8";
-  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"), "LoraConfig.Rank: expected an integer");
+  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"),
+            "LoraConfig.Rank: expected an integer");
   body = create_body("types");
   body["ModelConfig"]["AcceptEula"] = "yes";
-  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"), "ModelConfig.AcceptEula: expected a boolean");
+  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"),
+            "ModelConfig.AcceptEula: expected a boolean");
   body = create_body("types");
   body["Tags"] = {{"Key", "k"}};  // an object where an array belongs
-  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"), "Tags: expected an array");
+  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"),
+            "Tags: expected an array");
   EXPECT_EQ(control_error_of(c.control("ListTrainingSessions", {{"MaxResults", "10"}}), "ValidationException"),
             "MaxResults: expected an integer");
   EXPECT_EQ(control_error_of(c.control("ListTrainingSessions", {{"MaxResults", 0}}), "ValidationException"),
@@ -185,9 +197,11 @@ TEST_F(BadInput, ControlPlaneMalformedJsonAndWrongTypes) {
   // Unknown fields are errors, not silently ignored.
   body = create_body("types");
   body["LoraConfig"]["Dropout"] = 0.1;
-  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"), "LoraConfig.Dropout: unknown field");
+  EXPECT_EQ(control_error_of(c.control("CreateTrainingSession", body), "ValidationException"),
+            "LoraConfig.Dropout: unknown field");
   // A NextToken that is digits but not a token of ours (too large for any offset).
-  EXPECT_EQ(control_error_of(c.control("ListTrainingSessions", {{"NextToken", "99999999999999999999999"}}), "ValidationException"),
+  EXPECT_EQ(control_error_of(c.control("ListTrainingSessions", {{"NextToken", "99999999999999999999999"}}),
+                             "ValidationException"),
             "NextToken: is not a token from a previous page");
   EXPECT_EQ(control_error_of(c.control("ListTrainingSessions", {{"NextToken", "abc"}}), "ValidationException"),
             "NextToken: is not a token from a previous page");
@@ -206,15 +220,19 @@ TEST_F(BadInput, InvalidSessionNames) {
   }
   ASSERT_EQ(create(c, std::string(63, 'n')), "Running");  // the longest valid name
   // Runtime URI labels: 1-64 of [a-zA-Z0-9-].
-  EXPECT_EQ(runtime_error_of(c.post("/v1/training-sessions/bad_name/operations", fb_body(1)), 400, "ValidationException"),
-            "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
-  runtime_error_of(c.post("/v1/training-sessions/" + std::string(65, 'n') + "/operations", fb_body(1)), 400, "ValidationException");
+  EXPECT_EQ(
+      runtime_error_of(c.post("/v1/training-sessions/bad_name/operations", fb_body(1)), 400, "ValidationException"),
+      "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
+  runtime_error_of(c.post("/v1/training-sessions/" + std::string(65, 'n') + "/operations", fb_body(1)), 400,
+                   "ValidationException");
   runtime_error_of(c.get("/v1/training-sessions//operations/op-1"), 400, "ValidationException");
-  runtime_error_of(c.get("/v1/training-sessions/" + std::string(63, 'n') + "/operations/op_1"), 400, "ValidationException");
+  runtime_error_of(c.get("/v1/training-sessions/" + std::string(63, 'n') + "/operations/op_1"), 400,
+                   "ValidationException");
   runtime_error_of(c.get("/v1/training-sessions/" + std::string(63, 'n') + "/operations/" + std::string(65, 'o')), 400,
                    "ValidationException");
   // A valid name that does not exist is 404, on the runtime and the pass-through alike.
-  runtime_error_of(c.post("/v1/training-sessions/nosuch/sampling-operations", sample_body()), 404, "ResourceNotFoundException");
+  runtime_error_of(c.post("/v1/training-sessions/nosuch/sampling-operations", sample_body()), 404,
+                   "ResourceNotFoundException");
   control_error_of(c.control("StopTrainingSession", {{"TrainingSessionName", "nosuch"}}), "ResourceNotFound");
   control_error_of(c.control("DeleteTrainingSession", {{"TrainingSessionName", "nosuch"}}), "ResourceNotFound");
   still_trains(c, std::string(63, 'n'), 1);
@@ -224,27 +242,39 @@ TEST_F(BadInput, RuntimeWrongTypesAndUnknownUnionMembers) {
   auto c = client();
   ASSERT_EQ(create(c, "rt"), "Running");
   const std::string ops = "/v1/training-sessions/rt/operations", sops = "/v1/training-sessions/rt/sampling-operations";
-  auto msg = [&](const std::string& url, const json& body) { return runtime_error_of(c.post(url, body), 400, "ValidationException"); };
+  auto msg = [&](const std::string& url, const json& body) {
+    return runtime_error_of(c.post(url, body), 400, "ValidationException");
+  };
 
-  EXPECT_EQ(msg(ops, {{"sequenceNumber", "1"}, {"operationConfig", fb_body(1)["operationConfig"]}}), "sequenceNumber: expected an integer");
+  EXPECT_EQ(msg(ops, {{"sequenceNumber", "1"}, {"operationConfig", fb_body(1)["operationConfig"]}}),
+            "sequenceNumber: expected an integer");
   EXPECT_EQ(msg(ops, {{"sequenceNumber", -1}, {"operationConfig", fb_body(1)["operationConfig"]}}),
             "sequenceNumber: must be in [0, 2147483647], got -1");
-  EXPECT_EQ(msg(ops, {{"operationConfig", fb_body(1)["operationConfig"]}}), "sequenceNumber: required field is missing");
-  EXPECT_EQ(msg(ops, {{"sequenceNumber", 1}, {"clientToken", "no spaces"}, {"operationConfig", fb_body(1)["operationConfig"]}}),
-            "clientToken: must be 1-128 characters of [a-zA-Z0-9-]");
-  EXPECT_EQ(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", fb_body(1)["operationConfig"]}, {"extra", 1}}), "extra: unknown field");
+  EXPECT_EQ(msg(ops, {{"operationConfig", fb_body(1)["operationConfig"]}}),
+            "sequenceNumber: required field is missing");
+  EXPECT_EQ(
+      msg(ops,
+          {{"sequenceNumber", 1}, {"clientToken", "no spaces"}, {"operationConfig", fb_body(1)["operationConfig"]}}),
+      "clientToken: must be 1-128 characters of [a-zA-Z0-9-]");
+  EXPECT_EQ(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", fb_body(1)["operationConfig"]}, {"extra", 1}}),
+            "extra: unknown field");
   // Unions: an unknown member, two members, none, and a member that is not an object.
   EXPECT_EQ(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", {{"flyToTheMoon", json::object()}}}}),
-            "operationConfig.flyToTheMoon: unknown member (expected one of forward, forwardBackward, optimizerStep, saveWeights, "
+            "operationConfig.flyToTheMoon: unknown member (expected one of forward, forwardBackward, optimizerStep, "
+            "saveWeights, "
             "saveState, loadState)");
   EXPECT_NE(msg(ops, {{"sequenceNumber", 1},
-                      {"operationConfig", {{"saveState", json::object()}, {"optimizerStep", {{"adamParamsConfig", json::object()}}}}}})
+                      {"operationConfig",
+                       {{"saveState", json::object()}, {"optimizerStep", {{"adamParamsConfig", json::object()}}}}}})
                 .find("operationConfig: expected exactly one of"),
             std::string::npos);
-  EXPECT_NE(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", json::object()}}).find("(got 0 members)"), std::string::npos);
-  EXPECT_EQ(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", {{"saveState", "now"}}}}), "operationConfig.saveState: expected an object");
+  EXPECT_NE(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", json::object()}}).find("(got 0 members)"),
+            std::string::npos);
+  EXPECT_EQ(msg(ops, {{"sequenceNumber", 1}, {"operationConfig", {{"saveState", "now"}}}}),
+            "operationConfig.saveState: expected an object");
   EXPECT_EQ(msg(sops, {{"operationConfig", {{"forwardBackward", json::object()}}}}),
-            "operationConfig.forwardBackward: unknown member (expected one of sample, computeLogprobs, loadWeightsForSampling)");
+            "operationConfig.forwardBackward: unknown member (expected one of sample, computeLogprobs, "
+            "loadWeightsForSampling)");
   // Wrong types and ranges deeper in.
   json fb = fb_body(1);
   fb["operationConfig"]["forwardBackward"]["lossFnName"] = "hinge";
@@ -273,7 +303,8 @@ TEST_F(BadInput, RuntimeWrongTypesAndUnknownUnionMembers) {
   runtime_error_of(c.send("POST", ops, ""), 400, "ValidationException");
   runtime_error_of(c.send("POST", ops, "null"), 400, "ValidationException");
   // A number JSON cannot hold (the parser throws out_of_range, not parse_error; found by tests/fuzz, was a 500).
-  runtime_error_of(c.send("POST", ops, R"({"sequenceNumber": 1e999, "operationConfig": {"saveState": {}}})"), 400, "ValidationException");
+  runtime_error_of(c.send("POST", ops, R"({"sequenceNumber": 1e999, "operationConfig": {"saveState": {}}})"), 400,
+                   "ValidationException");
 
   // Nothing was accepted: the session's sequence numbers are untouched and the next real operation runs.
   auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "rt"}}).json_body()["TrainingSessionDetail"];
@@ -286,8 +317,10 @@ TEST_F(BadInput, OversizedBodies) {
   auto c = client();
   ASSERT_EQ(create(c, "big"), "Running");
   // Over tenant a's 8 KiB: 413 after reading it, and the keep-alive connection goes on.
-  runtime_error_of(c.send("POST", "/v1/training-sessions/big/operations", std::string(9000, ' ')), 413, "RequestEntityTooLarge");
-  control_error_of(c.send("POST", "/", std::string(9000, ' '), "SageMaker.ListTrainingSessions"), "RequestEntityTooLarge", 413);
+  runtime_error_of(c.send("POST", "/v1/training-sessions/big/operations", std::string(9000, ' ')), 413,
+                   "RequestEntityTooLarge");
+  control_error_of(c.send("POST", "/", std::string(9000, ' '), "SageMaker.ListTrainingSessions"),
+                   "RequestEntityTooLarge", 413);
   EXPECT_EQ(c.get("/health").status, 200u);
   // Over every tenant's limit (1 MiB): the transport answers 413 from the Content-Length alone, without reading
   // the body, and closes that connection; other connections are unaffected.
@@ -319,8 +352,11 @@ TEST_F(BadInput, CallsInTheWrongSessionState) {
   // Stopped: every operation kind is a 409 ConflictException naming the state; reading old results still works.
   const std::string why = "Training session st is Stopped; must be Running or Blocked";
   EXPECT_EQ(runtime_error_of(c.post("/v1/training-sessions/st/operations", fb_body(2)), 409, "ConflictException"), why);
-  EXPECT_EQ(runtime_error_of(c.post("/v1/training-sessions/st/sampling-operations", sample_body()), 409, "ConflictException"), why);
-  auto chat = c.post("/v1/chat/completions", {{"model", "st"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}});
+  EXPECT_EQ(
+      runtime_error_of(c.post("/v1/training-sessions/st/sampling-operations", sample_body()), 409, "ConflictException"),
+      why);
+  auto chat = c.post("/v1/chat/completions",
+                     {{"model", "st"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}});
   EXPECT_EQ(chat.status, 409u) << chat.body;
   EXPECT_EQ(chat.error_type, "ConflictException");
   EXPECT_TRUE(chat.json_body().contains("error"));
@@ -347,14 +383,18 @@ TEST_F(BadInput, UnknownPathsMethodsAndTargets) {
   ASSERT_EQ(create(c, "p"), "Running");
   const std::uint16_t port = srv->port();
   auto bearer = [](std::string method, std::string target, std::string body = "") {
-    return sigv4::HttpRequest{std::move(method), std::move(target), {{"Host", "127.0.0.1"}, {"Authorization", "Bearer bearer-a"}},
+    return sigv4::HttpRequest{std::move(method),
+                              std::move(target),
+                              {{"Host", "127.0.0.1"}, {"Authorization", "Bearer bearer-a"}},
                               std::move(body)};
   };
   // Unknown REST paths and methods: 404 ResourceNotFoundException naming the route.
-  EXPECT_EQ(runtime_error_of(raw(port, bearer("GET", "/nope")), 404, "ResourceNotFoundException"), "no route for GET /nope");
+  EXPECT_EQ(runtime_error_of(raw(port, bearer("GET", "/nope")), 404, "ResourceNotFoundException"),
+            "no route for GET /nope");
   runtime_error_of(raw(port, bearer("GET", "/v1/training-sessions")), 404, "ResourceNotFoundException");
   runtime_error_of(raw(port, bearer("GET", "/v1/training-sessions/p/whatever")), 404, "ResourceNotFoundException");
-  runtime_error_of(raw(port, bearer("GET", "/v1/training-sessions/p/operations/op-1/extra")), 404, "ResourceNotFoundException");
+  runtime_error_of(raw(port, bearer("GET", "/v1/training-sessions/p/operations/op-1/extra")), 404,
+                   "ResourceNotFoundException");
   runtime_error_of(raw(port, bearer("DELETE", "/v1/training-sessions/p/operations")), 404, "ResourceNotFoundException");
   runtime_error_of(raw(port, bearer("PUT", "/v1/usage")), 404, "ResourceNotFoundException");
   runtime_error_of(raw(port, bearer("GET", "/v1/training-sessions/p/operations")), 404, "ResourceNotFoundException");
@@ -384,7 +424,8 @@ TEST_F(BadInput, UnknownPathsMethodsAndTargets) {
 TEST_F(BadInput, SigV4TamperedExpiredOrOtherTenantIsRejected) {
   const std::uint16_t port = srv->port();
   // Good signature first, so the rejections below are about what was changed.
-  auto ok = raw(port, signed_request("POST", "/", create_body("sig").dump(), kKeyA, sigv4::clock::now(), "SageMaker.CreateTrainingSession"));
+  auto ok = raw(port, signed_request("POST", "/", create_body("sig").dump(), kKeyA, sigv4::clock::now(),
+                                     "SageMaker.CreateTrainingSession"));
   ASSERT_EQ(ok.status, 200u) << ok.body;
 
   // Tampered body after signing (the payload hash is part of the signature): control-plane shape.
@@ -400,32 +441,37 @@ TEST_F(BadInput, SigV4TamperedExpiredOrOtherTenantIsRejected) {
   req.set_header("X-Amz-Date", sigv4::format_amz_date(sigv4::clock::now() + std::chrono::seconds(1)));
   runtime_error_of(raw(port, req), 403, "SignatureDoesNotMatch");
   // Expired: signed 20 minutes ago (the server allows 15 minutes of skew), and dated 20 minutes ahead.
-  EXPECT_NE(runtime_error_of(raw(port, signed_request("GET", "/v1/usage", "", kKeyA, sigv4::clock::now() - std::chrono::minutes(20))), 403,
-                             "InvalidSignatureException")
+  EXPECT_NE(runtime_error_of(raw(port, signed_request("GET", "/v1/usage", "", kKeyA,
+                                                      sigv4::clock::now() - std::chrono::minutes(20))),
+                             403, "InvalidSignatureException")
                 .find("Signature expired"),
             std::string::npos);
-  runtime_error_of(raw(port, signed_request("GET", "/v1/usage", "", kKeyA, sigv4::clock::now() + std::chrono::minutes(20))), 403,
-                   "InvalidSignatureException");
+  runtime_error_of(
+      raw(port, signed_request("GET", "/v1/usage", "", kKeyA, sigv4::clock::now() + std::chrono::minutes(20))), 403,
+      "InvalidSignatureException");
   control_error_of(raw(port, signed_request("POST", "/", "{}", kKeyA, sigv4::clock::now() - std::chrono::hours(2),
                                             "SageMaker.ListTrainingSessions")),
                    "InvalidSignatureException", 403);
   // Unknown access key; a known key with the other tenant's secret.
-  runtime_error_of(raw(port, signed_request("GET", "/v1/usage", "", {"AKIDNOBODY", "x", ""})), 403, "UnrecognizedClientException");
-  runtime_error_of(raw(port, signed_request("GET", "/v1/usage", "", {kKeyA.access_key_id, kKeyB.secret_access_key, ""})), 403,
-                   "SignatureDoesNotMatch");
+  runtime_error_of(raw(port, signed_request("GET", "/v1/usage", "", {"AKIDNOBODY", "x", ""})), 403,
+                   "UnrecognizedClientException");
+  runtime_error_of(
+      raw(port, signed_request("GET", "/v1/usage", "", {kKeyA.access_key_id, kKeyB.secret_access_key, ""})), 403,
+      "SignatureDoesNotMatch");
   // Signature stripped down / malformed.
   req = signed_request("GET", "/v1/usage", "", kKeyA);
-  req.set_header("Authorization", req.header("Authorization")->substr(0, req.header("Authorization")->find(", Signature=")));
+  req.set_header("Authorization",
+                 req.header("Authorization")->substr(0, req.header("Authorization")->find(", Signature=")));
   runtime_error_of(raw(port, req), 403, "IncompleteSignature");
   // A valid signature by tenant b reaches nothing of tenant a's: the session is "not found", not "forbidden".
-  control_error_of(raw(port, signed_request("POST", "/", json{{"TrainingSessionName", "sig"}}.dump(), kKeyB, sigv4::clock::now(),
-                                            "SageMaker.DescribeTrainingSession")),
+  control_error_of(raw(port, signed_request("POST", "/", json{{"TrainingSessionName", "sig"}}.dump(), kKeyB,
+                                            sigv4::clock::now(), "SageMaker.DescribeTrainingSession")),
                    "ResourceNotFound");
-  control_error_of(raw(port, signed_request("POST", "/", json{{"TrainingSessionName", "sig"}}.dump(), kKeyB, sigv4::clock::now(),
-                                            "SageMaker.StopTrainingSession")),
+  control_error_of(raw(port, signed_request("POST", "/", json{{"TrainingSessionName", "sig"}}.dump(), kKeyB,
+                                            sigv4::clock::now(), "SageMaker.StopTrainingSession")),
                    "ResourceNotFound");
-  runtime_error_of(raw(port, signed_request("POST", "/v1/training-sessions/sig/operations", fb_body(1).dump(), kKeyB)), 404,
-                   "ResourceNotFoundException");
+  runtime_error_of(raw(port, signed_request("POST", "/v1/training-sessions/sig/operations", fb_body(1).dump(), kKeyB)),
+                   404, "ResourceNotFoundException");
   // Tenant a's session is untouched by all of the above and still runs signed work.
   auto a = client();
   ASSERT_EQ(wait_status(a, "sig", [](const std::string& s) { return s != "Created"; }), "Running");

@@ -43,7 +43,8 @@ fs::path checkpoint_path(const fs::path& data_dir, const std::string& arn) {
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("t", "") == "checkpoint" && j.value("arn", "") == arn) return j["path"].get<std::string>();
+    if (j.is_object() && j.value("t", "") == "checkpoint" && j.value("arn", "") == arn)
+      return j["path"].get<std::string>();
   }
   return {};
 }
@@ -69,7 +70,8 @@ RunResult train(std::uint16_t port, const std::function<void(int)>& on_step) {
   opts.lora = LoraOptions{4, 8, {"all-linear"}};
   opts.name = "crash";
   auto s = service.create_session(opts);
-  const std::vector<std::string> texts = {"the cat sat on the mat", "hello world, hello", "2+2=4 and 3+3=6", "abcabcabcabc"};
+  const std::vector<std::string> texts = {"the cat sat on the mat", "hello world, hello", "2+2=4 and 3+3=6",
+                                          "abcabcabcabc"};
   AdamParams adam;
   adam.learning_rate = 5e-3;
   RunResult run;
@@ -96,8 +98,11 @@ struct Dirs {
     if (!::testing::Test::HasFailure()) fs::remove_all(root);
   }
   std::vector<std::string> args(const std::string& data, std::uint16_t port) const {
-    return {"--tenants", (root / "tenants.json").string(), "--port", std::to_string(port), "--data-dir", (root / data).string(),
-            "--device", "cpu", "--threads", "1"};
+    return {"--tenants",  (root / "tenants.json").string(),
+            "--port",     std::to_string(port),
+            "--data-dir", (root / data).string(),
+            "--device",   "cpu",
+            "--threads",  "1"};
   }
 };
 
@@ -115,7 +120,8 @@ TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
 
   // The same loop, with the server killed at five random moments.
   const std::uint16_t port = test_server::free_port();
-  auto server = std::make_unique<test_server::ServeProcess>(RLLOOP_BIN, dirs.args("crash", port), (dirs.root / "crash.log").string());
+  auto server = std::make_unique<test_server::ServeProcess>(RLLOOP_BIN, dirs.args("crash", port),
+                                                            (dirs.root / "crash.log").string());
   server->start();
   ASSERT_TRUE(server->wait_listening(port)) << read_file(dirs.root / "crash.log");
   std::mt19937 rng(std::random_device{}());
@@ -150,7 +156,8 @@ TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
   ASSERT_EQ(got.losses.size(), expected.losses.size());
   for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_EQ(got.losses[i], expected.losses[i]) << "step " << i;
 
-  const fs::path a = checkpoint_path(dirs.root / "ref", expected.arn), b = checkpoint_path(dirs.root / "crash", got.arn);
+  const fs::path a = checkpoint_path(dirs.root / "ref", expected.arn),
+                 b = checkpoint_path(dirs.root / "crash", got.arn);
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty());
   const std::string wa = read_file(a / "weights.safetensors"), wb = read_file(b / "weights.safetensors");

@@ -19,7 +19,9 @@ class FakeSession {
  public:
   explicit FakeSession(SessionOptions o) : opts_(std::move(o)) {}
 
-  Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) { return run_batch("forward", d, l); }
+  Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) {
+    return run_batch("forward", d, l);
+  }
   Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& d, const LossSpec& l) {
     return run_batch("forward_backward", d, l);
   }

@@ -111,7 +111,8 @@ TEST_F(EngineServer, SftLoopThroughServerMatchesLocalSession) {
   sr.num_samples = 3;
   sr.params.max_tokens = 6;
   sr.params.seed = 7;
-  EXPECT_EQ(remote_session->sample(sr).get().sequences.at(0).tokens, local_session->sample(sr).get().sequences.at(0).tokens);
+  EXPECT_EQ(remote_session->sample(sr).get().sequences.at(0).tokens,
+            local_session->sample(sr).get().sequences.at(0).tokens);
   // The server bills exactly what the session does: the prompt once per call (not per sample), every decoded token.
   const TokenUsage ru = remote_session->usage(), lu = local_session->usage();
   EXPECT_EQ(ru.prefill, 7);

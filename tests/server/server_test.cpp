@@ -73,11 +73,14 @@ struct ServerFixture : ::testing::Test {
     return wire::to_json(d);
   }
   static json fb_body(std::int64_t seq, std::vector<token_id> tokens = {1, 2, 3}) {
-    return {{"sequenceNumber", seq},
-            {"operationConfig", {{"forwardBackward", {{"datumList", json::array({datum_json(tokens)})}, {"lossFnName", "cross_entropy"}}}}}};
+    return {
+        {"sequenceNumber", seq},
+        {"operationConfig",
+         {{"forwardBackward", {{"datumList", json::array({datum_json(tokens)})}, {"lossFnName", "cross_entropy"}}}}}};
   }
   static json step_body(std::int64_t seq) {
-    return {{"sequenceNumber", seq}, {"operationConfig", {{"optimizerStep", {{"adamParamsConfig", {{"learningRate", 1e-3}}}}}}}};
+    return {{"sequenceNumber", seq},
+            {"operationConfig", {{"optimizerStep", {{"adamParamsConfig", {{"learningRate", 1e-3}}}}}}}};
   }
 
   // Polls an operation until it reaches a terminal status.
@@ -123,7 +126,8 @@ TEST_F(ServerFixture, ControlPlaneLifeCycle) {
   EXPECT_EQ(dup.status, 400u);
   EXPECT_EQ(dup.json_body()["__type"], "ResourceInUse");
 
-  auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "sess-1"}}).json_body()["TrainingSessionDetail"];
+  auto d =
+      c.control("DescribeTrainingSession", {{"TrainingSessionName", "sess-1"}}).json_body()["TrainingSessionDetail"];
   EXPECT_EQ(d["TrainingSessionArn"], "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-1");
   EXPECT_EQ(d["LoraConfig"]["Rank"], 8);
   EXPECT_EQ(d["RoleArn"], "arn:aws:iam::111122223333:role/MyRole");
@@ -132,9 +136,11 @@ TEST_F(ServerFixture, ControlPlaneLifeCycle) {
   create_running(c, "sess-2");
   auto list = c.control("ListTrainingSessions", {{"MaxResults", 1}}).json_body();
   ASSERT_EQ(list["TrainingSessionSummaries"].size(), 1u);
-  EXPECT_EQ(list["TrainingSessionSummaries"][0]["TrainingSessionArn"], "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-2");
+  EXPECT_EQ(list["TrainingSessionSummaries"][0]["TrainingSessionArn"],
+            "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-2");
   auto page2 = c.control("ListTrainingSessions", {{"MaxResults", 1}, {"NextToken", list["NextToken"]}}).json_body();
-  EXPECT_EQ(page2["TrainingSessionSummaries"][0]["TrainingSessionArn"], "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-1");
+  EXPECT_EQ(page2["TrainingSessionSummaries"][0]["TrainingSessionArn"],
+            "arn:aws:sagemaker:us-east-1:111122223333:training-session/sess-1");
   EXPECT_FALSE(page2.contains("NextToken"));
 
   auto del = c.control("DeleteTrainingSession", {{"TrainingSessionName", "sess-1"}});
@@ -165,12 +171,14 @@ TEST_F(ServerFixture, CreateValidatesTheSpecConstraints) {
   EXPECT_EQ(c.control("CreateTrainingSession", no_role).json_body()["Message"], "RoleArn: required field is missing");
   auto rank = create_body("ok");
   rank["LoraConfig"]["Rank"] = 512;
-  EXPECT_EQ(c.control("CreateTrainingSession", rank).json_body()["Message"], "LoraConfig.Rank: must be in [1, 256], got 512");
+  EXPECT_EQ(c.control("CreateTrainingSession", rank).json_body()["Message"],
+            "LoraConfig.Rank: must be in [1, 256], got 512");
   EXPECT_EQ(c.control("FlyToTheMoon", json::object()).json_body()["__type"], "UnknownOperationException");
 
   // A Hub ARN resolves to its model id; a base model the service cannot load fails the session.
   auto hub = create_body("hub");
-  hub["ModelConfig"]["BaseModelArn"] = "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/missing/1.0.0";
+  hub["ModelConfig"]["BaseModelArn"] =
+      "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/missing/1.0.0";
   ASSERT_EQ(c.control("CreateTrainingSession", hub).status, 200u);
   json d;
   for (int i = 0; i < 200; ++i) {
@@ -198,7 +206,8 @@ TEST_F(ServerFixture, PipelinedOperationsRunInSequenceOrderAndAreBilled) {
   EXPECT_EQ(str["operationResult"]["optimizerStep"]["metrics"]["step"], 1.0);
   EXPECT_EQ(service->sessions().back()->log(), (std::vector<std::string>{"forward_backward", "optim_step"}));
 
-  auto d = c.control("DescribeTrainingSession", {{"TrainingSessionName", "train"}}).json_body()["TrainingSessionDetail"];
+  auto d =
+      c.control("DescribeTrainingSession", {{"TrainingSessionName", "train"}}).json_body()["TrainingSessionDetail"];
   EXPECT_EQ(d["LastReceivedSequenceNumber"], 2);
   EXPECT_EQ(d["BillableTokenUsage"]["TrainingTokenCount"], 3);
 
@@ -225,7 +234,8 @@ TEST_F(ServerFixture, ClientTokenMakesRetriesIdempotent) {
   changed["clientToken"] = "step-5-fb";
   auto r = c.post("/v1/training-sessions/idem/operations", changed);
   EXPECT_EQ(r.status, 400u);
-  EXPECT_NE(r.json_body()["message"].get<std::string>().find("already used with different parameters"), std::string::npos);
+  EXPECT_NE(r.json_body()["message"].get<std::string>().find("already used with different parameters"),
+            std::string::npos);
 }
 
 TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
@@ -235,9 +245,10 @@ TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
   create_running(c, "sidem");
   const std::string url = "/v1/training-sessions/sidem/sampling-operations";
   json sample = {{"operationConfig",
-                  {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
-                               {"numSamples", 2},
-                               {"samplingParams", {{"maxTokens", 4}}}}}}}};
+                  {{"sample",
+                    {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
+                     {"numSamples", 2},
+                     {"samplingParams", {{"maxTokens", 4}}}}}}}};
   const test_http::Client::Headers key{{"Idempotency-Key", "sample-7"}};
   const std::string first = c.post(url, sample, key).json_body()["operationId"];
   const json done = wait_op(c, url + "/" + first);
@@ -320,10 +331,12 @@ TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
   body["operationConfig"]["forwardBackward"]["datumList"][0]["lossFnInputs"]["weights"]["data"] = {"x", "y", "z"};
   auto r = c.post("/v1/training-sessions/val/operations", body);
   EXPECT_EQ(r.status, 400u);
-  EXPECT_EQ(r.json_body()["message"], "operationConfig.forwardBackward.datumList[0].lossFnInputs.weights.data: expected numbers");
+  EXPECT_EQ(r.json_body()["message"],
+            "operationConfig.forwardBackward.datumList[0].lossFnInputs.weights.data: expected numbers");
   r = c.post("/v1/training-sessions/val/operations", fb_body(2, {1, 2, 500}));
   EXPECT_EQ(r.status, 400u);
-  EXPECT_NE(r.json_body()["message"].get<std::string>().find("token id 500 at position 2 is out of range [0, 100)"), std::string::npos);
+  EXPECT_NE(r.json_body()["message"].get<std::string>().find("token id 500 at position 2 is out of range [0, 100)"),
+            std::string::npos);
   r = c.send("POST", "/v1/training-sessions/val/operations", "{not json");
   EXPECT_EQ(r.error_type, "ValidationException");
   EXPECT_EQ(c.post("/v1/training-sessions/nosuch/operations", fb_body(1)).status, 404u);
@@ -332,7 +345,8 @@ TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
 TEST_F(ServerFixture, AFailedOperationSkipsTheQueuedOnes) {
   auto c = client_a();
   create_running(c, "fail", "slow");
-  const std::string bad = c.post("/v1/training-sessions/fail/operations", fb_body(1, {99, 1})).json_body()["operationId"];
+  const std::string bad =
+      c.post("/v1/training-sessions/fail/operations", fb_body(1, {99, 1})).json_body()["operationId"];
   const std::string next = c.post("/v1/training-sessions/fail/operations", step_body(2)).json_body()["operationId"];
   const json b = wait_op(c, "/v1/training-sessions/fail/operations/" + bad);
   EXPECT_EQ(b["status"], "Failed");
@@ -347,10 +361,11 @@ TEST_F(ServerFixture, SamplingOperationsAndCheckpointsAreTenantScoped) {
   auto a = client_a();
   create_running(a, "samp");
   json sample = {{"operationConfig",
-                  {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
-                               {"numSamples", 2},
-                               {"samplingParams", {{"maxTokens", 4}}},
-                               {"includePromptLogprobs", true}}}}}};
+                  {{"sample",
+                    {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
+                     {"numSamples", 2},
+                     {"samplingParams", {{"maxTokens", 4}}},
+                     {"includePromptLogprobs", true}}}}}};
   const std::string id = a.post("/v1/training-sessions/samp/sampling-operations", sample).json_body()["operationId"];
   const json r = wait_op(a, "/v1/training-sessions/samp/sampling-operations/" + id);
   const auto resp = std::get<SampleResponse>(*wire::sampling_state_from_json(r).result);
@@ -358,9 +373,11 @@ TEST_F(ServerFixture, SamplingOperationsAndCheckpointsAreTenantScoped) {
   EXPECT_EQ(resp.sequences[1].tokens, (std::vector<token_id>{5, 6, 7, 8}));
   EXPECT_EQ(*resp.prompt_logprobs, fake::FakeSession::lp_of({1, 2, 3}));
 
-  const std::string save = a.post("/v1/training-sessions/samp/operations", {{"sequenceNumber", 1}, {"operationConfig", {{"saveWeights", json::object()}}}})
+  const std::string save = a.post("/v1/training-sessions/samp/operations",
+                                  {{"sequenceNumber", 1}, {"operationConfig", {{"saveWeights", json::object()}}}})
                                .json_body()["operationId"];
-  const std::string arn = wait_op(a, "/v1/training-sessions/samp/operations/" + save)["operationResult"]["saveWeights"]["modelPackageArn"];
+  const std::string arn =
+      wait_op(a, "/v1/training-sessions/samp/operations/" + save)["operationResult"]["saveWeights"]["modelPackageArn"];
   EXPECT_EQ(arn, "arn:aws:sagemaker:us-east-1:111122223333:model-package/samp/1");
   sample["operationConfig"]["sample"]["modelPackageArn"] = arn;
   const std::string id2 = a.post("/v1/training-sessions/samp/sampling-operations", sample).json_body()["operationId"];
@@ -369,7 +386,8 @@ TEST_F(ServerFixture, SamplingOperationsAndCheckpointsAreTenantScoped) {
 
   // Tenant b sees nothing of tenant a: not the session, not its operations, not its checkpoints.
   auto b = client_b();
-  EXPECT_EQ(b.control("DescribeTrainingSession", {{"TrainingSessionName", "samp"}}).json_body()["__type"], "ResourceNotFound");
+  EXPECT_EQ(b.control("DescribeTrainingSession", {{"TrainingSessionName", "samp"}}).json_body()["__type"],
+            "ResourceNotFound");
   EXPECT_EQ(b.get("/v1/training-sessions/samp/sampling-operations/" + id).status, 404u);
   EXPECT_TRUE(b.control("ListTrainingSessions", json::object()).json_body()["TrainingSessionSummaries"].empty());
   create_running(b, "samp");  // the same name is free in another tenant
@@ -398,9 +416,10 @@ TEST_F(ServerFixture, PromptBilledPerSampleWhenConfigured) {
   auto c = client_b();
   create_running(c, "pps");
   json sample = {{"operationConfig",
-                  {{"sample", {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
-                               {"numSamples", 2},
-                               {"samplingParams", {{"maxTokens", 4}}}}}}}};
+                  {{"sample",
+                    {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2, 3}))},
+                     {"numSamples", 2},
+                     {"samplingParams", {{"maxTokens", 4}}}}}}}};
   const std::string id = c.post("/v1/training-sessions/pps/sampling-operations", sample).json_body()["operationId"];
   EXPECT_EQ(wait_op(c, "/v1/training-sessions/pps/sampling-operations/" + id)["status"], "Completed");
   const json u = c.get("/v1/usage").json_body()["usage"];

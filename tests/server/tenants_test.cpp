@@ -29,8 +29,10 @@ TEST(Tenants, RejectsBadFilesNamingTheField) {
   EXPECT_EQ(msg(R"({"tenants": [{"id": "a"}]})"), "t.json: tenants[0]: tenant has neither accessKeys nor bearerKeys");
   EXPECT_EQ(msg(R"({"tenants": [{"id": "a", "bearerKeys": ["k"]}, {"id": "b", "bearerKeys": ["k"]}]})"),
             "t.json: tenants[1].bearerKeys[0]: key is used by more than one tenant entry");
-  EXPECT_EQ(msg(R"({"tenants": [{"id": "a", "bearerKeys": ["k"], "accountId": "12"}]})"), "t.json: tenants[0].accountId: must be 12 digits");
-  EXPECT_EQ(msg(R"({"tenants": [{"id": "a", "bearerKeys": ["k"], "quota": 1}]})"), "t.json: tenants[0].quota: unknown field");
+  EXPECT_EQ(msg(R"({"tenants": [{"id": "a", "bearerKeys": ["k"], "accountId": "12"}]})"),
+            "t.json: tenants[0].accountId: must be 12 digits");
+  EXPECT_EQ(msg(R"({"tenants": [{"id": "a", "bearerKeys": ["k"], "quota": 1}]})"),
+            "t.json: tenants[0].quota: unknown field");
   EXPECT_NE(msg("{").find("t.json: not valid JSON"), std::string::npos);
   EXPECT_THROW(server::load_tenants("/nonexistent/tenants.json"), io_error);
 }

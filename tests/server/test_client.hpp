@@ -25,7 +25,8 @@ struct Reply {
 
 class Client {
  public:
-  explicit Client(std::uint16_t port) : io_(std::make_unique<boost::asio::io_context>()), socket_(std::make_unique<tcp::socket>(*io_)) {
+  explicit Client(std::uint16_t port)
+      : io_(std::make_unique<boost::asio::io_context>()), socket_(std::make_unique<tcp::socket>(*io_)) {
     socket_->connect({boost::asio::ip::make_address("127.0.0.1"), port});
   }
 
@@ -36,7 +37,8 @@ class Client {
   Reply send(const std::string& method, const std::string& target, const std::string& body = "",
              const std::string& amz_target = "", const Headers& headers = {}) {
     rlloop::sigv4::HttpRequest r{method, target, {{"Host", "127.0.0.1"}}, body};
-    if (!body.empty()) r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
+    if (!body.empty())
+      r.set_header("Content-Type", amz_target.empty() ? "application/json" : "application/x-amz-json-1.1");
     if (!amz_target.empty()) r.set_header("X-Amz-Target", amz_target);
     for (const auto& [k, v] : headers) r.set_header(k, v);
     if (!creds_.access_key_id.empty()) {

@@ -46,7 +46,8 @@ TEST(SigV4Suite, HeaderSigningMatchesEveryCase) {
     const std::string creq = header_canonical(req, c);
     EXPECT_EQ(creq, trim_end(suite::read(c.dir / "header-canonical-request.txt")));
     const std::string amz_date = format_amz_date(c.params.time);
-    const std::string sts = string_to_sign(amz_date, credential_scope(amz_date.substr(0, 8), c.params.region, c.params.service), creq);
+    const std::string sts =
+        string_to_sign(amz_date, credential_scope(amz_date.substr(0, 8), c.params.region, c.params.service), creq);
     EXPECT_EQ(sts, trim_end(suite::read(c.dir / "header-string-to-sign.txt")));
     const std::string sig = trim_end(suite::read(c.dir / "header-signature.txt"));
     const HttpRequest expected = suite::parse_request(suite::read(c.dir / "header-signed-request.txt"));

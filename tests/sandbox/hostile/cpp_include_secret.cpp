@@ -1,4 +1,4 @@
 // Compile-time attack: make the compiler print secret files in its error messages.
-#include "@HOST_DIR@/secret.txt"
 #include "/etc/shadow"
+#include "@HOST_DIR@/secret.txt"
 int main() { return 0; }

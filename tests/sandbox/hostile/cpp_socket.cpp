@@ -1,8 +1,8 @@
 // Opens a TCP socket and tries to connect out.
 #include <arpa/inet.h>
-#include <cstdio>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <cstdio>
 int main() {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   if (s < 0) return 1;
