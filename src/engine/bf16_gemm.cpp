@@ -79,15 +79,7 @@ RLLOOP_BF16_TARGET void round_rows(const float* X, std::int64_t m0, std::int64_t
 // L1 while every group of X rows passes over it; the next block is prefetched a slice per pass.
 RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std::uint16_t* W, std::int64_t n0,
                                std::int64_t n1, std::int64_t stride, float* Y, std::int64_t ldy, bool accumulate) {
-  auto store = [&](std::int64_t m, std::int64_t n, float v) {
-    float& y = Y[m * ldy + n];
-    y = accumulate ? y + v : v;
-  };
-  auto store4 = [&](std::int64_t m, std::int64_t n, __m128 v) {  // column n of rows m..m+3
-    alignas(16) float f[4];
-    _mm_store_ps(f, v);
-    for (int i = 0; i < 4; ++i) store(m + i, n, f[i]);
-  };
+  const simd::ProductOutput out{Y, ldy, accumulate};
   const std::int64_t passes = std::max<std::int64_t>(1, (M + kXRows - 1) / kXRows);
   const std::int64_t lines = kWRows * stride / kStep, per_pass = (lines + passes - 1) / passes;
   std::int64_t n = n0;
@@ -118,10 +110,10 @@ RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std
           a03 = _mm512_dpbf16_ps(a03, v0, x), a13 = _mm512_dpbf16_ps(a13, v1, x);
           a23 = _mm512_dpbf16_ps(a23, v2, x), a33 = _mm512_dpbf16_ps(a33, v3, x);
         }
-        store4(m, n, hsum4(a00, a01, a02, a03));
-        store4(m, n + 1, hsum4(a10, a11, a12, a13));
-        store4(m, n + 2, hsum4(a20, a21, a22, a23));
-        store4(m, n + 3, hsum4(a30, a31, a32, a33));
+        out.store_column(m, n, hsum4(a00, a01, a02, a03));
+        out.store_column(m, n + 1, hsum4(a10, a11, a12, a13));
+        out.store_column(m, n + 2, hsum4(a20, a21, a22, a23));
+        out.store_column(m, n + 3, hsum4(a30, a31, a32, a33));
         continue;
       }
       for (std::int64_t r = m; r < M; ++r) {  // the last M % 4 rows
@@ -132,9 +124,7 @@ RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std
           a0 = _mm512_dpbf16_ps(a0, load(w0 + k), x), a1 = _mm512_dpbf16_ps(a1, load(w1 + k), x);
           a2 = _mm512_dpbf16_ps(a2, load(w2 + k), x), a3 = _mm512_dpbf16_ps(a3, load(w3 + k), x);
         }
-        alignas(16) float f[4];
-        _mm_store_ps(f, hsum4(a0, a1, a2, a3));
-        for (int i = 0; i < 4; ++i) store(r, n + i, f[i]);
+        out.store_row(r, n, hsum4(a0, a1, a2, a3));
       }
     }
   }
@@ -143,7 +133,7 @@ RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std
     for (std::int64_t m = 0; m < M; ++m) {
       __m512 a = _mm512_setzero_ps();
       for (std::int64_t k = 0; k < stride; k += kStep) a = _mm512_dpbf16_ps(a, load(w0 + k), load(X + m * stride + k));
-      store(m, n, _mm512_reduce_add_ps(a));
+      out.store(m, n, _mm512_reduce_add_ps(a));
     }
   }
 }

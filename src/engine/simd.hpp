@@ -3,12 +3,39 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace rlloop::engine::simd {
 
 inline bool has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
+
+// Where a few-row product's results go (small_gemm.cpp, bf16_gemm.cpp): Y [rows, ldy], each result written, or
+// added to what is there with `accumulate`.
+struct ProductOutput {
+  float* Y;
+  std::int64_t ldy;
+  bool accumulate;
+
+  void store(std::int64_t m, std::int64_t n, float v) const {
+    float& y = Y[m * ldy + n];
+    y = accumulate ? y + v : v;
+  }
+  // The 4 lanes of v to rows m..m+3 of column n.
+  void store_column(std::int64_t m, std::int64_t n, __m128 v) const {
+    alignas(16) float f[4];
+    _mm_store_ps(f, v);
+    for (int i = 0; i < 4; ++i) store(m + i, n, f[i]);
+  }
+  // The 4 lanes of v to columns n..n+3 of row m.
+  void store_row(std::int64_t m, std::int64_t n, __m128 v) const {
+    alignas(16) float f[4];
+    _mm_store_ps(f, v);
+    for (int i = 0; i < 4; ++i) store(m, n + i, f[i]);
+  }
+};
 
 // Sum of the 8 lanes.
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {

@@ -19,15 +19,7 @@ using simd::hsum4;
 __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, const float* W, std::int64_t n0,
                                                 std::int64_t n1, std::int64_t K, float* Y, std::int64_t ldy,
                                                 bool accumulate) {
-  auto store = [&](std::int64_t m, std::int64_t n, float v) {
-    float& y = Y[m * ldy + n];
-    y = accumulate ? y + v : v;
-  };
-  auto store4 = [&](std::int64_t m, std::int64_t n, __m128 v) {  // column n of rows m..m+3
-    alignas(16) float f[4];
-    _mm_store_ps(f, v);
-    for (int i = 0; i < 4; ++i) store(m + i, n, f[i]);
-  };
+  const simd::ProductOutput out{Y, ldy, accumulate};
   const std::int64_t passes = std::max<std::int64_t>(1, (M + kXRows - 1) / kXRows);
   const std::int64_t lines = kWRows * K / 16, per_pass = (lines + passes - 1) / passes;
   std::int64_t n = n0;
@@ -56,9 +48,9 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
           x = _mm256_loadu_ps(x3 + k);
           a03 = _mm256_fmadd_ps(v0, x, a03), a13 = _mm256_fmadd_ps(v1, x, a13), a23 = _mm256_fmadd_ps(v2, x, a23);
         }
-        store4(m, n, hsum4(a00, a01, a02, a03));
-        store4(m, n + 1, hsum4(a10, a11, a12, a13));
-        store4(m, n + 2, hsum4(a20, a21, a22, a23));
+        out.store_column(m, n, hsum4(a00, a01, a02, a03));
+        out.store_column(m, n + 1, hsum4(a10, a11, a12, a13));
+        out.store_column(m, n + 2, hsum4(a20, a21, a22, a23));
         continue;
       }
       for (std::int64_t r = m; r < M; ++r) {  // the last M % 4 rows
@@ -70,7 +62,7 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
           a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), x, a1);
           a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), x, a2);
         }
-        store(r, n, hsum(a0)), store(r, n + 1, hsum(a1)), store(r, n + 2, hsum(a2));
+        out.store(r, n, hsum(a0)), out.store(r, n + 1, hsum(a1)), out.store(r, n + 2, hsum(a2));
       }
     }
   }
@@ -80,7 +72,7 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
       __m256 a = _mm256_setzero_ps();
       for (std::int64_t k = 0; k < K; k += 8)
         a = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), _mm256_loadu_ps(X + m * K + k), a);
-      store(m, n, hsum(a));
+      out.store(m, n, hsum(a));
     }
   }
 }

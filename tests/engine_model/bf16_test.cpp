@@ -7,15 +7,15 @@
 #include <cmath>
 #include <limits>
 
-#include <nlohmann/json.hpp>
-
 #include "bf16_gemm.hpp"
 #include "cpu_decoder.hpp"
 #include "model_io.hpp"
+#include "tiny_models.hpp"
 #include "transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;
+using namespace rlloop::engine::test_models;
 
 namespace {
 
@@ -128,27 +128,12 @@ TEST(Bf16Weight, Bf16StorageNeedsTheInstructions) {
   EXPECT_THROW(Bf16Weight(w, 2, 2, Bf16Weight::Storage::bf16), rlloop::invalid_argument);
 }
 
-ModelConfig small_config(const std::string& model_type, bool tied) {
-  nlohmann::json j = {{"model_type", model_type},
-                      {"vocab_size", 64},
-                      {"hidden_size", 32},
-                      {"intermediate_size", 48},
-                      {"num_hidden_layers", 2},
-                      {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2},
-                      {"tie_word_embeddings", tied},
-                      {"max_position_embeddings", 64},
-                      {"rope_theta", 10000.0},
-                      {"rms_norm_eps", 1e-6}};
-  return ModelConfig::from_json(j);
-}
-
 TEST(CpuDecoder, Bf16StepsStayCloseToTheFp32Model) {
   // Decode 4 steps of 3 rows with the bf16 decoder and with Transformer::forward (fp32) on copies of one
   // prefilled cache: next-token logprobs differ by bf16 rounding only (nonzero, and small).
   for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
     SCOPED_TRACE(type);
-    auto model = init_model(small_config(type, tied), 23, torch::kCPU, torch::kFloat32);
+    auto model = init_model(tiny_config(type, tied, 64), 23, torch::kCPU, torch::kFloat32);
     {
       torch::NoGradGuard no_grad;  // weights of a trained model's size, so that logits spread
       for (auto& p : model->parameters())
@@ -159,11 +144,7 @@ TEST(CpuDecoder, Bf16StepsStayCloseToTheFp32Model) {
     KVCache fast = KVCache::allocate(model->config(), 1, 12, torch::kCPU, torch::kFloat32);
     model->hidden_states(prompt, &fast);
     fast.repeat_batch(3);
-    KVCache slow = fast;
-    for (std::size_t l = 0; l < fast.keys.size(); ++l) {
-      slow.keys[l] = fast.keys[l].clone();
-      slow.values[l] = fast.values[l].clone();
-    }
+    KVCache slow = deep_copy(fast);
     CpuDecoder decoder(*model, DecodePrecision::bf16);
     auto tokens = torch::tensor(std::vector<std::int64_t>{1, 63, 20}, torch::kLong);
     double largest = 0.0;

@@ -13,12 +13,14 @@
 #include "model_config.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
+#include "tiny_models.hpp"
 #include "transformer.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace rlloop;
 using namespace rlloop::engine;
+using namespace rlloop::engine::test_models;
 
 namespace {
 
@@ -52,21 +54,6 @@ torch::Tensor hashed_weight(const std::string& name, at::IntArrayRef shape) {
 json golden() {
   std::ifstream in(std::string(RLLOOP_SOURCE_DIR) + "/tests/engine_model/golden_logits.json");
   return json::parse(in);
-}
-
-ModelConfig tiny_config(const std::string& model_type, bool tied = false) {
-  json j = {{"model_type", model_type},
-            {"vocab_size", 64},
-            {"hidden_size", 32},
-            {"intermediate_size", 48},
-            {"num_hidden_layers", 2},
-            {"num_attention_heads", 4},
-            {"num_key_value_heads", 2},
-            {"tie_word_embeddings", tied},
-            {"max_position_embeddings", 256},
-            {"rope_theta", 10000.0},
-            {"rms_norm_eps", 1e-6}};
-  return ModelConfig::from_json(j);
 }
 
 torch::Tensor ids_of(const std::vector<std::int64_t>& v) { return torch::tensor(v, torch::kLong).unsqueeze(0); }

@@ -4,8 +4,6 @@
 // Transformer::forward on the same cache (Llama, Qwen2 biases, Qwen3 q/k norms, LoRA).
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include "attention.hpp"
 #include "cpu_decoder.hpp"
 #include "decode_attention.hpp"
@@ -13,11 +11,13 @@
 #include "fused_ops.hpp"
 #include "model_io.hpp"
 #include "small_gemm.hpp"
+#include "tiny_models.hpp"
 #include "token_draw.hpp"
 #include "transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;
+using namespace rlloop::engine::test_models;
 
 namespace {
 
@@ -331,21 +331,6 @@ TEST(TokenDraw, NonFiniteLogitsAreAnErrorNamingTheRow) {
   EXPECT_THROW(draw_tokens(logits.data(), 2, 16, 16, 1.0, u, tokens, logprobs), rlloop::invalid_argument);
 }
 
-ModelConfig small_config(const std::string& model_type, bool tied) {
-  nlohmann::json j = {{"model_type", model_type},
-                      {"vocab_size", 64},
-                      {"hidden_size", 32},
-                      {"intermediate_size", 48},
-                      {"num_hidden_layers", 2},
-                      {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2},
-                      {"tie_word_embeddings", tied},
-                      {"max_position_embeddings", 64},
-                      {"rope_theta", 10000.0},
-                      {"rms_norm_eps", 1e-6}};
-  return ModelConfig::from_json(j);
-}
-
 // Prefill a prompt for 3 rows with the model, then decode 4 steps with CpuDecoder on one cache and
 // Transformer::forward on a copy: logits and cached keys/values agree.
 void check_decoder(Transformer& model) {
@@ -355,11 +340,7 @@ void check_decoder(Transformer& model) {
   KVCache fast = KVCache::allocate(cfg, 1, 12, torch::kCPU, torch::kFloat32);
   model.hidden_states(prompt, &fast);
   fast.repeat_batch(3);
-  KVCache slow = fast;
-  for (std::size_t l = 0; l < fast.keys.size(); ++l) {  // a deep copy: the tensors are shared otherwise
-    slow.keys[l] = fast.keys[l].clone();
-    slow.values[l] = fast.values[l].clone();
-  }
+  KVCache slow = deep_copy(fast);
   CpuDecoder decoder(model);
   auto tokens = torch::tensor(std::vector<std::int64_t>{1, 63, 20}, torch::kLong);
   for (int step = 0; step < 4; ++step) {
@@ -382,7 +363,7 @@ TEST(CpuDecoder, MatchesModelForwardAcrossFamilies) {
     at::set_num_threads(n);
     for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
       SCOPED_TRACE(std::string(type) + ", " + std::to_string(n) + " thread(s)");
-      auto model = init_model(small_config(type, tied), 11, torch::kCPU, torch::kFloat32);
+      auto model = init_model(tiny_config(type, tied, 64), 11, torch::kCPU, torch::kFloat32);
       check_decoder(*model);
     }
   }
@@ -390,7 +371,7 @@ TEST(CpuDecoder, MatchesModelForwardAcrossFamilies) {
 }
 
 TEST(CpuDecoder, AppliesLoraAdapters) {
-  auto model = init_model(small_config("qwen2", false), 12, torch::kCPU, torch::kFloat32);
+  auto model = init_model(tiny_config("qwen2", false, 64), 12, torch::kCPU, torch::kFloat32);
   model->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear", "lm_head"}}, 3);
   {
     torch::NoGradGuard no_grad;
@@ -400,7 +381,7 @@ TEST(CpuDecoder, AppliesLoraAdapters) {
 }
 
 TEST(CpuDecoder, RejectsMismatchedRows) {
-  auto model = init_model(small_config("llama", true), 13, torch::kCPU, torch::kFloat32);
+  auto model = init_model(tiny_config("llama", true, 64), 13, torch::kCPU, torch::kFloat32);
   c10::InferenceMode inference;
   KVCache cache = KVCache::allocate(model->config(), 2, 8, torch::kCPU, torch::kFloat32);
   CpuDecoder decoder(*model);

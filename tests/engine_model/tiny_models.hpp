@@ -1,0 +1,38 @@
+// What the engine-model tests build their models and caches from.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model_config.hpp"
+#include "transformer.hpp"
+
+namespace rlloop::engine::test_models {
+
+// A 2-layer config of the given family: hidden 32, 4 query heads over 2 key/value heads (GQA), vocabulary 64.
+inline ModelConfig tiny_config(const std::string& model_type, bool tied = false, int max_positions = 256) {
+  const nlohmann::json j = {{"model_type", model_type},
+                            {"vocab_size", 64},
+                            {"hidden_size", 32},
+                            {"intermediate_size", 48},
+                            {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"tie_word_embeddings", tied},
+                            {"max_position_embeddings", max_positions},
+                            {"rope_theta", 10000.0},
+                            {"rms_norm_eps", 1e-6}};
+  return ModelConfig::from_json(j);
+}
+
+// A copy of `cache` with its own key/value tensors (copying a KVCache shares them).
+inline KVCache deep_copy(const KVCache& cache) {
+  KVCache copy = cache;
+  for (std::size_t l = 0; l < cache.keys.size(); ++l) {
+    copy.keys[l] = cache.keys[l].clone();
+    copy.values[l] = cache.values[l].clone();
+  }
+  return copy;
+}
+
+}  // namespace rlloop::engine::test_models
