@@ -130,10 +130,18 @@ TEST(Bf16Weight, Bf16StorageNeedsTheInstructions) {
 
 TEST(CpuDecoder, Bf16StepsStayCloseToTheFp32Model) {
   // Decode 4 steps of 3 rows with the bf16 decoder and with Transformer::forward (fp32) on copies of one
-  // prefilled cache: next-token logprobs differ by bf16 rounding only (nonzero, and small).
-  for (auto [type, tied] : {std::pair{"llama", true}, {"qwen2", false}, {"qwen3", false}}) {
-    SCOPED_TRACE(type);
+  // prefilled cache: next-token logprobs differ by bf16 rounding only (nonzero, and small). The LoRA case
+  // checks that the fp32 adapters still apply next to the rounded base weights (dropping them would move the
+  // logprobs by far more than the bound).
+  struct Case {
+    const char* type;
+    bool tied, lora;
+  };
+  for (auto [type, tied, lora] :
+       {Case{"llama", true, false}, {"qwen2", false, false}, {"qwen3", false, false}, {"qwen2", false, true}}) {
+    SCOPED_TRACE(std::string(type) + (lora ? " + LoRA" : ""));
     auto model = init_model(tiny_config(type, tied, 64), 23, torch::kCPU, torch::kFloat32);
+    if (lora) model->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear", "lm_head"}}, 3);
     {
       torch::NoGradGuard no_grad;  // weights of a trained model's size, so that logits spread
       for (auto& p : model->parameters())
