@@ -58,8 +58,9 @@ RLLOOP_BF16_TARGET inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a
   return simd::hsum4(fold(a0), fold(a1), fold(a2), fold(a3));
 }
 
-// Rows [m0, m1) of X [M, K] fp32 -> bf16 rows of `stride` values, zero past K (round to nearest even;
-// vcvtneps2bf16 also flushes denormal inputs to zero).
+// Rows [m0, m1) of X [M, K] fp32 -> bf16 rows of `stride` values, zero past K (those lanes are masked off, and
+// their address clamped to the row's end). Rounds to nearest even; vcvtneps2bf16 also flushes denormal inputs
+// to zero.
 RLLOOP_BF16_TARGET void round_rows(const float* X, std::int64_t m0, std::int64_t m1, std::int64_t K, std::uint16_t* out,
                                    std::int64_t stride) {
   for (std::int64_t m = m0; m < m1; ++m) {
@@ -69,7 +70,7 @@ RLLOOP_BF16_TARGET void round_rows(const float* X, std::int64_t m0, std::int64_t
       const std::int64_t left = std::max<std::int64_t>(0, K - k);
       const auto in = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + k),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + k))));
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + std::min(k, K)))));
     }
   }
 }
