@@ -160,7 +160,8 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
   const bool use_cpu_decoder = CpuDecoder::supports(model);
   std::optional<CpuDecoder> cpu_decoder;
   torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
-  std::vector<int> active(n);                                                        // row -> sequence index
+
+  std::vector<int> active(n);  // row -> sequence index
   for (int i = 0; i < n; ++i) active[i] = i;
 
   while (true) {
