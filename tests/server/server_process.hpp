@@ -39,6 +39,7 @@ class ServeProcess {
   ~ServeProcess() { kill(SIGKILL); }
 
   void start() {
+    starts_seen_ = listening_ports().size();
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
@@ -54,11 +55,15 @@ class ServeProcess {
       ::_exit(127);
     }
   }
-  // Waits until the port accepts connections (the server recovered and listens); false on timeout or exit.
+  // Waits until this start of the server says in its log that it listens on `port` (the server recovered and
+  // listens) and the port accepts connections; false on timeout or exit. Accepting alone is not enough: a test
+  // running beside this one may bind the port free_port() just released, and then this server exits on the
+  // bind while a client would talk to the stranger ("the bearer key is not valid").
   bool wait_listening(std::uint16_t port, std::chrono::seconds timeout = std::chrono::seconds(60)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
-      if (accepts(port)) return true;
+      const std::vector<std::uint16_t> ports = listening_ports();
+      if (ports.size() > starts_seen_ && ports.back() == port && accepts(port)) return true;
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
@@ -78,10 +83,24 @@ class ServeProcess {
   }
 
  private:
+  // The ports of the log's {"event":"listening",...,"port":N,...} lines (rlloop serve prints one per start).
+  std::vector<std::uint16_t> listening_ports() const {
+    std::vector<std::uint16_t> ports;
+    std::ifstream in(log_);
+    const std::string key = "\"port\":";
+    for (std::string line; std::getline(in, line);) {
+      const auto at = line.find(key);
+      if (line.find("\"event\":\"listening\"") != std::string::npos && at != std::string::npos)
+        ports.push_back(static_cast<std::uint16_t>(std::stoul(line.substr(at + key.size()))));
+    }
+    return ports;
+  }
+
   std::string binary_;
   std::vector<std::string> args_;
   std::string log_;
   pid_t pid_ = -1;
+  std::size_t starts_seen_ = 0;  // listening lines in the log before the latest start()
 };
 
 }  // namespace test_server
