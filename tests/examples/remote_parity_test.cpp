@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -172,14 +173,13 @@ class RemoteParity : public ::testing::Test {
     fs::create_directories(root_);
     std::ofstream(root_ / "tenants.json")
         << R"({"tenants": [{"id": "parity", "bearerKeys": ["parity-key"], "maxSessions": 16}]})";
-    port_ = test_server::free_port();
     server_ =
         new test_server::ServeProcess(RLLOOP_BIN,
-                                      {"--tenants", (root_ / "tenants.json").string(), "--port", std::to_string(port_),
-                                       "--data-dir", (root_ / "data").string(), "--device", "cpu", "--threads", "1"},
+                                      {"--tenants", (root_ / "tenants.json").string(), "--port", "0", "--data-dir",
+                                       (root_ / "data").string(), "--device", "cpu", "--threads", "1"},
                                       (root_ / "serve.log").string());
     server_->start();
-    listening_ = server_->wait_listening(port_);
+    port_ = server_->wait_listening();
   }
   static void TearDownTestSuite() {
     server_->kill(SIGTERM);
@@ -187,13 +187,11 @@ class RemoteParity : public ::testing::Test {
     server_ = nullptr;
     if (!::testing::UnitTest::GetInstance()->Failed()) fs::remove_all(root_);
   }
-  void SetUp() override {
-    ASSERT_TRUE(listening_) << "rlloop serve did not start:\n" << read_file(root_ / "serve.log");
-  }
+  void SetUp() override { ASSERT_TRUE(port_) << "rlloop serve did not start:\n" << read_file(root_ / "serve.log"); }
 
   ServiceClient<RemoteService> remote() const {
     RemoteOptions o;
-    o.endpoint = "http://127.0.0.1:" + std::to_string(port_);
+    o.endpoint = "http://127.0.0.1:" + std::to_string(*port_);
     o.bearer_key = "parity-key";
     return ServiceClient<RemoteService>{RemoteService(o)};
   }
@@ -206,9 +204,8 @@ class RemoteParity : public ::testing::Test {
   }
 
   static inline fs::path root_;
-  static inline std::uint16_t port_ = 0;
+  static inline std::optional<std::uint16_t> port_;  // where this suite's server listens; nullopt if it did not start
   static inline test_server::ServeProcess* server_ = nullptr;
-  static inline bool listening_ = false;
 };
 
 TEST_F(RemoteParity, GrpoLoopGivesTheLocalMetricsAndTokens) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -40,7 +41,6 @@ long rss_kib(pid_t pid) {
 // and its own /proc/<pid> for the RSS, apart from the clients.
 struct Serve {
   fs::path root = fs::temp_directory_path() / ("rlloop-load-" + std::to_string(::getpid()));
-  std::uint16_t port = test_server::free_port();
   std::unique_ptr<test_server::ServeProcess> process;
   Serve() {
     fs::remove_all(root);
@@ -49,8 +49,8 @@ struct Serve {
         << R"({"tenants": [{"id": "load", "accountId": "111122223333", "bearerKeys": ["load-key"], "maxSessions": 40}]})";
     process = std::make_unique<test_server::ServeProcess>(
         RLLOOP_BIN,
-        std::vector<std::string>{"--tenants", (root / "tenants.json").string(), "--port", std::to_string(port),
-                                 "--data-dir", (root / "data").string(), "--device", "cpu", "--threads", "1"},
+        std::vector<std::string>{"--tenants", (root / "tenants.json").string(), "--port", "0", "--data-dir",
+                                 (root / "data").string(), "--device", "cpu", "--threads", "1"},
         (root / "serve.log").string());
     process->start();
   }
@@ -114,14 +114,13 @@ void client_wave(RemoteSession& s, int client, Tally& tally) {
 
 TEST(Load, ThirtyTwoClientsMixingSamplingAndTrainingWithBoundedMemory) {
   Serve serve;
-  const std::uint16_t port = serve.port;
-  ASSERT_TRUE(serve.process->wait_listening(port, std::chrono::seconds(120)))
-      << "rlloop serve did not start; see " << (serve.root / "serve.log");
+  const std::optional<std::uint16_t> port = serve.process->wait_listening(std::chrono::seconds(120));
+  ASSERT_TRUE(port) << "rlloop serve did not start; see " << (serve.root / "serve.log");
   const pid_t pid = serve.process->pid();
   const long rss_start = rss_kib(pid);
 
   RemoteOptions o;
-  o.endpoint = "http://127.0.0.1:" + std::to_string(port);
+  o.endpoint = "http://127.0.0.1:" + std::to_string(*port);
   o.bearer_key = "load-key";
   o.poll_max = std::chrono::milliseconds(20);
   o.operation_timeout = std::chrono::seconds(120);

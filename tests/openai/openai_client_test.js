@@ -5,7 +5,6 @@
 const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 
@@ -21,25 +20,23 @@ try {
 }
 
 const KEY = 'sk-rlloop-test';
-const freePort = () => new Promise((resolve, reject) => {
-  const s = net.createServer();
-  s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
-  s.on('error', reject);
-});
-
-async function startServer(dir, port) {
+// Starts `rlloop serve` on --port 0 (the kernel picks a free port, so no test beside this one can take it first)
+// and reads the real port from its {"event":"listening",...,"port":N} log line.
+async function startServer(dir) {
   fs.writeFileSync(path.join(dir, 'tenants.json'), JSON.stringify({ tenants: [{ id: 'node', bearerKeys: [KEY] }] }));
-  const child = spawn(rlloop, ['serve', '--tenants', path.join(dir, 'tenants.json'), '--port', String(port),
+  const child = spawn(rlloop, ['serve', '--tenants', path.join(dir, 'tenants.json'), '--port', '0',
     '--data-dir', path.join(dir, 'data'), '--device', 'cpu', '--threads', '1'], { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   child.stdout.on('data', (d) => { log += d; });
   child.stderr.on('data', (d) => { log += d; });
-  for (let i = 0; i < 600 && !log.includes('"event":"listening"'); i++) {
+  const listening = () => log.match(/"event":"listening"[^\n]*"port":(\d+)[^\n]*\n/);  // whole lines only
+  for (let i = 0; i < 600 && !listening(); i++) {
     if (child.exitCode !== null) throw new Error(`rlloop serve exited: ${log}`);
     await new Promise((r) => setTimeout(r, 50));
   }
-  if (!log.includes('"event":"listening"')) throw new Error(`rlloop serve did not start: ${log}`);
-  return child;
+  const m = listening();
+  if (!m) throw new Error(`rlloop serve did not start: ${log}`);
+  return { child, port: Number(m[1]) };
 }
 
 // Control plane and usage are not OpenAI calls: plain fetch with the same bearer key.
@@ -74,8 +71,7 @@ const sessionUsage = async (base, name) =>
 
 async function main() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rlloop-openai-'));
-  const port = await freePort();
-  const server = await startServer(dir, port);
+  const { child: server, port } = await startServer(dir);
   const base = `http://127.0.0.1:${port}`;
   let checks = 0;
   try {

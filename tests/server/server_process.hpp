@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -16,13 +18,6 @@
 #include <boost/asio.hpp>
 
 namespace test_server {
-
-// A loopback port nobody listens on now (the kernel's pick for an ephemeral bind).
-inline std::uint16_t free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
 
 inline bool accepts(std::uint16_t port) {
   boost::asio::io_context io;
@@ -55,23 +50,31 @@ class ServeProcess {
       ::_exit(127);
     }
   }
-  // Waits until this start of the server says in its log that it listens on `port` (the server recovered and
-  // listens) and the port accepts connections; false on timeout or exit. Accepting alone is not enough: a test
-  // running beside this one may bind the port free_port() just released, and then this server exits on the
-  // bind while a client would talk to the stranger ("the bearer key is not valid").
-  bool wait_listening(std::uint16_t port, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  // Waits until this start of the server logs the port it listens on (pass --port 0: the kernel picks a free
+  // one, so no test beside this one can take it first) and that port accepts connections; nullopt on timeout or
+  // exit. Only this start's line counts: an earlier start's port may be dead or reused by now.
+  std::optional<std::uint16_t> wait_listening(std::chrono::seconds timeout = std::chrono::seconds(60)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       const std::vector<std::uint16_t> ports = listening_ports();
-      if (ports.size() > starts_seen_ && ports.back() == port && accepts(port)) return true;
+      if (ports.size() > starts_seen_ && accepts(ports.back())) return ports.back();
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return false;
+        return std::nullopt;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return false;
+    return std::nullopt;
+  }
+  // Later starts bind `port` (one an earlier start got from --port 0), so clients keep their endpoint.
+  void reuse_port(std::uint16_t port) {
+    for (std::size_t i = 0; i + 1 < args_.size(); ++i)
+      if (args_[i] == "--port") {
+        args_[i + 1] = std::to_string(port);
+        return;
+      }
+    throw std::logic_error("reuse_port: the server's arguments have no --port");
   }
   pid_t pid() const { return pid_; }  // -1 when not running
   void kill(int sig) {
@@ -89,6 +92,7 @@ class ServeProcess {
     std::ifstream in(log_);
     const std::string key = "\"port\":";
     for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // no newline yet: the line may still be half written
       const auto at = line.find(key);
       if (line.find("\"event\":\"listening\"") != std::string::npos && at != std::string::npos)
         ports.push_back(static_cast<std::uint16_t>(std::stoul(line.substr(at + key.size()))));
