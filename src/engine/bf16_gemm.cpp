@@ -162,21 +162,42 @@ Bf16Weight::Bf16Weight(const float* W, std::int64_t rows, std::int64_t cols, Sto
 }
 
 void Bf16Weight::multiply(const float* X, std::int64_t M, float* Y, bool accumulate) const {
-  const std::int64_t N = rows_, K = cols_;
-  if (!stored_as_bf16()) {
+  const Bf16Product product{this, Y, accumulate};
+  multiply_group(X, M, {&product, 1});
+}
+
+void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const Bf16Product> products) {
+  if (products.empty()) return;
+  const Bf16Weight& first = *products.front().weight;
+  const std::int64_t K = first.cols_, stride = first.stride_;
+  for (const Bf16Product& p : products)
+    if (p.weight->cols_ != K || p.weight->stored_as_bf16() != first.stored_as_bf16())
+      throw invalid_argument(
+          "Bf16Weight::multiply_group: the weights of one group must have the same columns and storage");
+  if (!first.stored_as_bf16()) {
     std::vector<float> rounded(M * K);
     for (std::int64_t i = 0; i < M * K; ++i) rounded[i] = from_bf16(to_bf16(X[i]));
-    linear_rows(rounded.data(), M, widened_.data_ptr<float>(), N, K, Y, accumulate);
+    std::vector<RowProduct> widened;
+    for (const Bf16Product& p : products)
+      widened.push_back({p.weight->widened_.data_ptr<float>(), p.weight->rows_, p.Y, p.accumulate});
+    linear_rows_group(rounded.data(), M, K, widened);
     return;
   }
-  const torch::Tensor x = torch::empty({M, stride_}, torch::kBFloat16);
-  round_rows(X, 0, M, K, bits(x), stride_);
-  // Blocks of kWRows columns divided evenly between the threads, as in linear_rows; the grain (~1M
-  // multiply-adds) keeps small products on the calling thread.
-  const std::int64_t blocks = (N + kWRows - 1) / kWRows;
+  const torch::Tensor x = torch::empty({M, stride}, torch::kBFloat16);
+  round_rows(X, 0, M, K, bits(x), stride);
+  // Blocks of kWRows columns, numbered through the products and divided evenly between the threads, as in
+  // linear_rows_group; the grain (~1M multiply-adds) keeps small products on the calling thread.
+  const auto blocks_of = [](const Bf16Product& p) { return (p.weight->rows_ + kWRows - 1) / kWRows; };
+  std::int64_t blocks = 0;
+  for (const Bf16Product& p : products) blocks += blocks_of(p);
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, M * K * kWRows));
   at::parallel_for(0, blocks, grain, [&](std::int64_t begin, std::int64_t end) {
-    kernel(bits(x), M, bits(bf16_), begin * kWRows, std::min(N, end * kWRows), stride_, Y, N, accumulate);
+    simd::visit_block_range(products, begin, end, blocks_of,
+                            [&](const Bf16Product& p, std::int64_t b0, std::int64_t b1) {
+                              const std::int64_t N = p.weight->rows_;
+                              kernel(bits(x), M, bits(p.weight->bf16_), b0 * kWRows, std::min(N, b1 * kWRows), stride,
+                                     p.Y, N, p.accumulate);
+                            });
   });
 }
 

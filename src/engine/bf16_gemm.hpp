@@ -10,6 +10,7 @@
 // order of the sums and in denormals (the AVX512_BF16 instructions flush denormal inputs and sums to zero).
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include <torch/torch.h>
 
@@ -29,6 +30,16 @@ bool bf16_dot_supported();
 // 512-bit loads then never straddle two cache lines, which otherwise costs 40% of its speed. Storage comes
 // from LibTorch's CPU allocator, so under the engine's caching allocator a sampler that rounds the same
 // model every call reuses the same (already mapped) blocks instead of page-faulting fresh ones.
+class Bf16Weight;
+
+// One of several products of the same input: Y (row-major [M, weight->rows()]) = round(X) W^T, or += with
+// `accumulate`.
+struct Bf16Product {
+  const Bf16Weight* weight;
+  float* Y;
+  bool accumulate;
+};
+
 class Bf16Weight {
  public:
   enum class Storage { best, bf16, widened };  // best: bf16 when bf16_dot_supported(), else widened
@@ -42,6 +53,9 @@ class Bf16Weight {
 
   // Y (row-major [M, rows()]) = round(X) W^T for X row-major [M, cols()], or Y += that with `accumulate`.
   void multiply(const float* X, std::int64_t M, float* Y, bool accumulate) const;
+  // Every product of X [M, cols] (the same cols for all the weights) with X rounded once and one parallel
+  // region for all of them, as linear_rows_group.
+  static void multiply_group(const float* X, std::int64_t M, std::span<const Bf16Product> products);
 
  private:
   std::int64_t rows_ = 0, cols_ = 0, stride_ = 0;  // stride_: bf16 values per stored row

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "simd.hpp"
+
 namespace rlloop::engine {
 namespace {
 
@@ -80,6 +82,21 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
 
 // sigmoid(gate) comes from ATen (its vectorised exp is several times faster than a scalar std::exp loop) and
 // is kept for the backward pass, which then needs no exp at all; the rest is one fused pass each way.
+// silu(g) = g s with s = sigmoid(g) = 1 / (1 + e^-g), computed from t = e^-|g| <= 1 (never overflows):
+// s = 1 / (1 + t) for g >= 0 and t / (1 + t) below.
+__attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* up, std::int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 t = simd::exp_nonpositive(_mm256_or_ps(g, sign));  // e^-|g|
+    const __m256 numerator = _mm256_blendv_ps(one, t, g);           // t where the sign bit of g is set
+    const __m256 s = _mm256_div_ps(numerator, _mm256_add_ps(one, t));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
 class SwigluFn : public torch::autograd::Function<SwigluFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor gate, torch::Tensor up) {
@@ -203,6 +220,11 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
   torch::Tensor normed = xf * torch::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + eps);
   if (!is_fp32) normed = normed.to(x.scalar_type());
   return weight * normed;
+}
+
+void swiglu_in_place(float* gate, const float* up, std::int64_t n) {
+  if (simd::has_avx2_fma()) return swiglu_avx2(gate, up, n);
+  for (std::int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {

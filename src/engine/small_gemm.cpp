@@ -2,6 +2,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "blas.hpp"
 #include "simd.hpp"
 
@@ -83,18 +85,29 @@ bool small_gemm_applies(std::int64_t M, std::int64_t K) { return M <= kMaxRows &
 
 void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
                  bool accumulate) {
+  const RowProduct product{W, N, Y, accumulate};
+  linear_rows_group(X, M, K, {&product, 1});
+}
+
+void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span<const RowProduct> products) {
   if (!small_gemm_applies(M, K)) {
-    blas::gemm<float>(false, true, M, N, K, 1.0f, X, K, W, K, accumulate ? 1.0f : 0.0f, Y, N);
+    for (const RowProduct& p : products)
+      blas::gemm<float>(false, true, M, p.N, K, 1.0f, X, K, p.W, K, p.accumulate ? 1.0f : 0.0f, p.Y, p.N);
     return;
   }
-  // Blocks of kWRows columns, divided evenly between the threads (parallel_for gives each thread one equal
-  // range); the grain, ~1M multiply-adds, keeps small products on the calling thread, where a parallel region
-  // would cost more than it saves. (Fixed-size chunks left 55/45 splits: 10 chunks for 768 columns, the last
-  // one nearly empty.)
-  const std::int64_t blocks = (N + kWRows - 1) / kWRows;
+  // Blocks of kWRows columns, numbered through the products one after the other and divided evenly between
+  // the threads (parallel_for gives each thread one equal range); the grain, ~1M multiply-adds, keeps small
+  // products on the calling thread, where a parallel region would cost more than it saves. (Fixed-size chunks
+  // left 55/45 splits: 10 chunks for 768 columns, the last one nearly empty.)
+  const auto blocks_of = [](const RowProduct& p) { return (p.N + kWRows - 1) / kWRows; };
+  std::int64_t blocks = 0;
+  for (const RowProduct& p : products) blocks += blocks_of(p);
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, M * K * kWRows));
   at::parallel_for(0, blocks, grain, [&](std::int64_t begin, std::int64_t end) {
-    kernel(X, M, W, begin * kWRows, std::min(N, end * kWRows), K, Y, N, accumulate);
+    simd::visit_block_range(products, begin, end, blocks_of,
+                            [&](const RowProduct& p, std::int64_t b0, std::int64_t b1) {
+                              kernel(X, M, p.W, b0 * kWRows, std::min(p.N, b1 * kWRows), K, p.Y, p.N, p.accumulate);
+                            });
   });
 }
 

@@ -6,6 +6,7 @@
 // depend on the thread count.
 #pragma once
 #include <cstdint>
+#include <span>
 
 namespace rlloop::engine {
 
@@ -16,5 +17,18 @@ bool small_gemm_applies(std::int64_t M, std::int64_t K);
 // with `accumulate`.
 void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
                  bool accumulate);
+
+// One of several products of the same input: Y (row-major [M, N]) = X W^T (W row-major [N, K]), or += with
+// `accumulate`.
+struct RowProduct {
+  const float* W;
+  std::int64_t N;
+  float* Y;
+  bool accumulate;
+};
+// Every product of X [M, K] in one parallel region: the column blocks of all of them are divided evenly
+// between the threads. A decoding step's q/k/v and gate/up products then cost one fork/join each, and a
+// product too small to split keeps its thread busy beside the others instead of running alone.
+void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span<const RowProduct> products);
 
 }  // namespace rlloop::engine

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include <rlloop/error.hpp>
+
 #include "bf16_gemm.hpp"
 #include "cpu_decoder.hpp"
 #include "model_io.hpp"
@@ -77,6 +79,45 @@ TEST(Bf16Weight, ProductOfRoundedOperandsIncludingTails) {
       auto acc = y0.clone();
       weight.multiply(x.data_ptr<float>(), M, acc.data_ptr<float>(), true);
       EXPECT_LT(max_abs_diff(acc, expected + y0.to(torch::kFloat64)), tol);
+    }
+  }
+}
+
+TEST(Bf16Weight, GroupGivesEachProductAsAlone) {
+  // One rounding of the input and one parallel region for several weights give each product bit for bit
+  // what multiply() gives alone; weights of different widths in one group are an error.
+  torch::manual_seed(23);
+  const std::int64_t M = 16, K = 70;
+  std::vector<Bf16Weight::Storage> storages{Bf16Weight::Storage::widened};
+  if (bf16_dot_supported()) storages.push_back(Bf16Weight::Storage::bf16);
+  auto x = torch::randn({M, K});
+  for (auto storage : storages) {
+    SCOPED_TRACE(storage == Bf16Weight::Storage::bf16 ? "bf16" : "widened");
+    std::vector<Bf16Weight> weights;
+    std::vector<torch::Tensor> alone, grouped;
+    std::vector<Bf16Product> products;
+    for (std::int64_t N : {5, 1030, 3}) {
+      auto w = torch::randn({N, K});
+      weights.emplace_back(w.data_ptr<float>(), N, K, storage);
+      alone.push_back(torch::randn({M, N}));
+      grouped.push_back(alone.back().clone());
+    }
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      weights[i].multiply(x.data_ptr<float>(), M, alone[i].data_ptr<float>(), i == 1);
+      products.push_back({&weights[i], grouped[i].data_ptr<float>(), i == 1});
+    }
+    Bf16Weight::multiply_group(x.data_ptr<float>(), M, products);
+    for (std::size_t i = 0; i < weights.size(); ++i) EXPECT_TRUE(torch::equal(grouped[i], alone[i])) << "weight " << i;
+
+    auto narrow = torch::randn({4, K - 1});
+    const Bf16Weight other(narrow.data_ptr<float>(), 4, K - 1, storage);
+    auto y = torch::empty({M, 4});
+    products.push_back({&other, y.data_ptr<float>(), false});
+    try {
+      Bf16Weight::multiply_group(x.data_ptr<float>(), M, products);
+      ADD_FAILURE() << "weights of different widths were accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("the same columns"), std::string::npos) << e.what();
     }
   }
 }

@@ -143,6 +143,22 @@ TEST(FusedOps, SwigluMatchesFormulaWithGradients) {
   }
 }
 
+TEST(FusedOps, SwigluInPlaceMatchesFormulaInDouble) {
+  // The decoding step's SwiGLU: both signs, values whose e^-g would overflow a float (g = -100), a tail that
+  // is not a multiple of the 8-lane kernel.
+  torch::manual_seed(6);
+  const std::int64_t n = 1003;
+  auto g = torch::cat({torch::linspace(-100, 100, 41), torch::randn({n - 41}) * 4});
+  auto u = torch::randn({n});
+  auto expected = g.to(torch::kFloat64) / (1 + torch::exp(-g.to(torch::kFloat64))) * u.to(torch::kFloat64);
+  auto out = g.clone();
+  swiglu_in_place(out.data_ptr<float>(), u.data_ptr<float>(), n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double want = expected[i].item<double>(), got = out[i].item<float>();
+    EXPECT_NEAR(got, want, 1e-6 * std::abs(want) + 1e-30) << "g = " << g[i].item<float>();
+  }
+}
+
 TEST(FusedOps, RopeMatchesReferenceWithGradients) {
   torch::manual_seed(8);
   for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
@@ -187,6 +203,31 @@ TEST(SmallGemm, MatchesMatmulIncludingTails) {
     auto acc = y0.clone();
     linear_rows(x.data_ptr<float>(), M, w.data_ptr<float>(), N, K, acc.data_ptr<float>(), true);
     EXPECT_LT(max_abs_diff(acc.to(torch::kFloat64), expected + y0.to(torch::kFloat64)), 1e-4 * std::sqrt(K));
+  }
+}
+
+TEST(SmallGemm, GroupGivesEachProductAsAlone) {
+  // One parallel region over several products of the same input gives each of them bit for bit what it gets
+  // alone: thread ranges cross product boundaries (a big product next to small ones whose column counts leave
+  // every remainder), some accumulate; K = 12 takes the BLAS path.
+  torch::manual_seed(11);
+  for (auto [M, K] : {std::pair{16, 768}, {5, 64}, {3, 12}}) {
+    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(K));
+    const std::vector<std::int64_t> columns{7, 2048, 1, 770};
+    auto x = torch::randn({M, K});
+    std::vector<torch::Tensor> weights, alone, grouped;
+    std::vector<RowProduct> products;
+    for (std::size_t i = 0; i < columns.size(); ++i) {
+      const std::int64_t N = columns[i];
+      const bool accumulate = i % 2 == 1;
+      weights.push_back(torch::randn({N, K}));
+      alone.push_back(torch::randn({M, N}));
+      grouped.push_back(alone.back().clone());
+      linear_rows(x.data_ptr<float>(), M, weights[i].data_ptr<float>(), N, K, alone[i].data_ptr<float>(), accumulate);
+      products.push_back({weights[i].data_ptr<float>(), N, grouped[i].data_ptr<float>(), accumulate});
+    }
+    linear_rows_group(x.data_ptr<float>(), M, K, products);
+    for (std::size_t i = 0; i < columns.size(); ++i) EXPECT_TRUE(torch::equal(grouped[i], alone[i])) << "product " << i;
   }
 }
 
