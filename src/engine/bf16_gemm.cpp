@@ -9,6 +9,7 @@
 
 #include <rlloop/error.hpp>
 
+#include "product_blocks.hpp"
 #include "simd.hpp"
 #include "small_gemm.hpp"
 
@@ -185,19 +186,17 @@ void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const 
   }
   const torch::Tensor x = torch::empty({M, stride}, torch::kBFloat16);
   round_rows(X, 0, M, K, bits(x), stride);
-  // Blocks of kWRows columns, numbered through the products and divided evenly between the threads, as in
-  // linear_rows_group; the grain (~1M multiply-adds) keeps small products on the calling thread.
+  // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
+  // multiply-adds.
   const auto blocks_of = [](const Bf16Product& p) { return (p.weight->rows_ + kWRows - 1) / kWRows; };
   std::int64_t blocks = 0;
   for (const Bf16Product& p : products) blocks += blocks_of(p);
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, M * K * kWRows));
-  at::parallel_for(0, blocks, grain, [&](std::int64_t begin, std::int64_t end) {
-    simd::visit_block_range(products, begin, end, blocks_of,
-                            [&](const Bf16Product& p, std::int64_t b0, std::int64_t b1) {
-                              const std::int64_t N = p.weight->rows_;
-                              kernel(bits(x), M, bits(p.weight->bf16_), b0 * kWRows, std::min(N, b1 * kWRows), stride,
-                                     p.Y, N, p.accumulate);
-                            });
+  product_blocks::parallel(blocks, grain, [&](std::int64_t begin, std::int64_t end) {
+    product_blocks::visit(products, begin, end, blocks_of, [&](const Bf16Product& p, std::int64_t b0, std::int64_t b1) {
+      const std::int64_t N = p.weight->rows_;
+      kernel(bits(x), M, bits(p.weight->bf16_), b0 * kWRows, std::min(N, b1 * kWRows), stride, p.Y, N, p.accumulate);
+    });
   });
 }
 

@@ -3,9 +3,7 @@
 #pragma once
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <span>
 
 namespace rlloop::engine::simd {
 
@@ -38,20 +36,6 @@ struct ProductOutput {
     for (int i = 0; i < 4; ++i) store(m, n + i, f[i]);
   }
 };
-
-// A group of few-row products numbers the column blocks of its products one after the other, and each thread
-// takes one range [begin, end) of those numbers: visit(product, b0, b1) for each product with blocks in the
-// range, [b0, b1) counted within that product. blocks(product) is how many it has.
-template <class Product, class Blocks, class Visit>
-void visit_block_range(std::span<const Product> products, std::int64_t begin, std::int64_t end, Blocks blocks,
-                       Visit visit) {
-  std::int64_t first = 0;  // the number of the product's first block
-  for (const Product& p : products) {
-    const std::int64_t count = blocks(p), b0 = std::max(begin, first), b1 = std::min(end, first + count);
-    if (b0 < b1) visit(p, b0 - first, b1 - first);
-    first += count;
-  }
-}
 
 // Sum of the 8 lanes.
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {

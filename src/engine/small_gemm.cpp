@@ -1,10 +1,9 @@
 #include "small_gemm.hpp"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 
 #include "blas.hpp"
+#include "product_blocks.hpp"
 #include "simd.hpp"
 
 namespace rlloop::engine {
@@ -95,19 +94,16 @@ void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span
       blas::gemm<float>(false, true, M, p.N, K, 1.0f, X, K, p.W, K, p.accumulate ? 1.0f : 0.0f, p.Y, p.N);
     return;
   }
-  // Blocks of kWRows columns, numbered through the products one after the other and divided evenly between
-  // the threads (parallel_for gives each thread one equal range); the grain, ~1M multiply-adds, keeps small
-  // products on the calling thread, where a parallel region would cost more than it saves. (Fixed-size chunks
-  // left 55/45 splits: 10 chunks for 768 columns, the last one nearly empty.)
+  // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
+  // multiply-adds.
   const auto blocks_of = [](const RowProduct& p) { return (p.N + kWRows - 1) / kWRows; };
   std::int64_t blocks = 0;
   for (const RowProduct& p : products) blocks += blocks_of(p);
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, M * K * kWRows));
-  at::parallel_for(0, blocks, grain, [&](std::int64_t begin, std::int64_t end) {
-    simd::visit_block_range(products, begin, end, blocks_of,
-                            [&](const RowProduct& p, std::int64_t b0, std::int64_t b1) {
-                              kernel(X, M, p.W, b0 * kWRows, std::min(p.N, b1 * kWRows), K, p.Y, p.N, p.accumulate);
-                            });
+  product_blocks::parallel(blocks, grain, [&](std::int64_t begin, std::int64_t end) {
+    product_blocks::visit(products, begin, end, blocks_of, [&](const RowProduct& p, std::int64_t b0, std::int64_t b1) {
+      kernel(X, M, p.W, b0 * kWRows, std::min(p.N, b1 * kWRows), K, p.Y, p.N, p.accumulate);
+    });
   });
 }
 
