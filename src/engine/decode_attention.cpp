@@ -73,11 +73,12 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float
   }
   float sum = hsum(vsum);
   for (; i < S; ++i) sum += (p[i] = std::exp(p[i] - mx));
-  // out = (sum_j p_j V_j) / sum, 32 columns of out in registers at a time.
+  // out = (sum_j p_j V_j) / sum, 64 columns of out in registers at a time: one pass over V for head_dim 64.
   const __m256 inv = _mm256_set1_ps(1.0f / sum);
-  for (std::int64_t d0 = 0; d0 < D; d0 += 32) {
-    const std::int64_t width = std::min<std::int64_t>(32, D - d0);
-    __m256 o[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (std::int64_t d0 = 0; d0 < D; d0 += 64) {
+    const std::int64_t width = std::min<std::int64_t>(64, D - d0);
+    __m256 o[8];
+    for (__m256& acc : o) acc = _mm256_setzero_ps();
     for (std::int64_t jj = 0; jj < S; ++jj) {
       const __m256 pj = _mm256_set1_ps(p[jj]);
       const float* v = V + jj * D + d0;
