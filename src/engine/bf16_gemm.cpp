@@ -4,7 +4,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include <rlloop/error.hpp>
@@ -14,16 +13,6 @@
 #include "small_gemm.hpp"
 
 namespace rlloop::engine {
-
-std::uint16_t to_bf16(float f) {
-  const auto u = std::bit_cast<std::uint32_t>(f);
-  if (std::isnan(f)) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // keep it a (quiet) NaN
-  // Adding 0x7FFF plus the lowest kept bit rounds to nearest with ties to even; a carry into the exponent is
-  // the correct rounding up (and turns the largest finite values into infinity, as it should).
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
 bool bf16_dot_supported() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

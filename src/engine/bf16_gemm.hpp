@@ -14,22 +14,13 @@
 
 #include <torch/torch.h>
 
-namespace rlloop::engine {
+#include "bf16.hpp"
 
-// The bf16 nearest to f (ties to even), as its 16 bits; NaN stays a (quiet) NaN. (The AVX512_BF16 path
-// rounds with vcvtneps2bf16, which is the same except that it flushes denormal inputs to zero.)
-std::uint16_t to_bf16(float f);
-// The float with those bf16 bits (exact).
-float from_bf16(std::uint16_t b);
+namespace rlloop::engine {
 
 // True when this CPU runs the AVX512_BF16 kernel.
 bool bf16_dot_supported();
 
-// A weight [rows, cols] (row-major) rounded to bf16, in the storage the product uses on this CPU. bf16 rows
-// start on 64-byte boundaries (their stride is cols rounded up to 32 values, zero-padded): the kernel's
-// 512-bit loads then never straddle two cache lines, which otherwise costs 40% of its speed. Storage comes
-// from LibTorch's CPU allocator, so under the engine's caching allocator a sampler that rounds the same
-// model every call reuses the same (already mapped) blocks instead of page-faulting fresh ones.
 class Bf16Weight;
 
 // One of several products of the same input: Y (row-major [M, weight->rows()]) = round(X) W^T, or += with
@@ -40,6 +31,11 @@ struct Bf16Product {
   bool accumulate;
 };
 
+// A weight [rows, cols] (row-major) rounded to bf16, in the storage the product uses on this CPU. bf16 rows
+// start on 64-byte boundaries (their stride is cols rounded up to 32 values, zero-padded): the kernel's
+// 512-bit loads then never straddle two cache lines, which otherwise costs 40% of its speed. Storage comes
+// from LibTorch's CPU allocator, so under the engine's caching allocator a sampler that rounds the same
+// model every call reuses the same (already mapped) blocks instead of page-faulting fresh ones.
 class Bf16Weight {
  public:
   enum class Storage { best, bf16, widened };  // best: bf16 when bf16_dot_supported(), else widened

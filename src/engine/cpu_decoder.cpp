@@ -9,6 +9,7 @@
 
 #include <rlloop/error.hpp>
 
+#include "bf16.hpp"
 #include "decode_attention.hpp"
 #include "fused_ops.hpp"
 #include "small_gemm.hpp"
@@ -60,6 +61,35 @@ void project(const float* x, std::int64_t rows, std::initializer_list<Projection
   for (const Projection& p : group) add_adapter_and_bias(x, rows, *p.w, p.y);
 }
 
+// A KV cache row as stored: fp32 as is, bf16 rounded to nearest.
+void store_row(const float* x, float* out, std::int64_t n) { std::copy_n(x, n, out); }
+void store_row(const float* x, std::uint16_t* out, std::int64_t n) { to_bf16(x, out, n); }
+
+// Appends the new keys and values of cache rows [r0, r0 + A) (k, v: [A, kv heads, D]) at position `pos` and
+// attends every query head (q: [A, heads, D]) over positions [0, pos] into attn [A, heads, D]. T is how the
+// cache [rows, kv heads, capacity, D] stores values: float, or bf16 bits.
+template <class T>
+void append_and_attend(const torch::Tensor& keys, const torch::Tensor& values, std::int64_t r0, std::int64_t A,
+                       const float* k, const float* v, const float* q, std::int64_t nh, std::int64_t pos, float scale,
+                       float* attn) {
+  const std::int64_t nkv = keys.size(1), cap = keys.size(2), D = keys.size(3), rep = nh / nkv, S = pos + 1;
+  T* kc = static_cast<T*>(keys.data_ptr()) + r0 * nkv * cap * D;  // row r of this range = (sequence, kv head)
+  T* vc = static_cast<T*>(values.data_ptr()) + r0 * nkv * cap * D;
+  for (std::int64_t r = 0; r < A * nkv; ++r) {
+    store_row(k + r * D, kc + (r * cap + pos) * D, D);
+    store_row(v + r * D, vc + (r * cap + pos) * D, D);
+  }
+  // In parallel only with enough work: a parallel region costs more than a small model's whole attention.
+  const std::int64_t per_chunk = std::max<std::int64_t>(1, (1 << 18) / (S * D));
+  at::parallel_for(0, A * nh, per_chunk, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> p(S);
+    for (std::int64_t item = begin; item < end; ++item) {
+      const std::int64_t a = item / nh, kv = a * nkv + (item % nh) / rep;
+      attend_row(q + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(), attn + item * D);
+    }
+  });
+}
+
 void rms_norm_rows(const float* x, const torch::Tensor& weight, float* y, std::int64_t rows, std::int64_t width,
                    double eps) {
   for (std::int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * width, data(weight), y + r * width, width, eps);
@@ -77,8 +107,12 @@ bool CpuDecoder::supports(Transformer& model) {
   return true;
 }
 
+torch::ScalarType CpuDecoder::cache_dtype(DecodePrecision precision) {
+  return precision == DecodePrecision::bf16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
 CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision)
-    : cfg_(model.config()), w_(model.inference_weights()) {
+    : cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
   if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
   std::int64_t bytes = 0;
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
@@ -97,10 +131,13 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
     throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
   if (cache.length + 1 > cache.capacity)
     throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
+  const torch::ScalarType dtype = cache_dtype(precision_);
   for (std::size_t l = 0; l < cache.keys.size(); ++l)
-    if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() ||
-        cache.keys[l].scalar_type() != torch::kFloat32 || cache.values[l].scalar_type() != torch::kFloat32)
-      throw invalid_argument("CpuDecoder::step: the KV cache must be contiguous fp32");
+    if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() || cache.keys[l].scalar_type() != dtype ||
+        cache.values[l].scalar_type() != dtype)
+      throw invalid_argument(std::string("CpuDecoder::step: the KV cache must be contiguous ") +
+                             (dtype == torch::kBFloat16 ? "bf16 (KVCache::convert)" : "fp32") +
+                             " for this decoder's precision");
   const auto* ids = tokens.data_ptr<std::int64_t>();
   for (std::int64_t r = 0; r < A; ++r)
     if (ids[r] < 0 || ids[r] >= V)
@@ -124,8 +161,7 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
 void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int64_t r1, KVCache& cache,
                              float* logits) const {
   const std::int64_t A = r1 - r0, H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, rep = nh / nkv;
-  const std::int64_t pos = cache.length, S = pos + 1, cap = cache.capacity;
+  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, pos = cache.length;
   const double eps = cfg_.rms_norm_eps;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const float* cos = data(w_.rope_cos) + pos * D;
@@ -135,7 +171,7 @@ void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int6
       up(A * I);
   for (std::int64_t r = 0; r < A; ++r) std::copy_n(data(w_.embed) + ids[r0 + r] * H, H, x.data() + r * H);
 
-  const bool bf16 = !rounded_layers_.empty();
+  const bool bf16 = precision_ == DecodePrecision::bf16;
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
     const RoundedLayer* R = bf16 ? &rounded_layers_[li] : nullptr;
@@ -151,24 +187,12 @@ void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int6
     rope_rows(q.data(), A * nh, D, cos, sin);
     rope_rows(k.data(), A * nkv, D, cos, sin);
 
-    // This range's sequences in the cache [rows, kv heads, capacity, D]; row r = (sequence, kv head).
-    float* kc = cache.keys[li].data_ptr<float>() + r0 * nkv * cap * D;
-    float* vc = cache.values[li].data_ptr<float>() + r0 * nkv * cap * D;
-    for (std::int64_t r = 0; r < A * nkv; ++r) {
-      std::copy_n(k.data() + r * D, D, kc + (r * cap + pos) * D);
-      std::copy_n(v.data() + r * D, D, vc + (r * cap + pos) * D);
-    }
-
-    // In parallel only with enough work: a parallel region costs more than a small model's whole attention.
-    const std::int64_t per_chunk = std::max<std::int64_t>(1, (1 << 18) / (S * D));
-    at::parallel_for(0, A * nh, per_chunk, [&](std::int64_t begin, std::int64_t end) {
-      std::vector<float> p(S);
-      for (std::int64_t item = begin; item < end; ++item) {
-        const std::int64_t a = item / nh, kv = a * nkv + (item % nh) / rep;
-        attend_row(q.data() + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(),
-                   attn.data() + item * D);
-      }
-    });
+    if (bf16)
+      append_and_attend<std::uint16_t>(cache.keys[li], cache.values[li], r0, A, k.data(), v.data(), q.data(), nh, pos,
+                                       scale, attn.data());
+    else
+      append_and_attend<float>(cache.keys[li], cache.values[li], r0, A, k.data(), v.data(), q.data(), nh, pos, scale,
+                               attn.data());
     project(attn.data(), A, {{&L.o, R ? &R->o : nullptr, x.data(), true}});
 
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);

@@ -14,15 +14,19 @@
 
 namespace rlloop::engine {
 
-// Arithmetic of the decoding steps' matrix products. fp32: the same numbers as Transformer::forward (within
-// summation order), so sampled logprobs equal compute_logprobs. bf16: base weights and inputs rounded to bf16,
-// fp32 sums (bf16_gemm.hpp); faster on CPUs with AVX512_BF16, logprobs off by the rounding (~1e-2).
+// Arithmetic of the decoding steps. fp32: the same numbers as Transformer::forward (within summation order),
+// so sampled logprobs equal compute_logprobs. bf16: base weights and inputs of the matrix products rounded to
+// bf16, fp32 sums (bf16_gemm.hpp), and the KV cache stored as bf16 (half the bytes for attention to read);
+// faster on CPUs with AVX512_BF16, logprobs off by the rounding (~1e-2).
 enum class DecodePrecision { fp32, bf16 };
 
 class CpuDecoder {
  public:
-  // CPU and fp32 weights (adapters included); the cache must be fp32 too.
+  // CPU and fp32 weights (adapters included).
   static bool supports(Transformer& model);
+  // What the KV cache passed to step() holds: fp32, or bf16 for the bf16 precision (KVCache::convert after
+  // the prefill, which writes fp32).
+  static torch::ScalarType cache_dtype(DecodePrecision precision);
 
   // Holds views of the model's weights (LoRA adapters applied unmerged, so no copy is made); the model must
   // outlive the decoder. With bf16 it also holds bf16 snapshots of the base projection weights, made here, so
@@ -44,6 +48,7 @@ class CpuDecoder {
   };
 
   const ModelConfig& cfg_;
+  DecodePrecision precision_;
   InferenceWeights w_;
   std::vector<RoundedLayer> rounded_layers_;  // bf16 precision only (empty for fp32)
   Bf16Weight rounded_lm_head_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "bf16.hpp"
 #include "simd.hpp"
 
 namespace rlloop::engine {
@@ -12,19 +13,27 @@ namespace {
 using simd::exp_nonpositive;
 using simd::hsum;
 
+// The cached keys and values are fp32 or bf16 (the bf16 sampling precision); arithmetic is fp32 either way.
+inline float widen(float v) { return v; }
+inline float widen(std::uint16_t b) { return from_bf16(b); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const std::uint16_t* p) { return simd::from_bf16(p); }
+
 // Portable version. Eight partial sums make the dot product vectorisable without reassociating one float.
-float dot(const float* a, const float* b, std::int64_t n) {
+template <class T>
+float dot(const float* a, const T* b, std::int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * widen(b[i + l]);
   float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum += a[i] * widen(b[i]);
   return sum;
 }
 
-void attend_portable(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale,
-                     float* p, float* out) {
+template <class T>
+void attend_portable(const float* q, const T* K, const T* V, std::int64_t S, std::int64_t D, float scale, float* p,
+                     float* out) {
   float mx = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(q, K + j * D, D) * scale);
   float sum = 0;
@@ -32,32 +41,32 @@ void attend_portable(const float* q, const float* K, const float* V, std::int64_
   std::fill_n(out, D, 0.0f);
   for (std::int64_t j = 0; j < S; ++j) {
     const float pj = p[j] / sum;
-    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * V[j * D + d];
+    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * widen(V[j * D + d]);
   }
 }
 
 // D a multiple of 8 (every head_dim in practice).
-__attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float* K, const float* V, std::int64_t S,
+template <class T>
+__attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const T* K, const T* V, std::int64_t S,
                                                      std::int64_t D, float scale, float* p, float* out) {
   // Scores, four keys per pass: one load of q feeds four FMAs; the four sums are reduced together.
   std::int64_t j = 0;
   for (; j + 4 <= S; j += 4) {
-    const float *k0 = K + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+    const T *k0 = K + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (std::int64_t d = 0; d < D; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + d), qv, a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + d), qv, a1);
-      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + d), qv, a2);
-      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + d), qv, a3);
+      a0 = _mm256_fmadd_ps(load8(k0 + d), qv, a0);
+      a1 = _mm256_fmadd_ps(load8(k1 + d), qv, a1);
+      a2 = _mm256_fmadd_ps(load8(k2 + d), qv, a2);
+      a3 = _mm256_fmadd_ps(load8(k3 + d), qv, a3);
     }
     const __m128 sums = simd::hsum4(a0, a1, a2, a3);
     _mm_storeu_ps(p + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
   }
   for (; j < S; ++j) {
     __m256 a = _mm256_setzero_ps();
-    for (std::int64_t d = 0; d < D; d += 8)
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(K + j * D + d), _mm256_loadu_ps(q + d), a);
+    for (std::int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(load8(K + j * D + d), _mm256_loadu_ps(q + d), a);
     p[j] = hsum(a) * scale;
   }
   float mx = -std::numeric_limits<float>::infinity();
@@ -81,21 +90,31 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const float
     for (__m256& acc : o) acc = _mm256_setzero_ps();
     for (std::int64_t jj = 0; jj < S; ++jj) {
       const __m256 pj = _mm256_set1_ps(p[jj]);
-      const float* v = V + jj * D + d0;
-      for (std::int64_t c = 0; c < width / 8; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * c), o[c]);
+      const T* v = V + jj * D + d0;
+      for (std::int64_t c = 0; c < width / 8; ++c) o[c] = _mm256_fmadd_ps(pj, load8(v + 8 * c), o[c]);
     }
     for (std::int64_t c = 0; c < width / 8; ++c) _mm256_storeu_ps(out + d0 + 8 * c, _mm256_mul_ps(o[c], inv));
   }
+}
+
+template <class T>
+void attend(const float* q, const T* K, const T* V, std::int64_t S, std::int64_t D, float scale, float* p, float* out) {
+  if (D % 8 == 0 && simd::has_avx2_fma())
+    attend_avx2(q, K, V, S, D, scale, p, out);
+  else
+    attend_portable(q, K, V, S, D, scale, p, out);
 }
 
 }  // namespace
 
 void attend_row(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale, float* p,
                 float* out) {
-  if (D % 8 == 0 && simd::has_avx2_fma())
-    attend_avx2(q, K, V, S, D, scale, p, out);
-  else
-    attend_portable(q, K, V, S, D, scale, p, out);
+  attend(q, K, V, S, D, scale, p, out);
+}
+
+void attend_row(const float* q, const std::uint16_t* K, const std::uint16_t* V, std::int64_t S, std::int64_t D,
+                float scale, float* p, float* out) {
+  attend(q, K, V, S, D, scale, p, out);
 }
 
 }  // namespace rlloop::engine

@@ -154,10 +154,12 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
   }
   if (max_new == 0) return resp;  // stop_reason stays "length"
 
-  cache.repeat_batch(n);
   // The dispatch-free decoding step, where it applies; built at the first step (one with bf16 rounds the
-  // whole model, wasted when every sample stops at its first token).
+  // whole model, wasted when every sample stops at its first token). Its cache is converted before the
+  // prompt's is repeated, which copies one row instead of n.
   const bool use_cpu_decoder = CpuDecoder::supports(model);
+  if (use_cpu_decoder) cache.convert(CpuDecoder::cache_dtype(precision));
+  cache.repeat_batch(n);
   std::optional<CpuDecoder> cpu_decoder;
   torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
 

@@ -188,6 +188,16 @@ void KVCache::select_batch(const torch::Tensor& index) {
     }
 }
 
+void KVCache::convert(torch::ScalarType dtype) {
+  for (auto* list : {&keys, &values})
+    for (auto& t : *list) {
+      if (t.scalar_type() == dtype) continue;
+      auto fresh = torch::empty(t.sizes(), t.options().dtype(dtype));
+      fresh.narrow(2, 0, length).copy_(t.narrow(2, 0, length));
+      t = fresh;
+    }
+}
+
 // ------------------------------------------------------------------------------------------ Transformer
 
 Transformer::Transformer(const ModelConfig& cfg) : Transformer(cfg, torch::TensorOptions().dtype(torch::kFloat32)) {}

@@ -32,6 +32,8 @@ struct KVCache {
   void repeat_batch(std::int64_t times);
   // Keeps only the sequences at `index` (int64, on any device), in that order: drops finished samples.
   void select_batch(const torch::Tensor& index);
+  // Stores the keys and values as `dtype` from now on (the filled positions converted, rounding to nearest).
+  void convert(torch::ScalarType dtype);
   std::int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
 };
 
