@@ -165,8 +165,10 @@ void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const 
       throw invalid_argument(
           "Bf16Weight::multiply_group: the weights of one group must have the same columns and storage");
   if (!first.stored_as_bf16()) {
+    std::vector<std::uint16_t> bits16(M * K);
+    to_bf16(X, bits16.data(), M * K);
     std::vector<float> rounded(M * K);
-    for (std::int64_t i = 0; i < M * K; ++i) rounded[i] = from_bf16(to_bf16(X[i]));
+    for (std::int64_t i = 0; i < M * K; ++i) rounded[i] = from_bf16(bits16[i]);
     std::vector<RowProduct> widened;
     for (const Bf16Product& p : products)
       widened.push_back({p.weight->widened_.data_ptr<float>(), p.weight->rows_, p.Y, p.accumulate});

@@ -111,18 +111,48 @@ torch::ScalarType CpuDecoder::cache_dtype(DecodePrecision precision) {
   return precision == DecodePrecision::bf16 ? torch::kBFloat16 : torch::kFloat32;
 }
 
-CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision)
+namespace {
+
+// The base weights a RoundedWeights snapshot rounds, in a fixed order.
+template <class Visit>
+void for_each_rounded_source(const InferenceWeights& w, Visit visit) {
+  for (const LayerWeights& L : w.layers)
+    for (const LinearWeights* p : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) visit(p->weight);
+  visit(w.lm_head.weight);
+}
+
+}  // namespace
+
+RoundedWeights::RoundedWeights(Transformer& model) {
+  const InferenceWeights w = model.inference_weights();
+  auto round = [](const LinearWeights& lw) {
+    return Bf16Weight(data(lw.weight), lw.weight.size(0), lw.weight.size(1));
+  };
+  for (const LayerWeights& L : w.layers)
+    layers_.push_back({round(L.q), round(L.k), round(L.v), round(L.o), round(L.gate), round(L.up), round(L.down)});
+  lm_head_ = round(w.lm_head);
+  for_each_rounded_source(w, [&](const torch::Tensor& t) { sources_.emplace_back(t.data_ptr(), t._version()); });
+}
+
+bool RoundedWeights::current(Transformer& model) const {
+  std::size_t i = 0;
+  bool same = true;
+  for_each_rounded_source(model.inference_weights(), [&](const torch::Tensor& t) {
+    same =
+        same && i < sources_.size() && sources_[i] == std::pair<const void*, std::int64_t>(t.data_ptr(), t._version());
+    ++i;
+  });
+  return same && i == sources_.size();
+}
+
+CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::shared_ptr<const RoundedWeights> rounded)
     : cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
   if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
   std::int64_t bytes = 0;
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);
   if (precision == DecodePrecision::fp32) return;
-  auto round = [](const LinearWeights& w) { return Bf16Weight(data(w.weight), w.weight.size(0), w.weight.size(1)); };
-  for (const LayerWeights& L : w_.layers)
-    rounded_layers_.push_back(
-        {round(L.q), round(L.k), round(L.v), round(L.o), round(L.gate), round(L.up), round(L.down)});
-  rounded_lm_head_ = round(w_.lm_head);
+  rounded_ = rounded && rounded->current(model) ? std::move(rounded) : std::make_shared<const RoundedWeights>(model);
 }
 
 torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
@@ -174,7 +204,7 @@ void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int6
   const bool bf16 = precision_ == DecodePrecision::bf16;
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
-    const RoundedLayer* R = bf16 ? &rounded_layers_[li] : nullptr;
+    const RoundedWeights::Layer* R = bf16 ? &rounded_->layers()[li] : nullptr;
     rms_norm_rows(x.data(), L.input_norm, h.data(), A, H, eps);
     project(h.data(), A,
             {{&L.q, R ? &R->q : nullptr, q.data(), false},
@@ -198,11 +228,13 @@ void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int6
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
     project(h.data(), A,
             {{&L.gate, R ? &R->gate : nullptr, gate.data(), false}, {&L.up, R ? &R->up : nullptr, up.data(), false}});
-    swiglu_in_place(gate.data(), up.data(), A * I);  // vectorised: tens of microseconds at 16 x 2048
+    // Row by row, so that no value's result depends on how the rows were split between threads (the tail of
+    // a row that is not a multiple of 8 takes the scalar path). Vectorised: tens of microseconds at 16 x 2048.
+    for (std::int64_t r = 0; r < A; ++r) swiglu_in_place(gate.data() + r * I, up.data() + r * I, I);
     project(gate.data(), A, {{&L.down, R ? &R->down : nullptr, x.data(), true}});
   }
   rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
-  project(h.data(), A, {{&w_.lm_head, bf16 ? &rounded_lm_head_ : nullptr, logits + r0 * cfg_.vocab_size, false}});
+  project(h.data(), A, {{&w_.lm_head, bf16 ? &rounded_->lm_head() : nullptr, logits + r0 * cfg_.vocab_size, false}});
 }
 
 }  // namespace rlloop::engine

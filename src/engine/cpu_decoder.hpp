@@ -7,6 +7,10 @@
 // The sampler prefills the prompt with Transformer::hidden_states (same cache layout) and uses this for the
 // token-by-token steps when supports() holds; elsewhere (CUDA, bf16) it keeps calling the model.
 #pragma once
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include <torch/torch.h>
 
 #include "bf16_gemm.hpp"
@@ -14,11 +18,34 @@
 
 namespace rlloop::engine {
 
-// Arithmetic of the decoding steps. fp32: the same numbers as Transformer::forward (within summation order),
-// so sampled logprobs equal compute_logprobs. bf16: base weights and inputs of the matrix products rounded to
-// bf16, fp32 sums (bf16_gemm.hpp), and the KV cache stored as bf16 (half the bytes for attention to read);
-// faster on CPUs with AVX512_BF16, logprobs off by the rounding (~1e-2).
+// Arithmetic of the decoding steps. fp32: the same numbers as Transformer::forward (within summation order
+// and a few ulp of SwiGLU's exp), so sampled logprobs equal compute_logprobs. bf16: base weights and inputs of the
+// matrix products rounded to bf16, fp32 sums (bf16_gemm.hpp), and the KV cache stored as bf16 (half the bytes for
+// attention to read); faster on CPUs with AVX512_BF16, logprobs off by the rounding (~1e-2).
 enum class DecodePrecision { fp32, bf16 };
+
+// bf16 snapshots of a model's base projection weights, the matrices of the bf16 precision. Rounding takes
+// ~1.5% of a 16 x 128 rlloop-100m sampling call and far more of a short one, so a session keeps a snapshot
+// across calls while current() holds: every weight still has the storage and the version it was rounded from
+// (LibTorch bumps a tensor's version on each in-place update: an optimizer step, a load). Ask it only about
+// the model it was made from: a model loaded later may reuse the same addresses with the same versions.
+// Adapters and biases are not part of it: the decoder reads them live.
+class RoundedWeights {
+ public:
+  explicit RoundedWeights(Transformer& model);
+  bool current(Transformer& model) const;
+
+  struct Layer {
+    Bf16Weight q, k, v, o, gate, up, down;
+  };
+  const std::vector<Layer>& layers() const { return layers_; }
+  const Bf16Weight& lm_head() const { return lm_head_; }
+
+ private:
+  std::vector<Layer> layers_;
+  Bf16Weight lm_head_;
+  std::vector<std::pair<const void*, std::int64_t>> sources_;  // data pointer and version of each weight rounded
+};
 
 class CpuDecoder {
  public:
@@ -29,29 +56,27 @@ class CpuDecoder {
   static torch::ScalarType cache_dtype(DecodePrecision precision);
 
   // Holds views of the model's weights (LoRA adapters applied unmerged, so no copy is made); the model must
-  // outlive the decoder. With bf16 it also holds bf16 snapshots of the base projection weights, made here, so
-  // a decoder must not outlive a change of the weights: sample() builds one per call, which the session's
-  // work queue never interleaves with a training step (rounding rlloop-100m's 110M weights takes ~1.5% of a
-  // 16 x 128 sampling call).
-  explicit CpuDecoder(Transformer& model, DecodePrecision precision = DecodePrecision::fp32);
+  // outlive the decoder, and a decoder must not outlive a change of the weights (sample() builds one per call,
+  // which the session's work queue never interleaves with a training step). With bf16 it uses `rounded` when
+  // that is current for the model, and rounds the weights afresh otherwise.
+  explicit CpuDecoder(Transformer& model, DecodePrecision precision = DecodePrecision::fp32,
+                      std::shared_ptr<const RoundedWeights> rounded = nullptr);
 
   // Feeds tokens[i] to row i of the cache at position cache.length, appends its keys and values and advances
   // cache.length. tokens: [rows] int64 on the CPU, rows == cache.batch(). Returns the logits [rows, vocab].
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
+  // The bf16 snapshot in use (null for fp32), for the next call to reuse.
+  const std::shared_ptr<const RoundedWeights>& rounded() const { return rounded_; }
+
  private:
   // Rows [r0, r1) of one step at position cache.length: writes their keys/values and logits rows.
   void decode_rows(const std::int64_t* ids, std::int64_t r0, std::int64_t r1, KVCache& cache, float* logits) const;
 
-  struct RoundedLayer {
-    Bf16Weight q, k, v, o, gate, up, down;
-  };
-
   const ModelConfig& cfg_;
   DecodePrecision precision_;
   InferenceWeights w_;
-  std::vector<RoundedLayer> rounded_layers_;  // bf16 precision only (empty for fp32)
-  Bf16Weight rounded_lm_head_;
+  std::shared_ptr<const RoundedWeights> rounded_;  // bf16 precision only
   bool weights_fit_in_cache_ = false;  // <= 16 MiB: threads split the rows of a step, otherwise each operation
 };
 

@@ -80,8 +80,6 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   }
 };
 
-// sigmoid(gate) comes from ATen (its vectorised exp is several times faster than a scalar std::exp loop) and
-// is kept for the backward pass, which then needs no exp at all; the rest is one fused pass each way.
 // silu(g) = g s with s = sigmoid(g) = 1 / (1 + e^-g), computed from t = e^-|g| <= 1 (never overflows):
 // s = 1 / (1 + t) for g >= 0 and t / (1 + t) below.
 __attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* up, std::int64_t n) {
@@ -97,6 +95,8 @@ __attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* u
   for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// sigmoid(gate) comes from ATen (its vectorised exp is several times faster than a scalar std::exp loop) and
+// is kept for the backward pass, which then needs no exp at all; the rest is one fused pass each way.
 class SwigluFn : public torch::autograd::Function<SwigluFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor gate, torch::Tensor up) {

@@ -94,8 +94,21 @@ struct LocalSession::Impl {
   std::unique_ptr<AdamW> optimizer;
   std::shared_ptr<const Tokenizer> tokenizer;  // for stop strings; null if the model has none we can load
   at::Generator generator;
-  // Sampler weights saved by this session or opened from disk, by checkpoint path.
-  std::map<std::string, std::shared_ptr<Transformer>> samplers;
+  // A model sample() can decode from, with its bf16 weight snapshot kept across calls (bf16 precision only;
+  // sample() re-rounds when the weights changed since).
+  struct SamplingModel {
+    std::shared_ptr<Transformer> model;
+    std::shared_ptr<const RoundedWeights> rounded;
+    std::uint64_t last_used = 0;
+  };
+  SamplingModel live;  // the training model
+  // Sampler weights saved by this session or opened from disk, by checkpoint path. At most
+  // kLoadedSamplerModels stay loaded, the least recently used dropped first (and read again from disk when
+  // asked for): a loop that saves sampler weights under a new name every step would otherwise keep every
+  // step's model in memory.
+  static constexpr std::size_t kLoadedSamplerModels = 4;
+  std::map<std::string, SamplingModel> samplers;
+  std::uint64_t sampler_clock = 0;
 
   std::mutex usage_mu;
   TokenUsage usage;
@@ -109,6 +122,7 @@ struct LocalSession::Impl {
     dev = choose_device(service.device);
     resolved_base = resolve_base_model(service, options.base_model);
     model = load_base(resolved_base, options.seed, dev);
+    live.model = model;
     if (options.lora) model->enable_lora(*options.lora, options.seed);
     if (options.value_head) model->enable_value_head(options.seed);
     build_optimizer();
@@ -132,16 +146,23 @@ struct LocalSession::Impl {
     usage += u;
   }
 
-  Transformer& sampler_model(const std::optional<std::string>& path) {
-    if (!path || path->empty()) return *model;
+  SamplingModel& sampling_model(const std::optional<std::string>& path) {
+    if (!path || path->empty()) return live;
     auto it = samplers.find(*path);
-    if (it != samplers.end()) return *it->second;
+    if (it != samplers.end()) {
+      it->second.last_used = ++sampler_clock;
+      return it->second;
+    }
     auto state = read_state_dir(*path, false);
     auto m = load_base(resolved_base, options.seed, dev);
     if (options.lora) m->enable_lora(*options.lora, options.seed);
     if (options.value_head) m->enable_value_head(options.seed);
     load_trainable(*m, state.weights);
-    return *samplers.emplace(*path, m).first->second;
+    if (samplers.size() >= kLoadedSamplerModels)
+      samplers.erase(std::min_element(samplers.begin(), samplers.end(), [](const auto& a, const auto& b) {
+        return a.second.last_used < b.second.last_used;
+      }));
+    return samplers.emplace(*path, SamplingModel{m, nullptr, ++sampler_clock}).first->second;
   }
 
   static void load_trainable(Transformer& m, const TensorMap& weights) {
@@ -264,7 +285,8 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
   return impl_->queue.submit<SampleResponse>([this, request] {
-    auto& m = impl_->sampler_model(request.model_path);
+    auto& target = impl_->sampling_model(request.model_path);
+    Transformer& m = *target.model;
     validate_sample_request(request, m.config(), impl_->tokenizer != nullptr);
     SampleRequest req = request;
     if (auto eos = m.config().eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
@@ -272,7 +294,7 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
     if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
     at::Generator gen = req.params.seed ? at::detail::createCPUGenerator(static_cast<std::uint64_t>(*req.params.seed))
                                         : impl_->generator;
-    auto out = engine::sample(m, req, stop_check, gen, impl_->decode_precision);
+    auto out = engine::sample(m, req, stop_check, gen, impl_->decode_precision, &target.rounded);
     // The prompt is prefilled once for all samples, so it is billed once.
     TokenUsage u;
     u.prefill = static_cast<std::int64_t>(req.prompt.length());
@@ -284,7 +306,7 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
   return impl_->queue.submit<std::vector<double>>([this, request] {
-    auto& m = impl_->sampler_model(request.model_path);
+    Transformer& m = *impl_->sampling_model(request.model_path).model;
     validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
     auto tokens = request.prompt.tokens();
     impl_->add_usage({static_cast<std::int64_t>(tokens.size()), 0, 0});

@@ -25,22 +25,29 @@ void parallel(std::int64_t blocks, std::int64_t grain, Run run) {
     return;
   }
   // ~8 chunks per thread: enough to even out, few enough that each chunk's first block (whose weights nobody
-  // prefetched) stays rare.
-  const std::int64_t chunk = std::max(grain, blocks / (8 * threads));
+  // prefetched) stays rare. Not `grain` sized: with 1-4 grains of work that would leave a few big chunks
+  // and one thread idle for most of the region.
+  const std::int64_t chunk = std::max<std::int64_t>(1, blocks / (8 * threads));
   std::atomic<std::int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](std::int64_t, std::int64_t) {
-    for (std::int64_t begin; (begin = next.fetch_add(chunk)) < blocks;) run(begin, std::min(blocks, begin + chunk));
+    // The join at the end of the region orders everything, so the counter needs no stronger ordering.
+    std::int64_t begin = next.fetch_add(chunk, std::memory_order_relaxed);
+    while (begin < blocks) {
+      run(begin, std::min(blocks, begin + chunk));
+      begin = next.fetch_add(chunk, std::memory_order_relaxed);
+    }
   });
 }
 
-// The part of a group's blocks in [begin, end): visit(product, b0, b1) for each product with blocks there,
+// The part of a group's blocks in [begin, end): on_range(product, b0, b1) for each product with blocks there,
 // [b0, b1) counted within that product; blocks_of(product) is how many it has.
-template <class Product, class BlocksOf, class Visit>
-void visit(std::span<const Product> products, std::int64_t begin, std::int64_t end, BlocksOf blocks_of, Visit visit) {
+template <class Product, class BlocksOf, class OnRange>
+void visit(std::span<const Product> products, std::int64_t begin, std::int64_t end, BlocksOf blocks_of,
+           OnRange on_range) {
   std::int64_t first = 0;  // the number of the product's first block
   for (const Product& p : products) {
     const std::int64_t count = blocks_of(p), b0 = std::max(begin, first), b1 = std::min(end, first + count);
-    if (b0 < b1) visit(p, b0 - first, b1 - first);
+    if (b0 < b1) on_range(p, b0 - first, b1 - first);
     first += count;
   }
 }

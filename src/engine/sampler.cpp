@@ -97,7 +97,8 @@ torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& genera
 }
 
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
-                      at::Generator& generator, DecodePrecision precision) {
+                      at::Generator& generator, DecodePrecision precision,
+                      std::shared_ptr<const RoundedWeights>* rounded) {
   const ModelConfig& cfg = model.config();
   const std::vector<token_id> prompt = req.prompt.tokens();
   validate(req, cfg, prompt.size());
@@ -201,7 +202,10 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
       for (auto r : keep) still.push_back(active[r]);
       active = std::move(still);
     }
-    if (use_cpu_decoder && !cpu_decoder) cpu_decoder.emplace(model, precision);
+    if (use_cpu_decoder && !cpu_decoder) {
+      cpu_decoder.emplace(model, precision, rounded ? *rounded : nullptr);
+      if (rounded && cpu_decoder->rounded()) *rounded = cpu_decoder->rounded();
+    }
     logits = cpu_decoder ? cpu_decoder->step(next, cache) : model.forward(next.unsqueeze(1), &cache).squeeze(1);
   }
   return resp;

@@ -23,9 +23,11 @@ using StopStringCheck = std::function<bool(std::span<const token_id> generated)>
 // output), a stop string, or max_tokens ("length"). Prompt logprobs / top-k prompt logprobs on request. `precision` is
 // that of the CPU decoding steps (cpu_decoder.hpp): with bf16 the logprobs are those of the rounded model, not exactly
 // compute_logprobs'. The prompt's prefill (and so the first token) is always computed at the model's own precision;
-// CUDA models are bf16 throughout and ignore it.
+// CUDA models are bf16 throughout and ignore it. `rounded`, when given, carries the bf16 weight snapshot across
+// calls: reused while it is current for the model, replaced by the one this call used.
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
-                      at::Generator& generator, DecodePrecision precision = DecodePrecision::fp32);
+                      at::Generator& generator, DecodePrecision precision = DecodePrecision::fp32,
+                      std::shared_ptr<const RoundedWeights>* rounded = nullptr);
 
 // One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF with a uniform from `generator`.
 // sample() uses it when the generator lives on another device than the model (a CPU generator with a CUDA

@@ -26,9 +26,10 @@ struct RowProduct {
   float* Y;
   bool accumulate;
 };
-// Every product of X [M, K] in one parallel region: the column blocks of all of them are divided evenly
-// between the threads. A decoding step's q/k/v and gate/up products then cost one fork/join each, and a
-// product too small to split keeps its thread busy beside the others instead of running alone.
+// Every product of X [M, K] in one parallel region, the column blocks of all of them shared between the
+// threads (product_blocks.hpp). A decoding step's q/k/v and gate/up products then cost one fork/join each, and
+// a product too small to split keeps its thread busy beside the others instead of running alone. (Shapes the
+// kernel does not take go to BLAS, one call per product.)
 void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span<const RowProduct> products);
 
 }  // namespace rlloop::engine

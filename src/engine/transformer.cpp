@@ -277,6 +277,11 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     if (past + T > cache->capacity)
       throw invalid_argument("Transformer::hidden_states: KV cache capacity " + std::to_string(cache->capacity) +
                              " exceeded (" + std::to_string(past) + " cached + " + std::to_string(T) + " new tokens)");
+    const auto model_dtype = impl_->embed.scalar_type();
+    if (!cache->keys.empty() && cache->keys[0].scalar_type() != model_dtype)
+      throw invalid_argument("Transformer::hidden_states: the KV cache holds " +
+                             std::string(c10::toString(cache->keys[0].scalar_type())) +
+                             " (KVCache::convert), the model " + std::string(c10::toString(model_dtype)));
   }
   const std::int64_t S = past + T;  // key length
   const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;

@@ -85,6 +85,74 @@ TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
   EXPECT_TRUE(contains(err, "sampling_precision") && contains(err, "'fp16'")) << err;
 }
 
+// The largest |sampled - compute_logprobs| over the tokens of `resp` (sampled after kPrompt), and the same
+// tokens' compute_logprobs.
+template <class Client>
+std::pair<double, std::vector<double>> sampled_vs_scored(Client& sc, const SampleResponse& resp) {
+  double largest = 0.0;
+  std::vector<double> scored_all;
+  for (const auto& seq : resp.sequences) {
+    auto full = kPrompt.tokens();
+    full.insert(full.end(), seq.tokens.begin(), seq.tokens.end());
+    const auto scored = sc.compute_logprobs(ModelInput::from_tokens(full)).get();
+    for (std::size_t i = 0; i < seq.tokens.size(); ++i) {
+      largest = std::max(largest, std::abs(seq.logprobs[i] - scored[kPrompt.length() + i]));
+      scored_all.push_back(scored[kPrompt.length() + i]);
+    }
+  }
+  return {largest, scored_all};
+}
+
+TEST(LocalSession, Bf16SamplingFollowsOptimizerStepsAndLoads) {
+  // The session keeps the bf16-rounded weights across sample() calls; an optimizer step or a load must make
+  // it round again. A stale snapshot would sample from the old weights, whose logprobs are far from the new
+  // model's compute_logprobs on the same tokens.
+  auto service = service_in(temp_dir("bf16-steps"));
+  service.sampling_precision = "bf16";
+  LocalService svc(service);
+  auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
+  auto sc = tc.live_sampling_client();
+  const SamplingParams params{.max_tokens = 8, .temperature = 1.0, .seed = 3};
+  const auto first = sc.sample(kPrompt, 2, params).get();
+  const auto [before, scored_before] = sampled_vs_scored(sc, first);
+  EXPECT_LT(before, 0.01);
+  const std::string before_step = tc.save_state("before-step").get().path;
+
+  tc.forward_backward({sft_datum("12+34=46")}, LossSpec::cross_entropy());
+  tc.optim_step(AdamParams{.learning_rate = 0.05}).get();
+  // The step moved these tokens' logprobs by far more than bf16 rounding does.
+  const auto [moved, scored_after] = sampled_vs_scored(sc, first);
+  double change = 0.0;
+  for (std::size_t i = 0; i < scored_after.size(); ++i)
+    change = std::max(change, std::abs(scored_after[i] - scored_before[i]));
+  EXPECT_GT(change, 0.1);
+  const auto [after_step, unused_step] = sampled_vs_scored(sc, sc.sample(kPrompt, 2, params).get());
+  EXPECT_LT(after_step, 0.01);
+
+  tc.load_state(before_step).get();
+  const auto [after_load, unused_load] = sampled_vs_scored(sc, sc.sample(kPrompt, 2, params).get());
+  EXPECT_LT(after_load, 0.01);
+}
+
+TEST(LocalSession, OnlyAFewCheckpointModelsStayLoadedForSampling) {
+  // A loop that saves sampler weights under a new name every step must not keep every model in memory: the
+  // least recently used ones are dropped and read again from disk when asked for. Deleting checkpoints shows
+  // which models were still loaded.
+  LocalService svc(service_in(temp_dir("samplers")));
+  auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
+  const SamplingParams params{.max_tokens = 2, .seed = 1};
+  std::vector<decltype(tc.live_sampling_client())> clients;
+  for (int i = 0; i < 5; ++i) {
+    clients.push_back(tc.save_weights_and_get_sampling_client("step-" + std::to_string(i)));
+    clients.back().sample(kPrompt, 1, params).get();  // loads it
+  }
+  for (auto& c : clients) fs::remove_all(*c.model_path());
+  // step-4 (used last) is still in memory; step-0 (used first) was dropped when step-4 was loaded.
+  EXPECT_EQ(clients[4].sample(kPrompt, 1, params).get().sequences.size(), 1u);
+  const std::string err = error_of([&] { clients[0].sample(kPrompt, 1, params).get(); });
+  EXPECT_TRUE(contains(err, "does not exist") && contains(err, "step-0")) << err;
+}
+
 TEST(LocalSession, SameSeedSameSamplesAndGreedyIsArgmax) {
   LocalService svc(service_in(temp_dir("seed")));
   auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");

@@ -206,35 +206,47 @@ TEST(SmallGemm, MatchesMatmulIncludingTails) {
   }
 }
 
-TEST(SmallGemm, GroupGivesEachProductAsAlone) {
+TEST(SmallGemm, GroupGivesEachProductAsAloneOnAnyThreadCount) {
   // One parallel region over several products of the same input gives each of them bit for bit what it gets
-  // alone: thread ranges cross product boundaries (a big product next to small ones whose column counts leave
-  // every remainder), some accumulate; K = 12 takes the BLAS path.
+  // alone on one thread, with 1, 2 and 3 threads taking chunks: thread ranges cross product boundaries (a big
+  // product next to small ones whose column counts leave every remainder), some accumulate; M = 1 is a
+  // sampler's last live row; K = 12 takes the BLAS path.
   torch::manual_seed(11);
-  for (auto [M, K] : {std::pair{16, 768}, {5, 64}, {3, 12}}) {
+  const int threads = at::get_num_threads();
+  for (auto [M, K] : {std::pair{16, 768}, {1, 768}, {5, 64}, {3, 12}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(K));
     const std::vector<std::int64_t> columns{7, 2048, 1, 770};
     auto x = torch::randn({M, K});
-    std::vector<torch::Tensor> weights, alone, grouped;
-    std::vector<RowProduct> products;
+    std::vector<torch::Tensor> weights, initial, alone;
+    at::set_num_threads(1);
     for (std::size_t i = 0; i < columns.size(); ++i) {
       const std::int64_t N = columns[i];
-      const bool accumulate = i % 2 == 1;
       weights.push_back(torch::randn({N, K}));
-      alone.push_back(torch::randn({M, N}));
-      grouped.push_back(alone.back().clone());
-      linear_rows(x.data_ptr<float>(), M, weights[i].data_ptr<float>(), N, K, alone[i].data_ptr<float>(), accumulate);
-      products.push_back({weights[i].data_ptr<float>(), N, grouped[i].data_ptr<float>(), accumulate});
+      initial.push_back(torch::randn({M, N}));
+      alone.push_back(initial.back().clone());
+      linear_rows(x.data_ptr<float>(), M, weights[i].data_ptr<float>(), N, K, alone[i].data_ptr<float>(), i % 2 == 1);
     }
-    linear_rows_group(x.data_ptr<float>(), M, K, products);
-    for (std::size_t i = 0; i < columns.size(); ++i) EXPECT_TRUE(torch::equal(grouped[i], alone[i])) << "product " << i;
+    for (int n : {1, 2, 3}) {
+      SCOPED_TRACE(std::to_string(n) + " threads");
+      at::set_num_threads(n);
+      std::vector<torch::Tensor> grouped;
+      std::vector<RowProduct> products;
+      for (std::size_t i = 0; i < columns.size(); ++i) {
+        grouped.push_back(initial[i].clone());
+        products.push_back({weights[i].data_ptr<float>(), columns[i], grouped[i].data_ptr<float>(), i % 2 == 1});
+      }
+      linear_rows_group(x.data_ptr<float>(), M, K, products);
+      for (std::size_t i = 0; i < columns.size(); ++i)
+        EXPECT_TRUE(torch::equal(grouped[i], alone[i])) << "product " << i;
+    }
   }
+  at::set_num_threads(threads);
 }
 
 TEST(DecodeAttention, RowMatchesSoftmaxFormula) {
   torch::manual_seed(10);
   // {S, D}: key counts around the kernel's 4- and 8-wide steps; D = 12 takes the portable path.
-  for (auto [S, D] : {std::pair{1, 8}, {7, 32}, {13, 64}, {40, 128}, {9, 12}}) {
+  for (auto [S, D] : {std::pair{1, 8}, {7, 32}, {13, 64}, {40, 128}, {6, 80}, {9, 12}}) {
     SCOPED_TRACE("S=" + std::to_string(S) + " D=" + std::to_string(D));
     for (double spread : {1.0, 30.0}) {  // 30: scores far apart, many probabilities underflow to zero
       auto q = torch::randn({D}) * spread, K = torch::randn({S, D}), V = torch::randn({S, D});
