@@ -19,12 +19,12 @@ struct LocalServiceOptions {
   // LibTorch intra-op threads; 0 = OMP_NUM_THREADS if set, else the number of cores.
   int num_threads = 0;
   // Arithmetic of sample()'s decoding steps on the CPU. "fp32": sampled logprobs equal compute_logprobs
-  // (within 1e-4). "bf16": the projection weights and their inputs rounded to bf16, sums in fp32 (norms,
-  // attention and the KV cache stay fp32): 1.6-2.1x faster sampling of rlloop-100m with AVX512_BF16
-  // (bench/engine/README.md; elsewhere the fp32 kernels compute the same rounding at fp32 speed), logprobs
-  // off from compute_logprobs by the rounding (~1e-2); the importance_sampling and ppo losses correct for
-  // exactly that kind of sampler/trainer mismatch. The prompt's prefill stays fp32. CUDA models are bf16
-  // throughout and ignore this.
+  // (within 1e-4). "bf16": the projection weights and their inputs rounded to bf16, sums in fp32, and the KV
+  // cache stored as bf16 (norms and attention compute in fp32): ~2.2x faster sampling of rlloop-100m with
+  // AVX512_BF16 (bench/engine/README.md; elsewhere the fp32 kernels compute the same rounding at about fp32
+  // speed), logprobs off from compute_logprobs by the rounding (~1e-2); the importance_sampling and ppo losses
+  // correct for exactly that kind of sampler/trainer mismatch. The prompt's prefill stays fp32. A session rounds
+  // the weights once and keeps them while they do not change. CUDA models are bf16 throughout and ignore this.
   std::string sampling_precision = "fp32";
 };
 
