@@ -56,35 +56,6 @@ TEST(LocalSession, SampleLogprobsEqualComputeLogprobsAndForward) {
   }
 }
 
-TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
-  auto service = service_in(temp_dir("bf16"));
-  service.sampling_precision = "bf16";
-  LocalService svc(service);
-  auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
-  auto sc = tc.live_sampling_client();
-  SamplingParams params{.max_tokens = 12, .temperature = 1.0, .seed = 7};
-  auto resp = sc.sample(kPrompt, 4, params).get();
-  double largest = 0.0;  // fp32 sampling stays within 1e-4 (the test above); bf16 must show its rounding
-  for (const auto& seq : resp.sequences) {
-    ASSERT_EQ(seq.tokens.size(), 12u);
-    auto full = kPrompt.tokens();
-    full.insert(full.end(), seq.tokens.begin(), seq.tokens.end());
-    auto scored = sc.compute_logprobs(ModelInput::from_tokens(full)).get();  // fp32, as training sees it
-    for (std::size_t i = 0; i < seq.tokens.size(); ++i) {
-      EXPECT_NEAR(seq.logprobs[i], scored[kPrompt.length() + i], 0.01) << "token " << i;
-      largest = std::max(largest, std::abs(seq.logprobs[i] - scored[kPrompt.length() + i]));
-    }
-  }
-  EXPECT_GT(largest, 1e-4);  // 6.6e-4 on rlloop-tiny
-  auto again = sc.sample(kPrompt, 4, params).get();
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(again.sequences[i].tokens, resp.sequences[i].tokens);
-
-  auto typo = service_in(temp_dir("bf16-typo"));
-  typo.sampling_precision = "fp16";
-  const std::string err = error_of([&] { LocalService bad(typo); });
-  EXPECT_TRUE(contains(err, "sampling_precision") && contains(err, "'fp16'")) << err;
-}
-
 // The largest |sampled - compute_logprobs| over the tokens of `resp` (sampled after kPrompt), and the same
 // tokens' compute_logprobs.
 template <class Client>
@@ -101,6 +72,27 @@ std::pair<double, std::vector<double>> sampled_vs_scored(Client& sc, const Sampl
     }
   }
   return {largest, scored_all};
+}
+
+TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
+  auto service = service_in(temp_dir("bf16"));
+  service.sampling_precision = "bf16";
+  LocalService svc(service);
+  auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
+  auto sc = tc.live_sampling_client();
+  SamplingParams params{.max_tokens = 12, .temperature = 1.0, .seed = 7};
+  auto resp = sc.sample(kPrompt, 4, params).get();
+  for (const auto& seq : resp.sequences) ASSERT_EQ(seq.tokens.size(), 12u);
+  const auto [largest, scored] = sampled_vs_scored(sc, resp);  // fp32 compute_logprobs, as training sees them
+  EXPECT_LT(largest, 0.01);
+  EXPECT_GT(largest, 1e-4);  // fp32 sampling stays within 1e-4 (the test above); bf16 shows its rounding
+  auto again = sc.sample(kPrompt, 4, params).get();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(again.sequences[i].tokens, resp.sequences[i].tokens);
+
+  auto typo = service_in(temp_dir("bf16-typo"));
+  typo.sampling_precision = "fp16";
+  const std::string err = error_of([&] { LocalService bad(typo); });
+  EXPECT_TRUE(contains(err, "sampling_precision") && contains(err, "'fp16'")) << err;
 }
 
 TEST(LocalSession, Bf16SamplingFollowsOptimizerStepsAndLoads) {
