@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <new>
 
 #include <rlloop/error.hpp>
 
@@ -32,6 +35,25 @@ constexpr std::int64_t kStep = 32;  // bf16 values per 512-bit register (one cac
 std::int64_t padded(std::int64_t cols) { return (cols + kStep - 1) / kStep * kStep; }
 
 std::uint16_t* bits(const torch::Tensor& bf16) { return reinterpret_cast<std::uint16_t*>(bf16.data_ptr()); }
+
+// The calling thread's buffer for rounded input rows, 64-byte aligned (the kernel's 512-bit loads), kept
+// across calls instead of a LibTorch tensor per product (an allocation and a dispatch, dozens per decoding
+// step). The threads of the product's parallel region only read it while the caller waits for them.
+std::uint16_t* rounded_input_scratch(std::int64_t values) {
+  struct Free {
+    void operator()(std::uint16_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<std::uint16_t, Free> buffer;
+  thread_local std::int64_t capacity = 0;
+  if (values > capacity) {
+    const std::int64_t grown = std::max(values, 2 * capacity);
+    const auto bytes = static_cast<std::size_t>((grown * 2 + 63) / 64 * 64);  // aligned_alloc wants a multiple
+    buffer.reset(static_cast<std::uint16_t*>(std::aligned_alloc(64, bytes)));
+    if (!buffer) throw std::bad_alloc();
+    capacity = grown;
+  }
+  return buffer.get();
+}
 
 // Rows are 64-byte aligned when LibTorch's allocator aligns as it does on x86 (c10: 64 bytes), which is what
 // makes these loads fast; the unaligned instruction costs nothing then and stays correct under any allocator.
@@ -175,8 +197,8 @@ void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const 
     linear_rows_group(rounded.data(), M, K, widened);
     return;
   }
-  const torch::Tensor x = torch::empty({M, stride}, torch::kBFloat16);
-  round_rows(X, 0, M, K, bits(x), stride);
+  std::uint16_t* x = rounded_input_scratch(M * stride);
+  round_rows(X, 0, M, K, x, stride);
   // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
   // multiply-adds.
   const auto blocks_of = [](const Bf16Product& p) { return (p.weight->rows_ + kWRows - 1) / kWRows; };
@@ -186,7 +208,7 @@ void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const 
   product_blocks::parallel(blocks, grain, [&](std::int64_t begin, std::int64_t end) {
     product_blocks::visit(products, begin, end, blocks_of, [&](const Bf16Product& p, std::int64_t b0, std::int64_t b1) {
       const std::int64_t N = p.weight->rows_;
-      kernel(bits(x), M, bits(p.weight->bf16_), b0 * kWRows, std::min(N, b1 * kWRows), stride, p.Y, N, p.accumulate);
+      kernel(x, M, bits(p.weight->bf16_), b0 * kWRows, std::min(N, b1 * kWRows), stride, p.Y, N, p.accumulate);
     });
   });
 }
