@@ -61,7 +61,9 @@ class TrainingClient {
   Future<CheckpointRef> save_weights_for_sampler(const std::string& name) {
     return session_->save_weights_for_sampler(name);
   }
-  // Saves sampler weights and returns a client that samples from exactly those weights.
+  // Saves sampler weights and returns a client that samples from exactly those weights. A local session keeps
+  // the 4 most recently used of these models loaded and reads older ones from their checkpoint again, so the
+  // checkpoint must stay in place while the client is in use.
   SamplingClient<S> save_weights_and_get_sampling_client(const std::string& name) {
     return SamplingClient<S>(session_, session_->save_weights_for_sampler(name).get().path);
   }

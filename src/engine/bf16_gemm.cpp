@@ -48,8 +48,9 @@ std::uint16_t* rounded_input_scratch(std::int64_t values) {
   if (values > capacity) {
     const std::int64_t grown = std::max(values, 2 * capacity);
     const auto bytes = static_cast<std::size_t>((grown * 2 + 63) / 64 * 64);  // aligned_alloc wants a multiple
-    buffer.reset(static_cast<std::uint16_t*>(std::aligned_alloc(64, bytes)));
-    if (!buffer) throw std::bad_alloc();
+    auto* fresh = static_cast<std::uint16_t*>(std::aligned_alloc(64, bytes));
+    if (!fresh) throw std::bad_alloc();  // the old buffer and capacity stay valid
+    buffer.reset(fresh);
     capacity = grown;
   }
   return buffer.get();

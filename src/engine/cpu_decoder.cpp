@@ -131,15 +131,15 @@ RoundedWeights::RoundedWeights(Transformer& model) {
   for (const LayerWeights& L : w.layers)
     layers_.push_back({round(L.q), round(L.k), round(L.v), round(L.o), round(L.gate), round(L.up), round(L.down)});
   lm_head_ = round(w.lm_head);
-  for_each_rounded_source(w, [&](const torch::Tensor& t) { sources_.emplace_back(t.data_ptr(), t._version()); });
+  for_each_rounded_source(w, [&](const torch::Tensor& t) { sources_.push_back({t, t._version()}); });
 }
 
 bool RoundedWeights::current(Transformer& model) const {
   std::size_t i = 0;
   bool same = true;
   for_each_rounded_source(model.inference_weights(), [&](const torch::Tensor& t) {
-    same =
-        same && i < sources_.size() && sources_[i] == std::pair<const void*, std::int64_t>(t.data_ptr(), t._version());
+    same = same && i < sources_.size() && t.storage().is_alias_of(sources_[i].tensor.storage()) &&
+           t.data_ptr() == sources_[i].tensor.data_ptr() && t._version() == sources_[i].version;
     ++i;
   });
   return same && i == sources_.size();
@@ -152,7 +152,8 @@ CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::share
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);
   if (precision == DecodePrecision::fp32) return;
-  rounded_ = rounded && rounded->current(model) ? std::move(rounded) : std::make_shared<const RoundedWeights>(model);
+  if (rounded && !rounded->current(model)) rounded.reset();  // freed before the new one is made, not after
+  rounded_ = rounded ? std::move(rounded) : std::make_shared<const RoundedWeights>(model);
 }
 
 torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {

@@ -27,9 +27,9 @@ enum class DecodePrecision { fp32, bf16 };
 // bf16 snapshots of a model's base projection weights, the matrices of the bf16 precision. Rounding takes
 // ~1.5% of a 16 x 128 rlloop-100m sampling call and far more of a short one, so a session keeps a snapshot
 // across calls while current() holds: every weight still has the storage and the version it was rounded from
-// (LibTorch bumps a tensor's version on each in-place update: an optimizer step, a load). Ask it only about
-// the model it was made from: a model loaded later may reuse the same addresses with the same versions.
-// Adapters and biases are not part of it: the decoder reads them live.
+// (LibTorch bumps a tensor's version on each in-place update: an optimizer step, a load). The snapshot holds
+// those storages, so another model cannot reuse their addresses while it lives. Adapters and biases are not
+// part of it: the decoder reads them live.
 class RoundedWeights {
  public:
   explicit RoundedWeights(Transformer& model);
@@ -44,7 +44,11 @@ class RoundedWeights {
  private:
   std::vector<Layer> layers_;
   Bf16Weight lm_head_;
-  std::vector<std::pair<const void*, std::int64_t>> sources_;  // data pointer and version of each weight rounded
+  struct Source {
+    torch::Tensor tensor;  // a view of the weight rounded (shares its storage and version counter)
+    std::int64_t version;  // its version when rounded
+  };
+  std::vector<Source> sources_;
 };
 
 class CpuDecoder {
@@ -58,7 +62,7 @@ class CpuDecoder {
   // Holds views of the model's weights (LoRA adapters applied unmerged, so no copy is made); the model must
   // outlive the decoder, and a decoder must not outlive a change of the weights (sample() builds one per call,
   // which the session's work queue never interleaves with a training step). With bf16 it uses `rounded` when
-  // that is current for the model, and rounds the weights afresh otherwise.
+  // that is current for the model, and otherwise drops it and rounds the weights afresh.
   explicit CpuDecoder(Transformer& model, DecodePrecision precision = DecodePrecision::fp32,
                       std::shared_ptr<const RoundedWeights> rounded = nullptr);
 

@@ -148,7 +148,8 @@ struct LocalSession::Impl {
 
   SamplingModel& sampling_model(const std::optional<std::string>& path) {
     if (!path || path->empty()) return live;
-    auto it = samplers.find(*path);
+    const std::string key = fs::absolute(*path).lexically_normal().string();  // as save() returns paths
+    auto it = samplers.find(key);
     if (it != samplers.end()) {
       it->second.last_used = ++sampler_clock;
       return it->second;
@@ -162,7 +163,7 @@ struct LocalSession::Impl {
       samplers.erase(std::min_element(samplers.begin(), samplers.end(), [](const auto& a, const auto& b) {
         return a.second.last_used < b.second.last_used;
       }));
-    return samplers.emplace(*path, SamplingModel{m, nullptr, ++sampler_clock}).first->second;
+    return samplers.emplace(key, SamplingModel{m, nullptr, ++sampler_clock}).first->second;
   }
 
   static void load_trainable(Transformer& m, const TensorMap& weights) {
@@ -203,7 +204,9 @@ struct LocalSession::Impl {
     if (with_optimizer)
       for (auto& [k, v] : optimizer->state_tensors()) opt[k] = v;
     write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta(!with_optimizer));
-    return {fs::absolute(dir).lexically_normal().string()};
+    const std::string path = fs::absolute(dir).lexically_normal().string();
+    samplers.erase(path);  // a model loaded from this path before holds the old weights; the next use reloads
+    return {path};
   }
 
   void load(const std::string& path, bool with_optimizer) {
@@ -276,11 +279,7 @@ Future<LoadStateOutput> LocalSession::load_state(const std::string& path, bool w
 }
 
 Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& name) {
-  return impl_->queue.submit<CheckpointRef>([this, name] {
-    auto ref = impl_->save(name, false);
-    impl_->samplers.erase(ref.path);  // the next sample() from this path reloads the new weights
-    return ref;
-  });
+  return impl_->queue.submit<CheckpointRef>([this, name] { return impl_->save(name, false); });
 }
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {

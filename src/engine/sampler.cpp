@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include <rlloop/error.hpp>
 
@@ -203,8 +204,9 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
       active = std::move(still);
     }
     if (use_cpu_decoder && !cpu_decoder) {
-      cpu_decoder.emplace(model, precision, rounded ? *rounded : nullptr);
-      if (rounded && cpu_decoder->rounded()) *rounded = cpu_decoder->rounded();
+      // The caller's snapshot moves in (a stale one is freed before the new one is made) and back out.
+      cpu_decoder.emplace(model, precision, rounded ? std::exchange(*rounded, nullptr) : nullptr);
+      if (rounded) *rounded = cpu_decoder->rounded();
     }
     logits = cpu_decoder ? cpu_decoder->step(next, cache) : model.forward(next.unsqueeze(1), &cache).squeeze(1);
   }

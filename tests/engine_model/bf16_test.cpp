@@ -281,6 +281,37 @@ TEST(CpuDecoder, Bf16StepsStayCloseToTheFp32Model) {
   }
 }
 
+TEST(RoundedWeights, CurrentUntilAWeightIsUpdatedInPlace) {
+  // A decoder reuses a current snapshot and replaces one whose weights were updated since: any in-place update
+  // counts (even one that leaves the values as they were), under NoGradGuard (the optimizer) and under
+  // InferenceMode alike. A snapshot is never current for another model, even one with equal weights.
+  auto model = init_model(tiny_config("llama", false, 64), 29, torch::kCPU, torch::kFloat32);
+  torch::Tensor q;
+  for (const auto& item : model->named_parameters())
+    if (item.key().find("layers_0_self_attn_q_proj_weight") != std::string::npos) q = item.value();
+  ASSERT_TRUE(q.defined());
+  auto snapshot = std::make_shared<const RoundedWeights>(*model);
+  EXPECT_TRUE(snapshot->current(*model));
+  EXPECT_EQ(CpuDecoder(*model, DecodePrecision::bf16, snapshot).rounded(), snapshot);
+  EXPECT_EQ(CpuDecoder(*model, DecodePrecision::fp32, snapshot).rounded(), nullptr);
+  {
+    torch::NoGradGuard no_grad;
+    q.add_(0.0);
+  }
+  EXPECT_FALSE(snapshot->current(*model));
+  const auto fresh = CpuDecoder(*model, DecodePrecision::bf16, snapshot).rounded();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_NE(fresh, snapshot);
+  EXPECT_TRUE(fresh->current(*model));
+  {
+    c10::InferenceMode inference;
+    q.mul_(1.0);
+  }
+  EXPECT_FALSE(fresh->current(*model));
+  auto twin = init_model(tiny_config("llama", false, 64), 29, torch::kCPU, torch::kFloat32);
+  EXPECT_FALSE(RoundedWeights(*model).current(*twin));
+}
+
 TEST(CpuDecoder, CacheMustMatchThePrecision) {
   // The bf16 decoder reads and writes a bf16 cache; handing either decoder the other's cache is an error
   // naming what to do, not a misread buffer.
