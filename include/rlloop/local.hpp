@@ -20,7 +20,7 @@ struct LocalServiceOptions {
   int num_threads = 0;
   // Arithmetic of sample()'s decoding steps on the CPU. "fp32": sampled logprobs equal compute_logprobs
   // (within 1e-4). "bf16": the projection weights and their inputs rounded to bf16, sums in fp32, and the KV
-  // cache stored as bf16 (norms and attention compute in fp32): ~2.2x faster sampling of rlloop-100m with
+  // cache stored as bf16 (norms and attention compute in fp32): 1.8-2.3x faster sampling of rlloop-100m with
   // AVX512_BF16 (bench/engine/README.md; elsewhere the fp32 kernels compute the same rounding at about fp32
   // speed), logprobs off from compute_logprobs by the rounding (~1e-2); the importance_sampling and ppo losses
   // correct for exactly that kind of sampler/trainer mismatch. The prompt's prefill stays fp32. A session rounds
