@@ -56,6 +56,12 @@ TEST(LocalSession, SampleLogprobsEqualComputeLogprobsAndForward) {
   }
 }
 
+LocalServiceOptions bf16_service_in(const fs::path& dir) {
+  auto service = service_in(dir);
+  service.sampling_precision = "bf16";
+  return service;
+}
+
 // The largest |sampled - compute_logprobs| over the tokens of `resp` (sampled after kPrompt), and the same
 // tokens' compute_logprobs.
 template <class Client>
@@ -75,9 +81,7 @@ std::pair<double, std::vector<double>> sampled_vs_scored(Client& sc, const Sampl
 }
 
 TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
-  auto service = service_in(temp_dir("bf16"));
-  service.sampling_precision = "bf16";
-  LocalService svc(service);
+  LocalService svc(bf16_service_in(temp_dir("bf16")));
   auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
   auto sc = tc.live_sampling_client();
   SamplingParams params{.max_tokens = 12, .temperature = 1.0, .seed = 7};
@@ -99,9 +103,7 @@ TEST(LocalSession, Bf16SamplingFollowsOptimizerStepsAndLoads) {
   // The session keeps the bf16-rounded weights across sample() calls; an optimizer step or a load must make
   // it round again. A stale snapshot would sample from the old weights, whose logprobs are far from the new
   // model's compute_logprobs on the same tokens.
-  auto service = service_in(temp_dir("bf16-steps"));
-  service.sampling_precision = "bf16";
-  LocalService svc(service);
+  LocalService svc(bf16_service_in(temp_dir("bf16-steps")));
   auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
   auto sc = tc.live_sampling_client();
   const SamplingParams params{.max_tokens = 8, .temperature = 1.0, .seed = 3};
