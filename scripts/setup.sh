@@ -9,7 +9,7 @@ packages=(
   libtorch-dev libopenblas0-openmp libblas-dev
   libtbb-dev libboost1.81-dev libboost-json1.81-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  bubblewrap libseccomp-dev python3
+  bubblewrap libseccomp-dev python3 python3-venv
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
 
@@ -65,4 +65,18 @@ if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
   mkdir -p "$npm_dir"
   [[ -f "$npm_dir/package.json" ]] || echo '{"name":"rlloop-npm-references","private":true}' >"$npm_dir/package.json"
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress openai@4.104.0 >/dev/null)
+fi
+
+# --- Python references (issue 16) -------------------------------------------------------------------------
+# AWS's SDKs (boto3/botocore: their service models are the wire protocol's reference) and the other pinned Python
+# packages of scripts/python-requirements.txt go into the git-ignored third_party/venv. A stamp holding the
+# requirements' hash makes a present, up-to-date venv quiet and instant.
+venv_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/venv"
+requirements="$(cd "$(dirname "$0")" && pwd)/python-requirements.txt"
+wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [[ "$(cat "$venv_dir/.requirements-sha256" 2>/dev/null)" != "$wanted" ]]; then
+  echo "setup: installing the pinned Python packages into third_party/venv"
+  [[ -x "$venv_dir/bin/python" ]] || python3 -m venv "$venv_dir"
+  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$requirements"
+  echo "$wanted" >"$venv_dir/.requirements-sha256"
 fi

@@ -138,7 +138,15 @@ inline bool boolean(const json& j, const std::string& path) {
   if (!j.is_boolean()) fail(path, "expected a boolean");
   return j.get<bool>();
 }
+// AWS's JSON protocols write the doubles JSON has no literal for as the strings "NaN", "Infinity" and
+// "-Infinity" (botocore parses them so); a number member accepts those three strings too.
 inline double number(const json& j, const std::string& path) {
+  if (j.is_string()) {
+    const auto& s = j.get_ref<const std::string&>();
+    if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
+    if (s == "Infinity") return std::numeric_limits<double>::infinity();
+    if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
+  }
   if (!j.is_number()) fail(path, "expected a number");
   return j.get<double>();
 }
@@ -188,6 +196,27 @@ inline std::string union_member(const json& j, const std::string& path, std::ini
 
 }  // namespace detail
 
+// ---- numbers on the wire ----------------------------------------------------------------------------------------
+
+// A double as AWS writes it: a JSON number, or "NaN" / "Infinity" / "-Infinity" (nlohmann would write null, which
+// botocore's parser and number() above reject). Every double a writer below emits goes through it.
+inline json wire_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return v;
+}
+template <class Range>
+json wire_numbers(const Range& values) {
+  json out = json::array();
+  for (double v : values) out.push_back(wire_number(v));
+  return out;
+}
+inline json wire_metrics(const Metrics& metrics) {
+  json out = json::object();
+  for (const auto& [k, v] : metrics) out[k] = wire_number(v);
+  return out;
+}
+
 // ---- ModelInput / TensorData / Datum -------------------------------------------------------------------------
 
 inline json to_json(const ModelInput& in) {
@@ -223,7 +252,7 @@ inline ModelInput model_input_from_json(const json& j, const std::string& path) 
 inline json to_json(const TensorData& t) {
   json j{{"dtype", to_string(t.dtype)}};
   if (t.dtype == DType::float32)
-    j["data"] = t.float_data;
+    j["data"] = wire_numbers(t.float_data);
   else
     j["data"] = t.int_data;
   j["shape"] = t.shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(t.size())} : t.shape;
@@ -357,7 +386,8 @@ inline LossSpec loss_from_json(const json& obj, const std::string& path) {
 
 inline json to_json(const SamplingParams& p) {
   json j{{"maxTokens", p.max_tokens}, {"temperature", p.temperature}, {"topK", p.top_k}, {"topP", p.top_p}};
-  if (p.seed) j["seed"] = *p.seed;
+  // The wire's seed is a 32-bit Integer: a wider seed is sent as its low 32 bits (two's complement).
+  if (p.seed) j["seed"] = static_cast<std::int32_t>(static_cast<std::uint32_t>(*p.seed));
   if (!p.stop.empty()) j["stop"] = p.stop;
   // Token-id stops are an rlloop extension (the spec's stop takes strings only).
   if (!p.stop_token_ids.empty()) j["stopTokenIds"] = p.stop_token_ids;
@@ -375,7 +405,9 @@ inline SamplingParams sampling_params_from_json(const json& j, const std::string
   if (const json* v = find(j, "topK"))
     p.top_k = static_cast<int>(integer(*v, join(path, "topK"), -1, std::numeric_limits<std::int32_t>::max()));
   if (const json* v = find(j, "topP")) p.top_p = in_range(number(*v, join(path, "topP")), join(path, "topP"), 0, 1);
-  if (const json* v = find(j, "seed")) p.seed = integer(*v, join(path, "seed"));
+  if (const json* v = find(j, "seed"))
+    p.seed = integer(*v, join(path, "seed"), std::numeric_limits<std::int32_t>::min(),
+                     std::numeric_limits<std::int32_t>::max());
   if (const json* v = find(j, "stop")) {
     const std::string spath = join(path, "stop");
     array(*v, spath);
@@ -413,7 +445,6 @@ inline AdamParams adam_from_json(const json& j, const std::string& path) {
   };
   need(j, path, "learningRate");
   a.learning_rate = read("learningRate", 0, 0.01);
-  if (a.learning_rate <= 0) fail(join(path, "learningRate"), "must be > 0");
   if (find(j, "beta1")) a.beta1 = read("beta1", 0, 0.999999);
   if (find(j, "beta2")) a.beta2 = read("beta2", 0, 0.999999);
   if (find(j, "eps")) a.eps = read("eps", 1e-16, 0.01);
@@ -531,7 +562,7 @@ inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) 
   only_keys(j, "", {"sequenceNumber", "clientToken", "operationConfig"});
   ExecuteTrainingRequest r;
   r.sequence_number =
-      integer(need(j, "", "sequenceNumber"), "sequenceNumber", 0, std::numeric_limits<std::int32_t>::max());
+      integer(need(j, "", "sequenceNumber"), "sequenceNumber", 1, std::numeric_limits<std::int32_t>::max());
   if (const json* t = find(j, "clientToken")) {
     r.client_token = string(*t, "clientToken");
     if (!is_valid_client_token(*r.client_token)) fail("clientToken", "must be 1-128 characters of [a-zA-Z0-9-]");
@@ -621,7 +652,7 @@ inline json to_json(const ForwardBackwardOutput& o) {
   }
   return {{"lossFnOutputs", std::move(outputs)},
           {"lossFnOutputType", o.loss_fn_output_type},
-          {"metrics", o.metrics},
+          {"metrics", wire_metrics(o.metrics)},
           {"tokenUsage", {{"trainingTokens", o.training_tokens}}}};
 }
 
@@ -673,7 +704,7 @@ inline json to_json(const TrainingResult& r) {
         else if constexpr (std::is_same_v<T, ForwardBackwardResult>)
           return {{"forwardBackward", to_json(o.output)}};
         else if constexpr (std::is_same_v<T, OptimStepOutput>)
-          return {{"optimizerStep", {{"metrics", o.metrics}}}};
+          return {{"optimizerStep", {{"metrics", wire_metrics(o.metrics)}}}};
         else if constexpr (std::is_same_v<T, SaveWeightsResult>) {
           json c = json::object();
           if (o.model_package_arn) c["modelPackageArn"] = *o.model_package_arn;
@@ -707,7 +738,7 @@ inline TrainingResult training_result_from_json(const json& j, const std::string
 inline json to_json(const SampledSequence& s) {
   return {{"stopReason", to_string(s.stop_reason)},
           {"tokens", s.tokens},
-          {"logprobs", s.logprobs},
+          {"logprobs", wire_numbers(s.logprobs)},
           {"tokenUsage", {{"prefill", s.prefill_tokens}, {"decode", s.decode_tokens}}}};
 }
 
@@ -715,12 +746,12 @@ inline json to_json(const SampleResponse& r) {
   json seqs = json::array();
   for (const auto& s : r.sequences) seqs.push_back(to_json(s));
   json j{{"sequences", std::move(seqs)}};
-  if (r.prompt_logprobs) j["promptLogprobs"] = *r.prompt_logprobs;
+  if (r.prompt_logprobs) j["promptLogprobs"] = wire_numbers(*r.prompt_logprobs);
   if (r.topk_prompt_logprobs) {
     json rows = json::array();
     for (const auto& row : *r.topk_prompt_logprobs) {
       json one = json::array();
-      for (const auto& t : row) one.push_back({{"tokenId", t.token}, {"logprob", t.logprob}});
+      for (const auto& t : row) one.push_back({{"tokenId", t.token}, {"logprob", wire_number(t.logprob)}});
       rows.push_back(std::move(one));
     }
     j["topkPromptLogprobs"] = std::move(rows);
@@ -799,7 +830,7 @@ inline json to_json(const SamplingResult& r) {
         if constexpr (std::is_same_v<T, SampleResponse>)
           return {{"sample", to_json(o)}};
         else if constexpr (std::is_same_v<T, ComputeLogprobsResult>)
-          return {{"computeLogprobs", {{"logprobs", o.logprobs}}}};
+          return {{"computeLogprobs", {{"logprobs", wire_numbers(o.logprobs)}}}};
         else
           return {{"loadWeightsForSampling", json::object()}};
       },

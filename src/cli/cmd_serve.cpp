@@ -29,14 +29,18 @@ int run_serve(int argc, char** argv) {
   std::string data_dir = "rlloop-server-data";
   std::string tenants_file;
   std::vector<std::string> base_models;
-  std::string device = "auto", sampling_precision = "fp32";
-  int threads = 0;
+  std::string device = "auto", sampling_precision = "fp32", region = "us-east-1";
+  int threads = 0, result_wait_ms = 0;
   bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option(
       "--data-dir", data_dir,
       "Where checkpoints and the session journal are written; a restart on the same directory resumes its sessions");
+  app.add_option("--region", region, "AWS region named in the ARNs the server issues (clients sign for any region)");
+  app.add_option("--result-wait-ms", result_wait_ms,
+                 "Get*OperationResult without ?waitSeconds= waits up to this long for the operation (0 = answer at once)")
+      ->check(CLI::Range(0, 20000));
   app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
@@ -57,6 +61,8 @@ int run_serve(int argc, char** argv) {
   options.host = host;
   options.port = static_cast<std::uint16_t>(port);
   options.data_dir = data_dir;
+  options.region = region;
+  options.default_result_wait = std::chrono::milliseconds(result_wait_ms);
   options.tenants = rlloop::server::load_tenants(tenants_file);
   options.bill_prompt_per_sample = bill_prompt_per_sample;
 

@@ -27,8 +27,10 @@ ModelConfig byte_level(std::int64_t hidden, std::int64_t layers, std::int64_t he
 }  // namespace
 
 std::optional<ModelConfig> builtin_model(const std::string& name) {
-  if (name == "rlloop-tiny") return byte_level(32, 2, 4, 2, 64, 256);
-  if (name == "rlloop-small") return byte_level(128, 4, 4, 4, 384, 512);
+  // 1024 positions: room for a prompt beside the 512 new tokens the runtime model's maxTokens asks for at least
+  // (RoPE: the position count changes no weight).
+  if (name == "rlloop-tiny") return byte_level(32, 2, 4, 2, 64, 1024);
+  if (name == "rlloop-small") return byte_level(128, 4, 4, 4, 384, 1024);
   if (name == "rlloop-100m") {
     // ~100M parameters with a 32k vocabulary (the byte tokenizer uses the first 260 ids).
     ModelConfig c = byte_level(768, 12, 12, 12, 2048, 1024);

@@ -12,8 +12,8 @@ void check_range(const char* field, double v, double lo, double hi) {
                            std::to_string(hi) + "], got " + std::to_string(v));
 }
 void validate(const AdamParams& p) {
-  if (!(p.learning_rate > 0.0 && std::isfinite(p.learning_rate)))
-    throw invalid_argument("AdamParams.learning_rate must be > 0, got " + std::to_string(p.learning_rate));
+  if (!(p.learning_rate >= 0.0 && std::isfinite(p.learning_rate)))
+    throw invalid_argument("AdamParams.learning_rate must be >= 0, got " + std::to_string(p.learning_rate));
   check_range("beta1", p.beta1, 0.0, 0.999999);
   check_range("beta2", p.beta2, 0.0, 0.999999);
   check_range("eps", p.eps, 1e-16, 0.01);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include <rlloop/json.hpp>
@@ -21,6 +22,14 @@ struct RemoteSession::State {
 };
 
 namespace {
+
+// CreateTrainingSession's BaseModelArn: a catalogue name goes as its SageMaker Hub ARN (the only form the
+// service model's pattern admits); an ARN, or a model directory (an rlloop serve extension), goes as it is.
+std::string base_model_arn(const std::string& model, const std::string& region) {
+  static const std::regex hub_model_id("[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}");
+  if (!std::regex_match(model, hub_model_id)) return model;
+  return "arn:aws:sagemaker:" + region + ":aws:hub-content/SageMakerPublicHub/Model/" + model;
+}
 
 std::string random_hex(std::size_t n) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -222,7 +231,7 @@ std::shared_ptr<RemoteSession> RemoteService::create_session(const SessionOption
                    {{"TrainingSessionName", name},
                     {"RoleArn", o.role_arn},
                     {"LoraConfig", {{"Rank", options.lora->rank}, {"Alpha", options.lora->alpha}}},
-                    {"ModelConfig", {{"BaseModelArn", options.base_model}}},
+                    {"ModelConfig", {{"BaseModelArn", base_model_arn(options.base_model, o.region)}}},
                     {"OutputConfig", {{"S3Location", {{"Path", o.s3_output_path}}}}}});
   auto interval = o.poll_initial;
   while (true) {

@@ -13,6 +13,13 @@ std::string bearer_of(const std::string& auth) {
   constexpr std::string_view prefix = "Bearer ";
   return auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : "";
 }
+
+// The runtime model's exception for an OpenAI error code (the others pass through unchanged).
+std::string runtime_error_code(const std::string& code) {
+  if (code == "invalid_request_error") return "ValidationException";
+  if (code == "model_not_found") return "ResourceNotFoundException";
+  return code;
+}
 }  // namespace
 
 Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
@@ -131,7 +138,7 @@ Response Api::handle(const sigv4::HttpRequest& req) {
     if (amz_target) {
       res.content_type = "application/x-amz-json-1.1";
       res.body = json{{"__type", e.code()}, {"Message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
-    } else if (is_openai_path(path)) {
+    } else if (is_openai_path(path) && path.rfind("/training-sessions/", 0) != 0) {
       // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
       res.content_type = "application/json";
       res.body = json{
@@ -139,10 +146,13 @@ Response Api::handle(const sigv4::HttpRequest& req) {
           {"message",
            e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
     } else {
+      // The runtime model's exceptions: SampleTrainingSession shares the OpenAI request parser, whose codes
+      // botocore would not map to the modelled exception classes.
+      error_type = runtime_error_code(e.code());
       res.content_type = "application/json";
       res.body = json{{"message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
     }
-    res.headers.emplace_back("X-Amzn-ErrorType", e.code());
+    res.headers.emplace_back("X-Amzn-ErrorType", error_type);
   } catch (const std::exception& e) {
     error_type = "InternalServerException";
     res.status = 500;

@@ -1,5 +1,6 @@
 // SageMaker JSON 1.1 control plane: Create / Describe / List / Stop / Delete TrainingSession (spec §2).
 #include <algorithm>
+#include <cstring>
 #include <regex>
 
 #include "server/api_impl.hpp"
@@ -25,6 +26,36 @@ std::string string_field(const json& obj, const std::string& path, const char* k
 }
 
 constexpr const char* kNamePattern = "[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}";
+
+// The model's TrainingSessionStatus enum (rlloop's sessions take the first five; Delete is synchronous).
+constexpr const char* kSessionStatuses[] = {"Created", "Running",  "Stopping", "Stopped",  "Failed",
+                                            "Blocked", "Scheduled", "Expired",  "Deleting", "DeletionFailed"};
+
+// Tag keys and values: the model's ([\p{L}\p{Z}\p{N}_.:/=+\-@]*), letters, separators and numbers of any script
+// (std::regex has no Unicode classes; bytes of multi-byte UTF-8 sequences count as letters).
+void check_tag_text(const std::string& v, const std::string& path) {
+  for (unsigned char c : v)
+    if (!(c >= 0x80 || std::isalnum(c) || c == ' ' || std::strchr("_.:/=+-@", c)))
+      fail(path, "character '" + std::string(1, static_cast<char>(c)) + "' is not allowed in a tag");
+}
+
+// VpcConfig: 1-5 security group ids and 1-16 subnet ids (rlloop runs no VPC; it is validated and echoed).
+void check_vpc_config(const json& vpc) {
+  object(vpc, "VpcConfig");
+  only_keys(vpc, "VpcConfig", {"SecurityGroupIds", "Subnets"});
+  auto ids = [&](const char* key, std::size_t max, const char* pattern) {
+    const std::string path = join("VpcConfig", key);
+    const json& list = array(need(vpc, "VpcConfig", key), path);
+    if (list.empty() || list.size() > max) fail(path, "needs 1 to " + std::to_string(max) + " entries");
+    const std::regex id_re(pattern);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string v = string(list[i], at(path, i));
+      if (v.size() > 32 || !std::regex_match(v, id_re)) fail(at(path, i), "does not match " + std::string(pattern));
+    }
+  };
+  ids("SecurityGroupIds", 5, "[-0-9a-zA-Z]+");
+  ids("Subnets", 16, "[-0-9a-zA-Z]+");
+}
 
 std::string session_name(const json& body) {
   return string_field(body, "", "TrainingSessionName", 1, 63, kNamePattern);
@@ -84,19 +115,36 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       const int alpha = static_cast<int>(integer(need(lora, "LoraConfig", "Alpha"), "LoraConfig.Alpha", 1, 1 << 30));
       const json& model = object(need(body, "", "ModelConfig"), "ModelConfig");
       only_keys(model, "ModelConfig", {"BaseModelArn", "AcceptEula"});
-      const std::string base = base_model_from(string_field(model, "ModelConfig", "BaseModelArn", 1, 2048));
+      const std::string base_arn = string_field(model, "ModelConfig", "BaseModelArn", 1, 2048);
+      const std::string base = base_model_from(base_arn);
+      if (base_arn.rfind("arn:", 0) == 0) {
+        // A Hub ARN names a catalogue model: one this server does not serve is the model's ResourceNotFound, at
+        // once, not a session that fails later.
+        const auto served = backend.list_base_models();
+        if (std::find(served.begin(), served.end(), base) == served.end())
+          throw api_error("ResourceNotFound", 400, "base model " + base + " (ModelConfig.BaseModelArn) is not served here");
+      }
       if (const json* e = find(model, "AcceptEula")) boolean(*e, "ModelConfig.AcceptEula");
       const json& output = object(need(body, "", "OutputConfig"), "OutputConfig");
+      only_keys(output, "OutputConfig", {"S3Location"});
       const json& s3 = object(need(output, "OutputConfig", "S3Location"), "OutputConfig.S3Location");
+      only_keys(s3, "OutputConfig.S3Location", {"Path", "KmsKeyArn"});
       string_field(s3, "OutputConfig.S3Location", "Path", 1, 1024, "(https|s3)://([^/]+)/?(.*)");
-      if (find(body, "ModelPackageGroupArn")) string_field(body, "", "ModelPackageGroupArn", 1, 2048);
+      if (find(s3, "KmsKeyArn"))
+        string_field(s3, "OutputConfig.S3Location", "KmsKeyArn", 1, 2048,
+                     R"(arn:aws[a-z\-]*:kms:[a-z0-9\-]+:[0-9]{12}:key/(mrk-)?[a-f0-9\-]+)");
+      if (find(body, "ModelPackageGroupArn"))
+        string_field(body, "", "ModelPackageGroupArn", 1, 2048,
+                     R"(arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]{9,16}:[0-9]{12}:model-package-group/[\S]{1,2048})");
+      if (const json* vpc = find(body, "VpcConfig")) check_vpc_config(*vpc);
       if (const json* tags = find(body, "Tags")) {
         array(*tags, "Tags");
         if (tags->size() > 50) fail("Tags", "at most 50 tags");
         for (std::size_t i = 0; i < tags->size(); ++i) {
           object((*tags)[i], at("Tags", i));
-          string_field((*tags)[i], at("Tags", i), "Key", 1, 128);
-          string_field((*tags)[i], at("Tags", i), "Value", 0, 256);
+          only_keys((*tags)[i], at("Tags", i), {"Key", "Value"});
+          check_tag_text(string_field((*tags)[i], at("Tags", i), "Key", 1, 128), join(at("Tags", i), "Key"));
+          check_tag_text(string_field((*tags)[i], at("Tags", i), "Value", 0, 256), join(at("Tags", i), "Value"));
         }
       }
 
@@ -141,6 +189,9 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       const std::string contains =
           find(body, "NameContains") ? string_field(body, "", "NameContains", 0, 63, "[a-zA-Z0-9\\-]*") : "";
       const std::string status = find(body, "StatusEquals") ? string(*find(body, "StatusEquals"), "StatusEquals") : "";
+      if (!status.empty() && std::find(std::begin(kSessionStatuses), std::end(kSessionStatuses), status) ==
+                                 std::end(kSessionStatuses))
+        fail("StatusEquals", "'" + status + "' is not a training-session status");
       const double after =
           find(body, "CreationTimeAfter") ? number(*find(body, "CreationTimeAfter"), "CreationTimeAfter") : -1e300;
       const double before =

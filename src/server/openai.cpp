@@ -253,7 +253,12 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
     r = openai::parse_request(req.body, chat, false);
     if (path.ends_with("-with-response-stream")) r.stream = true;
     s = find_live(name);
-    if (auto pkg = req.header("X-Amzn-SageMaker-Model-Package")) model_path = *pkg;
+    if (auto pkg = req.header("X-Amzn-SageMaker-Model-Package")) {
+      std::lock_guard lock(t->mu);
+      if (!t->checkpoints.count(*pkg))
+        throw api_error("ResourceNotFoundException", 404, "model package " + *pkg + " does not exist");
+      model_path = *pkg;
+    }
     r.model = model_path.value_or(name);
   } else {
     r = openai::parse_request(req.body, path == "/v1/chat/completions", true);

@@ -2,6 +2,7 @@
 // (session info, base models, capabilities, usage).
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <regex>
 
 #include "server/api_impl.hpp"
@@ -37,10 +38,11 @@ Response json_response(const json& j) { return Response{200, "application/json",
 
 // rlloop's long-poll on Get*OperationResult: `?waitSeconds=N` (0-20, as SQS's WaitTimeSeconds) answers as soon
 // as the operation is terminal, or after N seconds with its current state. A client then learns of a result
-// without polling late or often (bench/server). Other query parameters are ignored, as before.
-std::chrono::seconds wait_seconds(const std::string& target) {
+// without polling late or often (bench/server). Other query parameters are ignored. Without the parameter:
+// nullopt (the server's Options::default_result_wait applies).
+std::optional<std::chrono::milliseconds> wait_seconds(const std::string& target) {
   const auto q = target.find('?');
-  if (q == std::string::npos) return std::chrono::seconds(0);
+  if (q == std::string::npos) return std::nullopt;
   const std::string query = target.substr(q + 1);
   constexpr std::string_view key = "waitSeconds=";
   for (std::size_t start = 0; start <= query.size();) {
@@ -56,7 +58,7 @@ std::chrono::seconds wait_seconds(const std::string& target) {
     }
     start = end + 1;
   }
-  return std::chrono::seconds(0);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -131,7 +133,7 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     const std::string& id = seg[4];
     if (!valid_label(id))
       throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
-    const auto wait = wait_seconds(req.target);
+    const auto wait = wait_seconds(req.target).value_or(options.default_result_wait);
     std::unique_lock lock(s->mu);
     auto it = s->ops.find(id);
     // An operation of another kind or session is "not found", as the spec says.

@@ -62,7 +62,7 @@ TEST(WireJson, TrainingOperationsRoundTrip) {
       SaveWeightsOp{true, "merged"},
       SaveStateOp{"step 10"},
       LoadStateOp{"arn:aws:sagemaker:us-west-2:111122223333:model-package/ckpts/3", false}};
-  std::int64_t seq = 0;
+  std::int64_t seq = 1;  // the model's min
   for (const auto& op : ops) {
     ExecuteTrainingRequest req{seq++, "tok-" + std::to_string(seq), op};
     const json j = json::parse(to_json(req).dump());
@@ -134,6 +134,32 @@ TEST(WireJson, SpecForwardBackwardResultParses) {
   EXPECT_EQ(state.error_details, "string");
 }
 
+// AWS's JSON writes the doubles JSON has no literal for as strings; nlohmann's default (null) made botocore's
+// parser raise on a result with a NaN metric.
+TEST(WireJson, NonFiniteDoublesAreWrittenAsAwsStringsAndReadBack) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  OptimStepOutput step;
+  step.metrics = {{"grad_norm", nan}, {"hi", inf}, {"lo", -inf}, {"lr", 0.5}};
+  const json j = to_json(TrainingResult{step});
+  EXPECT_EQ(j.dump(), R"({"optimizerStep":{"metrics":{"grad_norm":"NaN","hi":"Infinity","lo":"-Infinity","lr":0.5}}})");
+  const auto back = std::get<OptimStepOutput>(training_result_from_json(j, "operationResult")).metrics;
+  EXPECT_TRUE(std::isnan(back.at("grad_norm")));
+  EXPECT_EQ(back.at("hi"), inf);
+  EXPECT_EQ(back.at("lo"), -inf);
+  EXPECT_EQ(back.at("lr"), 0.5);
+
+  SampleResponse r;
+  r.sequences.push_back({});
+  r.sequences[0].tokens = {5};
+  r.sequences[0].logprobs = {-inf};
+  r.prompt_logprobs = std::vector<double>{nan, -1.0};
+  const json sj = to_json(r);
+  EXPECT_EQ(sj["sequences"][0]["logprobs"], json::array({"-Infinity"}));
+  EXPECT_EQ(sj["promptLogprobs"], json::array({"NaN", -1.0}));
+  // Any other string is still not a number.
+  EXPECT_EQ(error_of([] { wire::detail::number(json("nan"), "metrics.x"); }), "metrics.x: expected a number");
+}
+
 TEST(WireJson, NestedTensorDataIsFlattenedWithItsShape) {
   const TensorData t = tensor_from_json(json::parse(R"({"data": [[1, 2, 3], [4, 5, 6]], "dtype": "int64"})"), "t");
   EXPECT_EQ(t.shape, (std::vector<std::int64_t>{2, 3}));
@@ -166,7 +192,7 @@ TEST(WireJson, ErrorsNameTheJsonPath) {
               execute_training_request_from_json(
                   json{{"sequenceNumber", -1}, {"operationConfig", {{"saveState", json::object()}}}});
             }),
-            "sequenceNumber: must be in [0, 2147483647], got -1");
+            "sequenceNumber: must be in [1, 2147483647], got -1");
   EXPECT_EQ(error_of([] {
               execute_training_request_from_json(json{{"sequenceNumber", 1},
                                                       {"clientToken", "bad token!"},

@@ -110,11 +110,13 @@ TEST_F(RemoteFixture, ErrorsCarryTheAwsNameAndStatus) {
     EXPECT_EQ(e.code(), "OperationFailed");
     EXPECT_NE(std::string(e.what()).find("fake: poisoned datum"), std::string::npos);
   }
+  // A catalogue name goes as its Hub ARN; one the server does not serve is the model's ResourceNotFound.
   try {
     remote.create_session(SessionOptions{"missing", LoraOptions{}, 0, "nomodel"});
     FAIL();
   } catch (const remote_error& e) {
-    EXPECT_NE(std::string(e.what()).find("is Failed"), std::string::npos);
+    EXPECT_EQ(e.code(), "ResourceNotFound");
+    EXPECT_NE(std::string(e.what()).find("base model missing"), std::string::npos) << e.what();
   }
   RemoteOptions wrong = bearer();
   wrong.bearer_key = "nope";

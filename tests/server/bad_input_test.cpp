@@ -249,7 +249,7 @@ TEST_F(BadInput, RuntimeWrongTypesAndUnknownUnionMembers) {
   EXPECT_EQ(msg(ops, {{"sequenceNumber", "1"}, {"operationConfig", fb_body(1)["operationConfig"]}}),
             "sequenceNumber: expected an integer");
   EXPECT_EQ(msg(ops, {{"sequenceNumber", -1}, {"operationConfig", fb_body(1)["operationConfig"]}}),
-            "sequenceNumber: must be in [0, 2147483647], got -1");
+            "sequenceNumber: must be in [1, 2147483647], got -1");
   EXPECT_EQ(msg(ops, {{"operationConfig", fb_body(1)["operationConfig"]}}),
             "sequenceNumber: required field is missing");
   EXPECT_EQ(

@@ -175,10 +175,16 @@ TEST_F(ServerFixture, CreateValidatesTheSpecConstraints) {
             "LoraConfig.Rank: must be in [1, 256], got 512");
   EXPECT_EQ(c.control("FlyToTheMoon", json::object()).json_body()["__type"], "UnknownOperationException");
 
-  // A Hub ARN resolves to its model id; a base model the service cannot load fails the session.
+  // A Hub ARN names a catalogue model: one the server does not serve is the model's ResourceNotFound, at once.
   auto hub = create_body("hub");
   hub["ModelConfig"]["BaseModelArn"] =
       "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/missing/1.0.0";
+  const auto unknown = c.control("CreateTrainingSession", hub);
+  EXPECT_EQ(unknown.status, 400u);
+  EXPECT_EQ(unknown.json_body()["__type"], "ResourceNotFound");
+  EXPECT_EQ(unknown.json_body()["Message"], "base model missing (ModelConfig.BaseModelArn) is not served here");
+  // A base model given by name or path (an rlloop extension) that the service cannot load fails the session.
+  hub["ModelConfig"]["BaseModelArn"] = "missing";
   ASSERT_EQ(c.control("CreateTrainingSession", hub).status, 200u);
   json d;
   for (int i = 0; i < 200; ++i) {

@@ -1,0 +1,73 @@
+"""Starts `rlloop serve` for the Python tests: one tenant with a SigV4 access key, a fresh data directory, port 0
+(the kernel picks a free port; the real one is read from the server's own {"event":"listening"} log line)."""
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+
+ACCESS_KEY = "AKIDRLLOOPTEST"
+SECRET_KEY = "rlloop-test-secret"
+ACCOUNT = "111122223333"
+REGION = "us-west-2"
+ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/rlloop-test"
+
+
+def hub_model_arn(model):
+    """The SageMaker Hub ARN of a catalogue model, the form BaseModelArn takes on the wire."""
+    return f"arn:aws:sagemaker:{REGION}:aws:hub-content/SageMakerPublicHub/Model/{model}/1.0.0"
+
+
+class Server:
+    def __init__(self, rlloop, max_sessions=8, extra_args=()):
+        self.dir = tempfile.mkdtemp(prefix="rlloop-aws-")
+        tenants = {
+            "tenants": [
+                {
+                    "id": "aws",
+                    "accountId": ACCOUNT,
+                    "maxSessions": max_sessions,
+                    "accessKeys": [{"accessKeyId": ACCESS_KEY, "secretAccessKey": SECRET_KEY}],
+                }
+            ]
+        }
+        with open(os.path.join(self.dir, "tenants.json"), "w") as f:
+            json.dump(tenants, f)
+        args = [rlloop, "serve", "--tenants", os.path.join(self.dir, "tenants.json"), "--port", "0",
+                "--data-dir", os.path.join(self.dir, "data"), "--device", "cpu", "--threads", "1",
+                "--region", REGION, *extra_args]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log = []
+        listening = threading.Event()
+        self.port = None
+
+        def read():
+            for line in self.proc.stdout:
+                self.log.append(line)
+                m = re.search(r'"event":"listening".*"port":(\d+)', line)
+                if m and self.port is None:
+                    self.port = int(m.group(1))
+                    listening.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.time() + 60
+        while not listening.wait(0.05):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("rlloop serve did not start:\n" + "".join(self.log))
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
