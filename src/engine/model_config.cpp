@@ -44,6 +44,48 @@ std::optional<std::int64_t> optional_token_id(const json& j, const char* key) {
                          it->dump());
 }
 
+// Refuses RoPE other than plain RoPE (llama3, yarn, linear, dynamic, ...) in `params`, the value of the key
+// `where` ("rope_scaling" or "rope_parameters"). A per-layer-type object ({"full_attention": {...}, ...}) is
+// refused too: its types and thetas sit one level down, out of sight of a plain reading.
+void check_plain_rope(const json& params, const std::string& where) {
+  if (!params.is_object())
+    throw invalid_argument("model config: field '" + where + "' must be an object, got " + params.dump());
+  for (const auto& [key, value] : params.items())
+    if (value.is_object())
+      throw unsupported("model config: per-layer-type " + where + " ('" + key + "') is not supported");
+  auto type = optional_value<std::string>(params, "rope_type", optional_value<std::string>(params, "type", "default"));
+  if (type != "default") throw unsupported("model config: " + where + " type '" + type + "' is not supported");
+}
+
+std::optional<double> optional_rope_theta(const json& j, const std::string& where) {
+  auto it = j.find("rope_theta");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number())
+    throw invalid_argument("model config: field '" + where + "' must be a number, got " + it->dump());
+  return it->get<double>();
+}
+
+// transformers 4.x writes the RoPE base as top-level "rope_theta" (scaled variants in "rope_scaling"); 5.x writes
+// "rope_parameters": {"rope_theta": ..., "rope_type": ...}. Either is read. A file stating two different thetas
+// is refused rather than resolved by guessing which one its writer meant.
+double read_rope_theta(const json& j) {
+  std::optional<double> theta = optional_rope_theta(j, "rope_theta");
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) check_plain_rope(*it, "rope_scaling");
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    check_plain_rope(*it, "rope_parameters");
+    std::optional<double> nested = optional_rope_theta(*it, "rope_parameters.rope_theta");
+    if (theta && nested && *theta != *nested) {
+      std::ostringstream msg;
+      msg.precision(17);
+      msg << "model config: rope_theta " << *theta << " and rope_parameters.rope_theta " << *nested
+          << " disagree; remove one of them";
+      throw invalid_argument(msg.str());
+    }
+    if (nested) theta = nested;
+  }
+  return theta.value_or(10000.0);
+}
+
 const char* architecture_of(const std::string& model_type) {
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
@@ -69,7 +111,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.head_dim = optional_value<std::int64_t>(j, "head_dim",
                                             c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   c.rms_norm_eps = optional_value<double>(j, "rms_norm_eps", 1e-6);
-  c.rope_theta = optional_value<double>(j, "rope_theta", 10000.0);
+  c.rope_theta = read_rope_theta(j);  // refuses scaled RoPE variants as well
   c.max_position_embeddings = optional_value<std::int64_t>(j, "max_position_embeddings", 2048);
   c.tie_word_embeddings = optional_value<bool>(j, "tie_word_embeddings", false);
   // Qwen2 always has q/k/v biases (its config has no attention_bias key); Llama and Qwen3 default to none.
@@ -83,10 +125,6 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   if (auto act = optional_value<std::string>(j, "hidden_act", "silu"); act != "silu")
     throw unsupported("model config: hidden_act '" + act + "' is not supported (only silu)");
   if (optional_value<bool>(j, "mlp_bias", false)) throw unsupported("model config: mlp_bias=true is not supported");
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    std::string type = it->value("rope_type", it->value("type", std::string("default")));
-    if (type != "default") throw unsupported("model config: rope_scaling type '" + type + "' is not supported");
-  }
   if (optional_value<bool>(j, "use_sliding_window", false))
     throw unsupported("model config: use_sliding_window=true is not supported");
   c.validate();

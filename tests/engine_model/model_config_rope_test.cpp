@@ -1,0 +1,119 @@
+// ModelConfig's reading of RoPE settings in both config.json spellings: transformers 4.x (top-level rope_theta,
+// rope_scaling) and 5.x (rope_parameters). A theta read wrongly does not fail loudly, it shifts every logit, so
+// each way of stating it is checked here; tests/hf checks the logits themselves against transformers.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+#include "model_config.hpp"
+
+using nlohmann::json;
+using namespace rlloop;
+using namespace rlloop::engine;
+
+namespace {
+
+// A tiny Llama config.json without any RoPE key.
+json base_config() {
+  return {{"model_type", "llama"},     {"vocab_size", 64},          {"hidden_size", 32},
+          {"intermediate_size", 48},   {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},  {"rms_norm_eps", 1e-6},      {"max_position_embeddings", 256}};
+}
+
+template <class E>
+std::string error_message(const json& j) {
+  try {
+    ModelConfig::from_json(j);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("WRONG EXCEPTION TYPE: ") + e.what();
+  }
+  return "NO EXCEPTION";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(ModelConfigRope, ReadsTransformers5RopeParameters) {
+  // As transformers 5.24 saves a Llama 3 style config: no top-level rope_theta.
+  json j = base_config();
+  j["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "default"}};
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 500000.0);
+
+  // rope_type may be absent (transformers fills in "default"); an integer theta is a number all the same.
+  j["rope_parameters"] = {{"rope_theta", 1000000}};
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 1000000.0);
+
+  // rope_parameters without a theta keeps the top-level one.
+  j["rope_parameters"] = {{"rope_type", "default"}};
+  j["rope_theta"] = 250000.0;
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 250000.0);
+}
+
+TEST(ModelConfigRope, ReadsTransformers4TopLevelTheta) {
+  json j = base_config();
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 10000.0);  // HF's default when nothing is stated
+
+  j["rope_theta"] = 1000000.0;
+  j["rope_scaling"] = nullptr;
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 1000000.0);
+
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 1000000.0);
+}
+
+TEST(ModelConfigRope, BothThetasMustAgree) {
+  json j = base_config();
+  j["rope_theta"] = 500000.0;
+  j["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "default"}};
+  EXPECT_EQ(ModelConfig::from_json(j).rope_theta, 500000.0);
+
+  j["rope_parameters"]["rope_theta"] = 1000000.0;
+  std::string msg = error_message<invalid_argument>(j);
+  EXPECT_TRUE(contains(msg, "rope_parameters.rope_theta 1000000")) << msg;
+  EXPECT_TRUE(contains(msg, "rope_theta 500000")) << msg;
+}
+
+TEST(ModelConfigRope, ScaledVariantsAreUnsupported) {
+  json j = base_config();
+  j["rope_parameters"] = {{"rope_theta", 500000.0},    {"rope_type", "llama3"},
+                          {"factor", 8.0},             {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},   {"original_max_position_embeddings", 8192}};
+  std::string msg = error_message<unsupported>(j);
+  EXPECT_TRUE(contains(msg, "rope_parameters type 'llama3'")) << msg;
+
+  // The legacy spellings: rope_scaling with "rope_type" or the older "type".
+  j = base_config();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  msg = error_message<unsupported>(j);
+  EXPECT_TRUE(contains(msg, "rope_scaling type 'yarn'")) << msg;
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  msg = error_message<unsupported>(j);
+  EXPECT_TRUE(contains(msg, "rope_scaling type 'linear'")) << msg;
+
+  // Per-layer-type parameters (as Gemma 3 writes them) hide their type and theta one level down.
+  j = base_config();
+  j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1000000.0}, {"rope_type", "linear"}}},
+                          {"sliding_attention", {{"rope_theta", 10000.0}, {"rope_type", "default"}}}};
+  msg = error_message<unsupported>(j);
+  EXPECT_TRUE(contains(msg, "per-layer-type rope_parameters")) << msg;
+
+  j = base_config();
+  j["rope_parameters"] = 500000.0;
+  msg = error_message<invalid_argument>(j);
+  EXPECT_TRUE(contains(msg, "'rope_parameters' must be an object")) << msg;
+}
+
+TEST(ModelConfigRope, ToJsonKeepsTheLegacyKey) {
+  // to_json writes top-level rope_theta only: transformers 4.x reads nothing else and 5.x reads it too.
+  json j = base_config();
+  j["rope_parameters"] = {{"rope_theta", 1000000.0}, {"rope_type", "default"}};
+  json out = ModelConfig::from_json(j).to_json();
+  EXPECT_EQ(out["rope_theta"], 1000000.0);
+  EXPECT_FALSE(out.contains("rope_parameters"));
+  EXPECT_EQ(ModelConfig::from_json(out).rope_theta, 1000000.0);
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Tiny random-weight Llama / Qwen2 / Qwen3 models made by Hugging Face `transformers`, random LoRA adapters made
+by `peft`, and the fp32 logits both compute for fixed token ids: the reference rlloop's engine must match.
+
+  make_models.py OUT_DIR [--seed N]
+
+writes, for every entry of MODELS:
+  OUT_DIR/<name>/         config.json + model.safetensors        (transformers' save_pretrained)
+  OUT_DIR/<name>-lora/    adapter_config.json + adapter_model.safetensors   (peft's save_pretrained)
+  OUT_DIR/<name>-merged/  the adapter merged into the base        (peft's merge_and_unload + save_pretrained)
+and OUT_DIR/reference.json: {"tokens": [...], "versions": {...}, "models": {name: {"logits": [[...]],
+"lora_logits": ..., "merged_logits": ..., "fp32_vs_fp64": ..., ...}}}, one row of logits per token.
+hf_parity_test.py imports make() from here; the command line is for looking at the models by hand.
+"""
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import peft
+import torch
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoConfig, AutoModelForCausalLM
+
+# Both ends of the 300-token vocabulary (0, 299) and a repeat (7, 7), whose two logits rows differ by position only.
+TOKENS = [1, 5, 9, 299, 0, 17, 42, 7, 7, 130, 255, 64]
+
+# Shared by every model: all six are made in ~2 s; grouped-query attention (4 query heads over 2 key/value heads).
+COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, hidden_act="silu", bos_token_id=1, eos_token_id=2)
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_RANK, LORA_ALPHA = 4, 8
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    model_type: str
+    config: dict  # on top of COMMON
+    lora_targets: list
+
+
+MODELS = [
+    # Llama, untied, with the adapter on lm_head as well.
+    Spec("llama", "llama", dict(tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-5),
+         ALL_LINEAR + ["lm_head"]),
+    # Llama with attention_bias (q/k/v and o_proj biases in HF), tied embeddings, Llama 3's theta.
+    Spec("llama-bias-tied", "llama",
+         dict(tie_word_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5, attention_bias=True),
+         ["q_proj", "v_proj"]),
+    # Qwen2: q/k/v biases always (its config has no attention_bias key), none on o_proj; tied as Qwen2-0.5B is.
+    Spec("qwen2", "qwen2", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                use_sliding_window=False), ALL_LINEAR),
+    Spec("qwen2-untied", "qwen2", dict(tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                       use_sliding_window=False), ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    # Qwen3: per-head q/k RMSNorm, head_dim 32 unlike hidden / heads = 16 (real Qwen3 states it too).
+    Spec("qwen3", "qwen3", dict(tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6, head_dim=32,
+                                use_sliding_window=False), ALL_LINEAR),
+    Spec("qwen3-tied", "qwen3", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                     head_dim=32, use_sliding_window=False), ["gate_proj", "up_proj", "down_proj"]),
+]
+
+
+def load(path, dtype=torch.float32):
+    # Eager attention: the plain softmax(QK^T)V, so the reference does not depend on which SDPA kernel ran.
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+
+
+def forward_logits(model, tokens=TOKENS):
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), use_cache=False).logits[0]
+
+
+def randomize(model, generator):
+    """HF's init (std 0.02, norms 1, biases 0) would hide whole terms: zero biases, unit norms and near-zero
+    logits let a mistake there pass. Linears, embeddings and biases get N(0, 0.1^2), norms 1 + N(0, 0.1^2);
+    logits then come out O(1), where fp32 rounding (~1e-6) stays well under the 1e-5 tolerance."""
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):  # a tied lm_head is listed once, as the embedding
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.1 * noise)
+
+
+def random_adapter(base, targets, generator):
+    """A LoRA adapter with random A and B: PEFT's own init sets B = 0, an adapter that changes nothing."""
+    config = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=targets, lora_dropout=0.0, bias="none",
+                        task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if "lora_" in name:
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def as_rows(logits):
+    return logits.tolist()  # float32 -> Python float is exact
+
+
+def make(out_dir, seed=0):
+    """Writes the models, adapters and merged models under out_dir; returns (and writes) the reference."""
+    os.makedirs(out_dir, exist_ok=True)
+    reference = {"tokens": TOKENS, "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                                                "peft": peft.__version__}, "models": {}}
+    for index, spec in enumerate(MODELS):
+        generator = torch.Generator().manual_seed(seed * 1000 + index)
+        config = AutoConfig.for_model(spec.model_type, **COMMON, **spec.config)
+        model_dir = os.path.join(out_dir, spec.name)
+        adapter_dir = model_dir + "-lora"
+        merged_dir = model_dir + "-merged"
+
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        randomize(model, generator)
+        model.save_pretrained(model_dir)
+        # References are computed from the saved directories, so what is checked is what the files say.
+        logits = forward_logits(load(model_dir))
+        logits_fp64 = forward_logits(load(model_dir, torch.float64))
+
+        # save_embedding_layers=False: with lm_head among the targets, peft would otherwise store the whole base
+        # lm_head in the adapter too, which an adapter (and rlloop's loader) has no use for.
+        random_adapter(load(model_dir), spec.lora_targets, generator).save_pretrained(
+            adapter_dir, save_embedding_layers=False)
+        adapted = PeftModel.from_pretrained(load(model_dir), adapter_dir).eval()
+        lora_logits = forward_logits(adapted)
+        adapted.merge_and_unload().save_pretrained(merged_dir)
+        merged_logits = forward_logits(load(merged_dir))
+
+        reference["models"][spec.name] = {
+            "model_type": spec.model_type,
+            "logits": as_rows(logits),
+            "lora_logits": as_rows(lora_logits),
+            "merged_logits": as_rows(merged_logits),
+            # How far transformers' own fp32 is from fp64: the noise floor under the 1e-5 tolerance.
+            "fp32_vs_fp64": (logits.double() - logits_fp64).abs().max().item(),
+            # How much the adapter moves the logits: a check that ignored the adapter would fail by this much.
+            "lora_vs_base": (lora_logits - logits).abs().max().item(),
+        }
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(reference, f)
+    return reference
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # tiny models: more threads only add overhead
+    transformers.utils.logging.disable_progress_bar()
+    for name, m in make(args.out_dir, args.seed)["models"].items():
+        print(f"{name:16s} max|logits| {max(abs(v) for row in m['logits'] for v in row):.2f}  fp32-fp64 {m['fp32_vs_fp64']:.1e}"
+              f"  lora-base {m['lora_vs_base']:.2f}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
