@@ -6,7 +6,9 @@ const fs = require('fs');
 const path = require('path');
 
 const REPO = path.resolve(__dirname, '..', '..');
-const DEFAULT_GSM8K = path.resolve(REPO, '..', 'shared', 'data', 'gsm8k', 'train.jsonl');
+// The external data folder of the tests (tests/external_data.hpp): $RLLOOP_DATA_DIR, else ../shared/data.
+const DATA_DIR = process.env.RLLOOP_DATA_DIR || path.resolve(REPO, '..', 'shared', 'data');
+const DEFAULT_GSM8K = path.join(DATA_DIR, 'gsm8k', 'train.jsonl');
 const DEFAULT_NPM = path.join(REPO, 'third_party', 'npm', 'node_modules');
 
 const QWEN_SPECIALS = [
@@ -18,7 +20,7 @@ const QWEN_SPECIALS = [
 ];
 
 function gsm8kTexts(file) {
-  if (!fs.existsSync(file)) throw new Error(`GSM8K train file not found at ${file} (expected ../shared/data/gsm8k/train.jsonl)`);
+  if (!fs.existsSync(file)) throw new Error(`GSM8K train file not found at ${file} (set RLLOOP_DATA_DIR)`);
   const out = [];
   for (const line of fs.readFileSync(file, 'utf8').split('\n')) {
     if (!line.trim()) continue;

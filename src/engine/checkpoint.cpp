@@ -47,7 +47,10 @@ void write_state_dir(const std::string& dir, const TensorMap& weights, const Ten
   const fs::path parent = target.parent_path();
   fs::create_directories(parent);
   // A process killed mid-save leaves its temporary directory behind; it was never visible as a checkpoint.
-  const std::string tmp_prefix = "." + target.filename().string() + ".tmp-";
+  // Appended, not `"." + name`: GCC 12 warns falsely (-Wstringop-overflow) on operator+(const char*, string&&).
+  std::string tmp_prefix = ".";
+  tmp_prefix += target.filename().string();
+  tmp_prefix += ".tmp-";
   for (const auto& entry : fs::directory_iterator(parent))
     if (entry.path().filename().string().rfind(tmp_prefix, 0) == 0) fs::remove_all(entry.path());
   const fs::path tmp = parent / (tmp_prefix + unique_suffix());

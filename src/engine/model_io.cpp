@@ -85,9 +85,11 @@ void atomic_write(const std::string& path, Writer&& writer) {
   fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   // pid + a process-wide counter: sessions of one process (rlloop serve) may write beside each other at once.
   static std::atomic<std::uint64_t> counter{0};
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                            std::to_string(counter.fetch_add(1))))
-                        .string();
+  // Appended, not `"." + name`: GCC 12 warns falsely (-Wstringop-overflow) on operator+(const char*, string&&).
+  std::string name = ".";
+  name += target.filename().string();
+  name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  const std::string tmp = (dir / name).string();
   {
     Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (f.fd < 0) throw io_error("cannot create " + tmp + " (writing " + path + "): " + errno_text());

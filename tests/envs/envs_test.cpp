@@ -11,6 +11,8 @@
 #include <rlloop/envs/gsm8k.hpp>
 #include <rlloop/envs/guess_number.hpp>
 
+#include "external_data.hpp"
+
 using namespace rlloop;
 using namespace rlloop::envs;
 
@@ -40,8 +42,8 @@ TEST(Groups, CopiesAreIndependentEpisodes) {
 }
 
 TEST(Gsm8kEnv, LoadsRealDataAndGradesTheReferenceSolution) {
-  const std::string path = std::string(RLLOOP_SOURCE_DIR) + "/../shared/data/gsm8k/train.jsonl";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "GSM8K not found at " << path;
+  const auto path = rlloop::testing::data_file("gsm8k/train.jsonl");
+  RLLOOP_REQUIRE_DATA(path, "GSM8K's train split, github.com/openai/grade-school-math");
   const auto problems = load_gsm8k(path, {.limit = 20});
   ASSERT_EQ(problems.size(), 20u);
   for (const auto& p : problems) {

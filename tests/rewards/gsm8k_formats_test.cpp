@@ -1,5 +1,6 @@
 // Demonstration 3: every reference answer of GSM8K's test split, written in each accepted answer format, is
-// graded correct; perturbed answers are graded wrong. Reads ../shared/data/gsm8k/test.jsonl (not shipped).
+// graded correct; perturbed answers are graded wrong. Reads gsm8k/test.jsonl of the external data folder
+// (tests/external_data.hpp; not shipped).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,11 +10,13 @@
 #include <rlloop/envs/gsm8k.hpp>
 #include <rlloop/rewards/math.hpp>
 
+#include "external_data.hpp"
+
 using namespace rlloop;
 using namespace rlloop::rewards;
 
 namespace {
-std::string gsm8k_test_path() { return std::string(RLLOOP_SOURCE_DIR) + "/../shared/data/gsm8k/test.jsonl"; }
+std::string gsm8k_test_path() { return rlloop::testing::data_file("gsm8k/test.jsonl").string(); }
 
 std::string with_commas(long long v) {
   std::string digits = std::to_string(v < 0 ? -v : v), out;
@@ -27,7 +30,7 @@ std::string with_commas(long long v) {
 
 TEST(Gsm8k, EveryReferenceIsCorrectInEveryFormatAndPerturbationsAreWrong) {
   const auto path = gsm8k_test_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "GSM8K not found at " << path;
+  RLLOOP_REQUIRE_DATA(path, "GSM8K's test split, github.com/openai/grade-school-math");
   const auto problems = envs::load_gsm8k(path);
   ASSERT_EQ(problems.size(), 1319u);
   const MathAnswerReward reward;
@@ -77,7 +80,7 @@ TEST(Gsm8k, EveryReferenceIsCorrectInEveryFormatAndPerturbationsAreWrong) {
 
 TEST(Gsm8k, LoaderBuildsPromptsAndIds) {
   const auto path = gsm8k_test_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "GSM8K not found at " << path;
+  RLLOOP_REQUIRE_DATA(path, "GSM8K's test split, github.com/openai/grade-school-math");
   const auto problems = envs::load_gsm8k(path, {.limit = 3});
   ASSERT_EQ(problems.size(), 3u);
   EXPECT_EQ(problems[0].id, "test-1");

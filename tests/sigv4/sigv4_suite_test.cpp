@@ -8,6 +8,8 @@ using namespace rlloop::sigv4;
 
 namespace {
 
+using SigV4Suite = suite::SuiteTest;
+
 std::string trim_end(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
   return s;
@@ -36,9 +38,9 @@ SecretLookup suite_keys(const suite::Case& c) {
 
 }  // namespace
 
-TEST(SigV4Suite, HasAllCases) { EXPECT_GE(suite::all().size(), 38u); }
+TEST_F(SigV4Suite, HasAllCases) { EXPECT_GE(suite::all().size(), 38u); }
 
-TEST(SigV4Suite, HeaderSigningMatchesEveryCase) {
+TEST_F(SigV4Suite, HeaderSigningMatchesEveryCase) {
   for (const auto& c : suite::all()) {
     SCOPED_TRACE(c.name);
     HttpRequest req = suite::parse_request(suite::read(c.dir / "request.txt"));
@@ -57,7 +59,7 @@ TEST(SigV4Suite, HeaderSigningMatchesEveryCase) {
   }
 }
 
-TEST(SigV4Suite, QuerySigningMatchesEveryCase) {
+TEST_F(SigV4Suite, QuerySigningMatchesEveryCase) {
   for (const auto& c : suite::all()) {
     SCOPED_TRACE(c.name);
     HttpRequest req = suite::parse_request(suite::read(c.dir / "request.txt"));
@@ -70,7 +72,7 @@ TEST(SigV4Suite, QuerySigningMatchesEveryCase) {
   }
 }
 
-TEST(SigV4Suite, CanonicalPiecesOfTheQueryForm) {
+TEST_F(SigV4Suite, CanonicalPiecesOfTheQueryForm) {
   // The query form's canonical request, checked through its pieces for one case with a session token.
   const suite::Case c = suite::load(suite::root() / "get-vanilla-with-session-token");
   HttpRequest req = suite::parse_request(suite::read(c.dir / "request.txt"));
@@ -79,13 +81,13 @@ TEST(SigV4Suite, CanonicalPiecesOfTheQueryForm) {
   EXPECT_EQ(creq, trim_end(suite::read(c.dir / "query-canonical-request.txt")));
 }
 
-TEST(SigV4Suite, SigningKeyIsTheDocumentedDerivation) {
+TEST_F(SigV4Suite, SigningKeyIsTheDocumentedDerivation) {
   // AWS documentation example: secret wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY, 20120215/us-east-1/iam.
   EXPECT_EQ(hex(signing_key("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "20120215", "us-east-1", "iam")),
             "f4780e2d9f65fa895f9c67b32ce1baf0b0d8a43505a000a1a9e090d414db404d");
 }
 
-TEST(SigV4Suite, VerifierAcceptsEverySignedRequest) {
+TEST_F(SigV4Suite, VerifierAcceptsEverySignedRequest) {
   for (const auto& c : suite::all()) {
     SCOPED_TRACE(c.name);
     VerifyOptions opts;

@@ -1,4 +1,4 @@
-// Reads the AWS SigV4 test suite (../shared/data/sigv4/v4, never copied into the repository).
+// Reads the AWS SigV4 test suite (sigv4/v4 under the external data folder, never copied into the repository).
 #pragma once
 #include <filesystem>
 #include <fstream>
@@ -7,13 +7,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "external_data.hpp"
 #include "sigv4/sigv4.hpp"
 
 namespace suite {
 
-inline std::filesystem::path root() {
-  return std::filesystem::path(RLLOOP_SOURCE_DIR) / ".." / "shared" / "data" / "sigv4" / "v4";
-}
+inline std::filesystem::path root() { return rlloop::testing::data_file("sigv4/v4"); }
+
+// The suite's tests skip (fail under CI) when it is absent.
+class SuiteTest : public ::testing::Test {
+ protected:
+  void SetUp() override { RLLOOP_REQUIRE_DATA(root(), "the AWS SigV4 test suite, aws-sig-v4-test-suite"); }
+};
 
 inline std::string read(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
