@@ -47,7 +47,7 @@ std::size_t CachingCpuAllocator::bucket_size(std::size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-c10::DataPtr CachingCpuAllocator::allocate(std::size_t bytes) const {
+c10::DataPtr CachingCpuAllocator::allocate(std::size_t bytes) RLLOOP_ALLOCATE_CONST {
   if (bytes < min_block_bytes_) return fallback_->allocate(bytes);
   const std::size_t size = bucket_size(bytes);
   void* data = nullptr;

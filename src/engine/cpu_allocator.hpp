@@ -12,6 +12,16 @@
 #include <mutex>
 
 #include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+// c10::Allocator's interface moved in LibTorch 2.x: copy_data() became pure virtual in 2.2 and allocate() lost
+// its const in 2.3. Debian's LibTorch is 1.13; the GPU machines' (PyTorch's wheels) are 2.x.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define RLLOOP_ALLOCATE_CONST
+#else
+#define RLLOOP_ALLOCATE_CONST const
+#endif
+#define RLLOOP_ALLOCATOR_HAS_COPY_DATA (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2))
 
 namespace rlloop::engine {
 
@@ -27,8 +37,11 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   // Every DataPtr's context is its data pointer (LibTorch's raw_allocate / raw_deallocate, used by its oneDNN
   // paths, require that), so raw_deleter() works for every block this allocator hands out.
-  c10::DataPtr allocate(std::size_t bytes) const override;
+  c10::DataPtr allocate(std::size_t bytes) RLLOOP_ALLOCATE_CONST override;
   c10::DeleterFnPtr raw_deleter() const override;
+#if RLLOOP_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#endif
 
   // The size a request is served with: rounded up to 1/8 of its power of two (at most 12.5% more), so that
   // nearby sizes (sequences a few tokens longer) share blocks.
