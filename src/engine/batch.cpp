@@ -118,7 +118,7 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
   }
   out.training_tokens = b.total_tokens;
   out.metrics["loss:sum"] = value.loss.item<double>();
-  out.metrics["value_clip_fraction"] = value.clipped.item<double>() / static_cast<double>(b.total_tokens);
+  out.metrics["value_clip_fraction"] = value.clip_fraction();
   return out;
 }
 }  // namespace
@@ -146,7 +146,7 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   auto out = make_output(lp, b);
   out.metrics["loss:sum"] = value.loss.item<double>();
   if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo)
-    out.metrics["clip_fraction"] = value.clipped.item<double>() / static_cast<double>(b.total_tokens);
+    out.metrics["clip_fraction"] = value.clip_fraction();
   return out;
 }
 

@@ -15,9 +15,14 @@ struct LossTensors {
   torch::Tensor sampler_logprobs;  // q
 };
 
+// clip_fraction = clipped / bearing: the share of loss-bearing tokens (mask * weight != 0) where the clipped
+// branch of the objective is the one taken — ppo: the clipped term is the smaller of min(r A, clamp(r) A); cispo:
+// the clamp is active; value: the clipped error is the larger of max(err, err_clip). Counts, not weighted sums.
 struct LossValue {
   torch::Tensor loss;     // scalar, summed over tokens
-  torch::Tensor clipped;  // scalar: number of tokens whose ratio was clipped (ppo, cispo), else 0
+  torch::Tensor clipped;  // scalar: loss-bearing tokens where the clipped branch was taken (ppo, cispo, value), else 0
+  torch::Tensor bearing;  // scalar: loss-bearing tokens
+  double clip_fraction() const;
 };
 
 // lp = logprob of each target token under the current weights (carries the graph). The RL losses multiply each

@@ -79,15 +79,18 @@ TEST(FakeMatchesEngine, BuiltinLossValuesAndGradients) {
     engine::LossTensors in{torch::ones({1, 5}, torch::kFloat64), t(w), t(a), t(q)};
     auto value = engine::builtin_loss(spec, lpt, in);
     value.loss.backward();
-    double loss = 0, clipped = 0;
+    double loss = 0, clipped = 0, bearing = 0;
     for (std::size_t j = 0; j < lp.size(); ++j) {
       const auto term = rlloop::testing::FakeSession::token_term(spec, lp[j], q[j], a[j], w[j]);
       loss += term.loss;
-      clipped += term.clipped ? w[j] : 0.0;
+      const bool loss_bearing = spec.fn == LossFn::cross_entropy || w[j] != 0.0;
+      bearing += loss_bearing;
+      clipped += term.clipped && loss_bearing;
       EXPECT_NEAR(term.grad, lpt.grad()[0][static_cast<long>(j)].item<double>(), 1e-12)
           << to_string(spec.fn) << " token " << j;
     }
     EXPECT_NEAR(loss, value.loss.item<double>(), 1e-12) << to_string(spec.fn);
     EXPECT_NEAR(clipped, value.clipped.item<double>(), 1e-12) << to_string(spec.fn);
+    EXPECT_NEAR(bearing, value.bearing.item<double>(), 1e-12) << to_string(spec.fn);
   }
 }

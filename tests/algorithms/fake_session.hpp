@@ -132,7 +132,7 @@ class FakeSession {
   // static so tests can check it against hand-computed values.
   struct TokenTerm {
     double loss = 0, grad = 0;
-    bool clipped = false;
+    bool clipped = false;  // the clipped branch of the objective is the one taken (ppo, cispo)
   };
   static TokenTerm token_term(const LossSpec& spec, double lp, double q, double adv, double m) {
     const double r = std::exp(lp - q);
@@ -147,7 +147,7 @@ class FakeSession {
         // clamp is active (then d/dr is 0). Ties (r inside the clip range) give the full gradient, as in torch.
         const bool inside = r >= spec.clip_low_threshold && r <= spec.clip_high_threshold;
         const bool unclipped_min = inside || r * adv < rc * adv;
-        return {-std::min(r * adv, rc * adv) * m, unclipped_min ? -r * adv * m : 0.0, rc != r};
+        return {-std::min(r * adv, rc * adv) * m, unclipped_min ? -r * adv * m : 0.0, rc * adv < r * adv};
       }
       case LossFn::cispo:
         return {-rc * lp * adv * m, -rc * adv * m, rc != r};
@@ -264,7 +264,7 @@ class FakeSession {
     spec.validate();
     validate_batch(data, spec.fn, options_.vocab_size);
     ForwardBackwardOutput out;
-    double loss = 0, clipped = 0;
+    double loss = 0, clipped = 0, bearing = 0;
     std::int64_t tokens = 0;
     for (const auto& d : data) {
       const auto lp = datum_logprobs(d);
@@ -274,14 +274,17 @@ class FakeSession {
         const auto t = token_term(spec, lp[j], q[j], a[j], w[j]);
         loss += t.loss;
         grad[j] = t.grad;
-        clipped += t.clipped ? w[j] : 0.0;  // weighted count, as the engine's ((clamp(r) != r) * m).sum()
+        // clip_fraction's count, as the engine's: loss-bearing tokens (weight != 0) where the clip branch won.
+        bearing += w[j] != 0.0;
+        clipped += t.clipped && w[j] != 0.0;
       }
       if (backward) accumulate(d, grad);
       tokens += static_cast<std::int64_t>(lp.size());
       out.loss_fn_outputs.push_back({{"logprobs", TensorData::from_floats(std::vector<float>(lp.begin(), lp.end()))}});
     }
     out.metrics["loss:sum"] = loss;
-    if (spec.fn == LossFn::ppo || spec.fn == LossFn::cispo) out.metrics["clip_fraction"] = clipped / double(tokens);
+    if (spec.fn == LossFn::ppo || spec.fn == LossFn::cispo)
+      out.metrics["clip_fraction"] = bearing > 0 ? clipped / bearing : 0.0;
     out.training_tokens = tokens;
     usage_.training += tokens;
     return out;

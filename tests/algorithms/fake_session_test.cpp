@@ -66,6 +66,7 @@ TEST(FakeSession, TokenTermsMatchDesignFormulas) {
   auto ppo_neg = T::token_term(LossSpec::ppo(), lp, q, -a, m);
   EXPECT_NEAR(ppo_neg.loss, r * a * m, 1e-6);
   EXPECT_NEAR(ppo_neg.grad, r * a * m, 1e-6);
+  EXPECT_FALSE(ppo_neg.clipped);  // the clamp is active, but the unclipped branch is the one taken
   // cispo: clamp(r) = 1.2 held constant: loss -1.2 * lp * A * m = 1.2, gradient -1.2 * A * m = -1.2.
   auto cispo = T::token_term(LossSpec::cispo(), lp, q, a, m);
   EXPECT_NEAR(cispo.loss, 1.2, 1e-12);

@@ -81,7 +81,10 @@ TEST(Loss, PpoTakesEveryClipBranch) {
   expect_near_all(autograd(LossSpec::ppo(), f), {0.0, 0.0, -0.5 * r2, r3}, 1e-12);
   expect_near_all(autograd(LossSpec::ppo(), f), finite_difference(LossSpec::ppo(), f), 1e-6);
   auto value = builtin_loss(LossSpec::ppo(), f.lp, f.in);
-  EXPECT_EQ(value.clipped.item<double>(), 3.0);  // r outside [lo, hi] at tokens 0, 1 and 3
+  // The clipped branch is taken at tokens 0 and 1; t3's ratio is outside [lo, hi] but min takes r * A there.
+  EXPECT_EQ(value.clipped.item<double>(), 2.0);
+  EXPECT_EQ(value.bearing.item<double>(), 4.0);
+  EXPECT_EQ(value.clip_fraction(), 0.5);
   // Wider thresholds: nothing clipped, ppo equals importance sampling.
   EXPECT_NEAR(loss_at(LossSpec::ppo(0.0, 10.0), f, f.lp), loss_at(LossSpec::importance_sampling(), f, f.lp), 1e-12);
 }
@@ -93,6 +96,26 @@ TEST(Loss, CispoUsesTheClippedRatioAsAConstantWeight) {
   EXPECT_NEAR(loss_at(LossSpec::cispo(), f, f.lp), -(-1.2 + 3.2 - 0.5 * r2 + 0.6), 1e-12);
   // stopgrad: d/dlp = -clamp(r) * A, including the clipped tokens (unlike ppo).
   expect_near_all(autograd(LossSpec::cispo(), f), {-1.2, 1.6, -0.5 * r2, 1.2}, 1e-12);
+}
+
+// clip_fraction is the share of loss-bearing tokens (weight != 0) where the clipped branch is taken, whatever the
+// weights' scale: GRPO's aggregation weights (1/(N*L) per token, 0 on the prompt) must not shrink it.
+TEST(Loss, ClipFractionCountsLossBearingTokensWhereTheClipBranchIsTaken) {
+  Fixture f;
+  // Six positions: a prompt token (weight 0) in front, whose ratio would be clipped, then the fixture's four,
+  // each with the tiny weight 1/8, then one padding position (mask 0) that would be clipped too.
+  f.lp = vec({-0.1, -1.0, -2.0, -1.0, -0.5, -0.1});
+  f.in = LossTensors{vec({1, 1, 1, 1, 1, 0}), vec({0.0, 0.125, 0.125, 0.125, 0.125, 0.125}),
+                     vec({1.0, 1.0, -2.0, 0.5, -1.0, 1.0}), vec({-1.0, -1.2, -1.5, -1.05, -1.0, -1.0})};
+  auto ppo = builtin_loss(LossSpec::ppo(), f.lp, f.in);
+  EXPECT_EQ(ppo.bearing.item<double>(), 4.0);
+  EXPECT_EQ(ppo.clip_fraction(), 0.5);  // t0, t1 of the fixture (the old definition gave 2 * 0.125 / 6 = 0.042)
+  // cispo's clipped branch is the active clamp: t0, t1 and t3.
+  EXPECT_EQ(builtin_loss(LossSpec::cispo(), f.lp, f.in).clip_fraction(), 0.75);
+  // Nothing clipped with wide thresholds; no loss-bearing token at all gives 0, not a division by zero.
+  EXPECT_EQ(builtin_loss(LossSpec::ppo(0.0, 10.0), f.lp, f.in).clip_fraction(), 0.0);
+  f.in.weights = vec({0, 0, 0, 0, 0, 0});
+  EXPECT_EQ(builtin_loss(LossSpec::ppo(), f.lp, f.in).clip_fraction(), 0.0);
 }
 
 TEST(Loss, DroGoldenAndGradient) {
@@ -140,6 +163,7 @@ TEST(Loss, ValueLossGoldenWithAndWithoutClipping) {
   // 0.5 * (0.25 + (2.3 - 1)^2 + 2.25) = 0.125 + 0.845 + 1.125
   EXPECT_NEAR(clipped.loss.item<double>(), 2.095, 1e-12);
   EXPECT_EQ(clipped.clipped.item<double>(), 1.0);
+  EXPECT_NEAR(clipped.clip_fraction(), 1.0 / 3.0, 1e-12);  // value_clip_fraction: t1 of three
   clipped.loss.backward();
   expect_near_all(std::vector<double>(v.grad().data_ptr<double>(), v.grad().data_ptr<double>() + 3), {-0.5, 0.0, 1.5},
                   1e-12);
