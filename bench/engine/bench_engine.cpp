@@ -7,7 +7,7 @@
 //   BM_DecodeProductBf16   the same product with operands rounded to bf16 (bf16_gemm.hpp, the "bf16" sampling
 //                          precision; AVX512_BF16 dot products where the CPU has them)
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
-//   BM_SampleBf16/M        the same with bf16 decoding steps (LocalServiceOptions::sampling_precision = "bf16")
+//   BM_SampleBf16/M        the same with bf16 decoding steps (LocalServiceOptions::sampling_precision = bf16)
 // Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
 // FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter
 // (the tied embedding counted once: it is the unembedding matmul). Attention score/value FLOPs not counted.

@@ -14,6 +14,12 @@ namespace rlloop {
 class Tokenizer;
 std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec);  // rlloop::tokenizer library
 
+// What sample() reports about the prompt besides the samples.
+struct PromptLogprobOptions {
+  bool include = false;  // every prompt token's logprob (SampleResponse::prompt_logprobs; the first gets 0.0)
+  int top_k = 0;         // the k most likely tokens at every prompt position (SampleResponse::topk_prompt_logprobs)
+};
+
 // Rollouts and scoring against fixed weights (a saved sampler checkpoint) or the live session weights.
 template <Session S>
 class SamplingClient {
@@ -22,8 +28,8 @@ class SamplingClient {
       : session_(std::move(session)), model_path_(std::move(model_path)) {}
 
   Future<SampleResponse> sample(const ModelInput& prompt, int num_samples, const SamplingParams& params,
-                                bool include_prompt_logprobs = false, int topk_prompt_logprobs = 0) const {
-    SampleRequest req{prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs, model_path_};
+                                const PromptLogprobOptions& prompt_logprobs = {}) const {
+    SampleRequest req{prompt, num_samples, params, prompt_logprobs.include, prompt_logprobs.top_k, model_path_};
     return session_->sample(req);
   }
   // Logprob of every prompt token given the ones before it (the first gets 0.0).

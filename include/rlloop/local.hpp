@@ -9,6 +9,16 @@
 
 namespace rlloop {
 
+// The arithmetic of CPU sampling (LocalServiceOptions::sampling_precision).
+enum class SamplingPrecision { fp32, bf16 };
+
+// "fp32" or "bf16" (command lines, config files); anything else is an invalid_argument naming the value.
+inline SamplingPrecision sampling_precision_from(const std::string& name) {
+  if (name == "fp32") return SamplingPrecision::fp32;
+  if (name == "bf16") return SamplingPrecision::bf16;
+  throw invalid_argument("sampling_precision: unknown value '" + name + "' (expected fp32 or bf16)");
+}
+
 struct LocalServiceOptions {
   // Where save_state / save_weights_for_sampler write ("<checkpoint_dir>/<name>/").
   std::string checkpoint_dir = "rlloop-checkpoints";
@@ -25,7 +35,7 @@ struct LocalServiceOptions {
   // speed), logprobs off from compute_logprobs by the rounding (~1e-2); the importance_sampling and ppo losses
   // correct for exactly that kind of sampler/trainer mismatch. The prompt's prefill stays fp32. A session rounds
   // the weights once and keeps them while they do not change. CUDA models are bf16 throughout and ignore this.
-  std::string sampling_precision = "fp32";
+  SamplingPrecision sampling_precision = SamplingPrecision::fp32;
 };
 
 // One training session: a model kept loaded, a worker thread running operations in submission order.

@@ -33,7 +33,7 @@ int run(int argc, char** argv) {
 
   rlloop::LocalServiceOptions opts;
   opts.device = device;
-  opts.sampling_precision = precision;
+  opts.sampling_precision = rlloop::sampling_precision_from(precision);
   rlloop::ServiceClient<rlloop::LocalService> service{rlloop::LocalService(opts)};
   rlloop::SessionOptions session{.base_model = model};
   auto tc = service.create_training_client(session);

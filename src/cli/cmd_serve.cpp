@@ -71,7 +71,7 @@ int run_serve(int argc, char** argv) {
   local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
   local.device = device;
   local.num_threads = threads;
-  local.sampling_precision = sampling_precision;
+  local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
   for (const auto& entry : base_models) {
     const auto eq = entry.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())

@@ -47,10 +47,8 @@ std::optional<LoraOptions> lora_from_json(const nlohmann::json& j) {
                      j.at("target_modules").get<std::vector<std::string>>()};
 }
 
-DecodePrecision parse_sampling_precision(const std::string& name) {
-  if (name == "fp32") return DecodePrecision::fp32;
-  if (name == "bf16") return DecodePrecision::bf16;
-  throw invalid_argument("sampling_precision: unknown value '" + name + "' (expected fp32 or bf16)");
+DecodePrecision decode_precision_of(SamplingPrecision p) {
+  return p == SamplingPrecision::bf16 ? DecodePrecision::bf16 : DecodePrecision::fp32;
 }
 
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
@@ -116,7 +114,7 @@ struct LocalSession::Impl {
   WorkQueue queue;  // last member: its worker stops (after finishing queued jobs) before the rest is destroyed
 
   Impl(const SessionOptions& opts, const LocalServiceOptions& svc) : options(opts), service(svc) {
-    decode_precision = parse_sampling_precision(service.sampling_precision);
+    decode_precision = decode_precision_of(service.sampling_precision);
     configure_threads(service.num_threads);
     install_caching_cpu_allocator();
     dev = choose_device(service.device);
@@ -358,9 +356,7 @@ Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) 
 
 // --- LocalService ----------------------------------------------------------------------------------------
 
-LocalService::LocalService(LocalServiceOptions options) : options_(std::move(options)) {
-  parse_sampling_precision(options_.sampling_precision);  // a typo fails here, not at the first session
-}
+LocalService::LocalService(LocalServiceOptions options) : options_(std::move(options)) {}
 
 std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions& options) {
   if (options.lora) {

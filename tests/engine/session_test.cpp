@@ -35,8 +35,16 @@ TEST(LocalSession, SampleLogprobsEqualComputeLogprobsAndForward) {
   LocalService svc(service_in(temp_dir("consistency")));
   auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
   SamplingParams params{.max_tokens = 12, .temperature = 1.0, .seed = 7};
-  auto resp = tc.live_sampling_client().sample(kPrompt, 4, params).get();
+  auto resp = tc.live_sampling_client().sample(kPrompt, 4, params, {.include = true, .top_k = 2}).get();
   ASSERT_EQ(resp.sequences.size(), 4u);
+  // The prompt's own logprobs come with the samples when asked for: one per prompt token, the first 0.
+  const auto prompt_scored = tc.live_sampling_client().compute_logprobs(kPrompt).get();
+  ASSERT_TRUE(resp.prompt_logprobs && resp.topk_prompt_logprobs);
+  ASSERT_EQ(resp.prompt_logprobs->size(), kPrompt.length());
+  EXPECT_EQ((*resp.prompt_logprobs)[0], 0.0);
+  for (std::size_t i = 1; i < kPrompt.length(); ++i) EXPECT_NEAR((*resp.prompt_logprobs)[i], prompt_scored[i], 1e-4);
+  EXPECT_EQ(resp.topk_prompt_logprobs->size(), kPrompt.length());
+  for (std::size_t i = 1; i < kPrompt.length(); ++i) EXPECT_EQ((*resp.topk_prompt_logprobs)[i].size(), 2u) << i;
   for (const auto& seq : resp.sequences) {
     ASSERT_EQ(seq.tokens.size(), seq.logprobs.size());
     auto full = kPrompt.tokens();
@@ -58,7 +66,7 @@ TEST(LocalSession, SampleLogprobsEqualComputeLogprobsAndForward) {
 
 LocalServiceOptions bf16_service_in(const fs::path& dir) {
   auto service = service_in(dir);
-  service.sampling_precision = "bf16";
+  service.sampling_precision = SamplingPrecision::bf16;
   return service;
 }
 
@@ -93,9 +101,7 @@ TEST(LocalSession, Bf16SamplingPrecisionStaysCloseToComputeLogprobs) {
   auto again = sc.sample(kPrompt, 4, params).get();
   for (int i = 0; i < 4; ++i) EXPECT_EQ(again.sequences[i].tokens, resp.sequences[i].tokens);
 
-  auto typo = service_in(temp_dir("bf16-typo"));
-  typo.sampling_precision = "fp16";
-  const std::string err = error_of([&] { LocalService bad(typo); });
+  const std::string err = error_of([&] { sampling_precision_from("fp16"); });
   EXPECT_TRUE(contains(err, "sampling_precision") && contains(err, "'fp16'")) << err;
 }
 
