@@ -31,6 +31,9 @@ int run_serve(int argc, char** argv) {
   std::vector<std::string> base_models;
   std::string device = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0;
+  rlloop::server::Options defaults;
+  std::size_t io_threads = defaults.io_threads, max_connections = defaults.max_connections;
+  long long idle_timeout_ms = defaults.idle_timeout.count();
   bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
@@ -49,6 +52,14 @@ int run_serve(int argc, char** argv) {
   app.add_option("--sampling-precision", sampling_precision,
                  "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--io-threads", io_threads,
+                 "Threads serving every connection's sockets (they do not grow with clients)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--max-connections", max_connections,
+                 "Concurrent connections; one more is answered 503 ServiceUnavailableException and closed")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--idle-timeout-ms", idle_timeout_ms, "A keep-alive connection without a request is closed after this")
+      ->check(CLI::Range(1LL, 24LL * 3600 * 1000));
   app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
                "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
   try {
@@ -65,6 +76,9 @@ int run_serve(int argc, char** argv) {
   options.default_result_wait = std::chrono::milliseconds(result_wait_ms);
   options.tenants = rlloop::server::load_tenants(tenants_file);
   options.bill_prompt_per_sample = bill_prompt_per_sample;
+  options.io_threads = io_threads;
+  options.max_connections = max_connections;
+  options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
 
 #ifdef RLLOOP_HAVE_ENGINE
   rlloop::LocalServiceOptions local;

@@ -1,7 +1,12 @@
 // Request entry point: request ids, routing (X-Amz-Target -> control plane, else runtime REST), authentication,
-// per-tenant body limits, error mapping (spec §4) and one JSON log line per request.
+// per-tenant body limits, error mapping (spec §4) and one JSON log line per request, written when it is answered.
 #include <chrono>
 #include <cstdio>
+#include <utility>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 
 #include "server/api_impl.hpp"
 #include "server/journal.hpp"
@@ -20,7 +25,108 @@ std::string runtime_error_code(const std::string& code) {
   if (code == "model_not_found") return "ResourceNotFoundException";
   return code;
 }
+
+// What the log line and the error shapes need of a request, kept until it is answered.
+struct RequestContext {
+  std::string id;
+  std::chrono::steady_clock::time_point started;
+  std::string method;
+  std::string path;
+  std::optional<std::string> amz_target;
+  std::string tenant_id;  // once authenticated
+};
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// The error response for `failure` in the request's shapes (spec §4); sets error_type.
+Response error_response(const std::exception_ptr& failure, const RequestContext& c, std::string& error_type) {
+  Response res;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const api_error& e) {
+    error_type = e.code();
+    res.status = e.status();
+    // Control plane (JSON 1.1): {"__type", "Message"}; runtime (REST-JSON): X-Amzn-ErrorType + {"message"}.
+    if (c.amz_target) {
+      res.content_type = "application/x-amz-json-1.1";
+      res.body = dump({{"__type", e.code()}, {"Message", e.what()}});
+    } else if (is_openai_path(c.path) && c.path.rfind("/training-sessions/", 0) != 0) {
+      // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
+      res.content_type = "application/json";
+      res.body = dump({{"error", {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}}},
+                       {"message", e.what()}});
+    } else {
+      // The runtime model's exceptions: SampleTrainingSession shares the OpenAI request parser, whose codes
+      // botocore would not map to the modelled exception classes.
+      error_type = runtime_error_code(e.code());
+      res.content_type = "application/json";
+      res.body = dump({{"message", e.what()}});
+    }
+  } catch (const std::exception& e) {
+    error_type = "InternalServerException";
+    res.status = 500;
+    const std::string message = std::string("internal error: ") + e.what();
+    // The same shapes as above: a control-plane client reads __type / Message.
+    if (c.amz_target) {
+      res.content_type = "application/x-amz-json-1.1";
+      res.body = dump({{"__type", error_type}, {"Message", message}});
+    } else {
+      res.content_type = "application/json";
+      res.body = dump({{"message", message}});
+    }
+  }
+  res.headers.emplace_back("X-Amzn-ErrorType", error_type);
+  return res;
+}
+
+// The request's response, or nullopt when a handler kept `reply` to answer later. Throws for an error answer.
+Handled route(Api::Impl& im, const sigv4::HttpRequest& req, RequestContext& c, const Reply& reply) {
+  if (req.method == "GET" && c.path == "/health")
+    return Response{200, "application/json", {}, json{{"status", "ok"}}.dump()};
+  auto tenant = im.authenticate(req);
+  c.tenant_id = tenant->config.id;
+  if (req.body.size() > tenant->config.max_body_bytes)
+    throw api_error("RequestEntityTooLarge", 413,
+                    "request body of " + std::to_string(req.body.size()) + " bytes exceeds this tenant's limit of " +
+                        std::to_string(tenant->config.max_body_bytes));
+  if (!c.amz_target) return im.runtime(req, c.path, tenant, reply);
+  if (req.method != "POST" || c.path != "/")
+    throw api_error("UnknownOperationException", 400, "control-plane calls are POST /");
+  json body;
+  try {
+    body = req.body.empty() ? json::object() : json::parse(req.body);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+    throw api_error("SerializationException", 400, std::string("request body is not valid JSON: ") + e.what());
+  }
+  return Response{200, "application/x-amz-json-1.1", {}, im.control_plane(*c.amz_target, body, tenant).dump()};
+}
 }  // namespace
+
+Reply::Reply(Executor executor, Answer answer) : state_(std::make_shared<State>()) {
+  state_->executor = std::move(executor);
+  state_->answer = std::move(answer);
+}
+
+Reply::Answer Reply::claim() const {
+  std::lock_guard lock(state_->mu);
+  return std::exchange(state_->answer, {});
+}
+
+bool Reply::post(std::function<Response()> make) const {
+  // Only the thread that claimed the answer posts to the executor; the others never touch it. So the executor's
+  // io_context need only outlive the answer it runs, not the Reply (a stale wake-up on a running operation keeps one).
+  Answer answer = claim();
+  if (!answer) return false;
+  boost::asio::post(state_->executor, [answer = std::move(answer), make = std::move(make)] { answer(make); });
+  return true;
+}
+
+bool Reply::now(const std::function<Response()>& make) const {
+  Answer answer = claim();
+  if (!answer) return false;
+  answer(make);
+  return true;
+}
 
 Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
@@ -57,7 +163,28 @@ void Api::shutdown() {
   for (auto& [k, s] : all) s->join();
 }
 
-void Api::interrupt_waits() { impl_->closing = true; }
+void Api::interrupt_waits() {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard lock(impl_->polls_mu);
+    impl_->closing = true;
+    for (auto& [token, f] : impl_->polls)
+      if (!token.expired()) wake.push_back(std::move(f));
+    impl_->polls.clear();
+  }
+  for (auto& f : wake) f();
+}
+
+bool Api::Impl::add_poll(std::weak_ptr<void> token, std::function<void()> wake) {
+  std::lock_guard lock(polls_mu);
+  if (closing) return false;
+  // Polls that answered leave an expired token; dropping them as the list doubles keeps it as short as the live
+  // ones at amortised O(1) per poll.
+  if (polls.size() >= 64 && polls.size() == polls.capacity())
+    std::erase_if(polls, [](const auto& p) { return p.first.expired(); });
+  polls.emplace_back(std::move(token), std::move(wake));
+  return true;
+}
 
 std::size_t Api::max_body_bytes() const {
   std::size_t m = 1024 * 1024;
@@ -97,94 +224,62 @@ std::shared_ptr<TenantState> Api::Impl::authenticate(const sigv4::HttpRequest& r
   return tenant;
 }
 
-Response Api::handle(const sigv4::HttpRequest& req) {
+void Api::handle_async(const sigv4::HttpRequest& req, Executor executor, std::function<void(Response)> done) {
   Impl& im = *impl_;
-  const auto started = std::chrono::steady_clock::now();
-  const std::string request_id = "req-" + std::to_string(im.next_request++);
-  const auto amz_target = req.header("X-Amz-Target");
-  const std::string path = req.target.substr(0, req.target.find('?'));
-  std::string tenant_id;
-  Response res;
-  std::string error_type;
+  auto c = std::make_shared<RequestContext>();
+  c->id = "req-" + std::to_string(im.next_request++);
+  c->started = std::chrono::steady_clock::now();
+  c->method = req.method;
+  c->path = req.target.substr(0, req.target.find('?'));
+  c->amz_target = req.header("X-Amz-Target");
+  Reply reply(std::move(executor), [&im, c, done = std::move(done)](const std::function<Response()>& make) {
+    Response res;
+    std::string error_type;
+    try {
+      res = make();
+    } catch (...) {
+      res = error_response(std::current_exception(), *c, error_type);
+    }
+    res.headers.emplace_back("x-amzn-RequestId", c->id);
+    json line{{"ts", now_seconds()},
+              {"level", res.status >= 500   ? "error"
+                        : res.status >= 400 ? "warn"
+                                            : "info"},
+              {"requestId", c->id},
+              {"method", c->method},
+              {"path", c->path},
+              {"status", res.status},
+              {"durationMs",
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c->started).count()}};
+    if (c->amz_target) line["target"] = *c->amz_target;
+    if (!c->tenant_id.empty()) line["tenant"] = c->tenant_id;
+    if (!error_type.empty()) line["errorType"] = error_type;
+    im.options.log(dump(line));
+    done(std::move(res));
+  });
+  Handled handled;
+  std::exception_ptr failure;
   try {
-    if (req.method == "GET" && path == "/health") {
-      res.body = json{{"status", "ok"}}.dump();
-    } else {
-      auto tenant = im.authenticate(req);
-      tenant_id = tenant->config.id;
-      if (req.body.size() > tenant->config.max_body_bytes)
-        throw api_error("RequestEntityTooLarge", 413,
-                        "request body of " + std::to_string(req.body.size()) +
-                            " bytes exceeds this tenant's limit of " + std::to_string(tenant->config.max_body_bytes));
-      if (amz_target) {
-        res.content_type = "application/x-amz-json-1.1";
-        if (req.method != "POST" || path != "/")
-          throw api_error("UnknownOperationException", 400, "control-plane calls are POST /");
-        json body;
-        try {
-          body = req.body.empty() ? json::object() : json::parse(req.body);
-        } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-          throw api_error("SerializationException", 400, std::string("request body is not valid JSON: ") + e.what());
-        }
-        res.body = im.control_plane(*amz_target, body, tenant).dump();
-      } else {
-        res = im.runtime(req, path, tenant);
-      }
-    }
-  } catch (const api_error& e) {
-    error_type = e.code();
-    res.status = e.status();
-    // Control plane (JSON 1.1): {"__type", "Message"}; runtime (REST-JSON): X-Amzn-ErrorType + {"message"}.
-    if (amz_target) {
-      res.content_type = "application/x-amz-json-1.1";
-      res.body = json{{"__type", e.code()}, {"Message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
-    } else if (is_openai_path(path) && path.rfind("/training-sessions/", 0) != 0) {
-      // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
-      res.content_type = "application/json";
-      res.body = json{
-          {"error", {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}}},
-          {"message",
-           e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
-    } else {
-      // The runtime model's exceptions: SampleTrainingSession shares the OpenAI request parser, whose codes
-      // botocore would not map to the modelled exception classes.
-      error_type = runtime_error_code(e.code());
-      res.content_type = "application/json";
-      res.body = json{{"message", e.what()}}.dump(-1, ' ', false, json::error_handler_t::replace);
-    }
-    res.headers.emplace_back("X-Amzn-ErrorType", error_type);
-  } catch (const std::exception& e) {
-    error_type = "InternalServerException";
-    res.status = 500;
-    const std::string message = std::string("internal error: ") + e.what();
-    // The same shapes as above: a control-plane client reads __type / Message.
-    if (amz_target) {
-      res.content_type = "application/x-amz-json-1.1";
-      res.body =
-          json{{"__type", error_type}, {"Message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
-    } else {
-      res.content_type = "application/json";
-      res.body = json{{"message", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
-    }
-    res.headers.emplace_back("X-Amzn-ErrorType", error_type);
+    handled = route(im, req, *c, reply);
+  } catch (...) {
+    failure = std::current_exception();
   }
-  res.headers.emplace_back("x-amzn-RequestId", request_id);
+  if (failure)
+    reply.now([&]() -> Response { std::rethrow_exception(failure); });
+  else if (handled)
+    reply.now([&] { return std::move(*handled); });
+}
 
-  json line{
-      {"ts", now_seconds()},
-      {"level", res.status >= 500   ? "error"
-                : res.status >= 400 ? "warn"
-                                    : "info"},
-      {"requestId", request_id},
-      {"method", req.method},
-      {"path", path},
-      {"status", res.status},
-      {"durationMs", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count()}};
-  if (amz_target) line["target"] = *amz_target;
-  if (!tenant_id.empty()) line["tenant"] = tenant_id;
-  if (!error_type.empty()) line["errorType"] = error_type;
-  im.options.log(line.dump(-1, ' ', false, json::error_handler_t::replace));
-  return res;
+Response Api::handle(const sigv4::HttpRequest& req) {
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);  // a long-poll or a sample answers from a worker's post
+  std::optional<Response> out;
+  handle_async(req, io.get_executor(), [&](Response r) {
+    out = std::move(r);
+    work.reset();
+  });
+  io.run();
+  return std::move(*out);
 }
 
 }  // namespace rlloop::server

@@ -57,7 +57,36 @@ struct OperationRecord {
   // Set when the operation ran: what it billed, and a sample's raw result (for the OpenAI endpoints).
   TokenUsage billed;
   std::shared_ptr<SampleResponse> sample_result;
+  // Guarded by the session's mu: run once, without mu, by the thread that makes `state` terminal.
+  std::vector<std::function<void()>> on_done;
 };
+
+// The answer to one request, given exactly once whichever thread decides it (the io thread that read the
+// request, a session worker finishing an operation, a timer, Server::stop): the first answer wins, later ones do
+// nothing. Copies share the answer.
+class Reply {
+ public:
+  // Makes the response (an exception thrown by `make` becomes the error response), logs it and sends it.
+  using Answer = std::function<void(const std::function<Response()>& make)>;
+  Reply(Executor executor, Answer answer);
+  // Answers with make()'s response, made on the executor (from any thread); false when already answered.
+  bool post(std::function<Response()> make) const;
+  // The same, made on the calling thread: for a handler answering before it returns.
+  bool now(const std::function<Response()>& make) const;
+  const Executor& executor() const { return state_->executor; }
+
+ private:
+  struct State {
+    Executor executor;
+    std::mutex mu;
+    Answer answer;  // empty once answered, so a settled Reply holds nothing of its connection
+  };
+  Answer claim() const;
+  std::shared_ptr<State> state_;
+};
+
+// A handler's result: the response, or nullopt when it kept its Reply to answer later.
+using Handled = std::optional<Response>;
 
 class Journal;
 
@@ -95,11 +124,9 @@ class SessionHost {
   void join();
   // Blocks until the session left "Created" (it is Running, or creation failed).
   void wait_started();
-  // Blocks until op is no longer Pending or InProgress.
-  void wait_done(const OperationRecord& op);
-  // The same with `lock` held on mu, until `until` at the latest (long-poll GETs); true once op is terminal.
-  bool wait_done_until(std::unique_lock<std::mutex>& lock, const OperationRecord& op,
-                       std::chrono::steady_clock::time_point until);
+  // Runs `f` once op is terminal, on the thread that makes it so and without mu held; f hands the answer on and
+  // must not block. The caller holds mu and saw op not terminal.
+  void on_done_locked(OperationRecord& op, std::function<void()> f);
   // Writes a record about this session to the journal (when durable).
   void journal(json record);
 
@@ -128,6 +155,8 @@ class SessionHost {
   void recover(const Recovery& r);
   json execute(OperationRecord& op);
   void finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave);
+  // Sets a terminal state with mu held; returns op's on_done callbacks, for the caller to run once mu is released.
+  std::vector<std::function<void()>> settle_locked(OperationRecord& op, json state);
   std::string resolve_checkpoint(const std::string& arn);
   std::string add_checkpoint(const std::string& path);
   void bill(OperationRecord& op, const TokenUsage& u);
@@ -153,8 +182,14 @@ struct Api::Impl {
   std::map<std::pair<std::string, std::string>, std::shared_ptr<SessionHost>> sessions;  // (tenant, name)
   std::atomic<std::uint64_t> next_request{1};
   std::atomic<std::uint64_t> next_operation{1};
-  std::atomic<bool> closing{false};  // set by Api::interrupt_waits: long-polls answer at once
   std::unique_ptr<Journal> journal;  // when options.data_dir is set
+
+  // Long-polls waiting now, for interrupt_waits: each one's wake-up, kept while its token (its timer) lives.
+  std::mutex polls_mu;
+  bool closing = false;  // set by Api::interrupt_waits: long-polls answer at once (guarded by polls_mu)
+  std::vector<std::pair<std::weak_ptr<void>, std::function<void()>>> polls;
+  // Registers a long-poll's wake-up; false when the server is closing (the poll answers at once instead).
+  bool add_poll(std::weak_ptr<void> token, std::function<void()> wake);
 
   HostConfig host_config();
   // Rebuilds tenants' checkpoints and billing and every session from the journal; waits until the live ones run.
@@ -163,14 +198,18 @@ struct Api::Impl {
   std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req);
   std::shared_ptr<SessionHost> find_session(const TenantState& t, const std::string& name);
   json control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t);
-  Response runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t);
+  Handled runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
+                  const Reply& reply);
   json usage_report(const std::shared_ptr<TenantState>& t);
   std::string new_operation_id();
   // OpenAI-compatible sampling (openai.cpp): /v1/models, /v1/chat/completions, /v1/completions and the
   // SageMaker pass-through /training-sessions/{name}/sample[-with-response-stream].
-  Response openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t);
-  // Queues a sampling operation outside the operation API and waits for it (the OpenAI endpoints).
-  std::shared_ptr<OperationRecord> sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request);
+  Handled openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
+                 const Reply& reply);
+  // Queues a sampling operation outside the operation API (the OpenAI endpoints); once it completed, `reply`
+  // answers with then(op), made on the reply's executor.
+  void sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request, const Reply& reply,
+                  std::function<Response(const OperationRecord&)> then);
 };
 
 // Whether an operation state is final (not Pending or InProgress).

@@ -167,33 +167,44 @@ bool is_openai_path(const std::string& path) {
   return path.rfind(prefix, 0) == 0 && (path.ends_with("/sample") || path.ends_with("/sample-with-response-stream"));
 }
 
-std::shared_ptr<OperationRecord> Api::Impl::sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request) {
+void Api::Impl::sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request, const Reply& reply,
+                           std::function<Response(const OperationRecord&)> then) {
   auto op = std::make_shared<OperationRecord>();
   op->sampling = true;
-  {
-    std::lock_guard lock(s->mu);
-    if (s->status != "Running" && s->status != "Blocked")
-      throw api_error("ConflictException", 409,
-                      "Training session " + s->name + " is " + s->status + "; must be Running or Blocked");
-    try {
-      validate_model_input(request.prompt, s->vocab_size, "prompt: ");
-    } catch (const invalid_argument& e) {
-      throw api_error("invalid_request_error", 400, e.what());
-    }
-    op->op = wire::SamplingOperation{std::move(request)};
-    op->id = new_operation_id();
-    s->enqueue_locked(op);
-  }
-  s->wait_done(*op);
   std::lock_guard lock(s->mu);
-  if (op->state.value("status", "") != "Completed" || !op->sample_result)
-    throw api_error("invalid_request_error", 400,
-                    "sampling failed: " + op->state.value("errorDetails", op->state.value("status", "")));
-  return op;
+  if (s->status != "Running" && s->status != "Blocked")
+    throw api_error("ConflictException", 409,
+                    "Training session " + s->name + " is " + s->status + "; must be Running or Blocked");
+  try {
+    validate_model_input(request.prompt, s->vocab_size, "prompt: ");
+  } catch (const invalid_argument& e) {
+    throw api_error("invalid_request_error", 400, e.what());
+  }
+  op->op = wire::SamplingOperation{std::move(request)};
+  op->id = new_operation_id();
+  // The worker that finishes the sample only posts the answer; it is made on the reply's executor.
+  s->on_done_locked(*op, [s, op, reply, then = std::move(then)] {
+    reply.post([s, op, then] {
+      {
+        std::lock_guard l(s->mu);
+        if (op->state.value("status", "") != "Completed" || !op->sample_result)
+          throw api_error("invalid_request_error", 400,
+                          "sampling failed: " + op->state.value("errorDetails", op->state.value("status", "")));
+      }
+      return then(*op);
+    });
+  });
+  s->enqueue_locked(op);
 }
 
-Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path,
-                           const std::shared_ptr<TenantState>& t) {
+namespace {
+// The answer to a completed OpenAI / pass-through sample: one JSON body, or server-sent events.
+Response completion(const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids,
+                    const OperationRecord& op);
+}  // namespace
+
+Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
+                          const Reply& reply) {
   auto live = [&](const std::shared_ptr<SessionHost>& s) {
     std::lock_guard lock(s->mu);
     return s->status == "Running" || s->status == "Blocked";
@@ -309,11 +320,17 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
   if (info.eos_token_id) stop_ids.push_back(*info.eos_token_id);
   sreq.params.stop_token_ids = stop_ids;
 
-  const auto op = sample_now(s, sreq);
+  sample_now(s, sreq, reply, [r, m, stop_ids](const OperationRecord& op) { return completion(r, m, stop_ids, op); });
+  return std::nullopt;
+}
+
+namespace {
+Response completion(const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids,
+                    const OperationRecord& op) {
   std::vector<Choice> choices;
-  for (const auto& seq : op->sample_result->sequences) choices.push_back(make_choice(seq, r, m, stop_ids));
-  const TokenUsage billed = op->billed;
-  const std::string id = (r.chat ? "chatcmpl-" : "cmpl-") + op->id;
+  for (const auto& seq : op.sample_result->sequences) choices.push_back(make_choice(seq, r, m, stop_ids));
+  const TokenUsage billed = op.billed;
+  const std::string id = (r.chat ? "chatcmpl-" : "cmpl-") + op.id;
   const std::int64_t created = unix_now();
   const std::string object = r.chat ? "chat.completion" : "text_completion";
 
@@ -390,5 +407,6 @@ Response Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& pat
   };
   return res;
 }
+}  // namespace
 
 }  // namespace rlloop::server

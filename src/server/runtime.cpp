@@ -5,6 +5,8 @@
 #include <optional>
 #include <regex>
 
+#include <boost/asio/steady_timer.hpp>
+
 #include "server/api_impl.hpp"
 
 namespace rlloop::server {
@@ -61,6 +63,25 @@ std::optional<std::chrono::milliseconds> wait_seconds(const std::string& target)
   return std::nullopt;
 }
 
+// A long-poll answers with its operation's state at the first of: the operation becomes terminal (the session
+// worker wakes it), its deadline (a timer on the reply's executor), Api::interrupt_waits. No thread waits for
+// it. The caller holds s->mu and saw the operation not terminal.
+void long_poll(Api::Impl& im, const std::shared_ptr<SessionHost>& s, const std::shared_ptr<OperationRecord>& op,
+               std::chrono::milliseconds wait, const Reply& reply) {
+  auto timer = std::make_shared<boost::asio::steady_timer>(reply.executor(), wait);
+  // Only the timer's own pending wait owns it, so it always dies on its executor; the answer, made there,
+  // cancels it when another wake-up came first.
+  auto answer = [s, op, weak = std::weak_ptr(timer)] {
+    if (auto t = weak.lock()) t->cancel();
+    std::lock_guard lock(s->mu);
+    return json_response(op->state);
+  };
+  auto wake = [reply, answer] { reply.post(answer); };
+  timer->async_wait([timer, wake](const boost::system::error_code&) { wake(); });
+  s->on_done_locked(*op, wake);
+  if (!im.add_poll(timer, wake)) wake();  // the server is closing: answer now
+}
+
 }  // namespace
 
 std::string Api::Impl::new_operation_id() {
@@ -91,9 +112,9 @@ json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
   return {{"tenant", t->config.id}, {"usage", wire::to_json(t->usage)}, {"sessions", std::move(sessions_json)}};
 }
 
-Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path,
-                            const std::shared_ptr<TenantState>& t) {
-  if (is_openai_path(path)) return openai(req, path, t);
+Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path,
+                           const std::shared_ptr<TenantState>& t, const Reply& reply) {
+  if (is_openai_path(path)) return openai(req, path, t, reply);
   const auto seg = segments(path);
   const bool get = req.method == "GET", post = req.method == "POST";
   if (seg.size() == 2 && seg[0] == "v1" && get) {
@@ -133,20 +154,16 @@ Response Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pa
     const std::string& id = seg[4];
     if (!valid_label(id))
       throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
-    const auto wait = wait_seconds(req.target).value_or(options.default_result_wait);
-    std::unique_lock lock(s->mu);
+    const std::chrono::milliseconds wait = wait_seconds(req.target).value_or(options.default_result_wait);
+    std::lock_guard lock(s->mu);
     auto it = s->ops.find(id);
     // An operation of another kind or session is "not found", as the spec says.
     if (it == s->ops.end() || it->second->sampling != sampling)
       not_found_error("operation " + id + " does not exist in training session " + name);
     const std::shared_ptr<OperationRecord> op = it->second;
-    // In slices, so that a server shutting down (interrupt_waits) answers within one.
-    const auto deadline = std::chrono::steady_clock::now() + wait;
-    while (!closing && std::chrono::steady_clock::now() < deadline &&
-           !s->wait_done_until(lock, *op,
-                               std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)))) {
-    }
-    return json_response(op->state);
+    if (wait.count() <= 0 || terminal_state(op->state)) return json_response(op->state);
+    long_poll(*this, s, op, wait, reply);
+    return std::nullopt;
   }
 
   if (seg.size() == 4 && post && (training || sampling)) {

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <boost/asio/any_io_executor.hpp>
+
 #include <rlloop/session.hpp>
 
 #include "sigv4/sigv4.hpp"
@@ -79,7 +81,25 @@ struct Options {
   bool bill_prompt_per_sample = false;
   // One JSON object per line; defaults to stderr.
   std::function<void(const std::string&)> log;
+
+  // The HTTP layer (Server). Sockets are served asynchronously by a fixed pool of threads, so an idle or slow
+  // client costs a socket and a few KiB, never a thread. Checked by Server's constructor.
+  std::size_t io_threads = 2;  // run every connection's reads and writes
+  // Run the producers of streamed (server-sent events) bodies, which block while a slow reader's buffer is full.
+  std::size_t stream_threads = 2;
+  // Concurrent connections. One more is accepted, answered 503 with X-Amzn-ErrorType ServiceUnavailableException,
+  // Retry-After: 1 and {"message"}, and closed: the server as a whole is full, which a client retries as it does any
+  // 503; a 429 ThrottlingException would blame the caller's request rate instead.
+  std::size_t max_connections = 1024;
+  std::chrono::milliseconds idle_timeout{60'000};    // a connection waiting for its first or next request
+  std::chrono::milliseconds header_timeout{10'000};  // from a request's first byte to the end of its headers
+  std::chrono::milliseconds body_timeout{60'000};    // to receive a request's body, once its headers are in
+  std::chrono::milliseconds write_timeout{60'000};   // for the client to take each write of a response
 };
+
+// Where an asynchronous request continues and answers: the connection's strand (Server), or a private
+// io_context (Api::handle).
+using Executor = boost::asio::any_io_executor;
 
 // Sends one piece of a streamed body; false once the client has gone away.
 using StreamWriter = std::function<bool(std::string_view)>;
@@ -101,13 +121,19 @@ class Api {
   Api(const Api&) = delete;
   Api& operator=(const Api&) = delete;
 
+  // Answers `request` by calling `done` exactly once, on `executor` or before this returns, and never blocks on
+  // a session: most requests answer at once; a long-poll (?waitSeconds=) answers when its operation is terminal
+  // or at its deadline (a timer on `executor`), an OpenAI / pass-through sample when its operation is done. A
+  // streamed Response's producer may block on its writer: run it where blocking is fine (Server: stream_threads).
+  void handle_async(const sigv4::HttpRequest& request, Executor executor, std::function<void(Response)> done);
+  // The same, waiting for the answer on the calling thread.
   Response handle(const sigv4::HttpRequest& request);
   // Largest body any tenant may send (the HTTP layer's parser limit).
   std::size_t max_body_bytes() const;
   // Stops every session worker (pending operations become Skipped).
   void shutdown();
   // Long-polls (Get*OperationResult?waitSeconds=N) answer at once, now and from now on: Server::stop calls it
-  // before it waits for its connection threads.
+  // before it closes its connections.
   void interrupt_waits();
 
   struct Impl;
@@ -116,13 +142,14 @@ class Api {
   std::unique_ptr<Impl> impl_;
 };
 
-// HTTP/1.1 with keep-alive on top of Api; one thread per connection.
+// HTTP/1.1 with keep-alive on top of Api, on Asio's asynchronous I/O: Options::io_threads threads serve every
+// connection, with a connection cap and idle / header / body / write timeouts.
 class Server {
  public:
-  Server(Options options, Backend backend);
+  Server(Options options, Backend backend);  // throws invalid_argument naming a bad Options field
   ~Server();
   void start();  // binds and starts accepting; returns at once
-  void stop();   // closes the listener and every connection, waits for their threads
+  void stop();   // closes the listener and every connection, stops the sessions, joins the server's threads
   std::uint16_t port() const;
   Api& api();
 

@@ -3,6 +3,7 @@
 // durable, each result is journaled before it is visible, and a LoRA state is saved after every optimizer step.
 #include <chrono>
 #include <filesystem>
+#include <utility>
 
 #include "server/api_impl.hpp"
 #include "server/journal.hpp"
@@ -74,15 +75,18 @@ void SessionHost::wait_started() {
   done_cv_.wait(lock, [&] { return status != "Created"; });
 }
 
-void SessionHost::wait_done(const OperationRecord& op) {
-  std::unique_lock lock(mu);
-  done_cv_.wait(lock, [&] { return terminal_state(op.state); });
+void SessionHost::on_done_locked(OperationRecord& op, std::function<void()> f) { op.on_done.push_back(std::move(f)); }
+
+std::vector<std::function<void()>> SessionHost::settle_locked(OperationRecord& op, json state) {
+  op.state = std::move(state);
+  return std::exchange(op.on_done, {});
 }
 
-bool SessionHost::wait_done_until(std::unique_lock<std::mutex>& lock, const OperationRecord& op,
-                                  std::chrono::steady_clock::time_point until) {
-  return done_cv_.wait_until(lock, until, [&] { return terminal_state(op.state); });
+namespace {
+void run_all(const std::vector<std::function<void()>>& callbacks) {
+  for (const auto& f : callbacks) f();
 }
+}  // namespace
 
 void SessionHost::bill(OperationRecord& op, const TokenUsage& u) {
   op.billed += u;
@@ -196,10 +200,14 @@ void SessionHost::finish(const std::shared_ptr<OperationRecord>& op, json state,
   json rec{{"t", "done"}, {"id", op->id}, {"state", state}, {"usage", usage_json(op->billed)}};
   if (!autosave.empty()) rec["autosave"] = autosave;
   journal(std::move(rec));
-  std::lock_guard lock(mu);
-  op->state = std::move(state);
-  last_modified = now_seconds();
-  done_cv_.notify_all();
+  std::vector<std::function<void()>> waiting;
+  {
+    std::lock_guard lock(mu);
+    waiting = settle_locked(*op, std::move(state));
+    last_modified = now_seconds();
+    done_cv_.notify_all();
+  }
+  run_all(waiting);
 }
 
 // Rebuilds the state the session had when the server stopped: the last autosave (weights, optimizer moments, step,
@@ -295,18 +303,24 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       for (auto& q : skipped) finish(q, {{"status", "Skipped"}}, "");
     }
   }
-  std::lock_guard lock(mu);
-  for (auto& queued : queue_)
-    queued->state = queued->sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}}
-                                     : json{{"status", "Skipped"}};
-  queue_.clear();
-  done_cv_.notify_all();
-  session.reset();  // frees the model while the record stays describable
-  if (status == "Stopping" || status == "Created") {
-    status = "Stopped";
-    end_time = last_modified = now_seconds();
+  std::vector<std::function<void()>> waiting;
+  {
+    std::lock_guard lock(mu);
+    for (auto& queued : queue_) {
+      auto w = settle_locked(*queued, queued->sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}}
+                                                       : json{{"status", "Skipped"}});
+      waiting.insert(waiting.end(), std::make_move_iterator(w.begin()), std::make_move_iterator(w.end()));
+    }
+    queue_.clear();
+    done_cv_.notify_all();
+    session.reset();  // frees the model while the record stays describable
+    if (status == "Stopping" || status == "Created") {
+      status = "Stopped";
+      end_time = last_modified = now_seconds();
+    }
+    done_cv_.notify_all();
   }
-  done_cv_.notify_all();
+  run_all(waiting);
 }
 
 }  // namespace rlloop::server
