@@ -1,0 +1,140 @@
+"""The SageMaker Python SDK's training-session clients (sagemaker-train, sagemaker.train.training_session:
+ServiceClient -> TrainingClient -> SamplingClient) against `rlloop serve`, unmodified, with only the endpoint and
+the credentials changed: a shorter run of examples/sagemaker_sdk/sft_grpo.py (SFT, then GRPO, on single-digit
+addition with rlloop-small + LoRA), checking what it measures: the SFT loss falls, sampled sequences end with
+stopReason stop or length and carry one logprob per token, a client from save_weights_and_get_sampling_client
+samples the weights it saved (and keeps doing so after training moves on), and GRPO raises the reward.
+
+Usage: python sagemaker_sdk_test.py [<rlloop binary>]      (third_party/venv's Python; default build/bin/rlloop)
+"""
+
+import os
+import re
+import statistics
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "examples", "sagemaker_sdk"))
+sys.path.insert(0, HERE)
+
+import rlloop_serve  # noqa: E402
+import sft_grpo as demo  # noqa: E402
+
+RLLOOP = None
+SFT_STEPS, GRPO_STEPS, SEED = 200, 20, 1
+
+
+class SdkSftThenGrpo(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.t0 = time.time()
+        cls.server = demo.start_server(RLLOOP)
+        demo.configure_environment(cls.server.endpoint, rlloop_serve.ACCESS_KEY, rlloop_serve.SECRET_KEY)
+        cls.svc = demo.service_client(rlloop_serve.ACCOUNT, rlloop_serve.ROLE_ARN)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        print(f"\n{cls.__name__}: {time.time() - cls.t0:.0f} s", file=sys.stderr)
+
+    def assert_sequences(self, sequences, n):
+        self.assertEqual(len(sequences), n)
+        for s in sequences:
+            self.assertIn(s.stop_reason.value, ("stop", "length"))
+            self.assertTrue(all(0 <= t < 260 for t in s.tokens), s.tokens)
+            self.assertIsNotNone(s.logprobs)
+            self.assertEqual(len(s.logprobs), len(s.tokens))
+            self.assertTrue(all(lp <= 0.0 for lp in s.logprobs), s.logprobs)
+
+    def test_sft_then_grpo(self):
+        o = demo.GrpoOptions()
+        train_set = demo.ArithmeticTask().all_problems(demo.TRAIN)
+        held_out = demo.ArithmeticTask().all_problems(demo.HELD_OUT)
+        self.assertEqual(len(train_set) + len(held_out), 100)
+        self.assertFalse({p.prompt for p in train_set} & {p.prompt for p in held_out})
+        # A fixed completion scored by every model below: prompt + "#### 5" + end-of-text.
+        probe = demo.encode("2+3=") + demo.encode("#### 5") + [demo.EOS]
+
+        with self.svc.create_lora_training_client(demo.hub_model_arn("rlloop-small"), rank=32, alpha=64) as tc:
+            name = tc.training_session_name
+            self.assertTrue(name.startswith("sagemaker-training-session-"), name)
+
+            # The base model (modelPackageArn omitted): random weights, no answer format.
+            base = tc.create_sampling_client()
+            seqs = base.sample(demo.encode("2+3="), 2, demo.sampling_params(1.0, seed=3)).result().sequences
+            self.assert_sequences(seqs, 2)
+            base_lp = base.compute_logprobs(probe).result()
+            self.assertEqual(len(base_lp), len(probe))
+
+            # SFT: the loss per completion token falls from about ln(260) = 5.56.
+            losses = demo.sft(tc, demo.ArithmeticTask(seed=SEED), SFT_STEPS, 32, 1e-3, log=None)
+            self.assertGreater(losses[0], 5.0, losses[:5])
+            self.assertLess(statistics.mean(losses[-10:]), 3.6, losses[-10:])
+            self.assertLess(statistics.mean(losses[-10:]), statistics.mean(losses[:10]) - 1.0)
+
+            sft_sc = tc.save_weights_and_get_sampling_client()
+            self.assertRegex(sft_sc.model_package_arn,
+                             rf"^arn:aws:sagemaker:us-west-2:{rlloop_serve.ACCOUNT}:model-package/{re.escape(name)}/\d+$")
+
+            # The new client samples the saved weights: its logprobs of the probe are the training model's at save
+            # time (forward on the session), not the base model's, ...
+            sft_lp = sft_sc.compute_logprobs(probe).result()
+            datum = demo.completion_datum(probe[:4], probe[4:])
+            train_lp = tc.forward([datum], loss_fn="cross_entropy").result().loss_fn_outputs[0]["logprobs"]["data"]
+            self.assertEqual(len(train_lp), len(probe) - 1)
+            for a, b in zip(sft_lp[1:], train_lp):
+                self.assertAlmostEqual(a, b, delta=2e-3)
+            self.assertGreater(max(abs(a - b) for a, b in zip(sft_lp[1:], base_lp[1:])), 0.1)
+            # ... and greedy answers are now in the trained format, ending at end-of-text.
+            acc_sft, texts, stops = demo.evaluate(sft_sc, train_set)
+            self.assertGreaterEqual(statistics.mean(bool(re.fullmatch(r"#### \d+", t)) for t in texts), 0.9, texts)
+            self.assertGreaterEqual(stops.count("stop") / len(stops), 0.9, stops)
+            self.assertGreater(acc_sft, 0.2)
+            groups = demo.sample_all(sft_sc, train_set[:3], o.group_size, o.temperature, seed=11, top_k=o.top_k)
+            for g in groups:
+                self.assert_sequences(g, o.group_size)
+            reward_sft = demo.sampled_reward(sft_sc, train_set, o)
+
+            # GRPO from the SFT weights.
+            final_sc, history = demo.grpo(tc, sft_sc, demo.ArithmeticTask(seed=SEED + 2000), GRPO_STEPS, o, SEED, log=None)
+            self.assertEqual(len(history), GRPO_STEPS)
+            self.assertTrue(all(h["datums"] > 0 and "loss" in h for h in history), history)
+            for h in history:
+                self.assertTrue(set(h["stop_reasons"]) <= {"stop", "length"}, h["stop_reasons"])
+            self.assertNotEqual(final_sc.model_package_arn, sft_sc.model_package_arn)
+
+            reward_final = demo.sampled_reward(final_sc, train_set, o)
+            acc_final, _, _ = demo.evaluate(final_sc, train_set)
+            acc_held_sft, acc_held_final = demo.evaluate(sft_sc, held_out)[0], demo.evaluate(final_sc, held_out)[0]
+            print(f"\nSFT loss {losses[0]:.3f} -> {losses[-1]:.3f}; mean sampled reward {reward_sft:.3f} -> "
+                  f"{reward_final:.3f}; greedy accuracy {acc_sft:.3f} -> {acc_final:.3f} (training problems), "
+                  f"{acc_held_sft:.3f} -> {acc_held_final:.3f} (held-out)", file=sys.stderr)
+            self.assertGreater(reward_final, reward_sft + 0.05)
+            self.assertGreater(acc_final, acc_sft + 0.05)
+            self.assertGreaterEqual(acc_held_final, acc_held_sft)
+
+            # The SFT checkpoint is unchanged by the training after it: its client still serves the same weights.
+            again = sft_sc.compute_logprobs(probe).result()
+            for a, b in zip(again[1:], sft_lp[1:]):
+                self.assertAlmostEqual(a, b, delta=1e-5)
+            final_lp = final_sc.compute_logprobs(probe).result()
+            self.assertGreater(max(abs(a - b) for a, b in zip(final_lp[1:], sft_lp[1:])), 1e-4)
+
+        # Leaving the block, the SDK stops the session.
+        [summary] = self.svc.list_sessions(name_contains=name)
+        self.assertEqual(summary.training_session_name, name)
+        self.assertIn(getattr(summary.status, "value", summary.status), ("Stopping", "Stopped"))
+
+
+def main():
+    global RLLOOP
+    RLLOOP = sys.argv.pop(1) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else demo.find_rlloop()
+    program = unittest.main(exit=False, verbosity=2)
+    sys.exit(0 if program.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
