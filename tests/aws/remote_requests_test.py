@@ -1,11 +1,11 @@
-"""rlloop's C++ remote session against AWS's service models: every request examples/remote_grpo sends (through
-RemoteSession, SigV4-signed) passes through a recording proxy on its way to `rlloop serve`, and each one must match
-an operation of the two models (method, URI, X-Amz-Target) and validate against its input shape
-(service_models.validate: types, required, bounds, patterns, enums, no unknown members). What rlloop's client
-sends beyond the models is allowed only where docs/wire.md lists it as an extension: the members and values of
-service_models.EXTENSION_*, the routes in EXTENSION_ROUTES, the headers and query parameters below.
+"""rlloop's C++ remote session against AWS's service models: every request that remote_calls.cpp (each call of
+RemoteSession once, SigV4-signed, with inputs the models allow) sends passes through a recording proxy on its way
+to `rlloop serve`, and each one must match an operation of the two models (method, URI, X-Amz-Target) and
+validate against its input shape (service_models.validate, strict: types, required, bounds, patterns, enums, no
+unknown members). Beyond the models the client may only use what docs/wire.md lists as its extensions: the
+routes in EXTENSION_ROUTES, and the headers and query parameters below.
 
-Usage: python remote_requests_test.py <rlloop binary> <remote_grpo binary>
+Usage: python remote_requests_test.py <rlloop binary> <remote_calls binary>
 """
 
 import http.client
@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 
 import rlloop_serve
@@ -107,14 +106,14 @@ def check(requests, runtime, control):
                 value.update(json.loads(body))
         seen.add(op.name)
         try:
-            service_models.validate(op.input_shape, value, op.name, extensions=True)
+            service_models.validate(op.input_shape, value, op.name)
         except service_models.Violation as e:
             problems.append(str(e))
     return seen, problems
 
 
 def main():
-    rlloop, remote_grpo = sys.argv[1], sys.argv[2]
+    rlloop, remote_calls = sys.argv[1], sys.argv[2]
     runtime = service_models.load(service_models.RUNTIME)
     control = service_models.load(service_models.CONTROL)
     with rlloop_serve.Server(rlloop) as server:
@@ -123,27 +122,23 @@ def main():
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         env = dict(os.environ, AWS_ACCESS_KEY_ID=rlloop_serve.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=rlloop_serve.SECRET_KEY)
         env.pop("RLLOOP_API_KEY", None)
-        out = tempfile.mkdtemp(prefix="rlloop-remote-requests-")
-        run = subprocess.run(
-            [remote_grpo, "--url", f"http://127.0.0.1:{proxy.server_address[1]}", "--base-model", "rlloop-tiny",
-             "--sft-steps", "3", "--steps", "2", "--problems", "4", "--group-size", "2", "--eval-problems", "4",
-             "--out", out],
-            env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run([remote_calls, f"http://127.0.0.1:{proxy.server_address[1]}"],
+                             env=env, capture_output=True, text=True, timeout=300)
         proxy.shutdown()
     if run.returncode != 0:
         print(run.stdout, run.stderr, "".join(server.log[-20:]))
-        sys.exit(f"remote_grpo failed with status {run.returncode}")
+        sys.exit(f"remote_calls failed with status {run.returncode}")
     seen, problems = check(Recorder.requests, runtime, control)
     print(f"{len(Recorder.requests)} requests; operations and extensions used: {sorted(seen)}")
     for needed in ("CreateTrainingSession", "DescribeTrainingSession", "StopTrainingSession",
                    "ExecuteTrainingOperation", "GetTrainingOperationResult",
                    "ExecuteSamplingOperation", "GetSamplingOperationResult"):
         if needed not in seen:
-            problems.append(f"remote_grpo never sent {needed}: the check did not cover it")
+            problems.append(f"remote_calls never sent {needed}: the check did not cover it")
     if problems:
         print("FAIL:\n  " + "\n  ".join(problems[:20]))
         sys.exit(1)
-    print("every request validates against the service models (with the documented extensions)")
+    print("every request validates against the service models' input shapes")
 
 
 if __name__ == "__main__":
