@@ -9,8 +9,8 @@
 // dL/dz * weight_t / N on the chosen completion, its negative on the rejected one. The implicit rewards
 // beta * (pi - ref) of each side give the reported accuracy (chosen > rejected) and margin.
 //
-// The reference logprobs come from a SamplingClient of the base weights (compute_logprobs), once per pair:
-// they are cached in DpoState, so later epochs over the same pairs cost no reference calls.
+// The reference logprobs come from a SamplingClient of the base weights (compute_logprobs), once per completion:
+// they are cached in DpoState (reference.hpp), so later epochs over the same pairs cost no reference calls.
 //
 //   auto reference = client.save_weights_and_get_sampling_client("reference");
 //   rlloop::algorithms::DPO<S> dpo(client, reference, {.beta = 0.1});
@@ -18,15 +18,19 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <rlloop/clients.hpp>
 
-#include <rlloop/algorithms/sft.hpp>
+#include <rlloop/algorithms/completion.hpp>
+#include <rlloop/algorithms/custom_objective.hpp>
+#include <rlloop/algorithms/reference.hpp>
+#include <rlloop/algorithms/sigmoid.hpp>
 
 namespace rlloop::algorithms {
 
@@ -45,10 +49,8 @@ struct PreferenceTerm {
 struct SigmoidPreference {
   double label_smoothing = 0.0;
   PreferenceTerm operator()(double z, double beta) const {
+    using detail::log_sigmoid, detail::sigmoid;
     const double x = beta * z;
-    // log sigmoid(x) = -log1p(exp(-x)), written to stay finite for large |x|.
-    auto log_sigmoid = [](double v) { return v >= 0 ? -std::log1p(std::exp(-v)) : v - std::log1p(std::exp(v)); };
-    auto sigmoid = [](double v) { return v >= 0 ? 1 / (1 + std::exp(-v)) : std::exp(v) / (1 + std::exp(v)); };
     const double e = label_smoothing;
     return {-(1 - e) * log_sigmoid(x) - e * log_sigmoid(-x), -beta * (1 - e) * sigmoid(-x) + beta * e * sigmoid(x)};
   }
@@ -83,22 +85,18 @@ struct DpoStats {
   int reference_calls = 0;  // compute_logprobs calls this step (0 once every pair is cached)
 };
 
-// Run state: counters and the cached reference logprobs, keyed by (prompt length, prompt + completion).
-struct DpoState {
-  std::int64_t step = 0;
-  std::map<std::pair<std::size_t, std::vector<token_id>>, double> reference_logprobs;
-};
-
-// Sum of a datum's logprobs weighted by its "weights" (1 on the completion tokens of completion_datum).
-inline double weighted_logprob_sum(const Datum& d, std::span<const double> logprobs) {
-  const auto w = d.loss_fn_inputs.at("weights").as_doubles();
-  if (w.size() != logprobs.size())
-    throw invalid_argument("weighted_logprob_sum: " + std::to_string(w.size()) + " weights but " +
-                           std::to_string(logprobs.size()) + " logprobs");
-  double s = 0;
-  for (std::size_t j = 0; j < w.size(); ++j) s += w[j] * logprobs[j];
-  return s;
+inline nlohmann::json to_json(const DpoStats& s) {
+  return {{"step", s.step},
+          {"loss", s.loss},
+          {"accuracy", s.accuracy},
+          {"reward_chosen", s.reward_chosen},
+          {"reward_rejected", s.reward_rejected},
+          {"margin", s.margin},
+          {"pairs", s.pairs},
+          {"reference_calls", s.reference_calls}};
 }
+
+using DpoState = PreferenceState;
 
 // The preference objective on a batch laid out [chosen_0, rejected_0, chosen_1, rejected_1, ...], with the
 // reference sums of each side. Pure: golden-tested on its own, and the body of the custom loss. Metrics carry
@@ -149,30 +147,16 @@ class PreferenceOptimization {
 
   // One optimizer step on a batch of pairs.
   DpoStats step(const std::vector<PreferencePair>& batch) {
-    auto [data, ref_c, ref_r, calls] = prepare(batch);
-    const double beta = options_.beta;
-    const LossPolicy policy = policy_;
-    CustomLossFn fn = [ref_c = ref_c, ref_r = ref_r, beta, policy](const std::vector<Datum>& d,
-                                                                   const std::vector<std::vector<double>>& lp) {
-      return preference_objective(d, lp, ref_c, ref_r, beta, policy);
-    };
-    auto fb = client_.forward_backward_custom(data, fn);
-    auto opt = client_.optim_step(options_.adam);  // submitted back to back
-    DpoStats stats = stats_from(fb.get().metrics, batch.size(), calls);
-    opt.get();
+    const auto p = prepare(batch);
+    DpoStats stats = stats_from(objective_step(client_, p.data, objective(p), options_.adam), batch.size(), p);
     ++state_.step;
     return stats;
   }
 
   // The same statistics on held-out pairs, without a gradient (forward only).
   DpoStats evaluate(const std::vector<PreferencePair>& batch) {
-    auto [data, ref_c, ref_r, calls] = prepare(batch);
-    const auto out = client_.forward(data, LossSpec::cross_entropy()).get();
-    std::vector<std::vector<double>> lp;
-    for (std::size_t i = 0; i < data.size(); ++i) lp.push_back(out.logprobs(i));
-    auto r = preference_objective(data, lp, ref_c, ref_r, options_.beta, policy_);
-    r.metrics["loss:sum"] = r.loss;
-    return stats_from(r.metrics, batch.size(), calls);
+    const auto p = prepare(batch);
+    return stats_from(objective_value(client_, p.data, objective(p)), batch.size(), p);
   }
 
   const DpoOptions& options() const { return options_; }
@@ -187,12 +171,11 @@ class PreferenceOptimization {
     int reference_calls = 0;
   };
 
-  // Datums [chosen, rejected] per pair, and the reference sums (fetched for uncached pairs, all submitted first).
+  // Datums [chosen, rejected] per pair, and the reference sums (fetched for uncached completions).
   Prepared prepare(const std::vector<PreferencePair>& batch) {
     if (batch.empty()) throw invalid_argument("DPO: the batch holds no preference pair");
     Prepared p;
-    std::vector<std::pair<std::size_t, std::vector<token_id>>> keys;
-    std::map<std::pair<std::size_t, std::vector<token_id>>, Future<std::vector<double>>> pending;
+    std::vector<ReferenceKey> keys;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const auto& pair = batch[i];
       if (pair.prompt.empty() || pair.chosen.empty() || pair.rejected.empty())
@@ -200,28 +183,24 @@ class PreferenceOptimization {
                                " has an empty prompt, chosen or rejected completion");
       for (const auto* completion : {&pair.chosen, &pair.rejected}) {
         p.data.push_back(completion_datum(pair.prompt, *completion));
-        std::vector<token_id> full = pair.prompt;
-        full.insert(full.end(), completion->begin(), completion->end());
-        auto key = std::make_pair(pair.prompt.size(), std::move(full));
-        if (!state_.reference_logprobs.count(key) && !pending.count(key)) {
-          pending.emplace(key, reference_.compute_logprobs(ModelInput::from_tokens(key.second)));
-          ++p.reference_calls;
-        }
-        keys.push_back(std::move(key));
+        keys.push_back(reference_key(pair.prompt, *completion));
       }
     }
-    for (auto& [key, fut] : pending) {
-      const auto& lp = fut.get();  // lp[k] = log p(full[k] | full[:k]); the completion starts at the prompt length
-      double s = 0;
-      for (std::size_t k = key.first; k < lp.size(); ++k) s += lp[k];
-      state_.reference_logprobs[key] = s;
-    }
-    for (std::size_t k = 0; k < keys.size(); ++k)
-      (k % 2 == 0 ? p.ref_chosen : p.ref_rejected).push_back(state_.reference_logprobs.at(keys[k]));
+    const auto ref = reference_sums(reference_, state_.reference_logprobs, std::span<const ReferenceKey>(keys));
+    for (std::size_t k = 0; k < keys.size(); ++k) (k % 2 == 0 ? p.ref_chosen : p.ref_rejected).push_back(ref.sums[k]);
+    p.reference_calls = ref.calls;
     return p;
   }
 
-  DpoStats stats_from(const Metrics& m, std::size_t pairs, int calls) const {
+  // The custom loss of a prepared batch; it owns copies of what it needs (it may run after this call returns).
+  CustomLossFn objective(const Prepared& p) const {
+    return [ref_c = p.ref_chosen, ref_r = p.ref_rejected, beta = options_.beta, policy = policy_](
+               const std::vector<Datum>& d, const std::vector<std::vector<double>>& lp) {
+      return preference_objective(d, lp, ref_c, ref_r, beta, policy);
+    };
+  }
+
+  DpoStats stats_from(const Metrics& m, std::size_t pairs, const Prepared& p) const {
     DpoStats s;
     s.step = state_.step;
     s.loss = m.at("loss:sum");
@@ -230,7 +209,7 @@ class PreferenceOptimization {
     s.reward_rejected = m.at("dpo:reward_rejected");
     s.margin = m.at("dpo:margin");
     s.pairs = static_cast<int>(pairs);
-    s.reference_calls = calls;
+    s.reference_calls = p.reference_calls;
     return s;
   }
 

@@ -1,17 +1,24 @@
-// The policy-gradient core: sample a group of completions per prompt, score them, turn rewards into
-// advantages (AdvantagePolicy), weight tokens (AggregationPolicy), and train with ppo / importance_sampling /
-// cispo through any Session. GRPO, Dr. GRPO, DAPO and RLOO are aliases at the bottom (grpo.hpp).
+// The policy-gradient skeleton: sample a group of completions per prompt, score them, turn rewards into
+// per-token advantages (an AdvantagePolicy), weight tokens (an AggregationPolicy), and train with ppo /
+// importance_sampling / cispo through any Session, for `epochs` passes of `substeps` minibatches. GRPO, Dr. GRPO,
+// DAPO and RLOO (grpo.hpp) are group baselines; PPO (ppo.hpp) is the same loop with a learned critic (CriticGae).
 //
 //   rlloop::algorithms::GRPO<rlloop::LocalSession> grpo(training_client, tokenizer, {.group_size = 8});
 //   for (int s = 0; s < steps; ++s) auto stats = grpo.step(next_problems(), reward);   // the user owns the loop
+//
+// All run state is in state() (PolicyGradientState, JSON-serialisable): saved with the session's save_state and
+// restored with load_state, a run continues exactly as if it had not stopped (same seeds, same step numbers).
 #pragma once
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <rlloop/clients.hpp>
 #include <rlloop/env.hpp>
@@ -22,6 +29,7 @@
 #include <rlloop/algorithms/advantages.hpp>
 #include <rlloop/algorithms/aggregation.hpp>
 #include <rlloop/algorithms/kl.hpp>
+#include <rlloop/algorithms/rollout.hpp>
 
 namespace rlloop::algorithms {
 
@@ -31,8 +39,10 @@ struct PolicyGradientOptions {
   LossFn loss = LossFn::ppo;  // ppo, importance_sampling or cispo
   double clip_low = 0.2;      // the ratio is clipped to [1 - clip_low, 1 + clip_high] (asymmetric in DAPO)
   double clip_high = 0.2;
-  int substeps = 1;                 // optimizer steps per batch: the rollouts are split into this many minibatches
-  bool drop_uniform_groups = true;  // a group whose rewards are all equal carries no signal
+  int epochs = 1;                   // passes over each batch of rollouts
+  int substeps = 1;                 // optimizer steps per epoch: the rollouts are split into this many minibatches
+  bool drop_uniform_groups = true;  // group advantages: a group whose rewards are all equal carries no signal
+                                    // (a critic's baseline still learns from it: never dropped there)
   double kl_coef = 0.0;             // > 0 needs set_reference(): per-token penalty kl_coef * (logp - logp_ref)
   int max_staleness = 1;            // off-policy mode: a batch may be learned at most this many steps after sampling
   AdamParams adam{.learning_rate = 1e-5};
@@ -45,6 +55,7 @@ struct PolicyGradientOptions {
     if (!(clip_low >= 0 && clip_low <= 1)) throw invalid_argument("PolicyGradientOptions::clip_low must be in [0, 1]");
     if (!(clip_high >= 0 && clip_high <= 9))
       throw invalid_argument("PolicyGradientOptions::clip_high must be in [0, 9]");
+    if (epochs < 1) throw invalid_argument("PolicyGradientOptions::epochs must be >= 1");
     if (substeps < 1) throw invalid_argument("PolicyGradientOptions::substeps must be >= 1");
     if (!(kl_coef >= 0)) throw invalid_argument("PolicyGradientOptions::kl_coef must be >= 0");
     if (max_staleness < 0) throw invalid_argument("PolicyGradientOptions::max_staleness must be >= 0");
@@ -57,13 +68,37 @@ struct PolicyGradientStats {
   double accuracy = 0;  // share of completions whose Score is ok (graded right)
   int groups_used = 0, groups_dropped = 0;
   std::int64_t sampled_tokens = 0, trained_tokens = 0;
-  double loss = 0;           // summed weighted loss over the minibatches
-  double clip_fraction = 0;  // ppo / cispo
+  double loss = 0;           // summed weighted loss over the last epoch's minibatches
+  double clip_fraction = 0;  // ppo / cispo, mean over the last epoch's minibatches
   double kl = 0;             // mean per-token k3 estimate against the reference (when kl_coef > 0)
   double entropy = 0;        // mean per-token -logprob of the sampled tokens (a sample estimate of entropy)
   double seconds_sampling = 0, seconds_training = 0;
   std::int64_t staleness = 0;  // optimizer steps between sampling this batch and learning from it
+  // With a critic (CriticAdvantage) only, else 0: its loss summed over the last epoch's minibatches, the mean
+  // share of its tokens where the clipped error was taken, and how much of the returns' variance it explains.
+  double value_loss = 0, value_clip_fraction = 0, explained_variance = 0;
 };
+
+inline nlohmann::json to_json(const PolicyGradientStats& s) {
+  return {{"step", s.step},
+          {"reward_mean", s.reward_mean},
+          {"reward_std", s.reward_std},
+          {"accuracy", s.accuracy},
+          {"groups_used", s.groups_used},
+          {"groups_dropped", s.groups_dropped},
+          {"sampled_tokens", s.sampled_tokens},
+          {"trained_tokens", s.trained_tokens},
+          {"loss", s.loss},
+          {"clip_fraction", s.clip_fraction},
+          {"kl", s.kl},
+          {"entropy", s.entropy},
+          {"seconds_sampling", s.seconds_sampling},
+          {"seconds_training", s.seconds_training},
+          {"staleness", s.staleness},
+          {"value_loss", s.value_loss},
+          {"value_clip_fraction", s.value_clip_fraction},
+          {"explained_variance", s.explained_variance}};
+}
 
 // Sampling submitted for a batch of problems, not yet learned from (see PolicyGradient::submit).
 template <class P>
@@ -74,44 +109,27 @@ struct PendingBatch {
   std::int64_t sampled_at_step = 0;
 };
 
-// Run state, apart from the immutable options (saved with the session checkpoint by the caller if needed).
+// Run state, apart from the immutable options: save it (as JSON) beside the session's save_state. A batch in
+// flight (PendingBatch) is not part of it: save between learn() calls with none outstanding.
 struct PolicyGradientState {
-  std::int64_t step = 0;
+  std::int64_t step = 0;               // learn() calls so far
+  std::int64_t batches_submitted = 0;  // submit() calls so far: picks the sampling seeds of the next batch
+  bool operator==(const PolicyGradientState&) const = default;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PolicyGradientState, step, batches_submitted)
 
-// One sampled completion ready for training.
-struct Rollout {
-  std::vector<token_id> prompt;
-  std::vector<token_id> completion;
-  std::vector<double> logprobs;    // sampler logprobs of the completion tokens
-  std::vector<double> advantages;  // per completion token
-};
-
-// Next-token datum of prompt + completion: only completion tokens carry weight, advantage and logprob.
-inline Datum rollout_datum(const Rollout& r, double weight) {
-  std::vector<token_id> full = r.prompt;
-  full.insert(full.end(), r.completion.begin(), r.completion.end());
-  const std::size_t n = full.size() - 1, start = r.prompt.size() - 1;
-  std::vector<float> w(n, 0.0f), adv(n, 0.0f), q(n, 0.0f);
-  for (std::size_t j = 0; j < r.completion.size(); ++j) {
-    w[start + j] = static_cast<float>(weight);
-    adv[start + j] = static_cast<float>(r.advantages[j]);
-    q[start + j] = static_cast<float>(r.logprobs[j]);
-  }
-  Datum d;
-  d.model_input = ModelInput::from_tokens(std::vector<token_id>(full.begin(), full.end() - 1));
-  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(full.begin() + 1, full.end()));
-  d.loss_fn_inputs["weights"] = TensorData::from_floats(std::move(w));
-  d.loss_fn_inputs["advantages"] = TensorData::from_floats(std::move(adv));
-  d.loss_fn_inputs["logprobs"] = TensorData::from_floats(std::move(q));
-  return d;
-}
-
-template <Session S, class AdvantagePolicy, class AggregationPolicy>
+template <Session S, AdvantagePolicy<S> Advantage, AggregationPolicy Aggregation>
 class PolicyGradient {
+  // A type satisfying both concepts is used as a critic.
+  static constexpr bool has_critic = CriticAdvantage<Advantage, S>;
+
  public:
+  // Batch b's prompt i samples with seed + b * seed_stride + i: the seeds of different batches never collide
+  // while a batch holds fewer prompts than this.
+  static constexpr std::int64_t seed_stride = 100003;
+
   PolicyGradient(TrainingClient<S> client, std::shared_ptr<const Tokenizer> tokenizer, PolicyGradientOptions options,
-                 AdvantagePolicy advantage = {}, AggregationPolicy aggregation = {})
+                 Advantage advantage = {}, Aggregation aggregation = {})
       : client_(std::move(client)),
         tokenizer_(std::move(tokenizer)),
         options_(std::move(options)),
@@ -119,6 +137,7 @@ class PolicyGradient {
         aggregation_(std::move(aggregation)) {
     options_.validate();
     if (!tokenizer_) throw invalid_argument("PolicyGradient: a tokenizer is required");
+    if constexpr (has_critic) advantage_.check_session(client_);
   }
 
   // Reference policy for the KL penalty (e.g. a sampling client of the base weights).
@@ -129,8 +148,8 @@ class PolicyGradient {
   PolicyGradientState& state() { return state_; }
   TrainingClient<S>& client() { return client_; }
 
-  // One synchronous batch: every problem gets group_size samples from the current weights, then substeps
-  // optimizer steps. Equivalent to learn(submit(problems), reward).
+  // One synchronous batch: every problem gets group_size samples from the current weights, then
+  // epochs x substeps optimizer steps. Equivalent to learn(submit(problems), reward).
   template <PromptedProblem P, Reward<P> R>
   PolicyGradientStats step(const std::vector<P>& problems, const R& reward) {
     auto batch = submit(problems);
@@ -151,11 +170,12 @@ class PolicyGradient {
       SamplingParams params = options_.sampling;
       // Seeds follow the submission count (equal to the step count in synchronous use), so a batch submitted
       // ahead never repeats the draws of the one before it.
-      if (params.seed) params.seed = *params.seed + submitted_ * 100003 + static_cast<std::int64_t>(i);
+      if (params.seed)
+        params.seed = *params.seed + state_.batches_submitted * seed_stride + static_cast<std::int64_t>(i);
       batch.samples.push_back(
           sampler.sample(ModelInput::from_tokens(batch.prompts.back()), options_.group_size, params));
     }
-    ++submitted_;
+    ++state_.batches_submitted;
     return batch;
   }
 
@@ -172,57 +192,44 @@ class PolicyGradient {
       throw invalid_argument("PolicyGradient::learn: the batch was sampled " + std::to_string(stats.staleness) +
                              " steps ago, more than max_staleness = " + std::to_string(options_.max_staleness));
     const auto t0 = clock::now();
-    const auto& problems = batch.problems;
-    const auto& prompts = batch.prompts;
-    auto& pending = batch.samples;
     std::vector<SampleResponse> responses;
-    for (auto& f : pending) responses.push_back(f.get());
+    for (auto& f : batch.samples) responses.push_back(f.get());
 
     // Score all completions in parallel.
     std::vector<P> contexts;
     std::vector<std::string> completions;
-    for (std::size_t i = 0; i < problems.size(); ++i)
+    for (std::size_t i = 0; i < batch.problems.size(); ++i)
       for (const auto& seq : responses[i].sequences) {
-        contexts.push_back(problems[i]);
+        contexts.push_back(batch.problems[i]);
         completions.push_back(tokenizer_->decode(seq.tokens, /*skip_special=*/true));
       }
     const auto scores = rewards::score_batch(reward, contexts, completions);
     stats.seconds_sampling = std::chrono::duration<double>(clock::now() - t0).count();
 
-    std::vector<double> all_rewards;
+    std::vector<double> rewards;
     double logprob_sum = 0;
     for (const auto& s : scores) {
-      all_rewards.push_back(s.value);
+      rewards.push_back(s.value);
       stats.accuracy += s.ok() ? 1.0 : 0.0;
     }
-    stats.reward_mean = detail::mean_of(all_rewards);
-    stats.reward_std = detail::std_of(all_rewards);
+    stats.reward_mean = detail::mean_of(rewards);
+    stats.reward_std = detail::std_of(rewards);
     stats.accuracy /= std::max<std::size_t>(1, scores.size());
-
-    std::vector<Rollout> rollouts;
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < problems.size(); ++i) {
-      const auto& seqs = responses[i].sequences;
-      std::vector<double> group(all_rewards.begin() + static_cast<std::ptrdiff_t>(k),
-                                all_rewards.begin() + static_cast<std::ptrdiff_t>(k + seqs.size()));
-      k += seqs.size();
-      for (const auto& seq : seqs) {
+    for (const auto& r : responses)
+      for (const auto& seq : r.sequences) {
         stats.sampled_tokens += static_cast<std::int64_t>(seq.tokens.size());
         for (double lp : seq.logprobs) logprob_sum += lp;
       }
-      const bool uniform = std::all_of(group.begin(), group.end(), [&](double r) { return r == group.front(); });
-      if (options_.drop_uniform_groups && uniform) {
-        ++stats.groups_dropped;
-        continue;
-      }
-      ++stats.groups_used;
-      const auto adv = advantage_(group);
-      for (std::size_t j = 0; j < seqs.size(); ++j)
-        rollouts.push_back(
-            {prompts[i], seqs[j].tokens, seqs[j].logprobs, std::vector<double>(seqs[j].tokens.size(), adv[j])});
-    }
     stats.entropy = stats.sampled_tokens ? -logprob_sum / static_cast<double>(stats.sampled_tokens) : 0.0;
+
+    std::vector<Rollout> rollouts;
+    if constexpr (has_critic)
+      rollouts = reward_rollouts(batch.prompts, responses, rewards, stats);
+    else
+      rollouts = group_rollouts(batch.prompts, responses, rewards, stats);
     if (options_.kl_coef > 0) apply_kl_penalty(rollouts, stats);
+    if constexpr (has_critic)
+      if (!rollouts.empty()) stats.explained_variance = advantage_.estimate(client_, rollouts).explained_variance;
 
     const auto t1 = clock::now();
     if (!rollouts.empty()) train(rollouts, stats);
@@ -232,8 +239,51 @@ class PolicyGradient {
   }
 
  private:
-  // Per-token penalty in the advantage: A_t -= kl_coef * (logp_t - logp_ref_t). The sampler logprobs stand
-  // for the policy (they are on-policy at sampling time).
+  // Group baselines: one advantage per completion from its group's rewards, the same for all its tokens.
+  std::vector<Rollout> group_rollouts(const std::vector<std::vector<token_id>>& prompts,
+                                      const std::vector<SampleResponse>& responses, const std::vector<double>& rewards,
+                                      PolicyGradientStats& stats) const
+    requires(!has_critic)
+  {
+    std::vector<Rollout> rollouts;
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < responses.size(); ++i) {
+      const auto& seqs = responses[i].sequences;
+      const std::span<const double> group(rewards.data() + k, seqs.size());
+      k += seqs.size();
+      const bool uniform = std::all_of(group.begin(), group.end(), [&](double r) { return r == group.front(); });
+      if (options_.drop_uniform_groups && uniform) {
+        ++stats.groups_dropped;
+        continue;
+      }
+      ++stats.groups_used;
+      const std::vector<double> adv = advantage_(group);
+      for (std::size_t j = 0; j < seqs.size(); ++j)
+        rollouts.push_back(
+            {prompts[i], seqs[j].tokens, seqs[j].logprobs, std::vector<double>(seqs[j].tokens.size(), adv[j])});
+    }
+    return rollouts;
+  }
+
+  // For a critic: every completion, its `advantages` holding the per-token rewards (the score at the last
+  // token) until the critic's estimate replaces them.
+  static std::vector<Rollout> reward_rollouts(const std::vector<std::vector<token_id>>& prompts,
+                                              const std::vector<SampleResponse>& responses,
+                                              const std::vector<double>& rewards, PolicyGradientStats& stats)
+    requires has_critic
+  {
+    std::vector<Rollout> rollouts;
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < responses.size(); ++i) {
+      ++stats.groups_used;
+      for (const auto& seq : responses[i].sequences)
+        rollouts.push_back({prompts[i], seq.tokens, seq.logprobs, terminal_rewards(seq.tokens.size(), rewards[k++])});
+    }
+    return rollouts;
+  }
+
+  // Per-token penalty A_t -= kl_coef * (logp_t - logp_ref_t); with a critic it shapes the per-token rewards
+  // before GAE. The sampler logprobs stand for the policy (they are on-policy at sampling time).
   void apply_kl_penalty(std::vector<Rollout>& rollouts, PolicyGradientStats& stats) {
     std::vector<Future<std::vector<double>>> refs;
     for (const auto& r : rollouts) {
@@ -256,45 +306,57 @@ class PolicyGradient {
     stats.kl = tokens ? kl_sum / static_cast<double>(tokens) : 0.0;
   }
 
+  // epochs passes of substeps minibatches, each its policy (and critic) forward_backward then an optim_step,
+  // submitted back to back: the session runs them in order while the next minibatch is built. The reported
+  // losses and clip fractions are the last epoch's.
   void train(const std::vector<Rollout>& rollouts, PolicyGradientStats& stats) {
     const LossSpec loss{options_.loss, 1.0 - options_.clip_low, 1.0 + options_.clip_high};
     const std::size_t n = rollouts.size();
     const std::size_t per =
         (n + static_cast<std::size_t>(options_.substeps) - 1) / static_cast<std::size_t>(options_.substeps);
-    std::vector<Future<ForwardBackwardOutput>> fbs;
-    std::vector<Future<OptimStepOutput>> steps;
-    for (std::size_t begin = 0; begin < n; begin += per) {
-      const std::size_t end = std::min(n, begin + per);
-      std::vector<std::size_t> lengths;
-      for (std::size_t i = begin; i < end; ++i) lengths.push_back(rollouts[i].completion.size());
-      const auto weights = aggregation_(lengths, options_.sampling.max_tokens);
-      std::vector<Datum> batch;
-      for (std::size_t i = begin; i < end; ++i) {
-        batch.push_back(rollout_datum(rollouts[i], weights[i - begin]));
-        stats.trained_tokens += static_cast<std::int64_t>(batch.back().model_input.length());
+    for (int epoch = 0; epoch < options_.epochs; ++epoch) {
+      std::vector<Future<ForwardBackwardOutput>> policy_out, critic_out;
+      std::vector<Future<OptimStepOutput>> steps;
+      for (std::size_t begin = 0; begin < n; begin += per) {
+        const std::size_t end = std::min(n, begin + per);
+        std::vector<std::size_t> lengths;
+        for (std::size_t i = begin; i < end; ++i) lengths.push_back(rollouts[i].completion.size());
+        const std::vector<double> weights = aggregation_(lengths, options_.sampling.max_tokens);
+        std::vector<Datum> minibatch;
+        for (std::size_t i = begin; i < end; ++i) {
+          minibatch.push_back(rollout_datum(rollouts[i], weights[i - begin]));
+          stats.trained_tokens += static_cast<std::int64_t>(minibatch.back().model_input.length());
+        }
+        policy_out.push_back(client_.forward_backward(minibatch, loss));
+        if constexpr (has_critic)
+          critic_out.push_back(advantage_.train(client_, std::span<const Rollout>(rollouts).subspan(begin, end - begin)));
+        steps.push_back(client_.optim_step(options_.adam));
       }
-      // Submitted back to back: the session runs them in order while we build the next minibatch.
-      fbs.push_back(client_.forward_backward(batch, loss));
-      steps.push_back(client_.optim_step(options_.adam));
+      double clipped = 0, value_clipped = 0;
+      stats.loss = stats.value_loss = 0;
+      for (auto& f : policy_out) {
+        const auto& m = f.get().metrics;
+        stats.loss += m.at("loss:sum");
+        if (auto it = m.find("clip_fraction"); it != m.end()) clipped += it->second;
+      }
+      for (auto& f : critic_out) {
+        const auto& m = f.get().metrics;
+        stats.value_loss += m.at("loss:sum");
+        value_clipped += m.at("value_clip_fraction");
+      }
+      for (auto& s : steps) s.get();
+      stats.clip_fraction = clipped / static_cast<double>(policy_out.size());
+      if constexpr (has_critic) stats.value_clip_fraction = value_clipped / static_cast<double>(critic_out.size());
     }
-    double clipped = 0;
-    for (auto& f : fbs) {
-      const auto& out = f.get();
-      stats.loss += out.metrics.at("loss:sum");
-      if (auto it = out.metrics.find("clip_fraction"); it != out.metrics.end()) clipped += it->second;
-    }
-    for (auto& s : steps) s.get();
-    stats.clip_fraction = clipped / static_cast<double>(fbs.size());
   }
 
   TrainingClient<S> client_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   PolicyGradientOptions options_;
-  AdvantagePolicy advantage_;
-  AggregationPolicy aggregation_;
+  Advantage advantage_;
+  Aggregation aggregation_;
   std::optional<SamplingClient<S>> reference_;
   PolicyGradientState state_;
-  std::int64_t submitted_ = 0;  // batches submitted so far
 };
 
 }  // namespace rlloop::algorithms

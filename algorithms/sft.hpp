@@ -4,24 +4,13 @@
 #include <cstdint>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <rlloop/clients.hpp>
 
-namespace rlloop::algorithms {
+#include <rlloop/algorithms/completion.hpp>
 
-// Prompt + completion as one next-token datum: weight 0 on the prompt, 1 on the completion.
-inline Datum completion_datum(const std::vector<token_id>& prompt, const std::vector<token_id>& completion) {
-  if (prompt.empty() || completion.empty())
-    throw invalid_argument("completion_datum: prompt and completion must be non-empty");
-  std::vector<token_id> full = prompt;
-  full.insert(full.end(), completion.begin(), completion.end());
-  std::vector<float> w(full.size() - 1, 0.0f);
-  for (std::size_t j = prompt.size() - 1; j < w.size(); ++j) w[j] = 1.0f;
-  Datum d;
-  d.model_input = ModelInput::from_tokens(std::vector<token_id>(full.begin(), full.end() - 1));
-  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(full.begin() + 1, full.end()));
-  d.loss_fn_inputs["weights"] = TensorData::from_floats(std::move(w));
-  return d;
-}
+namespace rlloop::algorithms {
 
 struct SftOptions {
   AdamParams adam{.learning_rate = 1e-4};
@@ -35,6 +24,17 @@ struct SftStats {
   double loss_per_token = 0;  // weighted loss / total weight
   double weight = 0;          // tokens trained on (sum of weights)
 };
+
+inline nlohmann::json to_json(const SftStats& s) {
+  return {{"step", s.step}, {"loss_per_token", s.loss_per_token}, {"weight", s.weight}};
+}
+
+// Run state, apart from the immutable options: save it (as JSON) beside the session's save_state.
+struct SftState {
+  std::int64_t step = 0;
+  bool operator==(const SftState&) const = default;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SftState, step)
 
 template <Session S>
 class Sft {
@@ -51,17 +51,21 @@ class Sft {
         for (double w : it->second.as_doubles()) weight += w;
     auto fb = client_.forward_backward(batch, LossSpec::cross_entropy());
     auto opt = client_.optim_step(options_.adam);  // submitted without waiting for forward_backward
-    SftStats stats{step_++, fb.get().metrics.at("loss:sum") / std::max(weight, 1e-9), weight};
+    SftStats stats{state_.step, fb.get().metrics.at("loss:sum") / std::max(weight, 1e-9), weight};
     opt.get();
+    ++state_.step;
     return stats;
   }
 
+  const SftOptions& options() const { return options_; }
+  const SftState& state() const { return state_; }
+  SftState& state() { return state_; }
   TrainingClient<S>& client() { return client_; }
 
  private:
   TrainingClient<S> client_;
   SftOptions options_;
-  std::int64_t step_ = 0;
+  SftState state_;
 };
 
 }  // namespace rlloop::algorithms

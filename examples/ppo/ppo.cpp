@@ -56,12 +56,14 @@ int main(int argc, char** argv) {
   const double before = accuracy();
   std::printf("held-out accuracy after SFT: %.3f\n", before);
 
+  // The policy-gradient loop with a critic: value head + GAE (lambda 0.95), clipped value loss at half weight.
   algorithms::PPO<LocalSession> ppo(client, tokenizer,
-                                    {.samples_per_prompt = 4,
+                                    {.group_size = 4,
                                      .sampling = {.max_tokens = 10, .temperature = 1.0, .seed = seed},
                                      .epochs = 2,
-                                     .minibatches = 2,
-                                     .adam = {.learning_rate = 5e-5, .beta2 = 0.99}});
+                                     .substeps = 2,
+                                     .adam = {.learning_rate = 5e-5, .beta2 = 0.99}},
+                                    {.gae = {.gamma = 1.0, .lambda = 0.95}, .value_clip = 0.2, .value_coef = 0.5});
   for (int s = 1; s <= ppo_steps; ++s) {
     const auto st = ppo.step(train_task.sample(16, envs::Split::train), reward);
     if (s % 5 == 0)

@@ -1,10 +1,15 @@
-// train() with callbacks: JSONL logging, early stopping, on_end, on the fake session.
+// train() with callbacks: JSONL logging, early stopping, on_end, on the fake session, for the policy-gradient
+// family and for the algorithms whose step takes only a batch (SFT, DPO, KTO).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include <rlloop/algorithms/callbacks.hpp>
+#include <rlloop/algorithms/dpo.hpp>
+#include <rlloop/algorithms/kto.hpp>
+#include <rlloop/algorithms/ppo.hpp>
+#include <rlloop/algorithms/sft.hpp>
 
 #include "fake_session.hpp"
 #include "toy_loop.hpp"
@@ -23,6 +28,25 @@ struct CountSteps {
 struct NotACallback {};
 static_assert(StepCallback<CountSteps, PolicyGradientStats>);
 static_assert(!StepCallback<NotACallback, PolicyGradientStats>);
+static_assert(StepStats<PolicyGradientStats> && StepStats<SftStats> && StepStats<DpoStats> && StepStats<KtoStats>);
+// train() takes a reward where step() needs one, and no reward where it does not.
+using Problems = std::vector<toy::LetterProblem>;
+static_assert(Steppable<GRPO<FakeSession>, Problems (*)(), toy::ShareOf>);
+static_assert(Steppable<PPO<FakeSession>, Problems (*)(), toy::ShareOf>);
+static_assert(!Steppable<GRPO<FakeSession>, Problems (*)()>);
+static_assert(Steppable<Sft<FakeSession>, std::vector<Datum> (*)()>);
+static_assert(Steppable<DPO<FakeSession>, std::vector<PreferencePair> (*)()>);
+static_assert(Steppable<KTO<FakeSession>, std::vector<KtoExample> (*)()>);
+static_assert(!Steppable<KTO<FakeSession>, std::vector<KtoExample> (*)(), toy::ShareOf>);
+
+// Counts the calls for any stats type.
+struct Counter {
+  int* steps;
+  template <class Stats>
+  void on_step(const Stats&) {
+    ++*steps;
+  }
+};
 
 GRPO<FakeSession> make_grpo(std::shared_ptr<FakeSession> session) {
   return GRPO<FakeSession>(TrainingClient<FakeSession>(std::move(session)), std::make_shared<CharTokenizer>("abcd"),
@@ -101,4 +125,43 @@ TEST(OffPolicy, BatchesSubmittedAheadAreOneStepStaleAndStillLearn) {
   } catch (const invalid_argument& e) {
     EXPECT_STREQ(e.what(), "PolicyGradient::learn: the batch was sampled 2 steps ago, more than max_staleness = 1");
   }
+}
+
+// Each algorithm on its own uniform fake session (vocab 5), its reference a snapshot of the start.
+TEST(Callbacks, TrainDrivesSftDpoAndKto) {
+  auto fresh_client = [] {
+    return TrainingClient<FakeSession>(std::make_shared<FakeSession>(FakeSessionOptions{.vocab_size = 5}));
+  };
+  Sft<FakeSession> sft(fresh_client(), {.adam = {.learning_rate = 0.1}});
+  const std::vector<Datum> sft_batch{completion_datum({1}, {2})};
+  int sft_steps = 0;
+  const SftStats sft_last = train(sft, 5, [&] { return sft_batch; }, Counter{&sft_steps});
+  EXPECT_EQ(sft_steps, 5);
+  EXPECT_EQ(sft_last.step, 4);
+  EXPECT_LT(sft_last.loss_per_token, std::log(5.0));  // below the uniform start
+
+  // DPO: both pairs are ranked right after one update (dpo_test), so the second step stops the loop.
+  auto dpo_client = fresh_client();
+  DPO<FakeSession> dpo(dpo_client, dpo_client.save_weights_and_get_sampling_client("reference"),
+                       {.beta = 0.5, .adam = {.learning_rate = 0.05}});
+  const std::vector<PreferencePair> pairs{{{1}, {0}, {2}}, {{3}, {4}, {0}}};
+  const auto path = std::filesystem::temp_directory_path() / ("rlloop-train-dpo-" + std::to_string(::getpid()) + ".jsonl");
+  MetricsLog log(path.string());
+  const DpoStats dpo_last = train(dpo, 100, [&] { return pairs; }, JsonlLogger{&log}, StopWhen{"accuracy", 1.0});
+  EXPECT_EQ(dpo_last.step, 1);
+  EXPECT_EQ(dpo_last.accuracy, 1.0);
+  ASSERT_EQ(log.records().size(), 2u);
+  EXPECT_EQ(log.records()[0].at("accuracy").get<double>(), 0.0);
+  std::filesystem::remove(path);
+
+  auto kto_client = fresh_client();
+  KTO<FakeSession> kto(kto_client, kto_client.save_weights_and_get_sampling_client("reference"),
+                       {.beta = 0.5, .adam = {.learning_rate = 0.05}});
+  const std::vector<KtoExample> examples{{{1}, {0}, true}, {{3}, {0}, false}};
+  int kto_steps = 0;
+  const KtoStats kto_last =
+      train(kto, 100, [&] { return examples; }, StopWhen{"margin", 0.5}, Counter{&kto_steps});
+  EXPECT_GE(kto_last.margin, 0.5);
+  EXPECT_LT(kto_steps, 100);
+  EXPECT_EQ(kto_last.step, kto_steps - 1);
 }

@@ -1,4 +1,4 @@
-// The LibTorch side of the fake-session story: the same GRPO template (toy_loop.hpp) and DPO run on rlloop-tiny,
+// The LibTorch side of the fake-session story: the same GRPO template (toy_loop.hpp), DPO and KTO run on rlloop-tiny,
 // and the fake session's per-token loss terms equal the engine's own loss code, value and gradient.
 #include <cmath>
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include "toy_loop.hpp"
 
 #include <rlloop/algorithms/dpo.hpp>
+#include <rlloop/algorithms/kto.hpp>
 #include <rlloop/local.hpp>
 #include <rlloop/rlloop.hpp>
 
@@ -66,6 +67,30 @@ TEST(SameLoop, DpoStartsAtLogTwoAndCachesTheReference) {
   EXPECT_EQ(later.reference_calls, 0);  // every pair's reference sums were cached
   EXPECT_LT(later.loss, first.loss);
   EXPECT_GT(later.margin, 0.0);
+}
+
+TEST(SameLoop, KtoStartsAtHalfAndSeparatesTheLabels) {
+  ServiceClient<LocalService> service{LocalService(cpu_service())};
+  auto client = service.create_full_training_client("rlloop-tiny", /*seed=*/4);
+  auto reference = client.save_weights_and_get_sampling_client("kto-reference");
+  algorithms::KTO<LocalSession> kto(client, reference, {.beta = 0.5, .adam = {.learning_rate = 1e-3}});
+  // Unpaired: no prompt has both a desirable and an undesirable completion.
+  const std::vector<algorithms::KtoExample> batch{{bytes("1+1="), bytes("2!"), true},
+                                                  {bytes("2+2="), bytes("4."), false},
+                                                  {bytes("3+3="), bytes("6!"), true},
+                                                  {bytes("4+4="), bytes("8."), false}};
+  const auto first = kto.step(batch);
+  // Policy == reference to float precision: r = z = 0, each term 1 - sigmoid(0) = 0.5.
+  EXPECT_NEAR(first.loss, 0.5, 1e-4);
+  EXPECT_NEAR(first.margin, 0.0, 1e-4);
+  EXPECT_EQ(first.reference_calls, 4);
+  for (int i = 0; i < 5; ++i) kto.step(batch);
+  const auto later = kto.evaluate(batch);
+  EXPECT_EQ(later.reference_calls, 0);
+  EXPECT_LT(later.loss, first.loss);
+  EXPECT_GT(later.reward_desirable, 0.0);
+  EXPECT_LT(later.reward_undesirable, 0.0);
+  EXPECT_EQ(client.get_info().step, 6);
 }
 
 // lp, q, A, w per token; the engine's builtin_loss (autograd) against FakeSession::token_term, for every loss.

@@ -201,6 +201,27 @@ TEST(Layout, RolloutDatum) {
   expect_all_near(floats(d, "logprobs"), {0, 0, -0.5, -0.25}, 0);
 }
 
+// The critic's datum of the same rollout: the value before completion token j is read at position 2 + j, so the
+// input stops before the last completion token; returns and rollout-time values sit where the weights are.
+TEST(Layout, ValueDatum) {
+  const Rollout r{{10, 11, 12}, {20, 21}, {-0.5, -0.25}, {2.0, 3.0}, {0.25, 0.5}, {1.0, 1.5}};
+  const Datum d = value_datum(r, 0.5);
+  EXPECT_EQ(d.model_input.tokens(), (std::vector<token_id>{10, 11, 12, 20}));
+  expect_all_near(floats(d, "weights"), {0, 0, 0.5, 0.5}, 0);
+  expect_all_near(floats(d, "returns"), {0, 0, 1.0, 1.5}, 0);
+  expect_all_near(floats(d, "old_values"), {0, 0, 0.25, 0.5}, 0);
+}
+
+// targets (1, 2, 4): mean 7/3, population variance 42/27; residuals of predictions (1, 2, 3) are (0, 0, 1):
+// variance 6/27; explained 1 - 6/42 = 6/7.
+TEST(Critic, ExplainedVariance) {
+  EXPECT_NEAR(explained_variance(std::vector<double>{1, 2, 3}, std::vector<double>{1, 2, 4}), 6.0 / 7.0, 1e-12);
+  EXPECT_NEAR(explained_variance(std::vector<double>{1, 2, 4}, std::vector<double>{1, 2, 4}), 1.0, 1e-12);
+  // Predicting the mean explains nothing.
+  EXPECT_NEAR(explained_variance(std::vector<double>(3, 7.0 / 3), std::vector<double>{1, 2, 4}), 0.0, 1e-12);
+  EXPECT_THROW(explained_variance(std::vector<double>{1}, std::vector<double>{1, 2}), rlloop::invalid_argument);
+}
+
 // prompt (1, 2) + completion (3, 4): input (1, 2, 3), targets (2, 3, 4), weight on the last two (3 and 4).
 TEST(Layout, CompletionDatum) {
   const Datum d = completion_datum({1, 2}, {3, 4});

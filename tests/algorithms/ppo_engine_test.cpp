@@ -28,20 +28,20 @@ TEST(Ppo, RaisesTheRewardAndFitsTheCritic) {
   SessionOptions opts{.base_model = "rlloop-tiny", .seed = 3, .value_head = true};
   auto client = service.create_training_client(opts);
   PPO<LocalSession> ppo(client, client.get_tokenizer(),
-                        {.samples_per_prompt = 8,
+                        {.group_size = 8,
                          .sampling = {.max_tokens = 2, .temperature = 1.0, .seed = 11},
                          .epochs = 2,
-                         .minibatches = 2,
+                         .substeps = 2,
                          .adam = {.learning_rate = 2e-2}});
   const std::vector<toy::LetterProblem> problems{{"n="}, {"k="}, {"x="}, {"y="}};
   const toy::ShareOf digits{"0123456789"};
-  std::vector<PpoStats> stats;
+  std::vector<PolicyGradientStats> stats;
   for (int s = 0; s < 30; ++s) stats.push_back(ppo.step(problems, digits));
   const double first = (stats[0].reward_mean + stats[1].reward_mean + stats[2].reward_mean) / 3;
   const double last = (stats[27].reward_mean + stats[28].reward_mean + stats[29].reward_mean) / 3;
   EXPECT_LT(first, 0.2);
   EXPECT_GT(last, first + 0.4);
-  EXPECT_EQ(client.get_info().step, 30 * 2 * 2);  // epochs x minibatches optimizer steps per PPO step
+  EXPECT_EQ(client.get_info().step, 30 * 2 * 2);  // epochs x substeps optimizer steps per PPO step
   // The critic's own learning is tested in engine_session_test (ValueHeadLearnsReturns...); here it must at
   // least have been trained every step.
   for (const auto& st : stats) EXPECT_GT(st.value_loss, 0.0);
