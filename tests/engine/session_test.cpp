@@ -139,6 +139,22 @@ TEST(LocalSession, Bf16SamplingFollowsOptimizerStepsAndLoads) {
   EXPECT_LT(sampled_vs_scored(sc, loaded).first, 0.01);
 }
 
+// The same for the default fp32 decoding: live sampling after optimizer steps uses the new weights.
+TEST(LocalSession, Fp32SamplingFollowsOptimizerSteps) {
+  LocalService svc(service_in(temp_dir("fp32-steps")));
+  auto tc = ServiceClient<LocalService>(svc).create_full_training_client("rlloop-tiny");
+  auto sc = tc.live_sampling_client();
+  const SamplingParams params{.max_tokens = 8, .temperature = 1.0, .seed = 3};
+  const auto first = sc.sample(kPrompt, 2, params).get();
+  EXPECT_LT(sampled_vs_scored(sc, first).first, 1e-4);
+  for (int i = 0; i < 3; ++i) {
+    tc.forward_backward({sft_datum("12+34=46")}, LossSpec::cross_entropy());
+    tc.optim_step(AdamParams{.learning_rate = 0.05}).get();
+    const auto stepped = sc.sample(kPrompt, 2, params).get();
+    EXPECT_LT(sampled_vs_scored(sc, stepped).first, 1e-4) << "after step " << i + 1;
+  }
+}
+
 TEST(LocalSession, OnlyAFewCheckpointModelsStayLoadedForSampling) {
   // A loop that saves sampler weights under a new name every step must not keep every model in memory: the
   // least recently used ones are dropped and read again from disk when asked for. Deleting checkpoints shows
