@@ -34,6 +34,10 @@ int run_serve(int argc, char** argv) {
   rlloop::server::Options defaults;
   std::size_t io_threads = defaults.io_threads, max_connections = defaults.max_connections;
   long long idle_timeout_ms = defaults.idle_timeout.count();
+  std::size_t retain_results = defaults.retention.results, retain_client_tokens = defaults.retention.client_tokens;
+  long long result_retention_s = defaults.retention.result_age.count(),
+            client_token_retention_s = defaults.retention.client_token_age.count();
+  std::size_t compact_records = defaults.compact_after_records, compact_bytes = defaults.compact_after_bytes;
   bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
@@ -60,6 +64,21 @@ int run_serve(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--idle-timeout-ms", idle_timeout_ms, "A keep-alive connection without a request is closed after this")
       ->check(CLI::Range(1LL, 24LL * 3600 * 1000));
+  app.add_option("--retain-results", retain_results,
+                 "Finished operations per session whose results stay retrievable (the most recent ones)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30));
+  app.add_option("--result-retention-s", result_retention_s, "Seconds a finished operation's result stays retrievable")
+      ->check(CLI::Range(0LL, 366LL * 24 * 3600));
+  app.add_option("--retain-client-tokens", retain_client_tokens,
+                 "clientToken / Idempotency-Key records kept per session (the most recent ones)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30));
+  app.add_option("--client-token-retention-s", client_token_retention_s,
+                 "Seconds a clientToken / Idempotency-Key makes retries return the same operation")
+      ->check(CLI::Range(0LL, 366LL * 24 * 3600));
+  app.add_option("--compact-records", compact_records,
+                 "Compact the journal once its log holds this many records since the last snapshot (0 = no bound)");
+  app.add_option("--compact-bytes", compact_bytes,
+                 "Compact the journal also once its log holds this many bytes and the snapshot's size (0 = no bound)");
   app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
                "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
   try {
@@ -79,6 +98,12 @@ int run_serve(int argc, char** argv) {
   options.io_threads = io_threads;
   options.max_connections = max_connections;
   options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
+  options.retention.results = retain_results;
+  options.retention.result_age = std::chrono::seconds(result_retention_s);
+  options.retention.client_tokens = retain_client_tokens;
+  options.retention.client_token_age = std::chrono::seconds(client_token_retention_s);
+  options.compact_after_records = compact_records;
+  options.compact_after_bytes = compact_bytes;
 
 #ifdef RLLOOP_HAVE_ENGINE
   rlloop::LocalServiceOptions local;

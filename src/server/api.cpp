@@ -100,6 +100,12 @@ Handled route(Api::Impl& im, const sigv4::HttpRequest& req, RequestContext& c, c
   }
   return Response{200, "application/x-amz-json-1.1", {}, im.control_plane(*c.amz_target, body, tenant).dump()};
 }
+
+void check_retention(const Retention& r) {
+  if (r.result_age.count() < 0) throw invalid_argument("Options::retention.result_age must not be negative");
+  if (r.client_token_age.count() < 0)
+    throw invalid_argument("Options::retention.client_token_age must not be negative");
+}
 }  // namespace
 
 Reply::Reply(Executor executor, Answer answer) : state_(std::make_shared<State>()) {
@@ -129,6 +135,7 @@ bool Reply::now(const std::function<Response()>& make) const {
 }
 
 Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
+  check_retention(options.retention);
   impl_->options = std::move(options);
   impl_->backend = std::move(backend);
   if (!impl_->options.log)
@@ -141,14 +148,19 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
     for (const auto& key : t.bearer_keys) impl_->bearer_keys[key] = state;
   }
   if (!impl_->options.data_dir.empty()) {
-    impl_->journal = std::make_unique<Journal>(impl_->options.data_dir);
+    JournalOptions journal;
+    journal.retention = impl_->options.retention;
+    journal.compact_records = impl_->options.compact_after_records;
+    journal.compact_bytes = impl_->options.compact_after_bytes;
+    journal.log = impl_->options.log;
+    impl_->journal = std::make_unique<Journal>(impl_->options.data_dir, std::move(journal));
     impl_->recover();
   }
 }
 
 HostConfig Api::Impl::host_config() {
   const std::string exports = options.data_dir.empty() ? "rlloop-exports" : options.data_dir + "/exports";
-  return HostConfig{options.region, exports, journal.get(), options.bill_prompt_per_sample};
+  return HostConfig{options.region, exports, journal.get(), options.bill_prompt_per_sample, options.retention};
 }
 
 Api::~Api() { shutdown(); }

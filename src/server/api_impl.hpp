@@ -11,12 +11,14 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include <nlohmann/json.hpp>
 
 #include <rlloop/json.hpp>
 
+#include "server/journal.hpp"
 #include "server/server.hpp"
 
 namespace rlloop::server {
@@ -50,8 +52,13 @@ struct TenantState {
 struct OperationRecord {
   std::string id;
   bool sampling = false;
-  std::string fingerprint;  // seq + canonical operationConfig: what an idempotent retry must repeat
-  json body;                // the request as received (journaled, so a restarted server can run it)
+  // Listed in its session's operations (Get*OperationResult, retention, the journal's results); the OpenAI
+  // endpoints' samples are not.
+  bool retrievable = false;
+  std::string digest;  // request_digest of seq + canonical operationConfig: what an idempotent retry must repeat
+  // The request as received and parsed, while the operation is queued or running; released when it finishes (the
+  // journal keeps what a restart has to run again).
+  json body;
   std::variant<wire::TrainingOperation, wire::SamplingOperation> op;
   json state = {{"status", "Pending"}};  // the Get*OperationResult body
   // Set when the operation ran: what it billed, and a sample's raw result (for the OpenAI endpoints).
@@ -88,22 +95,30 @@ class Reply {
 // A handler's result: the response, or nullopt when it kept its Reply to answer later.
 using Handled = std::optional<Response>;
 
-class Journal;
-
 // What a session host needs from the server around it.
 struct HostConfig {
   std::string region;
   std::string export_dir;               // where saveWeights with mergeWeights writes
   Journal* journal = nullptr;           // null = not durable
   bool bill_prompt_per_sample = false;  // Options::bill_prompt_per_sample
+  Retention retention;                  // Options::retention
 };
 
-// What a restarted server knows of a session that was live: how to rebuild its state before taking new work.
+// What a restarted server knows of a session: what it reported, and for a live one how to rebuild its state before
+// taking new work.
 struct Recovery {
   std::string autosave;  // latest state saved after a completed optimizerStep ("" = none yet)
   std::vector<std::shared_ptr<OperationRecord>> replay;  // completed since then and changing state: run again, silently
   std::vector<std::shared_ptr<OperationRecord>> pending;  // accepted but not finished: run as new
   std::optional<std::string> sampler_path;                // from the last loadWeightsForSampling
+  // Finished operations with their results, and client tokens, still retained: oldest first, with their times.
+  std::vector<std::pair<std::shared_ptr<OperationRecord>, double>> finished;
+  std::vector<std::tuple<std::string, ClientTokenRecord, double>> client_tokens;
+  std::int64_t last_sequence_number = -1;
+  std::int64_t next_operation = 1;
+  TokenUsage usage;
+  std::string error_details;
+  double end_time = 0;
 };
 
 // One hosted session: its control-plane record, its operations, and a worker that runs them in order.
@@ -118,6 +133,19 @@ class SessionHost {
 
   // Queues an accepted operation; the caller validated it and holds `mu`.
   void enqueue_locked(std::shared_ptr<OperationRecord> op);
+  // Accepts a validated, retrievable operation: journals it (durable before its id is returned), lists it and its
+  // client token, and queues it. The caller holds `mu`.
+  void accept_locked(const std::shared_ptr<OperationRecord>& op, const std::optional<std::string>& token,
+                     std::int64_t seq, double now);
+  // A new operation id ("op-<tag>-<n>", operation_tag). The caller holds `mu`.
+  std::string new_operation_id_locked();
+  // The operation `id`: unfinished, or finished and its result retained at `now`; null otherwise. Holding `mu`.
+  std::shared_ptr<OperationRecord> find_operation_locked(const std::string& id, double now) const;
+  // Whether this session issued `id` (so when it is not found, its result expired). Holding `mu`.
+  bool issued_locked(const std::string& id) const;
+  // The operation `token` stands for, while retained at `now`. Holding `mu`.
+  const ClientTokenRecord* find_client_token_locked(const std::string& token, double now) const;
+  const Retention& retention() const { return config_.retention; }
   // Stopping -> Stopped; queued operations are Skipped. durable = a client asked (journaled); a server shutting
   // down is not durable, so its sessions come back on restart with their queued operations.
   void stop(bool durable = true);
@@ -143,8 +171,6 @@ class SessionHost {
   double end_time = 0;
   std::string error_details;
   std::int64_t last_sequence_number = -1;
-  std::map<std::string, std::shared_ptr<OperationRecord>> ops;
-  std::map<std::string, std::string> client_tokens;  // token -> operation id
   TokenUsage usage;
   std::int64_t vocab_size = 0;
   SessionInfo info;  // of the live session, once Running
@@ -155,13 +181,20 @@ class SessionHost {
   void recover(const Recovery& r);
   json execute(OperationRecord& op);
   void finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave);
-  // Sets a terminal state with mu held; returns op's on_done callbacks, for the caller to run once mu is released.
-  std::vector<std::function<void()>> settle_locked(OperationRecord& op, json state);
+  // Sets a terminal state at `now` with mu held (a retrievable op moves to finished_); returns op's on_done
+  // callbacks, for the caller to run once mu is released.
+  std::vector<std::function<void()>> settle_locked(const std::shared_ptr<OperationRecord>& op, json state, double now);
+  void restore(Recovery& r);
   std::string resolve_checkpoint(const std::string& arn);
   std::string add_checkpoint(const std::string& path);
   void bill(OperationRecord& op, const TokenUsage& u);
 
   HostConfig config_;
+  // Guarded by mu: the retrievable operations, queued or running by id, and finished while retained; client tokens.
+  std::map<std::string, std::shared_ptr<OperationRecord>> unfinished_;
+  RetainedMap<std::shared_ptr<OperationRecord>> finished_;
+  RetainedMap<ClientTokenRecord> client_tokens_;
+  std::int64_t next_operation_ = 1;  // n of the next id
   std::condition_variable cv_;
   std::condition_variable done_cv_;
   std::deque<std::shared_ptr<OperationRecord>> queue_;
@@ -201,6 +234,7 @@ struct Api::Impl {
   Handled runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
                   const Reply& reply);
   json usage_report(const std::shared_ptr<TenantState>& t);
+  // Ids of the OpenAI endpoints' samples (never listed; a session's listed operations use its own ids).
   std::string new_operation_id();
   // OpenAI-compatible sampling (openai.cpp): /v1/models, /v1/chat/completions, /v1/completions and the
   // SageMaker pass-through /training-sessions/{name}/sample[-with-response-stream].
@@ -220,7 +254,5 @@ inline bool terminal_state(const json& state) {
 
 // Whether a path is served by openai() (its errors use OpenAI's error shape).
 bool is_openai_path(const std::string& path);
-// The op's journal record fields, and rebuilding an op from them.
-json operation_record_json(const OperationRecord& op, const std::optional<std::string>& token, std::int64_t seq);
 
 }  // namespace rlloop::server

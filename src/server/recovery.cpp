@@ -1,8 +1,6 @@
-// Start-up of a durable server: replays the journal into tenants (checkpoint ARNs, billing) and sessions
-// (operations, results, client tokens, sequence numbers), then brings the live sessions back and waits until they
-// run, so the listener opens on the state the server had when it stopped.
-#include <filesystem>
-
+// Start-up of a durable server: the journal's state (its snapshot and log, folded) goes into tenants (checkpoint
+// ARNs, billing) and sessions (unfinished operations, retained results and client tokens, sequence numbers), then
+// the live sessions come back and are waited for, so the listener opens on the state the server had when it stopped.
 #include "server/api_impl.hpp"
 #include "server/journal.hpp"
 
@@ -10,32 +8,12 @@ namespace rlloop::server {
 
 namespace {
 
-struct SessionRecord {
-  std::string arn, status = "Running", error;
-  SessionOptions options;
-  json echo;
-  double creation_time = 0, end_time = 0;
-  std::vector<std::shared_ptr<OperationRecord>> accepted;  // in acceptance order
-  std::map<std::string, std::shared_ptr<OperationRecord>> ops;
-  std::map<std::string, std::string> tokens;
-  std::int64_t last_sequence = -1;
-  TokenUsage usage;
-  std::string autosave;
-  std::vector<std::shared_ptr<OperationRecord>> replay;  // completed, state-changing, since the autosave
-  std::optional<std::string> sampler_path;
-};
-
-TokenUsage usage_from(const json& j) {
-  return TokenUsage{j.value("prefill", std::int64_t{0}), j.value("sample", std::int64_t{0}),
-                    j.value("training", std::int64_t{0})};
-}
-
-std::shared_ptr<OperationRecord> operation_from(const json& rec) {
+std::shared_ptr<OperationRecord> operation_from(const json& accept) {
   auto op = std::make_shared<OperationRecord>();
-  op->id = rec.at("id").get<std::string>();
-  op->sampling = rec.at("sampling").get<bool>();
-  op->fingerprint = rec.value("fingerprint", "");
-  op->body = rec.at("body");
+  op->id = accept.at("id").get<std::string>();
+  op->sampling = accept.at("sampling").get<bool>();
+  op->retrievable = true;
+  op->body = accept.at("body");
   if (op->sampling)
     op->op = wire::execute_sampling_request_from_json(op->body);
   else
@@ -43,115 +21,84 @@ std::shared_ptr<OperationRecord> operation_from(const json& rec) {
   return op;
 }
 
-bool changes_state(const OperationRecord& op) {
-  if (op.sampling) return false;
-  const auto& t = std::get<wire::TrainingOperation>(op.op);
-  return std::holds_alternative<wire::ForwardBackwardOp>(t) || std::holds_alternative<wire::LoadStateOp>(t);
-}
+bool live_status(const std::string& status) { return status != "Stopped" && status != "Failed" && status != "Expired"; }
 
 }  // namespace
 
 void Api::Impl::recover() {
-  std::map<std::pair<std::string, std::string>, SessionRecord> found;
-  for (const json& rec : journal->read_all()) {
-    try {
-      auto tenant_it = tenants.find(rec.value("tenant", ""));
-      if (tenant_it == tenants.end()) continue;  // a tenant no longer in the tenants file
-      TenantState& t = *tenant_it->second;
-      const std::string type = rec.value("t", "");
-      const auto key = std::make_pair(t.config.id, rec.value("session", ""));
-      if (type == "checkpoint") {
-        t.checkpoints[rec.at("arn").get<std::string>()] = rec.at("path").get<std::string>();
-        t.next_checkpoint = std::max(t.next_checkpoint, rec.at("n").get<std::int64_t>() + 1);
-        continue;
-      }
-      if (type == "session") {
-        SessionRecord s;
-        s.arn = rec.at("arn").get<std::string>();
-        s.options.base_model = rec.at("baseModel").get<std::string>();
-        s.options.lora = LoraOptions{rec.at("rank").get<int>(), rec.at("alpha").get<int>(), {"all-linear"}};
-        s.options.name = key.second;
-        s.echo = rec.at("echo");
-        s.creation_time = rec.at("creationTime").get<double>();
-        found[key] = std::move(s);
-        continue;
-      }
-      auto it = found.find(key);
-      if (it == found.end()) continue;
-      SessionRecord& s = it->second;
-      if (type == "status") {
-        s.status = rec.at("status").get<std::string>();
-        s.error = rec.value("error", "");
-        s.end_time = rec.value("time", 0.0);
-      } else if (type == "delete") {
-        found.erase(it);
-      } else if (type == "accept") {
-        auto op = operation_from(rec);
-        if (rec.contains("token")) s.tokens[rec["token"].get<std::string>()] = op->id;
-        if (rec.contains("seq")) s.last_sequence = std::max(s.last_sequence, rec["seq"].get<std::int64_t>());
-        s.ops[op->id] = op;
-        s.accepted.push_back(op);
-      } else if (type == "done") {
-        const TokenUsage u = usage_from(rec.at("usage"));
-        s.usage += u;
-        t.usage += u;
-        auto op_it = s.ops.find(rec.at("id").get<std::string>());
-        if (op_it == s.ops.end()) continue;  // an OpenAI request: billed, never listed
-        auto& op = op_it->second;
-        op->state = rec.at("state");
-        op->billed = u;
-        if (op->state.value("status", "") != "Completed") continue;
-        if (rec.contains("autosave")) {
-          s.autosave = rec["autosave"].get<std::string>();
-          s.replay.clear();
-        } else if (changes_state(*op)) {
-          s.replay.push_back(op);
-        } else if (op->sampling &&
-                   std::holds_alternative<wire::LoadWeightsForSamplingOp>(std::get<wire::SamplingOperation>(op->op))) {
-          s.sampler_path =
-              std::get<wire::LoadWeightsForSamplingOp>(std::get<wire::SamplingOperation>(op->op)).model_package_arn;
-        }
-      }
-    } catch (const std::exception& e) {
-      options.log(json{{"ts", now_seconds()}, {"level", "error"}, {"event", "journal"}, {"message", e.what()}}.dump());
-    }
+  const DurableState& state = journal->state();
+  auto report = [&](const std::exception& e) {
+    options.log(json{{"ts", now_seconds()}, {"level", "error"}, {"event", "journal"}, {"message", e.what()}}.dump());
+  };
+  for (const auto& [id, durable] : state.tenants) {
+    auto it = tenants.find(id);
+    if (it == tenants.end()) continue;  // a tenant no longer in the tenants file
+    TenantState& t = *it->second;
+    t.usage = durable.usage;
+    t.next_checkpoint = durable.next_checkpoint;
+    t.checkpoints = durable.checkpoints;
   }
 
   std::vector<std::shared_ptr<SessionHost>> starting;
-  for (auto& [key, s] : found) {
-    auto tenant = tenants.at(key.first);
-    const bool live = s.status != "Stopped" && s.status != "Failed" && s.status != "Expired";
-    std::optional<Recovery> recovery;
-    if (live) {
+  for (const auto& [key, s] : state.sessions) {
+    auto tenant_it = tenants.find(key.first);
+    if (tenant_it == tenants.end()) continue;
+    const auto& tenant = tenant_it->second;
+    try {
+      SessionOptions opts;
+      opts.base_model = s.created.at("baseModel").get<std::string>();
+      opts.lora = LoraOptions{s.created.at("rank").get<int>(), s.created.at("alpha").get<int>(), {"all-linear"}};
+      opts.name = key.second;
       Recovery r;
       r.autosave = s.autosave;
-      r.replay = s.replay;
-      for (const auto& op : s.accepted)
-        if (!terminal_state(op->state)) r.pending.push_back(op);
-      if (s.sampler_path) {
+      r.last_sequence_number = s.last_sequence;
+      r.next_operation = s.next_operation;
+      r.usage = s.usage;
+      r.error_details = s.error;
+      r.end_time = s.end_time;
+      // A request that no longer parses is reported and left out, not the whole session.
+      auto parse_into = [&](const std::vector<json>& accepts, std::vector<std::shared_ptr<OperationRecord>>& out) {
+        for (const json& accept : accepts) try {
+            out.push_back(operation_from(accept));
+          } catch (const std::exception& e) {
+            report(e);
+          }
+      };
+      parse_into(s.replay, r.replay);
+      parse_into(s.pending, r.pending);
+      s.results.for_each([&](const std::string& id, const DurableState::Result& result, double time) {
+        auto op = std::make_shared<OperationRecord>();
+        op->id = id;
+        op->sampling = result.sampling;
+        op->retrievable = true;
+        op->state = result.state;
+        r.finished.emplace_back(std::move(op), time);
+      });
+      s.tokens.for_each([&](const std::string& token, const ClientTokenRecord& record, double time) {
+        r.client_tokens.emplace_back(token, record, time);
+      });
+      if (s.sampler_arn) {
         std::lock_guard lock(tenant->mu);
-        auto c = tenant->checkpoints.find(*s.sampler_path);
+        auto c = tenant->checkpoints.find(*s.sampler_arn);
         if (c != tenant->checkpoints.end()) r.sampler_path = c->second;
       }
-      recovery = std::move(r);
+      const bool live = live_status(s.status);
+      auto host = std::make_shared<SessionHost>(
+          tenant, key.second, s.created.at("arn").get<std::string>(), opts, s.created.at("echo"), backend,
+          host_config(), s.created.at("creationTime").get<double>(), std::move(r), live ? "Created" : s.status);
+      sessions[key] = host;
+      if (live) starting.push_back(host);
+    } catch (const std::exception& e) {
+      report(e);
     }
-    auto host = std::make_shared<SessionHost>(tenant, key.second, s.arn, s.options, s.echo, backend, host_config(),
-                                              s.creation_time, std::move(recovery), live ? "Created" : s.status);
-    {
-      std::lock_guard lock(host->mu);
-      host->ops = std::move(s.ops);
-      host->client_tokens = std::move(s.tokens);
-      host->last_sequence_number = s.last_sequence;
-      host->usage = s.usage;
-      host->error_details = s.error;
-      if (!live) host->end_time = s.end_time;
-    }
-    sessions[key] = host;
-    if (live) starting.push_back(host);
   }
   for (auto& h : starting) h->wait_started();
-  options.log(
-      json{{"ts", now_seconds()}, {"level", "info"}, {"event", "recovered"}, {"sessions", found.size()}}.dump());
+  options.log(json{{"ts", now_seconds()},
+                   {"level", "info"},
+                   {"event", "recovered"},
+                   {"sessions", sessions.size()},
+                   {"generation", journal->generation()}}
+                  .dump());
 }
 
 }  // namespace rlloop::server

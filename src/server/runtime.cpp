@@ -38,6 +38,18 @@ Response json_response(const json& j) { return Response{200, "application/json",
   throw api_error("ResourceNotFoundException", 404, message);
 }
 
+// An operation that is not (or no longer) there: one the session issued had its result expire (docs/wire.md,
+// "Retention"); an operation of another kind or session is "not found", as the spec says.
+[[noreturn]] void operation_not_found(const SessionHost& s, const std::string& id) {
+  if (s.issued_locked(id)) {
+    const Retention& r = s.retention();
+    not_found_error("operation " + id + " of training session " + s.name +
+                    " expired: a session keeps the results of its " + std::to_string(r.results) +
+                    " most recent finished operations, each for " + std::to_string(r.result_age.count()) + " s");
+  }
+  not_found_error("operation " + id + " does not exist in training session " + s.name);
+}
+
 // rlloop's long-poll on Get*OperationResult: `?waitSeconds=N` (0-20, as SQS's WaitTimeSeconds) answers as soon
 // as the operation is terminal, or after N seconds with its current state. A client then learns of a result
 // without polling late or often (bench/server). Other query parameters are ignored. Without the parameter:
@@ -85,17 +97,9 @@ void long_poll(Api::Impl& im, const std::shared_ptr<SessionHost>& s, const std::
 }  // namespace
 
 std::string Api::Impl::new_operation_id() {
-  // Unique within the process; a durable server would also prefix a boot id.
+  // Unique within the process (prefixed by its start time); never journaled, as these samples are never listed.
   static const std::string boot = std::to_string(static_cast<long long>(now_seconds() * 1000) % 100000000);
   return "op-" + boot + "-" + std::to_string(next_operation++);
-}
-
-json operation_record_json(const OperationRecord& op, const std::optional<std::string>& token, std::int64_t seq) {
-  json rec{
-      {"t", "accept"}, {"id", op.id}, {"sampling", op.sampling}, {"fingerprint", op.fingerprint}, {"body", op.body}};
-  if (token) rec["token"] = *token;
-  if (!op.sampling) rec["seq"] = seq;
-  return rec;
 }
 
 json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
@@ -156,11 +160,9 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
       throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
     const std::chrono::milliseconds wait = wait_seconds(req.target).value_or(options.default_result_wait);
     std::lock_guard lock(s->mu);
-    auto it = s->ops.find(id);
-    // An operation of another kind or session is "not found", as the spec says.
-    if (it == s->ops.end() || it->second->sampling != sampling)
-      not_found_error("operation " + id + " does not exist in training session " + name);
-    const std::shared_ptr<OperationRecord> op = it->second;
+    const std::shared_ptr<OperationRecord> op = s->find_operation_locked(id, now_seconds());
+    if (!op) operation_not_found(*s, id);
+    if (op->sampling != sampling) not_found_error("operation " + id + " does not exist in training session " + name);
     if (wait.count() <= 0 || terminal_state(op->state)) return json_response(op->state);
     long_poll(*this, s, op, wait, reply);
     return std::nullopt;
@@ -175,6 +177,7 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
     }
     auto op = std::make_shared<OperationRecord>();
     op->sampling = sampling;
+    op->retrievable = true;
     op->body = body;
     std::optional<std::string> token;
     std::int64_t seq = -1;
@@ -184,7 +187,7 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
         token = r.client_token;
         seq = r.sequence_number;
         op->op = std::move(r.operation);
-        op->fingerprint = std::to_string(seq) + ":" + body["operationConfig"].dump();
+        op->digest = request_digest(std::to_string(seq) + ":" + body["operationConfig"].dump());
       } else {
         op->op = wire::execute_sampling_request_from_json(body);
         // The API has no clientToken on sampling requests (spec §3.7), so rlloop takes one from the
@@ -195,23 +198,24 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
             throw invalid_argument("Idempotency-Key: must be 1-128 characters of [a-zA-Z0-9-]");
           token = *key;
         }
-        op->fingerprint = "sampling:" + body["operationConfig"].dump();
+        op->digest = request_digest("sampling:" + body["operationConfig"].dump());
       }
     } catch (const invalid_argument& e) {
       throw api_error("ValidationException", 400, e.what());
     }
 
     std::lock_guard lock(s->mu);
+    const double now = now_seconds();
     if (s->status != "Running" && s->status != "Blocked")
       throw api_error("ConflictException", 409,
                       "Training session " + name + " is " + s->status + "; must be Running or Blocked");
     if (token) {
-      if (auto it = s->client_tokens.find(*token); it != s->client_tokens.end()) {
-        if (s->ops.at(it->second)->fingerprint != op->fingerprint)
+      if (const ClientTokenRecord* known = s->find_client_token_locked(*token, now)) {
+        if (known->digest != op->digest)
           throw api_error("ValidationException", 400,
                           std::string(training ? "clientToken " : "Idempotency-Key ") + *token +
                               " was already used with different parameters");
-        return json_response({{"operationId", it->second}});  // an idempotent retry: not executed twice
+        return json_response({{"operationId", known->operation_id}});  // an idempotent retry: not executed twice
       }
     }
     // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
@@ -237,13 +241,8 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
                             std::to_string(s->last_sequence_number));
       s->last_sequence_number = seq;
     }
-    op->id = new_operation_id();
-    // Durable before the id is returned: a client retrying after a crash gets this same operation back.
-    s->journal(operation_record_json(*op, token, seq));
-    if (token) s->client_tokens[*token] = op->id;
-    s->ops[op->id] = op;
-    s->last_modified = now_seconds();
-    s->enqueue_locked(op);
+    op->id = s->new_operation_id_locked();
+    s->accept_locked(op, token, seq, now);
     return json_response({{"operationId", op->id}});
   }
   not_found_error("no route for " + req.method + " " + path);

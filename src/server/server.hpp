@@ -60,6 +60,16 @@ Backend make_backend(std::shared_ptr<Svc> svc) {
   return Backend{std::move(create), [svc] { return svc->list_base_models(); }, [svc] { return svc->capabilities(); }};
 }
 
+// How long a session keeps what it reported (docs/wire.md, "Retention"): the result of a finished operation, and
+// the operation a client token (clientToken, Idempotency-Key) stands for. An entry goes at the first of its count
+// and its age limit, from memory and from the journal; an unfinished (queued or running) operation never goes.
+struct Retention {
+  std::size_t results = 1000;                        // the most recent finished operations of a session
+  std::chrono::seconds result_age{24 * 3600};        // since the operation finished
+  std::size_t client_tokens = 1000;                  // the most recent tokens of a session: retries come soon after
+  std::chrono::seconds client_token_age{24 * 3600};  // since the token's operation was accepted
+};
+
 struct Options {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;  // 0 = any free port (see Server::port())
@@ -79,6 +89,12 @@ struct Options {
   // once, as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n >
   // 1; true = n times (each sequence's tokenUsage.prefill, summed).
   bool bill_prompt_per_sample = false;
+  Retention retention;
+  // The journal is compacted (rewritten as a snapshot of the live state, its log restarted) once the log since the
+  // last snapshot holds this many records, or this many bytes and at least the snapshot's size; 0 turns a bound
+  // off. Restart time follows the live state and these bounds, not the server's history.
+  std::size_t compact_after_records = 10'000;
+  std::size_t compact_after_bytes = 1u << 20;
   // One JSON object per line; defaults to stderr.
   std::function<void(const std::string&)> log;
 

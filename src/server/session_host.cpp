@@ -16,8 +16,17 @@ double now_seconds() {
 }
 
 namespace {
-json usage_json(const TokenUsage& u) {
-  return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}};
+double seconds(std::chrono::seconds s) { return static_cast<double>(s.count()); }
+
+// A finished operation's request is no longer needed: memory then holds only its result.
+void release_request(OperationRecord& op) {
+  op.body = nullptr;
+  op.op = {};
+}
+
+// The state a queued operation ends in when its session stops before running it.
+json stopped_state(const OperationRecord& op) {
+  return op.sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}} : json{{"status", "Skipped"}};
 }
 }  // namespace
 
@@ -32,9 +41,34 @@ SessionHost::SessionHost(std::shared_ptr<TenantState> t, std::string n, std::str
       creation_time(created > 0 ? created : now_seconds()),
       status(std::move(initial_status)),
       last_modified(creation_time),
-      config_(std::move(config)) {
+      config_(std::move(config)),
+      finished_(config_.retention.results, seconds(config_.retention.result_age)),
+      client_tokens_(config_.retention.client_tokens, seconds(config_.retention.client_token_age)) {
+  if (recovery) restore(*recovery);
   if (status == "Created")
-    worker_ = std::thread([this, backend, recovery = std::move(recovery)] { run(backend, recovery); });
+    worker_ = std::thread(
+        [this, backend, recovery = std::move(recovery)]() mutable { run(std::move(backend), std::move(recovery)); });
+}
+
+// What the session reported before the restart, set before its worker starts. A session that is not live keeps
+// its unfinished operations as its stop left them.
+void SessionHost::restore(Recovery& r) {
+  last_sequence_number = r.last_sequence_number;
+  next_operation_ = r.next_operation;
+  usage = r.usage;
+  error_details = r.error_details;
+  if (status != "Created") end_time = r.end_time;
+  for (auto& [op, time] : r.finished) {
+    const std::string id = op->id;  // before op is moved into the map
+    finished_.put(id, std::move(op), time);
+  }
+  for (auto& [token, record, time] : r.client_tokens) client_tokens_.put(token, std::move(record), time);
+  r.finished.clear();  // owned by the retention from here on
+  r.client_tokens.clear();
+  for (auto& op : r.pending) {
+    unfinished_[op->id] = op;
+    if (status != "Created") settle_locked(op, stopped_state(*op), now_seconds());
+  }
 }
 
 SessionHost::~SessionHost() {
@@ -77,9 +111,48 @@ void SessionHost::wait_started() {
 
 void SessionHost::on_done_locked(OperationRecord& op, std::function<void()> f) { op.on_done.push_back(std::move(f)); }
 
-std::vector<std::function<void()>> SessionHost::settle_locked(OperationRecord& op, json state) {
-  op.state = std::move(state);
-  return std::exchange(op.on_done, {});
+void SessionHost::accept_locked(const std::shared_ptr<OperationRecord>& op, const std::optional<std::string>& token,
+                                std::int64_t seq, double now) {
+  json rec{{"t", "accept"}, {"id", op->id}, {"sampling", op->sampling}, {"digest", op->digest}, {"body", op->body}};
+  rec["time"] = now;
+  if (token) rec["token"] = *token;
+  if (!op->sampling) rec["seq"] = seq;
+  // Durable before the id is returned: a client retrying after a crash gets this same operation back.
+  journal(std::move(rec));
+  if (token) client_tokens_.put(*token, {op->id, op->digest}, now);
+  unfinished_[op->id] = op;
+  last_modified = now;
+  enqueue_locked(op);
+}
+
+std::string SessionHost::new_operation_id_locked() {
+  return "op-" + operation_tag(creation_time) + "-" + std::to_string(next_operation_++);
+}
+
+std::shared_ptr<OperationRecord> SessionHost::find_operation_locked(const std::string& id, double now) const {
+  if (auto it = unfinished_.find(id); it != unfinished_.end()) return it->second;
+  const auto* op = finished_.find(id, now);
+  return op ? *op : nullptr;
+}
+
+bool SessionHost::issued_locked(const std::string& id) const {
+  const auto n = operation_ordinal(id, creation_time);
+  return n && *n < next_operation_;
+}
+
+const ClientTokenRecord* SessionHost::find_client_token_locked(const std::string& token, double now) const {
+  return client_tokens_.find(token, now);
+}
+
+std::vector<std::function<void()>> SessionHost::settle_locked(const std::shared_ptr<OperationRecord>& op, json state,
+                                                              double now) {
+  op->state = std::move(state);
+  release_request(*op);
+  if (op->retrievable) {
+    unfinished_.erase(op->id);
+    finished_.put(op->id, op, now);
+  }
+  return std::exchange(op->on_done, {});
 }
 
 namespace {
@@ -195,15 +268,21 @@ json SessionHost::execute(OperationRecord& op) {
   return wire::to_json(wire::SamplingOperationState{"Completed", std::move(result), std::nullopt, std::nullopt});
 }
 
-// Journals an operation's end, then makes it visible: a client never sees a result a restart would forget.
+// Journals an operation's end, then makes it visible: a client never sees a result a restart would forget. An
+// OpenAI sample is never listed, so only its billing is journaled.
 void SessionHost::finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave) {
-  json rec{{"t", "done"}, {"id", op->id}, {"state", state}, {"usage", usage_json(op->billed)}};
-  if (!autosave.empty()) rec["autosave"] = autosave;
-  journal(std::move(rec));
+  const double now = now_seconds();
+  if (op->retrievable) {
+    json rec{{"t", "done"}, {"id", op->id}, {"state", state}, {"usage", usage_json(op->billed)}, {"time", now}};
+    if (!autosave.empty()) rec["autosave"] = autosave;
+    journal(std::move(rec));
+  } else if (op->billed != TokenUsage{}) {
+    journal({{"t", "billed"}, {"usage", usage_json(op->billed)}});
+  }
   std::vector<std::function<void()>> waiting;
   {
     std::lock_guard lock(mu);
-    waiting = settle_locked(*op, std::move(state));
+    waiting = settle_locked(op, std::move(state), now);
     last_modified = now_seconds();
     done_cv_.notify_all();
   }
@@ -261,6 +340,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     }
     done_cv_.notify_all();
   }
+  recovery.reset();  // the replayed requests are no longer needed; the pending ones are queued
   while (failure.empty()) {
     std::shared_ptr<OperationRecord> op;
     {
@@ -306,9 +386,9 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
   std::vector<std::function<void()>> waiting;
   {
     std::lock_guard lock(mu);
+    const double now = now_seconds();
     for (auto& queued : queue_) {
-      auto w = settle_locked(*queued, queued->sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}}
-                                                       : json{{"status", "Skipped"}});
+      auto w = settle_locked(queued, stopped_state(*queued), now);
       waiting.insert(waiting.end(), std::make_move_iterator(w.begin()), std::make_move_iterator(w.end()));
     }
     queue_.clear();

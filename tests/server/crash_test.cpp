@@ -1,6 +1,7 @@
 // Durability: train through `rlloop serve`, kill -9 it at random points five times and restart it on the same
 // --data-dir while the client keeps going (retrying with the same clientTokens). The final adapter weights must
-// equal those of an uninterrupted run bit for bit, and every step must have run exactly once.
+// equal those of an uninterrupted run bit for bit, and every step must have run exactly once. The journal is
+// compacted every few records, so kills also land in and between compactions.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -38,16 +39,28 @@ Datum sft_datum(const std::string& text) {
   return d;
 }
 
-// The checkpoint directory the server recorded for a model-package ARN.
+// The checkpoint directory the server recorded for a model-package ARN: in its snapshot or a log since.
 fs::path checkpoint_path(const fs::path& data_dir, const std::string& arn) {
-  std::ifstream in(data_dir / "journal.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("t", "") == "checkpoint" && j.value("arn", "") == arn)
-      return j["path"].get<std::string>();
+  for (const auto& entry : fs::directory_iterator(data_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name != "snapshot.jsonl" && !(name.starts_with("journal-") && name.ends_with(".jsonl"))) continue;
+    std::ifstream in(entry.path());
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("t", "") == "checkpoint" && j.value("arn", "") == arn)
+        return j["path"].get<std::string>();
+    }
   }
   return {};
+}
+
+// How many compactions a server's log reports.
+int compactions(const std::string& log) {
+  int n = 0;
+  for (std::size_t at = log.find("\"event\":\"compacted\""); at != std::string::npos;
+       at = log.find("\"event\":\"compacted\"", at + 1))
+    ++n;
+  return n;
 }
 
 struct RunResult {
@@ -99,11 +112,12 @@ struct Dirs {
     if (!::testing::Test::HasFailure()) fs::remove_all(root);
   }
   std::vector<std::string> args(const std::string& data) const {
-    return {"--tenants",  (root / "tenants.json").string(),
-            "--port",     "0",
-            "--data-dir", (root / data).string(),
-            "--device",   "cpu",
-            "--threads",  "1"};
+    return {"--tenants",         (root / "tenants.json").string(),
+            "--port",            "0",
+            "--data-dir",        (root / data).string(),
+            "--device",          "cpu",
+            "--threads",         "1",
+            "--compact-records", "6"};
   }
 };
 
@@ -157,6 +171,7 @@ TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
   done = true;
   killer.join();
   EXPECT_EQ(kills.load(), 5);
+  EXPECT_GE(compactions(read_file(dirs.root / "crash.log")), 3) << "the journal was compacted during the run";
   EXPECT_EQ(got.steps, kSteps) << "every optimizer step ran exactly once";
   ASSERT_EQ(got.losses.size(), expected.losses.size());
   for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_EQ(got.losses[i], expected.losses[i]) << "step " << i;
