@@ -37,8 +37,7 @@ def datum(tokens, targets, weights):
 class Checked:
     """Registers a botocore hook that validates each raw response body against the operation's model shapes."""
 
-    def __init__(self, client, model):
-        self.model = model
+    def __init__(self, client):
         self.checked = []
         client.meta.events.register("after-call", self.after_call)
         client.meta.events.register("needs-retry", self.check_error, unique_id="rlloop-error-check")
@@ -80,8 +79,8 @@ class Boto3AgainstServer(unittest.TestCase):
         config = botocore.config.Config(retries={"max_attempts": 1})
         cls.sm = session.client("sagemaker", endpoint_url=cls.server.endpoint, config=config)
         cls.rt = session.client("sagemakertrainingsessionruntime", endpoint_url=cls.server.endpoint, config=config)
-        cls.sm_check = Checked(cls.sm, "control")
-        cls.rt_check = Checked(cls.rt, "runtime")
+        cls.sm_check = Checked(cls.sm)
+        cls.rt_check = Checked(cls.rt)
         cls.seq = {}
 
     @classmethod

@@ -5,8 +5,7 @@ botocore checks only `required`, `min` and types before it sends, and its parser
 this validator checks every constraint a model states (types, required members, unions, min/max, patterns, enum
 values, int32 ranges) and rejects members a shape does not define, so a response that parses under boto3 but
 differs from what AWS sends, or a request rlloop's C++ client sends that AWS would refuse, is an error naming the
-path. The few places where rlloop deliberately accepts or sends more than the models (its documented extensions,
-docs/wire.md "Extensions") are listed in EXTENSIONS and allowed only where a caller asks for them.
+path.
 """
 
 import math
@@ -29,20 +28,6 @@ CONTROL_OPERATIONS = [
     "DeleteTrainingSession",
 ]
 
-# rlloop extensions beyond the models (docs/wire.md, "Extensions"): shape -> members a strict check may allow,
-# and shape.member -> enum values it may allow. Each is an addition only; nothing the models define is changed.
-EXTENSION_MEMBERS = {
-    "SamplingParams": {"stopTokenIds"},
-}
-EXTENSION_ENUMS = {
-    "LossFnName": {"dro", "value"},
-}
-# shape -> the lower bound an extension allows instead of the model's min.
-EXTENSION_MIN = {
-    "SamplingParamsMaxTokensInteger": 1,
-}
-
-
 def load(service):
     """The botocore ServiceModel of `service` (RUNTIME or CONTROL), from the installed botocore's data."""
     loader = botocore.loaders.Loader()
@@ -61,15 +46,15 @@ class Violation(Exception):
     pass
 
 
-def validate(shape, value, path="", extensions=False):
+def validate(shape, value, path=""):
     """Raises Violation naming the first path where `value` (decoded JSON) breaks `shape`."""
     errors = []
-    _check(shape, value, path or shape.name, errors, extensions)
+    _check(shape, value, path or shape.name, errors)
     if errors:
         raise Violation("; ".join(errors[:5]))
 
 
-def _check(shape, value, path, errors, ext):
+def _check(shape, value, path, errors):
     t = shape.type_name
     meta = shape.metadata
     if t == "structure":
@@ -79,9 +64,8 @@ def _check(shape, value, path, errors, ext):
             errors.append(f"{path}: expected an object, got {type(value).__name__}")
             return
         members = shape.members
-        allowed = set(members) | (EXTENSION_MEMBERS.get(shape.name, set()) if ext else set())
         for key in value:
-            if key not in allowed:
+            if key not in members:
                 errors.append(f"{path}.{key}: not a member of {shape.name}")
         present = {k for k, v in value.items() if v is not None}
         for req in shape.required_members:
@@ -91,21 +75,21 @@ def _check(shape, value, path, errors, ext):
             errors.append(f"{path}: union {shape.name} needs exactly one member, got {sorted(present)}")
         for key, v in value.items():
             if key in members and v is not None:
-                _check(members[key], v, f"{path}.{key}", errors, ext)
+                _check(members[key], v, f"{path}.{key}", errors)
     elif t == "list":
         if not isinstance(value, list):
             errors.append(f"{path}: expected a list, got {type(value).__name__}")
             return
         _bounds(meta, len(value), path, errors, "length")
         for i, v in enumerate(value):
-            _check(shape.member, v, f"{path}[{i}]", errors, ext)
+            _check(shape.member, v, f"{path}[{i}]", errors)
     elif t == "map":
         if not isinstance(value, dict):
             errors.append(f"{path}: expected a map, got {type(value).__name__}")
             return
         for k, v in value.items():
-            _check(shape.key, k, f"{path}<key {k!r}>", errors, ext)
-            _check(shape.value, v, f"{path}.{k}", errors, ext)
+            _check(shape.key, k, f"{path}<key {k!r}>", errors)
+            _check(shape.value, v, f"{path}.{k}", errors)
     elif t == "string":
         if not isinstance(value, str):
             errors.append(f"{path}: expected a string, got {type(value).__name__}")
@@ -115,8 +99,7 @@ def _check(shape, value, path, errors, ext):
             errors.append(f"{path}: {value!r} does not match {meta['pattern']}")
         enum = shape.enum
         if enum:
-            allowed = set(enum) | (EXTENSION_ENUMS.get(shape.name, set()) if ext else set())
-            if value not in allowed:
+            if value not in enum:
                 errors.append(f"{path}: {value!r} is not one of {enum}")
     elif t in ("integer", "long"):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -125,8 +108,6 @@ def _check(shape, value, path, errors, ext):
         lo, hi = INT32 if t == "integer" else INT64
         if not lo <= value <= hi:
             errors.append(f"{path}: {value} is outside the {t} range")
-        if ext and shape.name in EXTENSION_MIN:
-            meta = dict(meta, min=EXTENSION_MIN[shape.name])
         _bounds(meta, value, path, errors, "value")
     elif t in ("double", "float"):
         if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
