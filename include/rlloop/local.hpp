@@ -1,6 +1,8 @@
 // The local backend: a LibTorch session in this process (CUDA bf16 when the LibTorch build has CUDA, CPU fp32
 // otherwise). This header does not include LibTorch; link rlloop::engine.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,12 +38,38 @@ struct LocalServiceOptions {
   // correct for exactly that kind of sampler/trainer mismatch. The prompt's prefill stays fp32. A session rounds
   // the weights once and keeps them while they do not change. CUDA models are bf16 throughout and ignore this.
   SamplingPrecision sampling_precision = SamplingPrecision::fp32;
+  // Most sample rows decoded in one step by a base model's engine loop, summed over every session's requests;
+  // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens and
+  // logprobs do not depend on the rows beside it.
+  int max_batch_rows = 64;
 };
 
-// One training session: a model kept loaded, a worker thread running operations in submission order.
+// What one base model's engine loop is doing (LocalService::base_model_stats).
+struct BaseModelStats {
+  std::string base;              // the resolved model, its device and dtype
+  int sessions = 0;              // sessions (training and sampler) whose operations run on its loop
+  int shared_weight_users = 0;   // of those, models reading the one shared copy of the base weights
+  int active_requests = 0;       // sampling requests decoding now
+  int active_rows = 0;           // their rows in the current batch
+  int queued_operations = 0;     // operations waiting in sessions' queues
+  int peak_batch_rows = 0;       // the largest batch decoded so far
+  int peak_batch_requests = 0;   // the most requests in one decoding step so far
+  std::uint64_t decode_steps = 0;
+};
+
+namespace engine {
+class BaseModelRegistry;
+}
+
+// One training session: its adapters (over a base model shared with the other LoRA sessions of its service) or
+// its own full model, its operations run in submission order by the engine loop of its base model.
 class LocalSession {
  public:
+  // A session of its own, sharing nothing with other sessions.
   LocalSession(const SessionOptions& options, const LocalServiceOptions& service);
+  // A session sharing `bases` (the base weights and engine loops of one LocalService).
+  LocalSession(const SessionOptions& options, const LocalServiceOptions& service,
+               std::shared_ptr<engine::BaseModelRegistry> bases);
   ~LocalSession();
   LocalSession(const LocalSession&) = delete;
   LocalSession& operator=(const LocalSession&) = delete;
@@ -54,6 +82,10 @@ class LocalSession {
   Future<LoadStateOutput> load_state(const std::string& path, bool with_optimizer);
   Future<CheckpointRef> save_weights_for_sampler(const std::string& name);
   Future<SampleResponse> sample(const SampleRequest& request);
+  // The same, calling on_step after every decoding step with what every sample holds so far (streaming). It runs
+  // on the engine loop's thread between steps, so it should only copy what it needs.
+  using SampleProgress = std::function<void(const SampleResponse& so_far)>;
+  Future<SampleResponse> sample(const SampleRequest& request, SampleProgress on_step);
   Future<std::vector<double>> compute_logprobs(const ComputeLogprobsRequest& request);
   SessionInfo info();
   TokenUsage usage();
@@ -80,9 +112,12 @@ class LocalService {
   std::vector<std::string> list_base_models();
   ServerCapabilities capabilities();
   const LocalServiceOptions& options() const { return options_; }
+  // One entry per base model in use: how many sessions share it, what its engine loop is batching.
+  std::vector<BaseModelStats> base_model_stats() const;
 
  private:
   LocalServiceOptions options_;
+  std::shared_ptr<engine::BaseModelRegistry> bases_;
 };
 static_assert(Service<LocalService>);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
 
@@ -30,7 +31,7 @@ int run_serve(int argc, char** argv) {
   std::string tenants_file;
   std::vector<std::string> base_models;
   std::string device = "auto", sampling_precision = "fp32", region = "us-east-1";
-  int threads = 0, result_wait_ms = 0;
+  int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
   rlloop::server::Options defaults;
   std::size_t io_threads = defaults.io_threads, max_connections = defaults.max_connections;
   long long idle_timeout_ms = defaults.idle_timeout.count();
@@ -56,6 +57,12 @@ int run_serve(int argc, char** argv) {
   app.add_option("--sampling-precision", sampling_precision,
                  "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--max-batch-rows", max_batch_rows,
+                 "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--stats-interval-s", stats_interval_s,
+                 "Print an {\"event\":\"engine\"} line per base model this often while it changes (0 = never)")
+      ->check(CLI::Range(0, 24 * 3600));
   app.add_option("--io-threads", io_threads,
                  "Threads serving every connection's sockets (they do not grow with clients)")
       ->check(CLI::Range(1, 256));
@@ -111,6 +118,7 @@ int run_serve(int argc, char** argv) {
   local.device = device;
   local.num_threads = threads;
   local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
+  local.max_batch_rows = max_batch_rows;
   for (const auto& entry : base_models) {
     const auto eq = entry.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
@@ -118,11 +126,34 @@ int run_serve(int argc, char** argv) {
     local.base_models.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
   std::filesystem::create_directories(local.checkpoint_dir);
-  auto backend = rlloop::server::make_backend(std::make_shared<rlloop::LocalService>(local));
+  auto service = std::make_shared<rlloop::LocalService>(local);
+  auto backend = rlloop::server::make_backend(service);
+  auto report_stats = [service, last = std::string()]() mutable {
+    std::string lines;
+    for (const auto& b : service->base_model_stats())
+      lines += nlohmann::json{{"event", "engine"},
+                              {"base", b.base},
+                              {"sessions", b.sessions},
+                              {"sharedWeightUsers", b.shared_weight_users},
+                              {"activeRequests", b.active_requests},
+                              {"batchRows", b.active_rows},
+                              {"queuedOperations", b.queued_operations},
+                              {"peakBatchRows", b.peak_batch_rows},
+                              {"peakBatchRequests", b.peak_batch_requests},
+                              {"decodeSteps", b.decode_steps}}
+                   .dump() +
+               "\n";
+    if (lines == last) return;
+    std::fputs(lines.c_str(), stdout);
+    std::fflush(stdout);
+    last = std::move(lines);
+  };
 #else
   (void)base_models;
   (void)device;
   (void)threads;
+  (void)max_batch_rows;
+  auto report_stats = [] {};
   throw rlloop::unsupported(
       "this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
   rlloop::server::Backend backend;
@@ -135,7 +166,14 @@ int run_serve(int argc, char** argv) {
   std::fflush(stdout);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto next_report = std::chrono::steady_clock::now();
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (stats_interval_s > 0 && std::chrono::steady_clock::now() >= next_report) {
+      report_stats();
+      next_report += std::chrono::seconds(stats_interval_s);
+    }
+  }
   server.stop();
   return 0;
 }

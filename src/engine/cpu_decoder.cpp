@@ -19,46 +19,77 @@ namespace {
 
 const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
-// One projection of a decoding step: y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with an
-// adapter); with `accumulate` the result is added to y (residual connections). `rounded` (bf16 precision: the
-// decoder's snapshot of W) replaces W; adapters and biases stay fp32.
+// Which projection of a layer (member of LayerWeights), or the unembedding (member null): names the same
+// LinearWeights in any model's weights, so each group of a step finds its own adapter.
+struct Which {
+  std::size_t layer;
+  LinearWeights LayerWeights::*member;
+};
+const LinearWeights& pick(const InferenceWeights& w, Which which) {
+  return which.member ? w.layers[which.layer].*which.member : w.lm_head;
+}
+
+// Consecutive rows of a step from one group (one cache, one position, one model's adapters).
+struct Segment {
+  const InferenceWeights* adapters;
+  std::int64_t begin, count;  // rows of the step's row range
+  KVCache* cache;
+  std::int64_t cache_row, pos;
+};
+
+// One projection of a decoding step: y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with each
+// segment's adapter); with `accumulate` the result is added to y (residual connections). `rounded` (bf16
+// precision: the decoder's snapshot of W) replaces W; adapters and biases stay fp32.
 struct Projection {
-  const LinearWeights* w;
+  Which which;
   const Bf16Weight* rounded;
   float* y;
   bool accumulate;
 };
 
 // Adapters are applied unmerged, so the step always sees the live adapter weights.
-void add_adapter_and_bias(const float* x, std::int64_t rows, const LinearWeights& w, float* y) {
-  const std::int64_t out = w.weight.size(0), in = w.weight.size(1);
-  if (w.lora_a.defined()) {
-    const std::int64_t rank = w.lora_a.size(0);
-    std::vector<float> down(rows * rank), delta(rows * out);
-    linear_rows(x, rows, data(w.lora_a), rank, in, down.data(), false);
-    linear_rows(down.data(), rows, data(w.lora_b), out, rank, delta.data(), false);
-    const auto scale = static_cast<float>(w.lora_scale);
-    for (std::int64_t i = 0; i < rows * out; ++i) y[i] += scale * delta[i];
-  }
+void add_adapter(const float* x, std::int64_t rows, const LinearWeights& w, float* y) {
+  if (!w.lora_a.defined()) return;
+  const std::int64_t out = w.weight.size(0), in = w.weight.size(1), rank = w.lora_a.size(0);
+  std::vector<float> down(rows * rank), delta(rows * out);
+  linear_rows(x, rows, data(w.lora_a), rank, in, down.data(), false);
+  linear_rows(down.data(), rows, data(w.lora_b), out, rank, delta.data(), false);
+  const auto scale = static_cast<float>(w.lora_scale);
+  for (std::int64_t i = 0; i < rows * out; ++i) y[i] += scale * delta[i];
+}
+
+void add_bias(std::int64_t rows, const LinearWeights& w, float* y) {
   if (!w.bias.defined()) return;
+  const std::int64_t out = w.weight.size(0);
   const float* b = data(w.bias);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t i = 0; i < out; ++i) y[r * out + i] += b[i];
 }
 
-// The projections of one input (q/k/v, gate/up): their base products in one parallel region, then each one's
-// adapter and bias. All of a group are fp32 or all bf16.
-void project(const float* x, std::int64_t rows, std::initializer_list<Projection> group) {
+// The projections of one input (q/k/v, gate/up): their base products over every row in one parallel region,
+// then each segment's adapters, then the bias (per row in that order, as when a group is stepped alone). All
+// of a group are fp32 or all bf16.
+void project(const InferenceWeights& base, std::span<const Segment> segments, const float* x, std::int64_t rows,
+             std::initializer_list<Projection> group) {
+  const std::int64_t in = pick(base, group.begin()->which).weight.size(1);
   if (group.begin()->rounded) {
     std::vector<Bf16Product> products;
     for (const Projection& p : group) products.push_back({p.rounded, p.y, p.accumulate});
     Bf16Weight::multiply_group(x, rows, products);
   } else {
     std::vector<RowProduct> products;
-    for (const Projection& p : group) products.push_back({data(p.w->weight), p.w->weight.size(0), p.y, p.accumulate});
-    linear_rows_group(x, rows, group.begin()->w->weight.size(1), products);
+    for (const Projection& p : group) {
+      const LinearWeights& w = pick(base, p.which);
+      products.push_back({data(w.weight), w.weight.size(0), p.y, p.accumulate});
+    }
+    linear_rows_group(x, rows, in, products);
   }
-  for (const Projection& p : group) add_adapter_and_bias(x, rows, *p.w, p.y);
+  for (const Projection& p : group) {
+    const std::int64_t out = pick(base, p.which).weight.size(0);
+    for (const Segment& s : segments)
+      add_adapter(x + s.begin * in, s.count, pick(*s.adapters, p.which), p.y + s.begin * out);
+    add_bias(rows, pick(base, p.which), p.y);
+  }
 }
 
 // A KV cache row as stored: fp32 as is, bf16 rounded to nearest.
@@ -157,85 +188,128 @@ CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::share
 }
 
 torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
-  const std::int64_t A = tokens.size(0), V = cfg_.vocab_size;
-  if (tokens.dim() != 1 || !tokens.device().is_cpu() || tokens.scalar_type() != torch::kLong || A != cache.batch())
-    throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
-  if (cache.length + 1 > cache.capacity)
-    throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
-  const torch::ScalarType dtype = cache_dtype(precision_);
-  for (std::size_t l = 0; l < cache.keys.size(); ++l)
-    if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() || cache.keys[l].scalar_type() != dtype ||
-        cache.values[l].scalar_type() != dtype)
-      throw invalid_argument(std::string("CpuDecoder::step: the KV cache must be contiguous ") +
-                             (dtype == torch::kBFloat16 ? "bf16 (KVCache::convert)" : "fp32") +
-                             " for this decoder's precision");
-  const auto* ids = tokens.data_ptr<std::int64_t>();
-  for (std::int64_t r = 0; r < A; ++r)
-    if (ids[r] < 0 || ids[r] >= V)
-      throw invalid_argument("CpuDecoder::step: token id " + std::to_string(ids[r]) + " is outside the vocabulary");
+  const Group group{&w_, &tokens, &cache};
+  return step(std::span<const Group>(&group, 1));
+}
 
+bool CpuDecoder::shares_base(const CpuDecoder& other) const {
+  if (precision_ != other.precision_) return false;
+  auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.defined() == b.defined() && (!a.defined() || a.data_ptr() == b.data_ptr());
+  };
+  const InferenceWeights &a = w_, &b = other.w_;
+  if (a.layers.size() != b.layers.size() || !same(a.embed, b.embed) || !same(a.final_norm, b.final_norm) ||
+      !same(a.lm_head.weight, b.lm_head.weight) || !same(a.lm_head.bias, b.lm_head.bias))
+    return false;
+  for (std::size_t l = 0; l < a.layers.size(); ++l) {
+    const LayerWeights &x = a.layers[l], &y = b.layers[l];
+    if (!same(x.input_norm, y.input_norm) || !same(x.post_norm, y.post_norm) || !same(x.q_norm, y.q_norm) ||
+        !same(x.k_norm, y.k_norm))
+      return false;
+    for (auto m : {&LayerWeights::q, &LayerWeights::k, &LayerWeights::v, &LayerWeights::o, &LayerWeights::gate,
+                   &LayerWeights::up, &LayerWeights::down})
+      if (!same((x.*m).weight, (y.*m).weight) || !same((x.*m).bias, (y.*m).bias)) return false;
+  }
+  return true;
+}
+
+torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
+  const std::int64_t V = cfg_.vocab_size;
+  const torch::ScalarType dtype = cache_dtype(precision_);
+  std::vector<Row> rows;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const torch::Tensor& tokens = *groups[g].tokens;
+    KVCache& cache = *groups[g].cache;
+    const std::int64_t A = tokens.size(0);
+    if (tokens.dim() != 1 || !tokens.device().is_cpu() || tokens.scalar_type() != torch::kLong || A != cache.batch())
+      throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
+    if (cache.length + 1 > cache.capacity)
+      throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
+    for (std::size_t l = 0; l < cache.keys.size(); ++l)
+      if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() ||
+          cache.keys[l].scalar_type() != dtype || cache.values[l].scalar_type() != dtype)
+        throw invalid_argument(std::string("CpuDecoder::step: the KV cache must be contiguous ") +
+                               (dtype == torch::kBFloat16 ? "bf16 (KVCache::convert)" : "fp32") +
+                               " for this decoder's precision");
+    const auto* ids = tokens.data_ptr<std::int64_t>();
+    for (std::int64_t r = 0; r < A; ++r) {
+      if (ids[r] < 0 || ids[r] >= V)
+        throw invalid_argument("CpuDecoder::step: token id " + std::to_string(ids[r]) + " is outside the vocabulary");
+      rows.push_back({g, r, ids[r], cache.length});
+    }
+  }
+  const auto A = static_cast<std::int64_t>(rows.size());
   auto logits = torch::empty({A, V}, torch::kFloat32);
   const int threads = at::get_num_threads();
   if (threads > 1 && A > 1 && weights_fit_in_cache_) {
     // Sequences are independent: split the rows across threads once per step (one parallel region), not every
     // operation; each thread reads all the weights, which is cheap only while they stay in the caches.
     at::parallel_for(0, A, (A + threads - 1) / threads, [&](std::int64_t begin, std::int64_t end) {
-      decode_rows(ids, begin, end, cache, logits.data_ptr<float>());
+      decode_rows(rows, groups, begin, end, logits.data_ptr<float>());
     });
-  } else {
-    decode_rows(ids, 0, A, cache, logits.data_ptr<float>());  // the operations split their own work
+  } else if (A > 0) {
+    decode_rows(rows, groups, 0, A, logits.data_ptr<float>());  // the operations split their own work
   }
-  cache.length += 1;
+  for (const Group& g : groups) g.cache->length += 1;
   return logits;
 }
 
-void CpuDecoder::decode_rows(const std::int64_t* ids, std::int64_t r0, std::int64_t r1, KVCache& cache,
-                             float* logits) const {
+void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> groups, std::int64_t r0,
+                             std::int64_t r1, float* logits) const {
   const std::int64_t A = r1 - r0, H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, pos = cache.length;
+  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   const double eps = cfg_.rms_norm_eps;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const float* cos = data(w_.rope_cos) + pos * D;
-  const float* sin = data(w_.rope_sin) + pos * D;
+
+  std::vector<Segment> segments;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const Row& row = rows[r];
+    if (segments.empty() || rows[r - 1].group != row.group)
+      segments.push_back({groups[row.group].adapters, r - r0, 0, groups[row.group].cache, row.cache_row, row.pos});
+    ++segments.back().count;
+  }
 
   std::vector<float> x(A * H), h(A * H), q(A * nh * D), k(A * nkv * D), v(A * nkv * D), attn(A * nh * D), gate(A * I),
       up(A * I);
-  for (std::int64_t r = 0; r < A; ++r) std::copy_n(data(w_.embed) + ids[r0 + r] * H, H, x.data() + r * H);
+  for (std::int64_t r = 0; r < A; ++r) std::copy_n(data(w_.embed) + rows[r0 + r].id * H, H, x.data() + r * H);
 
   const bool bf16 = precision_ == DecodePrecision::bf16;
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
     const RoundedWeights::Layer* R = bf16 ? &rounded_->layers()[li] : nullptr;
     rms_norm_rows(x.data(), L.input_norm, h.data(), A, H, eps);
-    project(h.data(), A,
-            {{&L.q, R ? &R->q : nullptr, q.data(), false},
-             {&L.k, R ? &R->k : nullptr, k.data(), false},
-             {&L.v, R ? &R->v : nullptr, v.data(), false}});
+    project(w_, segments, h.data(), A,
+            {{{li, &LayerWeights::q}, R ? &R->q : nullptr, q.data(), false},
+             {{li, &LayerWeights::k}, R ? &R->k : nullptr, k.data(), false},
+             {{li, &LayerWeights::v}, R ? &R->v : nullptr, v.data(), false}});
     if (cfg_.qk_norm) {
       rms_norm_rows(q.data(), L.q_norm, q.data(), A * nh, D, eps);
       rms_norm_rows(k.data(), L.k_norm, k.data(), A * nkv, D, eps);
     }
-    rope_rows(q.data(), A * nh, D, cos, sin);
-    rope_rows(k.data(), A * nkv, D, cos, sin);
-
-    if (bf16)
-      append_and_attend<std::uint16_t>(cache.keys[li], cache.values[li], r0, A, k.data(), v.data(), q.data(), nh, pos,
-                                       scale, attn.data());
-    else
-      append_and_attend<float>(cache.keys[li], cache.values[li], r0, A, k.data(), v.data(), q.data(), nh, pos, scale,
-                               attn.data());
-    project(attn.data(), A, {{&L.o, R ? &R->o : nullptr, x.data(), true}});
+    for (const Segment& s : segments) {
+      const float* cos = data(w_.rope_cos) + s.pos * D;
+      const float* sin = data(w_.rope_sin) + s.pos * D;
+      rope_rows(q.data() + s.begin * nh * D, s.count * nh, D, cos, sin);
+      rope_rows(k.data() + s.begin * nkv * D, s.count * nkv, D, cos, sin);
+      const auto attend = bf16 ? append_and_attend<std::uint16_t> : append_and_attend<float>;
+      attend(s.cache->keys[li], s.cache->values[li], s.cache_row, s.count, k.data() + s.begin * nkv * D,
+             v.data() + s.begin * nkv * D, q.data() + s.begin * nh * D, nh, s.pos, scale,
+             attn.data() + s.begin * nh * D);
+    }
+    project(w_, segments, attn.data(), A, {{{li, &LayerWeights::o}, R ? &R->o : nullptr, x.data(), true}});
 
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
-    project(h.data(), A,
-            {{&L.gate, R ? &R->gate : nullptr, gate.data(), false}, {&L.up, R ? &R->up : nullptr, up.data(), false}});
+    project(w_, segments, h.data(), A,
+            {{{li, &LayerWeights::gate}, R ? &R->gate : nullptr, gate.data(), false},
+             {{li, &LayerWeights::up}, R ? &R->up : nullptr, up.data(), false}});
     // Row by row, so that no value's result depends on how the rows were split between threads (the tail of
     // a row that is not a multiple of 8 takes the scalar path). Vectorised: tens of microseconds at 16 x 2048.
     for (std::int64_t r = 0; r < A; ++r) swiglu_in_place(gate.data() + r * I, up.data() + r * I, I);
-    project(gate.data(), A, {{&L.down, R ? &R->down : nullptr, x.data(), true}});
+    project(w_, segments, gate.data(), A, {{{li, &LayerWeights::down}, R ? &R->down : nullptr, x.data(), true}});
   }
   rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
-  project(h.data(), A, {{&w_.lm_head, bf16 ? &rounded_->lm_head() : nullptr, logits + r0 * cfg_.vocab_size, false}});
+  project(w_, segments, h.data(), A,
+          {{{0, nullptr}, bf16 ? &rounded_->lm_head() : nullptr, logits + r0 * cfg_.vocab_size, false}});
 }
 
 }  // namespace rlloop::engine

@@ -8,6 +8,7 @@
 // token-by-token steps when supports() holds; elsewhere (CUDA, bf16) it keeps calling the model.
 #pragma once
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -70,12 +71,39 @@ class CpuDecoder {
   // cache.length. tokens: [rows] int64 on the CPU, rows == cache.batch(). Returns the logits [rows, vocab].
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
+  // One step of several batches at once, each with its own cache (so its own position) and its own LoRA
+  // adapters over this decoder's base weights (shares_base): the requests of different sessions on one base
+  // model decode together. The base products run over the rows of every group in one pass; adapters,
+  // attention and RoPE run per group. Each row's numbers are those of stepping its group alone: the few-row
+  // product kernels compute every output row independently of the others (small_gemm.hpp, up to its row
+  // limit). Returns the logits [sum of rows, vocab], the groups' rows in order.
+  struct Group {
+    const InferenceWeights* adapters;  // the group's model: only its LoRA adapters are read
+    const torch::Tensor* tokens;       // [rows] int64 on the CPU
+    KVCache* cache;                    // rows == cache->batch()
+  };
+  torch::Tensor step(std::span<const Group> groups);
+
+  // True when `other` decodes over the same base weights (the same tensors) at the same precision, so their
+  // groups can share a step.
+  bool shares_base(const CpuDecoder& other) const;
+  // The weights the decoder reads (its model's adapters included): a Group's `adapters`.
+  const InferenceWeights& weights() const { return w_; }
+
   // The bf16 snapshot in use (null for fp32), for the next call to reuse.
   const std::shared_ptr<const RoundedWeights>& rounded() const { return rounded_; }
 
  private:
-  // Rows [r0, r1) of one step at position cache.length: writes their keys/values and logits rows.
-  void decode_rows(const std::int64_t* ids, std::int64_t r0, std::int64_t r1, KVCache& cache, float* logits) const;
+  // Where one row of a step comes from: its group, its row in the group's cache, its token and position.
+  struct Row {
+    std::size_t group;
+    std::int64_t cache_row;
+    std::int64_t id;
+    std::int64_t pos;
+  };
+  // Rows [r0, r1) of one step: writes their keys/values into their caches and their rows of `logits`.
+  void decode_rows(std::span<const Row> rows, std::span<const Group> groups, std::int64_t r0, std::int64_t r1,
+                   float* logits) const;
 
   const ModelConfig& cfg_;
   DecodePrecision precision_;

@@ -1,4 +1,5 @@
-// LocalSession: one model kept loaded, operations run in submission order on one worker thread.
+// LocalSession: adapters over a shared base model (or a private full model), operations run in submission order
+// by the base model's engine loop.
 #include <rlloop/local.hpp>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include <rlloop/tokenizer.hpp>
 
+#include "base_models.hpp"
 #include "batch.hpp"
 #include "builtin_models.hpp"
 #include "checkpoint.hpp"
@@ -17,7 +19,6 @@
 #include "model_io.hpp"
 #include "optimizer.hpp"
 #include "sampler.hpp"
-#include "work_queue.hpp"
 
 namespace rlloop {
 namespace fs = std::filesystem;
@@ -25,15 +26,27 @@ using namespace rlloop::engine;
 
 namespace {
 
-std::shared_ptr<Transformer> load_base(const std::string& resolved, std::int64_t seed, const DeviceChoice& dev) {
+std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev) {
   const std::string prefix = "builtin:";
   if (resolved.rfind(prefix, 0) == 0) {
     auto cfg = builtin_model(resolved.substr(prefix.size()));
-    // Built-in models start from a seeded random initialisation (the base weights do not depend on the
-    // session seed, so every session on "rlloop-small" starts from the same model).
+    // Built-in models start from a fixed seeded initialisation, not the session's seed: every session on
+    // "rlloop-small" starts from the same model, which is what lets them share it.
     return init_model(*cfg, 0, dev.device, dev.dtype);
   }
   return load_model(resolved, dev.device, dev.dtype);
+}
+
+// The registry key of a base: the same model on the same device in the same dtype is the same base.
+std::string base_key(const std::string& resolved, const DeviceChoice& dev) {
+  return resolved + " on " + device_name(dev.device) + " as " + std::string(c10::toString(dev.dtype));
+}
+
+engine::EngineLoopOptions loop_options(const LocalServiceOptions& service) {
+  if (service.max_batch_rows < 1)
+    throw invalid_argument("LocalServiceOptions.max_batch_rows must be at least 1, got " +
+                           std::to_string(service.max_batch_rows));
+  return {service.max_batch_rows};
 }
 
 nlohmann::json lora_to_json(const std::optional<LoraOptions>& lora) {
@@ -82,18 +95,21 @@ struct ReleaseCachedCpuBlocks {
 }  // namespace
 
 struct LocalSession::Impl {
-  ReleaseCachedCpuBlocks release_cache;  // first member: destroyed last, after the queue, model and gradients
+  ReleaseCachedCpuBlocks release_cache;  // first member: destroyed last, after the lane, model and gradients
   SessionOptions options;
   LocalServiceOptions service;
+  std::shared_ptr<BaseModelRegistry> bases;
   std::string resolved_base;
+  std::string key;  // of the base in `bases`
   DeviceChoice dev;
   engine::DecodePrecision decode_precision = engine::DecodePrecision::fp32;
+  std::shared_ptr<SharedBase> shared_base;  // LoRA sessions: the weights they share; null with a private model
   std::shared_ptr<Transformer> model;
   std::unique_ptr<AdamW> optimizer;
   std::shared_ptr<const Tokenizer> tokenizer;  // for stop strings; null if the model has none we can load
   at::Generator generator;
   // A model sample() can decode from, with its bf16 weight snapshot kept across calls (bf16 precision only;
-  // sample() re-rounds when the weights changed since).
+  // sample() re-rounds when the weights changed since). Models over the shared base use its one snapshot.
   struct SamplingModel {
     std::shared_ptr<Transformer> model;
     std::shared_ptr<const RoundedWeights> rounded;
@@ -103,7 +119,7 @@ struct LocalSession::Impl {
   // Sampler weights saved by this session or opened from disk, by checkpoint path. At most
   // kLoadedSamplerModels stay loaded, the least recently used dropped first (and read again from disk when
   // asked for): a loop that saves sampler weights under a new name every step would otherwise keep every
-  // step's model in memory.
+  // step's model in memory. With LoRA each holds only its adapters.
   static constexpr std::size_t kLoadedSamplerModels = 4;
   std::map<std::string, SamplingModel> samplers;
   std::uint64_t sampler_clock = 0;
@@ -111,18 +127,19 @@ struct LocalSession::Impl {
   std::mutex usage_mu;
   TokenUsage usage;
 
-  WorkQueue queue;  // last member: its worker stops (after finishing queued jobs) before the rest is destroyed
+  // Last member: destroying it waits for the session's queued operations, before the rest is destroyed.
+  std::unique_ptr<EngineLoop::Lane> lane;
 
-  Impl(const SessionOptions& opts, const LocalServiceOptions& svc) : options(opts), service(svc) {
+  Impl(const SessionOptions& opts, const LocalServiceOptions& svc, std::shared_ptr<BaseModelRegistry> registry)
+      : options(opts), service(svc), bases(std::move(registry)) {
     decode_precision = decode_precision_of(service.sampling_precision);
     configure_threads(service.num_threads);
     install_caching_cpu_allocator();
     dev = choose_device(service.device);
     resolved_base = resolve_base_model(service, options.base_model);
-    model = load_base(resolved_base, options.seed, dev);
+    key = base_key(resolved_base, dev);
+    model = make_model();
     live.model = model;
-    if (options.lora) model->enable_lora(*options.lora, options.seed);
-    if (options.value_head) model->enable_value_head(options.seed);
     build_optimizer();
     generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(options.seed));
     try {
@@ -130,6 +147,31 @@ struct LocalSession::Impl {
     } catch (const error&) {
       tokenizer = nullptr;  // stop strings then need a tokenizer: sample() says so
     }
+    lane = EngineLoop::open_lane(bases->loop(key));
+  }
+
+  // The session's model as created: LoRA adapters (seeded) over the shared base, or a private copy of the base
+  // for full fine-tuning; plus the value head if asked for.
+  std::shared_ptr<Transformer> make_model() {
+    std::shared_ptr<Transformer> m;
+    if (options.lora) {
+      shared_base = bases->base(key, [&] {
+        auto base = load_base(resolved_base, dev);
+        for (auto& p : base->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
+        return base;
+      });
+      m = Transformer::sharing_base(*shared_base->model);
+      m->enable_lora(*options.lora, options.seed);
+    } else {
+      m = load_base(resolved_base, dev);
+    }
+    if (options.value_head) m->enable_value_head(options.seed);
+    return m;
+  }
+
+  std::shared_ptr<const RoundedWeights>* rounded_slot(SamplingModel& target) {
+    return shared_base && target.model->shares_base_with(*shared_base->model) ? &shared_base->rounded
+                                                                               : &target.rounded;
   }
 
   void build_optimizer() {
@@ -153,15 +195,29 @@ struct LocalSession::Impl {
       return it->second;
     }
     auto state = read_state_dir(*path, false);
-    auto m = load_base(resolved_base, options.seed, dev);
-    if (options.lora) m->enable_lora(*options.lora, options.seed);
-    if (options.value_head) m->enable_value_head(options.seed);
+    check_same_base(state.meta, *path);
+    auto m = make_model();
     load_trainable(*m, state.weights);
     if (samplers.size() >= kLoadedSamplerModels)
       samplers.erase(std::min_element(samplers.begin(), samplers.end(), [](const auto& a, const auto& b) {
         return a.second.last_used < b.second.last_used;
       }));
     return samplers.emplace(key, SamplingModel{m, nullptr, ++sampler_clock}).first->second;
+  }
+
+  // A checkpoint holds what its session trained (with LoRA, the adapters only), so it is only meaningful over
+  // the base it was trained on.
+  void check_same_base(const nlohmann::json& meta, const std::string& path) const {
+    const std::string saved = meta.value("base_model", "");
+    std::string saved_resolved;
+    try {
+      saved_resolved = resolve_base_model(service, saved);
+    } catch (const not_found&) {
+      // No longer served here: it cannot be this session's base.
+    }
+    if (saved_resolved != resolved_base)
+      throw invalid_argument("checkpoint '" + path + "' was trained on base model '" + saved +
+                             "', this session's base model is '" + options.base_model + "'");
   }
 
   static void load_trainable(Transformer& m, const TensorMap& weights) {
@@ -211,6 +267,7 @@ struct LocalSession::Impl {
     auto state = read_state_dir(path, with_optimizer);
     const auto& m = state.meta;
     if (m.value("format", "") != "rlloop-state-v1") throw io_error("'" + path + "' is not an rlloop checkpoint");
+    check_same_base(m, path);
     if (lora_from_json(m.at("lora")) != options.lora)
       throw invalid_argument("checkpoint '" + path + "' was saved with different LoRA settings than this session");
     if (m.value("value_head", false) != options.value_head)
@@ -232,11 +289,14 @@ struct LocalSession::Impl {
 };
 
 LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service)
-    : impl_(std::make_unique<Impl>(options, service)) {}
+    : LocalSession(options, service, std::make_shared<BaseModelRegistry>(loop_options(service))) {}
+LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service,
+                           std::shared_ptr<BaseModelRegistry> bases)
+    : impl_(std::make_unique<Impl>(options, service, std::move(bases))) {}
 LocalSession::~LocalSession() = default;
 
 Future<ForwardBackwardOutput> LocalSession::forward(const std::vector<Datum>& data, const LossSpec& loss) {
-  return impl_->queue.submit<ForwardBackwardOutput>([this, data, loss] {
+  return impl_->lane->submit<ForwardBackwardOutput>([this, data, loss] {
     auto out = run_builtin_loss(*impl_->model, data, loss, /*backward=*/false);
     impl_->add_usage({0, 0, out.training_tokens});
     return out;
@@ -244,7 +304,7 @@ Future<ForwardBackwardOutput> LocalSession::forward(const std::vector<Datum>& da
 }
 
 Future<ForwardBackwardOutput> LocalSession::forward_backward(const std::vector<Datum>& data, const LossSpec& loss) {
-  return impl_->queue.submit<ForwardBackwardOutput>([this, data, loss] {
+  return impl_->lane->submit<ForwardBackwardOutput>([this, data, loss] {
     auto out = run_builtin_loss(*impl_->model, data, loss, /*backward=*/true);
     impl_->add_usage({0, 0, out.training_tokens});
     return out;
@@ -253,7 +313,7 @@ Future<ForwardBackwardOutput> LocalSession::forward_backward(const std::vector<D
 
 Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::vector<Datum>& data,
                                                                     const CustomLossFn& fn) {
-  return impl_->queue.submit<ForwardBackwardOutput>([this, data, fn] {
+  return impl_->lane->submit<ForwardBackwardOutput>([this, data, fn] {
     auto out = run_custom_loss(*impl_->model, data, fn);
     impl_->add_usage({0, 0, out.training_tokens});
     return out;
@@ -261,27 +321,29 @@ Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::v
 }
 
 Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {
-  return impl_->queue.submit<OptimStepOutput>(
+  return impl_->lane->submit<OptimStepOutput>(
       [this, params] { return OptimStepOutput{impl_->optimizer->step(params)}; });
 }
 
 Future<CheckpointRef> LocalSession::save_state(const std::string& name) {
-  return impl_->queue.submit<CheckpointRef>([this, name] { return impl_->save(name, true); });
+  return impl_->lane->submit<CheckpointRef>([this, name] { return impl_->save(name, true); });
 }
 
 Future<LoadStateOutput> LocalSession::load_state(const std::string& path, bool with_optimizer) {
-  return impl_->queue.submit<LoadStateOutput>([this, path, with_optimizer] {
+  return impl_->lane->submit<LoadStateOutput>([this, path, with_optimizer] {
     impl_->load(path, with_optimizer);
     return LoadStateOutput{};
   });
 }
 
 Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& name) {
-  return impl_->queue.submit<CheckpointRef>([this, name] { return impl_->save(name, false); });
+  return impl_->lane->submit<CheckpointRef>([this, name] { return impl_->save(name, false); });
 }
 
-Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
-  return impl_->queue.submit<SampleResponse>([this, request] {
+Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
+
+Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
+  auto start = [this, request, on_step = std::move(on_step)]() -> std::unique_ptr<DecodeRun> {
     auto& target = impl_->sampling_model(request.model_path);
     Transformer& m = *target.model;
     validate_sample_request(request, m.config(), impl_->tokenizer != nullptr);
@@ -291,18 +353,30 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request) {
     if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
     at::Generator gen = req.params.seed ? at::detail::createCPUGenerator(static_cast<std::uint64_t>(*req.params.seed))
                                         : impl_->generator;
-    auto out = engine::sample(m, req, stop_check, gen, impl_->decode_precision, &target.rounded);
+    // The run reads `m` until it finishes; this session's later operations (which could drop it from the
+    // sampler cache) wait for it.
+    auto run =
+        std::make_unique<DecodeRun>(m, req, stop_check, gen, impl_->decode_precision, impl_->rounded_slot(target));
+    if (on_step) {
+      on_step(run->progress());  // the first token of every sample, drawn from the prefill
+      run->on_step = on_step;
+    }
+    return run;
+  };
+  auto finish = [this, prompt = static_cast<std::int64_t>(request.prompt.length())](DecodeRun& run) {
+    SampleResponse out = run.take();
     // The prompt is prefilled once for all samples, so it is billed once.
     TokenUsage u;
-    u.prefill = static_cast<std::int64_t>(req.prompt.length());
+    u.prefill = prompt;
     for (const auto& s : out.sequences) u.sample += s.decode_tokens;
     impl_->add_usage(u);
     return out;
-  });
+  };
+  return impl_->lane->submit_sample(request.num_samples, std::move(start), std::move(finish));
 }
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
-  return impl_->queue.submit<std::vector<double>>([this, request] {
+  return impl_->lane->submit<std::vector<double>>([this, request] {
     Transformer& m = *impl_->sampling_model(request.model_path).model;
     validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
     auto tokens = request.prompt.tokens();
@@ -313,8 +387,8 @@ Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobs
 
 SessionInfo LocalSession::info() {
   // Runs on the worker so it never reads the model while an operation changes it.
-  return impl_->queue
-      .submit<SessionInfo>([this] {
+  return impl_->lane
+      ->submit<SessionInfo>([this] {
         SessionInfo i;
         const auto& cfg = impl_->model->config();
         i.name = impl_->options.name;
@@ -341,14 +415,14 @@ TokenUsage LocalSession::usage() {
 }
 
 Future<CheckpointRef> LocalSession::export_merged_model(const std::string& dir) {
-  return impl_->queue.submit<CheckpointRef>([this, dir] {
+  return impl_->lane->submit<CheckpointRef>([this, dir] {
     save_model(*impl_->model, dir);
     return CheckpointRef{dir};
   });
 }
 
 Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) {
-  return impl_->queue.submit<CheckpointRef>([this, dir] {
+  return impl_->lane->submit<CheckpointRef>([this, dir] {
     save_peft_adapter(*impl_->model, dir, impl_->options.base_model);
     return CheckpointRef{dir};
   });
@@ -356,7 +430,10 @@ Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) 
 
 // --- LocalService ----------------------------------------------------------------------------------------
 
-LocalService::LocalService(LocalServiceOptions options) : options_(std::move(options)) {}
+LocalService::LocalService(LocalServiceOptions options)
+    : options_(std::move(options)), bases_(std::make_shared<BaseModelRegistry>(loop_options(options_))) {}
+
+std::vector<BaseModelStats> LocalService::base_model_stats() const { return bases_->stats(); }
 
 std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions& options) {
   if (options.lora) {
@@ -364,7 +441,7 @@ std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions&
       throw invalid_argument("LoRA rank must be in [1, 256], got " + std::to_string(options.lora->rank));
     if (options.lora->alpha < 1) throw invalid_argument("LoRA alpha must be >= 1");
   }
-  return std::make_shared<LocalSession>(options, options_);
+  return std::make_shared<LocalSession>(options, options_, bases_);
 }
 
 std::shared_ptr<LocalSession> LocalService::create_session_from_state(const std::string& path,

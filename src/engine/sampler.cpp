@@ -97,26 +97,28 @@ torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& genera
   return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(V - 1);
 }
 
-SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
-                      at::Generator& generator, DecodePrecision precision,
-                      std::shared_ptr<const RoundedWeights>* rounded) {
+DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, at::Generator generator,
+                     DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded)
+    : model_(model),
+      params_(req.params),
+      stop_check_(std::move(stop_check)),
+      generator_(std::move(generator)),
+      precision_(precision),
+      rounded_(rounded),
+      device_(model.parameters().front().device()) {
   const ModelConfig& cfg = model.config();
   const std::vector<token_id> prompt = req.prompt.tokens();
   validate(req, cfg, prompt.size());
-  const SamplingParams& params = req.params;
   const auto P = static_cast<std::int64_t>(prompt.size());
   const int n = req.num_samples;
-  const int max_new = params.max_tokens;
+  const int max_new = params_.max_tokens;
 
   c10::InferenceMode inference;
-  const torch::Tensor first_param = model.parameters().front();
-  const torch::Device device = first_param.device();
-
   // The last generated token is never fed back, so the cache needs room for P + max_new - 1 positions.
-  KVCache cache = KVCache::allocate(cfg, 1, P + std::max(max_new - 1, 0), device, first_param.scalar_type());
-  torch::Tensor hidden = model.hidden_states(to_ids(prompt, device), &cache);
+  cache_ = KVCache::allocate(cfg, 1, P + std::max(max_new - 1, 0), device_, model.parameters().front().scalar_type());
+  torch::Tensor hidden = model.hidden_states(to_ids(prompt, device_), &cache_);
 
-  SampleResponse resp;
+  SampleResponse& resp = response_;
   torch::Tensor last_logits;  // [V]
   if (req.include_prompt_logprobs || req.topk_prompt_logprobs > 0) {
     torch::Tensor all = model.logits(hidden)[0];  // [P, V]
@@ -154,63 +156,108 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
     s.tokens.reserve(max_new);
     s.logprobs.reserve(max_new);
   }
-  if (max_new == 0) return resp;  // stop_reason stays "length"
+  if (max_new == 0) return;  // stop_reason stays "length"; no rows to decode
 
   // The dispatch-free decoding step, where it applies; built at the first step (one with bf16 rounds the
   // whole model, wasted when every sample stops at its first token). Its cache is converted before the
   // prompt's is repeated, which copies one row instead of n.
-  const bool use_cpu_decoder = CpuDecoder::supports(model);
-  if (use_cpu_decoder) cache.convert(CpuDecoder::cache_dtype(precision));
-  cache.repeat_batch(n);
-  std::optional<CpuDecoder> cpu_decoder;
-  torch::Tensor logits = last_logits.unsqueeze(0).expand({n, last_logits.size(0)});  // [A, V]
+  use_cpu_decoder_ = CpuDecoder::supports(model);
+  if (use_cpu_decoder_) cache_.convert(CpuDecoder::cache_dtype(precision_));
+  cache_.repeat_batch(n);
+  active_.resize(n);
+  for (int i = 0; i < n; ++i) active_[i] = i;
+  absorb(last_logits.unsqueeze(0).expand({n, last_logits.size(0)}));
+}
 
-  std::vector<int> active(n);  // row -> sequence index
-  for (int i = 0; i < n; ++i) active[i] = i;
+void DecodeRun::absorb(const torch::Tensor& logits) {
+  auto [next, chosen_lp] = draw_next(logits, params_, generator_);  // [A] each
+  const torch::Tensor next_cpu = next.cpu();
+  const torch::Tensor lp_cpu = chosen_lp.cpu();
+  const auto* tok = next_cpu.data_ptr<std::int64_t>();
+  const auto* lp = lp_cpu.data_ptr<float>();
+  const int max_new = params_.max_tokens;
 
-  while (true) {
-    auto [next, chosen_lp] = draw_next(logits, params, generator);  // [A] each
-    const torch::Tensor next_cpu = next.cpu();
-    const torch::Tensor lp_cpu = chosen_lp.cpu();
-    const auto* tok = next_cpu.data_ptr<std::int64_t>();
-    const auto* lp = lp_cpu.data_ptr<float>();
-
-    std::vector<std::int64_t> keep;
-    keep.reserve(active.size());
-    for (std::size_t r = 0; r < active.size(); ++r) {
-      SampledSequence& s = resp.sequences[active[r]];
-      const auto t = static_cast<token_id>(tok[r]);
-      s.tokens.push_back(t);
-      s.logprobs.push_back(lp[r]);
-      ++s.decode_tokens;
-      if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), t) != params.stop_token_ids.end()) {
-        s.stop_reason = StopReason::stop;
-      } else if (stop_check && stop_check(std::span<const token_id>(s.tokens))) {
-        s.stop_reason = StopReason::stop;
-      } else if (static_cast<int>(s.tokens.size()) >= max_new) {
-        s.stop_reason = StopReason::length;
-      } else {
-        keep.push_back(static_cast<std::int64_t>(r));
-      }
+  std::vector<std::int64_t> keep;
+  keep.reserve(active_.size());
+  for (std::size_t r = 0; r < active_.size(); ++r) {
+    SampledSequence& s = response_.sequences[active_[r]];
+    const auto t = static_cast<token_id>(tok[r]);
+    s.tokens.push_back(t);
+    s.logprobs.push_back(lp[r]);
+    ++s.decode_tokens;
+    const auto& stops = params_.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), t) != stops.end()) {
+      s.stop_reason = StopReason::stop;
+    } else if (stop_check_ && stop_check_(std::span<const token_id>(s.tokens))) {
+      s.stop_reason = StopReason::stop;
+    } else if (static_cast<int>(s.tokens.size()) >= max_new) {
+      s.stop_reason = StopReason::length;
+    } else {
+      keep.push_back(static_cast<std::int64_t>(r));
     }
-    if (keep.empty()) break;
-    if (keep.size() < active.size()) {
-      // Finished samples leave the batch so later steps compute only live rows.
-      torch::Tensor idx = torch::tensor(keep, torch::kLong).to(device);
-      cache.select_batch(idx);
-      next = next.index_select(0, idx);
-      std::vector<int> still;
-      for (auto r : keep) still.push_back(active[r]);
-      active = std::move(still);
-    }
-    if (use_cpu_decoder && !cpu_decoder) {
-      // The caller's snapshot moves in (a stale one is freed before the new one is made) and back out.
-      cpu_decoder.emplace(model, precision, rounded ? std::exchange(*rounded, nullptr) : nullptr);
-      if (rounded) *rounded = cpu_decoder->rounded();
-    }
-    logits = cpu_decoder ? cpu_decoder->step(next, cache) : model.forward(next.unsqueeze(1), &cache).squeeze(1);
   }
-  return resp;
+  if (keep.size() < active_.size() && !keep.empty()) {
+    // Finished samples leave the batch so later steps compute only live rows.
+    torch::Tensor idx = torch::tensor(keep, torch::kLong).to(device_);
+    cache_.select_batch(idx);
+    next = next.index_select(0, idx);
+  }
+  std::vector<int> still;
+  for (auto r : keep) still.push_back(active_[r]);
+  active_ = std::move(still);
+  next_ = next;
+  if (on_step) on_step(response_);
+}
+
+CpuDecoder* DecodeRun::cpu_decoder() {
+  if (use_cpu_decoder_ && !decoder_) {
+    // The caller's snapshot moves in (a stale one is freed before the new one is made) and back out.
+    decoder_.emplace(model_, precision_, rounded_ ? std::exchange(*rounded_, nullptr) : nullptr);
+    if (rounded_) *rounded_ = decoder_->rounded();
+  }
+  return decoder_ ? &*decoder_ : nullptr;
+}
+
+void decode_step(std::span<DecodeRun* const> runs) {
+  c10::InferenceMode inference;
+  std::vector<bool> stepped(runs.size(), false);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (stepped[i]) continue;
+    DecodeRun& lead = *runs[i];
+    CpuDecoder* decoder = lead.cpu_decoder();
+    if (!decoder) {
+      lead.absorb(lead.model_.forward(lead.next_.unsqueeze(1), &lead.cache_).squeeze(1));
+      stepped[i] = true;
+      continue;
+    }
+    // This run and every later one decoding over the same base weights: one step for all their rows.
+    std::vector<DecodeRun*> members;
+    std::vector<CpuDecoder::Group> groups;
+    for (std::size_t j = i; j < runs.size(); ++j) {
+      if (stepped[j]) continue;
+      CpuDecoder* other = j == i ? decoder : runs[j]->cpu_decoder();
+      if (!other || !decoder->shares_base(*other)) continue;
+      members.push_back(runs[j]);
+      groups.push_back({&other->weights(), &runs[j]->next_, &runs[j]->cache_});
+      stepped[j] = true;
+    }
+    const torch::Tensor logits = decoder->step(groups);
+    std::int64_t row = 0;
+    for (DecodeRun* run : members) {
+      const std::int64_t n = run->rows();
+      run->absorb(logits.narrow(0, row, n));
+      row += n;
+    }
+  }
+}
+
+SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
+                      at::Generator& generator, DecodePrecision precision,
+                      std::shared_ptr<const RoundedWeights>* rounded) {
+  DecodeRun run(model, req, stop_check, generator, precision, rounded);
+  DecodeRun* const runs[] = {&run};
+  while (!run.done()) decode_step(runs);
+  return run.take();
 }
 
 std::vector<double> compute_logprobs(Transformer& model, std::span<const token_id> tokens) {

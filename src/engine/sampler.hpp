@@ -1,6 +1,10 @@
-// Batched, KV-cached sampling of num_samples continuations of one prompt.
+// Batched, KV-cached sampling of num_samples continuations of one prompt, alone or stepped together with
+// other requests (DecodeRun, decode_step).
 #pragma once
+#include <exception>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 
 #include <torch/torch.h>
@@ -28,6 +32,55 @@ using StopStringCheck = std::function<bool(std::span<const token_id> generated)>
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
                       at::Generator& generator, DecodePrecision precision = DecodePrecision::fp32,
                       std::shared_ptr<const RoundedWeights>* rounded = nullptr);
+
+// One sample request in progress: the prompt prefilled at construction (and the first token of every sample
+// drawn), then one token per sample per decode_step until every sample has stopped. Rows that stop leave its
+// batch. It holds the model, the cache and the random stream of its request only, so its tokens and logprobs do
+// not depend on which other runs share its steps. `rounded` as for sample(); the model, the generator's state
+// and *rounded must outlive the run and not change while it decodes (a session's operations run in order).
+class DecodeRun {
+ public:
+  DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, at::Generator generator,
+            DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded);
+  DecodeRun(const DecodeRun&) = delete;
+  DecodeRun& operator=(const DecodeRun&) = delete;
+
+  bool done() const { return active_.empty(); }
+  // Rows the next step decodes (samples not yet stopped).
+  std::int64_t rows() const { return static_cast<std::int64_t>(active_.size()); }
+  // The finished response (call once done()).
+  SampleResponse take() { return std::move(response_); }
+  // The response so far: every sample's tokens and logprobs up to the last step.
+  const SampleResponse& progress() const { return response_; }
+  // Called after every step with the tokens each sample has so far (streaming); optional.
+  std::function<void(const SampleResponse&)> on_step;
+
+ private:
+  friend void decode_step(std::span<DecodeRun* const> runs);
+  // Draws every active row's next token from `logits` [rows, V] and retires the rows that stopped.
+  void absorb(const torch::Tensor& logits);
+  // The dispatch-free decoder of this run's model (built at the first step), or null where it does not apply.
+  CpuDecoder* cpu_decoder();
+
+  Transformer& model_;
+  SamplingParams params_;
+  StopStringCheck stop_check_;
+  at::Generator generator_;
+  DecodePrecision precision_;
+  std::shared_ptr<const RoundedWeights>* rounded_;
+  torch::Device device_;
+  bool use_cpu_decoder_ = false;
+  std::optional<CpuDecoder> decoder_;
+  KVCache cache_;
+  torch::Tensor next_;       // [rows]: the tokens the next step feeds
+  std::vector<int> active_;  // row -> sequence index
+  SampleResponse response_;
+};
+
+// Advances every run by one token. Runs whose dispatch-free decoders share base weights (CpuDecoder::shares_base:
+// sessions with their own LoRA adapters over one base model) decode in one batched step; the others one by one.
+// Every run must have rows left.
+void decode_step(std::span<DecodeRun* const> runs);
 
 // One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF with a uniform from `generator`.
 // sample() uses it when the generator lives on another device than the model (a CPU generator with a CUDA

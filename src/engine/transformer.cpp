@@ -200,6 +200,8 @@ void KVCache::convert(torch::ScalarType dtype) {
 
 // ------------------------------------------------------------------------------------------ Transformer
 
+Transformer::Transformer() : impl_(std::make_shared<Impl>()) {}
+
 Transformer::Transformer(const ModelConfig& cfg) : Transformer(cfg, torch::TensorOptions().dtype(torch::kFloat32)) {}
 
 Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options) : impl_(std::make_shared<Impl>()) {
@@ -249,6 +251,32 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options) :
 }
 
 const ModelConfig& Transformer::config() const { return impl_->cfg; }
+
+std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
+  const Impl& from = *base.impl_;
+  if (from.lora || base.has_value_head())
+    throw conflict("Transformer::sharing_base: the base model has adapters or a value head of its own");
+  for (auto& p : base.parameters())
+    if (p.requires_grad()) p.set_requires_grad(false);  // written once: later users only read the flag
+  auto shared = std::shared_ptr<Transformer>(new Transformer());
+  Impl& to = *shared->impl_;
+  to.cfg = from.cfg;
+  to.options = from.options;
+  to.embed = from.embed;
+  to.final_norm = from.final_norm;
+  to.layers = from.layers;
+  to.lm_head = from.lm_head;
+  to.for_each_base([&](const std::string& name, const torch::Tensor& t) {
+    shared->register_parameter(module_name(name), t, /*requires_grad=*/false);
+  });
+  return shared;
+}
+
+bool Transformer::shares_base_with(const Transformer& other) const {
+  return impl_->embed.is_same(other.impl_->embed) && impl_->final_norm.is_same(other.impl_->final_norm) &&
+         impl_->layers.size() == other.impl_->layers.size() &&
+         (impl_->layers.empty() || impl_->layers[0].q.weight.is_same(other.impl_->layers[0].q.weight));
+}
 
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache) {
   const ModelConfig& cfg = impl_->cfg;

@@ -64,6 +64,13 @@ class Transformer : public torch::nn::Module {
 
   const ModelConfig& config() const;
 
+  // A model over `base`'s weights (the same tensors, not copies) for sessions that share one base model and
+  // train only their own LoRA adapters (enable_lora) and value head. `base` must have neither; its weights are
+  // frozen here (requires_grad false) and must not change while another model shares them.
+  static std::shared_ptr<Transformer> sharing_base(Transformer& base);
+  // True when both read the same base weight tensors.
+  bool shares_base_with(const Transformer& other) const;
+
   // input_ids: [B, T] int64. Without a cache, positions are 0..T-1 with a causal mask. With a cache, the
   // tokens continue the cached positions and the cache is extended. Returns the final-norm hidden states [B, T, H].
   torch::Tensor hidden_states(const torch::Tensor& input_ids, KVCache* cache = nullptr);
@@ -107,6 +114,7 @@ class Transformer : public torch::nn::Module {
   std::vector<std::pair<std::string, torch::Tensor>> named_trainable_parameters();
 
  private:
+  Transformer();  // an empty module for sharing_base to fill
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };

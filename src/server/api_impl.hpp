@@ -49,6 +49,31 @@ struct TenantState {
   std::int64_t next_checkpoint = 1;
 };
 
+// What a streamed sample has decoded so far: written by the engine after each step, read by the response's
+// producer, which waits on `changed`.
+struct SampleStream {
+  std::mutex mu;
+  std::condition_variable changed;
+  SampleResponse so_far;
+  std::uint64_t version = 0;  // bumped by every update
+  bool done = false;          // the operation is terminal (its state and result are final)
+  void update(const SampleResponse& now) {
+    {
+      std::lock_guard lock(mu);
+      so_far = now;
+      ++version;
+    }
+    changed.notify_all();
+  }
+  void finish() {
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    changed.notify_all();
+  }
+};
+
 struct OperationRecord {
   std::string id;
   bool sampling = false;
@@ -64,6 +89,8 @@ struct OperationRecord {
   // Set when the operation ran: what it billed, and a sample's raw result (for the OpenAI endpoints).
   TokenUsage billed;
   std::shared_ptr<SampleResponse> sample_result;
+  // Set for a streamed OpenAI sample: progress while it decodes.
+  std::shared_ptr<SampleStream> stream;
   // Guarded by the session's mu: run once, without mu, by the thread that makes `state` terminal.
   std::vector<std::function<void()>> on_done;
 };
@@ -201,6 +228,7 @@ class SessionHost {
   bool stopping_ = false;
   std::optional<std::string> sampler_path_;  // set by loadWeightsForSampling
   std::function<Future<CheckpointRef>(const std::string&)> export_merged_;
+  std::function<Future<SampleResponse>(const SampleRequest&, HostedSession::SampleProgress)> sample_streaming_;
   std::string autosave_;  // the latest autosave (removed when the next one is journaled)
   std::thread worker_;
 };
@@ -244,6 +272,10 @@ struct Api::Impl {
   // answers with then(op), made on the reply's executor.
   void sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request, const Reply& reply,
                   std::function<Response(const OperationRecord&)> then);
+  // The same for a streamed response: `reply` answers at once with a stream whose producer, stream(op), follows
+  // the operation's progress (op->stream) until it is terminal.
+  void stream_now(const std::shared_ptr<SessionHost>& s, SampleRequest request, const Reply& reply,
+                  std::function<Response(const std::shared_ptr<OperationRecord>&)> stream);
 };
 
 // Whether an operation state is final (not Pending or InProgress).

@@ -6,7 +6,10 @@
 // batch at a time), decoded with a StreamDecoder so no event carries half a UTF-8 character.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <set>
+#include <string>
+#include <string_view>
 
 #include <rlloop/chat.hpp>
 #include <rlloop/tokenizer.hpp>
@@ -22,6 +25,16 @@ using openai::Request;
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::int64_t unix_now() { return static_cast<std::int64_t>(now_seconds()); }
+
+// The training session a checkpoint belongs to: its model-package ARN ends "model-package/<session>/<n>"
+// (SessionHost::add_checkpoint). nullopt for an ARN of another shape.
+std::optional<std::string> checkpoint_session(const std::string& arn) {
+  constexpr std::string_view marker = "model-package/";
+  const auto at = arn.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  const std::string tail = arn.substr(at + marker.size());
+  return tail.substr(0, tail.rfind('/'));
+}
 
 // Tokenizers and chat renderers are loaded once per tokenizer spec and shared (both are immutable).
 struct ModelText {
@@ -167,19 +180,32 @@ bool is_openai_path(const std::string& path) {
   return path.rfind(prefix, 0) == 0 && (path.ends_with("/sample") || path.ends_with("/sample-with-response-stream"));
 }
 
+namespace {
+// Checks what can be checked before a sampling operation is queued (with s->mu held).
+void check_sampleable_locked(const SessionHost& s, const SampleRequest& request) {
+  if (s.status != "Running" && s.status != "Blocked")
+    throw api_error("ConflictException", 409,
+                    "Training session " + s.name + " is " + s.status + "; must be Running or Blocked");
+  try {
+    validate_model_input(request.prompt, s.vocab_size, "prompt: ");
+  } catch (const invalid_argument& e) {
+    throw api_error("invalid_request_error", 400, e.what());
+  }
+}
+
+// The error of a sampling operation that did not complete (with s->mu held); none when it completed.
+std::optional<std::string> sampling_failure_locked(const OperationRecord& op) {
+  if (op.state.value("status", "") == "Completed" && op.sample_result) return std::nullopt;
+  return "sampling failed: " + op.state.value("errorDetails", op.state.value("status", ""));
+}
+}  // namespace
+
 void Api::Impl::sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest request, const Reply& reply,
                            std::function<Response(const OperationRecord&)> then) {
   auto op = std::make_shared<OperationRecord>();
   op->sampling = true;
   std::lock_guard lock(s->mu);
-  if (s->status != "Running" && s->status != "Blocked")
-    throw api_error("ConflictException", 409,
-                    "Training session " + s->name + " is " + s->status + "; must be Running or Blocked");
-  try {
-    validate_model_input(request.prompt, s->vocab_size, "prompt: ");
-  } catch (const invalid_argument& e) {
-    throw api_error("invalid_request_error", 400, e.what());
-  }
+  check_sampleable_locked(*s, request);
   op->op = wire::SamplingOperation{std::move(request)};
   op->id = new_operation_id();
   // The worker that finishes the sample only posts the answer; it is made on the reply's executor.
@@ -187,9 +213,7 @@ void Api::Impl::sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest 
     reply.post([s, op, then] {
       {
         std::lock_guard l(s->mu);
-        if (op->state.value("status", "") != "Completed" || !op->sample_result)
-          throw api_error("invalid_request_error", 400,
-                          "sampling failed: " + op->state.value("errorDetails", op->state.value("status", "")));
+        if (auto failure = sampling_failure_locked(*op)) throw api_error("invalid_request_error", 400, *failure);
       }
       return then(*op);
     });
@@ -197,10 +221,30 @@ void Api::Impl::sample_now(const std::shared_ptr<SessionHost>& s, SampleRequest 
   s->enqueue_locked(op);
 }
 
+void Api::Impl::stream_now(const std::shared_ptr<SessionHost>& s, SampleRequest request, const Reply& reply,
+                           std::function<Response(const std::shared_ptr<OperationRecord>&)> stream) {
+  auto op = std::make_shared<OperationRecord>();
+  op->sampling = true;
+  op->stream = std::make_shared<SampleStream>();
+  {
+    std::lock_guard lock(s->mu);
+    check_sampleable_locked(*s, request);
+    op->op = wire::SamplingOperation{std::move(request)};
+    op->id = new_operation_id();
+    s->on_done_locked(*op, [progress = op->stream] { progress->finish(); });
+    s->enqueue_locked(op);
+  }
+  reply.post([op, stream = std::move(stream)] { return stream(op); });
+}
+
 namespace {
-// The answer to a completed OpenAI / pass-through sample: one JSON body, or server-sent events.
+// The answer to a completed OpenAI / pass-through sample: one JSON body.
 Response completion(const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids,
                     const OperationRecord& op);
+// Server-sent events following a sample while it decodes.
+Response streamed_completion(const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids,
+                             std::size_t hold_back, std::shared_ptr<SessionHost> s,
+                             std::shared_ptr<OperationRecord> op);
 }  // namespace
 
 Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
@@ -229,9 +273,8 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
     }
     std::lock_guard lock(t->mu);
     for (const auto& [arn, p] : t->checkpoints) {
-      const std::string session =
-          arn.substr(arn.find("model-package/") + 14, arn.rfind('/') - arn.find("model-package/") - 14);
-      if (names.count(session))
+      const auto session = checkpoint_session(arn);
+      if (session && names.count(*session))
         data.push_back({{"id", arn}, {"object", "model"}, {"created", 0}, {"owned_by", t->config.id}});
     }
     return Response{200, "application/json", {}, dump({{"object", "list"}, {"data", data}})};
@@ -279,11 +322,9 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
         if (!t->checkpoints.count(r.model))
           throw api_error("model_not_found", 404, "The model '" + r.model + "' does not exist");
       }
-      const auto at = r.model.find("model-package/");
-      if (at == std::string::npos)
-        throw api_error("model_not_found", 404, "The model '" + r.model + "' is not a checkpoint ARN");
-      const std::string tail = r.model.substr(at + 14);
-      s = find_live(tail.substr(0, tail.rfind('/')));
+      const auto session = checkpoint_session(r.model);
+      if (!session) throw api_error("model_not_found", 404, "The model '" + r.model + "' is not a checkpoint ARN");
+      s = find_live(*session);
       model_path = r.model;
     } else {
       s = find_live(r.model);
@@ -320,7 +361,17 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
   if (info.eos_token_id) stop_ids.push_back(*info.eos_token_id);
   sreq.params.stop_token_ids = stop_ids;
 
-  sample_now(s, sreq, reply, [r, m, stop_ids](const OperationRecord& op) { return completion(r, m, stop_ids, op); });
+  if (r.stream) {
+    // Tokens that a later one could still change (completing a stop string, a UTF-8 character or the chat
+    // format's end of turn) are held back: a stop string of L bytes spans at most L tokens.
+    std::size_t hold_back = 1;
+    for (const auto& stop : sreq.params.stop) hold_back = std::max(hold_back, stop.size() + 1);
+    stream_now(s, sreq, reply, [s, r, m, stop_ids, hold_back](const std::shared_ptr<OperationRecord>& op) {
+      return streamed_completion(r, m, stop_ids, hold_back, s, op);
+    });
+  } else {
+    sample_now(s, sreq, reply, [r, m, stop_ids](const OperationRecord& op) { return completion(r, m, stop_ids, op); });
+  }
   return std::nullopt;
 }
 
@@ -334,76 +385,142 @@ Response completion(const Request& r, const ModelText& m, const std::vector<toke
   const std::int64_t created = unix_now();
   const std::string object = r.chat ? "chat.completion" : "text_completion";
 
-  if (!r.stream) {
-    json out_choices = json::array();
-    for (std::size_t i = 0; i < choices.size(); ++i) {
-      const Choice& c = choices[i];
-      json lp = r.logprobs ? (r.chat ? chat_logprobs(*m.tokenizer, c, 0, c.tokens.size())
-                                     : completion_logprobs(*m.tokenizer, c, 0, c.tokens.size()))
-                           : json(nullptr);
-      if (r.chat)
-        out_choices.push_back({{"index", i},
-                               {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
-                               {"logprobs", lp},
-                               {"finish_reason", c.finish_reason}});
-      else
-        out_choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+  json out_choices = json::array();
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const Choice& c = choices[i];
+    json lp = r.logprobs ? (r.chat ? chat_logprobs(*m.tokenizer, c, 0, c.tokens.size())
+                                   : completion_logprobs(*m.tokenizer, c, 0, c.tokens.size()))
+                         : json(nullptr);
+    if (r.chat)
+      out_choices.push_back({{"index", i},
+                             {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
+                             {"logprobs", lp},
+                             {"finish_reason", c.finish_reason}});
+    else
+      out_choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+  }
+  json out{{"id", id},
+           {"object", object},
+           {"created", created},
+           {"model", r.model},
+           {"system_fingerprint", "rlloop"},
+           {"choices", out_choices},
+           {"usage", usage_of(billed)}};
+  return Response{200, "application/json", {}, dump(out)};
+}
+
+// The chunks of a streamed answer (OpenAI's server-sent events): per choice its role (chat), a chunk per token
+// that adds text (or carries a logprob), its finish_reason; then usage and [DONE]. Each returns false once the
+// client is gone.
+class ChunkWriter {
+ public:
+  ChunkWriter(const Request& r, const Tokenizer& tok, std::string id, const StreamWriter& write)
+      : r_(r), tok_(tok), id_(std::move(id)), created_(unix_now()), write_(write) {}
+
+  bool role(std::size_t i) {
+    if (!r_.chat) return true;
+    return event(json::array(
+        {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}));
+  }
+  // Pieces [from, to) of choice i.
+  bool pieces(std::size_t i, const Choice& c, std::size_t from, std::size_t to) {
+    for (std::size_t k = from; k < to && k < c.pieces.size(); ++k) {
+      if (c.pieces[k].empty() && !r_.logprobs) continue;
+      const std::size_t t1 = std::min(k + 1, c.tokens.size()), t0 = std::min(k, t1);
+      json lp = r_.logprobs ? (r_.chat ? chat_logprobs(tok_, c, t0, t1) : completion_logprobs(tok_, c, t0, t1))
+                            : json(nullptr);
+      json ch = r_.chat ? json{{"index", i}, {"delta", {{"content", c.pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
+                        : json{{"index", i}, {"text", c.pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
+      if (!event(json::array({ch}))) return false;
     }
-    json out{{"id", id},
-             {"object", object},
-             {"created", created},
-             {"model", r.model},
-             {"system_fingerprint", "rlloop"},
-             {"choices", out_choices},
-             {"usage", usage_of(billed)}};
-    return Response{200, "application/json", {}, dump(out)};
+    return true;
+  }
+  bool finish(std::size_t i, const Choice& c) {
+    return event(json::array({r_.chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr},
+                                             {"finish_reason", c.finish_reason}}
+                                      : json{{"index", i}, {"text", ""}, {"logprobs", nullptr},
+                                             {"finish_reason", c.finish_reason}}}));
+  }
+  bool usage(const TokenUsage& billed) {
+    if (!r_.include_usage) return true;
+    const json u = usage_of(billed);
+    return event(json::array(), &u);
+  }
+  bool error(const std::string& message) {
+    return write_("data: " + dump(json{{"error", {{"message", message}, {"type", "server_error"}}}}) + "\n\n");
+  }
+  bool done() { return write_("data: [DONE]\n\n"); }
+
+ private:
+  bool event(json choices, const json* usage = nullptr) {
+    json c{{"id", id_},         {"object", r_.chat ? "chat.completion.chunk" : "text_completion"},
+           {"created", created_}, {"model", r_.model}, {"system_fingerprint", "rlloop"}, {"choices", std::move(choices)}};
+    if (usage)
+      c["usage"] = *usage;
+    else if (r_.include_usage)
+      c["usage"] = nullptr;
+    return write_("data: " + dump(c) + "\n\n");
   }
 
-  // Server-sent events: a chunk per token that adds text (or carries a logprob), then finish_reason, usage, [DONE].
+  const Request& r_;
+  const Tokenizer& tok_;
+  std::string id_;
+  std::int64_t created_;
+  const StreamWriter& write_;
+};
+
+Response streamed_completion(const Request& r, const ModelText& m, const std::vector<token_id>& stop_ids,
+                             std::size_t hold_back, std::shared_ptr<SessionHost> s,
+                             std::shared_ptr<OperationRecord> op) {
   Response res;
   res.content_type = "text/event-stream";
-  const std::string chunk_object = r.chat ? "chat.completion.chunk" : "text_completion";
-  res.stream = [=, tok = m.tokenizer](const StreamWriter& write) {
-    auto event = [&](json choices_json, const json* usage) {
-      json c{{"id", id},         {"object", chunk_object},         {"created", created},
-             {"model", r.model}, {"system_fingerprint", "rlloop"}, {"choices", std::move(choices_json)}};
-      if (usage)
-        c["usage"] = *usage;
-      else if (r.include_usage)
-        c["usage"] = nullptr;
-      return write("data: " + dump(c) + "\n\n");
-    };
-    for (std::size_t i = 0; i < choices.size(); ++i) {
-      const Choice& c = choices[i];
-      if (r.chat && !event(json::array({{{"index", i},
-                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", nullptr}}}),
-                           nullptr))
-        return;
-      const auto& pieces = c.pieces;
-      for (std::size_t k = 0; k < pieces.size(); ++k) {
-        if (pieces[k].empty() && !r.logprobs) continue;
-        const std::size_t to = std::min(k + 1, c.tokens.size()), from = std::min(k, to);
-        json lp = r.logprobs ? (r.chat ? chat_logprobs(*tok, c, from, to) : completion_logprobs(*tok, c, from, to))
-                             : json(nullptr);
-        json ch =
-            r.chat
-                ? json{{"index", i}, {"delta", {{"content", pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
-                : json{{"index", i}, {"text", pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
-        if (!event(json::array({ch}), nullptr)) return;
+  res.stream = [=](const StreamWriter& write) {
+    ChunkWriter out(r, *m.tokenizer, (r.chat ? "chatcmpl-" : "cmpl-") + op->id, write);
+    std::vector<std::size_t> sent;  // pieces sent per choice
+    SampleStream& progress = *op->stream;
+    std::uint64_t seen = 0;
+    for (;;) {
+      SampleResponse so_far;
+      {
+        std::unique_lock lock(progress.mu);
+        progress.changed.wait(lock, [&] { return progress.done || progress.version != seen; });
+        if (progress.done) break;
+        seen = progress.version;
+        so_far = progress.so_far;
       }
-      json last =
-          r.chat
-              ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}
-              : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
-      if (!event(json::array({last}), nullptr)) return;
+      // The pieces no later token can change, as the finished choice will have them.
+      for (std::size_t i = 0; i < so_far.sequences.size(); ++i) {
+        if (i == sent.size()) {
+          if (!out.role(i)) return;
+          sent.push_back(0);
+        }
+        const Choice c = make_choice(so_far.sequences[i], r, m, stop_ids);
+        const std::size_t safe = c.pieces.size() > hold_back ? c.pieces.size() - hold_back : 0;
+        if (safe <= sent[i]) continue;
+        if (!out.pieces(i, c, sent[i], safe)) return;
+        sent[i] = safe;
+      }
     }
-    if (r.include_usage) {
-      const json u = usage_of(billed);
-      if (!event(json::array(), &u)) return;
+    TokenUsage billed;
+    std::shared_ptr<SampleResponse> result;
+    {
+      std::lock_guard lock(s->mu);
+      if (auto failure = sampling_failure_locked(*op)) {
+        out.error(*failure);
+        return;
+      }
+      billed = op->billed;
+      result = op->sample_result;
     }
-    write("data: [DONE]\n\n");
+    for (std::size_t i = 0; i < result->sequences.size(); ++i) {
+      if (i == sent.size()) {
+        if (!out.role(i)) return;
+        sent.push_back(0);
+      }
+      const Choice c = make_choice(result->sequences[i], r, m, stop_ids);
+      if (!out.pieces(i, c, sent[i], c.pieces.size()) || !out.finish(i, c)) return;
+    }
+    if (out.usage(billed)) out.done();
   };
   return res;
 }

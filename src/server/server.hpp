@@ -39,6 +39,9 @@ std::vector<Tenant> parse_tenants(const std::string& json_text, const std::strin
 struct HostedSession {
   std::shared_ptr<AnySession> session;
   std::function<Future<CheckpointRef>(const std::string& dir)> export_merged_model;
+  // sample() that reports every decoding step (streamed OpenAI responses); absent where the session cannot.
+  using SampleProgress = std::function<void(const SampleResponse& so_far)>;
+  std::function<Future<SampleResponse>(const SampleRequest&, SampleProgress)> sample_streaming;
 };
 
 // The sessions a server hosts, whatever Service makes them.
@@ -55,6 +58,10 @@ Backend make_backend(std::shared_ptr<Svc> svc) {
     HostedSession h{std::make_shared<AnySession>(s), {}};
     if constexpr (requires(const std::string& d) { s->export_merged_model(d); })
       h.export_merged_model = [s](const std::string& dir) { return s->export_merged_model(dir); };
+    if constexpr (requires(const SampleRequest& r, HostedSession::SampleProgress p) { s->sample(r, p); })
+      h.sample_streaming = [s](const SampleRequest& r, HostedSession::SampleProgress p) {
+        return s->sample(r, std::move(p));
+      };
     return h;
   };
   return Backend{std::move(create), [svc] { return svc->list_base_models(); }, [svc] { return svc->capabilities(); }};

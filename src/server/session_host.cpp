@@ -242,7 +242,11 @@ json SessionHost::execute(OperationRecord& op) {
         if constexpr (std::is_same_v<T, SampleRequest>) {
           SampleRequest req = o;
           req.model_path = o.model_path ? std::optional(resolve_checkpoint(*o.model_path)) : sampler_path_;
-          SampleResponse r = session->sample(req).get();
+          SampleResponse r = op.stream && sample_streaming_
+                                 ? sample_streaming_(req, [stream = op.stream](const SampleResponse& so_far) {
+                                     stream->update(so_far);
+                                   }).get()
+                                 : session->sample(req).get();
           // Each sequence reports the prompt as its prefill (spec SampleTokenUsage); billed once by default.
           TokenUsage u;
           for (const auto& seq : r.sequences) {
@@ -318,6 +322,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       session = created.session;
     }
     export_merged_ = created.export_merged_model;
+    sample_streaming_ = created.sample_streaming;
     if (recovery) recover(*recovery);
   } catch (const std::exception& e) {
     failure = e.what();

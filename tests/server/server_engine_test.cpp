@@ -3,7 +3,11 @@
 // mergeWeights exports the merged model.
 #include <gtest/gtest.h>
 
+#include <boost/asio.hpp>
+
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <fstream>
 #include <thread>
 
@@ -14,6 +18,7 @@
 #include "test_client.hpp"
 
 using namespace rlloop;
+using test_http::json;
 namespace fs = std::filesystem;
 
 namespace {
@@ -42,7 +47,8 @@ struct EngineServer : ::testing::Test {
     opts.tenants = {server::Tenant{"a", "111122223333", {}, {"key-a"}, 4, 1 << 26}};
     opts.data_dir = (dir / "data").string();
     opts.log = [](const std::string&) {};
-    srv = std::make_unique<server::Server>(opts, server::make_backend(std::make_shared<LocalService>(served)));
+    served_service = std::make_shared<LocalService>(served);
+    srv = std::make_unique<server::Server>(opts, server::make_backend(served_service));
     srv->start();
   }
   void TearDown() override {
@@ -57,8 +63,38 @@ struct EngineServer : ::testing::Test {
   }
   fs::path dir;
   LocalServiceOptions local;
+  std::shared_ptr<LocalService> served_service;  // the server's sessions: their engine loops can be observed
   std::unique_ptr<server::Server> srv;
 };
+
+// Holds the engine loop of a base model in a custom loss of `session` (a session on that base) until release().
+class LoopGate {
+ public:
+  explicit LoopGate(LocalSession& session) {
+    auto opened = released_.get_future().share();
+    done_ = session.forward_backward_custom(
+        {sft_datum("gate")}, [opened](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+          opened.wait();
+          CustomLossResult r;
+          for (const auto& row : lp) r.grad_logprobs.emplace_back(row.size(), 0.0);
+          return r;
+        });
+  }
+  void release() {
+    released_.set_value();
+    done_.get();
+  }
+
+ private:
+  std::promise<void> released_;
+  Future<ForwardBackwardOutput> done_;
+};
+
+// Waits (a few seconds at most) until `ready` holds.
+bool eventually(const std::function<bool()>& ready) {
+  for (int i = 0; i < 2000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return ready();
+}
 
 }  // namespace
 
@@ -157,4 +193,74 @@ TEST_F(EngineServer, MergedWeightsExportAndBaseModelCatalogue) {
   missing.base_model = "no-such-model";
   missing.name = "missing";
   EXPECT_THROW(service.create_session(missing), remote_error);
+}
+
+// A streamed completion sends its first tokens while the rest is still being decoded: the engine loop is held
+// after the request's first decoding step, and the first text chunk reaches the client while it is held.
+TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
+  SessionOptions opts;
+  opts.base_model = "rlloop-tiny";
+  opts.lora = LoraOptions{4, 8, {"all-linear"}};
+  opts.name = "stream";
+  RemoteService service(remote());
+  auto remote_session = service.create_session(opts);
+  // A session of the same base in the server's own service: it runs on the same engine loop.
+  SessionOptions side_opts = opts;
+  side_opts.name = "side";
+  auto side = served_service->create_session(side_opts);
+  auto loop_stats = [&] { return served_service->base_model_stats().at(0); };
+
+  auto first = std::make_unique<LoopGate>(*side);   // holds the loop now
+  auto second = std::make_unique<LoopGate>(*side);  // the loop's next operation after one decoding step
+
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket socket(io);
+  socket.connect({boost::asio::ip::make_address("127.0.0.1"), srv->port()});
+  const std::string body =
+      json{{"model", "stream"}, {"prompt", "the cat"}, {"max_tokens", 64}, {"seed", 5}, {"stream", true}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+                              "Content-Type: application/json\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  boost::asio::write(socket, boost::asio::buffer(request));
+  // The sample is queued behind the held loop (with the second gate): then let the loop go for one turn.
+  ASSERT_TRUE(eventually([&] { return loop_stats().queued_operations == 2; }));
+  first->release();
+
+  std::string received;
+  auto has_text = [&] { return received.find(R"("text":")") != std::string::npos; };
+  auto first_text = std::async(std::launch::async, [&] {
+    while (!has_text() && received.find("[DONE]") == std::string::npos) {
+      char buf[4096];
+      received.append(buf, socket.read_some(boost::asio::buffer(buf)));
+    }
+  });
+  const bool arrived = first_text.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  const BaseModelStats held = loop_stats();
+  second->release();  // (a stream that waited for the whole sample gets it now, and the test fails below)
+  first_text.get();
+  ASSERT_TRUE(arrived && has_text()) << "no text while the sample was held after its first step: " << received;
+  EXPECT_EQ(held.active_requests, 1) << "the first chunk came while the sample was still decoding";
+  EXPECT_LT(held.decode_steps, 63u);
+  EXPECT_EQ(received.find("finish_reason\":\"length"), std::string::npos);
+
+  while (received.find("data: [DONE]") == std::string::npos) {
+    char buf[4096];
+    received.append(buf, socket.read_some(boost::asio::buffer(buf)));
+  }
+  // The pieces streamed add up to what the same request answers unstreamed.
+  auto text_of = [](const std::string& sse) {
+    std::string text;
+    for (std::size_t at = sse.find("data: {"); at != std::string::npos; at = sse.find("data: {", at + 1)) {
+      const json event = json::parse(sse.substr(at + 6, sse.find("\n", at) - at - 6));
+      for (const auto& c : event["choices"]) text += c.value("text", "");
+    }
+    return text;
+  };
+  test_http::Client c(srv->port());
+  c.use_bearer("key-a");
+  auto whole = c.post("/v1/completions", {{"model", "stream"}, {"prompt", "the cat"}, {"max_tokens", 64}, {"seed", 5}});
+  ASSERT_EQ(whole.status, 200u) << whole.body;
+  const json answer = whole.json_body();
+  EXPECT_EQ(text_of(received), answer["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 64) << "the seed gives 64 tokens without an end of sequence";
 }

@@ -1,0 +1,211 @@
+#include "engine_loop.hpp"
+
+#include <algorithm>
+
+#include <rlloop/error.hpp>
+
+namespace rlloop::engine {
+
+EngineLoop::EngineLoop(EngineLoopOptions options) : options_(options) {
+  if (options_.max_batch_rows < 1)
+    throw invalid_argument("EngineLoopOptions.max_batch_rows must be at least 1, got " +
+                           std::to_string(options_.max_batch_rows));
+  worker_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  worker_.join();
+}
+
+std::unique_ptr<EngineLoop::Lane> EngineLoop::open_lane(const std::shared_ptr<EngineLoop>& loop) {
+  auto state = std::make_shared<LaneState>();
+  {
+    std::lock_guard lock(loop->mu_);
+    loop->lanes_.push_back(state);
+    loop->stats_.lanes = static_cast<int>(loop->lanes_.size());
+  }
+  return std::unique_ptr<Lane>(new Lane(loop, std::move(state)));
+}
+
+EngineLoopStats EngineLoop::stats() const {
+  std::lock_guard lock(mu_);
+  EngineLoopStats s = stats_;
+  s.queued_operations = 0;
+  for (const auto& lane : lanes_) s.queued_operations += static_cast<int>(lane->jobs.size());
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------ lanes
+
+EngineLoop::Lane::Lane(std::shared_ptr<EngineLoop> loop, std::shared_ptr<LaneState> state)
+    : loop_(std::move(loop)), state_(std::move(state)) {}
+
+EngineLoop::Lane::~Lane() { loop_->close(state_); }
+
+void EngineLoop::Lane::enqueue(std::function<void()> run) {
+  Job job;
+  job.run = std::move(run);
+  loop_->push(state_, std::move(job));
+}
+
+Future<SampleResponse> EngineLoop::Lane::submit_sample(int rows, std::function<std::unique_ptr<DecodeRun>()> start,
+                                                       std::function<SampleResponse(DecodeRun&)> finish) {
+  Job job;
+  job.rows = std::max(rows, 1);
+  job.start = std::move(start);
+  job.finish = std::move(finish);
+  job.promise = std::make_shared<Promise<SampleResponse>>();
+  Future<SampleResponse> future = job.promise->future();
+  loop_->push(state_, std::move(job));
+  return future;
+}
+
+void EngineLoop::push(const std::shared_ptr<LaneState>& lane, Job job) {
+  {
+    std::lock_guard lock(mu_);
+    if (lane->jobs.empty() && !lane->busy) lane->head_since = ++clock_;
+    lane->jobs.push_back(std::move(job));
+  }
+  work_cv_.notify_one();
+}
+
+void EngineLoop::close(const std::shared_ptr<LaneState>& lane) {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [&] { return lane->jobs.empty() && !lane->busy; });
+  lanes_.remove(lane);
+  stats_.lanes = static_cast<int>(lanes_.size());
+}
+
+// ------------------------------------------------------------------------------------------------- loop
+
+std::shared_ptr<EngineLoop::LaneState> EngineLoop::oldest_head(bool sampling) const {
+  std::shared_ptr<LaneState> best;
+  for (const auto& lane : lanes_) {
+    if (lane->busy || lane->jobs.empty()) continue;
+    const bool is_sampling = !lane->jobs.front().run;
+    if (is_sampling != sampling) continue;
+    if (!best || lane->head_since < best->head_since) best = lane;
+  }
+  return best;
+}
+
+EngineLoop::Job EngineLoop::pop_head(LaneState& lane) {
+  Job job = std::move(lane.jobs.front());
+  lane.jobs.pop_front();
+  lane.busy = true;
+  return job;
+}
+
+void EngineLoop::finish_job(LaneState& lane) {
+  lane.busy = false;
+  // Its next job queues behind the heads that waited meanwhile: lanes take turns.
+  if (!lane.jobs.empty()) lane.head_since = ++clock_;
+  idle_cv_.notify_all();
+}
+
+namespace {
+// Fulfils a sampling request's promise with its finished run's response (or the error of making it).
+void complete(Promise<SampleResponse>& promise, const std::function<SampleResponse(DecodeRun&)>& finish,
+              DecodeRun& run) {
+  promise.fulfil([&] { return finish(run); });
+}
+}  // namespace
+
+void EngineLoop::admit(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    std::shared_ptr<LaneState> lane = oldest_head(/*sampling=*/true);
+    if (!lane) return;
+    // The oldest request waits for room (and so do younger ones: none overtakes it); alone it always fits.
+    if (active_rows_ > 0 && active_rows_ + lane->jobs.front().rows > options_.max_batch_rows) return;
+    Job job = pop_head(*lane);
+    lock.unlock();
+    std::unique_ptr<DecodeRun> run;
+    try {
+      run = job.start();
+    } catch (...) {
+      job.promise->set_exception(std::current_exception());
+    }
+    if (run && run->done()) complete(*job.promise, job.finish, *run);
+    lock.lock();
+    if (!run || run->done()) {
+      finish_job(*lane);
+      continue;
+    }
+    active_rows_ += static_cast<int>(run->rows());
+    active_.push_back({std::move(lane), std::move(run), std::move(job)});
+  }
+}
+
+void EngineLoop::step_active() {
+  std::vector<DecodeRun*> runs;
+  int rows = 0;
+  for (auto& a : active_) {
+    runs.push_back(a.run.get());
+    rows += static_cast<int>(a.run->rows());
+  }
+  std::exception_ptr error;
+  try {
+    decode_step(runs);
+  } catch (...) {
+    // A step fails only for what no request could be checked for beforehand (memory, a device error): every
+    // request in it gets the error, and the loop goes on.
+    error = std::current_exception();
+  }
+  std::vector<Active> finished;
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (error || it->run->done()) {
+      finished.push_back(std::move(*it));
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& a : finished) {
+    if (error)
+      a.job.promise->set_exception(error);
+    else
+      complete(*a.job.promise, a.job.finish, *a.run);
+  }
+  std::lock_guard lock(mu_);
+  ++stats_.decode_steps;
+  stats_.peak_batch_rows = std::max(stats_.peak_batch_rows, rows);
+  stats_.peak_batch_requests = std::max(stats_.peak_batch_requests, static_cast<int>(runs.size()));
+  active_rows_ = 0;
+  for (const auto& a : active_) active_rows_ += static_cast<int>(a.run->rows());
+  stats_.active_requests = static_cast<int>(active_.size());
+  stats_.active_rows = active_rows_;
+  for (auto& a : finished) finish_job(*a.lane);
+}
+
+void EngineLoop::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    admit(lock);
+    stats_.active_requests = static_cast<int>(active_.size());
+    stats_.active_rows = active_rows_;
+    if (!active_.empty()) {
+      lock.unlock();
+      step_active();
+      lock.lock();
+    }
+    // One other operation per turn, between decoding steps: sampling requests keep moving during training.
+    if (std::shared_ptr<LaneState> lane = oldest_head(/*sampling=*/false)) {
+      Job job = pop_head(*lane);
+      lock.unlock();
+      job.run();  // a submitted job delivers its own exceptions through its future
+      lock.lock();
+      finish_job(*lane);
+      continue;
+    }
+    if (!active_.empty() || oldest_head(/*sampling=*/true)) continue;
+    if (stopping_) return;
+    work_cv_.wait(lock);
+  }
+}
+
+}  // namespace rlloop::engine

@@ -1,0 +1,139 @@
+// The engine loop of one base model: a single thread that runs the operations of every session on that base,
+// so sessions take turns on the device instead of competing for it, and that decodes their sampling requests
+// together (continuous batching).
+//
+// Each session has a Lane: its operations run strictly in submission order, one at a time. Across lanes the
+// loop interleaves: every turn it admits the sampling requests at the head of idle lanes (oldest first) while
+// the batch has room, advances every admitted request by one token in one batched step (decode_step), and
+// runs one other operation (training, logprobs, checkpoints) of the lane that has waited longest. A request
+// that does not fit waits, and younger requests wait behind it, so none starves; a request larger than the
+// whole budget runs alone.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <rlloop/future.hpp>
+#include <rlloop/types.hpp>
+
+#include "sampler.hpp"
+
+namespace rlloop::engine {
+
+struct EngineLoopOptions {
+  // Most sample rows (sequences) decoded in one step. Within the few-row product kernels' limit (64) a row's
+  // numbers do not depend on the rows beside it.
+  int max_batch_rows = 64;
+};
+
+// What the loop is doing, for `rlloop info`-style reporting and tests.
+struct EngineLoopStats {
+  int lanes = 0;                  // sessions using the loop
+  int active_requests = 0;        // sampling requests being decoded
+  int active_rows = 0;            // their rows in the current batch
+  int queued_operations = 0;      // operations waiting in lanes
+  int peak_batch_rows = 0;        // the largest batch decoded so far
+  int peak_batch_requests = 0;    // the most requests in one step so far
+  std::uint64_t decode_steps = 0;  // batched steps run
+};
+
+class EngineLoop {
+  struct Job;
+  struct LaneState;
+
+ public:
+  explicit EngineLoop(EngineLoopOptions options = {});
+  // Runs every queued operation, then stops the thread.
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // A session's queue on the loop. Destroying it waits until its queued operations have run.
+  class Lane {
+   public:
+    ~Lane();
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+
+    // Queues fn; its result or exception arrives through the returned future.
+    template <class T, class Fn>
+    Future<T> submit(Fn fn) {
+      auto promise = std::make_shared<Promise<T>>();
+      Future<T> future = promise->future();
+      enqueue([promise, fn = std::move(fn)]() mutable { promise->fulfil(fn); });
+      return future;
+    }
+
+    // A sampling request: `start` runs on the loop when the request's turn comes and returns its run (validation
+    // and prefill happen there; an exception fails this request alone); the run then decodes beside the other
+    // sessions' requests; `finish` turns the finished run into the response (billing happens there). `rows`:
+    // the rows the request occupies in the batch (its num_samples).
+    Future<SampleResponse> submit_sample(int rows, std::function<std::unique_ptr<DecodeRun>()> start,
+                                         std::function<SampleResponse(DecodeRun&)> finish);
+
+   private:
+    friend class EngineLoop;
+    Lane(std::shared_ptr<EngineLoop> loop, std::shared_ptr<LaneState> state);
+    void enqueue(std::function<void()> run);
+    std::shared_ptr<EngineLoop> loop_;
+    std::shared_ptr<LaneState> state_;
+  };
+
+  // The loop is shared by its lanes: it lives while any of them does.
+  static std::unique_ptr<Lane> open_lane(const std::shared_ptr<EngineLoop>& loop);
+
+  EngineLoopStats stats() const;
+
+ private:
+  struct Job {
+    std::function<void()> run;  // an operation run to completion (sampling: null)
+    int rows = 0;               // sampling: the batch rows it needs
+    std::function<std::unique_ptr<DecodeRun>()> start;
+    std::function<SampleResponse(DecodeRun&)> finish;
+    std::shared_ptr<Promise<SampleResponse>> promise;
+  };
+  struct LaneState {
+    std::deque<Job> jobs;
+    bool busy = false;            // its head job is running (or decoding)
+    std::uint64_t head_since = 0;  // when its head job became the head: lanes are served oldest first
+  };
+  struct Active {
+    std::shared_ptr<LaneState> lane;
+    std::unique_ptr<DecodeRun> run;
+    Job job;
+  };
+
+  void push(const std::shared_ptr<LaneState>& lane, Job job);
+  void close(const std::shared_ptr<LaneState>& lane);
+  void run();
+  // The idle lane whose head job (a sampling one or not, as asked) has waited longest; null if none.
+  std::shared_ptr<LaneState> oldest_head(bool sampling) const;
+  // Pops the lane's head job and makes its next job the head (called with mu_ held).
+  Job pop_head(LaneState& lane);
+  void finish_job(LaneState& lane);
+  // Starts the sampling requests that fit; unlocks around each prefill.
+  void admit(std::unique_lock<std::mutex>& lock);
+  // One batched decoding step of every active request; finishes those done. Runs unlocked.
+  void step_active();
+
+  EngineLoopOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // the loop waits here for jobs
+  std::condition_variable idle_cv_;  // closing lanes wait here for their jobs to finish
+  std::list<std::shared_ptr<LaneState>> lanes_;
+  std::vector<Active> active_;  // touched by the loop thread only (active_rows_ mirrors it under mu_)
+  int active_rows_ = 0;
+  std::uint64_t clock_ = 0;
+  EngineLoopStats stats_;
+  bool stopping_ = false;
+  std::thread worker_;  // last: started once everything above exists
+};
+
+}  // namespace rlloop::engine
