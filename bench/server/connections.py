@@ -9,54 +9,11 @@ one request first), then those closed. After each stage it prints the server's T
     python3 bench/server/connections.py build/bin/rlloop [--requests 2000] [--idle 1000] [-- serve args...]
 """
 import argparse
-import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 
-KEY = "bench-key"
-
-
-def status(pid):
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            fields[name] = value.strip()
-    kib = lambda k: int(fields[k].split()[0])
-    return int(fields["Threads"]), kib("VmRSS") / 1024, kib("VmSize") / 1024 / 1024
-
-
-def request(sock, keep_alive):
-    connection = "keep-alive" if keep_alive else "close"
-    sock.sendall(
-        f"GET /v1/usage HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\nConnection: {connection}\r\n\r\n"
-        .encode())
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
-    while len(body) < length:
-        body += sock.recv(65536)
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise RuntimeError(head.decode(errors="replace"))
-
-
-def settle(pid, seconds=5.0):
-    """Waits until the thread count stops changing (a server may take a moment to see its clients leave)."""
-    last, deadline = None, time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        now = status(pid)[0]
-        if now == last:
-            break
-        last = now
-        time.sleep(0.25)
-    return status(pid)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_bench import Server, new_root, remove, settle, usage_once  # noqa: E402
 
 
 def main():
@@ -67,16 +24,10 @@ def main():
     args, serve_args = parser.parse_known_args()  # the rest, after --, goes to `rlloop serve`
     serve_args = [a for a in serve_args if a != "--"]
 
-    root = tempfile.mkdtemp(prefix="rlloop-bench-conn-")
-    with open(os.path.join(root, "tenants.json"), "w") as f:
-        json.dump({"tenants": [{"id": "bench", "bearerKeys": [KEY], "maxSessions": 1}]}, f)
-    server = subprocess.Popen(
-        [args.binary, "serve", "--port", "0", "--threads", "1", "--tenants", os.path.join(root, "tenants.json"),
-         "--data-dir", os.path.join(root, "data"), *serve_args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    root = new_root("rlloop-bench-conn-")
+    server = Server(args.binary, root, serve_args, device=None)
     try:
-        port = json.loads(server.stdout.readline())["port"]
-        connect = lambda: socket.create_connection(("127.0.0.1", port))
+        port, _ = server.start()
         print("| what was done | threads | resident memory | virtual memory |")
         print("|---|---|---|---|")
 
@@ -84,26 +35,19 @@ def main():
             threads, rss, vm = settle(server.pid)
             print(f"| {what} | {threads} | {rss:.0f} MiB | {vm:.1f} GiB |", flush=True)
 
-        with connect() as s:
-            request(s, keep_alive=False)
+        usage_once(port, keep_alive=False)
         row("start (one request served)")
         for _ in range(args.requests):
-            with connect() as s:
-                request(s, keep_alive=False)
+            usage_once(port, keep_alive=False)
         row(f"{args.requests:,} requests, each on its own connection")
-        idle = []
-        for _ in range(args.idle):
-            s = connect()
-            request(s, keep_alive=True)
-            idle.append(s)
+        idle = [usage_once(port, keep_alive=True) for _ in range(args.idle)]
         row(f"{args.idle:,} idle keep-alive connections held open")
-        for s in idle:
-            s.close()
+        for c in idle:
+            c.close()
         row("... and closed")
     finally:
         server.kill()
-        server.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        remove(root)
 
 
 if __name__ == "__main__":
