@@ -1,5 +1,6 @@
-// Generalised advantage estimation and the clipped value loss of PPO with a critic, as free functions on plain
-// arrays, and CriticGae: the advantage policy that makes the policy-gradient loop PPO (ppo.hpp).
+// Generalised advantage estimation as free functions on plain arrays, and CriticGae: the advantage policy that
+// makes the policy-gradient loop PPO (ppo.hpp). The critic's clipped value loss is the engine's built-in `value`
+// loss (LossSpec::value, src/engine/loss.hpp), so it runs on the same tensors as the policy loss.
 //
 //   delta_t = r_t + gamma * V_{t+1} * (1 - done_t) - V_t
 //   A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
@@ -8,7 +9,6 @@
 // done_t = 1 means the episode ended after step t: nothing after it is bootstrapped or credited. V_T (the value
 // after the last step of a truncated trajectory) is `bootstrap_value`.
 #pragma once
-#include <algorithm>
 #include <cmath>
 #include <span>
 #include <string>
@@ -71,25 +71,6 @@ inline std::vector<double> whiten(std::span<const double> a, double eps = 1e-8) 
   std::vector<double> out;
   for (double x : a) out.push_back((x - mean) / (sd + eps));
   return out;
-}
-
-// PPO's clipped value loss for one token: the new value may move at most `clip` away from the value at
-// rollout time, and the worse of the clipped and unclipped errors is taken (so clipping never helps the loss):
-//   v_clip = old + clamp(v - old, -clip, clip)
-//   loss   = 0.5 * max((v - R)^2, (v_clip - R)^2)
-// grad is d loss / d v (0 when the clipped error is the larger one and the clamp is active).
-struct ValueLossTerm {
-  double loss = 0, grad = 0;
-  bool clipped = false;  // the clipped error was the one used
-};
-
-inline ValueLossTerm clipped_value_loss(double value, double old_value, double target, double clip) {
-  if (!(clip > 0)) throw invalid_argument("clipped_value_loss: clip must be > 0");
-  const double v_clip = old_value + std::clamp(value - old_value, -clip, clip);
-  const double e = value - target, ec = v_clip - target;
-  if (e * e >= ec * ec) return {0.5 * e * e, e, false};
-  const bool clamp_active = std::abs(value - old_value) > clip;
-  return {0.5 * ec * ec, clamp_active ? 0.0 : ec, true};
 }
 
 // 1 - Var(target - predicted) / Var(target): the share of the targets' variance a predictor explains (1 = all of

@@ -12,7 +12,7 @@ using GRPO = PolicyGradient<S, GroupNormalized, SequenceMean>;
 template <Session S>
 using DrGRPO = PolicyGradient<S, GroupCentered, ConstantNormalizer>;
 
-// DAPO's aggregation: token mean over the batch (pair it with clip_high > clip_low, e.g. 0.28 / 0.2).
+// DAPO's aggregation: token mean over the batch (pair it with epsilon_high > epsilon_low, e.g. 0.28 / 0.2).
 template <Session S>
 using DAPO = PolicyGradient<S, GroupNormalized, TokenMean>;
 

@@ -36,9 +36,9 @@ namespace rlloop::algorithms {
 struct PolicyGradientOptions {
   int group_size = 8;  // completions per prompt
   SamplingParams sampling{.max_tokens = 64, .temperature = 1.0};
-  LossFn loss = LossFn::ppo;  // ppo, importance_sampling or cispo
-  double clip_low = 0.2;      // the ratio is clipped to [1 - clip_low, 1 + clip_high] (asymmetric in DAPO)
-  double clip_high = 0.2;
+  LossFn loss = LossFn::ppo;        // ppo, importance_sampling or cispo
+  double epsilon_low = 0.2;         // the ratio is clipped to [1 - epsilon_low, 1 + epsilon_high], as in LossSpec
+  double epsilon_high = 0.2;        // (asymmetric in DAPO, e.g. 0.2 / 0.28)
   int epochs = 1;                   // passes over each batch of rollouts
   int substeps = 1;                 // optimizer steps per epoch: the rollouts are split into this many minibatches
   bool drop_uniform_groups = true;  // group advantages: a group whose rewards are all equal carries no signal
@@ -52,9 +52,10 @@ struct PolicyGradientOptions {
     if (sampling.max_tokens < 1) throw invalid_argument("PolicyGradientOptions::sampling.max_tokens must be >= 1");
     if (loss != LossFn::ppo && loss != LossFn::importance_sampling && loss != LossFn::cispo)
       throw invalid_argument("PolicyGradientOptions::loss must be ppo, importance_sampling or cispo");
-    if (!(clip_low >= 0 && clip_low <= 1)) throw invalid_argument("PolicyGradientOptions::clip_low must be in [0, 1]");
-    if (!(clip_high >= 0 && clip_high <= 9))
-      throw invalid_argument("PolicyGradientOptions::clip_high must be in [0, 9]");
+    if (!(epsilon_low >= 0 && epsilon_low <= 1))
+      throw invalid_argument("PolicyGradientOptions::epsilon_low must be in [0, 1]");
+    if (!(epsilon_high >= 0 && epsilon_high <= 9))
+      throw invalid_argument("PolicyGradientOptions::epsilon_high must be in [0, 9]");
     if (epochs < 1) throw invalid_argument("PolicyGradientOptions::epochs must be >= 1");
     if (substeps < 1) throw invalid_argument("PolicyGradientOptions::substeps must be >= 1");
     if (!(kl_coef >= 0)) throw invalid_argument("PolicyGradientOptions::kl_coef must be >= 0");
@@ -124,8 +125,9 @@ class PolicyGradient {
   static constexpr bool has_critic = CriticAdvantage<Advantage, S>;
 
  public:
-  // Batch b's prompt i samples with seed + b * seed_stride + i: the seeds of different batches never collide
-  // while a batch holds fewer prompts than this.
+  // Batch b's prompt i samples with seed + b * seed_stride + i, so no two prompts of a run share a seed while a
+  // batch holds fewer prompts than seed_stride (submit() refuses a larger seeded batch). 100003, the first prime
+  // over 10^5, is far above any batch size in use.
   static constexpr std::int64_t seed_stride = 100003;
 
   PolicyGradient(TrainingClient<S> client, std::shared_ptr<const Tokenizer> tokenizer, PolicyGradientOptions options,
@@ -163,6 +165,9 @@ class PolicyGradient {
   // the sampler's logprobs corrects for it, and scoring one batch overlaps sampling the next.
   template <PromptedProblem P>
   PendingBatch<P> submit(const std::vector<P>& problems) {
+    if (options_.sampling.seed && problems.size() >= static_cast<std::size_t>(seed_stride))
+      throw invalid_argument("PolicyGradient::submit: a seeded batch holds at most " + std::to_string(seed_stride - 1) +
+                             " problems (got " + std::to_string(problems.size()) + "); split it");
     PendingBatch<P> batch{problems, {}, {}, state_.step};
     auto sampler = client_.live_sampling_client();
     for (std::size_t i = 0; i < problems.size(); ++i) {
@@ -310,7 +315,7 @@ class PolicyGradient {
   // submitted back to back: the session runs them in order while the next minibatch is built. The reported
   // losses and clip fractions are the last epoch's.
   void train(const std::vector<Rollout>& rollouts, PolicyGradientStats& stats) {
-    const LossSpec loss{options_.loss, 1.0 - options_.clip_low, 1.0 + options_.clip_high};
+    const LossSpec loss{options_.loss, options_.epsilon_low, options_.epsilon_high};
     const std::size_t n = rollouts.size();
     const std::size_t per =
         (n + static_cast<std::size_t>(options_.substeps) - 1) / static_cast<std::size_t>(options_.substeps);

@@ -72,16 +72,24 @@ class ArithmeticTask {
     opts_.validate();
   }
 
-  // Which split an expression belongs to (FNV-1a of its text against held_out_fraction).
+  // Which split an expression belongs to: FNV-1a of its text (64-bit offset basis and prime) picks one of
+  // split_buckets buckets, the first held_out_fraction of them held out. A prime bucket count makes the bucket
+  // depend on every bit of the hash, not only the low ones.
+  static constexpr std::uint64_t split_buckets = 1000003;
   static Split split_of(std::string_view expression, double held_out_fraction) {
     std::uint64_t h = 1469598103934665603ull;
     for (unsigned char c : expression) h = (h ^ c) * 1099511628211ull;
     h ^= h >> 29;  // fold the high bits in: FNV's low bits alone are weak for short strings
-    return static_cast<double>(h % 1000003) < held_out_fraction * 1000003.0 ? Split::held_out : Split::train;
+    return static_cast<double>(h % split_buckets) < held_out_fraction * static_cast<double>(split_buckets)
+               ? Split::held_out
+               : Split::train;
   }
 
+  // Draws before next() gives up on a split: one this rare in the problem space is treated as empty.
+  static constexpr int max_draws_per_problem = 100000;
+
   ArithmeticProblem next(Split split) {
-    for (int attempt = 0; attempt < 100000; ++attempt) {
+    for (int attempt = 0; attempt < max_draws_per_problem; ++attempt) {
       auto p = draw();
       if (p && split_of(p->prompt, opts_.held_out_fraction) == split) return *p;
     }

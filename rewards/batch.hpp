@@ -58,22 +58,4 @@ std::vector<Score> score_batch(const R& reward, const std::vector<Ctx>& contexts
   return out;
 }
 
-// One context, many completions: a GRPO group.
-template <class Ctx, Reward<Ctx> R>
-std::vector<Score> score_group(const R& reward, const Ctx& context, const std::vector<std::string>& completions,
-                               const BatchOptions& opts = {}) {
-  std::vector<Score> out(completions.size());
-  detail::parallel_indices(out.size(), opts,
-                           [&](std::size_t i) { out[i] = score_one(reward, context, completions[i]); });
-  return out;
-}
-
-// Plain values of a set of scores (what an advantage estimator consumes).
-inline std::vector<double> values(const std::vector<Score>& scores) {
-  std::vector<double> v;
-  v.reserve(scores.size());
-  for (const auto& s : scores) v.push_back(s.value);
-  return v;
-}
-
 }  // namespace rlloop::rewards

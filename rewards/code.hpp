@@ -2,7 +2,6 @@
 // passed (pass_rate) or 1/0 (all_pass). Compile errors, crashes, timeouts and hostile programs are failures
 // recorded in the Score, never exceptions. Link rlloop::sandbox.
 #pragma once
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -63,7 +62,6 @@ inline std::string assemble_program(const CodeProblem& problem, const std::strin
 struct CodeGrade {
   int passed = 0;
   int total = 0;
-  double max_wall_seconds = 0;  // the longest test run (not the compile)
   Score score;
 };
 
@@ -105,7 +103,6 @@ class CodeReward {
         const std::string_view input =
             problem.assert_style() ? std::string_view{} : std::string_view(problem.tests[i].input);
         const auto run = program.run(input, opts_.limits);
-        g.max_wall_seconds = std::max(g.max_wall_seconds, run.wall_seconds);
         Score t = judge(problem, i, run);
         if (t.ok()) {
           ++g.passed;

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   svc.checkpoint_dir = "runs/grpo_gsm8k/checkpoints";
   svc.device = device;
   ServiceClient<LocalService> service{LocalService(svc)};
-  auto client = lora_rank > 0 ? service.create_lora_training_client(model, lora_rank, 2 * lora_rank, seed)
+  auto client = lora_rank > 0 ? service.create_lora_training_client(
+                                    model, {.rank = lora_rank, .alpha = 2 * lora_rank, .seed = seed})
                               : service.create_full_training_client(model, seed);
   auto tok = client.get_tokenizer();
   // Keep the problems whose prompt and completion fit the model's context (512 positions for rlloop-small).

@@ -1,6 +1,7 @@
 // The three clients a loop talks to (DESIGN.md §1). They are thin: every call forwards to the session and
 // returns its future, so the same loop runs on the local, remote or fake backend.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,10 +83,19 @@ class TrainingClient {
   std::shared_ptr<const Tokenizer> get_tokenizer() const { return load_tokenizer(session_->info().tokenizer); }
 
   S& session() const { return *session_; }
-  const std::shared_ptr<S>& session_ptr() const { return session_; }
 
  private:
   std::shared_ptr<S> session_;
+};
+
+// create_lora_training_client's settings, named at the call site:
+//   service.create_lora_training_client("rlloop-small", {.rank = 8, .alpha = 16, .seed = 7});
+// The adapter's defaults are LoraOptions'.
+struct LoraTrainingOptions {
+  int rank = LoraOptions{}.rank;
+  int alpha = LoraOptions{}.alpha;  // the adapter's update is scaled by alpha / rank
+  std::vector<std::string> target_modules = LoraOptions{}.target_modules;
+  std::int64_t seed = 0;  // SessionOptions::seed: the adapter's initialisation and the default sampling seeds
 };
 
 // Platform settings; starts sessions on a Service.
@@ -96,13 +106,12 @@ class ServiceClient {
 
   explicit ServiceClient(Svc service) : service_(std::move(service)) {}
 
-  TrainingClient<session_type> create_lora_training_client(const std::string& base_model, int rank = 16, int alpha = 32,
-                                                           std::int64_t seed = 0,
-                                                           std::vector<std::string> target_modules = {"all-linear"}) {
+  TrainingClient<session_type> create_lora_training_client(const std::string& base_model,
+                                                           const LoraTrainingOptions& options = {}) {
     SessionOptions opts;
     opts.base_model = base_model;
-    opts.lora = LoraOptions{rank, alpha, std::move(target_modules)};
-    opts.seed = seed;
+    opts.lora = LoraOptions{options.rank, options.alpha, options.target_modules};
+    opts.seed = options.seed;
     return TrainingClient<session_type>(service_.create_session(opts));
   }
   TrainingClient<session_type> create_full_training_client(const std::string& base_model, std::int64_t seed = 0) {

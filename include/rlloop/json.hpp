@@ -361,7 +361,8 @@ inline Datum datum_from_json(const json& j, const std::string& path) {
 
 // ---- losses, sampling and optimizer settings -----------------------------------------------------------------
 
-// Writes lossFnName and lossFnConfig into an operation config object.
+// Writes lossFnName and lossFnConfig into an operation config object. The wire carries the ppo / cispo clip as
+// thresholds, the spec as epsilons: LossSpec::config and LossSpec::parse translate.
 inline void write_loss(json& j, const LossSpec& loss) {
   j["lossFnName"] = to_string(loss.fn);
   const auto config = loss.config();

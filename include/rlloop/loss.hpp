@@ -45,24 +45,38 @@ inline LossFn loss_fn_from_string(std::string_view name) {
                          "' (expected cross_entropy, importance_sampling, ppo, cispo, dro or value)");
 }
 
-// A loss with its configuration. clip thresholds bound the ratio r = exp(lp - q) for ppo and cispo;
-// beta weights the quadratic penalty of dro; value_clip bounds how far a new value may move from "old_values"
-// in the value loss (0 = no clipping).
+// A loss with its configuration. ppo and cispo clip the ratio r = exp(lp - q) to [1 - epsilon_low,
+// 1 + epsilon_high] (PPO's epsilon; asymmetric in DAPO), the convention of the algorithm options too; beta weights
+// the quadratic penalty of dro; value_clip bounds how far a new value may move from "old_values" in the value
+// loss (0 = no clipping).
+//
+// The wire (docs/wire.md) configures the clip by its bounds instead: lossFnConfig's clip_low_threshold =
+// 1 - epsilon_low and clip_high_threshold = 1 + epsilon_high; parse() and config() translate. For bounds in
+// [0.5, 2] both subtractions are exact (Sterbenz's lemma), so min_ratio() / max_ratio() on the receiving side
+// equal the bounds sent, bit for bit.
 struct LossSpec {
   LossFn fn = LossFn::cross_entropy;
-  double clip_low_threshold = 0.8;
-  double clip_high_threshold = 1.2;
+  double epsilon_low = 0.2;
+  double epsilon_high = 0.2;
   double beta = 0.1;
   double value_clip = 0.2;
 
   static LossSpec cross_entropy() { return {LossFn::cross_entropy}; }
   static LossSpec importance_sampling() { return {LossFn::importance_sampling}; }
-  static LossSpec ppo(double lo = 0.8, double hi = 1.2) { return {LossFn::ppo, lo, hi}; }
-  static LossSpec cispo(double lo = 0.8, double hi = 1.2) { return {LossFn::cispo, lo, hi}; }
-  static LossSpec dro(double beta = 0.1) { return {LossFn::dro, 0.8, 1.2, beta}; }
+  static LossSpec ppo(double epsilon_low = 0.2, double epsilon_high = 0.2) {
+    return {LossFn::ppo, epsilon_low, epsilon_high};
+  }
+  static LossSpec cispo(double epsilon_low = 0.2, double epsilon_high = 0.2) {
+    return {LossFn::cispo, epsilon_low, epsilon_high};
+  }
+  static LossSpec dro(double beta = 0.1) { return {.fn = LossFn::dro, .beta = beta}; }
   // 0.5 * sum(w * max((v - R)^2, (v_clip - R)^2)), v_clip = old + clamp(v - old, -clip, clip) when "old_values"
   // are given; inputs "returns" (R), optional "old_values", optional "weights".
-  static LossSpec value(double clip = 0.2) { return {LossFn::value, 0.8, 1.2, 0.1, clip}; }
+  static LossSpec value(double clip = 0.2) { return {.fn = LossFn::value, .value_clip = clip}; }
+
+  // The clip range of the ratio.
+  double min_ratio() const { return 1.0 - epsilon_low; }
+  double max_ratio() const { return 1.0 + epsilon_high; }
 
   // Config keys each loss accepts (the wire's lossFnConfig).
   static std::vector<std::string> config_keys(LossFn f) {
@@ -79,7 +93,8 @@ struct LossSpec {
     }
   }
 
-  // Builds a spec from a name and a key/value config; unknown names, keys or out-of-range values throw.
+  // Builds a spec from a name and a wire lossFnConfig; unknown names, keys or out-of-range values throw, naming
+  // the wire's key.
   static LossSpec parse(std::string_view name, const std::map<std::string, double>& config = {}) {
     LossSpec s;
     s.fn = loss_fn_from_string(name);
@@ -89,8 +104,16 @@ struct LossSpec {
       for (const auto& k : keys) known = known || k == key;
       if (!known) throw invalid_argument("loss '" + std::string(name) + "' does not accept config key '" + key + "'");
       if (!std::isfinite(value)) throw invalid_argument("loss config '" + key + "' is not a finite number");
-      if (key == "clip_low_threshold") s.clip_low_threshold = value;
-      if (key == "clip_high_threshold") s.clip_high_threshold = value;
+      if (key == "clip_low_threshold") {
+        if (!(value >= 0.0 && value <= 1.0))
+          throw invalid_argument("clip_low_threshold must be in [0, 1], got " + std::to_string(value));
+        s.epsilon_low = 1.0 - value;
+      }
+      if (key == "clip_high_threshold") {
+        if (!(value >= 1.0 && value <= 10.0))
+          throw invalid_argument("clip_high_threshold must be in [1, 10], got " + std::to_string(value));
+        s.epsilon_high = value - 1.0;
+      }
       if (key == "beta") s.beta = value;
       if (key == "value_clip") s.value_clip = value;
     }
@@ -98,11 +121,12 @@ struct LossSpec {
     return s;
   }
 
+  // The wire's lossFnConfig for this spec.
   std::map<std::string, double> config() const {
     switch (fn) {
       case LossFn::ppo:
       case LossFn::cispo:
-        return {{"clip_low_threshold", clip_low_threshold}, {"clip_high_threshold", clip_high_threshold}};
+        return {{"clip_low_threshold", min_ratio()}, {"clip_high_threshold", max_ratio()}};
       case LossFn::dro:
         return {{"beta", beta}};
       case LossFn::value:
@@ -113,10 +137,10 @@ struct LossSpec {
   }
 
   void validate() const {
-    if (!(clip_low_threshold >= 0.0 && clip_low_threshold <= 1.0))
-      throw invalid_argument("clip_low_threshold must be in [0, 1], got " + std::to_string(clip_low_threshold));
-    if (!(clip_high_threshold >= 1.0 && clip_high_threshold <= 10.0))
-      throw invalid_argument("clip_high_threshold must be in [1, 10], got " + std::to_string(clip_high_threshold));
+    if (!(epsilon_low >= 0.0 && epsilon_low <= 1.0))
+      throw invalid_argument("LossSpec::epsilon_low must be in [0, 1], got " + std::to_string(epsilon_low));
+    if (!(epsilon_high >= 0.0 && epsilon_high <= 9.0))
+      throw invalid_argument("LossSpec::epsilon_high must be in [0, 9], got " + std::to_string(epsilon_high));
     if (!(beta >= 0.0 && std::isfinite(beta))) throw invalid_argument("dro beta must be a finite number >= 0");
     if (!(value_clip >= 0.0 && std::isfinite(value_clip)))
       throw invalid_argument("value_clip must be a finite number >= 0, got " + std::to_string(value_clip));

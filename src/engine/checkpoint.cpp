@@ -71,25 +71,12 @@ void write_state_dir(const std::string& dir, const TensorMap& weights, const Ten
     throw io_error("cannot move checkpoint into '" + target.string() + "': " + std::strerror(errno));
   }
   fsync_path(parent);
-  write_file_atomic((parent / "LATEST").string(), target.filename().string() + "\n");
-}
-
-std::optional<std::string> latest_checkpoint(const std::string& parent) {
-  const fs::path latest = fs::path(parent) / "LATEST";
-  if (!fs::exists(latest)) return std::nullopt;
-  std::string name = read_text(latest);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  if (name.empty()) return std::nullopt;
-  return (fs::path(parent) / name).string();
 }
 
 StateContents read_state_dir(const std::string& path, bool with_optimizer) {
-  fs::path dir(path);
+  const fs::path dir(path);
   if (!fs::exists(dir)) throw not_found("checkpoint '" + path + "' does not exist");
-  if (!fs::exists(dir / "state.json")) {
-    if (auto latest = latest_checkpoint(path)) dir = *latest;
-    if (!fs::exists(dir / "state.json")) throw io_error("'" + path + "' is not a checkpoint: state.json is missing");
-  }
+  if (!fs::exists(dir / "state.json")) throw io_error("'" + path + "' is not a checkpoint: state.json is missing");
   StateContents out;
   try {
     out.meta = nlohmann::json::parse(read_text(dir / "state.json"));

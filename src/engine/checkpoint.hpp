@@ -1,9 +1,8 @@
 // Checkpoint directories: <dir>/weights.safetensors, optional <dir>/optimizer.safetensors, <dir>/state.json
 // (written last). A save builds the whole directory under a temporary name, fsyncs it, then swaps it in with
-// one atomic rename, and finally repoints <parent>/LATEST (itself replaced atomically). A process killed at any
-// moment leaves either the previous or the new checkpoint, never a half-written one.
+// one atomic rename. A process killed at any moment leaves either the previous or the new checkpoint under that
+// name, never a half-written one.
 #pragma once
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -20,9 +19,7 @@ struct StateContents {
 
 void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer,
                      const nlohmann::json& meta);
-// Accepts a checkpoint directory, or a directory holding LATEST. Throws not_found / io_error naming the path.
+// Reads the checkpoint directory `path`. Throws not_found / io_error naming the path.
 StateContents read_state_dir(const std::string& path, bool with_optimizer);
-// The checkpoint LATEST in `parent` points to, if any.
-std::optional<std::string> latest_checkpoint(const std::string& parent);
 
 }  // namespace rlloop::engine

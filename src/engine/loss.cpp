@@ -28,14 +28,14 @@ LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const Loss
     }
     case LossFn::ppo: {
       auto r = torch::exp(lp - in.sampler_logprobs);
-      auto clipped_r = torch::clamp(r, spec.clip_low_threshold, spec.clip_high_threshold);
+      auto clipped_r = torch::clamp(r, spec.min_ratio(), spec.max_ratio());
       auto unclipped_term = r * in.advantages, clipped_term = clipped_r * in.advantages;
       auto objective = torch::min(unclipped_term, clipped_term);
       return {-(objective * m).sum(), count_where((clipped_term < unclipped_term).detach(), m), bearing};
     }
     case LossFn::cispo: {
       auto r = torch::exp(lp - in.sampler_logprobs);
-      auto clipped_r = torch::clamp(r, spec.clip_low_threshold, spec.clip_high_threshold).detach();
+      auto clipped_r = torch::clamp(r, spec.min_ratio(), spec.max_ratio()).detach();
       return {-(clipped_r * lp * in.advantages * m).sum(), count_where(clipped_r != r.detach(), m), bearing};
     }
     case LossFn::dro: {

@@ -29,7 +29,7 @@ struct LossValue {
 // token's term by its weight (datums without "weights" get 1), so weight 0 leaves prompt tokens out.
 //   cross_entropy        -(lp * w).sum()
 //   importance_sampling  -(r * A).sum()                       r = exp(lp - q)
-//   ppo                  -min(r * A, clamp(r, lo, hi) * A).sum()
+//   ppo                  -min(r * A, clamp(r, lo, hi) * A).sum()   lo = 1 - epsilon_low, hi = 1 + epsilon_high
 //   cispo                -(stopgrad(clamp(r, lo, hi)) * lp * A).sum()
 //   dro                  -(lp * A - 0.5 * beta * (lp - q)^2).sum()
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in);

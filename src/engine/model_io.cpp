@@ -217,27 +217,6 @@ TensorMap read_safetensors(const std::string& path) {
   return out;
 }
 
-std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
-  // Only the header is needed; reading the file through read_safetensors would load every tensor.
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw io_error("read_safetensors_metadata: cannot open " + path);
-  std::uint64_t header_len = 0;
-  if (!in.read(reinterpret_cast<char*>(&header_len), 8) || header_len > kMaxHeaderBytes)
-    throw io_error("read_safetensors_metadata: " + path + " has a malformed or truncated header");
-  std::string text(header_len, '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(header_len)))
-    throw io_error("read_safetensors_metadata: " + path + " is truncated");
-  std::map<std::string, std::string> out;
-  try {
-    json h = json::parse(text);
-    if (h.contains("__metadata__"))
-      for (auto& [k, v] : h["__metadata__"].items()) out[k] = v.is_string() ? v.get<std::string>() : v.dump();
-  } catch (const json::exception& e) {
-    throw io_error("read_safetensors_metadata: " + path + " has a malformed header: " + e.what());
-  }
-  return out;
-}
-
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -406,46 +385,6 @@ void save_peft_adapter(const Transformer& model, const std::string& dir, const s
   for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, torch::kFloat32);
   write_safetensors((d / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
   write_file_atomic((d / "adapter_config.json").string(), cfg.dump(2) + "\n");
-}
-
-void load_peft_adapter(Transformer& model, const std::string& dir) {
-  const fs::path d(dir);
-  const std::string cfg_path = (d / "adapter_config.json").string();
-  if (!fs::exists(cfg_path)) throw not_found("load_peft_adapter: " + cfg_path + " does not exist");
-  json cfg = read_json_file(cfg_path);
-  if (cfg.value("peft_type", std::string("LORA")) != "LORA")
-    throw unsupported("load_peft_adapter: " + cfg_path + ": peft_type " + cfg["peft_type"].dump() + " is not LORA");
-  LoraOptions opts;
-  try {
-    opts.rank = cfg.at("r").get<int>();
-    opts.alpha = cfg.value("lora_alpha", 8);
-    const auto& tm = cfg.at("target_modules");
-    opts.target_modules =
-        tm.is_string() ? std::vector<std::string>{tm.get<std::string>()} : tm.get<std::vector<std::string>>();
-  } catch (const json::exception& e) {
-    throw io_error("load_peft_adapter: " + cfg_path + " lacks a valid r / lora_alpha / target_modules: " + e.what());
-  }
-  // Variants that change the math must not load silently as plain LoRA.
-  if (cfg.value("use_dora", false)) throw unsupported("load_peft_adapter: " + cfg_path + ": DoRA is not supported");
-  if (cfg.value("use_rslora", false))
-    throw unsupported("load_peft_adapter: " + cfg_path + ": rsLoRA scaling (alpha / sqrt(r)) is not supported");
-  for (const char* key : {"rank_pattern", "alpha_pattern"})
-    if (cfg.contains(key) && cfg[key].is_object() && !cfg[key].empty())
-      throw unsupported("load_peft_adapter: " + cfg_path + ": per-module " + key + " is not supported");
-  if (!model.has_lora()) {
-    model.enable_lora(opts, /*seed=*/0);
-  } else if (model.lora_options()->rank != opts.rank || model.lora_options()->alpha != opts.alpha) {
-    throw conflict("load_peft_adapter: " + cfg_path + " has rank " + std::to_string(opts.rank) + ", alpha " +
-                   std::to_string(opts.alpha) + " but the model's adapters have rank " +
-                   std::to_string(model.lora_options()->rank) + ", alpha " +
-                   std::to_string(model.lora_options()->alpha));
-  }
-  const std::string weights = (d / "adapter_model.safetensors").string();
-  try {
-    model.load_peft_state_dict(read_safetensors(weights));
-  } catch (const invalid_argument& e) {
-    throw invalid_argument(std::string(e.what()) + " (in " + weights + ")");
-  }
 }
 
 }  // namespace rlloop::engine

@@ -1,6 +1,6 @@
 // Model directories in Hugging Face layout: config.json + model.safetensors, or sharded
-// model-0000x-of-0000y.safetensors with model.safetensors.index.json. PEFT adapter directories:
-// adapter_config.json + adapter_model.safetensors.
+// model-0000x-of-0000y.safetensors with model.safetensors.index.json, read and written. PEFT adapter directories
+// (adapter_config.json + adapter_model.safetensors) are written only: LoRA exports for peft.
 #pragma once
 #include <memory>
 #include <string>
@@ -17,8 +17,6 @@ TensorMap read_safetensors(const std::string& path);
 // Writes tensors atomically (temp file in the same directory, fsync, rename).
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-// The "__metadata__" string map of a .safetensors file (reads only the header).
-std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 // Replaces `path` with `content` atomically: temp file in the same directory, fsync, rename, fsync the directory.
 void write_file_atomic(const std::string& path, const std::string& content);
 
@@ -30,8 +28,8 @@ std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t see
 // Saves config.json + model.safetensors (fp32 unless the model is bf16); with LoRA, the merged weights.
 // `max_shard_bytes` > 0 splits into shards with an index. Atomic per file; the directory is created.
 void save_model(const Transformer& model, const std::string& dir, std::int64_t max_shard_bytes = 0);
-// Saves adapter_config.json + adapter_model.safetensors (PEFT layout). Throws if the model has no LoRA.
+// Saves adapter_config.json + adapter_model.safetensors (PEFT layout), for peft to load onto the base model.
+// Throws if the model has no LoRA.
 void save_peft_adapter(const Transformer& model, const std::string& dir, const std::string& base_model_name);
-void load_peft_adapter(Transformer& model, const std::string& dir);
 
 }  // namespace rlloop::engine

@@ -170,9 +170,11 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
 
   if (seg.size() == 4 && post && (training || sampling)) {
     json body;
+    // Every json::exception, not only parse_error: a number like 1e999 throws out_of_range, and is as much the
+    // client's mistake (a 400, not a 500).
     try {
       body = json::parse(req.body);
-    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999 (was a 500)
+    } catch (const json::exception& e) {
       throw api_error("ValidationException", 400, std::string("request body is not valid JSON: ") + e.what());
     }
     auto op = std::make_shared<OperationRecord>();

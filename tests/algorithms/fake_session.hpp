@@ -136,7 +136,7 @@ class FakeSession {
   };
   static TokenTerm token_term(const LossSpec& spec, double lp, double q, double adv, double m) {
     const double r = std::exp(lp - q);
-    const double rc = std::clamp(r, spec.clip_low_threshold, spec.clip_high_threshold);
+    const double rc = std::clamp(r, spec.min_ratio(), spec.max_ratio());
     switch (spec.fn) {
       case LossFn::cross_entropy:
         return {-lp * m, -m, false};
@@ -145,7 +145,7 @@ class FakeSession {
       case LossFn::ppo: {
         // min(r A, clamp(r) A): the gradient flows through r unless the clamped term is the smaller one and the
         // clamp is active (then d/dr is 0). Ties (r inside the clip range) give the full gradient, as in torch.
-        const bool inside = r >= spec.clip_low_threshold && r <= spec.clip_high_threshold;
+        const bool inside = r >= spec.min_ratio() && r <= spec.max_ratio();
         const bool unclipped_min = inside || r * adv < rc * adv;
         return {-std::min(r * adv, rc * adv) * m, unclipped_min ? -r * adv * m : 0.0, rc * adv < r * adv};
       }

@@ -47,7 +47,7 @@ int main(int argc, char** argv) try {
   options.role_arn = "arn:aws:iam::111122223333:role/rlloop-test";
   options.s3_output_path = "s3://rlloop-test/out/";
   ServiceClient<RemoteService> service{RemoteService(options)};
-  auto training = service.create_lora_training_client("rlloop-tiny", 4, 8);
+  auto training = service.create_lora_training_client("rlloop-tiny", {.rank = 4, .alpha = 8});
 
   const std::vector<token_id> text{72, 105, 33, 10, 72, 105};
   const std::vector<Datum> batch{sft_datum(text)};

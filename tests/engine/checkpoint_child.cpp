@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   if (argc < 3) return 2;
   const std::string mode = argv[1];
   LocalService svc(service_in(argv[2]));
-  auto tc = ServiceClient<LocalService>(svc).create_lora_training_client("rlloop-tiny", 4, 8, 11);
+  auto tc =
+      ServiceClient<LocalService>(svc).create_lora_training_client("rlloop-tiny", {.rank = 4, .alpha = 8, .seed = 11});
   if (mode == "forever") {
     for (int step = 0;; ++step) {
       train_step(tc, step);

@@ -1,11 +1,13 @@
-// Checkpoints across processes: resume is bit-identical; kill -9 during saves never corrupts LATEST.
+// Checkpoints across processes: resume is bit-identical; kill -9 during saves never leaves a torn checkpoint.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -70,28 +72,41 @@ TEST(Checkpoint, ResumeInANewProcessIsBitIdentical) {
   EXPECT_TRUE(any_changed);
 }
 
-TEST(Checkpoint, KillDuringSavesNeverLeavesACorruptLatest) {
+TEST(Checkpoint, KillDuringSavesNeverLeavesATornCheckpoint) {
   auto dir = temp_dir("kill");
+  const fs::path latest = dir / "latest";  // the child saves every step under this one name
+  // Every save swaps a new directory in, so a new inode at `latest` is the event "a save completed".
+  auto inode_of = [](const fs::path& p) -> std::optional<ino_t> {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return std::nullopt;
+    return st.st_ino;
+  };
   std::mt19937 rng(1234);
-  std::uniform_int_distribution<int> delay_ms(150, 900);
-  int loaded = 0;
+  std::uniform_int_distribution<int> delay_ms(0, 400);
   for (int round = 0; round < 6; ++round) {
+    const auto before = inode_of(latest);  // the previous round's checkpoint, replaced by this child's saves
     pid_t pid = spawn({"forever", dir.string()});
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500 + delay_ms(rng)));  // ~1 s is process start-up
+    // Wait for this child's first completed save (polling, bounded only so that a hang fails), then kill it at
+    // a random point of the steps and saves after it.
+    bool saved = false;
+    for (int i = 0; i < 12000 && !saved; ++i) {
+      const auto now = inode_of(latest);
+      saved = now && now != before;
+      if (!saved) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (saved) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(saved) << "round " << round << ": the child never completed a save";
     ASSERT_TRUE(WIFSIGNALED(status));
-    auto latest = engine::latest_checkpoint(dir.string());
-    if (!latest) continue;  // killed before the first save completed
-    // LATEST always names a complete checkpoint that a fresh session loads.
-    auto state = engine::read_state_dir(*latest, true);
+    // Killed at any point, the name holds a complete checkpoint (the last one saved), which a fresh session loads.
+    auto state = engine::read_state_dir(latest.string(), true);
     EXPECT_GE(state.meta.at("step").get<int>(), 1);
     LocalService svc(test_util::service_in((dir / "scratch").string()));
-    auto tc = ServiceClient<LocalService>(svc).create_lora_training_client("rlloop-tiny", 4, 8, 11);
-    EXPECT_NO_THROW(tc.load_state(dir.string(), true).get());
+    auto tc = ServiceClient<LocalService>(svc).create_lora_training_client("rlloop-tiny",
+                                                                           {.rank = 4, .alpha = 8, .seed = 11});
+    EXPECT_NO_THROW(tc.load_state(latest.string(), true).get());
     EXPECT_EQ(tc.get_info().step, state.meta.at("step").get<int>());
-    ++loaded;
   }
-  EXPECT_GE(loaded, 4);
 }

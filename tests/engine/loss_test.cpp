@@ -85,8 +85,8 @@ TEST(Loss, PpoTakesEveryClipBranch) {
   EXPECT_EQ(value.clipped.item<double>(), 2.0);
   EXPECT_EQ(value.bearing.item<double>(), 4.0);
   EXPECT_EQ(value.clip_fraction(), 0.5);
-  // Wider thresholds: nothing clipped, ppo equals importance sampling.
-  EXPECT_NEAR(loss_at(LossSpec::ppo(0.0, 10.0), f, f.lp), loss_at(LossSpec::importance_sampling(), f, f.lp), 1e-12);
+  // The widest clip range, [0, 10]: nothing clipped, ppo equals importance sampling.
+  EXPECT_NEAR(loss_at(LossSpec::ppo(1.0, 9.0), f, f.lp), loss_at(LossSpec::importance_sampling(), f, f.lp), 1e-12);
 }
 
 TEST(Loss, CispoUsesTheClippedRatioAsAConstantWeight) {
@@ -109,11 +109,13 @@ TEST(Loss, ClipFractionCountsLossBearingTokensWhereTheClipBranchIsTaken) {
                      vec({1.0, 1.0, -2.0, 0.5, -1.0, 1.0}), vec({-1.0, -1.2, -1.5, -1.05, -1.0, -1.0})};
   auto ppo = builtin_loss(LossSpec::ppo(), f.lp, f.in);
   EXPECT_EQ(ppo.bearing.item<double>(), 4.0);
-  EXPECT_EQ(ppo.clip_fraction(), 0.5);  // t0, t1 of the fixture (the old definition gave 2 * 0.125 / 6 = 0.042)
+  // t0, t1 of the fixture: a share of the loss-bearing tokens (a weighted count over every position, prompt and
+  // padding included, would read 2 * 0.125 / 6 = 0.042).
+  EXPECT_EQ(ppo.clip_fraction(), 0.5);
   // cispo's clipped branch is the active clamp: t0, t1 and t3.
   EXPECT_EQ(builtin_loss(LossSpec::cispo(), f.lp, f.in).clip_fraction(), 0.75);
-  // Nothing clipped with wide thresholds; no loss-bearing token at all gives 0, not a division by zero.
-  EXPECT_EQ(builtin_loss(LossSpec::ppo(0.0, 10.0), f.lp, f.in).clip_fraction(), 0.0);
+  // Nothing clipped in the widest clip range; no loss-bearing token at all gives 0, not a division by zero.
+  EXPECT_EQ(builtin_loss(LossSpec::ppo(1.0, 9.0), f.lp, f.in).clip_fraction(), 0.0);
   f.in.weights = vec({0, 0, 0, 0, 0, 0});
   EXPECT_EQ(builtin_loss(LossSpec::ppo(), f.lp, f.in).clip_fraction(), 0.0);
 }

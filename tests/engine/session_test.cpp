@@ -239,7 +239,7 @@ TEST(LocalSession, LoraStartsEqualToBaseOnlyAdaptersTrainAndMergedExportMatches)
   LocalService svc(service_in(dir.string()));
   ServiceClient<LocalService> service(svc);
   auto base = service.create_full_training_client("rlloop-tiny");
-  auto lora = service.create_lora_training_client("rlloop-tiny", 4, 8, /*seed=*/3);
+  auto lora = service.create_lora_training_client("rlloop-tiny", {.rank = 4, .alpha = 8, .seed = 3});
   std::vector<Datum> batch{sft_datum("7+8=15\n"), sft_datum("2+2=4\n")};
   auto lp_base = base.forward(batch, LossSpec::cross_entropy()).get();
   auto lp_lora = lora.forward(batch, LossSpec::cross_entropy()).get();

@@ -300,8 +300,6 @@ TEST(Safetensors, RoundTripIsBitExact) {
     EXPECT_EQ(back[name].sizes(), t.sizes()) << name;
     EXPECT_TRUE(torch::equal(back[name], t)) << name;
   }
-  auto meta = read_safetensors_metadata(dir / "t.safetensors");
-  EXPECT_EQ(meta["note"], "hello");
 
   // Layout: 8-byte little-endian header length, JSON header, data starting 8-byte aligned.
   std::ifstream in(dir / "t.safetensors", std::ios::binary);
@@ -314,7 +312,7 @@ TEST(Safetensors, RoundTripIsBitExact) {
   EXPECT_EQ(h["a.f32"]["dtype"], "F32");
   EXPECT_EQ(h["b.bf16"]["dtype"], "BF16");
   EXPECT_EQ(h["a.f32"]["shape"], json::array({3, 5}));
-  EXPECT_EQ(h["__metadata__"]["format"], "pt");
+  EXPECT_EQ(h["__metadata__"], json({{"format", "pt"}, {"note", "hello"}}));
   // No temp files left behind.
   int files = 0;
   for ([[maybe_unused]] auto& e : fs::directory_iterator(dir.path)) ++files;
@@ -540,26 +538,16 @@ TEST(Lora, PeftAdapterRoundTrip) {
   EXPECT_EQ(tensors["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"].sizes(),
             (std::vector<std::int64_t>{32, 3}));
 
-  // A fresh base model (no adapters yet) picks up rank/alpha/targets from adapter_config.json.
+  // The saved tensors are the adapters exactly: loaded onto a fresh base with the same rank, they give the same
+  // logits. (peft reading them is tests/hf's check.)
   auto fresh = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
-  load_peft_adapter(*fresh, dir / "adapter");
-  ASSERT_TRUE(fresh->has_lora());
-  EXPECT_EQ(fresh->lora_options()->rank, 3);
+  fresh->enable_lora(LoraOptions{.rank = 3, .alpha = 6, .target_modules = {"all-linear"}}, 0);
+  fresh->load_peft_state_dict(tensors);
   EXPECT_TRUE(torch::equal(fresh->forward(ids), adapted));
   EXPECT_TRUE(state_dicts_equal(fresh->peft_state_dict(), model->peft_state_dict()));
 
-  // Mismatched rank is refused, naming the file.
-  auto other = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
-  other->enable_lora(LoraOptions{.rank = 2, .alpha = 6}, 0);
-  EXPECT_THROW(load_peft_adapter(*other, dir / "adapter"), conflict);
   auto plain = init_model(tiny_config("qwen3"), 8, torch::kCPU, torch::kFloat32);
   EXPECT_THROW(save_peft_adapter(*plain, dir / "none", "x"), conflict);
-
-  // rsLoRA scales differently: refused rather than loaded with the wrong scale.
-  cfg["use_rslora"] = true;
-  write_file_atomic(dir / "adapter/adapter_config.json", cfg.dump());
-  auto msg = error_message<unsupported>([&] { load_peft_adapter(*plain, dir / "adapter"); });
-  EXPECT_NE(msg.find("rsLoRA"), std::string::npos) << msg;
 }
 
 // bf16 is what GPUs run: the same code paths must work (CPU bf16 is slow, so the model stays tiny).

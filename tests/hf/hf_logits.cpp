@@ -6,11 +6,14 @@
 // peft to read.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "model_io.hpp"
 
@@ -63,6 +66,24 @@ Args parse_args(int argc, char** argv) {
       throw std::invalid_argument("unknown option " + flag);
   }
   return args;
+}
+
+// peft's adapter directory (save_pretrained of make_models.py: plain LoRA, one rank and alpha for every module)
+// onto `model`. The library only writes this layout (save_peft_adapter); reading it is this parity check's need.
+void load_peft_adapter(Transformer& model, const std::string& dir) {
+  const std::filesystem::path d(dir);
+  std::ifstream in(d / "adapter_config.json");
+  if (!in) throw std::runtime_error("cannot read " + (d / "adapter_config.json").string());
+  const auto cfg = nlohmann::json::parse(in);
+  if (cfg.value("peft_type", "LORA") != "LORA" || cfg.value("use_dora", false) || cfg.value("use_rslora", false))
+    throw std::runtime_error(dir + ": not a plain LoRA adapter");
+  const auto& modules = cfg.at("target_modules");
+  model.enable_lora({.rank = cfg.at("r").get<int>(),
+                     .alpha = cfg.at("lora_alpha").get<int>(),
+                     .target_modules = modules.is_string() ? std::vector<std::string>{modules.get<std::string>()}
+                                                           : modules.get<std::vector<std::string>>()},
+                    /*seed=*/0);  // every adapter tensor is replaced next
+  model.load_peft_state_dict(read_safetensors((d / "adapter_model.safetensors").string()));
 }
 
 // %.9g round-trips a float exactly, so the comparison sees the engine's own numbers.

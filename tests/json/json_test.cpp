@@ -55,9 +55,11 @@ TEST(WireJson, SpecDatumExampleParses) {
 }
 
 TEST(WireJson, TrainingOperationsRoundTrip) {
+  // The ppo epsilons' wire thresholds 1 - e and 1 + e are exact in binary, so the spec comes back equal; other
+  // epsilons may come back an ulp off (the bounds the engine applies: LossAndOptimizerSettingsAreValidated).
   std::vector<TrainingOperation> ops = {
       ForwardOp{{{sft_datum()}, LossSpec::cross_entropy()}},
-      ForwardBackwardOp{{{sft_datum(), sft_datum()}, LossSpec::ppo(0.7, 1.3)}},
+      ForwardBackwardOp{{{sft_datum(), sft_datum()}, LossSpec::ppo(0.25, 0.375)}},
       OptimizerStepOp{AdamParams{.learning_rate = 1e-3, .beta1 = 0.8, .grad_clip_norm = 1.0, .lora_plus_lr_ratio = 16}},
       SaveWeightsOp{true, "merged"},
       SaveStateOp{"step 10"},
@@ -244,7 +246,14 @@ TEST(WireJson, LossAndOptimizerSettingsAreValidated) {
   body["operationConfig"]["forwardBackward"]["lossFnConfig"] = {{"clip_low_threshold", 0.6},
                                                                 {"clip_high_threshold", 1.4}};
   const auto ok = execute_training_request_from_json(body);
-  EXPECT_EQ(std::get<ForwardBackwardOp>(ok.operation).loss, LossSpec::ppo(0.6, 1.4));
+  // The wire's thresholds become the spec's epsilons, and the clip range the engine applies is the one sent.
+  const LossSpec& loss = std::get<ForwardBackwardOp>(ok.operation).loss;
+  EXPECT_EQ(loss.fn, LossFn::ppo);
+  EXPECT_NEAR(loss.epsilon_low, 0.4, 1e-15);
+  EXPECT_NEAR(loss.epsilon_high, 0.4, 1e-15);
+  EXPECT_EQ(loss.min_ratio(), 0.6);
+  EXPECT_EQ(loss.max_ratio(), 1.4);
+  EXPECT_EQ(loss.config(), (std::map<std::string, double>{{"clip_low_threshold", 0.6}, {"clip_high_threshold", 1.4}}));
 
   EXPECT_EQ(error_of([] {
               adam_from_json(json{{"learningRate", 0.5}}, "adam");

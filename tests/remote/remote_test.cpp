@@ -49,7 +49,7 @@ TEST_F(RemoteFixture, TrainingLoopThroughTheClients) {
   ServiceClient<RemoteService> svc{RemoteService(bearer())};
   EXPECT_EQ(svc.list_base_models(), (std::vector<std::string>{"tiny", "slow"}));
   EXPECT_EQ(svc.get_server_capabilities().max_lora_rank, 64);
-  auto tc = svc.create_lora_training_client("slow", 8, 16);
+  auto tc = svc.create_lora_training_client("slow", {.rank = 8, .alpha = 16});
   EXPECT_EQ(tc.get_info().vocab_size, 100);
 
   // Submitted back to back; both futures resolve, in order.

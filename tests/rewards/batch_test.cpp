@@ -29,12 +29,6 @@ TEST(ScoreBatch, MatchesSerialScoringInOrder) {
   }
 }
 
-TEST(ScoreBatch, GroupScoresOneContextManyCompletions) {
-  const auto scores = score_group(MathAnswerReward{}, std::string("#### 7"), {"#### 7", "#### 8", "\\boxed{7}", "?"});
-  EXPECT_EQ(values(scores), (std::vector<double>{1, 0, 1, 0}));
-  EXPECT_EQ(scores[3].status, ScoreStatus::unparseable);
-}
-
 TEST(ScoreBatch, RunsConcurrently) {
   // A reward that records how many calls overlap. In the parallel case each call waits (up to 5 s) for a
   // partner to show up, so a loaded machine slows the test down but cannot make it fail.

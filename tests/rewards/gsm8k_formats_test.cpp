@@ -1,4 +1,4 @@
-// Demonstration 3: every reference answer of GSM8K's test split, written in each accepted answer format, is
+// Every reference answer of GSM8K's test split, written in each accepted answer format, is
 // graded correct; perturbed answers are graded wrong. Reads gsm8k/test.jsonl of the external data folder
 // (tests/external_data.hpp; not shipped).
 #include <gtest/gtest.h>

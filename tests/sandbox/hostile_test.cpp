@@ -1,5 +1,6 @@
-// Demonstration 4 (hostile half): every program in tests/sandbox/hostile/ scores as a failure within its
-// time limits, leaves no process behind and changes nothing outside its sandbox.
+// Code grading in the sandbox, its hostile half (problems_test.cpp is the other): every program in
+// tests/sandbox/hostile/ ends the way the sandbox's defences make it end, as a failure, leaves no process behind
+// and changes nothing outside its sandbox.
 //
 // Each program is graded against a one-test problem expecting "PWNED", which it prints only if its attack
 // worked, so a failing score means the attack failed.
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -94,31 +96,46 @@ TEST(Hostile, EveryProgramFailsHarmlessly) {
   rewards::detail::parallel_indices(problems.size(), {},
                                     [&](std::size_t i) { grades[i] = reward.grade(problems[i], sources[i]); });
 
+  // How each attack ends once the sandbox stops it. The ones that would run forever are killed by their limit
+  // (timeout: CPU or wall clock; output_limit); the others run to their end and, defended against, print
+  // nothing (wrong_answer) or fail (runtime_error); the compile-time one does not compile. An attack that got
+  // further, or a run that outlived its kill (an escaped process holding its pipes), would end another way.
+  const std::map<std::string, ScoreStatus> expected = {
+      {"cpp_fork_bomb.cpp", ScoreStatus::wrong_answer},
+      {"cpp_huge_output.cpp", ScoreStatus::output_limit},
+      {"cpp_include_secret.cpp", ScoreStatus::compile_error},
+      {"cpp_infinite_loop.cpp", ScoreStatus::timeout},
+      {"cpp_memory_bomb.cpp", ScoreStatus::wrong_answer},
+      {"cpp_read_secrets.cpp", ScoreStatus::wrong_answer},
+      {"cpp_socket.cpp", ScoreStatus::runtime_error},
+      {"cpp_thread_bomb.cpp", ScoreStatus::wrong_answer},
+      {"cpp_write_outside.cpp", ScoreStatus::wrong_answer},
+      {"py_daemon_escape.py", ScoreStatus::wrong_answer},
+      {"py_disk_fill.py", ScoreStatus::wrong_answer},
+      {"py_fork_bomb.py", ScoreStatus::wrong_answer},
+      {"py_huge_output.py", ScoreStatus::output_limit},
+      {"py_infinite_loop.py", ScoreStatus::timeout},
+      {"py_memory_bomb.py", ScoreStatus::wrong_answer},
+      {"py_proc_snoop.py", ScoreStatus::wrong_answer},
+      {"py_read_secrets.py", ScoreStatus::wrong_answer},
+      {"py_sleep_forever.py", ScoreStatus::timeout},
+      {"py_socket.py", ScoreStatus::wrong_answer},
+      {"py_write_outside.py", ScoreStatus::wrong_answer},
+  };
+  EXPECT_EQ(problems.size(), expected.size()) << "every program in tests/sandbox/hostile/ needs its expected ending";
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const auto& g = grades[i];
     SCOPED_TRACE(problems[i].task_id + ": " + std::string(to_string(g.score.status)) + " — " + g.score.details);
     std::printf("  %-24s %-14s %s\n", problems[i].task_id.c_str(), std::string(to_string(g.score.status)).c_str(),
                 g.score.details.substr(0, 90).c_str());
     EXPECT_EQ(g.score.value, 0.0);
-    EXPECT_NE(g.score.status, ScoreStatus::ok);
-    EXPECT_NE(g.score.status, ScoreStatus::sandbox_error);  // failed because of the limits, not a broken sandbox
-    EXPECT_LE(g.max_wall_seconds, opts.limits.wall_seconds + 1.0);
+    const auto want = expected.find(problems[i].task_id);
+    if (want == expected.end())
+      ADD_FAILURE() << "no expected ending for " << problems[i].task_id;
+    else
+      EXPECT_EQ(g.score.status, want->second);
     EXPECT_EQ(g.score.details.find(secret), std::string::npos);
-    // Every attack but the compile-time one must really have run.
-    if (problems[i].task_id != "cpp_include_secret.cpp") EXPECT_NE(g.score.status, ScoreStatus::compile_error);
   }
-  auto status_of = [&](const std::string& name) {
-    for (std::size_t i = 0; i < problems.size(); ++i)
-      if (problems[i].task_id == name) return grades[i].score.status;
-    ADD_FAILURE() << "missing " << name;
-    return ScoreStatus::ok;
-  };
-  EXPECT_EQ(status_of("py_infinite_loop.py"), ScoreStatus::timeout);
-  EXPECT_EQ(status_of("cpp_infinite_loop.cpp"), ScoreStatus::timeout);
-  EXPECT_EQ(status_of("py_sleep_forever.py"), ScoreStatus::timeout);
-  EXPECT_EQ(status_of("py_huge_output.py"), ScoreStatus::output_limit);
-  EXPECT_EQ(status_of("cpp_huge_output.cpp"), ScoreStatus::output_limit);
-  EXPECT_EQ(status_of("cpp_include_secret.cpp"), ScoreStatus::compile_error);
 
   // Nothing left running: escaped processes would have been re-parented to this process.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

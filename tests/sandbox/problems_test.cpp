@@ -1,5 +1,5 @@
-// Demonstration 4 (correctness half): the shipped problems' reference solutions pass in the sandbox, wrong
-// solutions fail, and pass_rate / all_pass modes give the right values.
+// Code grading in the sandbox, its correctness half (hostile_test.cpp is the other): the shipped problems'
+// reference solutions pass, wrong solutions fail, and pass_rate / all_pass modes give the right values.
 #include <gtest/gtest.h>
 
 #include <oneapi/tbb/global_control.h>

@@ -1,4 +1,4 @@
-// Bad input over loopback HTTP (issue 5, item 7): malformed JSON, wrong types, unknown union members and fields,
+// Bad input over loopback HTTP: malformed JSON, wrong types, unknown union members and fields,
 // oversized bodies, invalid names, calls in the wrong session state, unknown paths and targets, and SigV4
 // requests that were tampered with, expired or signed by another tenant. Each gets its documented status and
 // error name in the documented shape (spec §4: runtime = X-Amzn-ErrorType + {"message"}, control plane =
@@ -302,7 +302,7 @@ TEST_F(BadInput, RuntimeWrongTypesAndUnknownUnionMembers) {
   EXPECT_EQ(c.send("POST", sops, "{\"operationConfig\": [").error_type, "ValidationException");
   runtime_error_of(c.send("POST", ops, ""), 400, "ValidationException");
   runtime_error_of(c.send("POST", ops, "null"), 400, "ValidationException");
-  // A number JSON cannot hold (the parser throws out_of_range, not parse_error; found by tests/fuzz, was a 500).
+  // A number JSON cannot hold: the parser throws out_of_range, not parse_error, and it is still the client's 400.
   runtime_error_of(c.send("POST", ops, R"({"sequenceNumber": 1e999, "operationConfig": {"saveState": {}}})"), 400,
                    "ValidationException");
 

@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <condition_variable>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -40,59 +39,9 @@ std::size_t thread_count() {
   return n;
 }
 
-// Holds sessions' operations until opened, so that a long-poll or a sample is pending for as long as a test
-// needs, whatever the machine's load.
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = true;
-  void set(bool o) {
-    std::lock_guard lock(mu);
-    open = o;
-    cv.notify_all();
-  }
-  void pass() {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return open; });
-  }
-};
-
-class GatedSession : public fake::FakeSession {
- public:
-  GatedSession(SessionOptions o, std::shared_ptr<Gate> g) : FakeSession(std::move(o)), gate_(std::move(g)) {}
-  Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& d, const LossSpec& l) {
-    gate_->pass();
-    return FakeSession::forward_backward(d, l);
-  }
-  Future<SampleResponse> sample(const SampleRequest& r) {
-    gate_->pass();
-    return FakeSession::sample(r);
-  }
-
- private:
-  std::shared_ptr<Gate> gate_;
-};
-static_assert(Session<GatedSession>);
-
-class GatedService {
- public:
-  using session_type = GatedSession;
-  std::shared_ptr<Gate> gate = std::make_shared<Gate>();
-  std::shared_ptr<GatedSession> create_session(const SessionOptions& o) {
-    return std::make_shared<GatedSession>(o, gate);
-  }
-  std::shared_ptr<GatedSession> create_session_from_state(const std::string&, const SessionOptions& o) {
-    return create_session(o);
-  }
-  std::shared_ptr<GatedSession> open_sampler(const std::string&) { return create_session({}); }
-  std::vector<std::string> list_base_models() { return {"tiny"}; }
-  ServerCapabilities capabilities() { return {{"tiny"}, {"cross_entropy"}, false, 64}; }
-};
-static_assert(Service<GatedService>);
-
 // A server on loopback with one bearer-key tenant; the gate opens before it stops, so no worker stays blocked.
 struct Served {
-  std::shared_ptr<GatedService> service = std::make_shared<GatedService>();
+  std::shared_ptr<fake::FakeService> service = std::make_shared<fake::FakeService>();
   std::unique_ptr<server::Server> srv;
   std::mutex log_mu;
   std::vector<std::string> logs;
@@ -293,7 +242,7 @@ TEST(Connections, OverTheCapANewClientGetsA503AndTheIdleOnesStayServed) {
     EXPECT_EQ(extra.ending(), Ending::eof);
   }
   EXPECT_TRUE(s.logged("\"event\":\"connection_refused\""));
-  // Refusals took no slot: the idle connections are served as before.
+  // Refusals took no slot: the idle connections are still served.
   for (auto& k : idle) EXPECT_EQ(k->request("GET", "/health").result_int(), 200u);
 }
 
@@ -330,7 +279,7 @@ TEST(Connections, SlowHeadersAndBodiesAreClosed) {
   Conn body(io, s.port());
   body.send_raw("POST /v1/usage HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");  // 90 bytes short
   EXPECT_EQ(body.ending(), Ending::eof);
-  // Limits as before: 64 KiB of headers, and bodies over the largest tenant limit get 413 and a close.
+  // The size limits hold too: 64 KiB of headers, and bodies over the largest tenant limit get 413 and a close.
   Conn big(io, s.port());
   big.send_raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(70 * 1024, 'a') + "\r\n\r\n");
   EXPECT_NE(big.ending(), Ending::silent);
@@ -385,7 +334,7 @@ TEST(Connections, LargeStreamsArriveWholeAndAClientLeavingMidStreamDoesNotHoldTh
 }
 
 TEST(Connections, OptionsAreCheckedNamingTheField) {
-  auto backend = server::make_backend(std::make_shared<GatedService>());
+  auto backend = server::make_backend(std::make_shared<fake::FakeService>());
   server::Options o;
   o.io_threads = 0;
   try {

@@ -1,8 +1,10 @@
 // A deterministic in-memory Service for protocol tests: no model, instant answers derived from the inputs, and a
 // log of the operations each session ran (to check ordering). A datum starting with token 99 makes the operation
-// fail; base model "slow" makes every operation take 30 ms.
+// fail; base model "slow" makes every operation take 30 ms; the service's Gate, when closed, holds every
+// operation of its sessions until it opens.
 #pragma once
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,9 +17,27 @@ namespace fake {
 
 using namespace rlloop;
 
+// Holds operations until opened, so that an operation stays InProgress (and a long-poll or a sample on it
+// pending) for as long as a test needs, whatever the machine's load. Open unless a test closes it.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+  void set(bool o) {
+    std::lock_guard lock(mu);
+    open = o;
+    cv.notify_all();
+  }
+  void pass() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return open; });
+  }
+};
+
 class FakeSession {
  public:
-  explicit FakeSession(SessionOptions o) : opts_(std::move(o)) {}
+  explicit FakeSession(SessionOptions o, std::shared_ptr<Gate> gate = nullptr)
+      : opts_(std::move(o)), gate_(std::move(gate)) {}
 
   Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) {
     return run_batch("forward", d, l);
@@ -106,6 +126,7 @@ class FakeSession {
 
  private:
   void pause() const {
+    if (gate_) gate_->pass();
     if (opts_.base_model == "slow") std::this_thread::sleep_for(std::chrono::milliseconds(30));
   }
   void record(std::string what) {
@@ -147,6 +168,7 @@ class FakeSession {
   }
 
   SessionOptions opts_;
+  std::shared_ptr<Gate> gate_;
   mutable std::mutex mu_;
   std::vector<std::string> log_;
   std::int64_t step_ = 0;
@@ -157,9 +179,12 @@ static_assert(Session<FakeSession>);
 class FakeService {
  public:
   using session_type = FakeSession;
+  // Shared by every session this service creates.
+  std::shared_ptr<Gate> gate = std::make_shared<Gate>();
+
   std::shared_ptr<FakeSession> create_session(const SessionOptions& o) {
     if (o.base_model == "missing") throw not_found("base model 'missing' is not in the catalogue");
-    auto s = std::make_shared<FakeSession>(o);
+    auto s = std::make_shared<FakeSession>(o, gate);
     std::lock_guard lock(mu_);
     sessions_.push_back(s);
     return s;

@@ -1,7 +1,7 @@
 // Retention through the API (in-process, fake service): a session keeps the results of its most recent finished
 // operations for their age, then answers ResourceNotFoundException saying the operation expired; client tokens
 // and Idempotency-Keys dedupe retries for their own window; a durable server restarted on its data directory,
-// with compactions behind it, answers as before.
+// with compactions behind it, gives the same answers as the server it replaces.
 #include <gtest/gtest.h>
 
 #include <unistd.h>

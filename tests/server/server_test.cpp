@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
+#include <optional>
 #include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include <rlloop/json.hpp>
 
@@ -18,12 +23,55 @@ namespace {
 
 const sigv4::Credentials kTenantA{"AKIDTENANTA", "secret-a", ""};
 
+// How long an awaited event may take before the test fails instead of hanging (not a performance bound).
+constexpr std::chrono::seconds kEventBound{30};
+
+// A GET by tenant b handed to the server's Api directly, its answer made on an executor of its own. The Api
+// answers before handle_async returns unless the request is a long-poll that waits, so whether it had answered
+// by then tells a waiting long-poll from an immediate answer: an event, not a measured delay.
+class DirectGet {
+ public:
+  DirectGet(server::Api& api, const std::string& target) : api_(api) {
+    const sigv4::HttpRequest req{"GET", target, {{"Host", "127.0.0.1"}, {"Authorization", "Bearer bearer-b"}}, ""};
+    api.handle_async(req, io_.get_executor(), [this](server::Response r) { answer_.set_value(std::move(r)); });
+    waiting_ = !ready(std::chrono::seconds(0));
+  }
+  ~DirectGet() {
+    if (!ready(std::chrono::seconds(0))) api_.interrupt_waits();  // answered before its executor goes away
+    result_.wait();
+    work_.reset();
+    runner_.join();
+  }
+  DirectGet(const DirectGet&) = delete;
+  DirectGet& operator=(const DirectGet&) = delete;
+
+  // The Api had not answered when handle_async returned.
+  bool waiting() const { return waiting_; }
+  // The answer's JSON body, or nullopt when none came within kEventBound.
+  std::optional<json> answer() {
+    if (!ready(kEventBound)) return std::nullopt;
+    return json::parse(result_.get().body);
+  }
+
+ private:
+  bool ready(std::chrono::seconds within) { return result_.wait_for(within) == std::future_status::ready; }
+
+  server::Api& api_;
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ = boost::asio::make_work_guard(io_);
+  std::thread runner_{[this] { io_.run(); }};
+  std::promise<server::Response> answer_;
+  std::shared_future<server::Response> result_ = answer_.get_future().share();
+  bool waiting_ = false;
+};
+
 struct ServerFixture : ::testing::Test {
   void SetUp() override {
     server::Tenant a{"a", "111122223333", {{"AKIDTENANTA", "secret-a"}}, {"bearer-a"}, 3, 4096};
     server::Tenant b{"b", "444455556666", {}, {"bearer-b"}, 8, 1 << 20};
     server::Options opts;
     opts.tenants = {a, b};
+    opts.default_result_wait = default_result_wait;
     opts.log = [this](const std::string& line) {
       std::lock_guard lock(log_mu);
       logs.push_back(line);
@@ -32,7 +80,10 @@ struct ServerFixture : ::testing::Test {
     srv = std::make_unique<server::Server>(opts, server::make_backend(service));
     srv->start();
   }
-  void TearDown() override { srv->stop(); }
+  void TearDown() override {
+    service->gate->set(true);  // a worker held by the gate would keep stop() waiting
+    srv->stop();
+  }
 
   test_http::Client client_a() {
     test_http::Client c(srv->port());
@@ -101,6 +152,22 @@ struct ServerFixture : ::testing::Test {
   std::unique_ptr<server::Server> srv;
   std::mutex log_mu;
   std::vector<std::string> logs;
+  std::chrono::milliseconds default_result_wait{0};  // Options::default_result_wait, set by derived fixtures
+};
+
+// A server whose Get*OperationResult without ?waitSeconds= waits up to an hour: within a test, only the
+// operation finishing or the server stopping can answer such a poll.
+struct LongWaitServerFixture : ServerFixture {
+  LongWaitServerFixture() { default_result_wait = std::chrono::hours(1); }
+
+  // Starts session "lp" with one operation that the closed gate holds; returns that operation's result path.
+  std::string held_operation() {
+    auto c = client_b();
+    create_running(c, "lp");
+    service->gate->set(false);
+    const std::string ops = "/v1/training-sessions/lp/operations";
+    return ops + "/" + c.post(ops, fb_body(1)).json_body()["operationId"].get<std::string>();
+  }
 };
 
 }  // namespace
@@ -292,42 +359,51 @@ TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
 TEST_F(ServerFixture, WaitSecondsLongPollsUntilTheOperationIsTerminal) {
   // rlloop's long-poll: GET ...?waitSeconds=N answers when the operation is terminal (one request, no polling).
   auto c = client_b();
-  create_running(c, "lp", "slow");  // 30 ms per operation
-  const std::string url = "/v1/training-sessions/lp/operations/";
-  c.post(url.substr(0, url.size() - 1), fb_body(1));
-  c.post(url.substr(0, url.size() - 1), step_body(2));
-  const std::string last = c.post(url.substr(0, url.size() - 1), fb_body(3)).json_body()["operationId"];
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = c.get(url + last + "?waitSeconds=10");
-  const auto waited = std::chrono::steady_clock::now() - t0;
-  ASSERT_EQ(r.status, 200u) << r.body;
-  EXPECT_EQ(r.json_body()["status"], "Completed");
-  EXPECT_GE(waited, std::chrono::milliseconds(30));  // it did wait for the queue...
-  EXPECT_LT(waited, std::chrono::seconds(5));        // ...and no longer than the operations took
+  create_running(c, "lp");
+  const std::string ops = "/v1/training-sessions/lp/operations";
+  service->gate->set(false);  // the session's operations stay unfinished until the gate opens
+  c.post(ops, fb_body(1));
+  c.post(ops, step_body(2));
+  const std::string last = c.post(ops, fb_body(3)).json_body()["operationId"];
+  {
+    DirectGet poll(srv->api(), ops + "/" + last + "?waitSeconds=20");
+    // The gate holds the operations, so an answer by now could only have been an unfinished state.
+    EXPECT_TRUE(poll.waiting()) << "the long-poll answered before its operation finished";
+    service->gate->set(true);
+    const auto answer = poll.answer();
+    ASSERT_TRUE(answer) << "no answer after the operation finished";
+    EXPECT_EQ((*answer)["status"], "Completed");
+  }
   // Other parameters are ignored; a bad waitSeconds is a ValidationException.
-  EXPECT_EQ(c.get(url + last + "?waitSeconds=0&x=1").json_body()["status"], "Completed");
+  EXPECT_EQ(c.get(ops + "/" + last + "?waitSeconds=0&x=1").json_body()["status"], "Completed");
   for (const std::string bad : {"21", "-1", "1.5", "", "999"}) {
-    r = c.get(url + last + "?waitSeconds=" + bad);
+    auto r = c.get(ops + "/" + last + "?waitSeconds=" + bad);
     EXPECT_EQ(r.status, 400u) << bad;
     EXPECT_EQ(r.json_body()["message"], "waitSeconds must be an integer in [0, 20]") << bad;
   }
+}
 
-  // A server that stops does not wait for its long-polls: 200 queued operations would take 6 s.
-  for (int seq = 4; seq < 204; ++seq) c.post(url.substr(0, url.size() - 1), step_body(seq));
-  const std::string tail = c.post(url.substr(0, url.size() - 1), step_body(204)).json_body()["operationId"];
-  std::thread poller([port = srv->port(), url, tail] {
-    test_http::Client p(port);
-    p.use_bearer("bearer-b");
-    try {
-      p.get(url + tail + "?waitSeconds=20");
-    } catch (const std::exception&) {  // the connection is closed under it
-    }
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const auto t1 = std::chrono::steady_clock::now();
-  srv->stop();
-  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(2));
-  poller.join();
+TEST_F(LongWaitServerFixture, ALongPollAnswersWhenItsOperationFinishesNotAtItsDeadline) {
+  DirectGet poll(srv->api(), held_operation());  // no ?waitSeconds=: the server's default wait, an hour
+  EXPECT_TRUE(poll.waiting());
+  service->gate->set(true);
+  const auto answer = poll.answer();  // the deadline is out of reach: only the operation finishing answers
+  ASSERT_TRUE(answer) << "the long-poll did not answer when its operation finished";
+  EXPECT_EQ((*answer)["status"], "Completed");
+}
+
+TEST_F(LongWaitServerFixture, AServerThatStopsAnswersItsLongPollsAtOnce) {
+  DirectGet poll(srv->api(), held_operation());
+  EXPECT_TRUE(poll.waiting());
+  // stop() ends with the session workers, one of which the gate holds: it runs beside this thread until the
+  // gate opens, after the poll's answer (or the lack of one) is in.
+  auto stopped = std::async(std::launch::async, [this] { srv->stop(); });
+  const auto answer = poll.answer();  // with the operation held and the deadline an hour away, only stop() answers
+  service->gate->set(true);
+  stopped.get();
+  ASSERT_TRUE(answer) << "stop() left a long-poll waiting";
+  const std::string status = (*answer)["status"];  // the state when the server stopped: queued or running
+  EXPECT_TRUE(status == "Pending" || status == "InProgress") << status;
 }
 
 TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {

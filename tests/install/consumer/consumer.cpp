@@ -14,6 +14,6 @@ int main() {
   const double right = rlloop::score_one(reward, p, p.target).value;
   const auto adv = rlloop::algorithms::GroupCentered{}(std::vector<double>{right, 0.0});
   const auto spec = rlloop::LossSpec::parse("ppo", {{"clip_low_threshold", 0.7}});
-  std::printf("%s %g %g %g\n", p.prompt.c_str(), right, adv[0], spec.clip_low_threshold);
-  return right == 1.0 && adv[0] == 0.5 && spec.clip_low_threshold == 0.7 ? 0 : 1;
+  std::printf("%s %g %g %g\n", p.prompt.c_str(), right, adv[0], spec.min_ratio());
+  return right == 1.0 && adv[0] == 0.5 && spec.min_ratio() == 0.7 ? 0 : 1;
 }
