@@ -2,8 +2,6 @@
 // Header-only and free of LibTorch, for the kernels that store bf16 (bf16_gemm.cpp, the bf16 KV cache of
 // cpu_decoder.cpp and decode_attention.cpp).
 #pragma once
-#include <immintrin.h>
-
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +23,7 @@ inline std::uint16_t to_bf16(float f) {
 // The float with those bf16 bits (exact).
 inline float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
+#if RLLOOP_SIMD_X86
 namespace simd {
 
 // to_bf16 of 8 floats, the same bits.
@@ -53,10 +52,13 @@ __attribute__((target("avx2,fma"))) inline void to_bf16_avx2(const float* x, std
 }
 
 }  // namespace simd
+#endif  // RLLOOP_SIMD_X86
 
 // out[i] = to_bf16(x[i]) for n values.
 inline void to_bf16(const float* x, std::uint16_t* out, std::int64_t n) {
+#if RLLOOP_SIMD_X86
   if (simd::has_avx2_fma()) return simd::to_bf16_avx2(x, out, n);
+#endif
   for (std::int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
 }
 

@@ -1,7 +1,6 @@
 #include "bf16_gemm.hpp"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -17,21 +16,27 @@
 namespace rlloop::engine {
 
 bool bf16_dot_supported() {
+#if RLLOOP_SIMD_X86
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512bf16") && simd::has_avx2_fma();
   return yes;
+#else
+  return false;
+#endif
 }
 
 namespace {
 
+constexpr std::int64_t kStep = 32;  // bf16 values per 512-bit register (one cache line)
+
+std::int64_t padded(std::int64_t cols) { return (cols + kStep - 1) / kStep * kStep; }
+
+#if RLLOOP_SIMD_X86
 #define RLLOOP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
 
 constexpr std::int64_t kWRows = 4;  // 4 W rows x 4 X rows: 16 accumulators + 4 W + 1 X of the 32 zmm registers
 constexpr std::int64_t kXRows = 4;
-constexpr std::int64_t kStep = 32;  // bf16 values per 512-bit register (one cache line)
-
-std::int64_t padded(std::int64_t cols) { return (cols + kStep - 1) / kStep * kStep; }
 
 std::uint16_t* bits(const torch::Tensor& bf16) { return reinterpret_cast<std::uint16_t*>(bf16.data_ptr()); }
 
@@ -150,6 +155,7 @@ RLLOOP_BF16_TARGET void kernel(const std::uint16_t* X, std::int64_t M, const std
     }
   }
 }
+#endif  // RLLOOP_SIMD_X86
 
 }  // namespace
 
@@ -157,8 +163,10 @@ Bf16Weight::Bf16Weight(const float* W, std::int64_t rows, std::int64_t cols, Sto
     : rows_(rows), cols_(cols), stride_(padded(cols)) {
   if (storage == Storage::best) storage = bf16_dot_supported() ? Storage::bf16 : Storage::widened;
   if (storage == Storage::bf16 && !bf16_dot_supported())
-    throw invalid_argument("Bf16Weight: bf16 storage needs a CPU with AVX512_BF16");
+    throw invalid_argument(
+        "Bf16Weight: bf16 storage needs a CPU with AVX512_BF16 and a build with RLLOOP_NATIVE_KERNELS=ON");
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(1, cols));
+#if RLLOOP_SIMD_X86
   if (storage == Storage::bf16) {
     bf16_ = torch::empty({rows, stride_}, torch::kBFloat16);
     at::parallel_for(0, rows, grain, [&](std::int64_t begin, std::int64_t end) {
@@ -166,6 +174,7 @@ Bf16Weight::Bf16Weight(const float* W, std::int64_t rows, std::int64_t cols, Sto
     });
     return;
   }
+#endif
   widened_ = torch::empty({rows, cols}, torch::kFloat32);
   float* out = widened_.data_ptr<float>();
   at::parallel_for(0, rows * cols, grain * cols, [&](std::int64_t begin, std::int64_t end) {
@@ -181,7 +190,7 @@ void Bf16Weight::multiply(const float* X, std::int64_t M, float* Y, bool accumul
 void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const Bf16Product> products) {
   if (products.empty()) return;
   const Bf16Weight& first = *products.front().weight;
-  const std::int64_t K = first.cols_, stride = first.stride_;
+  const std::int64_t K = first.cols_;
   for (const Bf16Product& p : products)
     if (p.weight->cols_ != K || p.weight->stored_as_bf16() != first.stored_as_bf16())
       throw invalid_argument(
@@ -197,6 +206,8 @@ void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const 
     linear_rows_group(rounded.data(), M, K, widened);
     return;
   }
+#if RLLOOP_SIMD_X86
+  const std::int64_t stride = first.stride_;
   std::uint16_t* x = rounded_input_scratch(M * stride);
   round_rows(X, 0, M, K, x, stride);
   // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
@@ -211,6 +222,7 @@ void Bf16Weight::multiply_group(const float* X, std::int64_t M, std::span<const 
       kernel(x, M, bits(p.weight->bf16_), b0 * kWRows, std::min(N, b1 * kWRows), stride, p.Y, N, p.accumulate);
     });
   });
+#endif
 }
 
 }  // namespace rlloop::engine

@@ -5,9 +5,10 @@
 //
 // Numerics are the same everywhere: weights and inputs rounded to the nearest bf16 (ties to even), products
 // exact, sums in fp32. Where the CPU has AVX512_BF16 the weights are stored as bf16 and go through the
-// dot-product kernel; elsewhere the rounded values are stored as fp32 and go through linear_rows, which makes
-// the option portable (same speed as fp32 there) and gives the tests a reference that differs only in the
-// order of the sums and in denormals (the AVX512_BF16 instructions flush denormal inputs and sums to zero).
+// dot-product kernel; elsewhere (and in builds without the x86 kernels) the rounded values are stored as fp32
+// and go through linear_rows, which makes the option portable (same speed as fp32 there) and gives the tests a
+// reference that differs only in the order of the sums and in denormals (the AVX512_BF16 instructions flush
+// denormal inputs and sums to zero).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -18,7 +19,7 @@
 
 namespace rlloop::engine {
 
-// True when this CPU runs the AVX512_BF16 kernel.
+// True when this CPU runs the AVX512_BF16 kernel (never in a build without the x86 kernels: simd.hpp).
 bool bf16_dot_supported();
 
 class Bf16Weight;

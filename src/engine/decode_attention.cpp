@@ -10,14 +10,9 @@
 namespace rlloop::engine {
 namespace {
 
-using simd::exp_nonpositive;
-using simd::hsum;
-
 // The cached keys and values are fp32 or bf16 (the bf16 sampling precision); arithmetic is fp32 either way.
 inline float widen(float v) { return v; }
 inline float widen(std::uint16_t b) { return from_bf16(b); }
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma"))) inline __m256 load8(const std::uint16_t* p) { return simd::from_bf16(p); }
 
 // Portable version. Eight partial sums make the dot product vectorisable without reassociating one float.
 template <class T>
@@ -44,6 +39,13 @@ void attend_portable(const float* q, const T* K, const T* V, std::int64_t S, std
     for (std::int64_t d = 0; d < D; ++d) out[d] += pj * widen(V[j * D + d]);
   }
 }
+
+#if RLLOOP_SIMD_X86
+using simd::exp_nonpositive;
+using simd::hsum;
+
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const std::uint16_t* p) { return simd::from_bf16(p); }
 
 // D a multiple of 8 (every head_dim in practice).
 template <class T>
@@ -96,13 +98,14 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const T* K,
     for (std::int64_t c = 0; c < width / 8; ++c) _mm256_storeu_ps(out + d0 + 8 * c, _mm256_mul_ps(o[c], inv));
   }
 }
+#endif  // RLLOOP_SIMD_X86
 
 template <class T>
 void attend(const float* q, const T* K, const T* V, std::int64_t S, std::int64_t D, float scale, float* p, float* out) {
-  if (D % 8 == 0 && simd::has_avx2_fma())
-    attend_avx2(q, K, V, S, D, scale, p, out);
-  else
-    attend_portable(q, K, V, S, D, scale, p, out);
+#if RLLOOP_SIMD_X86
+  if (D % 8 == 0 && simd::has_avx2_fma()) return attend_avx2(q, K, V, S, D, scale, p, out);
+#endif
+  attend_portable(q, K, V, S, D, scale, p, out);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Attention of one decoded token: one query row of one head against the S keys and values cached for it.
 // The decoding step calls this for every (sequence, head); in a small model it is as much time as all the
-// projections together, so it has an AVX2/FMA version (4 keys per pass, a vectorised exp), chosen at run time.
+// projections together, so it has an AVX2/FMA version (4 keys per pass, a vectorised exp), chosen at run time
+// where it is compiled (simd.hpp); the portable loop runs everywhere else.
 #pragma once
 #include <cstdint>
 

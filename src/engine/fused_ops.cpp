@@ -80,6 +80,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   }
 };
 
+#if RLLOOP_SIMD_X86
 // silu(g) = g s with s = sigmoid(g) = 1 / (1 + e^-g), computed from t = e^-|g| <= 1 (never overflows):
 // s = 1 / (1 + t) for g >= 0 and t / (1 + t) below.
 __attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* up, std::int64_t n) {
@@ -94,6 +95,7 @@ __attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* u
   }
   for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
+#endif  // RLLOOP_SIMD_X86
 
 // sigmoid(gate) comes from ATen (its vectorised exp is several times faster than a scalar std::exp loop) and
 // is kept for the backward pass, which then needs no exp at all; the rest is one fused pass each way.
@@ -223,7 +225,9 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
 }
 
 void swiglu_in_place(float* gate, const float* up, std::int64_t n) {
+#if RLLOOP_SIMD_X86
   if (simd::has_avx2_fma()) return swiglu_avx2(gate, up, n);
+#endif
   for (std::int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 

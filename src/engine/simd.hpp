@@ -1,15 +1,29 @@
 // AVX2/FMA building blocks shared by the CPU kernels. Every function carries its own target attribute, so
 // callers compile for any x86-64 and choose these paths at run time (has_avx2_fma()).
+//
+// RLLOOP_SIMD_X86 says whether the x86 kernels are compiled at all: only for x86-64 with GCC or Clang (target
+// attributes, __builtin_cpu_supports, <immintrin.h>), and not when the build asks for the portable engine
+// (RLLOOP_NATIVE_KERNELS=OFF defines RLLOOP_NO_NATIVE_KERNELS). Where it is 0 has_avx2_fma() is false and every
+// kernel takes its portable formulation, so that path is the one a non-x86 CPU runs and the one CI tests.
 #pragma once
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(RLLOOP_NO_NATIVE_KERNELS)
+#define RLLOOP_SIMD_X86 1
 #include <immintrin.h>
+#else
+#define RLLOOP_SIMD_X86 0
+#endif
 
 #include <cstdint>
 
 namespace rlloop::engine::simd {
 
 inline bool has_avx2_fma() {
+#if RLLOOP_SIMD_X86
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
+#else
+  return false;
+#endif
 }
 
 // Where a few-row product's results go (small_gemm.cpp, bf16_gemm.cpp): Y [rows, ldy], each result written, or
@@ -23,6 +37,7 @@ struct ProductOutput {
     float& y = Y[m * ldy + n];
     y = accumulate ? y + v : v;
   }
+#if RLLOOP_SIMD_X86
   // The 4 lanes of v to rows m..m+3 of column n.
   void store_column(std::int64_t m, std::int64_t n, __m128 v) const {
     alignas(16) float f[4];
@@ -35,7 +50,10 @@ struct ProductOutput {
     _mm_store_ps(f, v);
     for (int i = 0; i < 4; ++i) store(m, n + i, f[i]);
   }
+#endif
 };
+
+#if RLLOOP_SIMD_X86
 
 // Sum of the 8 lanes.
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
@@ -83,5 +101,7 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive(__m256 x) {
   const __m256 result = _mm256_mul_ps(poly, _mm256_castsi256_ps(pow2n));
   return _mm256_andnot_ps(underflow, result);
 }
+
+#endif  // RLLOOP_SIMD_X86
 
 }  // namespace rlloop::engine::simd

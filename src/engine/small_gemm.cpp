@@ -10,7 +10,9 @@ namespace rlloop::engine {
 namespace {
 
 constexpr std::int64_t kMaxRows = 64;  // beyond this BLAS's packing pays for itself
-constexpr std::int64_t kWRows = 3;     // W rows per block: 3 x 4 accumulators + 3 W + 1 X fill the 16 ymm registers
+
+#if RLLOOP_SIMD_X86
+constexpr std::int64_t kWRows = 3;  // W rows per block: 3 x 4 accumulators + 3 W + 1 X fill the 16 ymm registers
 constexpr std::int64_t kXRows = 4;
 
 using simd::hsum;
@@ -77,6 +79,7 @@ __attribute__((target("avx2,fma"))) void kernel(const float* X, std::int64_t M, 
     }
   }
 }
+#endif  // RLLOOP_SIMD_X86
 
 }  // namespace
 
@@ -94,6 +97,7 @@ void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span
       blas::gemm<float>(false, true, M, p.N, K, 1.0f, X, K, p.W, K, p.accumulate ? 1.0f : 0.0f, p.Y, p.N);
     return;
   }
+#if RLLOOP_SIMD_X86
   // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
   // multiply-adds.
   const auto blocks_of = [](const RowProduct& p) { return (p.N + kWRows - 1) / kWRows; };
@@ -105,6 +109,7 @@ void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span
       kernel(X, M, p.W, b0 * kWRows, std::min(p.N, b1 * kWRows), K, p.Y, p.N, p.accumulate);
     });
   });
+#endif
 }
 
 }  // namespace rlloop::engine

@@ -2,8 +2,8 @@
 // OpenBLAS packs (copies) the whole weight on every call, which for a 16-row product costs more than the
 // arithmetic: 41% of rlloop-100m's decoding time was sgemm_incopy. This kernel streams each block of W rows
 // once from memory and keeps it in L1 while every row of X passes over it (AVX2 + FMA, chosen at run time;
-// other CPUs and shapes go to BLAS). Each output is computed by one thread in a fixed order: results do not
-// depend on the thread count.
+// other CPUs and shapes, and builds without the x86 kernels (simd.hpp), go to BLAS). Each output is computed
+// by one thread in a fixed order: results do not depend on the thread count.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -31,6 +31,7 @@ RowMax row_max_portable(const float* l, std::int64_t V) {
   return r;
 }
 
+#if RLLOOP_SIMD_X86
 __attribute__((target("avx2,fma"))) RowMax row_max_avx2(const float* l, std::int64_t V) {
   __m256 vmax = _mm256_set1_ps(kNegInf), unordered = _mm256_setzero_ps();
   std::int64_t i = 0;
@@ -45,6 +46,7 @@ __attribute__((target("avx2,fma"))) RowMax row_max_avx2(const float* l, std::int
   r.nan = r.nan || tail.nan;
   return r;
 }
+#endif  // RLLOOP_SIMD_X86
 
 // Sum of e^(l - max) (the temperature-1 normaliser); with `weights`, also stores e^((l - max) / T) there and
 // returns their sum in *weight_sum.
@@ -60,6 +62,7 @@ double exp_sums_portable(const float* l, std::int64_t V, float max, float inv_t,
   return sum;
 }
 
+#if RLLOOP_SIMD_X86
 __attribute__((target("avx2,fma"))) double exp_sums_avx2(const float* l, std::int64_t V, float max, float inv_t,
                                                          float* weights, double* weight_sum) {
   const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_t), vneginf = _mm256_set1_ps(kNegInf);
@@ -88,6 +91,22 @@ __attribute__((target("avx2,fma"))) double exp_sums_avx2(const float* l, std::in
   if (weights) *weight_sum = wsum + tail_wsum;
   return sum;
 }
+#endif  // RLLOOP_SIMD_X86
+
+// The row's maximum and the sums of exp_sums_portable, with the AVX2 kernels where they run.
+RowMax row_max(const float* l, std::int64_t V) {
+#if RLLOOP_SIMD_X86
+  if (simd::has_avx2_fma()) return row_max_avx2(l, V);
+#endif
+  return row_max_portable(l, V);
+}
+
+double exp_sums(const float* l, std::int64_t V, float max, float inv_t, float* weights, double* weight_sum) {
+#if RLLOOP_SIMD_X86
+  if (simd::has_avx2_fma()) return exp_sums_avx2(l, V, max, inv_t, weights, weight_sum);
+#endif
+  return exp_sums_portable(l, V, max, inv_t, weights, weight_sum);
+}
 
 // The first index whose cumulative weight exceeds target; rounding can leave the scan short of a target
 // just below the total, then the last index with weight.
@@ -111,8 +130,7 @@ std::int64_t first_index_of(const float* l, std::int64_t V, float value) {
 
 void draw_row(const float* l, std::int64_t V, double temperature, double uniform, std::int64_t* token, float* logprob,
               std::vector<float>& scratch, std::int64_t row) {
-  const bool avx2 = simd::has_avx2_fma();
-  const RowMax m = avx2 ? row_max_avx2(l, V) : row_max_portable(l, V);
+  const RowMax m = row_max(l, V);
   if (m.nan || !std::isfinite(m.max))
     throw invalid_argument("sample: the model's logits for row " + std::to_string(row) + " of the decoding batch are " +
                            (m.nan       ? "NaN"
@@ -124,8 +142,7 @@ void draw_row(const float* l, std::int64_t V, double temperature, double uniform
   const float inv_t = greedy ? 1.0f : static_cast<float>(1.0 / temperature);
   float* weights = greedy ? nullptr : scratch.data();
   double weight_sum = 0.0;
-  const double normaliser = avx2 ? exp_sums_avx2(l, V, m.max, inv_t, weights, &weight_sum)
-                                 : exp_sums_portable(l, V, m.max, inv_t, weights, &weight_sum);
+  const double normaliser = exp_sums(l, V, m.max, inv_t, weights, &weight_sum);
   *token = greedy ? first_index_of(l, V, m.max) : invert_cdf(weights, V, uniform * weight_sum);
   *logprob = static_cast<float>(static_cast<double>(l[*token] - m.max) - std::log(normaliser));
 }
