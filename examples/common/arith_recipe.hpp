@@ -24,6 +24,8 @@
 #include <rlloop/rewards/math.hpp>
 #include <rlloop/rlloop.hpp>
 
+#include "plot.hpp"
+
 namespace rlloop::examples {
 
 struct ArithRecipe {

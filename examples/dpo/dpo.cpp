@@ -18,6 +18,8 @@
 #include <rlloop/metrics.hpp>
 #include <rlloop/rlloop.hpp>
 
+#include "../common/plot.hpp"
+
 using namespace rlloop;
 namespace fs = std::filesystem;
 
@@ -91,8 +93,8 @@ int run(Algo& algo, const Options& o, TrainingClient<LocalSession>& client, cons
   }
   std::vector<nlohmann::json> records(log.records().begin(), log.records().end());
   const auto plot = (fs::path(o.out_dir) / "plot.svg").string();
-  write_svg_plot(plot, records, {"accuracy", "held_out_accuracy", "held_out_margin"}, "step",
-                 "dpo: preference accuracy and margin");
+  examples::write_svg_plot(plot, records, {"accuracy", "held_out_accuracy", "held_out_margin"}, "step",
+                           "dpo: preference accuracy and margin");
   std::printf("reference logprobs cached for %zu sequences; optimizer steps %lld\nmetrics: %s\nplot:    %s\n",
               algo.state().reference_logprobs.size(), static_cast<long long>(client.get_info().step),
               log.path().c_str(), plot.c_str());

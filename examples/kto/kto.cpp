@@ -18,6 +18,8 @@
 #include <rlloop/metrics.hpp>
 #include <rlloop/rlloop.hpp>
 
+#include "../common/plot.hpp"
+
 using namespace rlloop;
 namespace fs = std::filesystem;
 
@@ -64,10 +66,10 @@ struct HeldOutReport {
                 {"held_out_reward_desirable", ev.reward_desirable},
                 {"held_out_reward_undesirable", ev.reward_undesirable},
                 {"held_out_margin", ev.margin}});
-    std::printf("step %4d  train loss %.4f kl %.3f margin %+.3f | held-out loss %.4f desirable %+.3f undesirable %+.3f"
-                " margin %+.3f\n",
-                step, train.loss, train.kl, train.margin, ev.loss, ev.reward_desirable, ev.reward_undesirable,
-                ev.margin);
+    std::printf(
+        "step %4d  train loss %.4f kl %.3f margin %+.3f | held-out loss %.4f desirable %+.3f undesirable %+.3f"
+        " margin %+.3f\n",
+        step, train.loss, train.kl, train.margin, ev.loss, ev.reward_desirable, ev.reward_undesirable, ev.margin);
     std::fflush(stdout);
   }
 };
@@ -130,11 +132,12 @@ int main(int argc, char** argv) {
 
   std::vector<nlohmann::json> records(log.records().begin(), log.records().end());
   const auto plot = (fs::path(o.out_dir) / "plot.svg").string();
-  write_svg_plot(plot, records, {"held_out_reward_desirable", "held_out_reward_undesirable", "held_out_margin"},
-                 "step", "kto: held-out implicit rewards and margin");
+  examples::write_svg_plot(plot, records,
+                           {"held_out_reward_desirable", "held_out_reward_undesirable", "held_out_margin"}, "step",
+                           "kto: held-out implicit rewards and margin");
   std::printf("reference logprobs cached for %zu completions; optimizer steps %lld\nmetrics: %s\nplot:    %s\n",
-              kto.state().reference_logprobs.size(), static_cast<long long>(client.get_info().step),
-              log.path().c_str(), plot.c_str());
+              kto.state().reference_logprobs.size(), static_cast<long long>(client.get_info().step), log.path().c_str(),
+              plot.c_str());
   std::printf("time:    %.0f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
 }

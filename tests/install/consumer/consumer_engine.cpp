@@ -1,0 +1,13 @@
+// rlloop::engine: a local service lists its built-in models (the header includes no LibTorch; linking does).
+#include <algorithm>
+#include <cstdio>
+
+#include <rlloop/local.hpp>
+
+int main() {
+  rlloop::LocalService service;
+  const auto models = service.list_base_models();
+  const bool tiny = std::find(models.begin(), models.end(), "rlloop-tiny") != models.end();
+  std::printf("engine: %zu base models, rlloop-tiny %s\n", models.size(), tiny ? "listed" : "missing");
+  return tiny ? 0 : 1;
+}
