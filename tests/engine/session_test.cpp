@@ -12,20 +12,7 @@ using namespace test_util;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("rlloop-session-test-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const rlloop::error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+fs::path temp_dir(const std::string& name) { return test_util::temp_dir("rlloop-session-test", name); }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 const ModelInput kPrompt = ModelInput::from_tokens(bytes("12+34="));

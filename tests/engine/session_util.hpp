@@ -1,5 +1,11 @@
-// Shared helpers for the LocalSession tests: byte-level data and small comparisons.
+// Shared helpers for the LocalSession tests: byte-level data, scratch directories, errors as text, and a gate
+// that holds a base model's engine loop.
 #pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -40,5 +46,47 @@ inline LocalServiceOptions service_in(const std::string& dir) {
   s.num_threads = 1;  // bit-exact comparisons across processes need the same reduction order
   return s;
 }
+
+// A fresh directory under the system's temporary one, named for the test and this process.
+inline std::filesystem::path temp_dir(const std::string& prefix, const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / (prefix + "-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// The message of the rlloop::error fn throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const rlloop::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Holds the engine loop of `session`'s base model in a custom loss until release(): every operation of every
+// session on that base submitted meanwhile waits, so what is submitted next reaches the loop at once.
+class LoopGate {
+ public:
+  explicit LoopGate(LocalSession& session) {
+    auto opened = released_.get_future().share();
+    done_ = session.forward_backward_custom(
+        {sft_datum("gate")}, [opened](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+          opened.wait();
+          CustomLossResult r;
+          for (const auto& row : lp) r.grad_logprobs.emplace_back(row.size(), 0.0);
+          return r;
+        });
+  }
+  void release() {
+    released_.set_value();
+    done_.get();
+  }
+
+ private:
+  std::promise<void> released_;
+  Future<ForwardBackwardOutput> done_;
+};
 
 }  // namespace test_util

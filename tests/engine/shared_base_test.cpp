@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <future>
 
 #include "checkpoint.hpp"
 #include "session_util.hpp"
@@ -15,21 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("rlloop-shared-base-test-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const rlloop::error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+fs::path temp_dir(const std::string& name) { return test_util::temp_dir("rlloop-shared-base-test", name); }
 
 LoraOptions lora(int rank, std::vector<std::string> targets = {"all-linear"}) {
   return LoraOptions{rank, 2 * rank, std::move(targets)};
@@ -56,7 +41,7 @@ SampleRequest request_of(int i) {
   r.prompt = ModelInput::from_tokens(bytes(std::string("q") + std::to_string(i) + std::string(i % 5, 'x') + "="));
   r.num_samples = 1 + i % 3;
   r.params.max_tokens = 6 + (i * 7) % 23;
-  r.params.temperature = i % 4 == 0 ? 0.0 : 0.6 + 0.1 * i;
+  r.params.temperature = i % 4 == 0 ? 0.0 : 0.6 + 0.1 * (i % 14);  // within limits::temperature_max
   r.params.top_p = i % 3 == 1 ? 0.9 : 1.0;
   r.params.top_k = i % 5 == 2 ? 20 : -1;
   r.params.seed = 1000 + i;
@@ -78,31 +63,6 @@ void expect_same_samples(const SampleResponse& alone, const SampleResponse& batc
   }
   EXPECT_EQ(alone.prompt_logprobs, batched.prompt_logprobs) << what;
 }
-
-// Holds a base model's engine loop in a custom loss until release(): every operation submitted meanwhile waits,
-// so what is submitted next reaches the loop at once.
-class LoopGate {
- public:
-  explicit LoopGate(LocalSession& session) {
-    auto opened = released_.get_future().share();
-    done_ = session.forward_backward_custom(
-        {sft_datum("gate")}, [opened](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
-          opened.wait();
-          CustomLossResult r;
-          r.grad_logprobs.assign(lp.size(), {});
-          for (std::size_t i = 0; i < lp.size(); ++i) r.grad_logprobs[i].assign(lp[i].size(), 0.0);
-          return r;
-        });
-  }
-  void release() {
-    released_.set_value();
-    done_.get();
-  }
-
- private:
-  std::promise<void> released_;
-  Future<ForwardBackwardOutput> done_;
-};
 
 }  // namespace
 

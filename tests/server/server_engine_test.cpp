@@ -14,25 +14,18 @@
 #include <rlloop/local.hpp>
 #include <rlloop/remote.hpp>
 
+#include "../engine/session_util.hpp"
 #include "server/server.hpp"
 #include "test_client.hpp"
 
 using namespace rlloop;
+using test_util::bytes;
+using test_util::LoopGate;
+using test_util::sft_datum;
 using test_http::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<token_id> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-
-Datum sft_datum(const std::string& text) {
-  auto t = bytes(text);
-  Datum d;
-  d.model_input = ModelInput::from_tokens({t.begin(), t.end() - 1});
-  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(t.begin() + 1, t.end()));
-  d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(t.size() - 1, 1.0f));
-  return d;
-}
 
 struct EngineServer : ::testing::Test {
   void SetUp() override {
@@ -65,29 +58,6 @@ struct EngineServer : ::testing::Test {
   LocalServiceOptions local;
   std::shared_ptr<LocalService> served_service;  // the server's sessions: their engine loops can be observed
   std::unique_ptr<server::Server> srv;
-};
-
-// Holds the engine loop of a base model in a custom loss of `session` (a session on that base) until release().
-class LoopGate {
- public:
-  explicit LoopGate(LocalSession& session) {
-    auto opened = released_.get_future().share();
-    done_ = session.forward_backward_custom(
-        {sft_datum("gate")}, [opened](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
-          opened.wait();
-          CustomLossResult r;
-          for (const auto& row : lp) r.grad_logprobs.emplace_back(row.size(), 0.0);
-          return r;
-        });
-  }
-  void release() {
-    released_.set_value();
-    done_.get();
-  }
-
- private:
-  std::promise<void> released_;
-  Future<ForwardBackwardOutput> done_;
 };
 
 // Waits (a few seconds at most) until `ready` holds.
