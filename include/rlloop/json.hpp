@@ -11,12 +11,14 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
+#include <rlloop/limits.hpp>
 #include <rlloop/loss.hpp>
 #include <rlloop/types.hpp>
 
@@ -87,10 +89,42 @@ struct ComputeLogprobsResult {
 struct LoadWeightsForSamplingResult {};
 using SamplingResult = std::variant<SampleResponse, ComputeLogprobsResult, LoadWeightsForSamplingResult>;
 
-// Get*OperationResult body. status: Pending | InProgress | Completed | Failed | Skipped.
+// Get*OperationResult's status: queued, running, then one of the three terminal states (Skipped: a training
+// operation queued behind one that failed).
+enum class OperationStatus { pending, in_progress, completed, failed, skipped };
+
+// The wire string: "Pending", "InProgress", "Completed", "Failed" or "Skipped".
+constexpr std::string_view to_string(OperationStatus s) noexcept {
+  switch (s) {
+    case OperationStatus::pending:
+      return "Pending";
+    case OperationStatus::in_progress:
+      return "InProgress";
+    case OperationStatus::completed:
+      return "Completed";
+    case OperationStatus::failed:
+      return "Failed";
+    case OperationStatus::skipped:
+      return "Skipped";
+  }
+  return "unknown";
+}
+// The status a wire string names; nullopt for any other string.
+constexpr std::optional<OperationStatus> operation_status_from_string(std::string_view s) noexcept {
+  for (OperationStatus v : {OperationStatus::pending, OperationStatus::in_progress, OperationStatus::completed,
+                            OperationStatus::failed, OperationStatus::skipped})
+    if (to_string(v) == s) return v;
+  return std::nullopt;
+}
+// Whether an operation is finished (its state and result are final).
+constexpr bool is_terminal(OperationStatus s) noexcept {
+  return s != OperationStatus::pending && s != OperationStatus::in_progress;
+}
+
+// Get*OperationResult body.
 template <class Result>
 struct OperationState {
-  std::string status;
+  OperationStatus status = OperationStatus::pending;
   std::optional<Result> result;
   std::optional<std::string> error_details;
   std::optional<std::int64_t> training_tokens;  // top-level tokenUsage (training operations only)
@@ -98,11 +132,67 @@ struct OperationState {
 using TrainingOperationState = OperationState<TrainingResult>;
 using SamplingOperationState = OperationState<SamplingResult>;
 
-inline bool is_terminal_status(const std::string& s) { return s == "Completed" || s == "Failed" || s == "Skipped"; }
+// ---- training-session status (the control plane's TrainingSessionStatus enum) --------------------------------
 
-// ---- reading helpers -----------------------------------------------------------------------------------------
+// The model's ten values. rlloop's sessions go Created -> Running (or Failed) -> Stopping -> Stopped; the others
+// are the service's (ListTrainingSessions.StatusEquals accepts every one; DeleteTrainingSession is synchronous).
+enum class SessionStatus {
+  created,
+  blocked,
+  running,
+  failed,
+  scheduled,
+  stopping,
+  stopped,
+  expired,
+  deleting,
+  deletion_failed,
+};
+inline constexpr SessionStatus session_statuses[] = {
+    SessionStatus::created, SessionStatus::blocked,  SessionStatus::running, SessionStatus::failed,
+    SessionStatus::scheduled, SessionStatus::stopping, SessionStatus::stopped, SessionStatus::expired,
+    SessionStatus::deleting, SessionStatus::deletion_failed,
+};
 
-namespace detail {
+// The wire string ("Created", ..., "DeletionFailed"): what Describe / List answer and what the journal keeps.
+constexpr std::string_view to_string(SessionStatus s) noexcept {
+  switch (s) {
+    case SessionStatus::created:
+      return "Created";
+    case SessionStatus::blocked:
+      return "Blocked";
+    case SessionStatus::running:
+      return "Running";
+    case SessionStatus::failed:
+      return "Failed";
+    case SessionStatus::scheduled:
+      return "Scheduled";
+    case SessionStatus::stopping:
+      return "Stopping";
+    case SessionStatus::stopped:
+      return "Stopped";
+    case SessionStatus::expired:
+      return "Expired";
+    case SessionStatus::deleting:
+      return "Deleting";
+    case SessionStatus::deletion_failed:
+      return "DeletionFailed";
+  }
+  return "unknown";
+}
+// The status a wire string names, matched exactly as the model's enum is; nullopt for any other string.
+constexpr std::optional<SessionStatus> session_status_from_string(std::string_view s) noexcept {
+  for (SessionStatus v : session_statuses)
+    if (to_string(v) == s) return v;
+  return std::nullopt;
+}
+
+// ---- field readers -------------------------------------------------------------------------------------------
+
+// What every reader below is built from, public for the other JSON a wire peer reads (the control plane's bodies,
+// the server's tenants file): each checks one member's type or presence and throws rlloop::invalid_argument
+// naming the JSON path ("LoraConfig.Rank: expected an integer"); `path` is where `j` / `obj` sits ("" = the body).
+namespace read {
 
 inline std::string join(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;
@@ -194,6 +284,11 @@ inline std::string union_member(const json& j, const std::string& path, std::ini
   fail(join(path, key), "unknown member (expected one of " + names + ")");
 }
 
+}  // namespace read
+
+// The module's own helpers (not part of its interface) see the field readers unqualified.
+namespace detail {
+using namespace read;
 }  // namespace detail
 
 // ---- numbers on the wire ----------------------------------------------------------------------------------------
@@ -400,12 +495,14 @@ inline SamplingParams sampling_params_from_json(const json& j, const std::string
   object(j, path);
   only_keys(j, path, {"maxTokens", "temperature", "topK", "topP", "seed", "stop", "stopTokenIds"});
   SamplingParams p;
-  p.max_tokens = static_cast<int>(integer(need(j, path, "maxTokens"), join(path, "maxTokens"), 1, 131072));
-  if (const json* v = find(j, "temperature"))
-    p.temperature = in_range(number(*v, join(path, "temperature")), join(path, "temperature"), 0, 2);
+  // Types here; the bounds are rlloop/limits.hpp's, checked by validate() below.
+  constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+  p.max_tokens = static_cast<int>(integer(need(j, path, "maxTokens"), join(path, "maxTokens"), int32_min, int32_max));
+  if (const json* v = find(j, "temperature")) p.temperature = number(*v, join(path, "temperature"));
   if (const json* v = find(j, "topK"))
-    p.top_k = static_cast<int>(integer(*v, join(path, "topK"), -1, std::numeric_limits<std::int32_t>::max()));
-  if (const json* v = find(j, "topP")) p.top_p = in_range(number(*v, join(path, "topP")), join(path, "topP"), 0, 1);
+    p.top_k = static_cast<int>(integer(*v, join(path, "topK"), int32_min, int32_max));
+  if (const json* v = find(j, "topP")) p.top_p = number(*v, join(path, "topP"));
   if (const json* v = find(j, "seed"))
     p.seed = integer(*v, join(path, "seed"), std::numeric_limits<std::int32_t>::min(),
                      std::numeric_limits<std::int32_t>::max());
@@ -421,6 +518,7 @@ inline SamplingParams sampling_params_from_json(const json& j, const std::string
       p.stop_token_ids.push_back(
           static_cast<token_id>(integer((*v)[i], at(spath, i), 0, std::numeric_limits<token_id>::max())));
   }
+  validate(p, Naming::sagemaker_at(path));
   return p;
 }
 
@@ -510,7 +608,8 @@ inline TrainingOperation training_operation_from_json(const json& j, const std::
   auto description = [&]() -> std::string {
     if (const json* d = find(c, "description")) {
       std::string s = string(*d, join(p, "description"));
-      if (s.size() > 1024) fail(join(p, "description"), "longer than 1024 characters");
+      if (s.size() > limits::description_max)
+        fail(join(p, "description"), "longer than " + std::to_string(limits::description_max) + " characters");
       return s;
     }
     return {};
@@ -550,12 +649,7 @@ inline json to_json(const ExecuteTrainingRequest& r) {
   return j;
 }
 
-inline bool is_valid_client_token(const std::string& s) {
-  if (s.empty() || s.size() > 128) return false;
-  for (char ch : s)
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')) return false;
-  return true;
-}
+inline bool is_valid_client_token(const std::string& s) { return is_label(s, limits::client_token_max); }
 
 inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) {
   using namespace detail;
@@ -566,7 +660,7 @@ inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) 
       integer(need(j, "", "sequenceNumber"), "sequenceNumber", 1, std::numeric_limits<std::int32_t>::max());
   if (const json* t = find(j, "clientToken")) {
     r.client_token = string(*t, "clientToken");
-    if (!is_valid_client_token(*r.client_token)) fail("clientToken", "must be 1-128 characters of [a-zA-Z0-9-]");
+    validate_label(*r.client_token, limits::client_token_max, "clientToken");
   }
   r.operation = training_operation_from_json(need(j, "", "operationConfig"), "operationConfig");
   return r;
@@ -618,13 +712,16 @@ inline SamplingOperation sampling_operation_from_json(const json& j, const std::
         {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn"});
     SampleRequest r;
     r.prompt = model_input_from_json(need(c, p, "prompt"), join(p, "prompt"));
-    r.num_samples = static_cast<int>(integer(need(c, p, "numSamples"), join(p, "numSamples"), 1, 1000));
+    constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
+    constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+    r.num_samples = static_cast<int>(integer(need(c, p, "numSamples"), join(p, "numSamples"), int32_min, int32_max));
     r.params = sampling_params_from_json(need(c, p, "samplingParams"), join(p, "samplingParams"));
     if (const json* v = find(c, "includePromptLogprobs"))
       r.include_prompt_logprobs = boolean(*v, join(p, "includePromptLogprobs"));
     if (const json* v = find(c, "topkPromptLogprobs"))
-      r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), 0, 1000));
+      r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), int32_min, int32_max));
     r.model_path = arn(false);
+    validate(r, Naming::sagemaker_at(p));  // the bounds; the model's context and vocabulary at submission
     return r;
   }
   if (member == "computeLogprobs") {
@@ -637,9 +734,9 @@ inline SamplingOperation sampling_operation_from_json(const json& j, const std::
 
 // ExecuteSamplingOperation body: only operationConfig.
 inline SamplingOperation execute_sampling_request_from_json(const json& j) {
-  detail::object(j, "");
-  detail::only_keys(j, "", {"operationConfig"});
-  return sampling_operation_from_json(detail::need(j, "", "operationConfig"), "operationConfig");
+  read::object(j, "");
+  read::only_keys(j, "", {"operationConfig"});
+  return sampling_operation_from_json(read::need(j, "", "operationConfig"), "operationConfig");
 }
 
 // ---- results -------------------------------------------------------------------------------------------------
@@ -848,9 +945,17 @@ inline SamplingResult sampling_result_from_json(const json& j, const std::string
   return LoadWeightsForSamplingResult{};
 }
 
+namespace detail {
+inline OperationStatus operation_status(const json& j, const std::string& path) {
+  const std::string s = string(j, path);
+  if (auto status = operation_status_from_string(s)) return *status;
+  fail(path, "unknown operation status '" + s + "'");
+}
+}  // namespace detail
+
 template <class Result>
 json to_json(const OperationState<Result>& s) {
-  json j{{"status", s.status}};
+  json j{{"status", to_string(s.status)}};
   if (s.result) j["operationResult"] = to_json(*s.result);
   if (s.error_details) j["errorDetails"] = *s.error_details;
   if (s.training_tokens) j["tokenUsage"] = {{"trainingTokens", *s.training_tokens}};
@@ -861,7 +966,7 @@ inline TrainingOperationState training_state_from_json(const json& j) {
   using namespace detail;
   object(j, "");
   TrainingOperationState s;
-  s.status = string(need(j, "", "status"), "status");
+  s.status = operation_status(need(j, "", "status"), "status");
   if (const json* r = find(j, "operationResult")) s.result = training_result_from_json(*r, "operationResult");
   if (const json* e = find(j, "errorDetails")) s.error_details = string(*e, "errorDetails");
   if (const json* u = find(j, "tokenUsage"))
@@ -874,7 +979,7 @@ inline SamplingOperationState sampling_state_from_json(const json& j) {
   using namespace detail;
   object(j, "");
   SamplingOperationState s;
-  s.status = string(need(j, "", "status"), "status");
+  s.status = operation_status(need(j, "", "status"), "status");
   if (const json* r = find(j, "operationResult")) s.result = sampling_result_from_json(*r, "operationResult");
   if (const json* e = find(j, "errorDetails")) s.error_details = string(*e, "errorDetails");
   return s;
@@ -896,6 +1001,21 @@ inline TokenUsage token_usage_from_json(const json& j, const std::string& path) 
   return u;
 }
 
+// DescribeTrainingSession's BillableTokenUsage (the SageMaker model's names). Absent members read as 0.
+inline json billable_usage_to_json(const TokenUsage& u) {
+  return {{"PrefillTokenCount", u.prefill}, {"SampleTokenCount", u.sample}, {"TrainingTokenCount", u.training}};
+}
+
+inline TokenUsage billable_usage_from_json(const json& j, const std::string& path) {
+  using namespace detail;
+  object(j, path);
+  TokenUsage u;
+  if (const json* v = find(j, "PrefillTokenCount")) u.prefill = integer(*v, join(path, "PrefillTokenCount"), 0);
+  if (const json* v = find(j, "SampleTokenCount")) u.sample = integer(*v, join(path, "SampleTokenCount"), 0);
+  if (const json* v = find(j, "TrainingTokenCount")) u.training = integer(*v, join(path, "TrainingTokenCount"), 0);
+  return u;
+}
+
 inline json to_json(const LoraOptions& l) {
   return {{"rank", l.rank}, {"alpha", l.alpha}, {"targetModules", l.target_modules}};
 }
@@ -904,7 +1024,9 @@ inline LoraOptions lora_from_json(const json& j, const std::string& path) {
   using namespace detail;
   object(j, path);
   LoraOptions l;
-  l.rank = static_cast<int>(integer(need(j, path, "rank"), join(path, "rank"), 1, 256));
+  // Service output (session info): the bounds were the creator's to check.
+  l.rank = static_cast<int>(
+      integer(need(j, path, "rank"), join(path, "rank"), 0, std::numeric_limits<std::int32_t>::max()));
   l.alpha = static_cast<int>(
       integer(need(j, path, "alpha"), join(path, "alpha"), 1, std::numeric_limits<std::int32_t>::max()));
   if (const json* m = find(j, "targetModules")) {

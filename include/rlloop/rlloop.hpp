@@ -3,6 +3,7 @@
 #include <rlloop/clients.hpp>
 #include <rlloop/error.hpp>
 #include <rlloop/future.hpp>
+#include <rlloop/limits.hpp>
 #include <rlloop/loss.hpp>
 #include <rlloop/session.hpp>
 #include <rlloop/tokenizer.hpp>

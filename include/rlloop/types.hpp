@@ -253,7 +253,7 @@ struct ServerCapabilities {
   std::vector<std::string> base_models;
   std::vector<std::string> loss_functions;
   bool supports_full_finetune = false;
-  std::int64_t max_lora_rank = 256;
+  std::int64_t max_lora_rank = 0;  // the largest LoRA rank a session may have (limits::lora_rank_max); 0 = not said
 };
 
 }  // namespace rlloop

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <rlloop/limits.hpp>
+
 #include "loss.hpp"
 
 namespace rlloop::engine {
@@ -187,28 +189,10 @@ ForwardBackwardOutput run_custom_loss(Transformer& model, const std::vector<Datu
 }
 
 void validate_sample_request(const SampleRequest& req, const ModelConfig& cfg, bool has_tokenizer) {
-  validate_model_input(req.prompt, cfg.vocab_size, "sample: prompt: ");
-  const auto& p = req.params;
-  if (req.num_samples < 1 || req.num_samples > 1000)
-    throw invalid_argument("sample: num_samples must be in [1, 1000], got " + std::to_string(req.num_samples));
-  if (p.max_tokens < 1) throw invalid_argument("sample: max_tokens must be >= 1, got " + std::to_string(p.max_tokens));
-  if (!(p.temperature >= 0.0 && p.temperature <= 100.0))
-    throw invalid_argument("sample: temperature must be in [0, 100], got " + std::to_string(p.temperature));
-  if (!(p.top_p > 0.0 && p.top_p <= 1.0))
-    throw invalid_argument("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
-  if (req.topk_prompt_logprobs < 0) throw invalid_argument("sample: topk_prompt_logprobs must be >= 0");
-  for (token_id t : p.stop_token_ids)
-    if (t < 0 || t >= cfg.vocab_size)
-      throw invalid_argument("sample: stop token id " + std::to_string(t) + " is out of range");
-  for (const auto& s : p.stop)
-    if (s.empty()) throw invalid_argument("sample: a stop string is empty");
-  if (!p.stop.empty() && !has_tokenizer)
-    throw invalid_argument("sample: stop strings need the model's tokenizer, which could not be loaded");
-  const auto total = static_cast<std::int64_t>(req.prompt.length()) + p.max_tokens;
-  if (total > cfg.max_position_embeddings)
-    throw invalid_argument("sample: prompt (" + std::to_string(req.prompt.length()) + " tokens) + max_tokens (" +
-                           std::to_string(p.max_tokens) + ") exceeds the model's " +
-                           std::to_string(cfg.max_position_embeddings) + " positions");
+  // The bounds and the model's shape are rlloop/limits.hpp's; only the tokenizer is this engine's to know.
+  validate(req, Naming{}, ModelShape{cfg.max_position_embeddings, cfg.vocab_size});
+  if (!req.params.stop.empty() && !has_tokenizer)
+    throw invalid_argument("SamplingParams.stop: stop strings need the model's tokenizer, which could not be loaded");
 }
 
 StopStringCheck make_stop_string_check(const Tokenizer& tokenizer, std::vector<std::string> stops) {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <rlloop/limits.hpp>
 #include <rlloop/tokenizer.hpp>
 
 #include "base_models.hpp"
@@ -436,11 +437,7 @@ LocalService::LocalService(LocalServiceOptions options)
 std::vector<BaseModelStats> LocalService::base_model_stats() const { return bases_->stats(); }
 
 std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions& options) {
-  if (options.lora) {
-    if (options.lora->rank < 1 || options.lora->rank > 256)
-      throw invalid_argument("LoRA rank must be in [1, 256], got " + std::to_string(options.lora->rank));
-    if (options.lora->alpha < 1) throw invalid_argument("LoRA alpha must be >= 1");
-  }
+  validate(options);  // rlloop/limits.hpp: the LoRA rank and alpha, the name
   return std::make_shared<LocalSession>(options, options_, bases_);
 }
 
@@ -474,6 +471,7 @@ ServerCapabilities LocalService::capabilities() {
   c.base_models = list_base_models();
   c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "value"};
   c.supports_full_finetune = true;
+  c.max_lora_rank = limits::lora_rank_max;
   return c;
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <rlloop/error.hpp>
+#include <rlloop/limits.hpp>
 
 #include "cpu_decoder.hpp"
 #include "token_draw.hpp"
@@ -17,23 +18,6 @@ namespace {
 torch::Tensor to_ids(std::span<const token_id> tokens, torch::Device device) {
   std::vector<std::int64_t> v(tokens.begin(), tokens.end());
   return torch::tensor(v, torch::kLong).to(device).unsqueeze(0);
-}
-
-void validate(const SampleRequest& req, const ModelConfig& cfg, std::size_t prompt_len) {
-  const auto& p = req.params;
-  auto fail = [](const std::string& what) { throw invalid_argument("sample: " + what); };
-  if (prompt_len == 0) fail("the prompt is empty");
-  if (req.num_samples < 1) fail("num_samples must be at least 1, got " + std::to_string(req.num_samples));
-  if (p.max_tokens < 0) fail("SamplingParams.max_tokens must be non-negative, got " + std::to_string(p.max_tokens));
-  if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
-    fail("SamplingParams.temperature must be a finite number >= 0, got " + std::to_string(p.temperature));
-  if (!(p.top_p > 0 && p.top_p <= 1)) fail("SamplingParams.top_p must be in (0, 1], got " + std::to_string(p.top_p));
-  if (req.topk_prompt_logprobs < 0)
-    fail("topk_prompt_logprobs must be non-negative, got " + std::to_string(req.topk_prompt_logprobs));
-  const auto total = static_cast<std::int64_t>(prompt_len) + p.max_tokens;
-  if (total > cfg.max_position_embeddings)
-    fail("prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" + std::to_string(p.max_tokens) +
-         ") exceeds the model's max_position_embeddings " + std::to_string(cfg.max_position_embeddings));
 }
 
 // One draw per row of `logits` [A, V] following params: temperature, then top-k, then top-p.
@@ -108,7 +92,8 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
       device_(model.parameters().front().device()) {
   const ModelConfig& cfg = model.config();
   const std::vector<token_id> prompt = req.prompt.tokens();
-  validate(req, cfg, prompt.size());
+  // The same checks as every entry point's (rlloop/limits.hpp), against this model's vocabulary and context.
+  validate(req, Naming{}, ModelShape{cfg.max_position_embeddings, cfg.vocab_size});
   const auto P = static_cast<std::int64_t>(prompt.size());
   const int n = req.num_samples;
   const int max_new = params_.max_tokens;

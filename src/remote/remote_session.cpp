@@ -2,10 +2,10 @@
 #include <algorithm>
 #include <atomic>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include <rlloop/json.hpp>
+#include <rlloop/limits.hpp>
 #include <rlloop/remote.hpp>
 
 #include "remote_client.hpp"
@@ -26,8 +26,7 @@ namespace {
 // CreateTrainingSession's BaseModelArn: a catalogue name goes as its SageMaker Hub ARN (the only form the
 // service model's pattern admits); an ARN, or a model directory (an rlloop serve extension), goes as it is.
 std::string base_model_arn(const std::string& model, const std::string& region) {
-  static const std::regex hub_model_id("[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}");
-  if (!std::regex_match(model, hub_model_id)) return model;
+  if (!is_hub_model_id(model)) return model;
   return "arn:aws:sagemaker:" + region + ":aws:hub-content/SageMakerPublicHub/Model/" + model;
 }
 
@@ -51,10 +50,13 @@ json poll(detail::RemoteClient& client, const std::string& url) {
       target += "?waitSeconds=" + std::to_string(std::clamp<long long>(std::min(left, o.long_poll).count(), 1, 20));
     }
     json state = client.rest("GET", target);
-    const std::string status = state.value("status", "");
-    if (status == "Completed") return state;
-    if (status == "Failed") throw remote_error("OperationFailed", 200, state.value("errorDetails", "operation failed"));
-    if (status == "Skipped") throw remote_error("OperationSkipped", 200, "an earlier operation of this session failed");
+    // A status this client does not know (none today) is polled again, as Pending and InProgress are.
+    const auto status = wire::operation_status_from_string(state.value("status", ""));
+    if (status == wire::OperationStatus::completed) return state;
+    if (status == wire::OperationStatus::failed)
+      throw remote_error("OperationFailed", 200, state.value("errorDetails", "operation failed"));
+    if (status == wire::OperationStatus::skipped)
+      throw remote_error("OperationSkipped", 200, "an earlier operation of this session failed");
     if (std::chrono::steady_clock::now() > deadline) throw io_error("operation " + url + " did not finish in time");
     std::this_thread::sleep_for(interval);
     interval = std::min(o.poll_max, interval * 2);
@@ -197,6 +199,7 @@ Future<CheckpointRef> RemoteSession::save_weights_for_sampler(const std::string&
 }
 
 Future<SampleResponse> RemoteSession::sample(const SampleRequest& request) {
+  validate(request);  // before it is sent: the bounds of rlloop/limits.hpp (the server checks the model's context)
   return submit_sampling<SampleResponse>(client_, *state_, name_, request,
                                          [](const wire::SamplingResult& r) { return member<SampleResponse>(r); });
 }
@@ -213,9 +216,8 @@ SessionInfo RemoteSession::info() {
 
 TokenUsage RemoteSession::usage() {
   const json d = client_->control("DescribeTrainingSession", {{"TrainingSessionName", name_}})["TrainingSessionDetail"];
-  const json u = d.value("BillableTokenUsage", json::object());
-  return TokenUsage{u.value("PrefillTokenCount", std::int64_t{0}), u.value("SampleTokenCount", std::int64_t{0}),
-                    u.value("TrainingTokenCount", std::int64_t{0})};
+  return wire::billable_usage_from_json(d.value("BillableTokenUsage", json::object()),
+                                        "TrainingSessionDetail.BillableTokenUsage");
 }
 
 void RemoteSession::stop() { client_->control("StopTrainingSession", {{"TrainingSessionName", name_}}); }
@@ -225,6 +227,7 @@ RemoteService::RemoteService(RemoteOptions options)
 
 std::shared_ptr<RemoteSession> RemoteService::create_session(const SessionOptions& options) {
   if (!options.lora) throw unsupported("remote sessions are LoRA only (the training-session API requires LoraConfig)");
+  validate(options);  // before it is sent
   const std::string name = options.name.empty() ? "rlloop-" + random_hex(12) : options.name;
   const auto& o = client_->options();
   client_->control("CreateTrainingSession",
@@ -238,8 +241,9 @@ std::shared_ptr<RemoteSession> RemoteService::create_session(const SessionOption
     const json d =
         client_->control("DescribeTrainingSession", {{"TrainingSessionName", name}})["TrainingSessionDetail"];
     const std::string status = d.value("TrainingSessionStatus", "");
-    if (status == "Running") break;
-    if (status != "Created" && status != "Scheduled")
+    const auto known = wire::session_status_from_string(status);
+    if (known == wire::SessionStatus::running) break;
+    if (known != wire::SessionStatus::created && known != wire::SessionStatus::scheduled)
       throw remote_error("SessionNotRunning", 200,
                          "training session " + name + " is " + status + ": " + d.value("ErrorDetails", ""));
     std::this_thread::sleep_for(interval);

@@ -85,7 +85,7 @@ struct OperationRecord {
   // journal keeps what a restart has to run again).
   json body;
   std::variant<wire::TrainingOperation, wire::SamplingOperation> op;
-  json state = {{"status", "Pending"}};  // the Get*OperationResult body
+  json state = state_body(wire::OperationStatus::pending);  // the Get*OperationResult body
   // Set when the operation ran: what it billed, and a sample's raw result (for the OpenAI endpoints).
   TokenUsage billed;
   std::shared_ptr<SampleResponse> sample_result;
@@ -151,11 +151,13 @@ struct Recovery {
 // One hosted session: its control-plane record, its operations, and a worker that runs them in order.
 class SessionHost {
  public:
-  // Starts a worker that creates the session (and, given a Recovery, rebuilds its state first). With
-  // initial_status "Stopped" or "Failed" there is no worker: the record is only describable and deletable.
+  // Starts a worker that creates the session (and, given a Recovery, rebuilds its state first). With any
+  // initial_status but created (a restarted server's Stopped or Failed session) there is no worker: the record is
+  // only describable and deletable.
   SessionHost(std::shared_ptr<TenantState> tenant, std::string name, std::string arn, SessionOptions options, json echo,
               const Backend& backend, HostConfig config, double creation_time = 0,
-              std::optional<Recovery> recovery = {}, std::string initial_status = "Created");
+              std::optional<Recovery> recovery = {},
+              wire::SessionStatus initial_status = wire::SessionStatus::created);
   ~SessionHost();
 
   // Queues an accepted operation; the caller validated it and holds `mu`.
@@ -177,13 +179,17 @@ class SessionHost {
   // down is not durable, so its sessions come back on restart with their queued operations.
   void stop(bool durable = true);
   void join();
-  // Blocks until the session left "Created" (it is Running, or creation failed).
+  // Blocks until the session left Created (it is Running, or creation failed).
   void wait_started();
   // Runs `f` once op is terminal, on the thread that makes it so and without mu held; f hands the answer on and
   // must not block. The caller holds mu and saw op not terminal.
   void on_done_locked(OperationRecord& op, std::function<void()> f);
   // Writes a record about this session to the journal (when durable).
   void journal(json record);
+  // Whether the session takes new operations (it is Running or Blocked). Holding `mu`.
+  bool takes_operations_locked() const;
+  // Throws the ConflictException (409) of a session that does not take new operations. Holding `mu`.
+  void require_takes_operations_locked() const;
 
   const std::shared_ptr<TenantState> tenant;
   const std::string name;
@@ -193,7 +199,7 @@ class SessionHost {
   const double creation_time;
 
   std::mutex mu;  // guards everything below
-  std::string status = "Created";
+  wire::SessionStatus status = wire::SessionStatus::created;
   double last_modified;
   double end_time = 0;
   std::string error_details;
@@ -279,10 +285,7 @@ struct Api::Impl {
 };
 
 // Whether an operation state is final (not Pending or InProgress).
-inline bool terminal_state(const json& state) {
-  const std::string s = state.value("status", "");
-  return s != "Pending" && s != "InProgress";
-}
+inline bool terminal_state(const json& state) { return wire::is_terminal(status_of(state)); }
 
 // Whether a path is served by openai() (its errors use OpenAI's error shape).
 bool is_openai_path(const std::string& path);

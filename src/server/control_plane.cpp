@@ -9,7 +9,19 @@ namespace rlloop::server {
 
 namespace {
 
-using namespace wire::detail;
+// The wire module's field readers: their invalid_argument, naming the JSON path, becomes a ValidationException.
+using wire::read::array;
+using wire::read::at;
+using wire::read::boolean;
+using wire::read::fail;
+using wire::read::find;
+using wire::read::integer;
+using wire::read::join;
+using wire::read::need;
+using wire::read::number;
+using wire::read::object;
+using wire::read::only_keys;
+using wire::read::string;
 
 [[noreturn]] void validation(const std::string& message) { throw api_error("ValidationException", 400, message); }
 
@@ -24,12 +36,6 @@ std::string string_field(const json& obj, const std::string& path, const char* k
     fail(join(path, key), "does not match " + std::string(pattern));
   return v;
 }
-
-constexpr const char* kNamePattern = "[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}";
-
-// The model's TrainingSessionStatus enum (rlloop's sessions take the first five; Delete is synchronous).
-constexpr const char* kSessionStatuses[] = {"Created", "Running",  "Stopping", "Stopped",  "Failed",
-                                            "Blocked", "Scheduled", "Expired",  "Deleting", "DeletionFailed"};
 
 // Tag keys and values: the model's ([\p{L}\p{Z}\p{N}_.:/=+\-@]*), letters, separators and numbers of any script
 // (std::regex has no Unicode classes; bytes of multi-byte UTF-8 sequences count as letters).
@@ -58,7 +64,9 @@ void check_vpc_config(const json& vpc) {
 }
 
 std::string session_name(const json& body) {
-  return string_field(body, "", "TrainingSessionName", 1, 63, kNamePattern);
+  std::string name = string(need(body, "", "TrainingSessionName"), "TrainingSessionName");
+  validate_session_name(name, "TrainingSessionName");
+  return name;
 }
 
 // The base model the Service gets: the model id of a SageMaker Hub ARN (".../Model/<id>/<version>"), or, as an
@@ -74,7 +82,7 @@ std::string base_model_from(const std::string& arn) {
 
 json summary(SessionHost& s) {
   json j{{"TrainingSessionArn", s.arn},
-         {"TrainingSessionStatus", s.status},
+         {"TrainingSessionStatus", to_string(s.status)},
          {"CreationTime", s.creation_time},
          {"LastModifiedTime", s.last_modified}};
   return j;
@@ -84,15 +92,13 @@ json detail(SessionHost& s) {
   json d = s.echo;
   d["TrainingSessionArn"] = s.arn;
   d["TrainingSessionName"] = s.name;
-  d["TrainingSessionStatus"] = s.status;
+  d["TrainingSessionStatus"] = to_string(s.status);
   d["CreationTime"] = s.creation_time;
   d["LastModifiedTime"] = s.last_modified;
   if (s.end_time > 0) d["EndTime"] = s.end_time;
   if (!s.error_details.empty()) d["ErrorDetails"] = s.error_details;
   if (s.last_sequence_number >= 0) d["LastReceivedSequenceNumber"] = s.last_sequence_number;
-  d["BillableTokenUsage"] = {{"PrefillTokenCount", s.usage.prefill},
-                             {"SampleTokenCount", s.usage.sample},
-                             {"TrainingTokenCount", s.usage.training}};
+  d["BillableTokenUsage"] = wire::billable_usage_to_json(s.usage);
   return d;
 }
 
@@ -111,8 +117,14 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       string_field(body, "", "RoleArn", 20, 2048, R"(arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+)");
       const json& lora = object(need(body, "", "LoraConfig"), "LoraConfig");
       only_keys(lora, "LoraConfig", {"Rank", "Alpha"});
-      const int rank = static_cast<int>(integer(need(lora, "LoraConfig", "Rank"), "LoraConfig.Rank", 1, 256));
-      const int alpha = static_cast<int>(integer(need(lora, "LoraConfig", "Alpha"), "LoraConfig.Alpha", 1, 1 << 30));
+      // Integers here; the bounds are rlloop/limits.hpp's.
+      constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
+      constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+      const int rank =
+          static_cast<int>(integer(need(lora, "LoraConfig", "Rank"), "LoraConfig.Rank", int32_min, int32_max));
+      const int alpha =
+          static_cast<int>(integer(need(lora, "LoraConfig", "Alpha"), "LoraConfig.Alpha", int32_min, int32_max));
+      validate(LoraOptions{rank, alpha, {"all-linear"}}, Naming{Naming::sagemaker, "LoraConfig"});
       const json& model = object(need(body, "", "ModelConfig"), "ModelConfig");
       only_keys(model, "ModelConfig", {"BaseModelArn", "AcceptEula"});
       const std::string base_arn = string_field(model, "ModelConfig", "BaseModelArn", 1, 2048);
@@ -187,11 +199,15 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       only_keys(body, "",
                 {"CreationTimeAfter", "CreationTimeBefore", "NameContains", "StatusEquals", "MaxResults", "NextToken"});
       const std::string contains =
-          find(body, "NameContains") ? string_field(body, "", "NameContains", 0, 63, "[a-zA-Z0-9\\-]*") : "";
-      const std::string status = find(body, "StatusEquals") ? string(*find(body, "StatusEquals"), "StatusEquals") : "";
-      if (!status.empty() && std::find(std::begin(kSessionStatuses), std::end(kSessionStatuses), status) ==
-                                 std::end(kSessionStatuses))
-        fail("StatusEquals", "'" + status + "' is not a training-session status");
+          find(body, "NameContains")
+              ? string_field(body, "", "NameContains", 0, limits::session_name_max, "[a-zA-Z0-9\\-]*")
+              : "";
+      std::optional<wire::SessionStatus> status;
+      if (const json* v = find(body, "StatusEquals")) {
+        const std::string name = string(*v, "StatusEquals");
+        status = wire::session_status_from_string(name);
+        if (!status) fail("StatusEquals", "'" + name + "' is not a training-session status");
+      }
       const double after =
           find(body, "CreationTimeAfter") ? number(*find(body, "CreationTimeAfter"), "CreationTimeAfter") : -1e300;
       const double before =
@@ -217,7 +233,7 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       for (auto& s : mine) {
         std::lock_guard lock(s->mu);
         if (s->name.find(contains) == std::string::npos) continue;
-        if (!status.empty() && s->status != status) continue;
+        if (status && s->status != *status) continue;
         if (s->creation_time <= after || s->creation_time >= before) continue;
         rows.push_back(summary(*s));
       }
@@ -243,9 +259,11 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       auto s = find_session(*t, name);
       {
         std::lock_guard lock(s->mu);
-        if (s->status != "Stopped" && s->status != "Failed" && s->status != "Expired")
+        using enum wire::SessionStatus;
+        if (s->status != stopped && s->status != failed && s->status != expired)
           throw api_error("ResourceInUse", 400,
-                          "Training session " + name + " is " + s->status + "; stop it before deleting");
+                          "Training session " + name + " is " + std::string(to_string(s->status)) +
+                              "; stop it before deleting");
       }
       s->join();
       s->journal({{"t", "delete"}});

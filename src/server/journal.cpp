@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include <rlloop/error.hpp>
+#include <rlloop/json.hpp>
 
 #include "sigv4/sigv4.hpp"
 
@@ -82,6 +83,13 @@ void fsync_dir(const std::string& dir) {
   if (::fsync(fd.get()) != 0) fail_io("cannot fsync directory", dir);
 }
 
+// A session status as the journal keeps it: its wire string ("Stopped"), so data directories of every version load.
+wire::SessionStatus session_status_of(const json& j) {
+  const std::string s = j.get<std::string>();
+  if (auto status = wire::session_status_from_string(s)) return *status;
+  throw invalid_argument("unknown session status '" + s + "'");
+}
+
 std::string dump_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
 // f(record, line bytes) for each line of `path` that is a JSON object; a line cut short by a crash mid-append is
@@ -140,14 +148,9 @@ std::optional<std::int64_t> operation_ordinal(const std::string& id, double crea
   return n;
 }
 
-json usage_json(const TokenUsage& u) {
-  return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}};
-}
-
-TokenUsage usage_from_json(const json& j) {
-  return TokenUsage{j.value("prefill", std::int64_t{0}), j.value("sample", std::int64_t{0}),
-                    j.value("training", std::int64_t{0})};
-}
+// A record's usage has the shape of the /v1/usage extension: one writer and one reader (rlloop/json.hpp).
+json usage_json(const TokenUsage& u) { return wire::to_json(u); }
+TokenUsage usage_from_json(const json& j) { return wire::token_usage_from_json(j, "usage"); }
 
 // ---- DurableState ----
 
@@ -175,7 +178,7 @@ void DurableState::apply(const json& rec) {
     s.created = rec;
     if (auto st = s.created.find("state"); st != s.created.end()) {
       // A snapshot's line: the session as it was when the snapshot was cut.
-      s.status = st->at("status").get<std::string>();
+      s.status = session_status_of(st->at("status"));
       s.error = st->value("error", "");
       s.end_time = st->value("endTime", 0.0);
       s.last_sequence = st->at("lastSequence").get<std::int64_t>();
@@ -192,7 +195,7 @@ void DurableState::apply(const json& rec) {
   if (it == sessions.end()) return;  // a record of a session deleted since
   Session& s = it->second;
   if (type == "status") {
-    s.status = rec.at("status").get<std::string>();
+    s.status = session_status_of(rec.at("status"));
     s.error = rec.value("error", "");
     s.end_time = rec.value("time", 0.0);
   } else if (type == "delete") {
@@ -233,7 +236,7 @@ void DurableState::finish(Session& s, const json& rec) {
   s.pending.erase(p);
   const json& state = rec.at("state");
   const bool sampling = accept.at("sampling").get<bool>();
-  if (state.value("status", "") == "Completed") {
+  if (status_of(state) == wire::OperationStatus::completed) {
     const std::string member = operation_member(accept);
     if (rec.contains("autosave")) {
       s.autosave = rec["autosave"].get<std::string>();
@@ -268,7 +271,7 @@ std::string DurableState::snapshot(std::uint64_t generation) const {
   }
   for (const auto& [key, s] : sessions) {
     json head = s.created;
-    head["state"] = {{"status", s.status},
+    head["state"] = {{"status", to_string(s.status)},
                      {"error", s.error},
                      {"endTime", s.end_time},
                      {"lastSequence", s.last_sequence},

@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <rlloop/json.hpp>
 #include <rlloop/types.hpp>
 
 #include "server/server.hpp"
@@ -113,6 +114,22 @@ std::optional<std::int64_t> operation_ordinal(const std::string& id, double crea
 json usage_json(const TokenUsage& u);
 TokenUsage usage_from_json(const json& j);
 
+// An operation's state is kept, journaled and answered as its Get*OperationResult body. Its status: only the
+// server writes these bodies, so one without a status it knows is taken for finished (Failed).
+inline wire::OperationStatus status_of(const json& state) {
+  const auto it = state.find("status");
+  const auto status = it != state.end() && it->is_string()
+                          ? wire::operation_status_from_string(it->get_ref<const std::string&>())
+                          : std::nullopt;
+  return status.value_or(wire::OperationStatus::failed);
+}
+// The body of a state without a result: its status, and the errorDetails of a failure.
+inline json state_body(wire::OperationStatus status, std::optional<std::string> error_details = std::nullopt) {
+  json j{{"status", to_string(status)}};
+  if (error_details) j["errorDetails"] = std::move(*error_details);
+  return j;
+}
+
 // The fold of the journal's records: what a restart needs to know.
 class DurableState {
  public:
@@ -123,7 +140,7 @@ class DurableState {
   struct Session {
     explicit Session(const Retention& r);
     json created;  // its "session" record: arn, baseModel, rank, alpha, echo, creationTime
-    std::string status = "Running";
+    wire::SessionStatus status = wire::SessionStatus::running;  // kept as its wire string
     std::string error;
     double end_time = 0;
     std::int64_t last_sequence = -1;

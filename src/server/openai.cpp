@@ -183,11 +183,10 @@ bool is_openai_path(const std::string& path) {
 namespace {
 // Checks what can be checked before a sampling operation is queued (with s->mu held).
 void check_sampleable_locked(const SessionHost& s, const SampleRequest& request) {
-  if (s.status != "Running" && s.status != "Blocked")
-    throw api_error("ConflictException", 409,
-                    "Training session " + s.name + " is " + s.status + "; must be Running or Blocked");
+  s.require_takes_operations_locked();
   try {
-    validate_model_input(request.prompt, s.vocab_size, "prompt: ");
+    // Every bound (rlloop/limits.hpp), and now the rendered prompt against the model's vocabulary and context.
+    validate(request, Naming::openai_api(), ModelShape{s.info.max_position_embeddings, s.vocab_size});
   } catch (const invalid_argument& e) {
     throw api_error("invalid_request_error", 400, e.what());
   }
@@ -195,7 +194,7 @@ void check_sampleable_locked(const SessionHost& s, const SampleRequest& request)
 
 // The error of a sampling operation that did not complete (with s->mu held); none when it completed.
 std::optional<std::string> sampling_failure_locked(const OperationRecord& op) {
-  if (op.state.value("status", "") == "Completed" && op.sample_result) return std::nullopt;
+  if (status_of(op.state) == wire::OperationStatus::completed && op.sample_result) return std::nullopt;
   return "sampling failed: " + op.state.value("errorDetails", op.state.value("status", ""));
 }
 }  // namespace
@@ -251,7 +250,7 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
                           const Reply& reply) {
   auto live = [&](const std::shared_ptr<SessionHost>& s) {
     std::lock_guard lock(s->mu);
-    return s->status == "Running" || s->status == "Blocked";
+    return s->takes_operations_locked();
   };
   if (path == "/v1/models") {
     if (req.method != "GET") throw api_error("invalid_request_error", 405, "use GET /v1/models");
@@ -297,9 +296,11 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
   if (passthrough) {
     const std::string rest = path.substr(std::string("/training-sessions/").size());
     const std::string name = rest.substr(0, rest.find('/'));
-    if (name.empty() || name.size() > 64 ||
-        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != std::string::npos)
-      throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
+    try {
+      validate_session_name(name, "trainingSessionName");
+    } catch (const invalid_argument& e) {
+      throw api_error("ValidationException", 400, e.what());
+    }
     if (rest != name + "/sample" && rest != name + "/sample-with-response-stream")
       throw api_error("ResourceNotFoundException", 404, "no route for POST " + path);
     json peek = json::parse(req.body, nullptr, false);
@@ -357,7 +358,6 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
     sreq.prompt = ModelInput::from_tokens(r.prompt ? m.tokenizer->encode(*r.prompt, false) : r.prompt_tokens);
     if (auto eos = m.tokenizer->eos_token_id()) stop_ids.push_back(*eos);
   }
-  if (sreq.prompt.length() == 0) throw api_error("invalid_request_error", 400, "the prompt is empty");
   if (info.eos_token_id) stop_ids.push_back(*info.eos_token_id);
   sreq.params.stop_token_ids = stop_ids;
 

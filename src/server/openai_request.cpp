@@ -11,12 +11,10 @@ namespace {
   throw api_error("invalid_request_error", 400, "'" + field + "' " + why);
 }
 
-double number_in(const json& body, const char* key, double lo, double hi, double fallback) {
+double number_or(const json& body, const char* key, double fallback) {
   if (!body.contains(key) || body[key].is_null()) return fallback;
   if (!body[key].is_number()) bad(key, "must be a number");
-  const double v = body[key].get<double>();
-  if (!(v >= lo && v <= hi)) bad(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
+  return body[key].get<double>();
 }
 
 std::int64_t integer_in(const json& body, const char* key, std::int64_t lo, std::int64_t hi, std::int64_t fallback) {
@@ -90,28 +88,31 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
       bad("prompt", "must be a string, an array of one string, or an array of token ids");
     }
   }
-  r.n = static_cast<int>(integer_in(body, "n", 1, 16, 1));
-  r.params.temperature = number_in(body, "temperature", 0.0, 2.0, 1.0);
-  r.params.top_p = number_in(body, "top_p", 0.0, 1.0, 1.0);
-  if (r.params.top_p == 0.0) bad("top_p", "must be greater than 0");
-  const std::int64_t max_tokens = integer_in(body, "max_tokens", 1, 1 << 20, 16);
-  r.params.max_tokens = static_cast<int>(integer_in(body, "max_completion_tokens", 1, 1 << 20, max_tokens));
+  // Types here; the bounds are rlloop/limits.hpp's (validate_settings below, and the prompt against the model's
+  // context once it is rendered, at submission).
+  constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+  r.n = static_cast<int>(integer_in(body, "n", int32_min, int32_max, 1));
+  r.params.temperature = number_or(body, "temperature", 1.0);
+  r.params.top_p = number_or(body, "top_p", 1.0);
+  const std::int64_t max_tokens = integer_in(body, "max_tokens", int32_min, int32_max, 16);
+  r.params.max_tokens = static_cast<int>(integer_in(body, "max_completion_tokens", int32_min, int32_max, max_tokens));
   if (body.contains("seed") && !body["seed"].is_null())
     r.params.seed = integer_in(body, "seed", INT64_MIN, INT64_MAX, 0);
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& s = body["stop"];
+    const std::string shape =
+        "must be a string or an array of up to " + std::to_string(limits::openai_stop_max) + " strings";
     if (s.is_string()) {
       r.params.stop.push_back(s.get<std::string>());
-    } else if (s.is_array() && s.size() <= 4) {
+    } else if (s.is_array() && s.size() <= static_cast<std::size_t>(limits::openai_stop_max)) {
       for (const auto& e : s) {
-        if (!e.is_string()) bad("stop", "must be a string or an array of up to 4 strings");
+        if (!e.is_string()) bad("stop", shape);
         r.params.stop.push_back(e.get<std::string>());
       }
     } else {
-      bad("stop", "must be a string or an array of up to 4 strings");
+      bad("stop", shape);
     }
-    for (const auto& s2 : r.params.stop)
-      if (s2.empty()) bad("stop", "strings must not be empty");
   }
   if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     const json& l = body["logprobs"];
@@ -119,10 +120,10 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
       if (!l.is_boolean()) bad("logprobs", "must be a boolean");
       r.logprobs = l.get<bool>();
     } else {
-      r.logprobs = integer_in(body, "logprobs", 0, 5, 0) > 0;
+      r.logprobs = integer_in(body, "logprobs", 0, limits::openai_logprobs_max, 0) > 0;
     }
   }
-  if (integer_in(body, "top_logprobs", 0, 20, 0) > 0)
+  if (integer_in(body, "top_logprobs", 0, limits::openai_top_logprobs_max, 0) > 0)
     bad("top_logprobs", "is not supported (alternatives are not computed); use 0");
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean()) bad("stream", "must be a boolean");
@@ -133,6 +134,11 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
     if (so.contains("include_usage") && !so["include_usage"].is_boolean())
       bad("stream_options.include_usage", "must be a boolean");
     r.include_usage = so.value("include_usage", false);
+  }
+  try {
+    validate_settings(SampleRequest{.num_samples = r.n, .params = r.params}, Naming::openai_api());
+  } catch (const invalid_argument& e) {
+    throw api_error("invalid_request_error", 400, e.what());
   }
   return r;
 }

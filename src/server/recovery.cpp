@@ -21,7 +21,11 @@ std::shared_ptr<OperationRecord> operation_from(const json& accept) {
   return op;
 }
 
-bool live_status(const std::string& status) { return status != "Stopped" && status != "Failed" && status != "Expired"; }
+// Whether a session the journal holds was live when the server stopped (so it comes back up).
+bool live_status(wire::SessionStatus status) {
+  using enum wire::SessionStatus;
+  return status != stopped && status != failed && status != expired;
+}
 
 }  // namespace
 
@@ -83,9 +87,10 @@ void Api::Impl::recover() {
         if (c != tenant->checkpoints.end()) r.sampler_path = c->second;
       }
       const bool live = live_status(s.status);
-      auto host = std::make_shared<SessionHost>(
-          tenant, key.second, s.created.at("arn").get<std::string>(), opts, s.created.at("echo"), backend,
-          host_config(), s.created.at("creationTime").get<double>(), std::move(r), live ? "Created" : s.status);
+      auto host = std::make_shared<SessionHost>(tenant, key.second, s.created.at("arn").get<std::string>(), opts,
+                                                s.created.at("echo"), backend, host_config(),
+                                                s.created.at("creationTime").get<double>(), std::move(r),
+                                                live ? wire::SessionStatus::created : s.status);
       sessions[key] = host;
       if (live) starting.push_back(host);
     } catch (const std::exception& e) {

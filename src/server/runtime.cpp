@@ -25,13 +25,6 @@ std::vector<std::string> segments(const std::string& path) {
   return out;
 }
 
-bool valid_label(const std::string& s) {
-  if (s.empty() || s.size() > 64) return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-')) return false;
-  return true;
-}
-
 Response json_response(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
 
 [[noreturn]] void not_found_error(const std::string& message) {
@@ -129,8 +122,11 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
   if (seg.size() < 4 || seg[0] != "v1" || seg[1] != "training-sessions")
     not_found_error("no route for " + req.method + " " + path);
   const std::string& name = seg[2];
-  if (!valid_label(name))
-    throw api_error("ValidationException", 400, "trainingSessionName must be 1-64 characters of [a-zA-Z0-9-]");
+  try {
+    validate_session_name(name, "trainingSessionName");
+  } catch (const invalid_argument& e) {
+    throw api_error("ValidationException", 400, e.what());
+  }
 
   std::shared_ptr<SessionHost> s;
   {
@@ -156,8 +152,10 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
 
   if (seg.size() == 5 && get && (training || sampling)) {
     const std::string& id = seg[4];
-    if (!valid_label(id))
-      throw api_error("ValidationException", 400, "operationId must be 1-64 characters of [a-zA-Z0-9-]");
+    if (!is_label(id, limits::operation_id_max))
+      throw api_error("ValidationException", 400,
+                      "operationId: must be 1-" + std::to_string(limits::operation_id_max) +
+                          " characters of [a-zA-Z0-9-]");
     const std::chrono::milliseconds wait = wait_seconds(req.target).value_or(options.default_result_wait);
     std::lock_guard lock(s->mu);
     const std::shared_ptr<OperationRecord> op = s->find_operation_locked(id, now_seconds());
@@ -196,8 +194,7 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
         // Idempotency-Key header (IETF httpapi draft): a header the real service ignores, unlike an unknown
         // body member. A retried sample then runs, and is billed, once.
         if (auto key = req.header("Idempotency-Key")) {
-          if (!wire::is_valid_client_token(*key))
-            throw invalid_argument("Idempotency-Key: must be 1-128 characters of [a-zA-Z0-9-]");
+          validate_label(*key, limits::client_token_max, "Idempotency-Key");
           token = *key;
         }
         op->digest = request_digest("sampling:" + body["operationConfig"].dump());
@@ -208,9 +205,7 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
 
     std::lock_guard lock(s->mu);
     const double now = now_seconds();
-    if (s->status != "Running" && s->status != "Blocked")
-      throw api_error("ConflictException", 409,
-                      "Training session " + name + " is " + s->status + "; must be Running or Blocked");
+    s->require_takes_operations_locked();
     if (token) {
       if (const ClientTokenRecord* known = s->find_client_token_locked(*token, now)) {
         if (known->digest != op->digest)
@@ -228,8 +223,10 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
           validate_batch(b->data, b->loss.fn, s->vocab_size);
       } else {
         const auto& s_op = std::get<wire::SamplingOperation>(op->op);
+        // The bounds were checked by the wire reader; the model's vocabulary and context are known here.
         if (const auto* r = std::get_if<SampleRequest>(&s_op))
-          validate_model_input(r->prompt, s->vocab_size, "prompt: ");
+          validate(*r, Naming::sagemaker_at("operationConfig.sample"),
+                   ModelShape{s->info.max_position_embeddings, s->vocab_size});
         if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s_op))
           validate_model_input(r->prompt, s->vocab_size, "prompt: ");
       }

@@ -10,6 +10,9 @@
 
 namespace rlloop::server {
 
+using wire::OperationStatus;
+using wire::SessionStatus;
+
 double now_seconds() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
@@ -26,26 +29,26 @@ void release_request(OperationRecord& op) {
 
 // The state a queued operation ends in when its session stops before running it.
 json stopped_state(const OperationRecord& op) {
-  return op.sampling ? json{{"status", "Failed"}, {"errorDetails", "session stopped"}} : json{{"status", "Skipped"}};
+  return op.sampling ? state_body(OperationStatus::failed, "session stopped") : state_body(OperationStatus::skipped);
 }
 }  // namespace
 
 SessionHost::SessionHost(std::shared_ptr<TenantState> t, std::string n, std::string a, SessionOptions o, json e,
                          const Backend& backend, HostConfig config, double created, std::optional<Recovery> recovery,
-                         std::string initial_status)
+                         wire::SessionStatus initial_status)
     : tenant(std::move(t)),
       name(std::move(n)),
       arn(std::move(a)),
       options(std::move(o)),
       echo(std::move(e)),
       creation_time(created > 0 ? created : now_seconds()),
-      status(std::move(initial_status)),
+      status(initial_status),
       last_modified(creation_time),
       config_(std::move(config)),
       finished_(config_.retention.results, seconds(config_.retention.result_age)),
       client_tokens_(config_.retention.client_tokens, seconds(config_.retention.client_token_age)) {
   if (recovery) restore(*recovery);
-  if (status == "Created")
+  if (status == SessionStatus::created)
     worker_ = std::thread(
         [this, backend, recovery = std::move(recovery)]() mutable { run(std::move(backend), std::move(recovery)); });
 }
@@ -57,7 +60,7 @@ void SessionHost::restore(Recovery& r) {
   next_operation_ = r.next_operation;
   usage = r.usage;
   error_details = r.error_details;
-  if (status != "Created") end_time = r.end_time;
+  if (status != SessionStatus::created) end_time = r.end_time;
   for (auto& [op, time] : r.finished) {
     const std::string id = op->id;  // before op is moved into the map
     finished_.put(id, std::move(op), time);
@@ -67,7 +70,7 @@ void SessionHost::restore(Recovery& r) {
   r.client_tokens.clear();
   for (auto& op : r.pending) {
     unfinished_[op->id] = op;
-    if (status != "Created") settle_locked(op, stopped_state(*op), now_seconds());
+    if (status != SessionStatus::created) settle_locked(op, stopped_state(*op), now_seconds());
   }
 }
 
@@ -91,9 +94,10 @@ void SessionHost::enqueue_locked(std::shared_ptr<OperationRecord> op) {
 void SessionHost::stop(bool durable) {
   {
     std::lock_guard lock(mu);
-    const bool live = status == "Running" || status == "Blocked" || status == "Created";
-    if (live) status = "Stopping";
-    if (live && durable) journal({{"t", "status"}, {"status", "Stopped"}, {"time", now_seconds()}});
+    const bool live = takes_operations_locked() || status == SessionStatus::created;
+    if (live) status = SessionStatus::stopping;
+    if (live && durable)
+      journal({{"t", "status"}, {"status", to_string(SessionStatus::stopped)}, {"time", now_seconds()}});
     stopping_ = true;
     last_modified = now_seconds();
   }
@@ -106,7 +110,18 @@ void SessionHost::join() {
 
 void SessionHost::wait_started() {
   std::unique_lock lock(mu);
-  done_cv_.wait(lock, [&] { return status != "Created"; });
+  done_cv_.wait(lock, [&] { return status != SessionStatus::created; });
+}
+
+bool SessionHost::takes_operations_locked() const {
+  return status == SessionStatus::running || status == SessionStatus::blocked;
+}
+
+void SessionHost::require_takes_operations_locked() const {
+  if (!takes_operations_locked())
+    throw api_error("ConflictException", 409,
+                    "Training session " + name + " is " + std::string(to_string(status)) +
+                        "; must be Running or Blocked");
 }
 
 void SessionHost::on_done_locked(OperationRecord& op, std::function<void()> f) { op.on_done.push_back(std::move(f)); }
@@ -229,7 +244,7 @@ json SessionHost::execute(OperationRecord& op) {
           }
         },
         *t);
-    wire::TrainingOperationState st{"Completed", std::move(result), std::nullopt, std::nullopt};
+    wire::TrainingOperationState st{OperationStatus::completed, std::move(result), std::nullopt, std::nullopt};
     if (const auto* f = std::get_if<wire::ForwardResult>(&*st.result)) st.training_tokens = f->output.training_tokens;
     if (const auto* f = std::get_if<wire::ForwardBackwardResult>(&*st.result))
       st.training_tokens = f->output.training_tokens;
@@ -269,7 +284,8 @@ json SessionHost::execute(OperationRecord& op) {
         }
       },
       s);
-  return wire::to_json(wire::SamplingOperationState{"Completed", std::move(result), std::nullopt, std::nullopt});
+  return wire::to_json(
+      wire::SamplingOperationState{OperationStatus::completed, std::move(result), std::nullopt, std::nullopt});
 }
 
 // Journals an operation's end, then makes it visible: a client never sees a result a restart would forget. An
@@ -332,14 +348,14 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     last_modified = now_seconds();
     if (!failure.empty()) {
       session.reset();
-      status = "Failed";
+      status = SessionStatus::failed;
       error_details = failure.substr(0, 1024);
       end_time = last_modified;
-      journal({{"t", "status"}, {"status", "Failed"}, {"error", error_details}, {"time", end_time}});
+      journal({{"t", "status"}, {"status", to_string(status)}, {"error", error_details}, {"time", end_time}});
     } else if (!stopping_) {
       vocab_size = session_info.vocab_size;
       info = session_info;
-      status = "Running";
+      status = SessionStatus::running;
       if (recovery)
         for (auto& op : recovery->pending) queue_.push_back(op);
     }
@@ -354,7 +370,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       if (stopping_) break;
       op = queue_.front();
       queue_.pop_front();
-      op->state = {{"status", "InProgress"}};
+      op->state = state_body(OperationStatus::in_progress);
     }
     json state;
     std::string autosave;
@@ -366,9 +382,9 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
           std::holds_alternative<wire::OptimizerStepOp>(std::get<wire::TrainingOperation>(op->op)))
         autosave = session->save_state("autosave-" + tenant->config.id + "-" + name + "-" + op->id).get().path;
     } catch (const std::exception& e) {
-      state = {{"status", "Failed"}, {"errorDetails", std::string(e.what()).substr(0, 1024)}};
+      state = state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
     }
-    const bool failed = state["status"] == "Failed";
+    const bool failed = status_of(state) == OperationStatus::failed;
     finish(op, std::move(state), autosave);
     if (!autosave.empty()) {
       std::error_code ec;
@@ -385,7 +401,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
           if (!queued->sampling) skipped.push_back(queued);
         std::erase_if(queue_, [](const auto& q) { return !q->sampling; });
       }
-      for (auto& q : skipped) finish(q, {{"status", "Skipped"}}, "");
+      for (auto& q : skipped) finish(q, state_body(OperationStatus::skipped), "");
     }
   }
   std::vector<std::function<void()>> waiting;
@@ -399,8 +415,8 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     queue_.clear();
     done_cv_.notify_all();
     session.reset();  // frees the model while the record stays describable
-    if (status == "Stopping" || status == "Created") {
-      status = "Stopped";
+    if (status == SessionStatus::stopping || status == SessionStatus::created) {
+      status = SessionStatus::stopped;
       end_time = last_modified = now_seconds();
     }
     done_cv_.notify_all();

@@ -11,8 +11,17 @@
 namespace rlloop::server {
 
 std::vector<Tenant> parse_tenants(const std::string& text, const std::string& source) {
-  using namespace wire::detail;
   using wire::json;
+  using wire::read::array;
+  using wire::read::at;
+  using wire::read::fail;
+  using wire::read::find;
+  using wire::read::integer;
+  using wire::read::join;
+  using wire::read::need;
+  using wire::read::object;
+  using wire::read::only_keys;
+  using wire::read::string;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

@@ -366,7 +366,7 @@ TEST(LocalSession, BadInputIsRejectedByNameAndTheSessionKeepsWorking) {
   EXPECT_TRUE(
       contains(error_of([&] { tc.optim_step(AdamParams{.learning_rate = -1e-3}).get(); }), "AdamParams.learning_rate"));
   EXPECT_TRUE(contains(error_of([&] { tc.live_sampling_client().sample(kPrompt, 0, SamplingParams{}).get(); }),
-                       "num_samples must be in [1, 1000]"));
+                       "SampleRequest.num_samples: must be in [1, 1000]"));
 
   // Missing and truncated weights files name the file.
   auto model_dir = dir / "exported";

@@ -686,10 +686,8 @@ TEST_F(SamplerTest, StopsOnTokenIdsAndStopCheckAndLength) {
     EXPECT_EQ(seq.tokens.size(), 4u);
     EXPECT_EQ(seq.stop_reason, StopReason::length);
   }
-  auto r4 = run(SamplingParams{.max_tokens = 0}, 2);
-  EXPECT_EQ(r4.sequences.size(), 2u);
-  EXPECT_TRUE(r4.sequences[0].tokens.empty());
-  EXPECT_EQ(r4.sequences[0].stop_reason, StopReason::length);
+  // No new tokens is below limits::max_tokens_min, here as at every entry point.
+  EXPECT_THROW(run(SamplingParams{.max_tokens = 0}, 2), invalid_argument);
 }
 
 TEST_F(SamplerTest, FinishedSamplesLeaveTheBatch) {

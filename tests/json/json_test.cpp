@@ -101,7 +101,7 @@ TEST(WireJson, SpecSampleBodiesParse) {
     "promptLogprobs": [-3.1, -0.7, -0.2],
     "topkPromptLogprobs": [[{"tokenId": 1, "logprob": -0.1}], [{"tokenId": 2, "logprob": -0.3}]] } } })");
   const auto state = sampling_state_from_json(res);
-  EXPECT_EQ(state.status, "Completed");
+  EXPECT_EQ(state.status, OperationStatus::completed);
   const auto& r = std::get<SampleResponse>(*state.result);
   ASSERT_EQ(r.sequences.size(), 1u);
   EXPECT_EQ(r.sequences[0].stop_reason, StopReason::length);
@@ -159,7 +159,7 @@ TEST(WireJson, NonFiniteDoublesAreWrittenAsAwsStringsAndReadBack) {
   EXPECT_EQ(sj["sequences"][0]["logprobs"], json::array({"-Infinity"}));
   EXPECT_EQ(sj["promptLogprobs"], json::array({"NaN", -1.0}));
   // Any other string is still not a number.
-  EXPECT_EQ(error_of([] { wire::detail::number(json("nan"), "metrics.x"); }), "metrics.x: expected a number");
+  EXPECT_EQ(error_of([] { wire::read::number(json("nan"), "metrics.x"); }), "metrics.x: expected a number");
 }
 
 TEST(WireJson, NestedTensorDataIsFlattenedWithItsShape) {
@@ -275,7 +275,7 @@ TEST(WireJson, LossAndOptimizerSettingsAreValidated) {
   EXPECT_EQ(error_of([] {
               sampling_params_from_json(json{{"maxTokens", 16}, {"topP", 1.5}}, "p");
             }),
-            "p.topP: must be in [0.0, 1.0], got 1.5");
+            "p.topP: must be in (0, 1], got 1.5");
   EXPECT_EQ(error_of([] {
               sampling_params_from_json(json{{"temperature", 1.0}}, "p");
             }),
@@ -301,12 +301,12 @@ TEST(WireJson, SamplingRoundTripsAndResults) {
   EXPECT_EQ(back.num_samples, 3);
   EXPECT_FALSE(back.model_path);
 
-  SamplingOperationState st{"Completed", SamplingResult{ComputeLogprobsResult{{0.0, -1.5}}}, std::nullopt,
-                            std::nullopt};
+  SamplingOperationState st{OperationStatus::completed, SamplingResult{ComputeLogprobsResult{{0.0, -1.5}}},
+                            std::nullopt, std::nullopt};
   const auto st2 = sampling_state_from_json(json::parse(to_json(st).dump()));
   EXPECT_EQ(std::get<ComputeLogprobsResult>(*st2.result).logprobs, (std::vector<double>{0.0, -1.5}));
 
-  TrainingOperationState failed{"Failed", std::nullopt, "datum 0: model input is empty", std::nullopt};
+  TrainingOperationState failed{OperationStatus::failed, std::nullopt, "datum 0: model input is empty", std::nullopt};
   const json fj = to_json(failed);
   EXPECT_EQ(fj, json::parse(R"({"status":"Failed","errorDetails":"datum 0: model input is empty"})"));
   EXPECT_FALSE(training_state_from_json(fj).result);
@@ -328,4 +328,27 @@ TEST(WireJson, SessionInfoAndUsageRoundTrip) {
   EXPECT_EQ(back.step, 3);
   const TokenUsage u{1, 2, 3};
   EXPECT_EQ(token_usage_from_json(to_json(u), ""), u);
+}
+
+// The status enums carry exactly the model's strings (docs/wire.md), which the journal keeps too.
+TEST(WireJson, StatusStringsRoundTrip) {
+  std::vector<std::string> names;
+  for (SessionStatus s : session_statuses) {
+    names.emplace_back(to_string(s));
+    EXPECT_EQ(session_status_from_string(to_string(s)), s);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"Created", "Blocked", "Running", "Failed", "Scheduled", "Stopping",
+                                             "Stopped", "Expired", "Deleting", "DeletionFailed"}));
+  EXPECT_FALSE(session_status_from_string("running"));
+  EXPECT_FALSE(session_status_from_string(""));
+
+  for (const char* name : {"Pending", "InProgress", "Completed", "Failed", "Skipped"}) {
+    const auto s = operation_status_from_string(name);
+    ASSERT_TRUE(s) << name;
+    EXPECT_EQ(to_string(*s), name);
+    EXPECT_EQ(is_terminal(*s), std::string(name) != "Pending" && std::string(name) != "InProgress") << name;
+  }
+  EXPECT_FALSE(operation_status_from_string("Done"));
+  EXPECT_EQ(error_of([] { training_state_from_json(json{{"status", "Done"}}); }),
+            "status: unknown operation status 'Done'");
 }

@@ -50,7 +50,7 @@ TEST_F(RemoteFixture, TrainingLoopThroughTheClients) {
   EXPECT_EQ(svc.list_base_models(), (std::vector<std::string>{"tiny", "slow"}));
   EXPECT_EQ(svc.get_server_capabilities().max_lora_rank, 64);
   auto tc = svc.create_lora_training_client("slow", {.rank = 8, .alpha = 16});
-  EXPECT_EQ(tc.get_info().vocab_size, 100);
+  EXPECT_EQ(tc.get_info().vocab_size, 257);
 
   // Submitted back to back; both futures resolve, in order.
   auto fb = tc.forward_backward({datum({1, 2, 3})}, LossSpec::cross_entropy());

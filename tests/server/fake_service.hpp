@@ -1,7 +1,7 @@
 // A deterministic in-memory Service for protocol tests: no model, instant answers derived from the inputs, and a
 // log of the operations each session ran (to check ordering). A datum starting with token 99 makes the operation
-// fail; base model "slow" makes every operation take 30 ms; the service's Gate, when closed, holds every
-// operation of its sessions until it opens.
+// fail; base model "slow" makes every operation take 30 ms, "short" has a 64-position context; the service's Gate,
+// when closed, holds every operation of its sessions until it opens.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -100,7 +100,10 @@ class FakeSession {
     i.name = opts_.name;
     i.base_model = opts_.base_model;
     i.lora = opts_.lora;
-    i.vocab_size = 100;
+    i.vocab_size = 257;  // the byte tokenizer's (256 bytes + EOS), which the OpenAI routes render text with
+    // Base model "short" has a 64-position context (the server checks prompt + max tokens against it at
+    // submission); the others report none (0: not checked).
+    i.max_position_embeddings = opts_.base_model == "short" ? 64 : 0;
     i.tokenizer = "byte";
     std::lock_guard lock(mu_);
     i.step = step_;

@@ -207,8 +207,18 @@ TEST(DurableState, ASnapshotLoadsBackToTheSameState) {
   EXPECT_EQ(text(loaded), text(s));
   EXPECT_EQ(loaded.tenants.at("a").next_checkpoint, 4);
   EXPECT_EQ(loaded.tenants.at("a").usage.training, 10);
-  EXPECT_EQ(loaded.sessions.at({"a", "t"}).status, "Failed");
+  EXPECT_EQ(loaded.sessions.at({"a", "t"}).status, wire::SessionStatus::failed);
   EXPECT_EQ(loaded.sessions.at({"a", "s"}).replay.size(), 1u);
+  // The snapshot keeps the status as its wire string, as the log's records do.
+  EXPECT_NE(s.snapshot(7).find(R"("status":"Failed")"), std::string::npos);
+}
+
+TEST(DurableState, AStatusItDoesNotKnowIsAMalformedRecord) {
+  DurableState s(small_retention());
+  s.apply(session_record("s"));
+  EXPECT_THROW(s.apply({{"t", "status"}, {"tenant", "a"}, {"session", "s"}, {"status", "Paused"}, {"time", kNow}}),
+               invalid_argument);
+  EXPECT_EQ(s.sessions.at({"a", "s"}).status, wire::SessionStatus::running);
 }
 
 namespace {

@@ -417,7 +417,7 @@ TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
             "operationConfig.forwardBackward.datumList[0].lossFnInputs.weights.data: expected numbers");
   r = c.post("/v1/training-sessions/val/operations", fb_body(2, {1, 2, 500}));
   EXPECT_EQ(r.status, 400u);
-  EXPECT_NE(r.json_body()["message"].get<std::string>().find("token id 500 at position 2 is out of range [0, 100)"),
+  EXPECT_NE(r.json_body()["message"].get<std::string>().find("token id 500 at position 2 is out of range [0, 257)"),
             std::string::npos);
   r = c.send("POST", "/v1/training-sessions/val/operations", "{not json");
   EXPECT_EQ(r.error_type, "ValidationException");
