@@ -233,4 +233,30 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
   const json answer = whole.json_body();
   EXPECT_EQ(text_of(received), answer["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(answer["usage"]["completion_tokens"], 64) << "the seed gives 64 tokens without an end of sequence";
+
+  // Chat, several choices and a stop string: each choice's streamed deltas add up to its unstreamed content.
+  const json chat{{"model", "stream"},
+                  {"messages", {{{"role", "user"}, {"content", "say something"}}}},
+                  {"max_tokens", 48},
+                  {"n", 3},
+                  {"seed", 9},
+                  {"stop", {"e "}}};
+  json streamed_chat = chat;
+  streamed_chat["stream"] = true;
+  const auto sse = c.post("/v1/chat/completions", streamed_chat);
+  ASSERT_EQ(sse.status, 200u) << sse.body;
+  std::vector<std::string> contents(3);
+  for (std::size_t at = sse.body.find("data: {"); at != std::string::npos; at = sse.body.find("data: {", at + 1)) {
+    const json event = json::parse(sse.body.substr(at + 6, sse.body.find("\n", at) - at - 6));
+    for (const auto& choice : event["choices"])
+      contents.at(choice["index"].get<std::size_t>()) += choice["delta"].value("content", "");
+  }
+  const auto unstreamed = c.post("/v1/chat/completions", chat);
+  ASSERT_EQ(unstreamed.status, 200u) << unstreamed.body;
+  std::size_t streamed_bytes = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(contents[i], unstreamed.json_body()["choices"][i]["message"]["content"].get<std::string>()) << i;
+    streamed_bytes += contents[i].size();
+  }
+  EXPECT_GT(streamed_bytes, 20u) << "the choices stream text, not just their ends";
 }
