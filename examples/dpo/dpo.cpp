@@ -19,6 +19,7 @@
 #include <rlloop/rlloop.hpp>
 
 #include "../common/plot.hpp"
+#include "../common/preference_setup.hpp"
 
 using namespace rlloop;
 namespace fs = std::filesystem;
@@ -119,15 +120,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", o.out_dir, "where metrics.jsonl and plot.svg go");
   CLI11_PARSE(app, argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
-  fs::create_directories(o.out_dir);
-
-  LocalServiceOptions svc;
-  svc.checkpoint_dir = (fs::path(o.out_dir) / "checkpoints").string();
-  ServiceClient<LocalService> service{LocalService(svc)};
-  auto client = service.create_full_training_client(o.model, o.seed);
-  auto tok = client.get_tokenizer();
-  // The reference is a frozen snapshot of the starting weights; DPO caches its logprobs per pair.
-  auto reference = client.save_weights_and_get_sampling_client("reference");
+  auto [service, client, tok, reference] = examples::preference_setup(o.model, o.seed, o.out_dir);
   std::printf("rlloop dpo: %s (%lld parameters), task %s, %s, beta %.3g\n", o.model.c_str(),
               static_cast<long long>(client.get_info().num_parameters), o.task.c_str(), o.ipo ? "IPO" : "DPO", o.beta);
   const algorithms::DpoOptions opts{.beta = o.beta, .adam = {.learning_rate = o.lr, .beta2 = 0.99}};

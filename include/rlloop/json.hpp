@@ -987,33 +987,44 @@ inline SamplingOperationState sampling_state_from_json(const json& j) {
 
 // ---- rlloop extensions: session info, usage and capabilities (not in the SageMaker spec) ---------------------
 
-inline json to_json(const TokenUsage& u) {
-  return {{"prefill", u.prefill}, {"sample", u.sample}, {"training", u.training}};
+namespace detail {
+// The member names of the two token-usage shapes: rlloop's own reports, and BillableTokenUsage.
+struct UsageNames {
+  const char* prefill;
+  const char* sample;
+  const char* training;
+};
+inline constexpr UsageNames kUsageNames{"prefill", "sample", "training"};
+inline constexpr UsageNames kBillableUsageNames{"PrefillTokenCount", "SampleTokenCount", "TrainingTokenCount"};
+
+inline json usage_to_json(const TokenUsage& u, const UsageNames& n) {
+  return {{n.prefill, u.prefill}, {n.sample, u.sample}, {n.training, u.training}};
 }
 
-inline TokenUsage token_usage_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+// Absent members read as 0.
+inline TokenUsage usage_from_json(const json& j, const std::string& path, const UsageNames& n) {
   object(j, path);
   TokenUsage u;
-  if (const json* v = find(j, "prefill")) u.prefill = integer(*v, join(path, "prefill"), 0);
-  if (const json* v = find(j, "sample")) u.sample = integer(*v, join(path, "sample"), 0);
-  if (const json* v = find(j, "training")) u.training = integer(*v, join(path, "training"), 0);
+  if (const json* v = find(j, n.prefill)) u.prefill = integer(*v, join(path, n.prefill), 0);
+  if (const json* v = find(j, n.sample)) u.sample = integer(*v, join(path, n.sample), 0);
+  if (const json* v = find(j, n.training)) u.training = integer(*v, join(path, n.training), 0);
   return u;
 }
+}  // namespace detail
 
-// DescribeTrainingSession's BillableTokenUsage (the SageMaker model's names). Absent members read as 0.
+inline json to_json(const TokenUsage& u) { return detail::usage_to_json(u, detail::kUsageNames); }
+
+inline TokenUsage token_usage_from_json(const json& j, const std::string& path) {
+  return detail::usage_from_json(j, path, detail::kUsageNames);
+}
+
+// DescribeTrainingSession's BillableTokenUsage (the SageMaker model's names).
 inline json billable_usage_to_json(const TokenUsage& u) {
-  return {{"PrefillTokenCount", u.prefill}, {"SampleTokenCount", u.sample}, {"TrainingTokenCount", u.training}};
+  return detail::usage_to_json(u, detail::kBillableUsageNames);
 }
 
 inline TokenUsage billable_usage_from_json(const json& j, const std::string& path) {
-  using namespace detail;
-  object(j, path);
-  TokenUsage u;
-  if (const json* v = find(j, "PrefillTokenCount")) u.prefill = integer(*v, join(path, "PrefillTokenCount"), 0);
-  if (const json* v = find(j, "SampleTokenCount")) u.sample = integer(*v, join(path, "SampleTokenCount"), 0);
-  if (const json* v = find(j, "TrainingTokenCount")) u.training = integer(*v, join(path, "TrainingTokenCount"), 0);
-  return u;
+  return detail::usage_from_json(j, path, detail::kBillableUsageNames);
 }
 
 inline json to_json(const LoraOptions& l) {
