@@ -247,9 +247,7 @@ class PolicyGradient {
   // Group baselines: one advantage per completion from its group's rewards, the same for all its tokens.
   std::vector<Rollout> group_rollouts(const std::vector<std::vector<token_id>>& prompts,
                                       const std::vector<SampleResponse>& responses, const std::vector<double>& rewards,
-                                      PolicyGradientStats& stats) const
-    requires(!has_critic)
-  {
+                                      PolicyGradientStats& stats) const requires(!has_critic) {
     std::vector<Rollout> rollouts;
     std::size_t k = 0;
     for (std::size_t i = 0; i < responses.size(); ++i) {
@@ -274,9 +272,8 @@ class PolicyGradient {
   // token) until the critic's estimate replaces them.
   static std::vector<Rollout> reward_rollouts(const std::vector<std::vector<token_id>>& prompts,
                                               const std::vector<SampleResponse>& responses,
-                                              const std::vector<double>& rewards, PolicyGradientStats& stats)
-    requires has_critic
-  {
+                                              const std::vector<double>& rewards,
+                                              PolicyGradientStats& stats) requires has_critic {
     std::vector<Rollout> rollouts;
     std::size_t k = 0;
     for (std::size_t i = 0; i < responses.size(); ++i) {
@@ -334,7 +331,8 @@ class PolicyGradient {
         }
         policy_out.push_back(client_.forward_backward(minibatch, loss));
         if constexpr (has_critic)
-          critic_out.push_back(advantage_.train(client_, std::span<const Rollout>(rollouts).subspan(begin, end - begin)));
+          critic_out.push_back(
+              advantage_.train(client_, std::span<const Rollout>(rollouts).subspan(begin, end - begin)));
         steps.push_back(client_.optim_step(options_.adam));
       }
       double clipped = 0, value_clipped = 0;

@@ -149,9 +149,9 @@ enum class SessionStatus {
   deletion_failed,
 };
 inline constexpr SessionStatus session_statuses[] = {
-    SessionStatus::created, SessionStatus::blocked,  SessionStatus::running, SessionStatus::failed,
-    SessionStatus::scheduled, SessionStatus::stopping, SessionStatus::stopped, SessionStatus::expired,
-    SessionStatus::deleting, SessionStatus::deletion_failed,
+    SessionStatus::created,   SessionStatus::blocked,         SessionStatus::running, SessionStatus::failed,
+    SessionStatus::scheduled, SessionStatus::stopping,        SessionStatus::stopped, SessionStatus::expired,
+    SessionStatus::deleting,  SessionStatus::deletion_failed,
 };
 
 // The wire string ("Created", ..., "DeletionFailed"): what Describe / List answer and what the journal keeps.
@@ -1036,8 +1036,8 @@ inline LoraOptions lora_from_json(const json& j, const std::string& path) {
   object(j, path);
   LoraOptions l;
   // Service output (session info): the bounds were the creator's to check.
-  l.rank = static_cast<int>(
-      integer(need(j, path, "rank"), join(path, "rank"), 0, std::numeric_limits<std::int32_t>::max()));
+  l.rank =
+      static_cast<int>(integer(need(j, path, "rank"), join(path, "rank"), 0, std::numeric_limits<std::int32_t>::max()));
   l.alpha = static_cast<int>(
       integer(need(j, path, "alpha"), join(path, "alpha"), 1, std::numeric_limits<std::int32_t>::max()));
   if (const json* m = find(j, "targetModules")) {

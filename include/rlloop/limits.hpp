@@ -24,14 +24,14 @@ namespace rlloop {
 namespace limits {
 
 // Sampling (SamplingParams, SampleRequest).
-inline constexpr int max_tokens_min = 1;        // at least one new token: a request for none is a mistake
-inline constexpr int max_tokens_max = 131072;   // the SageMaker model's bound on samplingParams.maxTokens
-inline constexpr double temperature_min = 0.0;  // 0 = greedy
-inline constexpr double temperature_max = 2.0;  // the SageMaker model's and OpenAI's bound
-inline constexpr int top_k_min = -1;            // -1 (or 0) = off; otherwise the k most likely tokens
-inline constexpr double top_p_max = 1.0;        // top_p in (0, top_p_max]: 0 would keep no token; 1 = off
-inline constexpr int num_samples_min = 1;       // SampleRequest.num_samples (OpenAI's n)
-inline constexpr int num_samples_max = 1000;    // the SageMaker model's bound on numSamples
+inline constexpr int max_tokens_min = 1;               // at least one new token: a request for none is a mistake
+inline constexpr int max_tokens_max = 131072;          // the SageMaker model's bound on samplingParams.maxTokens
+inline constexpr double temperature_min = 0.0;         // 0 = greedy
+inline constexpr double temperature_max = 2.0;         // the SageMaker model's and OpenAI's bound
+inline constexpr int top_k_min = -1;                   // -1 (or 0) = off; otherwise the k most likely tokens
+inline constexpr double top_p_max = 1.0;               // top_p in (0, top_p_max]: 0 would keep no token; 1 = off
+inline constexpr int num_samples_min = 1;              // SampleRequest.num_samples (OpenAI's n)
+inline constexpr int num_samples_max = 1000;           // the SageMaker model's bound on numSamples
 inline constexpr int topk_prompt_logprobs_max = 1000;  // alternatives per prompt position (0 = none)
 // OpenAI's own request rules (its API, not the sampler's): at most 4 stop strings; completions' logprobs 0-5,
 // chat's top_logprobs 0-20.
@@ -49,10 +49,10 @@ inline constexpr int lora_alpha_max = std::numeric_limits<std::int32_t>::max(); 
 // digit (the SageMaker model's TrainingSessionName, [a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}); the same rule on the
 // control plane, the runtime's URI and the OpenAI routes, so a name that cannot exist is refused everywhere alike.
 inline constexpr std::size_t session_name_max = 63;
-inline constexpr std::size_t operation_id_max = 64;    // operationId: 1-64 of [a-zA-Z0-9-] (the runtime model)
-inline constexpr std::size_t client_token_max = 128;   // clientToken and Idempotency-Key: 1-128 of [a-zA-Z0-9-]
-inline constexpr std::size_t hub_model_id_max = 64;    // the model id in a SageMaker Hub ARN
-inline constexpr std::size_t description_max = 1024;   // saveWeights / saveState description
+inline constexpr std::size_t operation_id_max = 64;   // operationId: 1-64 of [a-zA-Z0-9-] (the runtime model)
+inline constexpr std::size_t client_token_max = 128;  // clientToken and Idempotency-Key: 1-128 of [a-zA-Z0-9-]
+inline constexpr std::size_t hub_model_id_max = 64;   // the model id in a SageMaker Hub ARN
+inline constexpr std::size_t description_max = 1024;  // saveWeights / saveState description
 
 }  // namespace limits
 
@@ -112,11 +112,12 @@ inline bool label_char(char c) {
 inline void validate(const SamplingParams& p, const Naming& n = {}) {
   using detail::invalid;
   auto f = [&](const char* c, const char* w, const char* o) { return n.field("SamplingParams", c, w, o); };
-  detail::int_in(p.max_tokens, limits::max_tokens_min, limits::max_tokens_max, f("max_tokens", "maxTokens", "max_tokens"));
+  detail::int_in(p.max_tokens, limits::max_tokens_min, limits::max_tokens_max,
+                 f("max_tokens", "maxTokens", "max_tokens"));
   if (!(p.temperature >= limits::temperature_min && p.temperature <= limits::temperature_max))
-    invalid(f("temperature", "temperature", "temperature"),
-            "must be in [" + detail::show(limits::temperature_min) + ", " + detail::show(limits::temperature_max) +
-                "], got " + detail::show(p.temperature));
+    invalid(f("temperature", "temperature", "temperature"), "must be in [" + detail::show(limits::temperature_min) +
+                                                                ", " + detail::show(limits::temperature_max) +
+                                                                "], got " + detail::show(p.temperature));
   if (p.top_k < limits::top_k_min)
     invalid(f("top_k", "topK", "top_k"),
             "must be >= " + std::to_string(limits::top_k_min) + " (-1 = off), got " + std::to_string(p.top_k));
@@ -126,7 +127,8 @@ inline void validate(const SamplingParams& p, const Naming& n = {}) {
   for (const auto& s : p.stop)
     if (s.empty()) invalid(f("stop", "stop", "stop"), "a stop string is empty");
   for (token_id t : p.stop_token_ids)
-    if (t < 0) invalid(f("stop_token_ids", "stopTokenIds", "stop_token_ids"), "token id " + std::to_string(t) + " is negative");
+    if (t < 0)
+      invalid(f("stop_token_ids", "stopTokenIds", "stop_token_ids"), "token id " + std::to_string(t) + " is negative");
 }
 
 // The request's own settings, without its prompt (what a parser knows before the prompt is rendered).
@@ -148,9 +150,9 @@ inline void validate(const SampleRequest& r, const Naming& n = {}, const ModelSh
     const Naming pn = n.member("samplingParams");
     for (token_id t : r.params.stop_token_ids)
       if (t >= model.vocab_size)
-        detail::invalid(pn.field("SamplingParams", "stop_token_ids", "stopTokenIds", "stop_token_ids"),
-                        "token id " + std::to_string(t) + " is out of range [0, " + std::to_string(model.vocab_size) +
-                            ")");
+        detail::invalid(
+            pn.field("SamplingParams", "stop_token_ids", "stopTokenIds", "stop_token_ids"),
+            "token id " + std::to_string(t) + " is out of range [0, " + std::to_string(model.vocab_size) + ")");
   }
   if (model.context > 0) {
     const auto P = static_cast<std::int64_t>(r.prompt.length());
@@ -175,8 +177,8 @@ inline void validate_session_name(std::string_view name, const std::string& fiel
   bool ok = name.front() != '-' && name.back() != '-';
   for (char c : name) ok = ok && detail::label_char(c);
   if (!ok)
-    detail::invalid(field, "does not match [a-zA-Z0-9](-*[a-zA-Z0-9]){0," +
-                               std::to_string(limits::session_name_max - 1) + "}");
+    detail::invalid(
+        field, "does not match [a-zA-Z0-9](-*[a-zA-Z0-9]){0," + std::to_string(limits::session_name_max - 1) + "}");
 }
 
 // An operation id, a client token or an Idempotency-Key: 1 to max of [a-zA-Z0-9-].

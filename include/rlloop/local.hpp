@@ -46,14 +46,14 @@ struct LocalServiceOptions {
 
 // What one base model's engine loop is doing (LocalService::base_model_stats).
 struct BaseModelStats {
-  std::string base;              // the resolved model, its device and dtype
-  int sessions = 0;              // sessions (training and sampler) whose operations run on its loop
-  int shared_weight_users = 0;   // of those, models reading the one shared copy of the base weights
-  int active_requests = 0;       // sampling requests decoding now
-  int active_rows = 0;           // their rows in the current batch
-  int queued_operations = 0;     // operations waiting in sessions' queues
-  int peak_batch_rows = 0;       // the largest batch decoded so far
-  int peak_batch_requests = 0;   // the most requests in one decoding step so far
+  std::string base;             // the resolved model, its device and dtype
+  int sessions = 0;             // sessions (training and sampler) whose operations run on its loop
+  int shared_weight_users = 0;  // of those, models reading the one shared copy of the base weights
+  int active_requests = 0;      // sampling requests decoding now
+  int active_rows = 0;          // their rows in the current batch
+  int queued_operations = 0;    // operations waiting in sessions' queues
+  int peak_batch_rows = 0;      // the largest batch decoded so far
+  int peak_batch_requests = 0;  // the most requests in one decoding step so far
   std::uint64_t decode_steps = 0;
 };
 

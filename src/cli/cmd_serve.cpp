@@ -46,8 +46,9 @@ int run_serve(int argc, char** argv) {
       "--data-dir", data_dir,
       "Where checkpoints and the session journal are written; a restart on the same directory resumes its sessions");
   app.add_option("--region", region, "AWS region named in the ARNs the server issues (clients sign for any region)");
-  app.add_option("--result-wait-ms", result_wait_ms,
-                 "Get*OperationResult without ?waitSeconds= waits up to this long for the operation (0 = answer at once)")
+  app.add_option(
+         "--result-wait-ms", result_wait_ms,
+         "Get*OperationResult without ?waitSeconds= waits up to this long for the operation (0 = answer at once)")
       ->check(CLI::Range(0, 20000));
   app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
@@ -57,8 +58,9 @@ int run_serve(int argc, char** argv) {
   app.add_option("--sampling-precision", sampling_precision,
                  "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--max-batch-rows", max_batch_rows,
-                 "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
+  app.add_option(
+         "--max-batch-rows", max_batch_rows,
+         "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
       ->check(CLI::Range(1, 4096));
   app.add_option("--stats-interval-s", stats_interval_s,
                  "Print an {\"event\":\"engine\"} line per base model this often while it changes (0 = never)")

@@ -147,8 +147,7 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
 
   auto out = make_output(lp, b);
   out.metrics["loss:sum"] = value.loss.item<double>();
-  if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo)
-    out.metrics["clip_fraction"] = value.clip_fraction();
+  if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo) out.metrics["clip_fraction"] = value.clip_fraction();
   return out;
 }
 

@@ -226,8 +226,8 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
     if (cache.length + 1 > cache.capacity)
       throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
     for (std::size_t l = 0; l < cache.keys.size(); ++l)
-      if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() ||
-          cache.keys[l].scalar_type() != dtype || cache.values[l].scalar_type() != dtype)
+      if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() || cache.keys[l].scalar_type() != dtype ||
+          cache.values[l].scalar_type() != dtype)
         throw invalid_argument(std::string("CpuDecoder::step: the KV cache must be contiguous ") +
                                (dtype == torch::kBFloat16 ? "bf16 (KVCache::convert)" : "fp32") +
                                " for this decoder's precision");
@@ -254,8 +254,8 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
   return logits;
 }
 
-void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> groups, std::int64_t r0,
-                             std::int64_t r1, float* logits) const {
+void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> groups, std::int64_t r0, std::int64_t r1,
+                             float* logits) const {
   const std::int64_t A = r1 - r0, H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   const double eps = cfg_.rms_norm_eps;

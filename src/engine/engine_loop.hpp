@@ -35,12 +35,12 @@ struct EngineLoopOptions {
 
 // What the loop is doing, for `rlloop info`-style reporting and tests.
 struct EngineLoopStats {
-  int lanes = 0;                  // sessions using the loop
-  int active_requests = 0;        // sampling requests being decoded
-  int active_rows = 0;            // their rows in the current batch
-  int queued_operations = 0;      // operations waiting in lanes
-  int peak_batch_rows = 0;        // the largest batch decoded so far
-  int peak_batch_requests = 0;    // the most requests in one step so far
+  int lanes = 0;                   // sessions using the loop
+  int active_requests = 0;         // sampling requests being decoded
+  int active_rows = 0;             // their rows in the current batch
+  int queued_operations = 0;       // operations waiting in lanes
+  int peak_batch_rows = 0;         // the largest batch decoded so far
+  int peak_batch_requests = 0;     // the most requests in one step so far
   std::uint64_t decode_steps = 0;  // batched steps run
 };
 
@@ -101,7 +101,7 @@ class EngineLoop {
   };
   struct LaneState {
     std::deque<Job> jobs;
-    bool busy = false;            // its head job is running (or decoding)
+    bool busy = false;             // its head job is running (or decoding)
     std::uint64_t head_since = 0;  // when its head job became the head: lanes are served oldest first
   };
   struct Active {

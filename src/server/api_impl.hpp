@@ -156,8 +156,7 @@ class SessionHost {
   // only describable and deletable.
   SessionHost(std::shared_ptr<TenantState> tenant, std::string name, std::string arn, SessionOptions options, json echo,
               const Backend& backend, HostConfig config, double creation_time = 0,
-              std::optional<Recovery> recovery = {},
-              wire::SessionStatus initial_status = wire::SessionStatus::created);
+              std::optional<Recovery> recovery = {}, wire::SessionStatus initial_status = wire::SessionStatus::created);
   ~SessionHost();
 
   // Queues an accepted operation; the caller validated it and holds `mu`.

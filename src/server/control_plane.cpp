@@ -134,7 +134,8 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
         // once, not a session that fails later.
         const auto served = backend.list_base_models();
         if (std::find(served.begin(), served.end(), base) == served.end())
-          throw api_error("ResourceNotFound", 400, "base model " + base + " (ModelConfig.BaseModelArn) is not served here");
+          throw api_error("ResourceNotFound", 400,
+                          "base model " + base + " (ModelConfig.BaseModelArn) is not served here");
       }
       if (const json* e = find(model, "AcceptEula")) boolean(*e, "ModelConfig.AcceptEula");
       const json& output = object(need(body, "", "OutputConfig"), "OutputConfig");
@@ -261,9 +262,9 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
         std::lock_guard lock(s->mu);
         using enum wire::SessionStatus;
         if (s->status != stopped && s->status != failed && s->status != expired)
-          throw api_error("ResourceInUse", 400,
-                          "Training session " + name + " is " + std::string(to_string(s->status)) +
-                              "; stop it before deleting");
+          throw api_error(
+              "ResourceInUse", 400,
+              "Training session " + name + " is " + std::string(to_string(s->status)) + "; stop it before deleting");
       }
       s->join();
       s->journal({{"t", "delete"}});

@@ -419,8 +419,10 @@ class ChunkWriter {
 
   bool role(std::size_t i) {
     if (!r_.chat) return true;
-    return event(json::array(
-        {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}));
+    return event(json::array({{{"index", i},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}}));
   }
   // Pieces [from, to) of choice i.
   bool pieces(std::size_t i, const Choice& c, std::size_t from, std::size_t to) {
@@ -429,17 +431,19 @@ class ChunkWriter {
       const std::size_t t1 = std::min(k + 1, c.tokens.size()), t0 = std::min(k, t1);
       json lp = r_.logprobs ? (r_.chat ? chat_logprobs(tok_, c, t0, t1) : completion_logprobs(tok_, c, t0, t1))
                             : json(nullptr);
-      json ch = r_.chat ? json{{"index", i}, {"delta", {{"content", c.pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
-                        : json{{"index", i}, {"text", c.pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
+      json ch =
+          r_.chat
+              ? json{{"index", i}, {"delta", {{"content", c.pieces[k]}}}, {"logprobs", lp}, {"finish_reason", nullptr}}
+              : json{{"index", i}, {"text", c.pieces[k]}, {"logprobs", lp}, {"finish_reason", nullptr}};
       if (!event(json::array({ch}))) return false;
     }
     return true;
   }
   bool finish(std::size_t i, const Choice& c) {
-    return event(json::array({r_.chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr},
-                                             {"finish_reason", c.finish_reason}}
-                                      : json{{"index", i}, {"text", ""}, {"logprobs", nullptr},
-                                             {"finish_reason", c.finish_reason}}}));
+    return event(json::array(
+        {r_.chat
+             ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}
+             : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}}));
   }
   bool usage(const TokenUsage& billed) {
     if (!r_.include_usage) return true;
@@ -453,8 +457,12 @@ class ChunkWriter {
 
  private:
   bool event(json choices, const json* usage = nullptr) {
-    json c{{"id", id_},         {"object", r_.chat ? "chat.completion.chunk" : "text_completion"},
-           {"created", created_}, {"model", r_.model}, {"system_fingerprint", "rlloop"}, {"choices", std::move(choices)}};
+    json c{{"id", id_},
+           {"object", r_.chat ? "chat.completion.chunk" : "text_completion"},
+           {"created", created_},
+           {"model", r_.model},
+           {"system_fingerprint", "rlloop"},
+           {"choices", std::move(choices)}};
     if (usage)
       c["usage"] = *usage;
     else if (r_.include_usage)

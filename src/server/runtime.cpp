@@ -153,9 +153,9 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
   if (seg.size() == 5 && get && (training || sampling)) {
     const std::string& id = seg[4];
     if (!is_label(id, limits::operation_id_max))
-      throw api_error("ValidationException", 400,
-                      "operationId: must be 1-" + std::to_string(limits::operation_id_max) +
-                          " characters of [a-zA-Z0-9-]");
+      throw api_error(
+          "ValidationException", 400,
+          "operationId: must be 1-" + std::to_string(limits::operation_id_max) + " characters of [a-zA-Z0-9-]");
     const std::chrono::milliseconds wait = wait_seconds(req.target).value_or(options.default_result_wait);
     std::lock_guard lock(s->mu);
     const std::shared_ptr<OperationRecord> op = s->find_operation_locked(id, now_seconds());

@@ -119,9 +119,9 @@ bool SessionHost::takes_operations_locked() const {
 
 void SessionHost::require_takes_operations_locked() const {
   if (!takes_operations_locked())
-    throw api_error("ConflictException", 409,
-                    "Training session " + name + " is " + std::string(to_string(status)) +
-                        "; must be Running or Blocked");
+    throw api_error(
+        "ConflictException", 409,
+        "Training session " + name + " is " + std::string(to_string(status)) + "; must be Running or Blocked");
 }
 
 void SessionHost::on_done_locked(OperationRecord& op, std::function<void()> f) { op.on_done.push_back(std::move(f)); }
@@ -257,11 +257,12 @@ json SessionHost::execute(OperationRecord& op) {
         if constexpr (std::is_same_v<T, SampleRequest>) {
           SampleRequest req = o;
           req.model_path = o.model_path ? std::optional(resolve_checkpoint(*o.model_path)) : sampler_path_;
-          SampleResponse r = op.stream && sample_streaming_
-                                 ? sample_streaming_(req, [stream = op.stream](const SampleResponse& so_far) {
-                                     stream->update(so_far);
-                                   }).get()
-                                 : session->sample(req).get();
+          SampleResponse r =
+              op.stream && sample_streaming_
+                  ? sample_streaming_(req,
+                                      [stream = op.stream](const SampleResponse& so_far) { stream->update(so_far); })
+                        .get()
+                  : session->sample(req).get();
           // Each sequence reports the prompt as its prefill (spec SampleTokenUsage); billed once by default.
           TokenUsage u;
           for (const auto& seq : r.sequences) {

@@ -139,8 +139,8 @@ void check_batch_invariance(int threads) {
   std::vector<std::shared_ptr<LocalSession>> sessions;
   for (int i = 0; i < kSessions; ++i) {
     const int rank = 2 << (i % 4);  // 2, 4, 8, 16
-    sessions.push_back(service.create_session(
-        tiny(i % 5 == 4 ? lora(rank, {"q_proj", "down_proj", "lm_head"}) : lora(rank), 10 + i)));
+    sessions.push_back(
+        service.create_session(tiny(i % 5 == 4 ? lora(rank, {"q_proj", "down_proj", "lm_head"}) : lora(rank), 10 + i)));
     train_apart(*sessions.back(), i);
   }
   std::vector<SampleResponse> alone;
@@ -152,8 +152,8 @@ void check_batch_invariance(int threads) {
   for (int i = 0; i < kSessions; ++i) together.push_back(sessions[i]->sample(request_of(i)));
   gate.release();
   for (int i = 0; i < kSessions; ++i)
-    expect_same_samples(alone[i], together[i].get(), "session " + std::to_string(i) + " with " +
-                                                         std::to_string(threads) + " thread(s)");
+    expect_same_samples(alone[i], together[i].get(),
+                        "session " + std::to_string(i) + " with " + std::to_string(threads) + " thread(s)");
   const BaseModelStats s = only_base(service);
   EXPECT_EQ(s.peak_batch_requests, kSessions) << "every request decoded in the same steps";
   EXPECT_GT(s.peak_batch_rows, kSessions);
@@ -191,7 +191,8 @@ TEST(SharedBase, TrainingResultsEqualAnUnsharedSession) {
   };
   // Submitted from several threads at once, interleaving on the one loop.
   std::vector<std::future<std::pair<std::vector<double>, SampleResponse>>> concurrent;
-  for (int i = 0; i < 3; ++i) concurrent.push_back(std::async(std::launch::async, [&, i] { return run(*shared[i], i); }));
+  for (int i = 0; i < 3; ++i)
+    concurrent.push_back(std::async(std::launch::async, [&, i] { return run(*shared[i], i); }));
   auto full_result = std::async(std::launch::async, [&] { return run(*full_shared, 3); });
 
   for (int i = 0; i < 4; ++i) {

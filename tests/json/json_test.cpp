@@ -349,6 +349,8 @@ TEST(WireJson, StatusStringsRoundTrip) {
     EXPECT_EQ(is_terminal(*s), std::string(name) != "Pending" && std::string(name) != "InProgress") << name;
   }
   EXPECT_FALSE(operation_status_from_string("Done"));
-  EXPECT_EQ(error_of([] { training_state_from_json(json{{"status", "Done"}}); }),
+  EXPECT_EQ(error_of([] {
+              training_state_from_json(json{{"status", "Done"}});
+            }),
             "status: unknown operation status 'Done'");
 }

@@ -39,12 +39,18 @@ struct Spellings {
 
 Spellings spell(Key k) {
   switch (k) {
-    case Key::max_tokens: return {"SamplingParams.max_tokens", "samplingParams.maxTokens", "max_tokens"};
-    case Key::temperature: return {"SamplingParams.temperature", "samplingParams.temperature", "temperature"};
-    case Key::top_k: return {"SamplingParams.top_k", "samplingParams.topK", nullptr};
-    case Key::top_p: return {"SamplingParams.top_p", "samplingParams.topP", "top_p"};
-    case Key::num_samples: return {"SampleRequest.num_samples", "numSamples", "n"};
-    case Key::topk_prompt_logprobs: return {"SampleRequest.topk_prompt_logprobs", "topkPromptLogprobs", nullptr};
+    case Key::max_tokens:
+      return {"SamplingParams.max_tokens", "samplingParams.maxTokens", "max_tokens"};
+    case Key::temperature:
+      return {"SamplingParams.temperature", "samplingParams.temperature", "temperature"};
+    case Key::top_k:
+      return {"SamplingParams.top_k", "samplingParams.topK", nullptr};
+    case Key::top_p:
+      return {"SamplingParams.top_p", "samplingParams.topP", "top_p"};
+    case Key::num_samples:
+      return {"SampleRequest.num_samples", "numSamples", "n"};
+    case Key::topk_prompt_logprobs:
+      return {"SampleRequest.topk_prompt_logprobs", "topkPromptLogprobs", nullptr};
   }
   return {};
 }
@@ -87,12 +93,24 @@ SampleRequest cpp_request(const Case& c) {
   SampleRequest r{ModelInput::from_tokens({1, 2, 3, 4}), 1, SamplingParams{.max_tokens = 2}};
   const auto i = static_cast<int>(c.value);
   switch (c.key) {
-    case Key::max_tokens: r.params.max_tokens = i; break;
-    case Key::temperature: r.params.temperature = c.value; break;
-    case Key::top_k: r.params.top_k = i; break;
-    case Key::top_p: r.params.top_p = c.value; break;
-    case Key::num_samples: r.num_samples = i; break;
-    case Key::topk_prompt_logprobs: r.topk_prompt_logprobs = i; break;
+    case Key::max_tokens:
+      r.params.max_tokens = i;
+      break;
+    case Key::temperature:
+      r.params.temperature = c.value;
+      break;
+    case Key::top_k:
+      r.params.top_k = i;
+      break;
+    case Key::top_p:
+      r.params.top_p = c.value;
+      break;
+    case Key::num_samples:
+      r.num_samples = i;
+      break;
+    case Key::topk_prompt_logprobs:
+      r.topk_prompt_logprobs = i;
+      break;
   }
   return r;
 }
@@ -303,23 +321,33 @@ TEST_F(Limits, EverySessionBoundOnEveryEntryPoint) {
   const std::string longest(L::session_name_max, 'n');
   const std::string too_long(L::session_name_max + 1, 'n');
   auto rank = [](int r) {
-    return SessionCase{"rank", [r](json& b) { b["LoraConfig"]["Rank"] = r; },
-                       [r](SessionOptions& o) { o.lora->rank = r; }, r >= L::lora_rank_min && r <= L::lora_rank_max,
-                       "LoraConfig.Rank", "LoraOptions.rank"};
+    return SessionCase{"rank",
+                       [r](json& b) { b["LoraConfig"]["Rank"] = r; },
+                       [r](SessionOptions& o) { o.lora->rank = r; },
+                       r >= L::lora_rank_min && r <= L::lora_rank_max,
+                       "LoraConfig.Rank",
+                       "LoraOptions.rank"};
   };
   auto alpha = [](std::int64_t a) {
-    return SessionCase{"alpha", [a](json& b) { b["LoraConfig"]["Alpha"] = a; },
-                       [a](SessionOptions& o) { o.lora->alpha = static_cast<int>(a); }, a >= L::lora_alpha_min,
-                       "LoraConfig.Alpha", "LoraOptions.alpha"};
+    return SessionCase{"alpha",
+                       [a](json& b) { b["LoraConfig"]["Alpha"] = a; },
+                       [a](SessionOptions& o) { o.lora->alpha = static_cast<int>(a); },
+                       a >= L::lora_alpha_min,
+                       "LoraConfig.Alpha",
+                       "LoraOptions.alpha"};
   };
   auto named = [](std::string n, bool ok) {
-    return SessionCase{"name", [n](json& b) { b["TrainingSessionName"] = n; },
-                       [n](SessionOptions& o) { o.name = n; }, ok, "TrainingSessionName", "SessionOptions.name"};
+    return SessionCase{"name",
+                       [n](json& b) { b["TrainingSessionName"] = n; },
+                       [n](SessionOptions& o) { o.name = n; },
+                       ok,
+                       "TrainingSessionName",
+                       "SessionOptions.name"};
   };
   const std::vector<SessionCase> table = {
-      rank(L::lora_rank_min - 1), rank(L::lora_rank_min),   rank(L::lora_rank_max), rank(L::lora_rank_max + 1),
-      alpha(L::lora_alpha_min - 1), alpha(L::lora_alpha_min), alpha(L::lora_alpha_max),
-      named(longest, true),       named(too_long, false),   named("-lead", false),  named("under_score", false),
+      rank(L::lora_rank_min - 1),   rank(L::lora_rank_min),   rank(L::lora_rank_max),      rank(L::lora_rank_max + 1),
+      alpha(L::lora_alpha_min - 1), alpha(L::lora_alpha_min), alpha(L::lora_alpha_max),    named(longest, true),
+      named(too_long, false),       named("-lead", false),    named("under_score", false),
   };
 
   auto c = client();

@@ -6,9 +6,9 @@
 #include <boost/asio.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
-#include <fstream>
 #include <thread>
 
 #include <rlloop/local.hpp>
@@ -19,10 +19,10 @@
 #include "test_client.hpp"
 
 using namespace rlloop;
+using test_http::json;
 using test_util::bytes;
 using test_util::LoopGate;
 using test_util::sft_datum;
-using test_http::json;
 namespace fs = std::filesystem;
 
 namespace {
@@ -188,9 +188,10 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
   socket.connect({boost::asio::ip::make_address("127.0.0.1"), srv->port()});
   const std::string body =
       json{{"model", "stream"}, {"prompt", "the cat"}, {"max_tokens", 64}, {"seed", 5}, {"stream", true}}.dump();
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
-                              "Content-Type: application/json\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   boost::asio::write(socket, boost::asio::buffer(request));
   // The sample is queued behind the held loop (with the second gate): then let the loop go for one turn.
   ASSERT_TRUE(eventually([&] { return loop_stats().queued_operations == 2; }));
@@ -235,12 +236,9 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
   EXPECT_EQ(answer["usage"]["completion_tokens"], 64) << "the seed gives 64 tokens without an end of sequence";
 
   // Chat, several choices and a stop string: each choice's streamed deltas add up to its unstreamed content.
-  const json chat{{"model", "stream"},
-                  {"messages", {{{"role", "user"}, {"content", "say something"}}}},
-                  {"max_tokens", 48},
-                  {"n", 3},
-                  {"seed", 9},
-                  {"stop", {"e "}}};
+  const json chat{{"model", "stream"}, {"messages", {{{"role", "user"}, {"content", "say something"}}}},
+                  {"max_tokens", 48},  {"n", 3},
+                  {"seed", 9},         {"stop", {"e "}}};
   json streamed_chat = chat;
   streamed_chat["stream"] = true;
   const auto sse = c.post("/v1/chat/completions", streamed_chat);
