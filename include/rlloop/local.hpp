@@ -39,8 +39,8 @@ struct LocalServiceOptions {
   // the weights once and keeps them while they do not change. CUDA models are bf16 throughout and ignore this.
   SamplingPrecision sampling_precision = SamplingPrecision::fp32;
   // Most sample rows decoded in one step by a base model's engine loop, summed over every session's requests;
-  // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens and
-  // logprobs do not depend on the rows beside it.
+  // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens do not
+  // depend on the rows beside it and its logprobs only in the last digits (within 1e-5; docs/engine.md).
   int max_batch_rows = 64;
 };
 

@@ -74,9 +74,9 @@ class CpuDecoder {
   // One step of several batches at once, each with its own cache (so its own position) and its own LoRA
   // adapters over this decoder's base weights (shares_base): the requests of different sessions on one base
   // model decode together. The base products run over the rows of every group in one pass; adapters,
-  // attention and RoPE run per group. Each row's numbers are those of stepping its group alone: the few-row
-  // product kernels compute every output row independently of the others (small_gemm.hpp, up to its row
-  // limit). Returns the logits [sum of rows, vocab], the groups' rows in order.
+  // attention and RoPE run per group. Each row's numbers are those of stepping its group alone up to the last
+  // digits: the few-row product kernels compute every output row from its own input (small_gemm.hpp, up to its
+  // row limit), but reduce a row of a 4-row tile in another order than a tail row. Returns the logits [sum of rows, vocab], the groups' rows in order.
   struct Group {
     const InferenceWeights* adapters;  // the group's model: only its LoRA adapters are read
     const torch::Tensor* tokens;       // [rows] int64 on the CPU

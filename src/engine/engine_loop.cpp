@@ -27,7 +27,6 @@ std::unique_ptr<EngineLoop::Lane> EngineLoop::open_lane(const std::shared_ptr<En
   {
     std::lock_guard lock(loop->mu_);
     loop->lanes_.push_back(state);
-    loop->stats_.lanes = static_cast<int>(loop->lanes_.size());
   }
   return std::unique_ptr<Lane>(new Lane(loop, std::move(state)));
 }
@@ -35,6 +34,7 @@ std::unique_ptr<EngineLoop::Lane> EngineLoop::open_lane(const std::shared_ptr<En
 EngineLoopStats EngineLoop::stats() const {
   std::lock_guard lock(mu_);
   EngineLoopStats s = stats_;
+  s.lanes = static_cast<int>(lanes_.size());
   s.queued_operations = 0;
   for (const auto& lane : lanes_) s.queued_operations += static_cast<int>(lane->jobs.size());
   return s;
@@ -78,7 +78,6 @@ void EngineLoop::close(const std::shared_ptr<LaneState>& lane) {
   std::unique_lock lock(mu_);
   idle_cv_.wait(lock, [&] { return lane->jobs.empty() && !lane->busy; });
   lanes_.remove(lane);
-  stats_.lanes = static_cast<int>(lanes_.size());
 }
 
 // ------------------------------------------------------------------------------------------------- loop

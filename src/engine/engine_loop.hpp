@@ -29,7 +29,7 @@ namespace rlloop::engine {
 
 struct EngineLoopOptions {
   // Most sample rows (sequences) decoded in one step. Within the few-row product kernels' limit (64) a row's
-  // numbers do not depend on the rows beside it.
+  // numbers depend on the rows beside it only in the last digits (docs/engine.md).
   int max_batch_rows = 64;
 };
 

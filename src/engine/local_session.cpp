@@ -171,7 +171,7 @@ struct LocalSession::Impl {
   }
 
   std::shared_ptr<const RoundedWeights>* rounded_slot(SamplingModel& target) {
-    return shared_base && target.model->shares_base_with(*shared_base->model) ? &shared_base->rounded : &target.rounded;
+    return shared_base ? &shared_base->rounded : &target.rounded;  // a LoRA session's every model shares the base
   }
 
   void build_optimizer() {

@@ -272,12 +272,6 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   return shared;
 }
 
-bool Transformer::shares_base_with(const Transformer& other) const {
-  return impl_->embed.is_same(other.impl_->embed) && impl_->final_norm.is_same(other.impl_->final_norm) &&
-         impl_->layers.size() == other.impl_->layers.size() &&
-         (impl_->layers.empty() || impl_->layers[0].q.weight.is_same(other.impl_->layers[0].q.weight));
-}
-
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache) {
   const ModelConfig& cfg = impl_->cfg;
   if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong)

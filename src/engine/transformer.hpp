@@ -68,8 +68,6 @@ class Transformer : public torch::nn::Module {
   // train only their own LoRA adapters (enable_lora) and value head. `base` must have neither; its weights are
   // frozen here (requires_grad false) and must not change while another model shares them.
   static std::shared_ptr<Transformer> sharing_base(Transformer& base);
-  // True when both read the same base weight tensors.
-  bool shares_base_with(const Transformer& other) const;
 
   // input_ids: [B, T] int64. Without a cache, positions are 0..T-1 with a causal mask. With a cache, the
   // tokens continue the cached positions and the cache is extended. Returns the final-norm hidden states [B, T, H].
