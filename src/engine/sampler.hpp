@@ -35,8 +35,9 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
 // One sample request in progress: the prompt prefilled at construction (and the first token of every sample
 // drawn), then one token per sample per decode_step until every sample has stopped. Rows that stop leave its
 // batch. It holds the model, the cache and the random stream of its request only, so its tokens do not depend on
-// which other runs share its steps, and its logprobs only in the last digits (CpuDecoder::step(groups)). `rounded` as for sample(); the model, the generator's state
-// and *rounded must outlive the run and not change while it decodes (a session's operations run in order).
+// which other runs share its steps, and its logprobs only in the last digits (CpuDecoder::step(groups)). `rounded` as
+// for sample(); the model, the generator's state and *rounded must outlive the run and not change while it decodes (a
+// session's operations run in order).
 class DecodeRun {
  public:
   DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, at::Generator generator,
