@@ -1,6 +1,6 @@
 // The bounds of every request the library and the server accept, in one table, and the validate() functions that
 // check a request against them. Every entry point calls these and nothing else re-checks a bound: the SageMaker
-// wire readers (rlloop/json.hpp), the OpenAI request parser, the server at submission (where it knows the model's
+// wire readers and the OpenAI request parser (rlloop::wire), the server at submission (where it knows the model's
 // context and vocabulary), the remote session before it sends, and the engine (local callers reach it directly).
 // A violation throws rlloop::invalid_argument naming the field the way the caller spells it: "SamplingParams.top_p"
 // in C++, "operationConfig.sample.samplingParams.topP" on the SageMaker wire, "top_p" on OpenAI's API.

@@ -1,4 +1,4 @@
-// Umbrella header of the header-only core. No LibTorch, no JSON library (include <rlloop/json.hpp> for that).
+// Umbrella header of the header-only core. No LibTorch and no wire protocol (the compiled rlloop::wire module).
 #pragma once
 #include <rlloop/clients.hpp>
 #include <rlloop/error.hpp>

@@ -1,5 +1,5 @@
-// Plain-data types exchanged with a training session. No LibTorch, no JSON here (see json.hpp), so code that
-// only builds data pays nothing for either.
+// Plain-data types exchanged with a training session. No LibTorch, no JSON here (the wire protocol is the compiled
+// rlloop::wire module, src/wire/), so code that only builds data pays nothing for either.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -1,14 +1,15 @@
-// RemoteSession / RemoteService over the wire JSON of rlloop/json.hpp.
+// RemoteSession / RemoteService over the wire JSON of wire/runtime.hpp and wire/control_plane.hpp.
 #include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
 
-#include <rlloop/json.hpp>
 #include <rlloop/limits.hpp>
 #include <rlloop/remote.hpp>
 
 #include "remote_client.hpp"
+#include "wire/control_plane.hpp"
+#include "wire/runtime.hpp"
 
 namespace rlloop {
 

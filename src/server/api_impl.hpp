@@ -16,10 +16,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include <rlloop/json.hpp>
+#include <rlloop/limits.hpp>
 
 #include "server/journal.hpp"
 #include "server/server.hpp"
+#include "wire/control_plane.hpp"
+#include "wire/runtime.hpp"
 
 namespace rlloop::server {
 

@@ -13,9 +13,9 @@
 #include <fstream>
 
 #include <rlloop/error.hpp>
-#include <rlloop/json.hpp>
 
 #include "sigv4/sigv4.hpp"
+#include "wire/runtime.hpp"
 
 namespace rlloop::server {
 
@@ -148,7 +148,7 @@ std::optional<std::int64_t> operation_ordinal(const std::string& id, double crea
   return n;
 }
 
-// A record's usage has the shape of the /v1/usage extension: one writer and one reader (rlloop/json.hpp).
+// A record's usage has the shape of the /v1/usage extension: one writer and one reader (wire/runtime.hpp).
 json usage_json(const TokenUsage& u) { return wire::to_json(u); }
 TokenUsage usage_from_json(const json& j) { return wire::token_usage_from_json(j, "usage"); }
 

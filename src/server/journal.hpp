@@ -33,10 +33,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include <rlloop/json.hpp>
 #include <rlloop/types.hpp>
 
 #include "server/server.hpp"
+#include "wire/control_plane.hpp"
+#include "wire/runtime.hpp"
 
 namespace rlloop::server {
 

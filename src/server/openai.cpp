@@ -14,13 +14,14 @@
 #include <rlloop/chat.hpp>
 #include <rlloop/tokenizer.hpp>
 
-#include "server/openai_request.hpp"
+#include "server/api_impl.hpp"
+#include "wire/openai.hpp"
 
 namespace rlloop::server {
 
 namespace {
 
-using openai::Request;
+using wire::openai::Request;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -168,8 +169,13 @@ json completion_logprobs(const Tokenizer& tok, const Choice& c, std::size_t from
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offsets}};
 }
 
-json usage_of(const TokenUsage& u) {
-  return {{"prompt_tokens", u.prefill}, {"completion_tokens", u.sample}, {"total_tokens", u.prefill + u.sample}};
+// The request body in the sampler's terms; a bad field is OpenAI's invalid_request_error naming it.
+Request parse_request(const std::string& body, bool chat, bool model_required) {
+  try {
+    return wire::openai::parse_request(body, chat, model_required);
+  } catch (const invalid_argument& e) {
+    throw api_error("invalid_request_error", 400, e.what());
+  }
 }
 
 }  // namespace
@@ -305,7 +311,7 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
       throw api_error("ResourceNotFoundException", 404, "no route for POST " + path);
     json peek = json::parse(req.body, nullptr, false);
     const bool chat = !(peek.is_object() && peek.contains("prompt") && !peek.contains("messages"));
-    r = openai::parse_request(req.body, chat, false);
+    r = parse_request(req.body, chat, false);
     if (path.ends_with("-with-response-stream")) r.stream = true;
     s = find_live(name);
     if (auto pkg = req.header("X-Amzn-SageMaker-Model-Package")) {
@@ -316,7 +322,7 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
     }
     r.model = model_path.value_or(name);
   } else {
-    r = openai::parse_request(req.body, path == "/v1/chat/completions", true);
+    r = parse_request(req.body, path == "/v1/chat/completions", true);
     if (r.model.rfind("arn:", 0) == 0) {
       {
         std::lock_guard lock(t->mu);
@@ -405,7 +411,7 @@ Response completion(const Request& r, const ModelText& m, const std::vector<toke
            {"model", r.model},
            {"system_fingerprint", "rlloop"},
            {"choices", out_choices},
-           {"usage", usage_of(billed)}};
+           {"usage", wire::openai::usage_to_json(billed)}};
   return Response{200, "application/json", {}, dump(out)};
 }
 
@@ -447,7 +453,7 @@ class ChunkWriter {
   }
   bool usage(const TokenUsage& billed) {
     if (!r_.include_usage) return true;
-    const json u = usage_of(billed);
+    const json u = wire::openai::usage_to_json(billed);
     return event(json::array(), &u);
   }
   bool error(const std::string& message) {

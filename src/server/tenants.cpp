@@ -4,9 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <rlloop/json.hpp>
-
 #include "server/server.hpp"
+#include "wire/read.hpp"
 
 namespace rlloop::server {
 

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
-#include <rlloop/json.hpp>
+#include "wire/control_plane.hpp"
+#include "wire/runtime.hpp"
 
 using namespace rlloop;
 using namespace rlloop::wire;

@@ -10,11 +10,10 @@
 #include <chrono>
 #include <thread>
 
-#include <rlloop/json.hpp>
-
 #include "fake_service.hpp"
 #include "server/server.hpp"
 #include "test_client.hpp"
+#include "wire/runtime.hpp"
 
 using namespace rlloop;
 using test_http::json;

@@ -17,11 +17,10 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include <rlloop/json.hpp>
-
 #include "fake_service.hpp"
 #include "server/server.hpp"
 #include "test_client.hpp"
+#include "wire/runtime.hpp"
 
 using namespace rlloop;
 using test_http::json;

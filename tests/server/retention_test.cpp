@@ -10,10 +10,9 @@
 #include <filesystem>
 #include <thread>
 
-#include <rlloop/json.hpp>
-
 #include "fake_service.hpp"
 #include "server/server.hpp"
+#include "wire/runtime.hpp"
 
 using namespace rlloop;
 using nlohmann::json;

@@ -10,11 +10,10 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include <rlloop/json.hpp>
-
 #include "fake_service.hpp"
 #include "server/server.hpp"
 #include "test_client.hpp"
+#include "wire/runtime.hpp"
 
 using namespace rlloop;
 using test_http::json;

@@ -1,15 +1,18 @@
-// Parsing of OpenAI chat-completion / completion request bodies into the sampler's terms, with OpenAI's field
-// names and limits; a bad field is an api_error naming it (400), never a crash.
+// OpenAI's chat-completion and completion request bodies, read into the sampler's terms with OpenAI's field names
+// (its own request rules too: at most 4 stop strings, logprobs 0-5; the sampling bounds are rlloop/limits.hpp's).
+// A bad field throws rlloop::invalid_argument naming it ("'temperature' must be a number"); the server answers it
+// as OpenAI's invalid_request_error (400).
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <rlloop/chat.hpp>
+#include <rlloop/types.hpp>
 
-#include "server/api_impl.hpp"
+#include "wire/read.hpp"
 
-namespace rlloop::server::openai {
+namespace rlloop::wire::openai {
 
 struct Request {
   bool chat = true;
@@ -27,4 +30,7 @@ struct Request {
 // chat = /v1/chat/completions shape (messages), else /v1/completions (prompt). model_required: /v1/* paths.
 Request parse_request(const std::string& body, bool chat, bool model_required);
 
-}  // namespace rlloop::server::openai
+// A response's `usage`: prompt_tokens, completion_tokens and total_tokens.
+json usage_to_json(const TokenUsage& u);
+
+}  // namespace rlloop::wire::openai

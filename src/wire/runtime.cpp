@@ -1,327 +1,52 @@
-// Wire JSON for the core types, with the runtime API's field names (lowerCamelCase; spec §3). Writers produce
-// what the service expects; readers validate every type and required field and throw rlloop::invalid_argument
-// naming the JSON path ("operationConfig.forwardBackward.datumList[2].lossFnInputs.weights.data: expected
-// numbers"), so a malformed request is rejected the same way by the server and by the client's own checks.
-// Output readers (results) tolerate unknown keys; input readers (requests) reject unknown union members and
-// unknown loss inputs, as the spec requires.
-#pragma once
+#include "wire/runtime.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <variant>
-#include <vector>
-
-#include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include <rlloop/error.hpp>
 #include <rlloop/limits.hpp>
-#include <rlloop/loss.hpp>
-#include <rlloop/types.hpp>
+
+#include "wire/read.hpp"
 
 namespace rlloop::wire {
 
-using json = nlohmann::json;
-
-// ---- operation shapes (the unions of spec §3.3 / §3.5 / §3.7) -----------------------------------------------
-
-struct BatchOp {
-  std::vector<Datum> data;
-  LossSpec loss;
-  bool operator==(const BatchOp&) const = default;
-};
-struct ForwardOp : BatchOp {};
-struct ForwardBackwardOp : BatchOp {};
-struct OptimizerStepOp {
-  AdamParams adam;
-  bool operator==(const OptimizerStepOp&) const = default;
-};
-struct SaveWeightsOp {
-  bool merge_weights = false;
-  std::string description;
-  bool operator==(const SaveWeightsOp&) const = default;
-};
-struct SaveStateOp {
-  std::string description;
-  bool operator==(const SaveStateOp&) const = default;
-};
-struct LoadStateOp {
-  std::string model_package_arn;
-  bool load_optimizer = true;
-  bool operator==(const LoadStateOp&) const = default;
-};
-using TrainingOperation =
-    std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp, LoadStateOp>;
-
-struct LoadWeightsForSamplingOp {
-  std::string model_package_arn;
-};
-using SamplingOperation = std::variant<SampleRequest, ComputeLogprobsRequest, LoadWeightsForSamplingOp>;
-
-// ExecuteTrainingOperation body.
-struct ExecuteTrainingRequest {
-  std::int64_t sequence_number = 0;
-  std::optional<std::string> client_token;
-  TrainingOperation operation;
-};
-
-struct ForwardResult {
-  ForwardBackwardOutput output;
-};
-struct ForwardBackwardResult {
-  ForwardBackwardOutput output;
-};
-struct SaveWeightsResult {
-  std::optional<std::string> model_package_arn;
-};
-struct SaveStateResult {
-  std::string model_package_arn;
-};
-using TrainingResult = std::variant<ForwardResult, ForwardBackwardResult, OptimStepOutput, SaveWeightsResult,
-                                    SaveStateResult, LoadStateOutput>;
-
-struct ComputeLogprobsResult {
-  std::vector<double> logprobs;
-};
-struct LoadWeightsForSamplingResult {};
-using SamplingResult = std::variant<SampleResponse, ComputeLogprobsResult, LoadWeightsForSamplingResult>;
-
-// Get*OperationResult's status: queued, running, then one of the three terminal states (Skipped: a training
-// operation queued behind one that failed).
-enum class OperationStatus { pending, in_progress, completed, failed, skipped };
-
-// The wire string: "Pending", "InProgress", "Completed", "Failed" or "Skipped".
-constexpr std::string_view to_string(OperationStatus s) noexcept {
-  switch (s) {
-    case OperationStatus::pending:
-      return "Pending";
-    case OperationStatus::in_progress:
-      return "InProgress";
-    case OperationStatus::completed:
-      return "Completed";
-    case OperationStatus::failed:
-      return "Failed";
-    case OperationStatus::skipped:
-      return "Skipped";
-  }
-  return "unknown";
-}
-// The status a wire string names; nullopt for any other string.
-constexpr std::optional<OperationStatus> operation_status_from_string(std::string_view s) noexcept {
-  for (OperationStatus v : {OperationStatus::pending, OperationStatus::in_progress, OperationStatus::completed,
-                            OperationStatus::failed, OperationStatus::skipped})
-    if (to_string(v) == s) return v;
-  return std::nullopt;
-}
-// Whether an operation is finished (its state and result are final).
-constexpr bool is_terminal(OperationStatus s) noexcept {
-  return s != OperationStatus::pending && s != OperationStatus::in_progress;
-}
-
-// Get*OperationResult body.
-template <class Result>
-struct OperationState {
-  OperationStatus status = OperationStatus::pending;
-  std::optional<Result> result;
-  std::optional<std::string> error_details;
-  std::optional<std::int64_t> training_tokens;  // top-level tokenUsage (training operations only)
-};
-using TrainingOperationState = OperationState<TrainingResult>;
-using SamplingOperationState = OperationState<SamplingResult>;
-
-// ---- training-session status (the control plane's TrainingSessionStatus enum) --------------------------------
-
-// The model's ten values. rlloop's sessions go Created -> Running (or Failed) -> Stopping -> Stopped; the others
-// are the service's (ListTrainingSessions.StatusEquals accepts every one; DeleteTrainingSession is synchronous).
-enum class SessionStatus {
-  created,
-  blocked,
-  running,
-  failed,
-  scheduled,
-  stopping,
-  stopped,
-  expired,
-  deleting,
-  deletion_failed,
-};
-inline constexpr SessionStatus session_statuses[] = {
-    SessionStatus::created,   SessionStatus::blocked,         SessionStatus::running, SessionStatus::failed,
-    SessionStatus::scheduled, SessionStatus::stopping,        SessionStatus::stopped, SessionStatus::expired,
-    SessionStatus::deleting,  SessionStatus::deletion_failed,
-};
-
-// The wire string ("Created", ..., "DeletionFailed"): what Describe / List answer and what the journal keeps.
-constexpr std::string_view to_string(SessionStatus s) noexcept {
-  switch (s) {
-    case SessionStatus::created:
-      return "Created";
-    case SessionStatus::blocked:
-      return "Blocked";
-    case SessionStatus::running:
-      return "Running";
-    case SessionStatus::failed:
-      return "Failed";
-    case SessionStatus::scheduled:
-      return "Scheduled";
-    case SessionStatus::stopping:
-      return "Stopping";
-    case SessionStatus::stopped:
-      return "Stopped";
-    case SessionStatus::expired:
-      return "Expired";
-    case SessionStatus::deleting:
-      return "Deleting";
-    case SessionStatus::deletion_failed:
-      return "DeletionFailed";
-  }
-  return "unknown";
-}
-// The status a wire string names, matched exactly as the model's enum is; nullopt for any other string.
-constexpr std::optional<SessionStatus> session_status_from_string(std::string_view s) noexcept {
-  for (SessionStatus v : session_statuses)
-    if (to_string(v) == s) return v;
-  return std::nullopt;
-}
-
-// ---- field readers -------------------------------------------------------------------------------------------
-
-// What every reader below is built from, public for the other JSON a wire peer reads (the control plane's bodies,
-// the server's tenants file): each checks one member's type or presence and throws rlloop::invalid_argument
-// naming the JSON path ("LoraConfig.Rank: expected an integer"); `path` is where `j` / `obj` sits ("" = the body).
-namespace read {
-
-inline std::string join(const std::string& path, const std::string& key) {
-  return path.empty() ? key : path + "." + key;
-}
-inline std::string at(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
-
-[[noreturn]] inline void fail(const std::string& path, const std::string& what) {
-  throw invalid_argument((path.empty() ? std::string("request body") : path) + ": " + what);
-}
-
-inline const json& object(const json& j, const std::string& path) {
-  if (!j.is_object()) fail(path, "expected an object");
-  return j;
-}
-inline const json& array(const json& j, const std::string& path) {
-  if (!j.is_array()) fail(path, "expected an array");
-  return j;
-}
-// The member, or nullptr when absent (JSON null counts as absent, as AWS SDKs treat it).
-inline const json* find(const json& obj, const std::string& key) {
-  auto it = obj.find(key);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-inline const json& need(const json& obj, const std::string& path, const std::string& key) {
-  if (const json* v = find(obj, key)) return *v;
-  fail(join(path, key), "required field is missing");
-}
-inline std::string string(const json& j, const std::string& path) {
-  if (!j.is_string()) fail(path, "expected a string");
-  return j.get<std::string>();
-}
-inline bool boolean(const json& j, const std::string& path) {
-  if (!j.is_boolean()) fail(path, "expected a boolean");
-  return j.get<bool>();
-}
-// AWS's JSON protocols write the doubles JSON has no literal for as the strings "NaN", "Infinity" and
-// "-Infinity" (botocore parses them so); a number member accepts those three strings too.
-inline double number(const json& j, const std::string& path) {
-  if (j.is_string()) {
-    const auto& s = j.get_ref<const std::string&>();
-    if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
-    if (s == "Infinity") return std::numeric_limits<double>::infinity();
-    if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
-  }
-  if (!j.is_number()) fail(path, "expected a number");
-  return j.get<double>();
-}
-inline std::int64_t integer(const json& j, const std::string& path,
-                            std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
-                            std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
-  std::int64_t v = 0;
-  if (j.is_number_integer()) {
-    if (j.is_number_unsigned() &&
-        j.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      fail(path, "integer out of range");
-    v = j.get<std::int64_t>();
-  } else if (j.is_number_float() && std::isfinite(j.get<double>()) && j.get<double>() == std::floor(j.get<double>()) &&
-             std::fabs(j.get<double>()) < 9.0e15) {
-    v = static_cast<std::int64_t>(j.get<double>());  // 3.0 is an integer to JSON writers that only know doubles
-  } else {
-    fail(path, "expected an integer");
-  }
-  if (v < lo || v > hi)
-    fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
-  return v;
-}
-inline double in_range(double v, const std::string& path, double lo, double hi) {
-  if (!(v >= lo && v <= hi))
-    fail(path, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + json(v).dump());
-  return v;
-}
-// Rejects members a request type does not define, so a typo is an error rather than a silently ignored field.
-inline void only_keys(const json& obj, const std::string& path, std::initializer_list<const char*> keys) {
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    bool known = false;
-    for (const char* k : keys) known = known || it.key() == k;
-    if (!known) fail(join(path, it.key()), "unknown field");
-  }
-}
-// A union: exactly one member, and it must be one of `members`. Returns the member's name.
-inline std::string union_member(const json& j, const std::string& path, std::initializer_list<const char*> members) {
-  object(j, path);
-  std::string names;
-  for (const char* m : members) names += (names.empty() ? "" : ", ") + std::string(m);
-  if (j.size() != 1) fail(path, "expected exactly one of " + names + " (got " + std::to_string(j.size()) + " members)");
-  const std::string key = j.begin().key();
-  for (const char* m : members)
-    if (key == m) return key;
-  fail(join(path, key), "unknown member (expected one of " + names + ")");
-}
-
-}  // namespace read
-
-// The module's own helpers (not part of its interface) see the field readers unqualified.
-namespace detail {
 using namespace read;
-}  // namespace detail
 
 // ---- numbers on the wire ----------------------------------------------------------------------------------------
 
-// A double as AWS writes it: a JSON number, or "NaN" / "Infinity" / "-Infinity" (nlohmann would write null, which
-// botocore's parser and number() above reject). Every double a writer below emits goes through it.
-inline json wire_number(double v) {
+json wire_number(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
   return v;
 }
+
+namespace {
+// Every double a writer below emits goes through wire_number.
 template <class Range>
 json wire_numbers(const Range& values) {
   json out = json::array();
   for (double v : values) out.push_back(wire_number(v));
   return out;
 }
-inline json wire_metrics(const Metrics& metrics) {
+json wire_metrics(const Metrics& metrics) {
   json out = json::object();
   for (const auto& [k, v] : metrics) out[k] = wire_number(v);
   return out;
 }
+}  // namespace
 
 // ---- ModelInput / TensorData / Datum -------------------------------------------------------------------------
 
-inline json to_json(const ModelInput& in) {
+json to_json(const ModelInput& in) {
   json chunks = json::array();
   for (const auto& c : in.chunks) chunks.push_back({{"type", "encoded_text"}, {"tokens", c.tokens}});
   return {{"chunks", std::move(chunks)}};
 }
 
-inline ModelInput model_input_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+ModelInput model_input_from_json(const json& j, const std::string& path) {
   object(j, path);
   ModelInput out;
   const std::string cpath = join(path, "chunks");
@@ -344,7 +69,7 @@ inline ModelInput model_input_from_json(const json& j, const std::string& path) 
   return out;
 }
 
-inline json to_json(const TensorData& t) {
+json to_json(const TensorData& t) {
   json j{{"dtype", to_string(t.dtype)}};
   if (t.dtype == DType::float32)
     j["data"] = wire_numbers(t.float_data);
@@ -354,10 +79,10 @@ inline json to_json(const TensorData& t) {
   return j;
 }
 
-namespace detail {
+namespace {
 // Flattens nested `data` row-major, recording the shape and checking that it is rectangular.
-inline void flatten(const json& j, const std::string& path, std::size_t depth, std::vector<std::int64_t>& shape,
-                    std::vector<const json*>& leaves) {
+void flatten(const json& j, const std::string& path, std::size_t depth, std::vector<std::int64_t>& shape,
+             std::vector<const json*>& leaves) {
   if (!j.is_array()) {
     if (depth == 0) fail(path, "expected an array");
     if (depth != shape.size()) fail(path, "ragged nested array");
@@ -372,11 +97,9 @@ inline void flatten(const json& j, const std::string& path, std::size_t depth, s
   }
   for (std::size_t i = 0; i < j.size(); ++i) flatten(j[i], at(path, i), depth + 1, shape, leaves);
 }
-}  // namespace detail
+}  // namespace
 
-// Accepts flat `data` (with an optional `shape` whose product must match) or nested `data` (shape inferred).
-inline TensorData tensor_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+TensorData tensor_from_json(const json& j, const std::string& path) {
   object(j, path);
   TensorData t;
   const std::string dtype = string(need(j, path, "dtype"), join(path, "dtype"));
@@ -429,14 +152,13 @@ inline TensorData tensor_from_json(const json& j, const std::string& path) {
   return t;
 }
 
-inline json to_json(const Datum& d) {
+json to_json(const Datum& d) {
   json inputs = json::object();
   for (const auto& [k, v] : d.loss_fn_inputs) inputs[k] = to_json(v);
   return {{"modelInput", to_json(d.model_input)}, {"lossFnInputs", std::move(inputs)}};
 }
 
-inline Datum datum_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+Datum datum_from_json(const json& j, const std::string& path) {
   object(j, path);
   only_keys(j, path, {"modelInput", "lossFnInputs"});
   Datum d;
@@ -456,16 +178,13 @@ inline Datum datum_from_json(const json& j, const std::string& path) {
 
 // ---- losses, sampling and optimizer settings -----------------------------------------------------------------
 
-// Writes lossFnName and lossFnConfig into an operation config object. The wire carries the ppo / cispo clip as
-// thresholds, the spec as epsilons: LossSpec::config and LossSpec::parse translate.
-inline void write_loss(json& j, const LossSpec& loss) {
+void write_loss(json& j, const LossSpec& loss) {
   j["lossFnName"] = to_string(loss.fn);
   const auto config = loss.config();
   if (!config.empty()) j["lossFnConfig"] = config;
 }
 
-inline LossSpec loss_from_json(const json& obj, const std::string& path) {
-  using namespace detail;
+LossSpec loss_from_json(const json& obj, const std::string& path) {
   const std::string name = string(need(obj, path, "lossFnName"), join(path, "lossFnName"));
   std::map<std::string, double> config;
   if (const json* c = find(obj, "lossFnConfig")) {
@@ -480,7 +199,7 @@ inline LossSpec loss_from_json(const json& obj, const std::string& path) {
   }
 }
 
-inline json to_json(const SamplingParams& p) {
+json to_json(const SamplingParams& p) {
   json j{{"maxTokens", p.max_tokens}, {"temperature", p.temperature}, {"topK", p.top_k}, {"topP", p.top_p}};
   // The wire's seed is a 32-bit Integer: a wider seed is sent as its low 32 bits (two's complement).
   if (p.seed) j["seed"] = static_cast<std::int32_t>(static_cast<std::uint32_t>(*p.seed));
@@ -490,8 +209,7 @@ inline json to_json(const SamplingParams& p) {
   return j;
 }
 
-inline SamplingParams sampling_params_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+SamplingParams sampling_params_from_json(const json& j, const std::string& path) {
   object(j, path);
   only_keys(j, path, {"maxTokens", "temperature", "topK", "topP", "seed", "stop", "stopTokenIds"});
   SamplingParams p;
@@ -522,7 +240,7 @@ inline SamplingParams sampling_params_from_json(const json& j, const std::string
   return p;
 }
 
-inline json to_json(const AdamParams& a) {
+json to_json(const AdamParams& a) {
   json j{{"learningRate", a.learning_rate},
          {"beta1", a.beta1},
          {"beta2", a.beta2},
@@ -533,9 +251,7 @@ inline json to_json(const AdamParams& a) {
   return j;
 }
 
-// Ranges from the spec's AdamParamsConfig table; omitted optional fields keep AdamParams' defaults.
-inline AdamParams adam_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+AdamParams adam_from_json(const json& j, const std::string& path) {
   object(j, path);
   only_keys(j, path, {"learningRate", "beta1", "beta2", "eps", "weightDecay", "gradClipNorm", "loraPlusLrRatio"});
   AdamParams a;
@@ -555,8 +271,8 @@ inline AdamParams adam_from_json(const json& j, const std::string& path) {
 
 // ---- requests ------------------------------------------------------------------------------------------------
 
-namespace detail {
-inline std::vector<Datum> datum_list(const json& obj, const std::string& path) {
+namespace {
+std::vector<Datum> datum_list(const json& obj, const std::string& path) {
   const std::string lpath = join(path, "datumList");
   const json& list = array(need(obj, path, "datumList"), lpath);
   if (list.empty()) fail(lpath, "needs at least one datum");
@@ -565,23 +281,23 @@ inline std::vector<Datum> datum_list(const json& obj, const std::string& path) {
   for (std::size_t i = 0; i < list.size(); ++i) out.push_back(datum_from_json(list[i], at(lpath, i)));
   return out;
 }
-inline json batch_json(const BatchOp& op) {
+json batch_json(const BatchOp& op) {
   json list = json::array();
   for (const auto& d : op.data) list.push_back(to_json(d));
   json j{{"datumList", std::move(list)}};
   write_loss(j, op.loss);
   return j;
 }
-}  // namespace detail
+}  // namespace
 
-inline json to_json(const TrainingOperation& op) {
+json to_json(const TrainingOperation& op) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<T, ForwardOp>)
-          return {{"forward", detail::batch_json(o)}};
+          return {{"forward", batch_json(o)}};
         else if constexpr (std::is_same_v<T, ForwardBackwardOp>)
-          return {{"forwardBackward", detail::batch_json(o)}};
+          return {{"forwardBackward", batch_json(o)}};
         else if constexpr (std::is_same_v<T, OptimizerStepOp>)
           return {{"optimizerStep", {{"adamParamsConfig", to_json(o.adam)}}}};
         else if constexpr (std::is_same_v<T, SaveWeightsOp>) {
@@ -599,8 +315,7 @@ inline json to_json(const TrainingOperation& op) {
       op);
 }
 
-inline TrainingOperation training_operation_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+TrainingOperation training_operation_from_json(const json& j, const std::string& path) {
   const std::string member =
       union_member(j, path, {"forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState"});
   const json& c = object(j.at(member), join(path, member));
@@ -643,16 +358,15 @@ inline TrainingOperation training_operation_from_json(const json& j, const std::
   return o;
 }
 
-inline json to_json(const ExecuteTrainingRequest& r) {
+json to_json(const ExecuteTrainingRequest& r) {
   json j{{"sequenceNumber", r.sequence_number}, {"operationConfig", to_json(r.operation)}};
   if (r.client_token) j["clientToken"] = *r.client_token;
   return j;
 }
 
-inline bool is_valid_client_token(const std::string& s) { return is_label(s, limits::client_token_max); }
+bool is_valid_client_token(const std::string& s) { return is_label(s, limits::client_token_max); }
 
-inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) {
-  using namespace detail;
+ExecuteTrainingRequest execute_training_request_from_json(const json& j) {
   object(j, "");
   only_keys(j, "", {"sequenceNumber", "clientToken", "operationConfig"});
   ExecuteTrainingRequest r;
@@ -666,7 +380,7 @@ inline ExecuteTrainingRequest execute_training_request_from_json(const json& j) 
   return r;
 }
 
-inline json to_json(const SampleRequest& r) {
+json to_json(const SampleRequest& r) {
   json j{{"prompt", to_json(r.prompt)}, {"numSamples", r.num_samples}, {"samplingParams", to_json(r.params)}};
   if (r.include_prompt_logprobs) j["includePromptLogprobs"] = true;
   if (r.topk_prompt_logprobs > 0) j["topkPromptLogprobs"] = r.topk_prompt_logprobs;
@@ -674,7 +388,7 @@ inline json to_json(const SampleRequest& r) {
   return j;
 }
 
-inline json to_json(const SamplingOperation& op) {
+json to_json(const SamplingOperation& op) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
@@ -691,8 +405,7 @@ inline json to_json(const SamplingOperation& op) {
       op);
 }
 
-inline SamplingOperation sampling_operation_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+SamplingOperation sampling_operation_from_json(const json& j, const std::string& path) {
   const std::string member = union_member(j, path, {"sample", "computeLogprobs", "loadWeightsForSampling"});
   const std::string p = join(path, member);
   const json& c = object(j.at(member), p);
@@ -732,8 +445,7 @@ inline SamplingOperation sampling_operation_from_json(const json& j, const std::
   return LoadWeightsForSamplingOp{*arn(true)};
 }
 
-// ExecuteSamplingOperation body: only operationConfig.
-inline SamplingOperation execute_sampling_request_from_json(const json& j) {
+SamplingOperation execute_sampling_request_from_json(const json& j) {
   read::object(j, "");
   read::only_keys(j, "", {"operationConfig"});
   return sampling_operation_from_json(read::need(j, "", "operationConfig"), "operationConfig");
@@ -741,7 +453,7 @@ inline SamplingOperation execute_sampling_request_from_json(const json& j) {
 
 // ---- results -------------------------------------------------------------------------------------------------
 
-inline json to_json(const ForwardBackwardOutput& o) {
+json to_json(const ForwardBackwardOutput& o) {
   json outputs = json::array();
   for (const auto& m : o.loss_fn_outputs) {
     json one = json::object();
@@ -754,8 +466,8 @@ inline json to_json(const ForwardBackwardOutput& o) {
           {"tokenUsage", {{"trainingTokens", o.training_tokens}}}};
 }
 
-namespace detail {
-inline Metrics metrics_from_json(const json& obj, const std::string& path) {
+namespace {
+Metrics metrics_from_json(const json& obj, const std::string& path) {
   Metrics m;
   if (const json* v = find(obj, "metrics")) {
     const std::string mpath = join(path, "metrics");
@@ -764,11 +476,9 @@ inline Metrics metrics_from_json(const json& obj, const std::string& path) {
   }
   return m;
 }
-}  // namespace detail
+}  // namespace
 
-// Every member is optional in the spec's ForwardResult; unknown keys are tolerated (this is service output).
-inline ForwardBackwardOutput forward_backward_output_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+ForwardBackwardOutput forward_backward_output_from_json(const json& j, const std::string& path) {
   object(j, path);
   ForwardBackwardOutput o;
   if (const json* outs = find(j, "lossFnOutputs")) {
@@ -793,7 +503,7 @@ inline ForwardBackwardOutput forward_backward_output_from_json(const json& j, co
   return o;
 }
 
-inline json to_json(const TrainingResult& r) {
+json to_json(const TrainingResult& r) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
@@ -815,8 +525,7 @@ inline json to_json(const TrainingResult& r) {
       r);
 }
 
-inline TrainingResult training_result_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+TrainingResult training_result_from_json(const json& j, const std::string& path) {
   const std::string member =
       union_member(j, path, {"forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState"});
   const std::string p = join(path, member);
@@ -833,14 +542,14 @@ inline TrainingResult training_result_from_json(const json& j, const std::string
   return LoadStateOutput{};
 }
 
-inline json to_json(const SampledSequence& s) {
+json to_json(const SampledSequence& s) {
   return {{"stopReason", to_string(s.stop_reason)},
           {"tokens", s.tokens},
           {"logprobs", wire_numbers(s.logprobs)},
           {"tokenUsage", {{"prefill", s.prefill_tokens}, {"decode", s.decode_tokens}}}};
 }
 
-inline json to_json(const SampleResponse& r) {
+json to_json(const SampleResponse& r) {
   json seqs = json::array();
   for (const auto& s : r.sequences) seqs.push_back(to_json(s));
   json j{{"sequences", std::move(seqs)}};
@@ -857,18 +566,17 @@ inline json to_json(const SampleResponse& r) {
   return j;
 }
 
-namespace detail {
-inline std::vector<double> doubles(const json& j, const std::string& path) {
+namespace {
+std::vector<double> doubles(const json& j, const std::string& path) {
   array(j, path);
   std::vector<double> out;
   out.reserve(j.size());
   for (std::size_t i = 0; i < j.size(); ++i) out.push_back(number(j[i], at(path, i)));
   return out;
 }
-}  // namespace detail
+}  // namespace
 
-inline SampleResponse sample_response_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+SampleResponse sample_response_from_json(const json& j, const std::string& path) {
   object(j, path);
   SampleResponse r;
   const std::string spath = join(path, "sequences");
@@ -921,7 +629,7 @@ inline SampleResponse sample_response_from_json(const json& j, const std::string
   return r;
 }
 
-inline json to_json(const SamplingResult& r) {
+json to_json(const SamplingResult& r) {
   return std::visit(
       [](const auto& o) -> json {
         using T = std::decay_t<decltype(o)>;
@@ -935,8 +643,7 @@ inline json to_json(const SamplingResult& r) {
       r);
 }
 
-inline SamplingResult sampling_result_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+SamplingResult sampling_result_from_json(const json& j, const std::string& path) {
   const std::string member = union_member(j, path, {"sample", "computeLogprobs", "loadWeightsForSampling"});
   const std::string p = join(path, member);
   const json& c = object(j.at(member), p);
@@ -945,25 +652,27 @@ inline SamplingResult sampling_result_from_json(const json& j, const std::string
   return LoadWeightsForSamplingResult{};
 }
 
-namespace detail {
-inline OperationStatus operation_status(const json& j, const std::string& path) {
+namespace {
+OperationStatus operation_status(const json& j, const std::string& path) {
   const std::string s = string(j, path);
   if (auto status = operation_status_from_string(s)) return *status;
   fail(path, "unknown operation status '" + s + "'");
 }
-}  // namespace detail
 
 template <class Result>
-json to_json(const OperationState<Result>& s) {
+json state_json(const OperationState<Result>& s) {
   json j{{"status", to_string(s.status)}};
   if (s.result) j["operationResult"] = to_json(*s.result);
   if (s.error_details) j["errorDetails"] = *s.error_details;
   if (s.training_tokens) j["tokenUsage"] = {{"trainingTokens", *s.training_tokens}};
   return j;
 }
+}  // namespace
 
-inline TrainingOperationState training_state_from_json(const json& j) {
-  using namespace detail;
+json to_json(const TrainingOperationState& s) { return state_json(s); }
+json to_json(const SamplingOperationState& s) { return state_json(s); }
+
+TrainingOperationState training_state_from_json(const json& j) {
   object(j, "");
   TrainingOperationState s;
   s.status = operation_status(need(j, "", "status"), "status");
@@ -975,8 +684,7 @@ inline TrainingOperationState training_state_from_json(const json& j) {
   return s;
 }
 
-inline SamplingOperationState sampling_state_from_json(const json& j) {
-  using namespace detail;
+SamplingOperationState sampling_state_from_json(const json& j) {
   object(j, "");
   SamplingOperationState s;
   s.status = operation_status(need(j, "", "status"), "status");
@@ -987,22 +695,22 @@ inline SamplingOperationState sampling_state_from_json(const json& j) {
 
 // ---- rlloop extensions: session info, usage and capabilities (not in the SageMaker spec) ---------------------
 
-namespace detail {
+namespace {
 // The member names of the two token-usage shapes: rlloop's own reports, and BillableTokenUsage.
 struct UsageNames {
   const char* prefill;
   const char* sample;
   const char* training;
 };
-inline constexpr UsageNames kUsageNames{"prefill", "sample", "training"};
-inline constexpr UsageNames kBillableUsageNames{"PrefillTokenCount", "SampleTokenCount", "TrainingTokenCount"};
+constexpr UsageNames kUsageNames{"prefill", "sample", "training"};
+constexpr UsageNames kBillableUsageNames{"PrefillTokenCount", "SampleTokenCount", "TrainingTokenCount"};
 
-inline json usage_to_json(const TokenUsage& u, const UsageNames& n) {
+json usage_to_json(const TokenUsage& u, const UsageNames& n) {
   return {{n.prefill, u.prefill}, {n.sample, u.sample}, {n.training, u.training}};
 }
 
 // Absent members read as 0.
-inline TokenUsage usage_from_json(const json& j, const std::string& path, const UsageNames& n) {
+TokenUsage usage_from_json(const json& j, const std::string& path, const UsageNames& n) {
   object(j, path);
   TokenUsage u;
   if (const json* v = find(j, n.prefill)) u.prefill = integer(*v, join(path, n.prefill), 0);
@@ -1010,29 +718,25 @@ inline TokenUsage usage_from_json(const json& j, const std::string& path, const 
   if (const json* v = find(j, n.training)) u.training = integer(*v, join(path, n.training), 0);
   return u;
 }
-}  // namespace detail
+}  // namespace
 
-inline json to_json(const TokenUsage& u) { return detail::usage_to_json(u, detail::kUsageNames); }
+json to_json(const TokenUsage& u) { return usage_to_json(u, kUsageNames); }
 
-inline TokenUsage token_usage_from_json(const json& j, const std::string& path) {
-  return detail::usage_from_json(j, path, detail::kUsageNames);
+TokenUsage token_usage_from_json(const json& j, const std::string& path) {
+  return usage_from_json(j, path, kUsageNames);
 }
 
-// DescribeTrainingSession's BillableTokenUsage (the SageMaker model's names).
-inline json billable_usage_to_json(const TokenUsage& u) {
-  return detail::usage_to_json(u, detail::kBillableUsageNames);
+json billable_usage_to_json(const TokenUsage& u) { return usage_to_json(u, kBillableUsageNames); }
+
+TokenUsage billable_usage_from_json(const json& j, const std::string& path) {
+  return usage_from_json(j, path, kBillableUsageNames);
 }
 
-inline TokenUsage billable_usage_from_json(const json& j, const std::string& path) {
-  return detail::usage_from_json(j, path, detail::kBillableUsageNames);
-}
-
-inline json to_json(const LoraOptions& l) {
+json to_json(const LoraOptions& l) {
   return {{"rank", l.rank}, {"alpha", l.alpha}, {"targetModules", l.target_modules}};
 }
 
-inline LoraOptions lora_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+LoraOptions lora_from_json(const json& j, const std::string& path) {
   object(j, path);
   LoraOptions l;
   // Service output (session info): the bounds were the creator's to check.
@@ -1049,7 +753,7 @@ inline LoraOptions lora_from_json(const json& j, const std::string& path) {
   return l;
 }
 
-inline json to_json(const SessionInfo& s) {
+json to_json(const SessionInfo& s) {
   json j{{"name", s.name},
          {"baseModel", s.base_model},
          {"modelType", s.model_type},
@@ -1065,8 +769,7 @@ inline json to_json(const SessionInfo& s) {
   return j;
 }
 
-inline SessionInfo session_info_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+SessionInfo session_info_from_json(const json& j, const std::string& path) {
   object(j, path);
   SessionInfo s;
   auto str = [&](const char* key, std::string& out) {
@@ -1091,15 +794,14 @@ inline SessionInfo session_info_from_json(const json& j, const std::string& path
   return s;
 }
 
-inline json to_json(const ServerCapabilities& c) {
+json to_json(const ServerCapabilities& c) {
   return {{"baseModels", c.base_models},
           {"lossFunctions", c.loss_functions},
           {"supportsFullFinetune", c.supports_full_finetune},
           {"maxLoraRank", c.max_lora_rank}};
 }
 
-inline ServerCapabilities capabilities_from_json(const json& j, const std::string& path) {
-  using namespace detail;
+ServerCapabilities capabilities_from_json(const json& j, const std::string& path) {
   object(j, path);
   ServerCapabilities c;
   auto strings = [&](const char* key, std::vector<std::string>& out) {

@@ -1,14 +1,17 @@
-#include "server/openai_request.hpp"
+#include "wire/openai.hpp"
 
 #include <cstdint>
 #include <limits>
 
-namespace rlloop::server::openai {
+#include <rlloop/error.hpp>
+#include <rlloop/limits.hpp>
+
+namespace rlloop::wire::openai {
 
 namespace {
 
 [[noreturn]] void bad(const std::string& field, const std::string& why) {
-  throw api_error("invalid_request_error", 400, "'" + field + "' " + why);
+  throw invalid_argument("'" + field + "' " + why);
 }
 
 double number_or(const json& body, const char* key, double fallback) {
@@ -45,8 +48,8 @@ std::string content_of(const json& c, const std::string& where) {
 
 Request parse_request(const std::string& text, bool chat, bool model_required) {
   json body = json::parse(text, nullptr, false);
-  if (body.is_discarded()) throw api_error("invalid_request_error", 400, "request body is not valid JSON");
-  if (!body.is_object()) throw api_error("invalid_request_error", 400, "request body must be a JSON object");
+  if (body.is_discarded()) throw invalid_argument("request body is not valid JSON");
+  if (!body.is_object()) throw invalid_argument("request body must be a JSON object");
   Request r;
   r.chat = chat;
   if (body.contains("model")) {
@@ -135,12 +138,12 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
       bad("stream_options.include_usage", "must be a boolean");
     r.include_usage = so.value("include_usage", false);
   }
-  try {
-    validate_settings(SampleRequest{.num_samples = r.n, .params = r.params}, Naming::openai_api());
-  } catch (const invalid_argument& e) {
-    throw api_error("invalid_request_error", 400, e.what());
-  }
+  validate_settings(SampleRequest{.num_samples = r.n, .params = r.params}, Naming::openai_api());
   return r;
 }
 
-}  // namespace rlloop::server::openai
+json usage_to_json(const TokenUsage& u) {
+  return {{"prompt_tokens", u.prefill}, {"completion_tokens", u.sample}, {"total_tokens", u.prefill + u.sample}};
+}
+
+}  // namespace rlloop::wire::openai
