@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what is missing, builds everything, runs every test; then builds the
 # engine without its x86 SIMD kernels and runs the engine tests that reach them again on that portable path.
-# Arguments go to the main run's ctest. Environment: BUILD_DIR (default build), JOBS (default: number of cores),
+#   scripts/test.sh [CTEST_ARGS...]             what CI runs
+#   scripts/test.sh --portable [CTEST_ARGS...]  everything built and every test run in the portable configuration
+#                                               only (RLLOOP_NATIVE_KERNELS=OFF, in PORTABLE_BUILD_DIR)
+# Both together are "ctest green with the native kernels on and off". Arguments go to the main run's ctest (with
+# --portable, to the portable one's). Environment: BUILD_DIR (default build), JOBS (default: number of cores),
 # PORTABLE_BUILD_DIR (default build-portable; empty skips the portable run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+portable_only=false
+if [[ ${1-} == --portable ]]; then
+  portable_only=true
+  shift
+fi
 # The engine compiles with a precompiled <torch/torch.h>; ccache caches such translation units only with these.
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 scripts/setup.sh --tests
-BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
+PORTABLE_BUILD_DIR=${PORTABLE_BUILD_DIR-build-portable}
+portable_config=(-S . -B "$PORTABLE_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLLOOP_NATIVE_KERNELS=OFF)
+if $portable_only; then
+  [[ -n $PORTABLE_BUILD_DIR ]] || { echo "scripts/test.sh --portable: PORTABLE_BUILD_DIR is empty" >&2; exit 2; }
+  cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=ON >/dev/null
+  cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS"
+  exec ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
@@ -17,13 +35,12 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
 # RLLOOP_NATIVE_KERNELS=OFF compiles the kernels as a non-x86 CPU gets them (src/engine/simd.hpp), so that path
 # is tested although this machine would always choose the SIMD one. Only the engine and the tests that reach
 # its kernels are built: each kernel against its reference, the decoder and sampler against the model, a
-# session end to end, sessions batched on a shared base. The other engine tests (loss and optimizer math, checkpoints, config parsing, the CLI)
-# reach the kernels only through paths these already cover.
-PORTABLE_BUILD_DIR=${PORTABLE_BUILD_DIR-build-portable}
+# session end to end, sessions batched on a shared base. The other engine tests (loss and optimizer math,
+# checkpoints, config parsing, the CLI) reach the kernels only through paths these already cover; `--portable`
+# builds and runs every test in that configuration.
 [[ -n $PORTABLE_BUILD_DIR ]] || exit 0
 portable_tests=(engine_kernels_test engine_model_test engine_session_test engine_shared_base_test)
-cmake -S . -B "$PORTABLE_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLLOOP_NATIVE_KERNELS=OFF \
-  -DRLLOOP_BUILD_BENCH=OFF -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
+cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=OFF -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}"
 ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \
   -R "^($(IFS='|'; echo "${portable_tests[*]}"))\$"

@@ -27,7 +27,6 @@
 
 #include "bf16_gemm.hpp"
 #include "builtin_models.hpp"
-#include "cpu_allocator.hpp"
 #include "device.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
@@ -57,8 +56,12 @@ std::int64_t count_params(rlloop::engine::Transformer& m) {
   return n;
 }
 
+// Every benchmark runs in the process configuration of `rlloop serve`: threads() threads and the caching CPU
+// allocator (without it each call page-faults its activations, KV cache and bf16 weights in afresh).
+void configure_process() { rlloop::configure_engine_process({.num_threads = threads()}); }
+
 rlloop::LocalService& service() {
-  static rlloop::LocalService svc(rlloop::LocalServiceOptions{.device = "cpu", .num_threads = threads()});
+  static rlloop::LocalService svc(rlloop::LocalServiceOptions{.device = "cpu"});
   return svc;
 }
 
@@ -71,8 +74,6 @@ rlloop::LocalSession& session(const std::string& model) {
 }
 
 std::shared_ptr<rlloop::engine::Transformer> sampler_model(const std::string& model) {
-  // As a LocalSession does: without it each call page-faults its KV cache (and bf16 weights) in afresh.
-  rlloop::engine::install_caching_cpu_allocator();
   static std::map<std::string, std::shared_ptr<rlloop::engine::Transformer>> models;
   auto& m = models[model];
   if (!m) m = rlloop::engine::init_model(*rlloop::engine::builtin_model(model), 0, torch::kCPU, torch::kFloat32);
@@ -96,7 +97,7 @@ void report(benchmark::State& state, double seconds, double tokens, double flops
 }
 
 void BM_MatmulPeak(benchmark::State& state) {
-  at::set_num_threads(threads());
+  configure_process();
   const std::int64_t n = state.range(0);
   auto a = torch::randn({n, n}), b = torch::randn({n, n});
   torch::Tensor c = torch::matmul(a, b);  // warm-up
@@ -113,6 +114,7 @@ void BM_MatmulPeak(benchmark::State& state) {
 }
 
 void BM_ForwardBackward(benchmark::State& state) {
+  configure_process();
   const Shape& shape = kShapes[state.range(0)];
   auto& s = session(shape.model);
   std::vector<rlloop::Datum> data;
@@ -140,7 +142,7 @@ void BM_ForwardBackward(benchmark::State& state) {
 
 void run_sample(benchmark::State& state, rlloop::engine::DecodePrecision precision) {
   const Shape& shape = kShapes[state.range(0)];
-  rlloop::engine::configure_threads(threads());
+  configure_process();
   auto model = sampler_model(shape.model);
   const double params = static_cast<double>(count_params(*model));
   rlloop::SampleRequest req;
@@ -167,7 +169,7 @@ void BM_SampleBf16(benchmark::State& state) { run_sample(state, rlloop::engine::
 // 16 rows times [2048, 768] weights, cycling through 96 distinct matrices (600 MB, far beyond the caches, like
 // rlloop-100m's 110M weights): the product a decoding step of 16 samples is made of.
 void BM_DecodeProduct(benchmark::State& state) {
-  rlloop::engine::configure_threads(threads());
+  configure_process();
   constexpr std::int64_t M = kSamples, N = 2048, K = 768, kMatrices = 96;
   auto weights = torch::randn({kMatrices, N, K});
   auto x = torch::randn({M, K}), y = torch::empty({M, N});
@@ -187,7 +189,7 @@ void BM_DecodeProduct(benchmark::State& state) {
 // BM_DecodeProduct with the weights rounded to bf16 (300 MB) and the rows rounded per call, as the bf16
 // decoding step runs them.
 void BM_DecodeProductBf16(benchmark::State& state) {
-  rlloop::engine::configure_threads(threads());
+  configure_process();
   constexpr std::int64_t M = kSamples, N = 2048, K = 768, kMatrices = 96;
   std::vector<rlloop::engine::Bf16Weight> weights;
   for (std::int64_t i = 0; i < kMatrices; ++i) weights.emplace_back(torch::randn({N, K}).data_ptr<float>(), N, K);
@@ -207,7 +209,7 @@ void BM_DecodeProductBf16(benchmark::State& state) {
 // Reading the same 600 MB with LibTorch's vectorised, threaded sum: the memory bandwidth BM_DecodeProduct
 // would hit if it were bandwidth-bound (it streams 8 FLOP per weight byte).
 void BM_ReadBandwidth(benchmark::State& state) {
-  rlloop::engine::configure_threads(threads());
+  configure_process();
   auto weights = torch::randn({96, 2048, 768});
   double seconds = 0.0, bytes = 0.0;
   for (auto _ : state) {

@@ -13,9 +13,10 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
+#include <rlloop/local.hpp>
+
 #include "batch.hpp"
 #include "builtin_models.hpp"
-#include "cpu_allocator.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
 
@@ -46,8 +47,7 @@ int main(int argc, char** argv) {
   }
   const std::string model_name = argv[1], op = argv[2];
   const int threads = argc > 3 ? std::atoi(argv[3]) : 2, top = argc > 4 ? std::atoi(argv[4]) : 25;
-  at::set_num_threads(threads);
-  engine::install_caching_cpu_allocator();  // as every LocalSession does: no page faults on reused buffers
+  configure_engine_process({.num_threads = threads});  // as the CLI does: no page faults on reused buffers
   auto model = engine::init_model(*engine::builtin_model(model_name), 0, torch::kCPU, torch::kFloat32);
 
   std::function<void()> call;

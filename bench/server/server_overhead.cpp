@@ -70,9 +70,9 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 5;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 0;
   const auto dir = std::filesystem::temp_directory_path() / ("rlloop-bench-server-" + std::to_string(::getpid()));
+  configure_engine_process({.num_threads = threads});  // for the served sessions and the local ones alike
   LocalServiceOptions lo;
   lo.device = "cpu";
-  lo.num_threads = threads;
   lo.checkpoint_dir = (dir / "local").string();
   LocalServiceOptions so = lo;
   so.checkpoint_dir = (dir / "served").string();

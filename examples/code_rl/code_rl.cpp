@@ -38,11 +38,12 @@ int main(int argc, char** argv) {
   auto all = envs::load_code_problems(data);
   // The prompt the model completes: the statement, then the start of a Python program.
   for (auto& p : all) p.prompt = "# " + p.prompt + "\n";
+  configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc;
   svc.checkpoint_dir = "runs/code_rl/checkpoints";
   ServiceClient<LocalService> service{LocalService(svc)};
   auto client = service.create_full_training_client(model, seed);
-  auto tok = client.get_tokenizer();
+  auto tok = load_tokenizer(client);
   const token_id eos = *tok->eos_token_id();
   std::printf("rlloop code_rl: %zu problems from %s; model %s\n", all.size(), data.c_str(), model.c_str());
 

@@ -116,7 +116,7 @@ template <Session S>
 ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
   namespace fs = std::filesystem;
   fs::create_directories(o.out_dir);
-  auto tokenizer = client.get_tokenizer();
+  auto tokenizer = rlloop::load_tokenizer(client);
   const auto eos = *tokenizer->eos_token_id();
   // SFT and GRPO draw training problems from separate streams, so GRPO sees the same prompts whether SFT ran
   // here or was loaded (--from-sft).

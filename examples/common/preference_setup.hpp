@@ -21,11 +21,12 @@ struct PreferenceSetup {
 
 inline PreferenceSetup preference_setup(const std::string& model, std::int64_t seed, const std::string& out_dir) {
   std::filesystem::create_directories(out_dir);
+  configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc;
   svc.checkpoint_dir = (std::filesystem::path(out_dir) / "checkpoints").string();
   ServiceClient<LocalService> service{LocalService(svc)};
   auto client = service.create_full_training_client(model, seed);
-  auto tokenizer = client.get_tokenizer();
+  auto tokenizer = rlloop::load_tokenizer(client);
   auto reference = client.save_weights_and_get_sampling_client("reference");
   return {std::move(service), std::move(client), std::move(tokenizer), std::move(reference)};
 }

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
 
+  configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc_opts;
   svc_opts.checkpoint_dir = (std::filesystem::path(o.out_dir) / "checkpoints").string();
   svc_opts.device = device;

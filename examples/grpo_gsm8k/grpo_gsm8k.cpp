@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
 
   const auto loaded = envs::load_gsm8k(data);
+  configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc;
   svc.checkpoint_dir = "runs/grpo_gsm8k/checkpoints";
   svc.device = device;
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   auto client = lora_rank > 0 ? service.create_lora_training_client(
                                     model, {.rank = lora_rank, .alpha = 2 * lora_rank, .seed = seed})
                               : service.create_full_training_client(model, seed);
-  auto tok = client.get_tokenizer();
+  auto tok = load_tokenizer(client);
   // Keep the problems whose prompt and completion fit the model's context (512 positions for rlloop-small).
   std::vector<envs::MathProblem> all;
   for (const auto& p : loaded)

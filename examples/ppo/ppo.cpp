@@ -12,6 +12,7 @@
 #include <rlloop/envs/arithmetic.hpp>
 #include <rlloop/local.hpp>
 #include <rlloop/rewards/math.hpp>
+#include <rlloop/tokenizer.hpp>
 
 using namespace rlloop;
 
@@ -27,11 +28,12 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "checkpoint folder");
   CLI11_PARSE(app, argc, argv);
 
+  configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc;
   svc.checkpoint_dir = (std::filesystem::path(out) / "checkpoints").string();
   ServiceClient<LocalService> service{LocalService(svc)};
   auto client = service.create_training_client({.base_model = "rlloop-small", .seed = seed, .value_head = true});
-  auto tokenizer = client.get_tokenizer();
+  auto tokenizer = load_tokenizer(client);
   envs::ArithmeticTask train_task(envs::ArithmeticOptions::for_difficulty(2), seed);
   envs::ArithmeticTask eval_task(envs::ArithmeticOptions::for_difficulty(2), seed + 1000);
   const auto held_out = eval_task.sample(static_cast<std::size_t>(eval_problems), envs::Split::held_out);

@@ -60,11 +60,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
 
+  configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc;
   svc.checkpoint_dir = "runs/sft_chat/checkpoints";
   ServiceClient<LocalService> service{LocalService(svc)};
   auto client = service.create_full_training_client(model, seed);
-  auto tok = client.get_tokenizer();
+  auto tok = load_tokenizer(client);
   auto renderer = make_chat_renderer("role_colon", tok);
   const auto chats = chat_set();
 

@@ -12,9 +12,6 @@
 
 namespace rlloop {
 
-class Tokenizer;
-std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec);  // rlloop::tokenizer library
-
 // What sample() reports about the prompt besides the samples.
 struct PromptLogprobOptions {
   bool include = false;  // every prompt token's logprob (SampleResponse::prompt_logprobs; the first gets 0.0)
@@ -77,10 +74,10 @@ class TrainingClient {
   // A client that samples from the session's current weights (sees every later optimizer step).
   SamplingClient<S> live_sampling_client() const { return SamplingClient<S>(session_, std::nullopt); }
 
+  // get_info().tokenizer names the model's tokenizer; rlloop::load_tokenizer(client) (<rlloop/tokenizer.hpp>,
+  // the rlloop::tokenizer library) loads it.
   SessionInfo get_info() const { return session_->info(); }
   TokenUsage usage() const { return session_->usage(); }
-  // Needs the rlloop::tokenizer library at link time.
-  std::shared_ptr<const Tokenizer> get_tokenizer() const { return load_tokenizer(session_->info().tokenizer); }
 
   S& session() const { return *session_; }
 

@@ -37,6 +37,13 @@ class io_error : public error {
   using error::error;
 };
 
+// A rank of a data-parallel group died or stopped answering, so the group cannot go on: the operation that
+// met it failed, and every later one on that group fails the same way until the group is formed again.
+class group_failure : public io_error {
+ public:
+  using io_error::io_error;
+};
+
 // A feature that this build or backend does not provide.
 class unsupported : public error {
  public:

@@ -21,6 +21,26 @@ inline SamplingPrecision sampling_precision_from(const std::string& name) {
   throw invalid_argument("sampling_precision: unknown value '" + name + "' (expected fp32 or bf16)");
 }
 
+// Data parallelism: a service whose sessions train on `world_size` ranks, this process being rank 0 (the one the
+// clients talk to) and the others `rlloop worker` processes, here or on other hosts, joined over LibTorch's c10d
+// (Gloo; NCCL for CUDA weights). Every rank holds a replica of each session; training batches are split across
+// the ranks by token count and the gradients summed before each optimizer step, so the session computes what it
+// would on one rank, within floating-point reassociation. Sampling and logprobs run on rank 0.
+struct DataParallelOptions {
+  int world_size = 1;  // 1: no other ranks
+  // Where rank 0's rendezvous store listens, "HOST:PORT"; workers on other hosts connect there. Port 0 picks a
+  // free port (fine when every worker is local).
+  std::string rendezvous = "127.0.0.1:0";
+  // Workers the service starts itself on this host, as ranks 1..local_workers; -1: all of them
+  // (world_size - 1). Ranks above run elsewhere: `rlloop worker --rendezvous HOST:PORT --rank R ...`.
+  int local_workers = -1;
+  // The rlloop executable whose `worker` command the local workers run.
+  std::string worker_program;
+  // A rendezvous, or a collective (one step of an operation between ranks), not done within this fails with
+  // group_failure naming the ranks that stopped answering.
+  double timeout_s = 60;
+};
+
 struct LocalServiceOptions {
   // Where save_state / save_weights_for_sampler write ("<checkpoint_dir>/<name>/").
   std::string checkpoint_dir = "rlloop-checkpoints";
@@ -28,8 +48,6 @@ struct LocalServiceOptions {
   std::vector<std::pair<std::string, std::string>> base_models;
   // "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
   std::string device = "auto";
-  // LibTorch intra-op threads; 0 = OMP_NUM_THREADS if set, else the number of cores.
-  int num_threads = 0;
   // Arithmetic of sample()'s decoding steps on the CPU. "fp32": sampled logprobs equal compute_logprobs
   // (within 1e-4). "bf16": the projection weights and their inputs rounded to bf16, sums in fp32, and the KV
   // cache stored as bf16 (norms and attention compute in fp32): 1.8-2.3x faster sampling of rlloop-100m with
@@ -42,6 +60,8 @@ struct LocalServiceOptions {
   // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens do not
   // depend on the rows beside it and its logprobs only in the last digits (within 1e-5; docs/engine.md).
   int max_batch_rows = 64;
+  // Ranks beyond this process that train every session with it (docs/data_parallel.md).
+  DataParallelOptions data_parallel;
 };
 
 // What one base model's engine loop is doing (LocalService::base_model_stats).
@@ -55,6 +75,15 @@ struct BaseModelStats {
   int peak_batch_rows = 0;      // the largest batch decoded so far
   int peak_batch_requests = 0;  // the most requests in one decoding step so far
   std::uint64_t decode_steps = 0;
+};
+
+// What a service's data-parallel group has moved (LocalService::data_parallel_stats), for benchmarks.
+struct DataParallelStats {
+  int world_size = 1;
+  std::uint64_t allreduce_calls = 0;  // one per optimizer step
+  std::uint64_t allreduce_bytes = 0;  // gradients (fp32) plus one flag per parameter, per call
+  double allreduce_seconds = 0;       // on rank 0, waiting included
+  std::uint64_t broadcast_bytes = 0;  // weights sent at session open and load_state
 };
 
 namespace engine {
@@ -114,6 +143,10 @@ class LocalService {
   const LocalServiceOptions& options() const { return options_; }
   // One entry per base model in use: how many sessions share it, what its engine loop is batching.
   std::vector<BaseModelStats> base_model_stats() const;
+  DataParallelStats data_parallel_stats() const;
+  // Why the data-parallel group failed (group_failure's message), or empty while it works or there is none.
+  // A failed group stays failed: the service must be made again (rlloop serve restarts itself).
+  std::string data_parallel_failure() const;
 
  private:
   LocalServiceOptions options_;
@@ -128,16 +161,51 @@ std::string resolve_base_model(const LocalServiceOptions& service, const std::st
 
 namespace rlloop {
 
+// Settings of the whole process rather than of a session: LibTorch's thread count and its CPU allocator.
+// Nothing sets them implicitly; a program that wants them calls configure_engine_process once, before its first
+// session (`rlloop serve` and `rlloop sample`, the examples and the benches do). Without the call LibTorch keeps
+// its own defaults, which on Debian's build is one thread and posix_memalign for every tensor: correct, slower.
+struct EngineProcessOptions {
+  // LibTorch's intra-op threads; 0 = OMP_NUM_THREADS if set, else the number of cores.
+  int num_threads = 0;
+  // Serve CPU tensors of 1 MiB and more from a cache of freed blocks, so that each training step reuses the
+  // previous step's memory instead of page-faulting fresh pages in (about 12% of a step on rlloop-100m). The
+  // cache keeps at most RLLOOP_CPU_CACHE_MB MiB if set (0: no cache), else a quarter of the physical memory,
+  // at most 8 GiB; an unreadable RLLOOP_CPU_CACHE_MB is an invalid_argument naming it.
+  bool caching_cpu_allocator = true;
+};
+
+// Applies `options` to this process and returns what is in effect: the thread count chosen, and whether the
+// caching allocator is installed. Calling it again with the same options changes nothing. Each call sets the
+// thread count (threads that have already run a LibTorch parallel region keep theirs, so call it before
+// creating sessions); the allocator is installed by the first call that asks for it and stays installed, since
+// live tensors hold its blocks (caching_cpu_allocator = false never removes it).
+EngineProcessOptions configure_engine_process(const EngineProcessOptions& options = {});
+
+// A data-parallel worker: joins rank 0's group and holds replicas of its sessions.
+struct DataParallelWorkerOptions {
+  std::string rendezvous;  // rank 0's "HOST:PORT"
+  int rank = 1;
+  int world_size = 2;
+  double timeout_s = 60;
+  // The device and the base-model catalogue: the same as rank 0's (the group refuses a rank whose device kind
+  // differs; a session whose base model differs fails to open, naming the rank).
+  LocalServiceOptions service;
+};
+// Runs until rank 0 closes the group (returns) or goes away (throws group_failure). Errors at the rendezvous
+// (unreachable address, another world size, a rank already taken) throw, naming what was wrong.
+void run_data_parallel_worker(const DataParallelWorkerOptions& options);
+
 // What the engine runs on, for `rlloop info` and logs.
 struct EngineInfo {
   std::string libtorch_version;
   std::string device;  // the device "auto" resolves to
   std::string dtype;
-  int threads = 0;
+  int threads = 0;           // LibTorch's intra-op thread count in effect
   int parallel_threads = 0;  // threads that ran one of the engine's own parallel regions (== threads when built right)
   std::string blas;          // the BLAS library LibTorch's matmuls go through, as loaded in this process
   bool cuda_available = false;
 };
-EngineInfo engine_info(const std::string& device = "auto", int num_threads = 0);
+EngineInfo engine_info(const std::string& device = "auto");
 
 }  // namespace rlloop

@@ -1,7 +1,9 @@
-// The Tokenizer interface. Sessions take token ids only; the client tokenizes. Implementations live in the
-// compiled rlloop::tokenizer library (src/tokenizer/).
+// The Tokenizer interface. Sessions take token ids only; the client tokenizes. Implementations, and
+// load_tokenizer, live in the compiled rlloop::tokenizer library (src/tokenizer/): the interface alone needs no
+// library, a call of load_tokenizer links rlloop::tokenizer.
 #pragma once
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -136,6 +138,16 @@ class StreamDecoder {
 // encoder.json in it) with GPT-2's encoder.json + vocab.bpe. Throws rlloop::invalid_argument (malformed
 // file), unsupported (a model type or component rlloop does not implement), not_found, io_error.
 std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec);
+
+// The tokenizer of a training client's model (what its get_info().tokenizer names):
+//   auto tokenizer = rlloop::load_tokenizer(client);
+template <class Client>
+requires requires(const Client& c) {
+  { c.get_info() } -> std::convertible_to<SessionInfo>;
+}
+std::shared_ptr<const Tokenizer> load_tokenizer(const Client& client) {
+  return load_tokenizer(client.get_info().tokenizer);
+}
 
 // The byte-level tokenizer: ids 0..255 are bytes, then these specials.
 namespace byte_tokens {

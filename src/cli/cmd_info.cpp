@@ -11,8 +11,12 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"Print what rlloop runs on: version, LibTorch version, device, threads, BLAS."};
   std::string device = "auto";
+  int threads = 0;
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--threads", threads, "LibTorch threads, as `rlloop serve --threads` takes them (0 = all cores)")
+      ->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
+  rlloop::configure_engine_process({.num_threads = threads});  // what `rlloop serve` and `rlloop sample` run with
   const auto info = rlloop::engine_info(device);
   std::printf("rlloop        %s\n", RLLOOP_VERSION);
   std::printf("libtorch      %s\n", info.libtorch_version.c_str());

@@ -15,6 +15,7 @@ int run(int argc, char** argv) {
   int num_samples = 1;
   rlloop::SamplingParams params{.max_tokens = 64};
   std::int64_t seed = 0;
+  int threads = 0;
   app.add_option("--model", model, "model directory (config.json + safetensors) or built-in name")->required();
   app.add_option("--prompt", prompt, "prompt text")->required();
   app.add_option("--checkpoint", checkpoint, "a save_state / save_weights_for_sampler directory to load");
@@ -26,11 +27,13 @@ int run(int argc, char** argv) {
   app.add_option("--stop", params.stop, "stop strings");
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--threads", threads, "LibTorch threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", precision, "fp32 or bf16 (CPU decoding; bf16 is faster with AVX512_BF16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   params.seed = seed;
 
+  rlloop::configure_engine_process({.num_threads = threads});
   rlloop::LocalServiceOptions opts;
   opts.device = device;
   opts.sampling_precision = rlloop::sampling_precision_from(precision);
@@ -38,7 +41,7 @@ int run(int argc, char** argv) {
   rlloop::SessionOptions session{.base_model = model};
   auto tc = service.create_training_client(session);
   if (!checkpoint.empty()) tc.load_state(checkpoint, false).get();
-  auto tokenizer = tc.get_tokenizer();
+  auto tokenizer = rlloop::load_tokenizer(tc);
   auto ids = tokenizer->encode(prompt);
   auto resp = tc.live_sampling_client().sample(rlloop::ModelInput::from_tokens(ids), num_samples, params).get();
   for (std::size_t i = 0; i < resp.sequences.size(); ++i) {

@@ -1,17 +1,23 @@
 // `rlloop serve`: rlloop-server hosting LocalService sessions for the tenants of a tenants file.
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
 
+#include "base_models.hpp"
 #include "command.hpp"
 #include "server/server.hpp"
 #ifdef RLLOOP_HAVE_ENGINE
@@ -23,13 +29,18 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
-int run_serve(int argc, char** argv) {
+// Serves until SIGINT/SIGTERM, or until the data-parallel group fails: then `restart` says why, and the caller
+// starts the server again (every object of this one gone, its workers reaped).
+int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port) {
   CLI::App app{"Serve the training-session API (SageMaker shape) for the tenants of a tenants file", "rlloop serve"};
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string data_dir = "rlloop-server-data";
   std::string tenants_file;
   std::vector<std::string> base_models;
+  int world_size = 1, local_workers = -1;
+  std::string rendezvous = "127.0.0.1:0";
+  double dp_timeout_s = 60;
   std::string device = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
   rlloop::server::Options defaults;
@@ -53,6 +64,14 @@ int run_serve(int argc, char** argv) {
   app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--world-size", world_size,
+                 "Ranks that train every session (data parallel): this process and world size - 1 workers")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--rendezvous", rendezvous, "HOST:PORT where the workers join (port 0: any free port)");
+  app.add_option("--local-workers", local_workers,
+                 "Workers started on this host (-1: all); the others run `rlloop worker` on other hosts");
+  app.add_option("--dp-timeout-s", dp_timeout_s,
+                 "A rank that does not answer within this fails the operation, naming the rank");
   app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
       ->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", sampling_precision,
@@ -115,21 +134,22 @@ int run_serve(int argc, char** argv) {
   options.compact_after_bytes = compact_bytes;
 
 #ifdef RLLOOP_HAVE_ENGINE
+  rlloop::configure_engine_process({.num_threads = threads});
   rlloop::LocalServiceOptions local;
   local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
   local.device = device;
-  local.num_threads = threads;
   local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
   local.max_batch_rows = max_batch_rows;
-  for (const auto& entry : base_models) {
-    const auto eq = entry.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
-      throw rlloop::invalid_argument("--base-model expects NAME=MODEL_DIR, got '" + entry + "'");
-    local.base_models.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
-  }
+  local.base_models = rlloop::cli::parse_base_models(base_models);
+  local.data_parallel.world_size = world_size;
+  local.data_parallel.rendezvous = rendezvous;
+  local.data_parallel.local_workers = local_workers;
+  local.data_parallel.timeout_s = dp_timeout_s;
+  local.data_parallel.worker_program = "/proc/self/exe";
   std::filesystem::create_directories(local.checkpoint_dir);
   auto service = std::make_shared<rlloop::LocalService>(local);
   auto backend = rlloop::server::make_backend(service);
+  std::function<std::string()> group_failure = [service] { return service->data_parallel_failure(); };
   auto report_stats = [service, last = std::string()]() mutable {
     std::string lines;
     for (const auto& b : service->base_model_stats())
@@ -152,10 +172,12 @@ int run_serve(int argc, char** argv) {
   };
 #else
   (void)base_models;
+  (void)world_size;
   (void)device;
   (void)threads;
   (void)max_batch_rows;
   auto report_stats = [] {};
+  std::function<std::string()> group_failure = [] { return std::string(); };
   throw rlloop::unsupported(
       "this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
   rlloop::server::Backend backend;
@@ -169,15 +191,56 @@ int run_serve(int argc, char** argv) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   auto next_report = std::chrono::steady_clock::now();
+  bound_port = server.port();
   while (!g_stop) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (stats_interval_s > 0 && std::chrono::steady_clock::now() >= next_report) {
       report_stats();
       next_report += std::chrono::seconds(stats_interval_s);
     }
+    if (restart = group_failure(); !restart.empty()) break;
   }
   server.stop();
   return 0;
+}
+
+// A failed data-parallel group cannot be mended in place (its peer vanished mid-collective): the server starts
+// again on the same port and data directory, and crash recovery brings every session back from its last
+// autosave plus the operations acknowledged since, with a new group. The operation that met the failure was
+// answered Failed with the error naming the rank; the client retries it.
+[[noreturn]] void restart_server(int argc, char** argv, std::uint16_t port, const std::string& reason) {
+  std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", reason}}.dump().c_str());
+  std::fflush(stdout);
+  std::vector<std::string> args{"/proc/self/exe", "serve"};
+  bool port_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--port" && i + 1 < argc) {
+      args.insert(args.end(), {"--port", std::to_string(port)});
+      ++i;
+      port_given = true;
+    } else if (a.rfind("--port=", 0) == 0) {
+      args.push_back("--port=" + std::to_string(port));
+      port_given = true;
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (!port_given) args.insert(args.end(), {"--port", std::to_string(port)});
+  std::vector<char*> exec_argv;
+  for (auto& a : args) exec_argv.push_back(a.data());
+  exec_argv.push_back(nullptr);
+  ::execv(exec_argv[0], exec_argv.data());
+  throw rlloop::io_error(std::string("cannot restart the server after a data-parallel failure: ") +
+                         std::strerror(errno));
+}
+
+int run_serve(int argc, char** argv) {
+  std::string restart;
+  std::uint16_t port = 0;
+  const int rc = serve(argc, argv, restart, port);
+  if (!restart.empty()) restart_server(argc, argv, port, restart);
+  return rc;
 }
 
 const rlloop::cli::RegisterCommand registration{

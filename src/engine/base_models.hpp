@@ -19,6 +19,10 @@
 
 namespace rlloop::engine {
 
+namespace dist {
+class Coordinator;
+}
+
 // The shared weights of one base, and what decoding derives from them once for all its users.
 struct SharedBase {
   std::shared_ptr<Transformer> model;  // frozen; users build their own Transformer::sharing_base over it
@@ -38,11 +42,16 @@ class BaseModelRegistry {
 
   std::vector<BaseModelStats> stats() const;
 
+  // The data-parallel group every session of this service trains on; null with one rank.
+  void set_data_parallel(std::shared_ptr<dist::Coordinator> group) { data_parallel_ = std::move(group); }
+  const std::shared_ptr<dist::Coordinator>& data_parallel() const { return data_parallel_; }
+
  private:
   EngineLoopOptions loop_options_;
   mutable std::mutex mu_;
   std::map<std::string, std::weak_ptr<EngineLoop>> loops_;
   std::map<std::string, std::weak_ptr<SharedBase>> bases_;
+  std::shared_ptr<dist::Coordinator> data_parallel_;
 };
 
 }  // namespace rlloop::engine

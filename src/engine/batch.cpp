@@ -18,7 +18,16 @@ struct PaddedBatch {
 
 // Right-pads every datum to the longest one. With causal attention, padding at the end cannot change the
 // logits of real positions, so no attention mask is needed.
+void check_lengths(const std::vector<Datum>& data, const ModelConfig& cfg) {
+  std::int64_t T = 0;
+  for (const auto& d : data) T = std::max(T, static_cast<std::int64_t>(d.model_input.length()));
+  if (T > cfg.max_position_embeddings)
+    throw invalid_argument("a datum has " + std::to_string(T) + " tokens, more than the model's " +
+                           std::to_string(cfg.max_position_embeddings) + " positions");
+}
+
 PaddedBatch pad_batch(const std::vector<Datum>& data, const ModelConfig& cfg) {
+  check_lengths(data, cfg);
   PaddedBatch b;
   std::int64_t T = 0;
   for (const auto& d : data) {
@@ -26,9 +35,6 @@ PaddedBatch pad_batch(const std::vector<Datum>& data, const ModelConfig& cfg) {
     T = std::max(T, b.lengths.back());
     b.total_tokens += b.lengths.back();
   }
-  if (T > cfg.max_position_embeddings)
-    throw invalid_argument("a datum has " + std::to_string(T) + " tokens, more than the model's " +
-                           std::to_string(cfg.max_position_embeddings) + " positions");
   const auto B = static_cast<std::int64_t>(data.size());
   b.ids = torch::zeros({B, T}, torch::kInt64);
   b.targets = torch::zeros({B, T}, torch::kInt64);
@@ -98,7 +104,7 @@ ForwardBackwardOutput make_output(const torch::Tensor& lp, const PaddedBatch& b)
 namespace {
 // The critic: values from the value head, regressed on "returns". Outputs "values" per datum.
 ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
-                                     const PaddedBatch& b, bool backward) {
+                                     const PaddedBatch& b, bool backward, ClipCounts* counts) {
   if (!model.has_value_head())
     throw invalid_argument("loss 'value' needs a session created with a value head (SessionOptions::value_head)");
   const auto device = model_device(model);
@@ -121,20 +127,31 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
   out.training_tokens = b.total_tokens;
   out.metrics["loss:sum"] = value.loss.item<double>();
   out.metrics["value_clip_fraction"] = value.clip_fraction();
+  if (counts) *counts = value.counts();
   return out;
 }
 }  // namespace
 
-ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
-                                       bool backward) {
+void validate_builtin_batch(const ModelConfig& cfg, const std::vector<Datum>& data, const LossSpec& loss) {
   loss.validate();
-  validate_batch(data, loss.fn, model.config().vocab_size);
+  validate_batch(data, loss.fn, cfg.vocab_size);
+  check_lengths(data, cfg);
+}
+
+void validate_custom_input(const ModelConfig& cfg, const std::vector<Datum>& data) {
+  validate_custom_batch(data, cfg.vocab_size);
+  check_lengths(data, cfg);
+}
+
+ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
+                                       bool backward, ClipCounts* counts) {
+  validate_builtin_batch(model.config(), data, loss);
   auto b = pad_batch(data, model.config());
   const auto device = model_device(model);
   const std::int64_t T = b.ids.size(1);
   std::optional<torch::NoGradGuard> no_grad;
   if (!backward) no_grad.emplace();
-  if (loss.fn == LossFn::value) return run_value_loss(model, data, loss, b, backward);
+  if (loss.fn == LossFn::value) return run_value_loss(model, data, loss, b, backward, counts);
 
   auto lp = target_logprobs(model, b, device);
   LossTensors in;
@@ -148,40 +165,68 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   auto out = make_output(lp, b);
   out.metrics["loss:sum"] = value.loss.item<double>();
   if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo) out.metrics["clip_fraction"] = value.clip_fraction();
+  if (counts) *counts = value.counts();
   return out;
+}
+
+struct CustomLossPass::Graph {
+  torch::Tensor lp;  // [B, T] with the graph
+  torch::Tensor mask;
+  torch::Device device = torch::kCPU;
+};
+
+CustomLossPass::CustomLossPass() = default;
+CustomLossPass::CustomLossPass(CustomLossPass&&) noexcept = default;
+CustomLossPass& CustomLossPass::operator=(CustomLossPass&&) noexcept = default;
+CustomLossPass::~CustomLossPass() = default;
+
+CustomLossPass custom_loss_forward(Transformer& model, const std::vector<Datum>& data) {
+  validate_custom_input(model.config(), data);
+  auto b = pad_batch(data, model.config());
+  CustomLossPass pass;
+  pass.graph = std::make_unique<CustomLossPass::Graph>();
+  pass.graph->device = model_device(model);
+  pass.graph->lp = target_logprobs(model, b, pass.graph->device);
+  pass.graph->mask = b.mask;
+  pass.output = make_output(pass.graph->lp, b);
+  for (std::size_t i = 0; i < data.size(); ++i) pass.logprobs.push_back(pass.output.logprobs(i));
+  return pass;
+}
+
+void check_custom_gradients(const CustomLossResult& result, const std::vector<std::vector<double>>& logprobs) {
+  if (result.grad_logprobs.size() != logprobs.size())
+    throw invalid_argument("forward_backward_custom: the loss function returned gradients for " +
+                           std::to_string(result.grad_logprobs.size()) + " datums, expected " +
+                           std::to_string(logprobs.size()));
+  for (std::size_t i = 0; i < logprobs.size(); ++i) {
+    const auto& g = result.grad_logprobs[i];
+    if (g.size() != logprobs[i].size())
+      throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) + " has " +
+                             std::to_string(g.size()) + " values, expected " + std::to_string(logprobs[i].size()));
+    for (std::size_t j = 0; j < g.size(); ++j)
+      if (!std::isfinite(g[j]))
+        throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) +
+                               " is not finite at position " + std::to_string(j));
+  }
+}
+
+void custom_loss_backward(CustomLossPass& pass, std::span<const std::vector<double>> grad_logprobs) {
+  auto grad = torch::zeros_like(pass.graph->mask);
+  auto acc = grad.accessor<float, 2>();
+  for (std::size_t i = 0; i < grad_logprobs.size(); ++i)
+    for (std::size_t j = 0; j < grad_logprobs[i].size(); ++j)
+      acc[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(j)] = static_cast<float>(grad_logprobs[i][j]);
+  pass.graph->lp.backward(grad.to(pass.graph->device));
+  pass.graph.reset();
 }
 
 ForwardBackwardOutput run_custom_loss(Transformer& model, const std::vector<Datum>& data, const CustomLossFn& fn) {
   if (!fn) throw invalid_argument("forward_backward_custom: no loss function given");
-  validate_custom_batch(data, model.config().vocab_size);
-  auto b = pad_batch(data, model.config());
-  const auto device = model_device(model);
-  auto lp = target_logprobs(model, b, device);
-  auto out = make_output(lp, b);
-
-  std::vector<std::vector<double>> logprobs;
-  for (std::size_t i = 0; i < data.size(); ++i) logprobs.push_back(out.logprobs(i));
-  CustomLossResult result = fn(data, logprobs);
-
-  if (result.grad_logprobs.size() != data.size())
-    throw invalid_argument("forward_backward_custom: the loss function returned gradients for " +
-                           std::to_string(result.grad_logprobs.size()) + " datums, expected " +
-                           std::to_string(data.size()));
-  auto grad = torch::zeros_like(b.mask);
-  auto acc = grad.accessor<float, 2>();
-  for (std::size_t i = 0; i < data.size(); ++i) {
-    const auto& g = result.grad_logprobs[i];
-    if (static_cast<std::int64_t>(g.size()) != b.lengths[i])
-      throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) + " has " +
-                             std::to_string(g.size()) + " values, expected " + std::to_string(b.lengths[i]));
-    for (std::size_t j = 0; j < g.size(); ++j) {
-      if (!std::isfinite(g[j]))
-        throw invalid_argument("forward_backward_custom: gradient of datum " + std::to_string(i) +
-                               " is not finite at position " + std::to_string(j));
-      acc[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(j)] = static_cast<float>(g[j]);
-    }
-  }
-  lp.backward(grad.to(device));
+  CustomLossPass pass = custom_loss_forward(model, data);
+  CustomLossResult result = fn(data, pass.logprobs);
+  check_custom_gradients(result, pass.logprobs);
+  custom_loss_backward(pass, result.grad_logprobs);
+  ForwardBackwardOutput out = std::move(pass.output);
   out.metrics = result.metrics;
   out.metrics["loss:sum"] = result.loss;
   return out;

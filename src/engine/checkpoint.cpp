@@ -41,8 +41,55 @@ std::string read_text(const fs::path& p) {
 
 }  // namespace
 
+nlohmann::json checkpoint_meta_to_json(const CheckpointMeta& meta) {
+  nlohmann::json lora = nullptr;
+  if (meta.lora)
+    lora = {{"rank", meta.lora->rank}, {"alpha", meta.lora->alpha}, {"target_modules", meta.lora->target_modules}};
+  return {{"format", kCheckpointFormat},
+          {"base_model", meta.base_model},
+          {"lora", lora},
+          {"value_head", meta.value_head},
+          {"seed", meta.seed},
+          {"step", meta.step},
+          {"rng_state", meta.rng_state},
+          {"has_optimizer", meta.has_optimizer},
+          // Read by nothing here; written since the format's first version, so kept for whoever reads it.
+          {"for_sampler", !meta.has_optimizer}};
+}
+
+CheckpointMeta checkpoint_meta_from_json(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object() || j.value("format", "") != kCheckpointFormat)
+    throw io_error("'" + path + "' is not an rlloop checkpoint: state.json's format is not " + kCheckpointFormat);
+  std::string key;  // the one being read, for the message
+  auto at = [&](const char* k) -> const nlohmann::json& {
+    key = k;
+    if (!j.contains(k)) throw io_error("checkpoint '" + path + "': state.json lacks \"" + key + "\"");
+    return j.at(k);
+  };
+  // Flags a checkpoint may leave out (value_head: saved before sessions had value heads), false when absent.
+  auto flag = [&](const char* k) {
+    key = k;
+    return j.value(k, false);
+  };
+  try {
+    CheckpointMeta m;
+    m.base_model = at("base_model").get<std::string>();
+    if (const auto& lora = at("lora"); !lora.is_null())
+      m.lora = LoraOptions{lora.at("rank").get<int>(), lora.at("alpha").get<int>(),
+                           lora.at("target_modules").get<std::vector<std::string>>()};
+    m.value_head = flag("value_head");
+    m.seed = at("seed").get<std::int64_t>();
+    m.step = at("step").get<std::int64_t>();
+    m.rng_state = at("rng_state").get<std::vector<std::uint8_t>>();
+    m.has_optimizer = flag("has_optimizer");
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    throw io_error("checkpoint '" + path + "': state.json's \"" + key + "\" is malformed: " + e.what());
+  }
+}
+
 void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer,
-                     const nlohmann::json& meta) {
+                     CheckpointMeta meta) {
   const fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = target.parent_path();
   fs::create_directories(parent);
@@ -57,9 +104,8 @@ void write_state_dir(const std::string& dir, const TensorMap& weights, const Ten
   fs::create_directories(tmp);
   write_safetensors((tmp / "weights.safetensors").string(), weights);
   if (optimizer) write_safetensors((tmp / "optimizer.safetensors").string(), *optimizer);
-  nlohmann::json full = meta;
-  full["has_optimizer"] = optimizer != nullptr;
-  write_file_atomic((tmp / "state.json").string(), full.dump(2));
+  meta.has_optimizer = optimizer != nullptr;
+  write_file_atomic((tmp / "state.json").string(), checkpoint_meta_to_json(meta).dump(2));
   fsync_path(tmp);
 
   if (fs::exists(target)) {
@@ -73,19 +119,26 @@ void write_state_dir(const std::string& dir, const TensorMap& weights, const Ten
   fsync_path(parent);
 }
 
-StateContents read_state_dir(const std::string& path, bool with_optimizer) {
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const fs::path dir(path);
   if (!fs::exists(dir)) throw not_found("checkpoint '" + path + "' does not exist");
   if (!fs::exists(dir / "state.json")) throw io_error("'" + path + "' is not a checkpoint: state.json is missing");
-  StateContents out;
+  nlohmann::json meta;
   try {
-    out.meta = nlohmann::json::parse(read_text(dir / "state.json"));
+    meta = nlohmann::json::parse(read_text(dir / "state.json"));
   } catch (const nlohmann::json::exception& e) {
-    throw io_error("checkpoint '" + dir.string() + "': state.json is malformed: " + e.what());
+    throw io_error("checkpoint '" + path + "': state.json is malformed: " + e.what());
   }
+  return checkpoint_meta_from_json(meta, path);
+}
+
+StateContents read_state_dir(const std::string& path, bool with_optimizer) {
+  const fs::path dir(path);
+  StateContents out;
+  out.meta = read_checkpoint_meta(path);
   out.weights = read_safetensors((dir / "weights.safetensors").string());
   if (with_optimizer) {
-    if (!out.meta.value("has_optimizer", false))
+    if (!out.meta.has_optimizer)
       throw invalid_argument("checkpoint '" + dir.string() + "' holds no optimizer state (saved for sampling only)");
     out.optimizer = read_safetensors((dir / "optimizer.safetensors").string());
   }

@@ -23,18 +23,13 @@ DeviceChoice choose_device(const std::string& spec) {
 }
 
 int configure_threads(int requested) {
-  static std::once_flag once;
-  static int chosen = 0;
-  std::call_once(once, [&] {
-    int n = requested;
-    if (n <= 0)
-      if (const char* env = std::getenv("OMP_NUM_THREADS")) n = std::atoi(env);
-    if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
-    if (n <= 0) n = 1;
-    at::set_num_threads(n);
-    chosen = n;
-  });
-  return chosen;
+  int n = requested;
+  if (n <= 0)
+    if (const char* env = std::getenv("OMP_NUM_THREADS")) n = std::atoi(env);
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  at::set_num_threads(n);
+  return n;
 }
 
 int threads_in_parallel_region(int items) {

@@ -14,8 +14,9 @@ struct DeviceChoice {
 // "auto" picks CUDA when this LibTorch build has it and a GPU is visible; "cpu", "cuda", "cuda:N" force one.
 DeviceChoice choose_device(const std::string& spec);
 
-// Sets LibTorch's intra-op thread count once per process: `requested` if > 0, else OMP_NUM_THREADS if set,
-// else the number of cores (LibTorch here defaults to 1 thread, leaving half the machine idle).
+// Sets LibTorch's intra-op thread count and returns it: `requested` if > 0, else OMP_NUM_THREADS if set, else
+// the number of cores (LibTorch here defaults to 1 thread, leaving half the machine idle). The public entry is
+// configure_engine_process.
 int configure_threads(int requested);
 
 // How many distinct threads run an at::parallel_for over `items` single-item chunks compiled in the engine.

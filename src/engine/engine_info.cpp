@@ -1,6 +1,8 @@
 #include <fstream>
 #include <string>
 
+#include <ATen/Parallel.h>
+
 #include <rlloop/local.hpp>
 
 #include "device.hpp"
@@ -26,13 +28,13 @@ std::string loaded_blas() {
 }
 }  // namespace
 
-EngineInfo engine_info(const std::string& device, int num_threads) {
+EngineInfo engine_info(const std::string& device) {
   EngineInfo info;
   info.libtorch_version = TORCH_VERSION;
   auto choice = engine::choose_device(device);
   info.device = engine::device_name(choice.device);
   info.dtype = choice.dtype == torch::kBFloat16 ? "bfloat16" : "float32";
-  info.threads = engine::configure_threads(num_threads);
+  info.threads = at::get_num_threads();
   info.parallel_threads = engine::threads_in_parallel_region(info.threads);
   // Touch BLAS once so that a lazily loaded library shows up in the process map.
   (void)torch::matmul(torch::ones({2, 2}), torch::ones({2, 2})).sum().item<float>();

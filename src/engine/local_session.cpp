@@ -5,8 +5,6 @@
 #include <filesystem>
 #include <mutex>
 
-#include <nlohmann/json.hpp>
-
 #include <rlloop/limits.hpp>
 #include <rlloop/tokenizer.hpp>
 
@@ -16,32 +14,18 @@
 #include "checkpoint.hpp"
 #include "cpu_allocator.hpp"
 #include "device.hpp"
+#include "dist/coordinator.hpp"
 #include "loss.hpp"
 #include "model_io.hpp"
 #include "optimizer.hpp"
 #include "sampler.hpp"
+#include "session_model.hpp"
 
 namespace rlloop {
 namespace fs = std::filesystem;
 using namespace rlloop::engine;
 
 namespace {
-
-std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev) {
-  const std::string prefix = "builtin:";
-  if (resolved.rfind(prefix, 0) == 0) {
-    auto cfg = builtin_model(resolved.substr(prefix.size()));
-    // Built-in models start from a fixed seeded initialisation, not the session's seed: every session on
-    // "rlloop-small" starts from the same model, which is what lets them share it.
-    return init_model(*cfg, 0, dev.device, dev.dtype);
-  }
-  return load_model(resolved, dev.device, dev.dtype);
-}
-
-// The registry key of a base: the same model on the same device in the same dtype is the same base.
-std::string base_key(const std::string& resolved, const DeviceChoice& dev) {
-  return resolved + " on " + device_name(dev.device) + " as " + std::string(c10::toString(dev.dtype));
-}
 
 engine::EngineLoopOptions loop_options(const LocalServiceOptions& service) {
   if (service.max_batch_rows < 1)
@@ -50,15 +34,16 @@ engine::EngineLoopOptions loop_options(const LocalServiceOptions& service) {
   return {service.max_batch_rows};
 }
 
-nlohmann::json lora_to_json(const std::optional<LoraOptions>& lora) {
-  if (!lora) return nullptr;
-  return {{"rank", lora->rank}, {"alpha", lora->alpha}, {"target_modules", lora->target_modules}};
-}
-
-std::optional<LoraOptions> lora_from_json(const nlohmann::json& j) {
-  if (j.is_null()) return std::nullopt;
-  return LoraOptions{j.at("rank").get<int>(), j.at("alpha").get<int>(),
-                     j.at("target_modules").get<std::vector<std::string>>()};
+// The base models of one service, and with data parallelism the group its sessions train on (formed here: the
+// constructor returns once every rank has joined).
+std::shared_ptr<BaseModelRegistry> make_registry(const LocalServiceOptions& service) {
+  auto registry = std::make_shared<BaseModelRegistry>(loop_options(service));
+  if (service.data_parallel.world_size < 1)
+    throw invalid_argument("LocalServiceOptions.data_parallel.world_size must be at least 1, got " +
+                           std::to_string(service.data_parallel.world_size));
+  if (service.data_parallel.world_size > 1)
+    registry->set_data_parallel(std::make_shared<dist::Coordinator>(service, choose_device(service.device)));
+  return registry;
 }
 
 DecodePrecision decode_precision_of(SamplingPrecision p) {
@@ -128,14 +113,17 @@ struct LocalSession::Impl {
   std::mutex usage_mu;
   TokenUsage usage;
 
+  // With data parallelism: the group that holds this session's replicas on the other ranks, and its id there.
+  // Training runs through it (and so on every rank); sampling and logprobs run here alone.
+  std::shared_ptr<dist::Coordinator> group;
+  std::uint64_t replica = 0;
+
   // Last member: destroying it waits for the session's queued operations, before the rest is destroyed.
   std::unique_ptr<EngineLoop::Lane> lane;
 
   Impl(const SessionOptions& opts, const LocalServiceOptions& svc, std::shared_ptr<BaseModelRegistry> registry)
       : options(opts), service(svc), bases(std::move(registry)) {
     decode_precision = decode_precision_of(service.sampling_precision);
-    configure_threads(service.num_threads);
-    install_caching_cpu_allocator();
     dev = choose_device(service.device);
     resolved_base = resolve_base_model(service, options.base_model);
     key = base_key(resolved_base, dev);
@@ -148,38 +136,30 @@ struct LocalSession::Impl {
     } catch (const error&) {
       tokenizer = nullptr;  // stop strings then need a tokenizer: sample() says so
     }
+    group = bases->data_parallel();
+    if (group) replica = group->open(options, *model);
     lane = EngineLoop::open_lane(bases->loop(key));
   }
 
-  // The session's model as created: LoRA adapters (seeded) over the shared base, or a private copy of the base
-  // for full fine-tuning; plus the value head if asked for.
+  ForwardBackwardOutput run_loss(const std::vector<Datum>& data, const LossSpec& loss, bool backward) {
+    auto out =
+        group ? group->forward(replica, *model, data, loss, backward) : run_builtin_loss(*model, data, loss, backward);
+    add_usage({0, 0, out.training_tokens});
+    return out;
+  }
+
+  // The session's model as created (session_model.hpp). Sampler models from checkpoints are made the same way.
   std::shared_ptr<Transformer> make_model() {
-    std::shared_ptr<Transformer> m;
-    if (options.lora) {
-      shared_base = bases->base(key, [&] {
-        auto base = load_base(resolved_base, dev);
-        for (auto& p : base->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
-        return base;
-      });
-      m = Transformer::sharing_base(*shared_base->model);
-      m->enable_lora(*options.lora, options.seed);
-    } else {
-      m = load_base(resolved_base, dev);
-    }
-    if (options.value_head) m->enable_value_head(options.seed);
-    return m;
+    SessionModel made = make_session_model(*bases, resolved_base, dev, options);
+    if (made.shared_base) shared_base = made.shared_base;
+    return made.model;
   }
 
   std::shared_ptr<const RoundedWeights>* rounded_slot(SamplingModel& target) {
     return shared_base ? &shared_base->rounded : &target.rounded;  // a LoRA session's every model shares the base
   }
 
-  void build_optimizer() {
-    std::vector<NamedParameter> params;
-    for (auto& [name, t] : model->named_trainable_parameters())
-      params.push_back({name, t, name.find("lora_B") != std::string::npos});
-    optimizer = std::make_unique<AdamW>(std::move(params));
-  }
+  void build_optimizer() { optimizer = make_optimizer(*model); }
 
   void add_usage(const TokenUsage& u) {
     std::lock_guard lock(usage_mu);
@@ -207,8 +187,8 @@ struct LocalSession::Impl {
 
   // A checkpoint holds what its session trained (with LoRA, the adapters only), so it is only meaningful over
   // the base it was trained on.
-  void check_same_base(const nlohmann::json& meta, const std::string& path) const {
-    const std::string saved = meta.value("base_model", "");
+  void check_same_base(const CheckpointMeta& meta, const std::string& path) const {
+    const std::string& saved = meta.base_model;
     std::string saved_resolved;
     try {
       saved_resolved = resolve_base_model(service, saved);
@@ -236,17 +216,14 @@ struct LocalSession::Impl {
     return out;
   }
 
-  nlohmann::json meta(bool for_sampler) {
+  CheckpointMeta meta() {
     auto state = generator.get_state();
-    std::vector<std::uint8_t> rng(state.data_ptr<std::uint8_t>(), state.data_ptr<std::uint8_t>() + state.numel());
-    return {{"format", "rlloop-state-v1"},
-            {"base_model", options.base_model},
-            {"lora", lora_to_json(options.lora)},
-            {"value_head", options.value_head},
-            {"seed", options.seed},
-            {"step", optimizer->step_count()},
-            {"for_sampler", for_sampler},
-            {"rng_state", rng}};
+    return {.base_model = options.base_model,
+            .lora = options.lora,
+            .value_head = options.value_head,
+            .seed = options.seed,
+            .step = optimizer->step_count(),
+            .rng_state = {state.data_ptr<std::uint8_t>(), state.data_ptr<std::uint8_t>() + state.numel()}};
   }
 
   CheckpointRef save(const std::string& name, bool with_optimizer) {
@@ -257,7 +234,7 @@ struct LocalSession::Impl {
     TensorMap opt;
     if (with_optimizer)
       for (auto& [k, v] : optimizer->state_tensors()) opt[k] = v;
-    write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta(!with_optimizer));
+    write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta());
     const std::string path = fs::absolute(dir).lexically_normal().string();
     samplers.erase(path);  // a model loaded from this path before holds the old weights; the next use reloads
     return {path};
@@ -265,18 +242,17 @@ struct LocalSession::Impl {
 
   void load(const std::string& path, bool with_optimizer) {
     auto state = read_state_dir(path, with_optimizer);
-    const auto& m = state.meta;
-    if (m.value("format", "") != "rlloop-state-v1") throw io_error("'" + path + "' is not an rlloop checkpoint");
+    const CheckpointMeta& m = state.meta;
     check_same_base(m, path);
-    if (lora_from_json(m.at("lora")) != options.lora)
+    if (m.lora != options.lora)
       throw invalid_argument("checkpoint '" + path + "' was saved with different LoRA settings than this session");
-    if (m.value("value_head", false) != options.value_head)
+    if (m.value_head != options.value_head)
       throw invalid_argument("checkpoint '" + path + "' was saved " + (options.value_head ? "without" : "with") +
                              " a value head, unlike this session");
     load_trainable(*model, state.weights);
     if (with_optimizer) {
-      optimizer->load_state_tensors(state.optimizer, m.at("step").get<std::int64_t>());
-      auto rng = m.at("rng_state").get<std::vector<std::uint8_t>>();
+      optimizer->load_state_tensors(state.optimizer, m.step);
+      auto rng = m.rng_state;
       auto t = torch::from_blob(rng.data(), {static_cast<std::int64_t>(rng.size())}, torch::kUInt8).clone();
       generator.set_state(t);
     } else {
@@ -285,44 +261,50 @@ struct LocalSession::Impl {
       build_optimizer();
     }
     optimizer->zero_grad();
+    if (group) group->sync_state(replica, *model, optimizer, with_optimizer);
   }
 };
 
 LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service)
-    : LocalSession(options, service, std::make_shared<BaseModelRegistry>(loop_options(service))) {}
+    : LocalSession(options, service, make_registry(service)) {}
 LocalSession::LocalSession(const SessionOptions& options, const LocalServiceOptions& service,
                            std::shared_ptr<BaseModelRegistry> bases)
     : impl_(std::make_unique<Impl>(options, service, std::move(bases))) {}
-LocalSession::~LocalSession() = default;
+LocalSession::~LocalSession() {
+  impl_->lane.reset();  // the queued operations run first
+  try {
+    if (impl_->group) impl_->group->close(impl_->replica);
+  } catch (const group_failure&) {
+    // The group failed while closing: its replicas are gone with it.
+  }
+}
 
 Future<ForwardBackwardOutput> LocalSession::forward(const std::vector<Datum>& data, const LossSpec& loss) {
-  return impl_->lane->submit<ForwardBackwardOutput>([this, data, loss] {
-    auto out = run_builtin_loss(*impl_->model, data, loss, /*backward=*/false);
-    impl_->add_usage({0, 0, out.training_tokens});
-    return out;
-  });
+  return impl_->lane->submit<ForwardBackwardOutput>(
+      [this, data, loss] { return impl_->run_loss(data, loss, /*backward=*/false); });
 }
 
 Future<ForwardBackwardOutput> LocalSession::forward_backward(const std::vector<Datum>& data, const LossSpec& loss) {
-  return impl_->lane->submit<ForwardBackwardOutput>([this, data, loss] {
-    auto out = run_builtin_loss(*impl_->model, data, loss, /*backward=*/true);
-    impl_->add_usage({0, 0, out.training_tokens});
-    return out;
-  });
+  return impl_->lane->submit<ForwardBackwardOutput>(
+      [this, data, loss] { return impl_->run_loss(data, loss, /*backward=*/true); });
 }
 
 Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::vector<Datum>& data,
                                                                     const CustomLossFn& fn) {
   return impl_->lane->submit<ForwardBackwardOutput>([this, data, fn] {
-    auto out = run_custom_loss(*impl_->model, data, fn);
+    auto out = impl_->group ? impl_->group->forward_custom(impl_->replica, *impl_->model, data, fn)
+                            : run_custom_loss(*impl_->model, data, fn);
     impl_->add_usage({0, 0, out.training_tokens});
     return out;
   });
 }
 
 Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {
-  return impl_->lane->submit<OptimStepOutput>(
-      [this, params] { return OptimStepOutput{impl_->optimizer->step(params)}; });
+  return impl_->lane->submit<OptimStepOutput>([this, params] {
+    auto& optimizer = *impl_->optimizer;
+    return OptimStepOutput{impl_->group ? impl_->group->optim_step(impl_->replica, optimizer, params)
+                                        : optimizer.step(params)};
+  });
 }
 
 Future<CheckpointRef> LocalSession::save_state(const std::string& name) {
@@ -431,9 +413,19 @@ Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) 
 // --- LocalService ----------------------------------------------------------------------------------------
 
 LocalService::LocalService(LocalServiceOptions options)
-    : options_(std::move(options)), bases_(std::make_shared<BaseModelRegistry>(loop_options(options_))) {}
+    : options_(std::move(options)), bases_(make_registry(options_)) {}
 
 std::vector<BaseModelStats> LocalService::base_model_stats() const { return bases_->stats(); }
+
+DataParallelStats LocalService::data_parallel_stats() const {
+  auto group = bases_->data_parallel();
+  return group ? group->stats() : DataParallelStats{};
+}
+
+std::string LocalService::data_parallel_failure() const {
+  auto group = bases_->data_parallel();
+  return group ? group->failure() : std::string();
+}
 
 std::shared_ptr<LocalSession> LocalService::create_session(const SessionOptions& options) {
   validate(options);  // rlloop/limits.hpp: the LoRA rank and alpha, the name
@@ -448,13 +440,9 @@ std::shared_ptr<LocalSession> LocalService::create_session_from_state(const std:
 }
 
 std::shared_ptr<LocalSession> LocalService::open_sampler(const std::string& path) {
-  auto state = read_state_dir(path, false);
-  SessionOptions opts;
-  opts.base_model = state.meta.at("base_model").get<std::string>();
-  opts.lora = lora_from_json(state.meta.at("lora"));
-  opts.seed = state.meta.at("seed").get<std::int64_t>();
-  opts.value_head = state.meta.value("value_head", false);
-  auto s = create_session(opts);
+  const CheckpointMeta meta = read_checkpoint_meta(path);
+  auto s = create_session(
+      {.base_model = meta.base_model, .lora = meta.lora, .seed = meta.seed, .value_head = meta.value_head});
   s->load_state(path, false).get();
   return s;
 }

@@ -9,10 +9,7 @@ torch::Tensor count_where(const torch::Tensor& taken, const torch::Tensor& m) {
 }
 }  // namespace
 
-double LossValue::clip_fraction() const {
-  const double n = bearing.item<double>();
-  return n > 0 ? clipped.item<double>() / n : 0.0;
-}
+ClipCounts LossValue::counts() const { return {clipped.item<double>(), bearing.item<double>()}; }
 
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in) {
   // Token weights mask the RL losses too (e.g. 0 on prompt tokens); all-ones gives exactly DESIGN.md's formulas.

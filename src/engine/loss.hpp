@@ -18,11 +18,19 @@ struct LossTensors {
 // clip_fraction = clipped / bearing: the share of loss-bearing tokens (mask * weight != 0) where the clipped
 // branch of the objective is the one taken — ppo: the clipped term is the smaller of min(r A, clamp(r) A); cispo:
 // the clamp is active; value: the clipped error is the larger of max(err, err_clip). Counts, not weighted sums.
+// The counts behind a clip fraction: summed over the shards of a batch they give the whole batch's fraction.
+struct ClipCounts {
+  double clipped = 0;
+  double bearing = 0;
+  double fraction() const { return bearing > 0 ? clipped / bearing : 0.0; }
+};
+
 struct LossValue {
   torch::Tensor loss;     // scalar, summed over tokens
   torch::Tensor clipped;  // scalar: loss-bearing tokens where the clipped branch was taken (ppo, cispo, value), else 0
   torch::Tensor bearing;  // scalar: loss-bearing tokens
-  double clip_fraction() const;
+  double clip_fraction() const { return counts().fraction(); }
+  ClipCounts counts() const;
 };
 
 // lp = logprob of each target token under the current weights (carries the graph). The RL losses multiply each

@@ -11,6 +11,8 @@ void check_range(const char* field, double v, double lo, double hi) {
     throw invalid_argument(std::string("AdamParams.") + field + " must be in [" + std::to_string(lo) + ", " +
                            std::to_string(hi) + "], got " + std::to_string(v));
 }
+}  // namespace
+
 void validate(const AdamParams& p) {
   if (!(p.learning_rate >= 0.0 && std::isfinite(p.learning_rate)))
     throw invalid_argument("AdamParams.learning_rate must be >= 0, got " + std::to_string(p.learning_rate));
@@ -21,7 +23,6 @@ void validate(const AdamParams& p) {
   if (p.grad_clip_norm) check_range("grad_clip_norm", *p.grad_clip_norm, 0.0, 100.0);
   check_range("lora_plus_lr_ratio", p.lora_plus_lr_ratio, 1.0, 100.0);
 }
-}  // namespace
 
 AdamW::AdamW(std::vector<NamedParameter> params) : params_(std::move(params)) {
   torch::NoGradGuard no_grad;
@@ -82,6 +83,12 @@ std::vector<std::pair<std::string, torch::Tensor>> AdamW::state_tensors() const 
     out.emplace_back(params_[i].name + ".exp_avg", exp_avg_[i].cpu());
     out.emplace_back(params_[i].name + ".exp_avg_sq", exp_avg_sq_[i].cpu());
   }
+  return out;
+}
+
+std::vector<torch::Tensor> AdamW::moments() const {
+  std::vector<torch::Tensor> out = exp_avg_;
+  out.insert(out.end(), exp_avg_sq_.begin(), exp_avg_sq_.end());
   return out;
 }
 

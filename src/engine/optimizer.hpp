@@ -18,6 +18,9 @@ struct NamedParameter {
   bool lora_b = false;  // gets learning_rate * lora_plus_lr_ratio
 };
 
+// Throws invalid_argument naming the first field out of range (AdamW::step checks the same).
+void validate(const AdamParams& p);
+
 class AdamW {
  public:
   explicit AdamW(std::vector<NamedParameter> params);
@@ -32,6 +35,8 @@ class AdamW {
   std::vector<std::pair<std::string, torch::Tensor>> state_tensors() const;
   void load_state_tensors(const std::map<std::string, torch::Tensor>& tensors, std::int64_t step);
   void set_step(std::int64_t step) { step_ = step; }
+  // The moment tensors themselves (every exp_avg, then every exp_avg_sq), for copying state in place.
+  std::vector<torch::Tensor> moments() const;
   const std::vector<NamedParameter>& parameters() const { return params_; }
 
  private:

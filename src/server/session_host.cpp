@@ -357,6 +357,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       vocab_size = session_info.vocab_size;
       info = session_info;
       status = SessionStatus::running;
+      error_details.clear();  // what blocked it before a restart no longer holds
       if (recovery)
         for (auto& op : recovery->pending) queue_.push_back(op);
     }
@@ -382,6 +383,15 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       if (config_.journal && std::holds_alternative<wire::TrainingOperation>(op->op) &&
           std::holds_alternative<wire::OptimizerStepOp>(std::get<wire::TrainingOperation>(op->op)))
         autosave = session->save_state("autosave-" + tenant->config.id + "-" + name + "-" + op->id).get().path;
+    } catch (const group_failure& e) {
+      // The other ranks that train this session are gone: it is Blocked until the server has formed its
+      // data-parallel group again (rlloop serve restarts for that, and the session comes back Running).
+      state = state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
+      std::lock_guard lock(mu);
+      status = SessionStatus::blocked;
+      error_details = std::string(e.what()).substr(0, 1024);
+      last_modified = now_seconds();
+      journal({{"t", "status"}, {"status", to_string(status)}, {"error", error_details}, {"time", last_modified}});
     } catch (const std::exception& e) {
       state = state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
     }

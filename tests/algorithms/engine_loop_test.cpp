@@ -21,7 +21,7 @@ LocalServiceOptions cpu_service() {
   LocalServiceOptions s;
   s.checkpoint_dir = (std::filesystem::temp_directory_path() / "rlloop-algorithms-engine-test").string();
   s.device = "cpu";
-  s.num_threads = 1;
+  configure_engine_process({.num_threads = 1});
   return s;
 }
 std::vector<token_id> bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -32,7 +32,7 @@ TEST(SameLoop, GrpoTemplateRunsOnTheLibTorchSession) {
   auto client = service.create_full_training_client("rlloop-tiny", /*seed=*/3);
   const std::vector<toy::LetterProblem> problems{{"ab"}, {"ba"}};
   const auto stats =
-      toy::run_toy_grpo(client, client.get_tokenizer(), problems, toy::ShareOf{"abcdefghijklmnopqrstuvwxyz"}, 2,
+      toy::run_toy_grpo(client, load_tokenizer(client), problems, toy::ShareOf{"abcdefghijklmnopqrstuvwxyz"}, 2,
                         {.group_size = 4,
                          .sampling = {.max_tokens = 4, .seed = 5},
                          .drop_uniform_groups = false,

@@ -7,6 +7,7 @@
 
 #include <rlloop/algorithms/ppo.hpp>
 #include <rlloop/local.hpp>
+#include <rlloop/tokenizer.hpp>
 
 #include "toy_loop.hpp"
 
@@ -18,7 +19,7 @@ LocalServiceOptions cpu_service() {
   LocalServiceOptions s;
   s.checkpoint_dir = (std::filesystem::temp_directory_path() / ("rlloop-ppo-" + std::to_string(::getpid()))).string();
   s.device = "cpu";
-  s.num_threads = 1;
+  configure_engine_process({.num_threads = 1});
   return s;
 }
 }  // namespace
@@ -27,7 +28,7 @@ TEST(Ppo, RaisesTheRewardAndFitsTheCritic) {
   ServiceClient<LocalService> service{LocalService(cpu_service())};
   SessionOptions opts{.base_model = "rlloop-tiny", .seed = 3, .value_head = true};
   auto client = service.create_training_client(opts);
-  PPO<LocalSession> ppo(client, client.get_tokenizer(),
+  PPO<LocalSession> ppo(client, load_tokenizer(client),
                         {.group_size = 8,
                          .sampling = {.max_tokens = 2, .temperature = 1.0, .seed = 11},
                          .epochs = 2,
@@ -48,7 +49,7 @@ TEST(Ppo, RaisesTheRewardAndFitsTheCritic) {
 
   auto plain = service.create_full_training_client("rlloop-tiny");
   try {
-    PPO<LocalSession> bad(plain, plain.get_tokenizer(), {});
+    PPO<LocalSession> bad(plain, load_tokenizer(plain), {});
     FAIL();
   } catch (const invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("needs a value head"), std::string::npos);

@@ -152,12 +152,12 @@ TEST(CachingCpuAllocator, InstalledForLibTorchTensors) {
 
 TEST(CachingCpuAllocator, ClosingASessionReturnsTheCachedBlocks) {
   if (std::getenv("RLLOOP_CPU_CACHE_MB")) GTEST_SKIP() << "RLLOOP_CPU_CACHE_MB is set: caching may be off";
-  rlloop::LocalService service(rlloop::LocalServiceOptions{.device = "cpu", .num_threads = 1});
-  CachingCpuAllocator* alloc = nullptr;
+  ASSERT_TRUE(rlloop::configure_engine_process({.num_threads = 1}).caching_cpu_allocator);
+  CachingCpuAllocator* alloc = rlloop::engine::installed_caching_cpu_allocator();
+  ASSERT_NE(alloc, nullptr);
+  rlloop::LocalService service(rlloop::LocalServiceOptions{.device = "cpu"});
   {
     auto session = service.create_session(rlloop::SessionOptions{.base_model = "rlloop-tiny"});
-    alloc = rlloop::engine::install_caching_cpu_allocator();
-    ASSERT_NE(alloc, nullptr);
     { torch::Tensor t = torch::empty({1 << 20}); }  // 4 MiB, freed into the cache
     EXPECT_GE(alloc->stats().cached_bytes, 4 * MiB);
   }

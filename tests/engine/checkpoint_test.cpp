@@ -1,4 +1,5 @@
-// Checkpoints across processes: resume is bit-identical; kill -9 during saves never leaves a torn checkpoint.
+// Checkpoints across processes: resume is bit-identical; kill -9 during saves never leaves a torn checkpoint; the
+// state.json codec reads what sessions write.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -62,9 +63,9 @@ TEST(Checkpoint, ResumeInANewProcessIsBitIdentical) {
   auto resumed = engine::read_state_dir((dir / "resumed").string(), true);
   expect_same_tensors(straight.weights, resumed.weights);
   expect_same_tensors(straight.optimizer, resumed.optimizer);
-  EXPECT_EQ(straight.meta.at("step"), 6);
-  EXPECT_EQ(resumed.meta.at("step"), 6);
-  EXPECT_EQ(straight.meta.at("rng_state"), resumed.meta.at("rng_state"));
+  EXPECT_EQ(straight.meta.step, 6);
+  EXPECT_EQ(resumed.meta.step, 6);
+  EXPECT_EQ(straight.meta.rng_state, resumed.meta.rng_state);
   // And the run really trained: the weights moved away from the step-3 checkpoint.
   auto mid = engine::read_state_dir((dir / "at-3").string(), true);
   bool any_changed = false;
@@ -102,11 +103,52 @@ TEST(Checkpoint, KillDuringSavesNeverLeavesATornCheckpoint) {
     ASSERT_TRUE(WIFSIGNALED(status));
     // Killed at any point, the name holds a complete checkpoint (the last one saved), which a fresh session loads.
     auto state = engine::read_state_dir(latest.string(), true);
-    EXPECT_GE(state.meta.at("step").get<int>(), 1);
+    EXPECT_GE(state.meta.step, 1);
     LocalService svc(test_util::service_in((dir / "scratch").string()));
     auto tc = ServiceClient<LocalService>(svc).create_lora_training_client("rlloop-tiny",
                                                                            {.rank = 4, .alpha = 8, .seed = 11});
     EXPECT_NO_THROW(tc.load_state(latest.string(), true).get());
-    EXPECT_EQ(tc.get_info().step, state.meta.at("step").get<int>());
+    EXPECT_EQ(tc.get_info().step, state.meta.step);
   }
+}
+
+// state.json as sessions have written it since the format's first version, key for key: the codec reads it.
+TEST(CheckpointMeta, ReadsTheStateJsonSessionsWrite) {
+  const auto lora = nlohmann::json::parse(R"({
+    "format": "rlloop-state-v1", "base_model": "rlloop-tiny",
+    "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "lm_head"]},
+    "value_head": true, "seed": 11, "step": 3, "for_sampler": false, "rng_state": [1, 2, 255],
+    "has_optimizer": true})");
+  const engine::CheckpointMeta m = engine::checkpoint_meta_from_json(lora, "ckpt");
+  EXPECT_EQ(m.base_model, "rlloop-tiny");
+  EXPECT_EQ(m.lora, (LoraOptions{4, 8, {"q_proj", "lm_head"}}));
+  EXPECT_TRUE(m.value_head);
+  EXPECT_EQ(m.seed, 11);
+  EXPECT_EQ(m.step, 3);
+  EXPECT_EQ(m.rng_state, (std::vector<std::uint8_t>{1, 2, 255}));
+  EXPECT_TRUE(m.has_optimizer);
+  // Full fine-tuning, saved for sampling, without the value_head key.
+  const auto full = nlohmann::json::parse(R"({
+    "format": "rlloop-state-v1", "base_model": "/models/x", "lora": null, "seed": 0, "step": 0,
+    "for_sampler": true, "rng_state": [], "has_optimizer": false})");
+  const engine::CheckpointMeta f = engine::checkpoint_meta_from_json(full, "ckpt");
+  EXPECT_EQ(f.lora, std::nullopt);
+  EXPECT_FALSE(f.value_head);
+  EXPECT_FALSE(f.has_optimizer);
+  // What the writer produces is what the reader returns, and keeps every key above.
+  EXPECT_EQ(engine::checkpoint_meta_from_json(engine::checkpoint_meta_to_json(m), "ckpt"), m);
+  EXPECT_EQ(engine::checkpoint_meta_to_json(m), lora);
+}
+
+TEST(CheckpointMeta, NamesTheCheckpointAndTheKeyItCannotRead) {
+  auto message_of = [](const nlohmann::json& j) {
+    return test_util::error_of([&] { engine::checkpoint_meta_from_json(j, "/runs/a"); });
+  };
+  EXPECT_NE(message_of({{"format", "other"}}).find("'/runs/a' is not an rlloop checkpoint"), std::string::npos);
+  auto j = engine::checkpoint_meta_to_json({.base_model = "rlloop-tiny"});
+  j.erase("step");
+  EXPECT_NE(message_of(j).find("checkpoint '/runs/a': state.json lacks \"step\""), std::string::npos) << message_of(j);
+  j = engine::checkpoint_meta_to_json({.base_model = "rlloop-tiny"});
+  j["lora"] = {{"rank", "four"}};
+  EXPECT_NE(message_of(j).find("state.json's \"lora\" is malformed"), std::string::npos) << message_of(j);
 }

@@ -39,11 +39,13 @@ inline SessionOptions tiny(std::optional<LoraOptions> lora = std::nullopt, std::
   return o;
 }
 
+// Also configures this process: one thread, as bit-exact comparisons across processes need the same reduction
+// order, and the caching CPU allocator, as the CLI runs sessions.
 inline LocalServiceOptions service_in(const std::string& dir) {
+  configure_engine_process({.num_threads = 1});
   LocalServiceOptions s;
   s.checkpoint_dir = dir;
   s.device = "cpu";
-  s.num_threads = 1;  // bit-exact comparisons across processes need the same reduction order
   return s;
 }
 

@@ -113,7 +113,7 @@ TEST(SharedBase, LoraSamplerCheckpointsHoldAdaptersOnlyAndNameTheirBase) {
     saved += t.numel();
   }
   EXPECT_EQ(saved, a->info().num_trainable_parameters);
-  EXPECT_EQ(state.meta.at("base_model"), "rlloop-tiny");
+  EXPECT_EQ(state.meta.base_model, "rlloop-tiny");
   // A full fine-tuning session's checkpoint holds every base weight.
   const engine::StateContents whole = engine::read_state_dir(full->save_weights_for_sampler("full").get().path, false);
   EXPECT_EQ(whole.weights.count("model.embed_tokens.weight"), 1u);
@@ -133,7 +133,7 @@ TEST(SharedBase, LoraSamplerCheckpointsHoldAdaptersOnlyAndNameTheirBase) {
 void check_batch_invariance(int threads) {
   auto dir = temp_dir("invariance-" + std::to_string(threads));
   LocalServiceOptions options = service_in(dir.string());
-  options.num_threads = threads;
+  configure_engine_process({.num_threads = threads});  // read by the engine loop's thread when it starts
   LocalService service(options);
   constexpr int kSessions = 16;
   std::vector<std::shared_ptr<LocalSession>> sessions;

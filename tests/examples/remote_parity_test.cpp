@@ -1,8 +1,9 @@
 // The same loop gives the same numbers on a LocalSession in this process and through RemoteService -> HTTP ->
 // `rlloop serve` (a child process on a loopback port), under the same seeds: GRPO (sampled tokens exactly,
 // reward / loss / clip fraction / entropy / logprobs within 1e-5), SFT and DPO. Both sides run LibTorch on one
-// thread (--threads 1 / num_threads = 1) so the arithmetic is the same; LoRA rank 4 on rlloop-tiny, seed 0 on
-// both sides (the API has no seed field: the server creates every session with seed 0).
+// thread (`--threads 1` / `configure_engine_process({.num_threads = 1})`) so the arithmetic is the same; LoRA
+// rank 4 on rlloop-tiny, seed 0 on both sides (the API has no seed field: the server creates every session with
+// seed 0).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -87,7 +88,7 @@ template <Service Svc>
 GrpoTrace run_grpo(ServiceClient<Svc>& service) {
   using S = typename Svc::session_type;
   auto client = service.create_training_client(session_options("grpo-parity"));
-  algorithms::GRPO<S> grpo(client, client.get_tokenizer(),
+  algorithms::GRPO<S> grpo(client, load_tokenizer(client),
                            {.group_size = 4,
                             .sampling = {.max_tokens = 8, .temperature = 1.0, .seed = 11},
                             .loss = LossFn::ppo,
@@ -198,7 +199,7 @@ class RemoteParity : public ::testing::Test {
   ServiceClient<LocalService> local(const std::string& name) const {
     LocalServiceOptions o;
     o.device = "cpu";
-    o.num_threads = 1;
+    configure_engine_process({.num_threads = 1});
     o.checkpoint_dir = (root_ / "local" / name).string();
     return ServiceClient<LocalService>{LocalService(o)};
   }

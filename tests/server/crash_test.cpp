@@ -112,12 +112,18 @@ struct Dirs {
     if (!::testing::Test::HasFailure()) fs::remove_all(root);
   }
   std::vector<std::string> args(const std::string& data) const {
-    return {"--tenants",         (root / "tenants.json").string(),
-            "--port",            "0",
-            "--data-dir",        (root / data).string(),
-            "--device",          "cpu",
-            "--threads",         "1",
-            "--compact-records", "6"};
+    return {"--tenants",
+            (root / "tenants.json").string(),
+            "--port",
+            "0",
+            "--data-dir",
+            (root / data).string(),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--compact-records",
+            "6"};
   }
 };
 
@@ -184,4 +190,126 @@ TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
   ASSERT_GT(wa.size(), 1000u);
   EXPECT_TRUE(wa == wb) << "final adapter weights differ from the uninterrupted run";
   server->kill(SIGTERM);
+}
+
+namespace {
+
+// The `rlloop worker` processes `parent` started.
+std::vector<pid_t> workers_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close_paren = line.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream rest(line.substr(close_paren + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid != parent || state == 'Z') continue;
+    if (read_file(entry.path() / "cmdline").find("worker") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+constexpr int kDataParallelSteps = 8;
+
+struct DataParallelRun {
+  std::string arn;
+  std::vector<double> losses;
+  std::vector<std::string> errors;  // of operations that failed and were retried
+};
+
+// SFT on a two-rank server; before_step(i) runs before step i's forward_backward is waited for. An operation
+// that fails is retried (the server restarts itself after a group failure; the client retries through it).
+DataParallelRun train_data_parallel(std::uint16_t port, const std::function<void(int)>& before_step) {
+  RemoteOptions o;
+  o.endpoint = "http://127.0.0.1:" + std::to_string(port);
+  o.bearer_key = "crash-key";
+  o.max_retries = 400;
+  o.backoff_base = std::chrono::milliseconds(5);
+  o.poll_max = std::chrono::milliseconds(20);
+  RemoteService service(o);
+  SessionOptions opts;
+  opts.base_model = "rlloop-tiny";
+  opts.lora = LoraOptions{4, 8, {"all-linear"}};
+  opts.name = "dp";
+  auto s = service.create_session(opts);
+  const std::vector<Datum> batch = {sft_datum("the cat sat on the mat"), sft_datum("hello world, hello"),
+                                    sft_datum("2+2=4 and 3+3=6"), sft_datum("abcabcabcabc")};
+  DataParallelRun run;
+  auto retried = [&](const std::function<void()>& op) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        op();
+        return;
+      } catch (const rlloop::error& e) {
+        run.errors.push_back(e.what());
+        if (attempt >= 50) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+  };
+  for (int i = 0; i < kDataParallelSteps; ++i) {
+    bool first = true;
+    retried([&] {
+      auto fb = s->forward_backward(batch, LossSpec::cross_entropy());
+      if (first) before_step(i);
+      first = false;
+      run.losses.push_back(fb.get().metrics.at("loss:sum"));
+    });
+    retried([&] { s->optim_step(AdamParams{.learning_rate = 5e-3}).get(); });
+  }
+  run.arn = s->save_weights_for_sampler("final").get().path;
+  return run;
+}
+
+}  // namespace
+
+TEST(CrashRecovery, AKilledDataParallelRankFailsOneOperationAndTheServerComesBackWhole) {
+  Dirs dirs;
+  auto args = [&](const std::string& data) {
+    auto a = dirs.args(data);
+    a.insert(a.end(), {"--world-size", "2", "--dp-timeout-s", "10"});
+    return a;
+  };
+  test_server::ServeProcess ref(RLLOOP_BIN, args("dp-ref"), (dirs.root / "dp-ref.log").string());
+  ref.start();
+  const auto ref_port = ref.wait_listening();
+  ASSERT_TRUE(ref_port) << read_file(dirs.root / "dp-ref.log");
+  const DataParallelRun expected = train_data_parallel(*ref_port, [](int) {});
+  ref.kill(SIGTERM);
+  EXPECT_TRUE(expected.errors.empty());
+
+  const fs::path log = dirs.root / "dp-fault.log";
+  test_server::ServeProcess server(RLLOOP_BIN, args("dp-fault"), log.string());
+  server.start();
+  const auto port = server.wait_listening();
+  ASSERT_TRUE(port) << read_file(log);
+  int killed = 0;
+  const DataParallelRun got = train_data_parallel(*port, [&](int step) {
+    if (step != 3) return;
+    const auto workers = workers_of(server.pid());
+    ASSERT_EQ(workers.size(), 1u) << read_file(log);
+    kill(workers[0], SIGKILL);  // while step 3's forward_backward is on its way or running
+    ++killed;
+  });
+  EXPECT_EQ(killed, 1);
+  for (const auto& e : got.errors) std::printf("retried after: %s\n", e.c_str());
+  ASSERT_FALSE(got.errors.empty()) << "the operation the kill met failed";
+  EXPECT_NE(got.errors.front().find("rank 1 stopped answering"), std::string::npos) << got.errors.front();
+  EXPECT_NE(read_file(log).find("\"event\":\"data_parallel_restart\""), std::string::npos) << read_file(log);
+  // Every retried step counted once: the losses and the final weights are those of the uninterrupted run.
+  ASSERT_EQ(got.losses.size(), expected.losses.size());
+  for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_EQ(got.losses[i], expected.losses[i]) << "step " << i;
+  const fs::path a = checkpoint_path(dirs.root / "dp-ref", expected.arn),
+                 b = checkpoint_path(dirs.root / "dp-fault", got.arn);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(read_file(a / "weights.safetensors") == read_file(b / "weights.safetensors"))
+      << "final adapter weights differ from the uninterrupted run";
+  server.kill(SIGTERM);
 }

@@ -33,7 +33,7 @@ struct EngineServer : ::testing::Test {
     fs::remove_all(dir);
     local.checkpoint_dir = (dir / "local").string();
     local.device = "cpu";
-    local.num_threads = 1;
+    configure_engine_process({.num_threads = 1});  // the served and the local sessions compute alike
     LocalServiceOptions served = local;
     served.checkpoint_dir = (dir / "served").string();
     server::Options opts;

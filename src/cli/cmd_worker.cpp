@@ -1,0 +1,43 @@
+// `rlloop worker`: one rank of a data-parallel group; holds replicas of rank 0's sessions and trains its share
+// of every batch. Rank 0 (`rlloop serve --world-size W`, or any LocalService with data_parallel set) starts
+// local workers itself; this command is how a rank on another host joins.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <rlloop/local.hpp>
+
+#include "base_models.hpp"
+#include "command.hpp"
+
+namespace {
+
+int run_worker(int argc, char** argv) {
+  CLI::App app{"Join a data-parallel group as one of its ranks", "rlloop worker"};
+  rlloop::DataParallelWorkerOptions options;
+  int threads = 0;
+  std::vector<std::string> base_models;
+  app.add_option("--rendezvous", options.rendezvous, "Rank 0's HOST:PORT (its --rendezvous)")->required();
+  app.add_option("--rank", options.rank, "This rank, 1..world size - 1")->required();
+  app.add_option("--world-size", options.world_size, "Ranks in the group, rank 0 included")->required();
+  app.add_option("--timeout-s", options.timeout_s, "Rendezvous and collective timeout (as rank 0's)");
+  app.add_option("--device", options.service.device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--threads", threads, "LibTorch threads (0 = all cores)");
+  app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR, as rank 0's (repeatable)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  options.service.base_models = rlloop::cli::parse_base_models(base_models);
+  rlloop::configure_engine_process({.num_threads = threads});
+  rlloop::run_data_parallel_worker(options);
+  return 0;
+}
+
+const rlloop::cli::RegisterCommand registered{
+    {"worker", "Join a data-parallel group (rlloop serve --world-size) as one rank", run_worker}};
+
+}  // namespace

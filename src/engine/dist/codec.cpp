@@ -1,0 +1,182 @@
+#include "dist/codec.hpp"
+
+namespace rlloop::engine::dist {
+
+void ByteWriter::put(const std::string& s) {
+  put(static_cast<std::uint64_t>(s.size()));
+  bytes_.append(s);
+}
+
+void ByteWriter::put(const TensorData& t) {
+  put(t.dtype);
+  put(t.shape);
+  put(t.float_data);
+  put(t.int_data);
+}
+
+void ByteWriter::put(const Datum& d) {
+  put(static_cast<std::uint64_t>(d.model_input.chunks.size()));
+  for (const auto& c : d.model_input.chunks) put(c.tokens);
+  put(static_cast<std::uint64_t>(d.loss_fn_inputs.size()));
+  for (const auto& [name, t] : d.loss_fn_inputs) {
+    put(name);
+    put(t);
+  }
+}
+
+void ByteWriter::put(const std::vector<Datum>& data) {
+  put(static_cast<std::uint64_t>(data.size()));
+  for (const auto& d : data) put(d);
+}
+
+void ByteWriter::put(const LossSpec& loss) {
+  put(loss.fn);
+  put(loss.epsilon_low);
+  put(loss.epsilon_high);
+  put(loss.beta);
+  put(loss.value_clip);
+}
+
+void ByteWriter::put(const AdamParams& p) {
+  put(p.learning_rate);
+  put(p.beta1);
+  put(p.beta2);
+  put(p.eps);
+  put(p.weight_decay);
+  put(p.grad_clip_norm.has_value());
+  put(p.grad_clip_norm.value_or(0.0));
+  put(p.lora_plus_lr_ratio);
+}
+
+void ByteWriter::put(const SessionOptions& o) {
+  put(o.base_model);
+  put(o.lora.has_value());
+  if (o.lora) {
+    put(o.lora->rank);
+    put(o.lora->alpha);
+    put(static_cast<std::uint64_t>(o.lora->target_modules.size()));
+    for (const auto& m : o.lora->target_modules) put(m);
+  }
+  put(o.seed);
+  put(o.name);
+  put(o.value_head);
+}
+
+void ByteWriter::put(const Metrics& m) {
+  put(static_cast<std::uint64_t>(m.size()));
+  for (const auto& [name, v] : m) {
+    put(name);
+    put(v);
+  }
+}
+
+void ByteWriter::put(const ForwardBackwardOutput& out) {
+  put(static_cast<std::uint64_t>(out.loss_fn_outputs.size()));
+  for (const auto& outputs : out.loss_fn_outputs) {
+    put(static_cast<std::uint64_t>(outputs.size()));
+    for (const auto& [name, t] : outputs) {
+      put(name);
+      put(t);
+    }
+  }
+  put(out.loss_fn_output_type);
+  put(out.metrics);
+  put(out.training_tokens);
+}
+
+std::string ByteReader::get_string() {
+  const auto n = get<std::uint64_t>();
+  return std::string(take(n), n);
+}
+
+TensorData ByteReader::get_tensor_data() {
+  TensorData t;
+  t.dtype = get<DType>();
+  t.shape = get_vector<std::int64_t>();
+  t.float_data = get_vector<float>();
+  t.int_data = get_vector<std::int64_t>();
+  return t;
+}
+
+Datum ByteReader::get_datum() {
+  Datum d;
+  d.model_input.chunks.resize(get_count());
+  for (auto& c : d.model_input.chunks) c.tokens = get_vector<token_id>();
+  for (auto n = get_count(); n > 0; --n) {
+    std::string name = get_string();
+    d.loss_fn_inputs[name] = get_tensor_data();
+  }
+  return d;
+}
+
+std::vector<Datum> ByteReader::get_data() {
+  std::vector<Datum> data(get_count());
+  for (auto& d : data) d = get_datum();
+  return data;
+}
+
+LossSpec ByteReader::get_loss_spec() {
+  LossSpec loss;
+  loss.fn = get<LossFn>();
+  loss.epsilon_low = get<double>();
+  loss.epsilon_high = get<double>();
+  loss.beta = get<double>();
+  loss.value_clip = get<double>();
+  return loss;
+}
+
+AdamParams ByteReader::get_adam_params() {
+  AdamParams p;
+  p.learning_rate = get<double>();
+  p.beta1 = get<double>();
+  p.beta2 = get<double>();
+  p.eps = get<double>();
+  p.weight_decay = get<double>();
+  const bool clip = get<bool>();
+  const double norm = get<double>();
+  if (clip) p.grad_clip_norm = norm;
+  p.lora_plus_lr_ratio = get<double>();
+  return p;
+}
+
+SessionOptions ByteReader::get_session_options() {
+  SessionOptions o;
+  o.base_model = get_string();
+  if (get<bool>()) {
+    LoraOptions lora;
+    lora.rank = get<int>();
+    lora.alpha = get<int>();
+    lora.target_modules.resize(get_count());
+    for (auto& m : lora.target_modules) m = get_string();
+    o.lora = lora;
+  }
+  o.seed = get<std::int64_t>();
+  o.name = get_string();
+  o.value_head = get<bool>();
+  return o;
+}
+
+Metrics ByteReader::get_metrics() {
+  Metrics m;
+  for (auto n = get_count(); n > 0; --n) {
+    std::string name = get_string();
+    m[name] = get<double>();
+  }
+  return m;
+}
+
+ForwardBackwardOutput ByteReader::get_forward_output() {
+  ForwardBackwardOutput out;
+  out.loss_fn_outputs.resize(get_count());
+  for (auto& outputs : out.loss_fn_outputs)
+    for (auto n = get_count(); n > 0; --n) {
+      std::string name = get_string();
+      outputs[name] = get_tensor_data();
+    }
+  out.loss_fn_output_type = get_string();
+  out.metrics = get_metrics();
+  out.training_tokens = get<std::int64_t>();
+  return out;
+}
+
+}  // namespace rlloop::engine::dist

@@ -1,0 +1,206 @@
+#include "dist/coordinator.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <csignal>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include <rlloop/error.hpp>
+
+#include "batch.hpp"
+#include "dist/codec.hpp"
+#include "dist/replica_ops.hpp"
+
+extern char** environ;
+
+namespace rlloop::engine::dist {
+
+namespace {
+
+ByteWriter command(Command c, std::uint64_t id) {
+  ByteWriter w;
+  w.put(c);
+  w.put(id);
+  return w;
+}
+
+// How long the workers get to exit after the shutdown command before they are killed.
+constexpr auto kWorkerExitGrace = std::chrono::seconds(10);
+
+}  // namespace
+
+std::string group_fingerprint(const DeviceChoice& dev) {
+  return std::string("libtorch ") + TORCH_VERSION + " on " + (dev.device.is_cuda() ? "cuda" : "cpu") + " as " +
+         c10::toString(dev.dtype);
+}
+
+Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice& dev) {
+  const auto& dp = service.data_parallel;
+  if (dp.world_size < 2) throw invalid_argument("data_parallel.world_size must be at least 2 for a group");
+  const int local = dp.local_workers < 0 ? dp.world_size - 1 : dp.local_workers;
+  if (local > dp.world_size - 1)
+    throw invalid_argument("data_parallel.local_workers is " + std::to_string(local) + ", more than the " +
+                           std::to_string(dp.world_size - 1) + " workers of world size " +
+                           std::to_string(dp.world_size));
+  if (local > 0 && dp.worker_program.empty())
+    throw invalid_argument("data_parallel.worker_program must name the rlloop executable to start local workers");
+  GroupOptions go;
+  std::tie(go.host, go.port) = parse_host_port(dp.rendezvous, "data_parallel.rendezvous");
+  go.rank = 0;
+  go.world_size = dp.world_size;
+  go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
+  go.fingerprint = group_fingerprint(dev);
+  go.cuda = dev.device.is_cuda();
+  group_ = Group::listen(go);
+  start_local_workers(service, local);
+  try {
+    group_->wait_for_ranks();
+  } catch (...) {
+    stop_local_workers();
+    throw;
+  }
+}
+
+Coordinator::~Coordinator() {
+  std::lock_guard lock(mu_);
+  if (!group_->failed()) {
+    try {
+      group_->post_command(command(Command::shutdown, 0).take());
+      acknowledge(*group_);
+    } catch (const std::exception&) {
+      // A worker already gone: it is reaped below.
+    }
+  }
+  stop_local_workers();
+}
+
+void Coordinator::start_local_workers(const LocalServiceOptions& service, int count) {
+  const auto& dp = service.data_parallel;
+  for (int rank = 1; rank <= count; ++rank) {
+    std::vector<std::string> args{dp.worker_program, "worker",
+                                  "--rendezvous",    group_->address(),
+                                  "--rank",          std::to_string(rank),
+                                  "--world-size",    std::to_string(dp.world_size),
+                                  "--timeout-s",     std::to_string(dp.timeout_s),
+                                  "--device",        service.device,
+                                  "--threads",       std::to_string(at::get_num_threads())};
+    for (const auto& [name, dir] : service.base_models) {
+      args.push_back("--base-model");
+      args.push_back(name + "=" + dir);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (const int rc = posix_spawn(&pid, dp.worker_program.c_str(), nullptr, nullptr, argv.data(), environ); rc != 0) {
+      stop_local_workers();
+      throw io_error("cannot start data-parallel worker '" + dp.worker_program + "': " + std::strerror(rc));
+    }
+    workers_.push_back(pid);
+  }
+}
+
+void Coordinator::stop_local_workers() {
+  const auto deadline = std::chrono::steady_clock::now() + kWorkerExitGrace;
+  for (pid_t pid : workers_) {
+    for (;;) {
+      int status = 0;
+      const pid_t done = waitpid(pid, &status, WNOHANG);
+      if (done == pid || done < 0) break;
+      if (std::chrono::steady_clock::now() > deadline || group_->failed()) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  workers_.clear();
+}
+
+std::uint64_t Coordinator::open(const SessionOptions& options, Transformer& model) {
+  std::lock_guard lock(mu_);
+  const std::uint64_t id = ++next_id_;
+  auto c = command(Command::open, id);
+  c.put(options);
+  noting_failure([&] {
+    group_->post_command(c.take());
+    open_replica(*group_, &model, {}, options.base_model);
+  });
+  return id;
+}
+
+void Coordinator::close(std::uint64_t id) {
+  std::lock_guard lock(mu_);
+  if (group_->failed()) return;  // nothing left to close on the other ranks
+  noting_failure([&] {
+    group_->post_command(command(Command::close, id).take());
+    acknowledge(*group_);
+  });
+}
+
+ForwardBackwardOutput Coordinator::forward(std::uint64_t id, Transformer& model, const std::vector<Datum>& data,
+                                           const LossSpec& loss, bool backward) {
+  // Checked here, over the whole batch, so a bad datum is the caller's 400 naming it (as with one rank), not
+  // a rank's failure.
+  validate_builtin_batch(model.config(), data, loss);
+  std::lock_guard lock(mu_);
+  auto c = command(Command::forward, id);
+  c.put(backward);
+  c.put(loss);
+  c.put(data);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return forward_share(*group_, model, data, loss, backward);
+  });
+}
+
+ForwardBackwardOutput Coordinator::forward_custom(std::uint64_t id, Transformer& model, const std::vector<Datum>& data,
+                                                  const CustomLossFn& fn) {
+  if (!fn) throw invalid_argument("forward_backward_custom: no loss function given");
+  validate_custom_input(model.config(), data);
+  std::lock_guard lock(mu_);
+  auto c = command(Command::forward_custom, id);
+  c.put(data);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return custom_share(*group_, model, data, &fn);
+  });
+}
+
+Metrics Coordinator::optim_step(std::uint64_t id, AdamW& optimizer, const AdamParams& params) {
+  validate(params);  // before the gradients are summed: a refused step must leave them as they were
+  std::lock_guard lock(mu_);
+  auto c = command(Command::optim_step, id);
+  c.put(params);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return optim_step_share(*group_, optimizer, params);
+  });
+}
+
+void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer,
+                             bool with_optimizer) {
+  std::lock_guard lock(mu_);
+  auto c = command(Command::sync_state, id);
+  c.put(with_optimizer);
+  noting_failure([&] {
+    group_->post_command(c.take());
+    sync_state_share(*group_, model, optimizer, with_optimizer);
+  });
+}
+
+std::string Coordinator::failure() const {
+  std::lock_guard lock(failure_mu_);
+  return failure_;
+}
+
+DataParallelStats Coordinator::stats() const {
+  std::lock_guard lock(mu_);
+  const auto s = group_->stats();
+  return {group_->size(), s.allreduce_calls, s.allreduce_bytes, s.allreduce_seconds, s.broadcast_bytes};
+}
+
+}  // namespace rlloop::engine::dist

@@ -1,0 +1,400 @@
+#include "dist/group.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include <rlloop/error.hpp>
+
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "dist/codec.hpp"
+
+namespace rlloop::engine::dist {
+
+std::pair<std::string, int> parse_host_port(const std::string& address, const std::string& what) {
+  const auto colon = address.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    try {
+      std::size_t used = 0;
+      port = std::stoi(address.substr(colon + 1), &used);
+      if (used != address.size() - colon - 1) port = -1;
+    } catch (const std::exception&) {
+      port = -1;
+    }
+  }
+  if (port < 0 || port > 65535)
+    throw invalid_argument(what + ": '" + address + "' is not HOST:PORT with a port in 0..65535");
+  return {address.substr(0, colon), port};
+}
+
+std::chrono::milliseconds timeout_of(double seconds, const std::string& what) {
+  if (!(seconds > 0)) throw invalid_argument(what + " must be positive, got " + std::to_string(seconds));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+#ifdef USE_C10D_GLOO
+
+namespace {
+
+// Store keys. Commands are numbered from 1; "joined/R" holds "" once rank R is in, a refused rank leaves its
+// reason under "refused/N".
+const std::string kGroupKey = "rlloop/group";
+std::string joined_key(int rank) { return "rlloop/joined/" + std::to_string(rank); }
+std::string claim_key(int rank) { return "rlloop/claim/" + std::to_string(rank); }
+std::string alive_key(int rank) { return "rlloop/alive/" + std::to_string(rank); }
+std::string command_key(std::uint64_t n) { return "rlloop/command/" + std::to_string(n); }
+const std::string kRefusals = "rlloop/refusals";
+std::string refusal_key(std::int64_t n) { return "rlloop/refused/" + std::to_string(n); }
+
+// How often a worker tells rank 0 it is alive, and how long rank 0 watches after a failure to see who is not.
+constexpr auto kHeartbeat = std::chrono::milliseconds(200);
+constexpr auto kHeartbeatWatch = std::chrono::milliseconds(1000);
+
+std::vector<std::uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string as_string(const std::vector<std::uint8_t>& v) { return {v.begin(), v.end()}; }
+
+std::string describe(const GroupOptions& o) { return o.host + ":" + std::to_string(o.port); }
+
+// The address of this host on the route to rank 0: where this rank's Gloo endpoint listens for its peers.
+// (Rank 0's own is the rendezvous address.) A connected UDP socket sends nothing; it only picks the route.
+std::string local_address_towards(const GroupOptions& o) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(o.host.c_str(), std::to_string(o.port).c_str(), &hints, &found) != 0 || !found)
+    throw io_error("data-parallel rendezvous: cannot resolve rank 0's host '" + o.host + "'");
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  const bool ok = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  if (!ok) throw io_error("data-parallel rendezvous: no route from this host to rank 0 at " + describe(o));
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return text;
+}
+
+c10::intrusive_ptr<c10d::TCPStore> open_store(const GroupOptions& o, bool server) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(o.port);
+  so.isServer = server;
+  so.waitWorkers = false;
+  so.timeout = o.timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(o.host, so);
+  } catch (const std::exception& e) {
+    if (server) throw io_error("data-parallel rendezvous: cannot listen on " + describe(o) + ": " + e.what());
+    throw io_error("data-parallel rendezvous: cannot reach rank 0 at " + describe(o) + " within " +
+                   std::to_string(o.timeout.count() / 1000) + " s: " + e.what());
+  }
+}
+
+}  // namespace
+
+struct Group::Impl {
+  GroupOptions options;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> gloo;
+  c10::intrusive_ptr<c10d::ProcessGroup> tensors;  // gloo, or NCCL for CUDA tensors
+  std::uint64_t commands = 0;
+  CollectiveStats stats;
+  std::string failure;  // set once a collective failed
+
+  // Workers: a second connection to the store that counts up while the process lives.
+  std::atomic<bool> stop_heartbeat{false};
+  std::thread heartbeat;
+
+  ~Impl() {
+    stop_heartbeat = true;
+    if (heartbeat.joinable()) heartbeat.join();
+  }
+
+  void form_process_group() {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    const std::string own = options.rank == 0 ? options.host : local_address_towards(options);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(own));
+    opts->threads = 1;
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("rlloop/gloo", store);
+    try {
+      gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.world_size, opts);
+    } catch (const std::exception& e) {
+      throw group_failure("data-parallel rendezvous: the ranks could not connect to each other within " +
+                          std::to_string(options.timeout.count() / 1000) + " s: " + e.what());
+    }
+    tensors = gloo;
+#ifdef USE_C10D_NCCL
+    // CUDA tensors go through NCCL, one device per rank; the byte messages stay on Gloo.
+    if (options.cuda) {
+      auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+      nccl_opts->timeout = options.timeout;
+      tensors = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("rlloop/nccl", store), options.rank, options.world_size, nccl_opts);
+    }
+#endif
+  }
+
+  void start_heartbeat() {
+    GroupOptions o = options;
+    heartbeat = std::thread([this, o] {
+      try {
+        auto own = open_store(o, false);
+        while (!stop_heartbeat) {
+          own->add(alive_key(o.rank), 1);
+          std::this_thread::sleep_for(kHeartbeat);
+        }
+      } catch (const std::exception&) {
+        // Rank 0 is gone; the command channel notices too.
+      }
+    });
+  }
+
+  // After a failed collective: the ranks whose heartbeat stopped (rank 0 watches for a moment).
+  std::string unresponsive_ranks() {
+    if (options.rank != 0) return "rank 0 or a peer stopped answering";
+    try {
+      std::vector<std::int64_t> before, after;
+      for (int r = 1; r < options.world_size; ++r) before.push_back(store->add(alive_key(r), 0));
+      std::this_thread::sleep_for(kHeartbeatWatch);
+      for (int r = 1; r < options.world_size; ++r) after.push_back(store->add(alive_key(r), 0));
+      std::string dead;
+      for (int r = 1; r < options.world_size; ++r)
+        if (before[r - 1] == after[r - 1]) dead += (dead.empty() ? "" : ", ") + std::to_string(r);
+      if (dead.empty()) return "every rank's process is alive, so one stopped answering the collective";
+      return (dead.find(',') == std::string::npos ? "rank " : "ranks ") + dead + " stopped answering";
+    } catch (const std::exception&) {
+      return "the ranks could not be asked";
+    }
+  }
+
+  template <class Fn>
+  void collective(const char* what, Fn fn) {
+    if (!failure.empty()) throw group_failure(failure);
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      failure = "data-parallel group of " + std::to_string(options.world_size) + " ranks failed during " + what + ": " +
+                unresponsive_ranks() + " (c10d: " + e.what() + ")";
+      throw group_failure(failure);
+    }
+  }
+
+  static void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+};
+
+Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Group::~Group() = default;
+
+std::unique_ptr<Group> Group::listen(const GroupOptions& options) {
+  if (options.rank != 0) throw invalid_argument("Group::listen is for rank 0");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->store = open_store(options, true);
+  impl->options.port = impl->store->getPort();
+  ByteWriter w;
+  w.put(options.world_size);
+  w.put(options.fingerprint);
+  impl->store->set(kGroupKey, as_bytes(w.take()));
+  return std::unique_ptr<Group>(new Group(std::move(impl)));
+}
+
+void Group::wait_for_ranks() {
+  Impl& g = *impl_;
+  const auto deadline = std::chrono::steady_clock::now() + g.options.timeout;
+  for (;;) {
+    if (g.store->add(kRefusals, 0) > 0)
+      throw invalid_argument("data-parallel rendezvous at " + address() + ": " +
+                             as_string(g.store->get(refusal_key(1))));
+    std::string missing;
+    for (int r = 1; r < g.options.world_size; ++r)
+      if (!g.store->check({joined_key(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    if (missing.empty()) break;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw group_failure("data-parallel rendezvous at " + address() + ": rank(s) " + missing + " of " +
+                          std::to_string(g.options.world_size) + " did not join within " +
+                          std::to_string(g.options.timeout.count() / 1000) + " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  g.form_process_group();
+}
+
+std::unique_ptr<Group> Group::join(const GroupOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (options.rank < 1 || options.rank >= options.world_size)
+    throw invalid_argument("data-parallel worker: rank " + std::to_string(options.rank) + " is outside 1.." +
+                           std::to_string(options.world_size - 1) + " (world size " +
+                           std::to_string(options.world_size) + ")");
+  impl->store = open_store(options, false);
+  auto& store = *impl->store;
+  const std::string raw = as_string(store.get(kGroupKey));
+  ByteReader r(raw);
+  const int world_size = r.get<int>();
+  const std::string fingerprint = r.get_string();
+  std::string refusal;
+  const std::string who = "rank " + std::to_string(options.rank);
+  if (world_size != options.world_size)
+    refusal = who + " was started with world size " + std::to_string(options.world_size) + ", the group has " +
+              std::to_string(world_size);
+  else if (fingerprint != options.fingerprint)
+    refusal = who + " runs another configuration: '" + options.fingerprint + "', rank 0 runs '" + fingerprint + "'";
+  else if (store.add(claim_key(options.rank), 1) > 1)
+    refusal = who + " has already joined this group (two workers were given the same rank)";
+  if (!refusal.empty()) {
+    const std::int64_t n = store.add(kRefusals, 1);
+    store.set(refusal_key(n), as_bytes(refusal));
+    throw invalid_argument("data-parallel rendezvous at " + describe(options) + ": " + refusal);
+  }
+  store.set(joined_key(options.rank), {});
+  impl->start_heartbeat();
+  impl->form_process_group();
+  return std::unique_ptr<Group>(new Group(std::move(impl)));
+}
+
+int Group::rank() const { return impl_->options.rank; }
+int Group::size() const { return impl_->options.world_size; }
+int Group::port() const { return impl_->options.port; }
+std::string Group::address() const { return describe(impl_->options); }
+CollectiveStats Group::stats() const { return impl_->stats; }
+bool Group::failed() const { return !impl_->failure.empty(); }
+
+void Group::post_command(const std::string& bytes) {
+  Impl& g = *impl_;
+  if (!g.failure.empty()) throw group_failure(g.failure);
+  // Every command ends in a collective, so by now every rank has read the previous one.
+  if (g.commands > 0) g.store->deleteKey(command_key(g.commands));
+  g.store->set(command_key(++g.commands), as_bytes(bytes));
+}
+
+std::string Group::next_command() {
+  Impl& g = *impl_;
+  const std::string key = command_key(++g.commands);
+  try {
+    g.store->wait({key}, c10d::Store::kNoTimeout);
+    return as_string(g.store->get(key));
+  } catch (const std::exception& e) {
+    throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
+                        " (" + e.what() + ")");
+  }
+}
+
+std::vector<std::string> Group::gather(const std::string& mine) {
+  Impl& g = *impl_;
+  const int W = g.options.world_size;
+  std::vector<std::string> out;
+  g.collective("gather", [&] {
+    // Sizes first (every rank learns the longest), then the payloads padded to it.
+    std::vector<torch::Tensor> size{torch::full({1}, static_cast<std::int64_t>(mine.size()), torch::kInt64)};
+    std::vector<std::vector<torch::Tensor>> sizes(1);
+    for (int r = 0; r < W; ++r) sizes[0].push_back(torch::empty({1}, torch::kInt64));
+    Impl::wait(g.gloo->allgather(sizes, size));
+    std::int64_t longest = 0;
+    for (const auto& s : sizes[0]) longest = std::max(longest, s.item<std::int64_t>());
+    auto payload = torch::zeros({std::max<std::int64_t>(longest, 1)}, torch::kUInt8);
+    std::memcpy(payload.data_ptr(), mine.data(), mine.size());
+    std::vector<torch::Tensor> input{payload};
+    std::vector<std::vector<torch::Tensor>> outputs;
+    if (g.options.rank == 0) {
+      outputs.resize(1);
+      for (int r = 0; r < W; ++r) outputs[0].push_back(torch::empty_like(payload));
+    }
+    Impl::wait(g.gloo->gather(outputs, input, c10d::GatherOptions{}));
+    if (g.options.rank == 0)
+      for (int r = 0; r < W; ++r)
+        out.emplace_back(static_cast<const char*>(outputs[0][r].data_ptr()), sizes[0][r].item<std::int64_t>());
+  });
+  return out;
+}
+
+void Group::broadcast(std::string& bytes) {
+  Impl& g = *impl_;
+  g.collective("broadcast", [&] {
+    std::vector<torch::Tensor> size{torch::full({1}, static_cast<std::int64_t>(bytes.size()), torch::kInt64)};
+    Impl::wait(g.gloo->broadcast(size));
+    const auto n = size[0].item<std::int64_t>();
+    auto payload = torch::empty({std::max<std::int64_t>(n, 1)}, torch::kUInt8);
+    if (g.options.rank == 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+    std::vector<torch::Tensor> t{payload};
+    Impl::wait(g.gloo->broadcast(t));
+    if (g.options.rank != 0) bytes.assign(static_cast<const char*>(payload.data_ptr()), static_cast<std::size_t>(n));
+  });
+}
+
+void Group::broadcast(const std::vector<torch::Tensor>& tensors) {
+  if (tensors.empty()) return;
+  Impl& g = *impl_;
+  g.collective("broadcast of weights", [&] {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1));
+    std::vector<torch::Tensor> flat{torch::cat(flat_parts)};
+    Impl::wait(g.tensors->broadcast(flat));
+    g.stats.broadcast_bytes += static_cast<std::uint64_t>(flat[0].nbytes());
+    if (g.options.rank == 0) return;
+    std::int64_t at = 0;
+    for (const auto& t : tensors) {
+      const auto n = t.numel();
+      t.detach().copy_(flat[0].narrow(0, at, n).view(t.sizes()));
+      at += n;
+    }
+  });
+}
+
+void Group::allreduce_sum(torch::Tensor& flat) {
+  Impl& g = *impl_;
+  g.collective("all-reduce of gradients", [&] {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<torch::Tensor> t{flat};
+    Impl::wait(g.tensors->allreduce(t));
+    g.stats.allreduce_calls += 1;
+    g.stats.allreduce_bytes += static_cast<std::uint64_t>(flat.nbytes());
+    g.stats.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+}
+
+#else  // no c10d Gloo in this LibTorch
+
+struct Group::Impl {};
+Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Group::~Group() = default;
+namespace {
+[[noreturn]] void no_c10d() {
+  throw unsupported("data parallelism needs LibTorch's c10d with Gloo (USE_C10D_GLOO); this build has none");
+}
+}  // namespace
+std::unique_ptr<Group> Group::listen(const GroupOptions&) { no_c10d(); }
+std::unique_ptr<Group> Group::join(const GroupOptions&) { no_c10d(); }
+void Group::wait_for_ranks() { no_c10d(); }
+int Group::rank() const { return 0; }
+int Group::size() const { return 1; }
+int Group::port() const { return 0; }
+std::string Group::address() const { return {}; }
+void Group::post_command(const std::string&) { no_c10d(); }
+std::string Group::next_command() { no_c10d(); }
+std::vector<std::string> Group::gather(const std::string&) { no_c10d(); }
+void Group::broadcast(std::string&) { no_c10d(); }
+void Group::broadcast(const std::vector<torch::Tensor>&) { no_c10d(); }
+void Group::allreduce_sum(torch::Tensor&) { no_c10d(); }
+CollectiveStats Group::stats() const { return {}; }
+bool Group::failed() const { return false; }
+
+#endif
+
+}  // namespace rlloop::engine::dist

@@ -1,0 +1,84 @@
+// One data-parallel process group: the ranks of a LocalService (rank 0, the process the clients talk to) and its
+// workers, joined over LibTorch's c10d — a TCPStore on rank 0 for the rendezvous and the command channel, a Gloo
+// process group for the collectives (NCCL for CUDA tensors where LibTorch has it).
+//
+// Commands travel through the store, so an idle worker waits for the next one without a timeout; everything a
+// command does between ranks is a collective, which fails within the group's timeout. A failed collective
+// leaves the group unusable (c10d cannot resume a group whose peer vanished mid-operation): it throws
+// group_failure naming the ranks that stopped answering, and so does every later use.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+#include <rlloop/local.hpp>
+
+namespace rlloop::engine::dist {
+
+struct GroupOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string host = "127.0.0.1";  // where rank 0's store listens (rank 0 binds it, the others connect)
+  int port = 0;                    // 0, on rank 0 only: a free port (port() says which)
+  std::chrono::milliseconds timeout{60'000};
+  bool cuda = false;  // the weights live on a CUDA device: their collectives use NCCL where LibTorch has it
+  // What every rank must agree on to compute the same thing (build, device kind, dtype): a rank whose
+  // fingerprint differs is refused at the rendezvous with both values in the message.
+  std::string fingerprint;
+};
+
+// "HOST:PORT" split, and a timeout in seconds made milliseconds; invalid_argument naming `what` otherwise.
+std::pair<std::string, int> parse_host_port(const std::string& address, const std::string& what);
+std::chrono::milliseconds timeout_of(double seconds, const std::string& what);
+
+// Time and volume of the tensor collectives, for benchmarks.
+struct CollectiveStats {
+  std::uint64_t allreduce_calls = 0;
+  std::uint64_t allreduce_bytes = 0;
+  double allreduce_seconds = 0;
+  std::uint64_t broadcast_bytes = 0;
+};
+
+class Group {
+ public:
+  // Rank 0: opens the store. The other ranks may connect from now on; wait_for_ranks() waits for them.
+  static std::unique_ptr<Group> listen(const GroupOptions& options);
+  // Ranks 1..W-1: connects to rank 0's store, checks world size and fingerprint, and joins the process group.
+  static std::unique_ptr<Group> join(const GroupOptions& options);
+  ~Group();
+
+  // Rank 0: waits until every rank has joined, then forms the process group. Throws naming the ranks missing
+  // after the timeout, or the first rank refused (its reason).
+  void wait_for_ranks();
+
+  int rank() const;
+  int size() const;
+  int port() const;  // of rank 0's store
+  std::string address() const;
+
+  // Rank 0 posts the next command; every other rank receives it, in order.
+  void post_command(const std::string& bytes);
+  std::string next_command();
+
+  // Collectives: every rank calls the same ones in the same order.
+  std::vector<std::string> gather(const std::string& mine);   // rank 0: every rank's bytes, by rank; others: {}
+  void broadcast(std::string& bytes);                         // from rank 0
+  void broadcast(const std::vector<torch::Tensor>& tensors);  // from rank 0, into every rank's tensors in place
+  void allreduce_sum(torch::Tensor& flat);                    // in place
+
+  CollectiveStats stats() const;
+  // Set when a collective failed; every later collective throws it again.
+  bool failed() const;
+
+ private:
+  struct Impl;
+  explicit Group(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlloop::engine::dist

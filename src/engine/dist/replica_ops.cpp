@@ -1,0 +1,298 @@
+#include "dist/replica_ops.hpp"
+
+#include <cmath>
+#include <exception>
+#include <optional>
+
+#include <torch/torch.h>
+
+#include <rlloop/error.hpp>
+
+#include "batch.hpp"
+#include "dist/codec.hpp"
+#include "loss.hpp"
+#include "session_model.hpp"
+
+namespace rlloop::engine::dist {
+
+namespace {
+
+// A rank's reply in a gather: its result, or the error its share met.
+enum class Status : std::uint8_t { ok, failed };
+
+std::string failure_reply(const std::exception& e) {
+  ByteWriter w;
+  w.put(Status::failed);
+  w.put(std::string(e.what()));
+  return w.take();
+}
+
+// Rank 0: the first rank whose reply is a failure, as "rank R: message"; empty if every share succeeded.
+std::string first_failure(const std::vector<std::string>& replies) {
+  for (std::size_t r = 0; r < replies.size(); ++r) {
+    ByteReader reader(replies[r]);
+    if (reader.get<Status>() == Status::failed) return "rank " + std::to_string(r) + ": " + reader.get_string();
+  }
+  return {};
+}
+
+std::vector<Datum> share_of(const std::vector<Datum>& data, const std::vector<std::size_t>& bounds, int rank) {
+  return {data.begin() + static_cast<std::ptrdiff_t>(bounds[rank]),
+          data.begin() + static_cast<std::ptrdiff_t>(bounds[rank + 1])};
+}
+
+// The shape of a model and the bits of its frozen weights: equal on two ranks when they hold the same model.
+std::string model_fingerprint(Transformer& model) {
+  std::string shapes;
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the frozen weights' bytes, word by word
+  const bool frozen_base = model.has_lora();
+  for (const auto& [name, t] : model.hf_state_dict()) {
+    shapes += name + c10::str(t.sizes()) + ";";
+    if (!frozen_base) continue;
+    auto cpu = t.detach().to(torch::kCPU).contiguous();
+    const auto* words = static_cast<const std::uint8_t*>(cpu.data_ptr());
+    const std::size_t n = cpu.nbytes();
+    for (std::size_t i = 0; i + 8 <= n; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, words + i, 8);
+      hash = (hash ^ w) * 1099511628211ull;
+    }
+  }
+  for (const auto& [name, t] : model.named_trainable_parameters()) shapes += name + c10::str(t.sizes()) + ";";
+  return shapes + " frozen-weights:" + std::to_string(hash);
+}
+
+std::vector<torch::Tensor> trainable_tensors(Transformer& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, t] : model.named_trainable_parameters()) out.push_back(t);
+  return out;
+}
+
+// Sums a shard's outputs into the batch's (in rank order: the caller's datum order).
+void append_output(ForwardBackwardOutput& total, ForwardBackwardOutput&& part) {
+  for (auto& o : part.loss_fn_outputs) total.loss_fn_outputs.push_back(std::move(o));
+  total.training_tokens += part.training_tokens;
+  total.loss_fn_output_type = part.loss_fn_output_type;
+  for (const auto& [name, v] : part.metrics) total.metrics[name] += v;
+}
+
+}  // namespace
+
+std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int parts) {
+  std::vector<double> prefix{0};
+  for (const auto& d : data) prefix.push_back(prefix.back() + static_cast<double>(d.model_input.length()));
+  std::vector<std::size_t> bounds{0};
+  for (int r = 1; r < parts; ++r) {
+    const double target = prefix.back() * r / parts;
+    std::size_t i = bounds.back();
+    // Advance while the next boundary is at least as close to this rank's share of the tokens.
+    while (i < data.size() && std::abs(prefix[i + 1] - target) <= std::abs(prefix[i] - target)) ++i;
+    bounds.push_back(i);
+  }
+  bounds.push_back(data.size());
+  return bounds;
+}
+
+void open_replica(Group& group, Transformer* model, const std::string& error, const std::string& base_model) {
+  ByteWriter w;
+  if (model) {
+    w.put(Status::ok);
+    w.put(model_fingerprint(*model));
+  } else {
+    w.put(Status::failed);
+    w.put(error);
+  }
+  const auto replies = group.gather(w.take());
+  std::string verdict;  // empty: every rank holds the same model
+  if (group.rank() == 0) {
+    verdict = first_failure(replies);
+    if (verdict.empty()) {
+      ByteReader own(replies[0]);
+      own.get<Status>();
+      const std::string mine = own.get_string();
+      for (std::size_t r = 1; r < replies.size() && verdict.empty(); ++r) {
+        ByteReader theirs(replies[r]);
+        theirs.get<Status>();
+        if (theirs.get_string() != mine)
+          verdict = "rank " + std::to_string(r) + " holds a different model for base model '" + base_model +
+                    "' than rank 0 (other shapes or other frozen weights)";
+      }
+    }
+  }
+  group.broadcast(verdict);
+  if (!verdict.empty()) throw invalid_argument("data-parallel session: " + verdict);
+  group.broadcast(trainable_tensors(*model));
+}
+
+ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+                                    const LossSpec& loss, bool backward) {
+  const auto bounds = split_by_tokens(data, group.size());
+  const auto mine = share_of(data, bounds, group.rank());
+  ByteWriter w;
+  std::string reply;
+  try {
+    ForwardBackwardOutput out;
+    ClipCounts counts;
+    if (!mine.empty()) out = run_builtin_loss(model, mine, loss, backward, &counts);
+    w.put(Status::ok);
+    w.put(out);
+    w.put(counts.clipped);
+    w.put(counts.bearing);
+    reply = w.take();
+  } catch (const std::exception& e) {
+    reply = failure_reply(e);
+  }
+  const auto replies = group.gather(reply);
+  if (group.rank() != 0) return {};
+  if (auto failure = first_failure(replies); !failure.empty()) {
+    // A share checked on rank 0 beforehand failed while running: the ranks' gradients may now differ.
+    throw group_failure("data-parallel forward_backward failed on " + failure);
+  }
+  ForwardBackwardOutput total;
+  ClipCounts counts;
+  for (const auto& bytes : replies) {
+    ByteReader r(bytes);
+    r.get<Status>();
+    append_output(total, r.get_forward_output());
+    counts.clipped += r.get<double>();
+    counts.bearing += r.get<double>();
+  }
+  // Fractions do not add up: recompute them over the whole batch.
+  for (const char* name : {"clip_fraction", "value_clip_fraction"})
+    if (total.metrics.count(name)) total.metrics[name] = counts.fraction();
+  return total;
+}
+
+ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+                                   const CustomLossFn* fn) {
+  const auto bounds = split_by_tokens(data, group.size());
+  const auto mine = share_of(data, bounds, group.rank());
+  std::optional<CustomLossPass> pass;
+  std::string reply;
+  try {
+    if (!mine.empty()) pass = custom_loss_forward(model, mine);
+    ByteWriter w;
+    w.put(Status::ok);
+    w.put(pass ? pass->output : ForwardBackwardOutput{});
+    reply = w.take();
+  } catch (const std::exception& e) {
+    reply = failure_reply(e);
+  }
+  const auto replies = group.gather(reply);
+
+  // Rank 0 runs the loss function over every share's logprobs and sends back the gradients, or why not.
+  ForwardBackwardOutput total;
+  std::exception_ptr fn_error;
+  std::string grads;
+  if (group.rank() == 0) {
+    ByteWriter w;
+    try {
+      if (auto failure = first_failure(replies); !failure.empty())
+        throw group_failure("data-parallel forward_backward_custom failed on " + failure);
+      for (const auto& bytes : replies) {
+        ByteReader r(bytes);
+        r.get<Status>();
+        append_output(total, r.get_forward_output());
+      }
+      std::vector<std::vector<double>> logprobs;
+      for (std::size_t i = 0; i < total.loss_fn_outputs.size(); ++i) logprobs.push_back(total.logprobs(i));
+      CustomLossResult result = (*fn)(data, logprobs);
+      check_custom_gradients(result, logprobs);
+      total.metrics = result.metrics;
+      total.metrics["loss:sum"] = result.loss;
+      w.put(Status::ok);
+      for (const auto& g : result.grad_logprobs) w.put(g);
+    } catch (const std::exception& e) {
+      fn_error = std::current_exception();
+      w = ByteWriter{};
+      w.put(Status::failed);
+      w.put(std::string(e.what()));
+    }
+    grads = w.take();
+  }
+  group.broadcast(grads);
+  ByteReader r(grads);
+  if (r.get<Status>() == Status::failed) {
+    if (fn_error) std::rethrow_exception(fn_error);  // the loss function's own error, as with one rank
+    throw invalid_argument("forward_backward_custom failed on rank 0: " + r.get_string());
+  }
+  std::vector<std::vector<double>> all(data.size());
+  for (auto& g : all) g = r.get_vector<double>();
+  std::string done;
+  try {
+    if (pass)
+      custom_loss_backward(*pass, std::span<const std::vector<double>>(all).subspan(
+                                      bounds[group.rank()], bounds[group.rank() + 1] - bounds[group.rank()]));
+    ByteWriter w;
+    w.put(Status::ok);
+    done = w.take();
+  } catch (const std::exception& e) {
+    done = failure_reply(e);
+  }
+  const auto finished = group.gather(done);
+  if (group.rank() == 0)
+    if (auto failure = first_failure(finished); !failure.empty())
+      throw group_failure("data-parallel forward_backward_custom failed on " + failure);
+  return total;
+}
+
+Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params) {
+  // One flat buffer: every gradient (zeros where a rank has none), then one flag per parameter that says how
+  // many ranks had one, so a gradient no rank produced stays undefined as it would with one rank.
+  const auto& ps = optimizer.parameters();
+  std::vector<torch::Tensor> parts;
+  auto flags = torch::zeros({static_cast<std::int64_t>(ps.size())}, torch::kFloat32);
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const auto& grad = ps[i].tensor.grad();
+    if (grad.defined()) {
+      parts.push_back(grad.detach().to(torch::kCPU, torch::kFloat32).reshape(-1));
+      flags[static_cast<std::int64_t>(i)] = 1.0f;
+    } else {
+      parts.push_back(torch::zeros({ps[i].tensor.numel()}, torch::kFloat32));
+    }
+  }
+  parts.push_back(flags);
+  auto flat = torch::cat(parts);
+  group.allreduce_sum(flat);
+  {
+    torch::NoGradGuard no_grad;
+    std::int64_t at = 0;
+    const auto reduced_flags = flat.narrow(0, flat.numel() - static_cast<std::int64_t>(ps.size()), ps.size());
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      auto& p = ps[i].tensor;
+      const auto n = p.numel();
+      if (reduced_flags[static_cast<std::int64_t>(i)].item<float>() > 0) {
+        auto summed = flat.narrow(0, at, n).view(p.sizes()).to(p.device(), p.scalar_type());
+        if (p.grad().defined())
+          p.mutable_grad().copy_(summed);
+        else
+          p.mutable_grad() = summed.clone();
+      }
+      at += n;
+    }
+  }
+  return optimizer.step(params);
+}
+
+void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer) {
+  group.broadcast(trainable_tensors(model));
+  if (!with_optimizer) {
+    optimizer = make_optimizer(model);
+  } else {
+    std::string step;
+    if (group.rank() == 0) {
+      ByteWriter w;
+      w.put(optimizer->step_count());
+      step = w.take();
+    }
+    group.broadcast(step);
+    ByteReader r(step);
+    optimizer->set_step(r.get<std::int64_t>());
+    group.broadcast(optimizer->moments());
+  }
+  optimizer->zero_grad();
+}
+
+void acknowledge(Group& group) { group.gather({}); }
+
+}  // namespace rlloop::engine::dist

@@ -1,0 +1,51 @@
+// What every rank of a data-parallel group does for one command on one session's replica: its share of the
+// computation and the collectives that combine the shares. Rank 0 and the workers call the same function with
+// the same arguments (the workers decode them from the command), so the collectives line up; only rank 0 gets
+// the combined result. A rank whose share fails still takes part in every collective and reports its error
+// through them, so no rank is left waiting.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <rlloop/session.hpp>
+
+#include "dist/group.hpp"
+#include "optimizer.hpp"
+#include "transformer.hpp"
+
+namespace rlloop::engine::dist {
+
+enum class Command : std::uint8_t { open, close, forward, forward_custom, optim_step, sync_state, shutdown };
+
+// The datums of each rank: `parts` contiguous runs (bounds[r] .. bounds[r + 1]) with about equal token
+// counts, so the ranks finish at about the same time and rank order is the caller's order.
+std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int parts);
+
+// open: every rank holds the session's model (or `error` says why it could not); rank 0 checks that every
+// rank's model has the same shape and the same frozen weights, then sends its trainable weights to all.
+// Throws on rank 0 naming the first rank that differs; every rank then drops the replica.
+void open_replica(Group& group, Transformer* model, const std::string& error, const std::string& base_model);
+
+// forward / forward_backward with a built-in loss: each rank runs its share; rank 0 returns the outputs in
+// the caller's order, the summed loss and tokens, and clip fractions over the whole batch.
+ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+                                    const LossSpec& loss, bool backward);
+
+// forward_backward_custom: each rank computes its share's logprobs; rank 0 runs `fn` (null elsewhere) once
+// over all of them and sends each rank the gradients of its share.
+ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+                                   const CustomLossFn* fn);
+
+// optim_step: the gradients summed over the ranks (the losses are sums over tokens), then the same AdamW step
+// on every rank.
+Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params);
+
+// After rank 0 changed its replica alone (load_state): its trainable weights, and with `with_optimizer` its
+// optimizer state, to every rank. Without, every rank starts a fresh optimizer (`optimizer` is replaced).
+void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
+
+// Close and shutdown: every rank has done it.
+void acknowledge(Group& group);
+
+}  // namespace rlloop::engine::dist

@@ -1,0 +1,17 @@
+// configure_engine_process: the process-wide settings, applied only where a program asks for them.
+#include <rlloop/local.hpp>
+
+#include "cpu_allocator.hpp"
+#include "device.hpp"
+
+namespace rlloop {
+
+EngineProcessOptions configure_engine_process(const EngineProcessOptions& options) {
+  EngineProcessOptions in_effect;
+  in_effect.num_threads = engine::configure_threads(options.num_threads);
+  if (options.caching_cpu_allocator) engine::install_caching_cpu_allocator();
+  in_effect.caching_cpu_allocator = engine::installed_caching_cpu_allocator() != nullptr;
+  return in_effect;
+}
+
+}  // namespace rlloop

@@ -1,0 +1,36 @@
+// The model a session trains, made the same way by a LocalSession and by every data-parallel worker holding
+// its replica: LoRA adapters (seeded) over the shared frozen base, or a private copy of the base for full
+// fine-tuning, plus the value head if asked for; and the optimizer over its trainable parameters.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <rlloop/types.hpp>
+
+#include "base_models.hpp"
+#include "device.hpp"
+#include "optimizer.hpp"
+#include "transformer.hpp"
+
+namespace rlloop::engine {
+
+// The base's weights as the session starts from them: a built-in model's fixed seeded initialisation (not the
+// session's seed: every session on "rlloop-small" starts from the same model, which is what lets them share
+// it) or a model directory's files.
+std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev);
+
+// The registry key of a base: the same model on the same device in the same dtype is the same base.
+std::string base_key(const std::string& resolved, const DeviceChoice& dev);
+
+struct SessionModel {
+  std::shared_ptr<SharedBase> shared_base;  // LoRA: the weights it shares; null with a private model
+  std::shared_ptr<Transformer> model;
+};
+
+SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
+                                const SessionOptions& options);
+
+// AdamW over the model's trainable parameters (LoRA B matrices take the LoRA+ learning-rate ratio).
+std::unique_ptr<AdamW> make_optimizer(Transformer& model);
+
+}  // namespace rlloop::engine

@@ -1,0 +1,454 @@
+// Data parallelism over c10d: a service of two ranks (this process and an `rlloop worker` it starts) trains what
+// one rank trains, and its failures (a dead or stuck rank, a bad rendezvous, a rank with another model) are
+// clear errors, not hangs.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint.hpp"
+#include "dist/replica_ops.hpp"
+#include "session_util.hpp"
+
+extern char** environ;
+
+using namespace rlloop;
+using namespace test_util;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) { return test_util::temp_dir("rlloop-dp-test", name); }
+
+// With RLLOOP_DP_TEST_RENDEZVOUS=HOST:PORT (two_hosts_test.sh) rank 1 runs elsewhere, started by the caller for
+// every group; otherwise the service starts it here.
+LocalServiceOptions service(const fs::path& dir, int world_size, double timeout_s = 60) {
+  LocalServiceOptions s = service_in(dir.string());
+  s.data_parallel.world_size = world_size;
+  s.data_parallel.worker_program = RLLOOP_BIN;
+  s.data_parallel.timeout_s = timeout_s;
+  if (const char* remote = std::getenv("RLLOOP_DP_TEST_RENDEZVOUS")) {
+    s.data_parallel.rendezvous = remote;
+    s.data_parallel.local_workers = 0;
+  }
+  return s;
+}
+
+// Datums of different lengths, so the split by tokens is uneven in count.
+std::vector<Datum> sft_batch() {
+  std::vector<Datum> data;
+  for (const char* text : {"the cat sat on the mat", "ab", "dogs bark at night, cats do not", "ok then",
+                           "one two three four five six", "zebra"})
+    data.push_back(sft_datum(text));
+  return data;
+}
+
+// PPO inputs: advantages of both signs and sampler logprobs off from the model's by up to 0.3, so that some
+// ratios leave the clip range; returns for the value head.
+std::vector<Datum> ppo_batch(const std::vector<std::vector<double>>& model_logprobs) {
+  auto data = sft_batch();
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const auto n = data[i].model_input.length();
+    std::vector<float> adv, q, returns;
+    for (std::size_t j = 0; j < n; ++j) {
+      adv.push_back(static_cast<float>(std::sin(1.0 + i * 7 + j)));
+      q.push_back(static_cast<float>(model_logprobs[i][j] + 0.3 * std::cos(2.0 * i + j)));
+      returns.push_back(static_cast<float>(0.5 * std::cos(0.5 * j + i)));
+    }
+    data[i].loss_fn_inputs["advantages"] = TensorData::from_floats(adv);
+    data[i].loss_fn_inputs["logprobs"] = TensorData::from_floats(q);
+    data[i].loss_fn_inputs["returns"] = TensorData::from_floats(returns);
+  }
+  return data;
+}
+
+struct Run {
+  std::vector<double> losses;  // every forward_backward's loss:sum, in order
+  std::vector<double> clip_fractions;
+  std::vector<std::vector<double>> last_logprobs;
+  std::vector<double> grad_norms;
+  engine::StateContents state;  // after the last step
+  std::vector<token_id> sampled;
+  DataParallelStats stats;
+};
+
+enum class Recipe { sft, ppo };
+
+Run train(int world_size, bool lora, Recipe recipe, const std::string& name) {
+  auto dir = temp_dir(name + "-w" + std::to_string(world_size));
+  LocalService svc(service(dir, world_size));
+  SessionOptions opts = tiny(lora ? std::optional<LoraOptions>(LoraOptions{4, 8, {"all-linear"}}) : std::nullopt, 7);
+  opts.value_head = recipe == Recipe::ppo;
+  auto s = svc.create_session(opts);
+  Run run;
+  std::vector<Datum> data = sft_batch();
+  if (recipe == Recipe::ppo) {
+    auto out = s->forward(data, LossSpec{LossFn::cross_entropy}).get();
+    std::vector<std::vector<double>> lp;
+    for (std::size_t i = 0; i < data.size(); ++i) lp.push_back(out.logprobs(i));
+    data = ppo_batch(lp);
+  }
+  for (int step = 0; step < 5; ++step) {
+    const LossSpec loss = recipe == Recipe::sft ? LossSpec{LossFn::cross_entropy} : LossSpec::ppo(0.1, 0.1);
+    auto out = s->forward_backward(data, loss).get();
+    run.losses.push_back(out.metrics.at("loss:sum"));
+    if (recipe == Recipe::ppo) {
+      run.clip_fractions.push_back(out.metrics.at("clip_fraction"));
+      auto value = s->forward_backward(data, LossSpec::value(0.2)).get();
+      run.losses.push_back(value.metrics.at("loss:sum"));
+      run.clip_fractions.push_back(value.metrics.at("value_clip_fraction"));
+    }
+    run.last_logprobs.clear();
+    for (std::size_t i = 0; i < data.size(); ++i) run.last_logprobs.push_back(out.logprobs(i));
+    auto step_out = s->optim_step(AdamParams{.learning_rate = 2e-2, .grad_clip_norm = 1.0}).get();
+    run.grad_norms.push_back(step_out.metrics.at("grad_norm"));
+  }
+  run.state = engine::read_state_dir(s->save_state("final").get().path, true);
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(bytes("the "));
+  req.num_samples = 3;
+  req.params.max_tokens = 12;
+  req.params.seed = 42;
+  const SampleResponse samples = s->sample(req).get();
+  for (const auto& seq : samples.sequences) run.sampled.insert(run.sampled.end(), seq.tokens.begin(), seq.tokens.end());
+  run.stats = svc.data_parallel_stats();
+  return run;
+}
+
+void expect_close(double a, double b, const std::string& what) {
+  EXPECT_LE(std::abs(a - b), 1e-5 * std::max(1.0, std::abs(a))) << what << ": " << a << " vs " << b;
+}
+
+// Relative to each tensor's norm. Summing a gradient over two ranks reassociates its sum over tokens; the
+// weights stay within 1e-5, the optimizer moments of parameters whose gradients nearly cancel (norms of 1e-4
+// and less on rlloop-tiny) only within 1e-4 of their own size.
+void expect_same_tensors(const engine::TensorMap& a, const engine::TensorMap& b, const std::string& what,
+                         double tolerance = 1e-5) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << what << " lacks " << name;
+    const double norm = t.norm().item<double>();
+    const double diff = (t - b.at(name)).norm().item<double>();
+    EXPECT_LE(diff, tolerance * std::max(norm, 1e-12))
+        << what << " " << name << ": |a - b| = " << diff << ", |a| = " << norm;
+  }
+}
+
+void expect_equivalent(bool lora, Recipe recipe, const std::string& name) {
+  const Run one = train(1, lora, recipe, name);
+  const Run two = train(2, lora, recipe, name);
+  ASSERT_EQ(one.losses.size(), two.losses.size());
+  for (std::size_t i = 0; i < one.losses.size(); ++i)
+    expect_close(one.losses[i], two.losses[i], "loss " + std::to_string(i));
+  for (std::size_t i = 0; i < one.clip_fractions.size(); ++i)
+    expect_close(one.clip_fractions[i], two.clip_fractions[i], "clip fraction " + std::to_string(i));
+  for (std::size_t i = 0; i < one.grad_norms.size(); ++i)
+    expect_close(one.grad_norms[i], two.grad_norms[i], "grad norm " + std::to_string(i));
+  ASSERT_EQ(one.last_logprobs.size(), two.last_logprobs.size());
+  for (std::size_t i = 0; i < one.last_logprobs.size(); ++i) {
+    ASSERT_EQ(one.last_logprobs[i].size(), two.last_logprobs[i].size()) << "datum " << i;  // the caller's order
+    for (std::size_t j = 0; j < one.last_logprobs[i].size(); ++j)
+      expect_close(one.last_logprobs[i][j], two.last_logprobs[i][j], "logprob " + std::to_string(i));
+  }
+  expect_same_tensors(one.state.weights, two.state.weights, "weights");
+  expect_same_tensors(one.state.optimizer, two.state.optimizer, "optimizer moments", 1e-4);
+  EXPECT_EQ(one.state.meta.step, two.state.meta.step);
+  EXPECT_EQ(one.sampled, two.sampled);  // seeded sampling: the same tokens
+  EXPECT_FALSE(one.sampled.empty());
+  // One all-reduce per optimizer step, of every trainable value plus one flag per parameter.
+  EXPECT_EQ(one.stats.world_size, 1);
+  EXPECT_EQ(two.stats.world_size, 2);
+  EXPECT_EQ(two.stats.allreduce_calls, 5u);
+  std::uint64_t values = 0;
+  for (const auto& [n, t] : two.state.weights) values += static_cast<std::uint64_t>(t.numel()) + 1;
+  EXPECT_EQ(two.stats.allreduce_bytes, 5 * 4 * values);
+  if (recipe == Recipe::ppo) {
+    // The clip branch was taken for some tokens and not others, so the fractions test something.
+    double lo = 1, hi = 0;
+    for (double f : one.clip_fractions) lo = std::min(lo, f), hi = std::max(hi, f);
+    EXPECT_GT(hi, 0.0);
+    EXPECT_LT(lo, 1.0);
+  }
+}
+
+// A free TCP port on the loopback (the kernel's choice, released again at once).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// `rlloop worker ...` as a child process, its stderr in `log`.
+pid_t start_worker(std::vector<std::string> args, const fs::path& log) {
+  args.insert(args.begin(), {RLLOOP_BIN, "worker", "--threads", "1", "--device", "cpu"});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, RLLOOP_BIN, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+// The exit status of a child, and what it wrote to its log.
+std::pair<int, std::string> finish(pid_t pid, const fs::path& log) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+// The local worker processes this test process started (their command line names the worker command).
+std::vector<pid_t> my_workers() {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close_paren = line.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream rest(line.substr(close_paren + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid != getpid()) continue;
+    std::ifstream cmd(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (cmdline.find("worker") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(DataParallel, SftWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::sft, "sft-lora"); }
+TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::sft, "sft-full"); }
+TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
+TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
+
+TEST(DataParallel, SplitsBatchesByTokensInTheCallersOrder) {
+  std::vector<Datum> data;
+  for (int n : {10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 10}) data.push_back(sft_datum(std::string(n + 1, 'x')));
+  const auto bounds = engine::dist::split_by_tokens(data, 2);
+  EXPECT_EQ(bounds, (std::vector<std::size_t>{0, 6, 12}));                                      // 15 tokens each
+  EXPECT_EQ(engine::dist::split_by_tokens(data, 3), (std::vector<std::size_t>{0, 1, 11, 12}));  // 10 tokens each
+  // Fewer datums than ranks: some ranks get none.
+  EXPECT_EQ(engine::dist::split_by_tokens({data[0]}, 3), (std::vector<std::size_t>{0, 0, 1, 1}));
+}
+
+TEST(DataParallel, ACustomLossRunsOnceOverEveryRanksLogprobs) {
+  // A loss over the whole batch (each datum's mean logprob against the batch mean): only right if the
+  // function sees every rank's logprobs at once, and each rank gets back its own datums' gradients.
+  const CustomLossFn fn = [](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+    std::vector<double> means;
+    for (const auto& row : lp) {
+      double s = 0;
+      for (double v : row) s += v;
+      means.push_back(s / row.size());
+    }
+    double batch_mean = 0;
+    for (double m : means) batch_mean += m / means.size();
+    CustomLossResult r;
+    for (std::size_t i = 0; i < lp.size(); ++i) {
+      const double d = means[i] - batch_mean;
+      r.loss += d * d;
+      // d loss / d lp[i][j] = 2 (d_i - mean of d) / n_i, and the mean of d is 0.
+      r.grad_logprobs.emplace_back(lp[i].size(), 2 * d / lp[i].size());
+    }
+    r.metrics["spread"] = r.loss;
+    return r;
+  };
+  std::vector<double> losses[2];
+  engine::StateContents states[2];
+  for (int w : {1, 2}) {
+    auto dir = temp_dir("custom-w" + std::to_string(w));
+    LocalService svc(service(dir, w));
+    auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 3));
+    for (int step = 0; step < 3; ++step) {
+      auto out = s->forward_backward_custom(sft_batch(), fn).get();
+      losses[w - 1].push_back(out.metrics.at("loss:sum"));
+      EXPECT_EQ(out.metrics.at("spread"), out.metrics.at("loss:sum"));
+      EXPECT_EQ(out.loss_fn_outputs.size(), sft_batch().size());
+      s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    }
+    states[w - 1] = engine::read_state_dir(s->save_state("final").get().path, false);
+  }
+  for (std::size_t i = 0; i < losses[0].size(); ++i) expect_close(losses[0][i], losses[1][i], "custom loss");
+  EXPECT_NE(losses[0].front(), losses[0].back());  // it trained
+  expect_same_tensors(states[0].weights, states[1].weights, "weights");
+}
+
+TEST(DataParallel, LoadStateReachesEveryRank) {
+  // Train on two ranks, save, train further, load the save: the next steps equal a one-rank run from the save.
+  auto dir = temp_dir("load");
+  std::string saved;
+  std::vector<double> after_load[2];
+  {
+    LocalService svc(service(dir, 2));
+    auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 5));
+    s->forward_backward(sft_batch(), LossSpec{}).get();
+    s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    saved = s->save_state("mid").get().path;
+    for (int i = 0; i < 2; ++i) {
+      s->forward_backward(sft_batch(), LossSpec{}).get();
+      s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    }
+    s->load_state(saved, true).get();
+    for (int i = 0; i < 2; ++i) {
+      after_load[1].push_back(s->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"));
+      s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    }
+  }
+  LocalService one(service(dir, 1));
+  auto s = one.create_session_from_state(saved, tiny(LoraOptions{4, 8, {"all-linear"}}, 5));
+  for (int i = 0; i < 2; ++i) {
+    after_load[0].push_back(s->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"));
+    s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+  }
+  for (int i = 0; i < 2; ++i) expect_close(after_load[0][i], after_load[1][i], "loss after load");
+}
+
+TEST(DataParallel, BadInputIsTheCallersErrorAndTheGroupGoesOn) {
+  auto dir = temp_dir("bad-input");
+  LocalService svc(service(dir, 2));
+  auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  auto data = sft_batch();
+  data[4].model_input.chunks[0].tokens[2] = 100000;
+  EXPECT_NE(error_of([&] { s->forward_backward(data, LossSpec{}).get(); }).find("datum 4"), std::string::npos);
+  EXPECT_NE(error_of([&] { s->optim_step(AdamParams{.learning_rate = -1}).get(); }).find("learning_rate"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] {
+              s->forward_backward(sft_batch(), LossSpec{}).get();
+              s->optim_step(AdamParams{}).get();
+            }),
+            "(no error)");
+}
+
+TEST(DataParallel, AKilledRankFailsTheOperationNamingIt) {
+  auto dir = temp_dir("killed");
+  LocalService svc(service(dir, 2, /*timeout_s=*/5));
+  auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  s->forward_backward(sft_batch(), LossSpec{}).get();
+  const auto workers = my_workers();
+  ASSERT_EQ(workers.size(), 1u);
+  // Killed while the operation runs: between the ranks' forward passes and their backward passes.
+  const CustomLossFn kill_worker = [&](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+    kill(workers[0], SIGKILL);
+    CustomLossResult r;
+    for (const auto& row : lp) r.grad_logprobs.emplace_back(row.size(), 0.0);
+    return r;
+  };
+  const std::string error = error_of([&] { s->forward_backward_custom(sft_batch(), kill_worker).get(); });
+  EXPECT_NE(error.find("rank 1 stopped answering"), std::string::npos) << error;
+  // The group is gone: every later training operation says so at once, naming the rank again.
+  const std::string next = error_of([&] { s->forward_backward(sft_batch(), LossSpec{}).get(); });
+  EXPECT_NE(next.find("rank 1 stopped answering"), std::string::npos) << next;
+  // Rank 0's own work goes on: sampling does not need the group.
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(bytes("hi"));
+  req.params.max_tokens = 3;
+  EXPECT_EQ(s->sample(req).get().sequences.size(), 1u);
+}
+
+TEST(DataParallel, AStuckRankFailsTheOperationWithinTheTimeout) {
+  auto dir = temp_dir("stuck");
+  LocalService svc(service(dir, 2, /*timeout_s=*/3));
+  auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  const auto workers = my_workers();
+  ASSERT_EQ(workers.size(), 1u);
+  kill(workers[0], SIGSTOP);  // alive, but not answering
+  const std::string error = error_of([&] { s->forward_backward(sft_batch(), LossSpec{}).get(); });
+  kill(workers[0], SIGKILL);
+  EXPECT_NE(error.find("rank 1 stopped answering"), std::string::npos) << error;
+}
+
+TEST(DataParallel, RendezvousErrorsNameWhatWasWrong) {
+  auto dir = temp_dir("rendezvous");
+  // Nobody at the address.
+  DataParallelWorkerOptions lost;
+  lost.rendezvous = "127.0.0.1:" + std::to_string(free_port());
+  lost.timeout_s = 1;
+  lost.service.device = "cpu";
+  EXPECT_NE(error_of([&] { run_data_parallel_worker(lost); }).find("cannot reach rank 0 at " + lost.rendezvous),
+            std::string::npos);
+  // A worker that never comes.
+  {
+    LocalServiceOptions o = service(dir, 2, 1);
+    o.data_parallel.local_workers = 0;
+    EXPECT_NE(error_of([&] { LocalService svc(o); }).find("rank(s) 1 of 2 did not join within 1 s"), std::string::npos);
+  }
+  // A worker started for another world size: both sides say so.
+  {
+    const int port = free_port();
+    LocalServiceOptions o = service(dir, 2, 20);
+    o.data_parallel.local_workers = 0;
+    o.data_parallel.rendezvous = "127.0.0.1:" + std::to_string(port);
+    const fs::path log = dir / "wrong-size.log";
+    const pid_t pid = start_worker(
+        {"--rendezvous", o.data_parallel.rendezvous, "--rank", "1", "--world-size", "3", "--timeout-s", "20"}, log);
+    const std::string error = error_of([&] { LocalService svc(o); });
+    EXPECT_NE(error.find("rank 1 was started with world size 3, the group has 2"), std::string::npos) << error;
+    const auto [code, text] = finish(pid, log);
+    EXPECT_EQ(code, 1);
+    EXPECT_NE(text.find("rank 1 was started with world size 3, the group has 2"), std::string::npos) << text;
+  }
+  // Bad settings.
+  LocalServiceOptions bad = service(dir, 2);
+  bad.data_parallel.rendezvous = "localhost";
+  EXPECT_NE(error_of([&] { LocalService svc(bad); }).find("data_parallel.rendezvous: 'localhost' is not HOST:PORT"),
+            std::string::npos);
+  bad = service(dir, 2);
+  bad.data_parallel.local_workers = 2;
+  EXPECT_NE(error_of([&] { LocalService svc(bad); }).find("local_workers is 2, more than the 1 workers"),
+            std::string::npos);
+}
+
+TEST(DataParallel, ARankWithAnotherModelIsRefusedNamingIt) {
+  auto dir = temp_dir("other-model");
+  // A model directory that calls itself rlloop-tiny but holds other weights.
+  const fs::path other = dir / "other-tiny";
+  {
+    LocalService one(service(dir, 1));
+    auto s = one.create_session(tiny(std::nullopt, 1));
+    s->forward_backward(sft_batch(), LossSpec{}).get();
+    s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    s->export_merged_model(other.string()).get();
+  }
+  const int port = free_port();
+  LocalServiceOptions o = service(dir, 2, 30);
+  o.data_parallel.local_workers = 0;
+  o.data_parallel.rendezvous = "127.0.0.1:" + std::to_string(port);
+  const fs::path log = dir / "other.log";
+  const pid_t pid = start_worker({"--rendezvous", o.data_parallel.rendezvous, "--rank", "1", "--world-size", "2",
+                                  "--timeout-s", "30", "--base-model", "rlloop-tiny=" + other.string()},
+                                 log);
+  {
+    LocalService svc(o);
+    const std::string error = error_of([&] { svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1)); });
+    EXPECT_NE(error.find("rank 1 holds a different model for base model 'rlloop-tiny'"), std::string::npos) << error;
+    // The group is intact: a full fine-tuning session gets rank 0's weights, whatever the worker loaded.
+    auto full = svc.create_session(tiny(std::nullopt, 1));
+    EXPECT_EQ(error_of([&] { full->forward_backward(sft_batch(), LossSpec{}).get(); }), "(no error)");
+  }
+  EXPECT_EQ(finish(pid, log).first, 0);  // the worker left when the service closed the group
+}
