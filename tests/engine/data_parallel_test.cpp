@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "checkpoint.hpp"
+#include "child_processes.hpp"
 #include "dist/replica_ops.hpp"
 #include "session_util.hpp"
 
@@ -216,29 +217,6 @@ std::pair<int, std::string> finish(pid_t pid, const fs::path& log) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
 }
 
-// The local worker processes this test process started (their command line names the worker command).
-std::vector<pid_t> my_workers() {
-  std::vector<pid_t> out;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close_paren = line.rfind(')');
-    if (close_paren == std::string::npos) continue;
-    std::istringstream rest(line.substr(close_paren + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid != getpid()) continue;
-    std::ifstream cmd(entry.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
-    if (cmdline.find("worker") != std::string::npos) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST(DataParallel, SftWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::sft, "sft-lora"); }
@@ -349,7 +327,7 @@ TEST(DataParallel, AKilledRankFailsTheOperationNamingIt) {
   LocalService svc(service(dir, 2, /*timeout_s=*/5));
   auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
   s->forward_backward(sft_batch(), LossSpec{}).get();
-  const auto workers = my_workers();
+  const auto workers = test_util::child_processes(getpid(), "worker");
   ASSERT_EQ(workers.size(), 1u);
   // Killed while the operation runs: between the ranks' forward passes and their backward passes.
   const CustomLossFn kill_worker = [&](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
@@ -374,7 +352,7 @@ TEST(DataParallel, AStuckRankFailsTheOperationWithinTheTimeout) {
   auto dir = temp_dir("stuck");
   LocalService svc(service(dir, 2, /*timeout_s=*/3));
   auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
-  const auto workers = my_workers();
+  const auto workers = test_util::child_processes(getpid(), "worker");
   ASSERT_EQ(workers.size(), 1u);
   kill(workers[0], SIGSTOP);  // alive, but not answering
   const std::string error = error_of([&] { s->forward_backward(sft_batch(), LossSpec{}).get(); });

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <rlloop/remote.hpp>
 
+#include "child_processes.hpp"
 #include "server_process.hpp"
 
 using namespace rlloop;
@@ -71,14 +72,19 @@ struct RunResult {
 
 // The training loop of both runs: kSteps of forward_backward + optim_step, then save the adapter for sampling.
 // on_step(i) runs after step i was reported (the crash run's killer uses it to pick its moments).
-RunResult train(std::uint16_t port, const std::function<void(int)>& on_step) {
+// A client of the test's server that keeps retrying through its restarts (a restart takes a second or two).
+RemoteOptions client_of(std::uint16_t port, int max_retries) {
   RemoteOptions o;
   o.endpoint = "http://127.0.0.1:" + std::to_string(port);
   o.bearer_key = "crash-key";
-  o.max_retries = 200;  // a restart takes a second or two; keep retrying through it
+  o.max_retries = max_retries;
   o.backoff_base = std::chrono::milliseconds(5);
   o.poll_max = std::chrono::milliseconds(20);
-  RemoteService service(o);
+  return o;
+}
+
+RunResult train(std::uint16_t port, const std::function<void(int)>& on_step) {
+  RemoteService service(client_of(port, 200));
   SessionOptions opts;
   opts.base_model = "rlloop-tiny";
   opts.lora = LoraOptions{4, 8, {"all-linear"}};
@@ -194,27 +200,6 @@ TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
 
 namespace {
 
-// The `rlloop worker` processes `parent` started.
-std::vector<pid_t> workers_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close_paren = line.rfind(')');
-    if (close_paren == std::string::npos) continue;
-    std::istringstream rest(line.substr(close_paren + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid != parent || state == 'Z') continue;
-    if (read_file(entry.path() / "cmdline").find("worker") != std::string::npos) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
 constexpr int kDataParallelSteps = 8;
 
 struct DataParallelRun {
@@ -226,13 +211,7 @@ struct DataParallelRun {
 // SFT on a two-rank server; before_step(i) runs before step i's forward_backward is waited for. An operation
 // that fails is retried (the server restarts itself after a group failure; the client retries through it).
 DataParallelRun train_data_parallel(std::uint16_t port, const std::function<void(int)>& before_step) {
-  RemoteOptions o;
-  o.endpoint = "http://127.0.0.1:" + std::to_string(port);
-  o.bearer_key = "crash-key";
-  o.max_retries = 400;
-  o.backoff_base = std::chrono::milliseconds(5);
-  o.poll_max = std::chrono::milliseconds(20);
-  RemoteService service(o);
+  RemoteService service(client_of(port, 400));  // a group restart also forms the new group
   SessionOptions opts;
   opts.base_model = "rlloop-tiny";
   opts.lora = LoraOptions{4, 8, {"all-linear"}};
@@ -292,7 +271,7 @@ TEST(CrashRecovery, AKilledDataParallelRankFailsOneOperationAndTheServerComesBac
   int killed = 0;
   const DataParallelRun got = train_data_parallel(*port, [&](int step) {
     if (step != 3) return;
-    const auto workers = workers_of(server.pid());
+    const auto workers = test_util::child_processes(server.pid(), "worker");
     ASSERT_EQ(workers.size(), 1u) << read_file(log);
     kill(workers[0], SIGKILL);  // while step 3's forward_backward is on its way or running
     ++killed;
