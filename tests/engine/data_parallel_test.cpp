@@ -315,6 +315,16 @@ TEST(DataParallel, BadInputIsTheCallersErrorAndTheGroupGoesOn) {
   EXPECT_NE(error_of([&] { s->forward_backward(data, LossSpec{}).get(); }).find("datum 4"), std::string::npos);
   EXPECT_NE(error_of([&] { s->optim_step(AdamParams{.learning_rate = -1}).get(); }).find("learning_rate"),
             std::string::npos);
+  // A loss function's error (here: too few gradients) is the caller's, as on one rank; no rank runs a backward.
+  const CustomLossFn short_of_gradients = [](const std::vector<Datum>&, const std::vector<std::vector<double>>&) {
+    CustomLossResult r;
+    r.grad_logprobs.push_back({0.0});
+    return r;
+  };
+  EXPECT_NE(error_of([&] {
+              s->forward_backward_custom(sft_batch(), short_of_gradients).get();
+            }).find("the loss function returned gradients for 1 datums, expected 6"),
+            std::string::npos);
   EXPECT_EQ(error_of([&] {
               s->forward_backward(sft_batch(), LossSpec{}).get();
               s->optim_step(AdamParams{}).get();

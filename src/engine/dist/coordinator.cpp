@@ -26,6 +26,13 @@ ByteWriter command(Command c, std::uint64_t id) {
   return w;
 }
 
+// A local worker's device: with CUDA, one device per rank (the ranks after rank 0's, wrapping around).
+std::string worker_device(const DeviceChoice& dev, int rank) {
+  if (!dev.device.is_cuda()) return "cpu";
+  const int count = static_cast<int>(torch::cuda::device_count());
+  return "cuda:" + std::to_string((std::max<int>(dev.device.index(), 0) + rank) % std::max(count, 1));
+}
+
 // How long the workers get to exit after the shutdown command before they are killed.
 constexpr auto kWorkerExitGrace = std::chrono::seconds(10);
 
@@ -54,7 +61,7 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.fingerprint = group_fingerprint(dev);
   go.cuda = dev.device.is_cuda();
   group_ = Group::listen(go);
-  start_local_workers(service, local);
+  start_local_workers(service, dev, local);
   try {
     group_->wait_for_ranks();
   } catch (...) {
@@ -76,7 +83,7 @@ Coordinator::~Coordinator() {
   stop_local_workers();
 }
 
-void Coordinator::start_local_workers(const LocalServiceOptions& service, int count) {
+void Coordinator::start_local_workers(const LocalServiceOptions& service, const DeviceChoice& dev, int count) {
   const auto& dp = service.data_parallel;
   for (int rank = 1; rank <= count; ++rank) {
     std::vector<std::string> args{dp.worker_program, "worker",
@@ -84,7 +91,7 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, int co
                                   "--rank",          std::to_string(rank),
                                   "--world-size",    std::to_string(dp.world_size),
                                   "--timeout-s",     std::to_string(dp.timeout_s),
-                                  "--device",        service.device,
+                                  "--device",        worker_device(dev, rank),
                                   "--threads",       std::to_string(at::get_num_threads())};
     for (const auto& [name, dir] : service.base_models) {
       args.push_back("--base-model");

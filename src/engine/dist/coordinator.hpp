@@ -49,7 +49,7 @@ class Coordinator {
   std::string failure() const;
 
  private:
-  void start_local_workers(const LocalServiceOptions& service, int count);
+  void start_local_workers(const LocalServiceOptions& service, const DeviceChoice& dev, int count);
   void stop_local_workers();
 
   // Runs a command's share, noting a group failure where failure() can read it without waiting for mu_.
@@ -58,6 +58,7 @@ class Coordinator {
     try {
       return fn();
     } catch (const group_failure& e) {
+      group_->mark_failed(e.what());  // also when a share failed after the others changed their replicas
       std::lock_guard lock(failure_mu_);
       if (failure_.empty()) failure_ = e.what();
       throw;

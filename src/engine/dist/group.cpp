@@ -274,6 +274,9 @@ int Group::port() const { return impl_->options.port; }
 std::string Group::address() const { return describe(impl_->options); }
 CollectiveStats Group::stats() const { return impl_->stats; }
 bool Group::failed() const { return !impl_->failure.empty(); }
+void Group::mark_failed(const std::string& message) {
+  if (impl_->failure.empty()) impl_->failure = message;
+}
 
 void Group::post_command(const std::string& bytes) {
   Impl& g = *impl_;
@@ -394,6 +397,7 @@ void Group::broadcast(const std::vector<torch::Tensor>&) { no_c10d(); }
 void Group::allreduce_sum(torch::Tensor&) { no_c10d(); }
 CollectiveStats Group::stats() const { return {}; }
 bool Group::failed() const { return false; }
+void Group::mark_failed(const std::string&) {}
 
 #endif
 

@@ -72,8 +72,10 @@ class Group {
   void allreduce_sum(torch::Tensor& flat);                    // in place
 
   CollectiveStats stats() const;
-  // Set when a collective failed; every later collective throws it again.
+  // Set when a collective failed, or by mark_failed (the ranks' replicas went apart); every later command and
+  // collective throws it again.
   bool failed() const;
+  void mark_failed(const std::string& message);
 
  private:
   struct Impl;

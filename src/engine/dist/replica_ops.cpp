@@ -213,8 +213,10 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::
   group.broadcast(grads);
   ByteReader r(grads);
   if (r.get<Status>() == Status::failed) {
-    if (fn_error) std::rethrow_exception(fn_error);  // the loss function's own error, as with one rank
-    throw invalid_argument("forward_backward_custom failed on rank 0: " + r.get_string());
+    // No rank runs a backward pass. Rank 0 reports the error (the loss function's own, as with one rank); the
+    // workers drop their forward passes and wait for the next command.
+    if (group.rank() == 0) std::rethrow_exception(fn_error);
+    return {};
   }
   std::vector<std::vector<double>> all(data.size());
   for (auto& g : all) g = r.get_vector<double>();
@@ -239,29 +241,33 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::
 Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params) {
   // One flat buffer: every gradient (zeros where a rank has none), then one flag per parameter that says how
   // many ranks had one, so a gradient no rank produced stays undefined as it would with one rank.
+  // The buffer lives where the weights do (NCCL reduces CUDA tensors in place).
   const auto& ps = optimizer.parameters();
+  const auto on =
+      torch::TensorOptions().dtype(torch::kFloat32).device(ps.empty() ? torch::kCPU : ps[0].tensor.device());
   std::vector<torch::Tensor> parts;
-  auto flags = torch::zeros({static_cast<std::int64_t>(ps.size())}, torch::kFloat32);
+  std::vector<float> defined(ps.size(), 0.0f);
   for (std::size_t i = 0; i < ps.size(); ++i) {
     const auto& grad = ps[i].tensor.grad();
     if (grad.defined()) {
-      parts.push_back(grad.detach().to(torch::kCPU, torch::kFloat32).reshape(-1));
-      flags[static_cast<std::int64_t>(i)] = 1.0f;
+      parts.push_back(grad.detach().to(torch::kFloat32).reshape(-1));
+      defined[i] = 1.0f;
     } else {
-      parts.push_back(torch::zeros({ps[i].tensor.numel()}, torch::kFloat32));
+      parts.push_back(torch::zeros({ps[i].tensor.numel()}, on));
     }
   }
-  parts.push_back(flags);
+  parts.push_back(torch::tensor(defined, torch::kFloat32).to(on.device()));
   auto flat = torch::cat(parts);
   group.allreduce_sum(flat);
   {
     torch::NoGradGuard no_grad;
     std::int64_t at = 0;
-    const auto reduced_flags = flat.narrow(0, flat.numel() - static_cast<std::int64_t>(ps.size()), ps.size());
+    const auto flags = flat.narrow(0, flat.numel() - static_cast<std::int64_t>(ps.size()), ps.size()).to(torch::kCPU);
+    const float* ranks_with_grad = flags.data_ptr<float>();
     for (std::size_t i = 0; i < ps.size(); ++i) {
       auto& p = ps[i].tensor;
       const auto n = p.numel();
-      if (reduced_flags[static_cast<std::int64_t>(i)].item<float>() > 0) {
+      if (ranks_with_grad[i] > 0) {
         auto summed = flat.narrow(0, at, n).view(p.sizes()).to(p.device(), p.scalar_type());
         if (p.grad().defined())
           p.mutable_grad().copy_(summed);
