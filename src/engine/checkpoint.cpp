@@ -42,9 +42,10 @@ std::string read_text(const fs::path& p) {
 }  // namespace
 
 nlohmann::json checkpoint_meta_to_json(const CheckpointMeta& meta) {
+  // The LoRA settings under the runtime wire's keys (LoraOptions there is {rank, alpha, targetModules}).
   nlohmann::json lora = nullptr;
   if (meta.lora)
-    lora = {{"rank", meta.lora->rank}, {"alpha", meta.lora->alpha}, {"target_modules", meta.lora->target_modules}};
+    lora = {{"rank", meta.lora->rank}, {"alpha", meta.lora->alpha}, {"targetModules", meta.lora->target_modules}};
   return {{"format", kCheckpointFormat},
           {"base_model", meta.base_model},
           {"lora", lora},
@@ -74,9 +75,12 @@ CheckpointMeta checkpoint_meta_from_json(const nlohmann::json& j, const std::str
   try {
     CheckpointMeta m;
     m.base_model = at("base_model").get<std::string>();
-    if (const auto& lora = at("lora"); !lora.is_null())
+    if (const auto& lora = at("lora"); !lora.is_null()) {
+      // "target_modules": as checkpoints spelled it before they took the wire's keys.
+      const char* modules = lora.contains("targetModules") ? "targetModules" : "target_modules";
       m.lora = LoraOptions{lora.at("rank").get<int>(), lora.at("alpha").get<int>(),
-                           lora.at("target_modules").get<std::vector<std::string>>()};
+                           lora.at(modules).get<std::vector<std::string>>()};
+    }
     m.value_head = flag("value_head");
     m.seed = at("seed").get<std::int64_t>();
     m.step = at("step").get<std::int64_t>();
