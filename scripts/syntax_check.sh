@@ -18,7 +18,7 @@ while (($#)); do
     *) files+=("$1"); shift ;;
   esac
 done
-((${#files[@]})) || mapfile -t files < <(ls src/*/*.cpp)
+((${#files[@]})) || mapfile -t files < <(ls src/*/*.cpp src/*/*/*.cpp 2>/dev/null)
 command -v "$cxx" >/dev/null || { echo "syntax_check: no compiler '$cxx'" >&2; exit 2; }
 
 tmp=$(mktemp -d)
@@ -27,7 +27,8 @@ trap 'rm -rf "$tmp"' EXIT
 # build tree, so no configured build is needed.
 mkdir -p "$tmp/include/rlloop"
 for dir in algorithms rewards envs; do ln -s "$PWD/$dir" "$tmp/include/rlloop/$dir"; done
-common=(-std=c++20 -DRLLOOP_HAVE_ENGINE=1 -DRLLOOP_VERSION='"syntax-check"'
+# USE_DISTRIBUTED / USE_C10D_GLOO: what Torch's CMake config defines for every target linking torch (c10d).
+common=(-std=c++20 -DRLLOOP_HAVE_ENGINE=1 -DRLLOOP_VERSION='"syntax-check"' -DUSE_DISTRIBUTED -DUSE_C10D_GLOO
         -Iinclude -Isrc -Isrc/engine -I"$tmp/include" -I"$torch" -I"$torch/torch/csrc/api/include")
 # A cross compiler searches /usr/include but not this machine's multiarch folder, where Debian keeps the few
 # headers that differ between architectures. A machine of the target architecture has its own copy of them;
