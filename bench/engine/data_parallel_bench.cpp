@@ -1,0 +1,415 @@
+// What data parallelism costs: SFT steps (forward_backward + optim_step) of one rlloop-100m session on one rank
+// and on two (this process and an `rlloop worker` it starts, c10d Gloo over the loopback), for LoRA rank 16 on all
+// linear layers and for full fine-tuning. Prints, per case, the median step time and its two halves, and for W=2
+// the all-reduce seconds and bytes per step (LocalService::data_parallel_stats, differences around each timed
+// step) and the step-time ratios against W=1.
+//   data_parallel_bench [--rlloop PATH] [--rounds R] [--steps N] [--batch B] [--tokens T] [--only lora|full]
+// Cases, each run in a fresh child process of this program (so that each gets the LibTorch thread count it asks
+// for and starts from an empty allocator cache):
+//   W=1, 2 threads   the whole machine to one rank: what W=2 competes with on a 2-core machine
+//   W=1, 1 thread    one rank's share of the cores, for reference
+//   W=2, 1 thread    per rank (the workers take the parent's thread count)
+// A shared machine's load moves step times by more than the differences measured, so the cases alternate: R
+// rounds, each running every case of a mode once (in a rotated order) for one warm-up step and N timed steps;
+// the figures are medians over the R x N timed steps of a case. The batch is B datums of T tokens (pseudo-random
+// byte ids, every target weighted 1), the same every step; equal lengths make the token-count split across two
+// ranks exactly even. Also printed: each rank's CPU seconds per step (getrusage for rank 0, /proc for the local
+// worker), which a loaded machine changes less than the wall time, and which show how evenly the split loads ranks.
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <rlloop/local.hpp>
+
+extern char** environ;
+
+namespace {
+
+using namespace rlloop;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+struct Settings {
+  std::string rlloop_bin = RLLOOP_BIN;
+  int rounds = 3;
+  int steps = 2;  // timed steps per round
+  int batch = 8;
+  int tokens = 128;
+  std::string only;  // "lora" or "full": run one mode only
+};
+
+struct Case {
+  std::string mode;  // "lora" or "full"
+  int world_size;
+  int threads;  // per rank
+};
+
+struct Step {
+  double forward_backward_s = 0, optim_s = 0;
+  double allreduce_calls = 0, allreduce_bytes = 0, allreduce_s = 0;  // data_parallel_stats around the step
+  // CPU seconds the step took on rank 0 (this process, all its threads) and on the local workers: the work done,
+  // which the machine's load changes far less than the wall time, and how it is split between the ranks.
+  double cpu_rank0_s = 0, cpu_workers_s = 0;
+};
+
+// What a child reports for its case on stdout: one "case" line, then one "step" line per timed step.
+struct Run {
+  double open_s = 0;  // create_session, including the broadcast of the trainable weights for W=2
+  std::int64_t trainable = 0;
+  double broadcast_bytes = 0;
+  std::vector<Step> steps;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Deterministic pseudo-random tokens in [0, 256): byte ids, valid in every built-in vocabulary.
+std::vector<token_id> tokens(int n, std::uint32_t seed) {
+  std::vector<token_id> v(n);
+  for (auto& t : v) {
+    seed = seed * 1664525u + 1013904223u;
+    t = static_cast<token_id>((seed >> 16) % 256);
+  }
+  return v;
+}
+
+std::vector<Datum> sft_batch(int batch, int length) {
+  std::vector<Datum> data;
+  for (int i = 0; i < batch; ++i) {
+    auto seq = tokens(length + 1, 7 + i);
+    std::vector<token_id> input(seq.begin(), seq.end() - 1), target(seq.begin() + 1, seq.end());
+    data.push_back({ModelInput::from_tokens(input),
+                    {{"target_tokens", TensorData::from_tokens(target)},
+                     {"weights", TensorData::from_floats(std::vector<float>(length, 1.0f))}}});
+  }
+  return data;
+}
+
+double cpu_seconds_self() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// User + system CPU seconds of this process's children (the local workers; none for W=1), from /proc.
+double cpu_seconds_children() {
+  std::vector<long> pids;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "children");
+    for (long pid; in >> pid;) pids.push_back(pid);
+  }
+  double ticks = 0;
+  for (long pid : pids) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string field;
+    // After "pid (comm)": state is field 3; utime and stime are fields 14 and 15.
+    for (int i = 3; i <= 13 && fields >> field; ++i) {
+    }
+    double utime = 0, stime = 0;
+    if (fields >> utime >> stime) ticks += utime + stime;
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The child's side: one service, one session, a warm-up step, the timed steps.
+Run run_case(const Settings& settings, const Case& c) {
+  const auto in_effect = configure_engine_process({.num_threads = c.threads});
+  if (in_effect.num_threads != c.threads) throw std::runtime_error("thread count not applied");
+  const fs::path dir = fs::temp_directory_path() / ("rlloop-dp-bench-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Run run;
+  {
+    LocalServiceOptions options;
+    options.checkpoint_dir = dir.string();
+    options.device = "cpu";
+    options.data_parallel.world_size = c.world_size;
+    options.data_parallel.worker_program = settings.rlloop_bin;
+    // A full fine-tuning step of rlloop-100m takes many seconds here; a loaded machine must not look like a hung rank.
+    options.data_parallel.timeout_s = 600;
+    LocalService svc(options);
+    SessionOptions session{.base_model = "rlloop-100m", .seed = 1};
+    if (c.mode == "lora") session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
+    const auto t0 = Clock::now();
+    auto s = svc.create_session(session);
+    run.open_s = seconds_since(t0);
+    run.trainable = s->info().num_trainable_parameters;
+
+    const auto data = sft_batch(settings.batch, settings.tokens);
+    const auto loss = LossSpec::cross_entropy();
+    const AdamParams adam{.learning_rate = 1e-5};
+    auto step = [&] {
+      Step st;
+      const DataParallelStats before = svc.data_parallel_stats();
+      const double cpu0 = cpu_seconds_self(), cpu1 = cpu_seconds_children();
+      auto t = Clock::now();
+      s->forward_backward(data, loss).get();
+      st.forward_backward_s = seconds_since(t);
+      t = Clock::now();
+      s->optim_step(adam).get();
+      st.optim_s = seconds_since(t);
+      st.cpu_rank0_s = cpu_seconds_self() - cpu0;
+      st.cpu_workers_s = cpu_seconds_children() - cpu1;
+      const DataParallelStats after = svc.data_parallel_stats();
+      st.allreduce_calls = static_cast<double>(after.allreduce_calls - before.allreduce_calls);
+      st.allreduce_bytes = static_cast<double>(after.allreduce_bytes - before.allreduce_bytes);
+      st.allreduce_s = after.allreduce_seconds - before.allreduce_seconds;
+      std::fprintf(stderr, "  [%s W=%d threads=%d] %.2f + %.2f s (all-reduce %.3f s; CPU %.2f + %.2f s)\n",
+                   c.mode.c_str(), c.world_size, c.threads, st.forward_backward_s, st.optim_s, st.allreduce_s,
+                   st.cpu_rank0_s, st.cpu_workers_s);
+      return st;
+    };
+    step();  // warm-up: gradient buffers, optimizer moments, the allocator's cache
+    for (int i = 0; i < settings.steps; ++i) run.steps.push_back(step());
+    run.broadcast_bytes = static_cast<double>(svc.data_parallel_stats().broadcast_bytes);
+  }
+  fs::remove_all(dir);
+  return run;
+}
+
+std::string encode(const Run& r) {
+  std::ostringstream out;
+  out.precision(17);
+  out << "case " << r.open_s << ' ' << r.trainable << ' ' << r.broadcast_bytes << '\n';
+  for (const Step& s : r.steps)
+    out << "step " << s.forward_backward_s << ' ' << s.optim_s << ' ' << s.allreduce_calls << ' ' << s.allreduce_bytes
+        << ' ' << s.allreduce_s << ' ' << s.cpu_rank0_s << ' ' << s.cpu_workers_s << '\n';
+  return out.str();
+}
+
+bool decode(const std::string& text, Run& r) {
+  const auto at = text.find("case ");
+  if (at == std::string::npos) return false;
+  std::istringstream in(text.substr(at));
+  std::string tag;
+  if (!(in >> tag >> r.open_s >> r.trainable >> r.broadcast_bytes)) return false;
+  for (Step s; in >> tag && tag == "step" &&
+               in >> s.forward_backward_s >> s.optim_s >> s.allreduce_calls >> s.allreduce_bytes >> s.allreduce_s >>
+                   s.cpu_rank0_s >> s.cpu_workers_s;)
+    r.steps.push_back(s);
+  return !r.steps.empty();
+}
+
+std::vector<std::string> settings_args(const Settings& s) {
+  return {"--rlloop", s.rlloop_bin,
+          "--rounds", std::to_string(s.rounds),
+          "--steps",  std::to_string(s.steps),
+          "--batch",  std::to_string(s.batch),
+          "--tokens", std::to_string(s.tokens)};
+}
+
+// The parent's side: this program again with --case, its stdout read back (its stderr, and the workers', pass
+// through as progress). False, with the child's output on stderr, when the case failed.
+bool spawn_case(const Settings& settings, const Case& c, Run& run) {
+  std::vector<std::string> args{fs::read_symlink("/proc/self/exe").string(), "--case", c.mode,
+                                std::to_string(c.world_size), std::to_string(c.threads)};
+  for (auto& a : settings_args(settings)) args.push_back(a);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  posix_spawn_file_actions_addclose(&actions, fds[1]);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw std::runtime_error("cannot start " + args[0]);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !decode(out, run)) {
+    std::fprintf(stderr, "  [%s W=%d threads=%d] FAILED (wait status %d): %s\n", c.mode.c_str(), c.world_size,
+                 c.threads, status, out.c_str());
+    return false;
+  }
+  return true;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+Settings parse(int argc, char** argv, int from) {
+  Settings s;
+  for (int i = from; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--rlloop")
+      s.rlloop_bin = value();
+    else if (a == "--rounds")
+      s.rounds = std::stoi(value());
+    else if (a == "--steps")
+      s.steps = std::stoi(value());
+    else if (a == "--batch")
+      s.batch = std::stoi(value());
+    else if (a == "--tokens")
+      s.tokens = std::stoi(value());
+    else if (a == "--only")
+      s.only = value();
+    else
+      throw std::runtime_error("unknown argument " + a);
+  }
+  if (s.rounds < 1 || s.steps < 1 || s.batch < 1 || s.tokens < 1)
+    throw std::runtime_error("--rounds, --steps, --batch and --tokens must be >= 1");
+  if (!s.only.empty() && s.only != "lora" && s.only != "full") throw std::runtime_error("--only: lora or full");
+  return s;
+}
+
+std::string format(const char* fmt, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, value);
+  return buf;
+}
+
+// One case's runs over all rounds, pooled.
+struct Pooled {
+  Case c;
+  std::vector<Run> runs;
+  bool failed = false;
+  std::vector<double> all(double Step::*field) const {
+    std::vector<double> v;
+    for (const auto& r : runs)
+      for (const auto& s : r.steps) v.push_back(s.*field);
+    return v;
+  }
+  std::vector<double> step_s() const {
+    std::vector<double> v;
+    for (const auto& r : runs)
+      for (const auto& s : r.steps) v.push_back(s.forward_backward_s + s.optim_s);
+    return v;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc >= 5 && std::string(argv[1]) == "--case") {
+    const Settings settings = parse(argc, argv, 5);
+    const Case c{argv[2], std::stoi(argv[3]), std::stoi(argv[4])};
+    std::printf("%s", encode(run_case(settings, c)).c_str());
+    return 0;
+  }
+  const Settings settings = parse(argc, argv, 1);
+  std::string command = "data_parallel_bench";
+  for (auto& a : settings_args(settings)) command += " " + a;
+  if (!settings.only.empty()) command += " --only " + settings.only;
+  std::printf(
+      "%s\nrlloop-100m SFT, %d datums x %d tokens, cross_entropy, Adam; per case %d rounds of 1 warm-up + %d timed "
+      "steps\n",
+      command.c_str(), settings.batch, settings.tokens, settings.rounds, settings.steps);
+  std::printf("load average at start: %s\n", load_average().c_str());
+  std::fflush(stdout);
+
+  std::vector<Pooled> cases;
+  for (const char* mode : {"lora", "full"}) {
+    if (!settings.only.empty() && settings.only != mode) continue;
+    const std::size_t first = cases.size();
+    for (const Case& c : {Case{mode, 1, 2}, Case{mode, 1, 1}, Case{mode, 2, 1}}) cases.push_back({c, {}});
+    for (int round = 0; round < settings.rounds; ++round)
+      for (std::size_t k = 0; k < 3; ++k) {
+        Pooled& p = cases[first + (k + round) % 3];  // rotated, so no case always runs first
+        Run run;
+        if (spawn_case(settings, p.c, run))
+          p.runs.push_back(run);
+        else
+          p.failed = true;
+        std::fflush(stderr);
+      }
+  }
+
+  std::printf("load average at end: %s\n\n", load_average().c_str());
+  std::printf(
+      "| mode | W | threads/rank | trainable params | step s (median) | min-max | forward_backward s | optim_step s | "
+      "all-reduce s/step | all-reduce bytes/step | CPU s/step rank 0 + rank 1 | step W=2 / W=1 2 threads | W=2 / W=1 "
+      "1 thread |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  auto baseline = [&](const Pooled& p, int threads) -> const Pooled* {
+    for (const auto& o : cases)
+      if (o.c.mode == p.c.mode && o.c.world_size == 1 && o.c.threads == threads && !o.runs.empty()) return &o;
+    return nullptr;
+  };
+  for (const auto& p : cases) {
+    const char* mode = p.c.mode == "lora" ? "LoRA r16 all-linear" : "full fine-tuning";
+    if (p.runs.empty()) {
+      std::printf("| %s | %d | %d | failed | | | | | | | | | |\n", mode, p.c.world_size, p.c.threads);
+      continue;
+    }
+    const auto steps = p.step_s();
+    const double step = median(steps);
+    std::string ar_s = "-", ar_bytes = "-", vs2 = "-", vs1 = "-";
+    if (p.c.world_size > 1) {
+      ar_s = format("%.3f", median(p.all(&Step::allreduce_s)));
+      const double bytes = median(p.all(&Step::allreduce_bytes));
+      ar_bytes = format("%.0f", bytes) + format(" (%.1f MiB)", bytes / (1024.0 * 1024.0));
+      if (const Pooled* b = baseline(p, 2)) vs2 = format("%.2fx", step / median(b->step_s()));
+      if (const Pooled* b = baseline(p, 1)) vs1 = format("%.2fx", step / median(b->step_s()));
+    }
+    std::string cpu = format("%.2f", median(p.all(&Step::cpu_rank0_s)));
+    if (p.c.world_size > 1) cpu += format(" + %.2f", median(p.all(&Step::cpu_workers_s)));
+    std::printf("| %s | %d | %d | %lld | %.2f | %.2f-%.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n", mode,
+                p.c.world_size, p.c.threads, static_cast<long long>(p.runs.front().trainable), step,
+                *std::min_element(steps.begin(), steps.end()), *std::max_element(steps.begin(), steps.end()),
+                median(p.all(&Step::forward_backward_s)), median(p.all(&Step::optim_s)), ar_s.c_str(), ar_bytes.c_str(),
+                cpu.c_str(), vs2.c_str(), vs1.c_str());
+  }
+  std::printf("\n");
+  bool all_ok = true;
+  for (const auto& p : cases) {
+    all_ok = all_ok && !p.failed;
+    if (p.runs.empty()) continue;
+    std::vector<double> open;
+    for (const auto& r : p.runs) open.push_back(r.open_s);
+    std::printf("%s W=%d threads=%d: %zu timed steps; session open %.1f s (median)", p.c.mode.c_str(), p.c.world_size,
+                p.c.threads, p.step_s().size(), median(open));
+    if (p.c.world_size > 1) {
+      const double bytes = median(p.all(&Step::allreduce_bytes)), seconds = median(p.all(&Step::allreduce_s));
+      std::printf(
+          ", weights broadcast at open %.1f MiB; %.0f all-reduce call(s) per step; bytes / (4 x trainable) = %.6f; "
+          "%.2f GB/s",
+          p.runs.front().broadcast_bytes / (1024.0 * 1024.0), median(p.all(&Step::allreduce_calls)),
+          bytes / (4.0 * static_cast<double>(p.runs.front().trainable)), seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+    }
+    std::printf("%s\n", p.failed ? " (some rounds FAILED, see above)" : "");
+  }
+  return all_ok ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "data_parallel_bench: %s\n", e.what());
+  return 1;
+}
