@@ -109,11 +109,19 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const GroupOptions& o, bool server
 
 }  // namespace
 
+// The collectives' interface: ProcessGroupGloo and ProcessGroupNCCL are ProcessGroups up to LibTorch 1.13 and
+// Backends (of a ProcessGroup that dispatches by device) from 2.0 on, with the same collective calls.
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveBackend = c10d::Backend;
+#else
+using CollectiveBackend = c10d::ProcessGroup;
+#endif
+
 struct Group::Impl {
   GroupOptions options;
   c10::intrusive_ptr<c10d::TCPStore> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> gloo;
-  c10::intrusive_ptr<c10d::ProcessGroup> tensors;  // gloo, or NCCL for CUDA tensors
+  c10::intrusive_ptr<CollectiveBackend> gloo;
+  c10::intrusive_ptr<CollectiveBackend> tensors;  // gloo, or NCCL for CUDA tensors
   std::uint64_t commands = 0;
   CollectiveStats stats;
   std::string failure;  // set once a collective failed
