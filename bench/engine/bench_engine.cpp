@@ -31,6 +31,7 @@
 #include "model_io.hpp"
 #include "sampler.hpp"
 #include "small_gemm.hpp"
+#include "synthetic_tokens.hpp"
 
 namespace {
 
@@ -80,15 +81,7 @@ std::shared_ptr<rlloop::engine::Transformer> sampler_model(const std::string& mo
   return m;
 }
 
-// Deterministic pseudo-random tokens in [0, 256) (byte ids: valid for both vocabularies).
-std::vector<rlloop::token_id> tokens(int n, std::uint32_t seed) {
-  std::vector<rlloop::token_id> v(n);
-  for (auto& t : v) {
-    seed = seed * 1664525u + 1013904223u;
-    t = static_cast<rlloop::token_id>((seed >> 16) % 256);
-  }
-  return v;
-}
+std::vector<rlloop::token_id> tokens(int n, std::uint32_t seed) { return rlloop::bench::synthetic_tokens(n, seed); }
 
 void report(benchmark::State& state, double seconds, double tokens, double flops) {
   state.counters["tokens_per_s"] = tokens / seconds;

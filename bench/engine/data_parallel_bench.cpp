@@ -31,6 +31,8 @@
 
 #include <rlloop/local.hpp>
 
+#include "synthetic_tokens.hpp"
+
 extern char** environ;
 
 namespace {
@@ -79,15 +81,7 @@ double median(std::vector<double> v) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Deterministic pseudo-random tokens in [0, 256): byte ids, valid in every built-in vocabulary.
-std::vector<token_id> tokens(int n, std::uint32_t seed) {
-  std::vector<token_id> v(n);
-  for (auto& t : v) {
-    seed = seed * 1664525u + 1013904223u;
-    t = static_cast<token_id>((seed >> 16) % 256);
-  }
-  return v;
-}
+std::vector<rlloop::token_id> tokens(int n, std::uint32_t seed) { return rlloop::bench::synthetic_tokens(n, seed); }
 
 std::vector<Datum> sft_batch(int batch, int length) {
   std::vector<Datum> data;

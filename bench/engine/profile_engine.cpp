@@ -19,6 +19,7 @@
 #include "builtin_models.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
+#include "synthetic_tokens.hpp"
 
 namespace {
 namespace prof = torch::autograd::profiler;
@@ -29,14 +30,7 @@ struct Stat {
   long calls = 0;
 };
 
-std::vector<token_id> tokens(int n, std::uint32_t seed) {
-  std::vector<token_id> v(n);
-  for (auto& t : v) {
-    seed = seed * 1664525u + 1013904223u;
-    t = static_cast<token_id>((seed >> 16) % 256);
-  }
-  return v;
-}
+std::vector<rlloop::token_id> tokens(int n, std::uint32_t seed) { return rlloop::bench::synthetic_tokens(n, seed); }
 
 }  // namespace
 
