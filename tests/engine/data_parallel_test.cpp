@@ -406,6 +406,10 @@ TEST(DataParallel, RendezvousErrorsNameWhatWasWrong) {
   EXPECT_NE(error_of([&] { LocalService svc(bad); }).find("data_parallel.rendezvous: 'localhost' is not HOST:PORT"),
             std::string::npos);
   bad = service(dir, 2);
+  bad.data_parallel.rendezvous = "0.0.0.0:29500";
+  EXPECT_NE(error_of([&] { LocalService svc(bad); }).find("is a wildcard; give an address of this host"),
+            std::string::npos);
+  bad = service(dir, 2);
   bad.data_parallel.local_workers = 2;
   EXPECT_NE(error_of([&] { LocalService svc(bad); }).find("local_workers is 2, more than the 1 workers"),
             std::string::npos);

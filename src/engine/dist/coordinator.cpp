@@ -55,6 +55,10 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
     throw invalid_argument("data_parallel.worker_program must name the rlloop executable to start local workers");
   GroupOptions go;
   std::tie(go.host, go.port) = parse_host_port(dp.rendezvous, "data_parallel.rendezvous");
+  // Rank 0's collectives listen on the rendezvous host, and the workers connect to what it advertises there.
+  if (go.host == "0.0.0.0" || go.host == "::" || go.host == "[::]")
+    throw invalid_argument("data_parallel.rendezvous: '" + dp.rendezvous +
+                           "' is a wildcard; give an address of this host that every worker reaches");
   go.rank = 0;
   go.world_size = dp.world_size;
   go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
