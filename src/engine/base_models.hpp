@@ -29,6 +29,9 @@ struct SharedBase {
   // The bf16 snapshot of the base weights (bf16 sampling precision): one for every user instead of one each.
   // Touched only by the base's engine loop thread.
   std::shared_ptr<const RoundedWeights> rounded;
+  // A hash of the frozen weights' bits, made once (data parallelism compares it across ranks at each session open).
+  std::once_flag hashed;
+  std::uint64_t weights_hash = 0;
 };
 
 class BaseModelRegistry {

@@ -137,7 +137,7 @@ struct LocalSession::Impl {
       tokenizer = nullptr;  // stop strings then need a tokenizer: sample() says so
     }
     group = bases->data_parallel();
-    if (group) replica = group->open(options, *model);
+    if (group) replica = group->open(options, {shared_base, model});
     lane = EngineLoop::open_lane(bases->loop(key));
   }
 

@@ -131,14 +131,14 @@ void Coordinator::stop_local_workers() {
   workers_.clear();
 }
 
-std::uint64_t Coordinator::open(const SessionOptions& options, Transformer& model) {
+std::uint64_t Coordinator::open(const SessionOptions& options, const SessionModel& made) {
   std::lock_guard lock(mu_);
   const std::uint64_t id = ++next_id_;
   auto c = command(Command::open, id);
   c.put(options);
   noting_failure([&] {
     group_->post_command(c.take());
-    open_replica(*group_, &model, {}, options.base_model);
+    open_replica(*group_, &made, {}, options.base_model);
   });
   return id;
 }

@@ -15,6 +15,7 @@
 #include "device.hpp"
 #include "dist/group.hpp"
 #include "optimizer.hpp"
+#include "session_model.hpp"
 #include "transformer.hpp"
 
 namespace rlloop::engine::dist {
@@ -32,9 +33,9 @@ class Coordinator {
 
   int world_size() const { return group_->size(); }
 
-  // A session's replica on every rank, made from `options`; `model` is rank 0's (already made). Returns the
+  // A session's replica on every rank, made from `options`; `made` is rank 0's (already made). Returns the
   // replica's id for the calls below.
-  std::uint64_t open(const SessionOptions& options, Transformer& model);
+  std::uint64_t open(const SessionOptions& options, const SessionModel& made);
   void close(std::uint64_t id);
   ForwardBackwardOutput forward(std::uint64_t id, Transformer& model, const std::vector<Datum>& data,
                                 const LossSpec& loss, bool backward);

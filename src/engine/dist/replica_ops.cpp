@@ -41,25 +41,32 @@ std::vector<Datum> share_of(const std::vector<Datum>& data, const std::vector<st
           data.begin() + static_cast<std::ptrdiff_t>(bounds[rank + 1])};
 }
 
-// The shape of a model and the bits of its frozen weights: equal on two ranks when they hold the same model.
-std::string model_fingerprint(Transformer& model) {
-  std::string shapes;
-  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the frozen weights' bytes, word by word
-  const bool frozen_base = model.has_lora();
-  for (const auto& [name, t] : model.hf_state_dict()) {
-    shapes += name + c10::str(t.sizes()) + ";";
-    if (!frozen_base) continue;
-    auto cpu = t.detach().to(torch::kCPU).contiguous();
-    const auto* words = static_cast<const std::uint8_t*>(cpu.data_ptr());
-    const std::size_t n = cpu.nbytes();
-    for (std::size_t i = 0; i + 8 <= n; i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, words + i, 8);
-      hash = (hash ^ w) * 1099511628211ull;
+// FNV-1a over the bits of a base's weights, word by word; computed once per base (SharedBase::hashed).
+std::uint64_t frozen_weights_hash(SharedBase& base) {
+  std::call_once(base.hashed, [&] {
+    std::uint64_t hash = 1469598103934665603ull;
+    for (const auto& [name, t] : base.model->hf_state_dict()) {
+      auto cpu = t.detach().to(torch::kCPU).contiguous();
+      const auto* bytes = static_cast<const std::uint8_t*>(cpu.data_ptr());
+      for (std::size_t i = 0; i + 8 <= cpu.nbytes(); i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, bytes + i, 8);
+        hash = (hash ^ w) * 1099511628211ull;
+      }
     }
-  }
-  for (const auto& [name, t] : model.named_trainable_parameters()) shapes += name + c10::str(t.sizes()) + ";";
-  return shapes + " frozen-weights:" + std::to_string(hash);
+    base.weights_hash = hash;
+  });
+  return base.weights_hash;
+}
+
+// The shape of a model and, over a shared frozen base, the bits of that base: equal on two ranks when they hold
+// the same model (a full fine-tuning copy gets rank 0's weights anyway).
+std::string model_fingerprint(const SessionModel& made) {
+  std::string shapes;
+  for (const auto& [name, t] : made.model->hf_state_dict()) shapes += name + c10::str(t.sizes()) + ";";
+  for (const auto& [name, t] : made.model->named_trainable_parameters()) shapes += name + c10::str(t.sizes()) + ";";
+  if (made.shared_base) shapes += " frozen-weights:" + std::to_string(frozen_weights_hash(*made.shared_base));
+  return shapes;
 }
 
 std::vector<torch::Tensor> trainable_tensors(Transformer& model) {
@@ -93,11 +100,11 @@ std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int par
   return bounds;
 }
 
-void open_replica(Group& group, Transformer* model, const std::string& error, const std::string& base_model) {
+void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model) {
   ByteWriter w;
-  if (model) {
+  if (made) {
     w.put(Status::ok);
-    w.put(model_fingerprint(*model));
+    w.put(model_fingerprint(*made));
   } else {
     w.put(Status::failed);
     w.put(error);
@@ -121,7 +128,7 @@ void open_replica(Group& group, Transformer* model, const std::string& error, co
   }
   group.broadcast(verdict);
   if (!verdict.empty()) throw invalid_argument("data-parallel session: " + verdict);
-  group.broadcast(trainable_tensors(*model));
+  group.broadcast(trainable_tensors(*made->model));
 }
 
 ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& data,

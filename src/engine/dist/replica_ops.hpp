@@ -12,6 +12,7 @@
 
 #include "dist/group.hpp"
 #include "optimizer.hpp"
+#include "session_model.hpp"
 #include "transformer.hpp"
 
 namespace rlloop::engine::dist {
@@ -22,10 +23,10 @@ enum class Command : std::uint8_t { open, close, forward, forward_custom, optim_
 // counts, so the ranks finish at about the same time and rank order is the caller's order.
 std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int parts);
 
-// open: every rank holds the session's model (or `error` says why it could not); rank 0 checks that every
-// rank's model has the same shape and the same frozen weights, then sends its trainable weights to all.
-// Throws on rank 0 naming the first rank that differs; every rank then drops the replica.
-void open_replica(Group& group, Transformer* model, const std::string& error, const std::string& base_model);
+// open: every rank holds the session's model (`made`; null when `error` says why it could not); rank 0 checks
+// that every rank's model has the same shape and the same frozen weights, then sends its trainable weights to
+// all. Throws on rank 0 naming the first rank that differs; every rank then drops the replica.
+void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model);
 
 // forward / forward_backward with a built-in loss: each rank runs its share; rank 0 returns the outputs in
 // the caller's order, the summed loss and tokens, and clip fractions over the whole batch.

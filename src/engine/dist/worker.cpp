@@ -77,7 +77,7 @@ class Worker {
       error = e.what();
     }
     try {
-      engine::dist::open_replica(*group_, rep.model.model.get(), error, options.base_model);
+      engine::dist::open_replica(*group_, rep.model.model ? &rep.model : nullptr, error, options.base_model);
     } catch (const invalid_argument&) {
       return;  // some rank could not hold it: rank 0 reports why, and no rank keeps it
     }
