@@ -143,7 +143,7 @@ void run_sample(benchmark::State& state, rlloop::engine::DecodePrecision precisi
   req.num_samples = kSamples;
   req.params.max_tokens = kNewTokens;
   req.params.temperature = 1.0;
-  at::Generator gen = at::detail::createCPUGenerator(1234);
+  const rlloop::engine::SampleStream gen(1234);
   rlloop::engine::sample(*model, req, {}, gen, precision);  // warm-up
   double seconds = 0.0, generated = 0.0;
   for (auto _ : state) {

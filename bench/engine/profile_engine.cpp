@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   std::function<void()> call;
   std::vector<Datum> data;
   SampleRequest req;
-  at::Generator gen = at::detail::createCPUGenerator(1);
+  const engine::SampleStream gen(1);
   if (op == "forward_backward") {
     const int B = model_name == "rlloop-small" ? 64 : 8, T = model_name == "rlloop-small" ? 32 : 256;
     for (int i = 0; i < B; ++i) {

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <mutex>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <rlloop/limits.hpp>
 #include <rlloop/tokenizer.hpp>
 
@@ -160,6 +162,13 @@ struct LocalSession::Impl {
   }
 
   void build_optimizer() { optimizer = make_optimizer(*model); }
+
+  // An unseeded request's seed: the next number of the session's generator (saved with its state), so a session
+  // restored from save_state samples what the saved one would have.
+  std::uint64_t next_seed() {
+    std::lock_guard lock(generator.mutex());
+    return at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
+  }
 
   void add_usage(const TokenUsage& u) {
     std::lock_guard lock(usage_mu);
@@ -333,12 +342,11 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     if (auto eos = m.config().eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
     StopStringCheck stop_check;
     if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
-    at::Generator gen = req.params.seed ? at::detail::createCPUGenerator(static_cast<std::uint64_t>(*req.params.seed))
-                                        : impl_->generator;
+    const SampleStream stream(req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : impl_->next_seed());
     // The run reads `m` until it finishes; this session's later operations (which could drop it from the
     // sampler cache) wait for it.
     auto run =
-        std::make_unique<DecodeRun>(m, req, stop_check, gen, impl_->decode_precision, impl_->rounded_slot(target));
+        std::make_unique<DecodeRun>(m, req, stop_check, stream, impl_->decode_precision, impl_->rounded_slot(target));
     if (on_step) {
       on_step(run->progress());  // the first token of every sample, drawn from the prefill
       run->on_step = on_step;

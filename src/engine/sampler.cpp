@@ -20,8 +20,9 @@ torch::Tensor to_ids(std::span<const token_id> tokens, torch::Device device) {
   return torch::tensor(v, torch::kLong).to(device).unsqueeze(0);
 }
 
-// One draw per row of `logits` [A, V] following params: temperature, then top-k, then top-p.
-torch::Tensor choose_tokens(const torch::Tensor& logits, const SamplingParams& p, at::Generator& generator) {
+// One draw per row of `logits` [A, V] following params: temperature, then top-k, then top-p, then the CDF
+// inverted at the row's uniform.
+torch::Tensor choose_tokens(const torch::Tensor& logits, const SamplingParams& p, const torch::Tensor& uniforms) {
   if (p.temperature == 0.0) return logits.argmax(-1);
   const std::int64_t V = logits.size(-1);
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -40,53 +41,49 @@ torch::Tensor choose_tokens(const torch::Tensor& logits, const SamplingParams& p
     torch::Tensor drop = torch::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
     scaled = scaled.masked_fill(drop, neg_inf);
   }
-  torch::Tensor probs = torch::softmax(scaled, -1);
-  if (generator.device().type() == probs.device().type())
-    return torch::multinomial(probs, 1, /*replacement=*/false, generator).squeeze(-1);
-  return draw_inverse_cdf(probs, generator);
+  return draw_inverse_cdf(torch::softmax(scaled, -1), uniforms);
 }
 
 // The next token of every row and its logprob at temperature 1 (the model's own, unfiltered, as
-// compute_logprobs gives it), both [A]. CPU fp32 logits without top-k / top-p take the one-pass kernel.
+// compute_logprobs gives it), both [A]. `uniforms`: [A] float64 (empty when greedy). CPU fp32 logits without
+// top-k / top-p take the one-pass kernel.
 struct Draw {
   torch::Tensor tokens, logprobs;
 };
-Draw draw_next(const torch::Tensor& logits, const SamplingParams& p, at::Generator& generator) {
+Draw draw_next(const torch::Tensor& logits, const SamplingParams& p, const torch::Tensor& uniforms) {
   const std::int64_t A = logits.size(0), V = logits.size(-1);
   const bool truncated = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0;
   if (logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.stride(-1) == 1 && !truncated) {
-    torch::Tensor uniforms;
-    if (p.temperature > 0) uniforms = torch::rand({A}, generator, torch::TensorOptions().dtype(torch::kFloat64));
     Draw d{torch::empty({A}, torch::kLong), torch::empty({A}, torch::kFloat32)};
     draw_tokens(logits.data_ptr<float>(), A, V, logits.stride(0), p.temperature,
                 uniforms.defined() ? uniforms.data_ptr<double>() : nullptr, d.tokens.data_ptr<std::int64_t>(),
                 d.logprobs.data_ptr<float>());
     return d;
   }
-  torch::Tensor next = choose_tokens(logits, p, generator);
+  torch::Tensor next = choose_tokens(logits, p, uniforms);
   torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32), -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
   return {next, lp};
 }
 
 }  // namespace
 
-torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& generator) {
-  // One uniform per row from the (CPU) generator, moved to the probabilities' device; the CDF is inverted
-  // there, instead of copying [A, V] probabilities to the host every step. right=true means the first index
-  // whose CDF exceeds the target, so zero-probability tokens (flat CDF steps) are never chosen.
+torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, const torch::Tensor& uniforms) {
+  // The uniforms move to the probabilities' device and the CDF is inverted there, instead of copying [A, V]
+  // probabilities to the host every step. right=true means the first index whose CDF exceeds the target, so
+  // zero-probability tokens (flat CDF steps) are never chosen.
   const std::int64_t V = probs.size(-1);
-  torch::Tensor u = torch::rand({probs.size(0), 1}, generator, torch::TensorOptions().dtype(torch::kFloat32));
   torch::Tensor cdf = probs.to(torch::kFloat32).cumsum(-1);
-  torch::Tensor target = u.to(probs.device()) * cdf.narrow(-1, V - 1, 1);
+  torch::Tensor u = uniforms.to(probs.device(), torch::kFloat32).reshape({probs.size(0), 1});
+  torch::Tensor target = u * cdf.narrow(-1, V - 1, 1);
   return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(V - 1);
 }
 
-DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, at::Generator generator,
+DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, SampleStream stream,
                      DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded)
     : model_(model),
       params_(req.params),
       stop_check_(std::move(stop_check)),
-      generator_(std::move(generator)),
+      stream_(stream),
       precision_(precision),
       rounded_(rounded),
       device_(model.parameters().front().device()) {
@@ -155,7 +152,14 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
 }
 
 void DecodeRun::absorb(const torch::Tensor& logits) {
-  auto [next, chosen_lp] = draw_next(logits, params_, generator_);  // [A] each
+  torch::Tensor uniforms;  // [A]: each row's draw for its sample's next token
+  if (params_.temperature > 0) {
+    uniforms = torch::empty({static_cast<std::int64_t>(active_.size())}, torch::kFloat64);
+    double* u = uniforms.data_ptr<double>();
+    for (std::size_t r = 0; r < active_.size(); ++r)
+      u[r] = stream_.uniform(active_[r], static_cast<std::int64_t>(response_.sequences[active_[r]].tokens.size()));
+  }
+  auto [next, chosen_lp] = draw_next(logits, params_, uniforms);  // [A] each
   const torch::Tensor next_cpu = next.cpu();
   const torch::Tensor lp_cpu = chosen_lp.cpu();
   const auto* tok = next_cpu.data_ptr<std::int64_t>();
@@ -237,9 +241,8 @@ void decode_step(std::span<DecodeRun* const> runs) {
 }
 
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
-                      at::Generator& generator, DecodePrecision precision,
-                      std::shared_ptr<const RoundedWeights>* rounded) {
-  DecodeRun run(model, req, stop_check, generator, precision, rounded);
+                      SampleStream stream, DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded) {
+  DecodeRun run(model, req, stop_check, stream, precision, rounded);
   DecodeRun* const runs[] = {&run};
   while (!run.done()) decode_step(runs);
   return run.take();

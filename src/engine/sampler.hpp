@@ -11,6 +11,7 @@
 #include <rlloop/types.hpp>
 
 #include "cpu_decoder.hpp"
+#include "sample_stream.hpp"
 #include "transformer.hpp"
 
 namespace rlloop::engine {
@@ -20,7 +21,8 @@ namespace rlloop::engine {
 using StopStringCheck = std::function<bool(std::span<const token_id> generated)>;
 
 // Prefills the prompt once, then decodes req.num_samples sequences in lockstep with one cache.
-// Per token: logits -> temperature (0 = greedy) -> top-k -> top-p -> draw with `generator`.
+// Per token: logits -> temperature (0 = greedy) -> top-k -> top-p -> draw with `stream`'s uniform of the sample
+// and token (sample_stream.hpp).
 // Returned logprobs are of the model's own distribution (temperature 1, unfiltered), i.e. what
 // compute_logprobs gives for the same tokens (at fp32 precision). Stops per sequence on a stop token id (kept in the
 // output), a stop string, or max_tokens ("length"). Prompt logprobs / top-k prompt logprobs on request. `precision` is
@@ -29,18 +31,18 @@ using StopStringCheck = std::function<bool(std::span<const token_id> generated)>
 // CUDA models are bf16 throughout and ignore it. `rounded`, when given, carries the bf16 weight snapshot across
 // calls: reused while it is current for the model, replaced by the one this call used.
 SampleResponse sample(Transformer& model, const SampleRequest& req, const StopStringCheck& stop_check,
-                      at::Generator& generator, DecodePrecision precision = DecodePrecision::fp32,
+                      SampleStream stream, DecodePrecision precision = DecodePrecision::fp32,
                       std::shared_ptr<const RoundedWeights>* rounded = nullptr);
 
 // One sample request in progress: the prompt prefilled at construction (and the first token of every sample
 // drawn), then one token per sample per decode_step until every sample has stopped. Rows that stop leave its
-// batch. It holds the model, the cache and the random stream of its request only, so its tokens do not depend on
+// batch. It holds the model, the cache and the random streams of its samples only, so its tokens do not depend on
 // which other runs share its steps, and its logprobs only in the last digits (CpuDecoder::step(groups)). `rounded` as
-// for sample(); the model, the generator's state and *rounded must outlive the run and not change while it decodes (a
-// session's operations run in order).
+// for sample(); the model and *rounded must outlive the run and not change while it decodes (a session's operations
+// run in order).
 class DecodeRun {
  public:
-  DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, at::Generator generator,
+  DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, SampleStream stream,
             DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded);
   DecodeRun(const DecodeRun&) = delete;
   DecodeRun& operator=(const DecodeRun&) = delete;
@@ -65,7 +67,7 @@ class DecodeRun {
   Transformer& model_;
   SamplingParams params_;
   StopStringCheck stop_check_;
-  at::Generator generator_;
+  SampleStream stream_;
   DecodePrecision precision_;
   std::shared_ptr<const RoundedWeights>* rounded_;
   torch::Device device_;
@@ -82,10 +84,10 @@ class DecodeRun {
 // Every run must have rows left.
 void decode_step(std::span<DecodeRun* const> runs);
 
-// One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF with a uniform from `generator`.
-// sample() uses it when the generator lives on another device than the model (a CPU generator with a CUDA
-// model), where torch::multinomial would refuse the generator.
-torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, at::Generator& generator);
+// One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF at the row's entry of `uniforms`
+// ([A] float64 on the CPU, in [0, 1)): the first token whose cumulative probability exceeds it. sample() uses it
+// wherever the one-pass CPU kernel (token_draw.hpp) does not apply: top-k / top-p, CUDA, bf16 logits.
+torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, const torch::Tensor& uniforms);
 
 // Logprob of each token given the previous ones; entry 0 is 0.0 (no context).
 std::vector<double> compute_logprobs(Transformer& model, std::span<const token_id> tokens);

@@ -566,8 +566,7 @@ TEST(Transformer, Bf16ForwardSampleAndSave) {
   req.prompt = ModelInput::from_tokens({1, 2, 3});
   req.num_samples = 2;
   req.params.max_tokens = 5;
-  at::Generator gen = at::detail::createCPUGenerator(1);
-  auto r = sample(*bf16, req, {}, gen);
+  auto r = sample(*bf16, req, {}, SampleStream(1));
   EXPECT_EQ(r.sequences[1].tokens.size(), 5u);
 
   save_model(*bf16, dir / "m");
@@ -592,8 +591,7 @@ struct SamplerTest : ::testing::Test {
     req.params = std::move(params);
     req.include_prompt_logprobs = prompt_lp;
     req.topk_prompt_logprobs = topk;
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    return sample(*model, req, check, gen);
+    return sample(*model, req, check, SampleStream(seed));
   }
 
   // Greedy continuation computed with full forwards only (no cache).
@@ -738,11 +736,12 @@ TEST_F(SamplerTest, PromptLogprobs) {
 TEST(Sampler, InverseCdfDrawFollowsTheDistribution) {
   // Row 0: zero-probability tokens interleaved; row 1: one-hot.
   torch::Tensor probs = torch::tensor({0.0f, 0.5f, 0.0f, 0.3f, 0.2f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f}).reshape({2, 5});
-  at::Generator gen = at::detail::createCPUGenerator(17);
+  const SampleStream stream(17);
   std::vector<int> counts(5, 0);
   const int n = 4000;
   for (int i = 0; i < n; ++i) {
-    torch::Tensor t = draw_inverse_cdf(probs, gen);
+    torch::Tensor u = torch::tensor({stream.uniform(0, i), stream.uniform(1, i)}, torch::kFloat64);
+    torch::Tensor t = draw_inverse_cdf(probs, u);
     ASSERT_EQ(t[1].item<std::int64_t>(), 4);
     ++counts[t[0].item<std::int64_t>()];
   }
@@ -751,8 +750,38 @@ TEST(Sampler, InverseCdfDrawFollowsTheDistribution) {
   EXPECT_NEAR(counts[1], 0.5 * n, 160);
   EXPECT_NEAR(counts[3], 0.3 * n, 150);
   EXPECT_NEAR(counts[4], 0.2 * n, 130);
-  at::Generator g1 = at::detail::createCPUGenerator(3), g2 = at::detail::createCPUGenerator(3);
-  EXPECT_TRUE(torch::equal(draw_inverse_cdf(probs, g1), draw_inverse_cdf(probs, g2)));
+  // The CDF of row 0 is 0, .5, .5, .8, 1: a uniform picks the first token whose cumulative mass exceeds it.
+  auto pick = [&](double u) { return draw_inverse_cdf(probs, torch::tensor({u, u}, torch::kFloat64))[0].item<int>(); };
+  EXPECT_EQ(pick(0.0), 1);
+  EXPECT_EQ(pick(0.4999), 1);
+  EXPECT_EQ(pick(0.5), 3);
+  EXPECT_EQ(pick(0.7999), 3);
+  EXPECT_EQ(pick(0.8001), 4);
+  EXPECT_EQ(pick(0.999999), 4);
+}
+
+TEST(Sampler, SampleStreamsAreUniformAndPerSample) {
+  const SampleStream a(5), b(5), other(6);
+  double sum = 0, sum_sq = 0;
+  const int n = 20000;
+  for (int t = 0; t < n; ++t) {
+    const double u = a.uniform(3, t);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    ASSERT_EQ(u, b.uniform(3, t));  // a function of seed, sample and token alone
+    sum += u;
+    sum_sq += u * u;
+  }
+  // Mean 1/2 and variance 1/12, each within about 5 standard errors.
+  EXPECT_NEAR(sum / n, 0.5, 0.011);
+  EXPECT_NEAR(sum_sq / n - (sum / n) * (sum / n), 1.0 / 12, 0.004);
+  EXPECT_NE(a.uniform(0, 0), a.uniform(1, 0));      // samples have their own streams
+  EXPECT_NE(a.uniform(0, 0), other.uniform(0, 0));  // and seeds their own
+  // A share that starts at sample 2 draws what the whole request's sample 2 + r draws.
+  const SampleStream share = a.from_row(2);
+  EXPECT_EQ(share.first_row(), 2);
+  for (int r = 0; r < 3; ++r)
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(share.uniform(r, t), a.uniform(2 + r, t));
 }
 
 TEST_F(SamplerTest, ComputeLogprobsAndBadInput) {
