@@ -84,6 +84,8 @@ struct DataParallelStats {
   std::uint64_t allreduce_bytes = 0;  // gradients (fp32) plus one flag per parameter, per call
   double allreduce_seconds = 0;       // on rank 0, waiting included
   std::uint64_t broadcast_bytes = 0;  // weights sent at session open and load_state
+  std::uint64_t worker_samples = 0;   // samples decoded by the workers (the rest by rank 0)
+  std::uint64_t worker_logprobs = 0;  // compute_logprobs prompts run by the workers
 };
 
 namespace engine {

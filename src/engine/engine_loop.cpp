@@ -54,11 +54,15 @@ void EngineLoop::Lane::enqueue(std::function<void()> run) {
 }
 
 Future<SampleResponse> EngineLoop::Lane::submit_sample(int rows, std::function<std::unique_ptr<DecodeRun>()> start,
-                                                       std::function<SampleResponse(DecodeRun&)> finish) {
+                                                       std::function<SampleResponse(DecodeRun&)> finish,
+                                                       std::function<bool()> ready,
+                                                       std::function<void(std::exception_ptr)> on_error) {
   Job job;
   job.rows = std::max(rows, 1);
   job.start = std::move(start);
   job.finish = std::move(finish);
+  job.ready = std::move(ready);
+  job.on_error = std::move(on_error);
   job.promise = std::make_shared<Promise<SampleResponse>>();
   Future<SampleResponse> future = job.promise->future();
   loop_->push(state_, std::move(job));
@@ -86,8 +90,7 @@ std::shared_ptr<EngineLoop::LaneState> EngineLoop::oldest_head(bool sampling) co
   std::shared_ptr<LaneState> best;
   for (const auto& lane : lanes_) {
     if (lane->busy || lane->jobs.empty()) continue;
-    const bool is_sampling = !lane->jobs.front().run;
-    if (is_sampling != sampling) continue;
+    if (lane->jobs.front().sampling() != sampling) continue;
     if (!best || lane->head_since < best->head_since) best = lane;
   }
   return best;
@@ -107,13 +110,24 @@ void EngineLoop::finish_job(LaneState& lane) {
   idle_cv_.notify_all();
 }
 
-namespace {
-// Fulfils a sampling request's promise with its finished run's response (or the error of making it).
-void complete(Promise<SampleResponse>& promise, const std::function<SampleResponse(DecodeRun&)>& finish,
-              DecodeRun& run) {
-  promise.fulfil([&] { return finish(run); });
+bool EngineLoop::complete_or_defer(std::shared_ptr<LaneState> lane, Job& job, std::unique_ptr<DecodeRun> run,
+                                   std::exception_ptr error) {
+  if (error && job.on_error) job.on_error(error);
+  std::shared_ptr<DecodeRun> done = std::move(run);
+  auto complete = [promise = job.promise, finish = job.finish, done, error] {
+    if (error)
+      promise->set_exception(error);
+    else
+      promise->fulfil([&] { return finish(*done); });
+  };
+  // Even a failed request waits for its other ranks: they still read the session's model until they are done.
+  if (job.ready && !job.ready()) {
+    pending_.push_back({std::move(lane), job.ready, std::move(complete)});
+    return false;
+  }
+  complete();
+  return true;
 }
-}  // namespace
 
 void EngineLoop::admit(std::unique_lock<std::mutex>& lock) {
   for (;;) {
@@ -124,15 +138,17 @@ void EngineLoop::admit(std::unique_lock<std::mutex>& lock) {
     Job job = pop_head(*lane);
     lock.unlock();
     std::unique_ptr<DecodeRun> run;
+    std::exception_ptr error;
     try {
       run = job.start();
     } catch (...) {
-      job.promise->set_exception(std::current_exception());
+      error = std::current_exception();
     }
-    if (run && run->done()) complete(*job.promise, job.finish, *run);
+    const bool decoding = run && !run->done() && !error;
+    const bool completed = !decoding && complete_or_defer(lane, job, std::move(run), error);
     lock.lock();
-    if (!run || run->done()) {
-      finish_job(*lane);
+    if (!decoding) {
+      if (completed) finish_job(*lane);
       continue;
     }
     active_rows_ += static_cast<int>(run->rows());
@@ -164,12 +180,9 @@ void EngineLoop::step_active() {
       ++it;
     }
   }
-  for (auto& a : finished) {
-    if (error)
-      a.job.promise->set_exception(error);
-    else
-      complete(*a.job.promise, a.job.finish, *a.run);
-  }
+  std::vector<std::shared_ptr<LaneState>> completed;
+  for (auto& a : finished)
+    if (complete_or_defer(a.lane, a.job, std::move(a.run), error)) completed.push_back(a.lane);
   std::lock_guard lock(mu_);
   ++stats_.decode_steps;
   stats_.peak_batch_rows = std::max(stats_.peak_batch_rows, rows);
@@ -178,12 +191,36 @@ void EngineLoop::step_active() {
   for (const auto& a : active_) active_rows_ += static_cast<int>(a.run->rows());
   stats_.active_requests = static_cast<int>(active_.size());
   stats_.active_rows = active_rows_;
-  for (auto& a : finished) finish_job(*a.lane);
+  for (auto& lane : completed) finish_job(*lane);
+}
+
+bool EngineLoop::poll_pending() {
+  std::vector<std::shared_ptr<LaneState>> completed;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->ready()) {
+      it->complete();
+      completed.push_back(std::move(it->lane));
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (completed.empty()) return false;
+  std::lock_guard lock(mu_);
+  for (auto& lane : completed) finish_job(*lane);
+  return true;
 }
 
 void EngineLoop::run() {
+  // How often the loop polls for other ranks' results when it has nothing else to do.
+  constexpr auto kPendingPoll = std::chrono::milliseconds(1);
   std::unique_lock lock(mu_);
   for (;;) {
+    if (!pending_.empty()) {
+      lock.unlock();
+      poll_pending();
+      lock.lock();
+    }
     admit(lock);
     stats_.active_requests = static_cast<int>(active_.size());
     stats_.active_rows = active_rows_;
@@ -196,12 +233,26 @@ void EngineLoop::run() {
     if (std::shared_ptr<LaneState> lane = oldest_head(/*sampling=*/false)) {
       Job job = pop_head(*lane);
       lock.unlock();
-      job.run();  // a submitted job delivers its own exceptions through its future
+      // A submitted job delivers its own exceptions through its future.
+      Pending pending;
+      if (job.defer)
+        pending = job.defer();
+      else
+        job.run();
+      const bool waits = static_cast<bool>(pending.ready);
+      if (waits) {
+        pending.lane = lane;
+        pending_.push_back(std::move(pending));
+      }
       lock.lock();
-      finish_job(*lane);
+      if (!waits) finish_job(*lane);
       continue;
     }
     if (!active_.empty() || oldest_head(/*sampling=*/true)) continue;
+    if (!pending_.empty()) {
+      work_cv_.wait_for(lock, kPendingPoll);
+      continue;
+    }
     if (stopping_) return;
     work_cv_.wait(lock);
   }

@@ -8,6 +8,10 @@
 // runs one other operation (training, logprobs, checkpoints) of the lane that has waited longest. A request
 // that does not fit waits, and younger requests wait behind it, so none starves; a request larger than the
 // whole budget runs alone.
+//
+// With data parallelism part of an operation runs on other ranks: a sampling request's other samples, a
+// compute_logprobs prompt. Such an operation leaves its lane busy until the other ranks' results are in; the
+// loop polls for them between its turns (Deferred) and decodes and trains meanwhile.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -49,6 +53,14 @@ class EngineLoop {
   struct LaneState;
 
  public:
+  // An operation whose result arrives from elsewhere: ready() polls (without blocking, on the loop thread) and
+  // take() then returns the result or throws the error. ready() must not throw: an error waits in take().
+  template <class T>
+  struct Deferred {
+    std::function<bool()> ready;
+    std::function<T()> take;
+  };
+
   explicit EngineLoop(EngineLoopOptions options = {});
   // Runs every queued operation, then stops the thread.
   ~EngineLoop();
@@ -71,12 +83,36 @@ class EngineLoop {
       return future;
     }
 
+    // Queues fn, which starts an operation that finishes elsewhere and returns its Deferred<T>; the lane's next
+    // operation waits until it is ready.
+    template <class T, class Fn>
+    Future<T> submit_deferred(Fn fn) {
+      auto promise = std::make_shared<Promise<T>>();
+      Future<T> future = promise->future();
+      Job job;
+      job.defer = [promise, fn = std::move(fn)]() mutable -> Pending {
+        try {
+          Deferred<T> d = fn();
+          return {nullptr, std::move(d.ready), [promise, take = std::move(d.take)] { promise->fulfil(take); }};
+        } catch (...) {
+          promise->set_exception(std::current_exception());
+          return {};
+        }
+      };
+      loop_->push(state_, std::move(job));
+      return future;
+    }
+
     // A sampling request: `start` runs on the loop when the request's turn comes and returns its run (validation
     // and prefill happen there; an exception fails this request alone); the run then decodes beside the other
     // sessions' requests; `finish` turns the finished run into the response (billing happens there). `rows`:
-    // the rows the request occupies in the batch (its num_samples).
+    // the rows the request occupies in the batch (its num_samples). Optional: `ready`, polled once the run is
+    // done (or failed), holds the request back until the rest of its samples have arrived from other ranks;
+    // `on_error` hears of a failure (of `start` or of a step) that the returned future carries.
     Future<SampleResponse> submit_sample(int rows, std::function<std::unique_ptr<DecodeRun>()> start,
-                                         std::function<SampleResponse(DecodeRun&)> finish);
+                                         std::function<SampleResponse(DecodeRun&)> finish,
+                                         std::function<bool()> ready = nullptr,
+                                         std::function<void(std::exception_ptr)> on_error = nullptr);
 
    private:
     friend class EngineLoop;
@@ -92,12 +128,22 @@ class EngineLoop {
   EngineLoopStats stats() const;
 
  private:
+  // A started operation waiting for results from elsewhere; `complete` delivers them once `ready`.
+  struct Pending {
+    std::shared_ptr<LaneState> lane;
+    std::function<bool()> ready;  // null: nothing to wait for
+    std::function<void()> complete;
+  };
   struct Job {
-    std::function<void()> run;  // an operation run to completion (sampling: null)
-    int rows = 0;               // sampling: the batch rows it needs
+    std::function<void()> run;       // an operation run to completion
+    std::function<Pending()> defer;  // or one that finishes elsewhere (submit_deferred)
+    int rows = 0;                    // or a sampling request: the batch rows it needs
     std::function<std::unique_ptr<DecodeRun>()> start;
     std::function<SampleResponse(DecodeRun&)> finish;
+    std::function<bool()> ready;
+    std::function<void(std::exception_ptr)> on_error;
     std::shared_ptr<Promise<SampleResponse>> promise;
+    bool sampling() const { return static_cast<bool>(start); }
   };
   struct LaneState {
     std::deque<Job> jobs;
@@ -122,13 +168,20 @@ class EngineLoop {
   void admit(std::unique_lock<std::mutex>& lock);
   // One batched decoding step of every active request; finishes those done. Runs unlocked.
   void step_active();
+  // A sampling request whose run is done or failed (`error`): completed now, or pending until job.ready(). True
+  // when completed (its lane is then finished by the caller).
+  bool complete_or_defer(std::shared_ptr<LaneState> lane, Job& job, std::unique_ptr<DecodeRun> run,
+                         std::exception_ptr error);
+  // Completes the pending operations that are ready. Runs unlocked; true if any was.
+  bool poll_pending();
 
   EngineLoopOptions options_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the loop waits here for jobs
   std::condition_variable idle_cv_;  // closing lanes wait here for their jobs to finish
   std::list<std::shared_ptr<LaneState>> lanes_;
-  std::vector<Active> active_;  // touched by the loop thread only (active_rows_ mirrors it under mu_)
+  std::vector<Active> active_;    // touched by the loop thread only (active_rows_ mirrors it under mu_)
+  std::vector<Pending> pending_;  // touched by the loop thread only
   int active_rows_ = 0;
   std::uint64_t clock_ = 0;
   EngineLoopStats stats_;

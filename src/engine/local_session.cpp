@@ -16,7 +16,9 @@
 #include "checkpoint.hpp"
 #include "cpu_allocator.hpp"
 #include "device.hpp"
+#include "dist/codec.hpp"
 #include "dist/coordinator.hpp"
+#include "dist/replica_ops.hpp"
 #include "loss.hpp"
 #include "model_io.hpp"
 #include "optimizer.hpp"
@@ -50,12 +52,6 @@ std::shared_ptr<BaseModelRegistry> make_registry(const LocalServiceOptions& serv
 
 DecodePrecision decode_precision_of(SamplingPrecision p) {
   return p == SamplingPrecision::bf16 ? DecodePrecision::bf16 : DecodePrecision::fp32;
-}
-
-std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
-  if (!cfg.tokenizer.empty()) return cfg.tokenizer;
-  if (resolved.rfind("builtin:", 0) == 0) return "byte";
-  return (fs::path(resolved) / "tokenizer.json").string();
 }
 
 }  // namespace
@@ -116,7 +112,7 @@ struct LocalSession::Impl {
   TokenUsage usage;
 
   // With data parallelism: the group that holds this session's replicas on the other ranks, and its id there.
-  // Training runs through it (and so on every rank); sampling and logprobs run here alone.
+  // Training runs through it (and so on every rank), and so do the live model's samples and logprobs.
   std::shared_ptr<dist::Coordinator> group;
   std::uint64_t replica = 0;
 
@@ -333,8 +329,22 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
 
+namespace {
+bool names_a_checkpoint(const std::optional<std::string>& model_path) { return model_path && !model_path->empty(); }
+}  // namespace
+
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
-  auto start = [this, request, on_step = std::move(on_step)]() -> std::unique_ptr<DecodeRun> {
+  // With data parallelism the live model's samples are shared out over the ranks, each decoding its own from the
+  // request's stream (so the tokens are those of one rank). A streamed request (its progress is rank 0's) and
+  // sampler weights from a checkpoint (only rank 0 holds them) stay on rank 0, and so does everything once the
+  // group has failed.
+  const auto& group = impl_->group;
+  const bool spread = group && group->failure().empty() && !on_step && !names_a_checkpoint(request.model_path) &&
+                      request.num_samples > 1;
+  const std::vector<int> bounds =
+      spread ? dist::split_samples(request.num_samples, group->world_size()) : std::vector<int>{};
+  auto others = std::make_shared<std::shared_ptr<dist::Replies>>();  // the workers' samples, once posted
+  auto start = [this, request, on_step = std::move(on_step), bounds, others]() -> std::unique_ptr<DecodeRun> {
     auto& target = impl_->sampling_model(request.model_path);
     Transformer& m = *target.model;
     validate_sample_request(request, m.config(), impl_->tokenizer != nullptr);
@@ -343,6 +353,11 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     StopStringCheck stop_check;
     if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
     const SampleStream stream(req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : impl_->next_seed());
+    if (!bounds.empty()) {
+      // Posted before this rank's prefill, so the workers prefill theirs at the same time.
+      *others = impl_->group->post_sample(impl_->replica, req, stream.seed(), impl_->decode_precision, bounds);
+      req.num_samples = bounds[1];
+    }
     // The run reads `m` until it finishes; this session's later operations (which could drop it from the
     // sampler cache) wait for it.
     auto run =
@@ -353,8 +368,14 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     }
     return run;
   };
-  auto finish = [this, prompt = static_cast<std::int64_t>(request.prompt.length())](DecodeRun& run) {
+  auto ready = [others] { return !*others || (*others)->ready(); };
+  auto finish = [this, others, prompt = static_cast<std::int64_t>(request.prompt.length())](DecodeRun& run) {
     SampleResponse out = run.take();
+    if (*others)
+      for (const std::string& reply : (*others)->take()) {  // in rank order: the samples' order
+        dist::ByteReader r(reply);
+        for (auto& s : r.get_sequences()) out.sequences.push_back(std::move(s));
+      }
     // The prompt is prefilled once for all samples, so it is billed once.
     TokenUsage u;
     u.prefill = prompt;
@@ -362,16 +383,32 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     impl_->add_usage(u);
     return out;
   };
-  return impl_->lane->submit_sample(request.num_samples, std::move(start), std::move(finish));
+  return impl_->lane->submit_sample(bounds.empty() ? request.num_samples : bounds[1], std::move(start),
+                                    std::move(finish), std::move(ready));
 }
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
-  return impl_->lane->submit<std::vector<double>>([this, request] {
-    Transformer& m = *impl_->sampling_model(request.model_path).model;
+  // With data parallelism the live model's prompts go to the ranks in turn.
+  const int rank = impl_->group && !names_a_checkpoint(request.model_path) ? impl_->group->next_logprobs_rank() : 0;
+  auto checked_tokens = [this, request](Transformer& m) {
     validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
     auto tokens = request.prompt.tokens();
     impl_->add_usage({static_cast<std::int64_t>(tokens.size()), 0, 0});
-    return engine::compute_logprobs(m, tokens);
+    return tokens;
+  };
+  if (rank != 0)
+    return impl_->lane->submit_deferred<std::vector<double>>([this, rank, checked_tokens] {
+      auto replies = impl_->group->post_logprobs(impl_->replica, checked_tokens(*impl_->model), rank);
+      return EngineLoop::Deferred<std::vector<double>>{[replies] { return replies->ready(); },
+                                                       [replies] {
+                                                         const auto reply = replies->take();
+                                                         dist::ByteReader r(reply[0]);
+                                                         return r.get_vector<double>();
+                                                       }};
+    });
+  return impl_->lane->submit<std::vector<double>>([this, request, checked_tokens] {
+    Transformer& m = *impl_->sampling_model(request.model_path).model;
+    return engine::compute_logprobs(m, checked_tokens(m));
   });
 }
 

@@ -1,5 +1,7 @@
 #include "session_model.hpp"
 
+#include <filesystem>
+
 #include "builtin_models.hpp"
 #include "model_io.hpp"
 
@@ -34,6 +36,12 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
   }
   if (options.value_head) out.model->enable_value_head(options.seed);
   return out;
+}
+
+std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
+  if (!cfg.tokenizer.empty()) return cfg.tokenizer;
+  if (resolved.rfind("builtin:", 0) == 0) return "byte";
+  return (std::filesystem::path(resolved) / "tokenizer.json").string();
 }
 
 std::unique_ptr<AdamW> make_optimizer(Transformer& model) {

@@ -78,6 +78,8 @@ struct Run {
   std::vector<double> grad_norms;
   engine::StateContents state;  // after the last step
   std::vector<token_id> sampled;
+  std::vector<double> sampled_logprobs;
+  std::vector<std::vector<double>> prompt_logprobs;  // compute_logprobs of a few prompts, in turn on every rank
   DataParallelStats stats;
 };
 
@@ -115,11 +117,16 @@ Run train(int world_size, bool lora, Recipe recipe, const std::string& name) {
   run.state = engine::read_state_dir(s->save_state("final").get().path, true);
   SampleRequest req;
   req.prompt = ModelInput::from_tokens(bytes("the "));
-  req.num_samples = 3;
+  req.num_samples = 3;  // at W=2: samples 0 and 1 on rank 0, sample 2 on rank 1
   req.params.max_tokens = 12;
   req.params.seed = 42;
   const SampleResponse samples = s->sample(req).get();
-  for (const auto& seq : samples.sequences) run.sampled.insert(run.sampled.end(), seq.tokens.begin(), seq.tokens.end());
+  for (const auto& seq : samples.sequences) {
+    run.sampled.insert(run.sampled.end(), seq.tokens.begin(), seq.tokens.end());
+    run.sampled_logprobs.insert(run.sampled_logprobs.end(), seq.logprobs.begin(), seq.logprobs.end());
+  }
+  for (const char* text : {"a cat", "the mat", "dogs"})
+    run.prompt_logprobs.push_back(s->compute_logprobs({ModelInput::from_tokens(bytes(text))}).get());
   run.stats = svc.data_parallel_stats();
   return run;
 }
@@ -164,6 +171,19 @@ void expect_equivalent(bool lora, Recipe recipe, const std::string& name) {
   EXPECT_EQ(one.state.meta.step, two.state.meta.step);
   EXPECT_EQ(one.sampled, two.sampled);  // seeded sampling: the same tokens
   EXPECT_FALSE(one.sampled.empty());
+  ASSERT_EQ(one.sampled_logprobs.size(), two.sampled_logprobs.size());
+  for (std::size_t i = 0; i < one.sampled_logprobs.size(); ++i)
+    expect_close(one.sampled_logprobs[i], two.sampled_logprobs[i], "sampled logprob " + std::to_string(i));
+  ASSERT_EQ(one.prompt_logprobs.size(), two.prompt_logprobs.size());
+  for (std::size_t i = 0; i < one.prompt_logprobs.size(); ++i) {
+    ASSERT_EQ(one.prompt_logprobs[i].size(), two.prompt_logprobs[i].size());
+    for (std::size_t j = 0; j < one.prompt_logprobs[i].size(); ++j)
+      expect_close(one.prompt_logprobs[i][j], two.prompt_logprobs[i][j], "compute_logprobs " + std::to_string(i));
+  }
+  // The worker decoded its share and ran its turns of compute_logprobs (prompts 1 of 0, 1, 2).
+  EXPECT_EQ(one.stats.worker_samples, 0u);
+  EXPECT_EQ(two.stats.worker_samples, 1u);
+  EXPECT_EQ(two.stats.worker_logprobs, 1u);
   // One all-reduce per optimizer step, of every trainable value plus one flag per parameter.
   EXPECT_EQ(one.stats.world_size, 1);
   EXPECT_EQ(two.stats.world_size, 2);
@@ -223,6 +243,116 @@ TEST(DataParallel, SftWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true,
 TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::sft, "sft-full"); }
 TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
 TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
+
+TEST(DataParallel, SplitsSamplesEvenlyRankZeroFirst) {
+  EXPECT_EQ(engine::dist::split_samples(5, 2), (std::vector<int>{0, 3, 5}));
+  EXPECT_EQ(engine::dist::split_samples(4, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(engine::dist::split_samples(1, 3), (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(engine::dist::split_samples(7, 3), (std::vector<int>{0, 3, 5, 7}));
+}
+
+// Many sessions sampling at once, with every kind of request: each sample's tokens are those one rank gives,
+// wherever it was decoded, and the workers decoded their share.
+TEST(DataParallel, SamplingAcrossRanksGivesOneRanksTokens) {
+  struct Result {
+    std::vector<SampleResponse> responses;
+    DataParallelStats stats;
+  };
+  auto requests = [] {
+    std::vector<SampleRequest> out;
+    for (int i = 0; i < 4; ++i) {
+      SampleRequest req;
+      req.prompt = ModelInput::from_tokens(bytes(i % 2 ? "the " : "a dog "));
+      req.num_samples = 3 + i;
+      req.params.max_tokens = 6 + 3 * i;
+      req.params.seed = 100 + i;
+      if (i == 1) req.params.top_k = 5;
+      if (i == 2) req.params.top_p = 0.8;
+      if (i == 3) req.params.stop = {"e", "a", "o", "i", "u", " ", "t", "s", "n", "r"};  // the workers load the tokenizer
+      req.include_prompt_logprobs = i == 0;
+      out.push_back(req);
+    }
+    SampleRequest greedy;
+    greedy.prompt = ModelInput::from_tokens(bytes("xyz"));
+    greedy.num_samples = 2;
+    greedy.params.temperature = 0;
+    greedy.params.max_tokens = 5;
+    out.push_back(greedy);
+    return out;
+  };
+  auto run = [&](int world_size) {
+    auto dir = temp_dir("sampling-w" + std::to_string(world_size));
+    LocalService svc(service(dir, world_size));
+    std::vector<std::shared_ptr<LocalSession>> sessions;
+    for (int i = 0; i < 3; ++i) sessions.push_back(svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 11)));
+    sessions.push_back(svc.create_session(tiny(std::nullopt, 11)));
+    // Trained a step first, so the replicas' adapters are not the zero ones every session starts from.
+    for (auto& s : sessions) {
+      s->forward_backward(sft_batch(), LossSpec{}).get();
+      s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    }
+    std::vector<Future<SampleResponse>> futures;
+    const auto reqs = requests();
+    for (std::size_t i = 0; i < reqs.size(); ++i) futures.push_back(sessions[i % sessions.size()]->sample(reqs[i]));
+    Result result;
+    for (auto& f : futures) result.responses.push_back(f.get());
+    result.stats = svc.data_parallel_stats();
+    return result;
+  };
+  const Result one = run(1), two = run(2);
+  ASSERT_EQ(one.responses.size(), two.responses.size());
+  std::uint64_t worker_share = 0;
+  const auto reqs = requests();
+  for (std::size_t i = 0; i < one.responses.size(); ++i) {
+    const auto& a = one.responses[i];
+    const auto& b = two.responses[i];
+    ASSERT_EQ(a.sequences.size(), b.sequences.size()) << "request " << i;
+    ASSERT_EQ(static_cast<int>(b.sequences.size()), reqs[i].num_samples);
+    for (std::size_t j = 0; j < a.sequences.size(); ++j) {
+      const std::string what = "request " + std::to_string(i) + " sample " + std::to_string(j);
+      EXPECT_EQ(a.sequences[j].tokens, b.sequences[j].tokens) << what;
+      EXPECT_EQ(a.sequences[j].stop_reason, b.sequences[j].stop_reason) << what;
+      EXPECT_EQ(a.sequences[j].prefill_tokens, b.sequences[j].prefill_tokens) << what;
+      ASSERT_EQ(a.sequences[j].logprobs.size(), b.sequences[j].logprobs.size()) << what;
+      for (std::size_t k = 0; k < a.sequences[j].logprobs.size(); ++k)
+        expect_close(a.sequences[j].logprobs[k], b.sequences[j].logprobs[k], what);
+    }
+    EXPECT_EQ(a.prompt_logprobs.has_value(), b.prompt_logprobs.has_value());
+    worker_share += reqs[i].num_samples / 2;
+  }
+  // The samples differ from each other (their own streams), and the stop strings ended some.
+  EXPECT_NE(one.responses[0].sequences[0].tokens, one.responses[0].sequences[1].tokens);
+  int stopped = 0;  // among the samples rank 1 decodes at W=2 (3 to 5)
+  for (int j = 3; j < 6; ++j) stopped += one.responses[3].sequences[j].stop_reason == StopReason::stop;
+  EXPECT_GT(stopped, 0);
+  EXPECT_EQ(two.stats.worker_samples, worker_share);
+}
+
+TEST(DataParallel, AStuckRankFailsASampleNamingItAndSamplingGoesOnAlone) {
+  auto dir = temp_dir("stuck-sample");
+  LocalService svc(service(dir, 2, /*timeout_s=*/3));
+  auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  const auto workers = test_util::child_processes(getpid(), "worker");
+  ASSERT_EQ(workers.size(), 1u);
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(bytes("hi"));
+  req.num_samples = 4;
+  req.params.max_tokens = 8;
+  // Bad input is the caller's error, found before any rank decodes.
+  SampleRequest bad = req;
+  bad.prompt = ModelInput::from_tokens({1, 100000});
+  EXPECT_NE(error_of([&] { s->sample(bad).get(); }).find("100000"), std::string::npos);
+  kill(workers[0], SIGSTOP);  // alive, but not answering
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { s->sample(req).get(); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  kill(workers[0], SIGKILL);
+  EXPECT_NE(error.find("rank 1 stopped answering"), std::string::npos) << error;
+  EXPECT_GE(waited, 2.5);  // the timeout (3 s), not at once
+  EXPECT_EQ(svc.data_parallel_failure(), error);
+  // The group is gone; sampling goes on on rank 0 alone.
+  EXPECT_EQ(s->sample(req).get().sequences.size(), 4u);
+}
 
 TEST(DataParallel, SplitsBatchesByTokensInTheCallersOrder) {
   std::vector<Datum> data;

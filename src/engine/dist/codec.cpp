@@ -84,6 +84,32 @@ void ByteWriter::put(const ForwardBackwardOutput& out) {
   put(out.training_tokens);
 }
 
+void ByteWriter::put(const SampleRequest& req) {
+  put(req.prompt.tokens());
+  put(req.num_samples);
+  const SamplingParams& p = req.params;
+  put(p.max_tokens);
+  put(p.temperature);
+  put(p.top_k);
+  put(p.top_p);
+  put(p.seed.has_value());
+  put(p.seed.value_or(0));
+  put(static_cast<std::uint64_t>(p.stop.size()));
+  for (const auto& s : p.stop) put(s);
+  put(p.stop_token_ids);
+}
+
+void ByteWriter::put(const std::vector<SampledSequence>& sequences) {
+  put(static_cast<std::uint64_t>(sequences.size()));
+  for (const auto& s : sequences) {
+    put(s.stop_reason);
+    put(s.tokens);
+    put(s.logprobs);
+    put(s.prefill_tokens);
+    put(s.decode_tokens);
+  }
+}
+
 std::string ByteReader::get_string() {
   const auto n = get<std::uint64_t>();
   return std::string(take(n), n);
@@ -176,6 +202,36 @@ ForwardBackwardOutput ByteReader::get_forward_output() {
   out.loss_fn_output_type = get_string();
   out.metrics = get_metrics();
   out.training_tokens = get<std::int64_t>();
+  return out;
+}
+
+SampleRequest ByteReader::get_sample_request() {
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(get_vector<token_id>());
+  req.num_samples = get<int>();
+  SamplingParams& p = req.params;
+  p.max_tokens = get<int>();
+  p.temperature = get<double>();
+  p.top_k = get<int>();
+  p.top_p = get<double>();
+  const bool seeded = get<bool>();
+  const auto seed = get<std::int64_t>();
+  if (seeded) p.seed = seed;
+  p.stop.resize(get_count());
+  for (auto& s : p.stop) s = get_string();
+  p.stop_token_ids = get_vector<token_id>();
+  return req;
+}
+
+std::vector<SampledSequence> ByteReader::get_sequences() {
+  std::vector<SampledSequence> out(get_count());
+  for (auto& s : out) {
+    s.stop_reason = get<StopReason>();
+    s.tokens = get_vector<token_id>();
+    s.logprobs = get_vector<double>();
+    s.prefill_tokens = get<std::int64_t>();
+    s.decode_tokens = get<std::int64_t>();
+  }
   return out;
 }
 

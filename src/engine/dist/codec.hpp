@@ -38,6 +38,10 @@ class ByteWriter {
   void put(const SessionOptions& o);
   void put(const Metrics& m);
   void put(const ForwardBackwardOutput& out);
+  // A share of a sampling request: its prompt, num_samples and params (prompt logprobs and model_path are rank
+  // 0's alone: they are not sent).
+  void put(const SampleRequest& req);
+  void put(const std::vector<SampledSequence>& sequences);
 
   std::string take() { return std::move(bytes_); }
 
@@ -78,6 +82,8 @@ class ByteReader {
   SessionOptions get_session_options();
   Metrics get_metrics();
   ForwardBackwardOutput get_forward_output();
+  SampleRequest get_sample_request();
+  std::vector<SampledSequence> get_sequences();
 
  private:
   const char* take(std::size_t n) {

@@ -203,6 +203,82 @@ void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_p
   });
 }
 
+std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const SampleRequest& req, std::uint64_t seed,
+                                                  DecodePrecision precision, const std::vector<int>& bounds) {
+  std::vector<int> ranks;
+  for (int r = 1; r < world_size(); ++r)
+    if (bounds[r + 1] > bounds[r]) ranks.push_back(r);
+  if (ranks.empty()) return nullptr;
+  std::lock_guard lock(mu_);
+  const std::uint64_t tag = ++next_tag_;
+  auto c = command(Command::sample, id);
+  c.put(tag);
+  c.put(seed);
+  c.put(precision);
+  c.put(bounds);
+  c.put(req);
+  noting_failure([&] { group_->post_async_command(c.take()); });
+  remote_samples_ += static_cast<std::uint64_t>(bounds.back() - bounds[1]);
+  return std::make_shared<Replies>(*this, tag, std::move(ranks));
+}
+
+std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std::vector<token_id>& tokens, int rank) {
+  std::lock_guard lock(mu_);
+  const std::uint64_t tag = ++next_tag_;
+  auto c = command(Command::logprobs, id);
+  c.put(tag);
+  c.put(rank);
+  c.put(tokens);
+  noting_failure([&] { group_->post_async_command(c.take()); });
+  ++remote_logprobs_;
+  return std::make_shared<Replies>(*this, tag, std::vector<int>{rank});
+}
+
+int Coordinator::next_logprobs_rank() {
+  std::lock_guard lock(mu_);
+  const int rank = logprobs_turn_;
+  logprobs_turn_ = (logprobs_turn_ + 1) % world_size();
+  return rank;
+}
+
+void Coordinator::note_failure(const std::string& message) {
+  group_->mark_failed(message);  // also when a share failed after the others changed their replicas
+  std::lock_guard lock(failure_mu_);
+  if (failure_.empty()) failure_ = message;
+}
+
+Replies::Replies(Coordinator& coordinator, std::uint64_t tag, std::vector<int> ranks)
+    : coordinator_(coordinator), tag_(tag), ranks_(std::move(ranks)), replies_(ranks_.size()) {}
+
+bool Replies::ready() {
+  if (error_) return true;
+  try {
+    bool all = true;
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      if (!replies_[i]) replies_[i] = coordinator_.group_->poll_reply(tag_, ranks_[i]);
+      all = all && replies_[i].has_value();
+    }
+    return all;
+  } catch (const group_failure& e) {
+    coordinator_.note_failure(e.what());
+    error_ = std::current_exception();
+  } catch (...) {
+    error_ = std::current_exception();
+  }
+  return true;
+}
+
+std::vector<std::string> Replies::take() {
+  if (error_) std::rethrow_exception(error_);
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    ByteReader r(*replies_[i]);
+    if (!r.get<bool>()) throw io_error("data-parallel rank " + std::to_string(ranks_[i]) + ": " + r.get_string());
+    out.push_back(replies_[i]->substr(sizeof(bool)));
+  }
+  return out;
+}
+
 std::string Coordinator::failure() const {
   std::lock_guard lock(failure_mu_);
   return failure_;
@@ -211,7 +287,8 @@ std::string Coordinator::failure() const {
 DataParallelStats Coordinator::stats() const {
   std::lock_guard lock(mu_);
   const auto s = group_->stats();
-  return {group_->size(), s.allreduce_calls, s.allreduce_bytes, s.allreduce_seconds, s.broadcast_bytes};
+  return {group_->size(),    s.allreduce_calls, s.allreduce_bytes, s.allreduce_seconds,
+          s.broadcast_bytes, remote_samples_,   remote_logprobs_};
 }
 
 }  // namespace rlloop::engine::dist

@@ -4,14 +4,17 @@
 #pragma once
 #include <sys/types.h>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <rlloop/error.hpp>
 #include <rlloop/local.hpp>
 
+#include "cpu_decoder.hpp"
 #include "device.hpp"
 #include "dist/group.hpp"
 #include "optimizer.hpp"
@@ -22,6 +25,27 @@ namespace rlloop::engine::dist {
 
 // What every rank must share to compute the same thing: LibTorch's version, the device kind and the dtype.
 std::string group_fingerprint(const DeviceChoice& dev);
+
+class Coordinator;
+
+// The replies of the workers that run an asynchronous share of an operation (samples, a compute_logprobs
+// prompt). The session's engine loop polls ready() between its turns; it never blocks.
+class Replies {
+ public:
+  Replies(Coordinator& coordinator, std::uint64_t tag, std::vector<int> ranks);
+  // True once every rank has replied, or the group failed meanwhile (take() then throws).
+  bool ready();
+  // Each rank's reply, in the order of ranks; throws the group's failure, or the first rank whose share failed
+  // (its message).
+  std::vector<std::string> take();
+
+ private:
+  Coordinator& coordinator_;
+  std::uint64_t tag_;
+  std::vector<int> ranks_;
+  std::vector<std::optional<std::string>> replies_;
+  std::exception_ptr error_;
+};
 
 class Coordinator {
  public:
@@ -45,11 +69,24 @@ class Coordinator {
   // After load_state on rank 0.
   void sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
 
+  // Samples bounds[r] .. bounds[r + 1] of `req` (as rank 0 decodes it: validated, its stop ids complete) to
+  // each worker r that has any, drawn with the request's stream from `seed` (sample_stream.hpp) at `precision`.
+  // Null when rank 0 has every sample.
+  std::shared_ptr<Replies> post_sample(std::uint64_t id, const SampleRequest& req, std::uint64_t seed,
+                                       DecodePrecision precision, const std::vector<int>& bounds);
+  // compute_logprobs of `tokens` (validated) on worker `rank`.
+  std::shared_ptr<Replies> post_logprobs(std::uint64_t id, const std::vector<token_id>& tokens, int rank);
+  // The rank the next compute_logprobs prompt goes to: the ranks take turns.
+  int next_logprobs_rank();
+
   DataParallelStats stats() const;
   // Empty while the group works; readable while a command runs.
   std::string failure() const;
 
  private:
+  friend class Replies;
+  void note_failure(const std::string& message);
+
   void start_local_workers(const LocalServiceOptions& service, const DeviceChoice& dev, int count);
   void stop_local_workers();
 
@@ -59,9 +96,7 @@ class Coordinator {
     try {
       return fn();
     } catch (const group_failure& e) {
-      group_->mark_failed(e.what());  // also when a share failed after the others changed their replicas
-      std::lock_guard lock(failure_mu_);
-      if (failure_.empty()) failure_ = e.what();
+      note_failure(e.what());
       throw;
     }
   }
@@ -72,6 +107,11 @@ class Coordinator {
   std::unique_ptr<Group> group_;
   std::vector<pid_t> workers_;
   std::uint64_t next_id_ = 0;
+  std::uint64_t next_tag_ = 0;
+  int logprobs_turn_ = 0;
+  // What the workers were given to do asynchronously, for stats().
+  std::uint64_t remote_samples_ = 0;
+  std::uint64_t remote_logprobs_ = 0;
 };
 
 }  // namespace rlloop::engine::dist

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -58,6 +59,9 @@ std::string joined_key(int rank) { return "rlloop/joined/" + std::to_string(rank
 std::string claim_key(int rank) { return "rlloop/claim/" + std::to_string(rank); }
 std::string alive_key(int rank) { return "rlloop/alive/" + std::to_string(rank); }
 std::string command_key(std::uint64_t n) { return "rlloop/command/" + std::to_string(n); }
+std::string reply_key(std::uint64_t tag, int rank) {
+  return "rlloop/reply/" + std::to_string(tag) + "/" + std::to_string(rank);
+}
 const std::string kRefusals = "rlloop/refusals";
 std::string refusal_key(std::int64_t n) { return "rlloop/refused/" + std::to_string(n); }
 
@@ -123,8 +127,54 @@ struct Group::Impl {
   c10::intrusive_ptr<CollectiveBackend> gloo;
   c10::intrusive_ptr<CollectiveBackend> tensors;  // gloo, or NCCL for CUDA tensors
   std::uint64_t commands = 0;
+  // Rank 0: commands every worker may not have read yet (from the last one a collective followed, on).
+  std::vector<std::uint64_t> unread;
+  bool last_answered_by_collective = false;
   CollectiveStats stats;
-  std::string failure;  // set once a collective failed
+
+  mutable std::mutex failure_mu;
+  std::string failure_;  // set once the group failed
+
+  // The replies' connection to the store (opened at first use) and, on rank 0, what it saw of each worker's
+  // heartbeat while waiting for its replies.
+  std::mutex replies_mu;
+  c10::intrusive_ptr<c10d::TCPStore> replies;
+  struct Heartbeat {
+    std::int64_t count = -1;
+    std::chrono::steady_clock::time_point seen, changed;
+  };
+  std::vector<Heartbeat> heartbeats;
+
+  std::string failure() const {
+    std::lock_guard lock(failure_mu);
+    return failure_;
+  }
+  // The first failure stays: later ones follow from it.
+  std::string fail(const std::string& message) {
+    std::lock_guard lock(failure_mu);
+    if (failure_.empty()) failure_ = message;
+    return failure_;
+  }
+  void throw_if_failed() const {
+    if (std::string f = failure(); !f.empty()) throw group_failure(f);
+  }
+  // Posts the next command. Once a collective has followed a command, every rank has read it and all before it.
+  std::uint64_t post(const std::string& bytes, bool answered_by_collective) {
+    throw_if_failed();
+    if (last_answered_by_collective) {
+      for (const auto n : unread) store->deleteKey(command_key(n));
+      unread.clear();
+    }
+    store->set(command_key(++commands), as_bytes(bytes));
+    unread.push_back(commands);
+    last_answered_by_collective = answered_by_collective;
+    return commands;
+  }
+
+  c10d::TCPStore& reply_store() {
+    if (!replies) replies = open_store(options, false);
+    return *replies;
+  }
 
   // Workers: a second connection to the store that counts up while the process lives.
   std::atomic<bool> stop_heartbeat{false};
@@ -192,16 +242,38 @@ struct Group::Impl {
     }
   }
 
+  std::string failure_prefix(const std::string& what) const {
+    return "data-parallel group of " + std::to_string(options.world_size) + " ranks failed during " + what + ": ";
+  }
+
   template <class Fn>
   void collective(const char* what, Fn fn) {
-    if (!failure.empty()) throw group_failure(failure);
+    throw_if_failed();
     try {
       fn();
     } catch (const std::exception& e) {
-      failure = "data-parallel group of " + std::to_string(options.world_size) + " ranks failed during " + what + ": " +
-                unresponsive_ranks() + " (c10d: " + e.what() + ")";
-      throw group_failure(failure);
+      throw group_failure(fail(failure_prefix(what) + unresponsive_ranks() + " (c10d: " + e.what() + ")"));
     }
+  }
+
+  // Rank 0, waiting for `rank`'s reply (replies_mu held): fails the group once its heartbeat has not moved for
+  // longer than the timeout while watched. Watching starts afresh after a pause, so time nobody waited counts
+  // for nothing.
+  void check_heartbeat(int rank) {
+    const auto now = std::chrono::steady_clock::now();
+    if (heartbeats.empty()) heartbeats.resize(options.world_size);
+    Heartbeat& h = heartbeats[rank];
+    if (now - h.seen < kHeartbeat) return;
+    const std::int64_t count = reply_store().add(alive_key(rank), 0);
+    if (count != h.count || now - h.seen > 2 * kHeartbeatWatch) {
+      h.count = count;
+      h.changed = now;
+    }
+    h.seen = now;
+    if (now - h.changed > options.timeout)
+      throw group_failure(fail(failure_prefix("a sampling share") + "rank " + std::to_string(rank) +
+                               " stopped answering (no heartbeat for " +
+                               std::to_string(options.timeout.count() / 1000) + " s)"));
   }
 
   static void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
@@ -281,17 +353,40 @@ int Group::size() const { return impl_->options.world_size; }
 int Group::port() const { return impl_->options.port; }
 std::string Group::address() const { return describe(impl_->options); }
 CollectiveStats Group::stats() const { return impl_->stats; }
-bool Group::failed() const { return !impl_->failure.empty(); }
-void Group::mark_failed(const std::string& message) {
-  if (impl_->failure.empty()) impl_->failure = message;
+bool Group::failed() const { return !impl_->failure().empty(); }
+void Group::mark_failed(const std::string& message) { impl_->fail(message); }
+
+void Group::post_command(const std::string& bytes) { impl_->post(bytes, true); }
+std::uint64_t Group::post_async_command(const std::string& bytes) { return impl_->post(bytes, false); }
+
+void Group::post_reply(std::uint64_t tag, const std::string& bytes) {
+  Impl& g = *impl_;
+  std::lock_guard lock(g.replies_mu);
+  try {
+    g.reply_store().set(reply_key(tag, g.options.rank), as_bytes(bytes));
+  } catch (const std::exception& e) {
+    throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
+                        " (" + e.what() + ")");
+  }
 }
 
-void Group::post_command(const std::string& bytes) {
+std::optional<std::string> Group::poll_reply(std::uint64_t tag, int rank) {
   Impl& g = *impl_;
-  if (!g.failure.empty()) throw group_failure(g.failure);
-  // Every command ends in a collective, so by now every rank has read the previous one.
-  if (g.commands > 0) g.store->deleteKey(command_key(g.commands));
-  g.store->set(command_key(++g.commands), as_bytes(bytes));
+  g.throw_if_failed();
+  std::lock_guard lock(g.replies_mu);
+  const std::string key = reply_key(tag, rank);
+  try {
+    if (g.reply_store().check({key})) {
+      std::string reply = as_string(g.replies->get(key));
+      g.replies->deleteKey(key);
+      return reply;
+    }
+  } catch (const std::exception& e) {
+    throw group_failure(
+        g.fail(g.failure_prefix("a sampling share") + "its store stopped answering (" + e.what() + ")"));
+  }
+  g.check_heartbeat(rank);
+  return std::nullopt;
 }
 
 std::string Group::next_command() {
@@ -398,7 +493,10 @@ int Group::size() const { return 1; }
 int Group::port() const { return 0; }
 std::string Group::address() const { return {}; }
 void Group::post_command(const std::string&) { no_c10d(); }
+std::uint64_t Group::post_async_command(const std::string&) { no_c10d(); }
 std::string Group::next_command() { no_c10d(); }
+void Group::post_reply(std::uint64_t, const std::string&) { no_c10d(); }
+std::optional<std::string> Group::poll_reply(std::uint64_t, int) { no_c10d(); }
 std::vector<std::string> Group::gather(const std::string&) { no_c10d(); }
 void Group::broadcast(std::string&) { no_c10d(); }
 void Group::broadcast(const std::vector<torch::Tensor>&) { no_c10d(); }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,9 +62,18 @@ class Group {
   int port() const;  // of rank 0's store
   std::string address() const;
 
-  // Rank 0 posts the next command; every other rank receives it, in order.
+  // Rank 0 posts the next command; every other rank receives it, in order. A command ends in a collective
+  // (post_command) or is answered by replies (post_async_command, which returns the command's tag).
   void post_command(const std::string& bytes);
+  std::uint64_t post_async_command(const std::string& bytes);
   std::string next_command();
+
+  // Replies to an asynchronous command, through the store on a connection of their own: a worker posts its
+  // reply from any thread; rank 0 polls from any thread without blocking. poll_reply takes the reply away once
+  // it is there; while it is not, a rank whose heartbeat has stopped for longer than the group's timeout fails
+  // the group (group_failure naming the rank).
+  void post_reply(std::uint64_t tag, const std::string& bytes);
+  std::optional<std::string> poll_reply(std::uint64_t tag, int rank);
 
   // Collectives: every rank calls the same ones in the same order.
   std::vector<std::string> gather(const std::string& mine);   // rank 0: every rank's bytes, by rank; others: {}
@@ -72,8 +82,8 @@ class Group {
   void allreduce_sum(torch::Tensor& flat);                    // in place
 
   CollectiveStats stats() const;
-  // Set when a collective failed, or by mark_failed (the ranks' replicas went apart); every later command and
-  // collective throws it again.
+  // Set when a collective failed, a rank stopped answering, or by mark_failed (the ranks' replicas went apart);
+  // every later command and collective throws it again. Safe from any thread.
   bool failed() const;
   void mark_failed(const std::string& message);
 

@@ -85,6 +85,12 @@ void append_output(ForwardBackwardOutput& total, ForwardBackwardOutput&& part) {
 
 }  // namespace
 
+std::vector<int> split_samples(int samples, int parts) {
+  std::vector<int> bounds{0};
+  for (int r = 0; r < parts; ++r) bounds.push_back(bounds.back() + samples / parts + (r < samples % parts ? 1 : 0));
+  return bounds;
+}
+
 std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int parts) {
   std::vector<double> prefix{0};
   for (const auto& d : data) prefix.push_back(prefix.back() + static_cast<double>(d.model_input.length()));

@@ -17,7 +17,22 @@
 
 namespace rlloop::engine::dist {
 
-enum class Command : std::uint8_t { open, close, forward, forward_custom, optim_step, sync_state, shutdown };
+enum class Command : std::uint8_t {
+  open,
+  close,
+  forward,
+  forward_custom,
+  optim_step,
+  sync_state,
+  shutdown,
+  // Answered by replies (Group::post_reply), not by a collective: the worker runs them beside later commands.
+  sample,
+  logprobs,
+};
+
+// The samples of each rank: rank r decodes samples bounds[r] .. bounds[r + 1] of a request of `samples`, the
+// first ranks one more where they do not divide evenly (rank 0 always has one when there is any).
+std::vector<int> split_samples(int samples, int parts);
 
 // The datums of each rank: `parts` contiguous runs (bounds[r] .. bounds[r + 1]) with about equal token
 // counts, so the ranks finish at about the same time and rank order is the caller's order.

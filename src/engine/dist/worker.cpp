@@ -1,13 +1,22 @@
 // A data-parallel worker: the replicas of rank 0's sessions, and the loop that runs rank 0's commands on them.
+// Training commands run here, in order, in step with the other ranks; sampling and logprobs shares run on the
+// replica's lane of the worker's own engine loop (batched with the other sessions' shares, as on rank 0) and
+// answer through replies, so later commands for other sessions go on meanwhile. Rank 0 sends a session's next
+// command only once its shares have replied, so a replica is never trained while it decodes.
 #include <map>
 
 #include <rlloop/error.hpp>
 #include <rlloop/local.hpp>
 
+#include <rlloop/tokenizer.hpp>
+
 #include "base_models.hpp"
+#include "batch.hpp"
 #include "dist/codec.hpp"
 #include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
+#include "sample_stream.hpp"
+#include "sampler.hpp"
 #include "session_model.hpp"
 
 namespace rlloop {
@@ -17,7 +26,29 @@ namespace {
 struct Replica {
   engine::SessionModel model;
   std::unique_ptr<engine::AdamW> optimizer;
+  std::string resolved_base;
+  std::shared_ptr<const Tokenizer> tokenizer;             // for stop strings, loaded at the first that needs it
+  std::shared_ptr<const engine::RoundedWeights> rounded;  // bf16 snapshot of a private model (as LocalSession's)
+  std::unique_ptr<engine::EngineLoop::Lane> lane;         // last: destroying it waits for the replica's shares
 };
+
+std::string ok_reply(engine::dist::ByteWriter& w) {
+  engine::dist::ByteWriter out;
+  out.put(true);
+  return out.take() + w.take();
+}
+std::string failed_reply(std::exception_ptr e) {
+  engine::dist::ByteWriter out;
+  out.put(false);
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    out.put(std::string(ex.what()));
+  } catch (...) {
+    out.put(std::string("unknown error"));
+  }
+  return out.take();
+}
 
 class Worker {
  public:
@@ -58,6 +89,12 @@ class Worker {
           engine::dist::sync_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>());
           break;
         }
+        case Command::sample:
+          sample(id, r);
+          break;
+        case Command::logprobs:
+          logprobs(id, r);
+          break;
         case Command::shutdown:
           engine::dist::acknowledge(*group_);
           return;
@@ -81,7 +118,64 @@ class Worker {
     } catch (const invalid_argument&) {
       return;  // some rank could not hold it: rank 0 reports why, and no rank keeps it
     }
+    rep.resolved_base = resolve_base_model(options_.service, options.base_model);
+    rep.lane = engine::EngineLoop::open_lane(bases_.loop(engine::base_key(rep.resolved_base, dev_)));
     replicas_.emplace(id, std::move(rep));
+  }
+
+  // This rank's samples of a request, decoded on the replica's lane; the reply carries their sequences.
+  void sample(std::uint64_t id, engine::dist::ByteReader& r) {
+    const auto tag = r.get<std::uint64_t>();
+    const auto seed = r.get<std::uint64_t>();
+    const auto precision = r.get<engine::DecodePrecision>();
+    const auto bounds = r.get_vector<int>();
+    SampleRequest share = r.get_sample_request();
+    const int rank = group_->rank();
+    if (bounds.size() != static_cast<std::size_t>(group_->size()) + 1 || bounds[rank + 1] <= bounds[rank]) return;
+    share.num_samples = bounds[rank + 1] - bounds[rank];
+    Replica& rep = replica(id);
+    auto reply_failure = [this, tag](std::exception_ptr e) { group_->post_reply(tag, failed_reply(e)); };
+    auto start = [this, &rep, share, seed, precision, first = bounds[rank]]() {
+      engine::StopStringCheck stop_check;
+      if (!share.params.stop.empty()) stop_check = engine::make_stop_string_check(tokenizer(rep), share.params.stop);
+      auto* rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &rep.rounded;
+      return std::make_unique<engine::DecodeRun>(*rep.model.model, share, stop_check, engine::SampleStream(seed, first),
+                                                 precision, rounded);
+    };
+    auto finish = [this, tag](engine::DecodeRun& run) {
+      SampleResponse out = run.take();
+      engine::dist::ByteWriter w;
+      w.put(out.sequences);
+      group_->post_reply(tag, ok_reply(w));
+      return SampleResponse{};
+    };
+    rep.lane->submit_sample(share.num_samples, start, finish, nullptr, reply_failure);
+  }
+
+  void logprobs(std::uint64_t id, engine::dist::ByteReader& r) {
+    const auto tag = r.get<std::uint64_t>();
+    const int rank = r.get<int>();
+    auto tokens = r.get_vector<token_id>();
+    if (rank != group_->rank()) return;
+    Replica& rep = replica(id);
+    rep.lane->submit<bool>([this, &rep, tag, tokens = std::move(tokens)] {
+      std::string reply;
+      try {
+        engine::dist::ByteWriter w;
+        w.put(engine::compute_logprobs(*rep.model.model, tokens));
+        reply = ok_reply(w);
+      } catch (...) {
+        reply = failed_reply(std::current_exception());
+      }
+      group_->post_reply(tag, reply);
+      return true;
+    });
+  }
+
+  const Tokenizer& tokenizer(Replica& rep) {
+    if (!rep.tokenizer)
+      rep.tokenizer = load_tokenizer(engine::tokenizer_spec(rep.model.model->config(), rep.resolved_base));
+    return *rep.tokenizer;
   }
 
   // Rank 0 only sends commands for sessions it opened on every rank.
