@@ -2,8 +2,10 @@
 // and on two (this process and an `rlloop worker` it starts, c10d Gloo over the loopback), for LoRA rank 16 on all
 // linear layers and for full fine-tuning. Prints, per case, the median step time and its two halves, and for W=2
 // the all-reduce seconds and bytes per step (LocalService::data_parallel_stats, differences around each timed
-// step) and the step-time ratios against W=1.
-//   data_parallel_bench [--rlloop PATH] [--rounds R] [--steps N] [--batch B] [--tokens T] [--only lora|full]
+// step) and the step-time ratios against W=1. A third mode, "sample", times one sample call of the LoRA session
+// instead (S samples of up to M new tokens, seeded, temperature 1): at W=2 each rank decodes half the samples.
+//   data_parallel_bench [--rlloop PATH] [--rounds R] [--steps N] [--batch B] [--tokens T] [--samples S]
+//                       [--max-tokens M] [--only lora|full|sample]
 // Cases, each run in a fresh child process of this program (so that each gets the LibTorch thread count it asks
 // for and starts from an empty allocator cache):
 //   W=1, 2 threads   the whole machine to one rank: what W=2 competes with on a 2-core machine
@@ -47,11 +49,13 @@ struct Settings {
   int steps = 2;  // timed steps per round
   int batch = 8;
   int tokens = 128;
-  std::string only;  // "lora" or "full": run one mode only
+  int samples = 8;      // sample mode: samples per call
+  int max_tokens = 64;  // and new tokens per sample at most
+  std::string only;     // "lora", "full" or "sample": run one mode only
 };
 
 struct Case {
-  std::string mode;  // "lora" or "full"
+  std::string mode;  // "lora", "full" or "sample"
   int world_size;
   int threads;  // per rank
 };
@@ -62,6 +66,7 @@ struct Step {
   // CPU seconds the step took on rank 0 (this process, all its threads) and on the local workers: the work done,
   // which the machine's load changes far less than the wall time, and how it is split between the ranks.
   double cpu_rank0_s = 0, cpu_workers_s = 0;
+  double sampled_tokens = 0, worker_samples = 0;  // sample mode: new tokens of the call, samples the worker decoded
 };
 
 // What a child reports for its case on stdout: one "case" line, then one "step" line per timed step.
@@ -143,7 +148,7 @@ Run run_case(const Settings& settings, const Case& c) {
     options.data_parallel.timeout_s = 600;
     LocalService svc(options);
     SessionOptions session{.base_model = "rlloop-100m", .seed = 1};
-    if (c.mode == "lora") session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
+    if (c.mode != "full") session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
     const auto t0 = Clock::now();
     auto s = svc.create_session(session);
     run.open_s = seconds_since(t0);
@@ -152,22 +157,34 @@ Run run_case(const Settings& settings, const Case& c) {
     const auto data = sft_batch(settings.batch, settings.tokens);
     const auto loss = LossSpec::cross_entropy();
     const AdamParams adam{.learning_rate = 1e-5};
+    SampleRequest request;
+    request.prompt = ModelInput::from_tokens(tokens(32, 3));
+    request.num_samples = settings.samples;
+    request.params.max_tokens = settings.max_tokens;
+    request.params.seed = 5;
     auto step = [&] {
       Step st;
       const DataParallelStats before = svc.data_parallel_stats();
       const double cpu0 = cpu_seconds_self(), cpu1 = cpu_seconds_children();
       auto t = Clock::now();
-      s->forward_backward(data, loss).get();
-      st.forward_backward_s = seconds_since(t);
-      t = Clock::now();
-      s->optim_step(adam).get();
-      st.optim_s = seconds_since(t);
+      if (c.mode == "sample") {
+        for (const auto& seq : s->sample(request).get().sequences)
+          st.sampled_tokens += static_cast<double>(seq.decode_tokens);
+        st.forward_backward_s = seconds_since(t);  // the sample call's time, in the step's first half
+      } else {
+        s->forward_backward(data, loss).get();
+        st.forward_backward_s = seconds_since(t);
+        t = Clock::now();
+        s->optim_step(adam).get();
+        st.optim_s = seconds_since(t);
+      }
       st.cpu_rank0_s = cpu_seconds_self() - cpu0;
       st.cpu_workers_s = cpu_seconds_children() - cpu1;
       const DataParallelStats after = svc.data_parallel_stats();
       st.allreduce_calls = static_cast<double>(after.allreduce_calls - before.allreduce_calls);
       st.allreduce_bytes = static_cast<double>(after.allreduce_bytes - before.allreduce_bytes);
       st.allreduce_s = after.allreduce_seconds - before.allreduce_seconds;
+      st.worker_samples = static_cast<double>(after.worker_samples - before.worker_samples);
       std::fprintf(stderr, "  [%s W=%d threads=%d] %.2f + %.2f s (all-reduce %.3f s; CPU %.2f + %.2f s)\n",
                    c.mode.c_str(), c.world_size, c.threads, st.forward_backward_s, st.optim_s, st.allreduce_s,
                    st.cpu_rank0_s, st.cpu_workers_s);
@@ -187,7 +204,8 @@ std::string encode(const Run& r) {
   out << "case " << r.open_s << ' ' << r.trainable << ' ' << r.broadcast_bytes << '\n';
   for (const Step& s : r.steps)
     out << "step " << s.forward_backward_s << ' ' << s.optim_s << ' ' << s.allreduce_calls << ' ' << s.allreduce_bytes
-        << ' ' << s.allreduce_s << ' ' << s.cpu_rank0_s << ' ' << s.cpu_workers_s << '\n';
+        << ' ' << s.allreduce_s << ' ' << s.cpu_rank0_s << ' ' << s.cpu_workers_s << ' ' << s.sampled_tokens << ' '
+        << s.worker_samples << '\n';
   return out.str();
 }
 
@@ -199,17 +217,19 @@ bool decode(const std::string& text, Run& r) {
   if (!(in >> tag >> r.open_s >> r.trainable >> r.broadcast_bytes)) return false;
   for (Step s; in >> tag && tag == "step" &&
                in >> s.forward_backward_s >> s.optim_s >> s.allreduce_calls >> s.allreduce_bytes >> s.allreduce_s >>
-                   s.cpu_rank0_s >> s.cpu_workers_s;)
+                   s.cpu_rank0_s >> s.cpu_workers_s >> s.sampled_tokens >> s.worker_samples;)
     r.steps.push_back(s);
   return !r.steps.empty();
 }
 
 std::vector<std::string> settings_args(const Settings& s) {
-  return {"--rlloop", s.rlloop_bin,
-          "--rounds", std::to_string(s.rounds),
-          "--steps",  std::to_string(s.steps),
-          "--batch",  std::to_string(s.batch),
-          "--tokens", std::to_string(s.tokens)};
+  return {"--rlloop",     s.rlloop_bin,
+          "--rounds",     std::to_string(s.rounds),
+          "--steps",      std::to_string(s.steps),
+          "--batch",      std::to_string(s.batch),
+          "--tokens",     std::to_string(s.tokens),
+          "--samples",    std::to_string(s.samples),
+          "--max-tokens", std::to_string(s.max_tokens)};
 }
 
 // The parent's side: this program again with --case, its stdout read back (its stderr, and the workers', pass
@@ -275,14 +295,19 @@ Settings parse(int argc, char** argv, int from) {
       s.batch = std::stoi(value());
     else if (a == "--tokens")
       s.tokens = std::stoi(value());
+    else if (a == "--samples")
+      s.samples = std::stoi(value());
+    else if (a == "--max-tokens")
+      s.max_tokens = std::stoi(value());
     else if (a == "--only")
       s.only = value();
     else
       throw std::runtime_error("unknown argument " + a);
   }
-  if (s.rounds < 1 || s.steps < 1 || s.batch < 1 || s.tokens < 1)
-    throw std::runtime_error("--rounds, --steps, --batch and --tokens must be >= 1");
-  if (!s.only.empty() && s.only != "lora" && s.only != "full") throw std::runtime_error("--only: lora or full");
+  if (s.rounds < 1 || s.steps < 1 || s.batch < 1 || s.tokens < 1 || s.samples < 1 || s.max_tokens < 1)
+    throw std::runtime_error("--rounds, --steps, --batch, --tokens, --samples and --max-tokens must be >= 1");
+  if (!s.only.empty() && s.only != "lora" && s.only != "full" && s.only != "sample")
+    throw std::runtime_error("--only: lora, full or sample");
   return s;
 }
 
@@ -325,14 +350,15 @@ int main(int argc, char** argv) try {
   for (auto& a : settings_args(settings)) command += " " + a;
   if (!settings.only.empty()) command += " --only " + settings.only;
   std::printf(
-      "%s\nrlloop-100m SFT, %d datums x %d tokens, cross_entropy, Adam; per case %d rounds of 1 warm-up + %d timed "
-      "steps\n",
-      command.c_str(), settings.batch, settings.tokens, settings.rounds, settings.steps);
+      "%s\nrlloop-100m SFT, %d datums x %d tokens, cross_entropy, Adam; sampling, %d samples x up to %d new tokens; "
+      "per case %d rounds of 1 warm-up + %d timed steps (calls)\n",
+      command.c_str(), settings.batch, settings.tokens, settings.samples, settings.max_tokens, settings.rounds,
+      settings.steps);
   std::printf("load average at start: %s\n", load_average().c_str());
   std::fflush(stdout);
 
   std::vector<Pooled> cases;
-  for (const char* mode : {"lora", "full"}) {
+  for (const char* mode : {"lora", "full", "sample"}) {
     if (!settings.only.empty() && settings.only != mode) continue;
     const std::size_t first = cases.size();
     for (const Case& c : {Case{mode, 1, 2}, Case{mode, 1, 1}, Case{mode, 2, 1}}) cases.push_back({c, {}});
@@ -360,7 +386,9 @@ int main(int argc, char** argv) try {
     return nullptr;
   };
   for (const auto& p : cases) {
-    const char* mode = p.c.mode == "lora" ? "LoRA r16 all-linear" : "full fine-tuning";
+    const char* mode = p.c.mode == "lora"   ? "LoRA r16 all-linear"
+                       : p.c.mode == "full" ? "full fine-tuning"
+                                            : "LoRA r16 sample call";
     if (p.runs.empty()) {
       std::printf("| %s | %d | %d | failed | | | | | | | | | |\n", mode, p.c.world_size, p.c.threads);
       continue;
@@ -369,11 +397,13 @@ int main(int argc, char** argv) try {
     const double step = median(steps);
     std::string ar_s = "-", ar_bytes = "-", vs2 = "-", vs1 = "-";
     if (p.c.world_size > 1) {
+      if (const Pooled* b = baseline(p, 2)) vs2 = format("%.2fx", step / median(b->step_s()));
+      if (const Pooled* b = baseline(p, 1)) vs1 = format("%.2fx", step / median(b->step_s()));
+    }
+    if (p.c.world_size > 1 && p.c.mode != "sample") {
       ar_s = format("%.3f", median(p.all(&Step::allreduce_s)));
       const double bytes = median(p.all(&Step::allreduce_bytes));
       ar_bytes = format("%.0f", bytes) + format(" (%.1f MiB)", bytes / (1024.0 * 1024.0));
-      if (const Pooled* b = baseline(p, 2)) vs2 = format("%.2fx", step / median(b->step_s()));
-      if (const Pooled* b = baseline(p, 1)) vs1 = format("%.2fx", step / median(b->step_s()));
     }
     std::string cpu = format("%.2f", median(p.all(&Step::cpu_rank0_s)));
     if (p.c.world_size > 1) cpu += format(" + %.2f", median(p.all(&Step::cpu_workers_s)));
@@ -392,7 +422,11 @@ int main(int argc, char** argv) try {
     for (const auto& r : p.runs) open.push_back(r.open_s);
     std::printf("%s W=%d threads=%d: %zu timed steps; session open %.1f s (median)", p.c.mode.c_str(), p.c.world_size,
                 p.c.threads, p.step_s().size(), median(open));
-    if (p.c.world_size > 1) {
+    if (p.c.mode == "sample") {
+      const double tokens = median(p.all(&Step::sampled_tokens));
+      std::printf("; %.0f new tokens per call, %.1f tokens/s; the worker decoded %.0f of %d samples", tokens,
+                  tokens / median(p.step_s()), median(p.all(&Step::worker_samples)), settings.samples);
+    } else if (p.c.world_size > 1) {
       const double bytes = median(p.all(&Step::allreduce_bytes)), seconds = median(p.all(&Step::allreduce_s));
       std::printf(
           ", weights broadcast at open %.1f MiB; %.0f all-reduce call(s) per step; bytes / (4 x trainable) = %.6f; "

@@ -1,6 +1,6 @@
 // `rlloop worker`: one rank of a data-parallel group; holds replicas of rank 0's sessions and trains its share
-// of every batch. Rank 0 (`rlloop serve --world-size W`, or any LocalService with data_parallel set) starts
-// local workers itself; this command is how a rank on another host joins.
+// of every batch and of every sampling request. Rank 0 (`rlloop serve --world-size W`, or any LocalService with
+// data_parallel set) starts local workers itself; this command is how a rank on another host joins.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -26,6 +26,8 @@ int run_worker(int argc, char** argv) {
   app.add_option("--device", options.service.device, "auto, cpu, cuda or cuda:N");
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)");
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR, as rank 0's (repeatable)");
+  app.add_option("--max-batch-rows", options.service.max_batch_rows,
+                 "Most sample rows this rank decodes in one batched step (as rank 0's --max-batch-rows)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

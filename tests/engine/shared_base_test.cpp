@@ -5,7 +5,12 @@
 #include <cmath>
 #include <filesystem>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "checkpoint.hpp"
+#include "engine_loop.hpp"
 #include "session_util.hpp"
 
 using namespace rlloop;
@@ -282,4 +287,35 @@ TEST(SharedBase, ABadBudgetIsAClearError) {
   options.max_batch_rows = 0;
   EXPECT_NE(error_of([&] { LocalService service(options); }).find("max_batch_rows must be at least 1, got 0"),
             std::string::npos);
+}
+
+// An operation that finishes elsewhere (data parallelism: another rank's samples) holds its own lane until it is
+// ready, and only its lane: the loop runs the other lanes' operations meanwhile.
+TEST(EngineLoop, ADeferredOperationHoldsItsLaneNotTheLoop) {
+  auto loop = std::make_shared<engine::EngineLoop>();
+  auto waiting = engine::EngineLoop::open_lane(loop);
+  auto other = engine::EngineLoop::open_lane(loop);
+  std::atomic<bool> arrived{false};
+  std::atomic<int> polls{0};
+  auto deferred = waiting->submit_deferred<int>([&] {
+    return engine::EngineLoop::Deferred<int>{[&] {
+                                               ++polls;
+                                               return arrived.load();
+                                             },
+                                             [] { return 42; }};
+  });
+  auto next_on_lane = waiting->submit<int>([] { return 7; });
+  // The other lane's operation runs while the deferred one waits.
+  EXPECT_EQ(other->submit<int>([] { return 1; }).get(), 1);
+  EXPECT_FALSE(deferred.is_ready());
+  EXPECT_FALSE(next_on_lane.wait_for(std::chrono::milliseconds(50)));  // its own lane waits, in order
+  EXPECT_GT(polls.load(), 0);
+  arrived = true;
+  EXPECT_EQ(deferred.get(), 42);
+  EXPECT_EQ(next_on_lane.get(), 7);
+  // An error starting it is its future's, and the lane goes on.
+  auto failed = waiting->submit_deferred<int>(
+      []() -> engine::EngineLoop::Deferred<int> { throw invalid_argument("no such rank"); });
+  EXPECT_EQ(error_of([&] { failed.get(); }), "no such rank");
+  EXPECT_EQ(waiting->submit<int>([] { return 3; }).get(), 3);
 }

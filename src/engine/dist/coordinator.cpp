@@ -90,13 +90,14 @@ Coordinator::~Coordinator() {
 void Coordinator::start_local_workers(const LocalServiceOptions& service, const DeviceChoice& dev, int count) {
   const auto& dp = service.data_parallel;
   for (int rank = 1; rank <= count; ++rank) {
-    std::vector<std::string> args{dp.worker_program, "worker",
-                                  "--rendezvous",    group_->address(),
-                                  "--rank",          std::to_string(rank),
-                                  "--world-size",    std::to_string(dp.world_size),
-                                  "--timeout-s",     std::to_string(dp.timeout_s),
-                                  "--device",        worker_device(dev, rank),
-                                  "--threads",       std::to_string(at::get_num_threads())};
+    std::vector<std::string> args{dp.worker_program,  "worker",
+                                  "--rendezvous",     group_->address(),
+                                  "--rank",           std::to_string(rank),
+                                  "--world-size",     std::to_string(dp.world_size),
+                                  "--timeout-s",      std::to_string(dp.timeout_s),
+                                  "--device",         worker_device(dev, rank),
+                                  "--threads",        std::to_string(at::get_num_threads()),
+                                  "--max-batch-rows", std::to_string(service.max_batch_rows)};
     for (const auto& [name, dir] : service.base_models) {
       args.push_back("--base-model");
       args.push_back(name + "=" + dir);
@@ -210,26 +211,24 @@ std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const Sample
     if (bounds[r + 1] > bounds[r]) ranks.push_back(r);
   if (ranks.empty()) return nullptr;
   std::lock_guard lock(mu_);
-  const std::uint64_t tag = ++next_tag_;
   auto c = command(Command::sample, id);
-  c.put(tag);
   c.put(seed);
   c.put(precision);
   c.put(bounds);
   c.put(req);
-  noting_failure([&] { group_->post_async_command(c.take()); });
+  noting_failure([&] { group_->post_command(c.take()); });
+  const std::uint64_t tag = group_->command_number();
   remote_samples_ += static_cast<std::uint64_t>(bounds.back() - bounds[1]);
   return std::make_shared<Replies>(*this, tag, std::move(ranks));
 }
 
 std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std::vector<token_id>& tokens, int rank) {
   std::lock_guard lock(mu_);
-  const std::uint64_t tag = ++next_tag_;
   auto c = command(Command::logprobs, id);
-  c.put(tag);
   c.put(rank);
   c.put(tokens);
-  noting_failure([&] { group_->post_async_command(c.take()); });
+  noting_failure([&] { group_->post_command(c.take()); });
+  const std::uint64_t tag = group_->command_number();
   ++remote_logprobs_;
   return std::make_shared<Replies>(*this, tag, std::vector<int>{rank});
 }

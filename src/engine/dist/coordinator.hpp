@@ -107,7 +107,6 @@ class Coordinator {
   std::unique_ptr<Group> group_;
   std::vector<pid_t> workers_;
   std::uint64_t next_id_ = 0;
-  std::uint64_t next_tag_ = 0;
   int logprobs_turn_ = 0;
   // What the workers were given to do asynchronously, for stats().
   std::uint64_t remote_samples_ = 0;

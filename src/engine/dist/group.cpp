@@ -59,6 +59,7 @@ std::string joined_key(int rank) { return "rlloop/joined/" + std::to_string(rank
 std::string claim_key(int rank) { return "rlloop/claim/" + std::to_string(rank); }
 std::string alive_key(int rank) { return "rlloop/alive/" + std::to_string(rank); }
 std::string command_key(std::uint64_t n) { return "rlloop/command/" + std::to_string(n); }
+std::string read_key(std::uint64_t n) { return "rlloop/read/" + std::to_string(n); }
 std::string reply_key(std::uint64_t tag, int rank) {
   return "rlloop/reply/" + std::to_string(tag) + "/" + std::to_string(rank);
 }
@@ -127,9 +128,6 @@ struct Group::Impl {
   c10::intrusive_ptr<CollectiveBackend> gloo;
   c10::intrusive_ptr<CollectiveBackend> tensors;  // gloo, or NCCL for CUDA tensors
   std::uint64_t commands = 0;
-  // Rank 0: commands every worker may not have read yet (from the last one a collective followed, on).
-  std::vector<std::uint64_t> unread;
-  bool last_answered_by_collective = false;
   CollectiveStats stats;
 
   mutable std::mutex failure_mu;
@@ -158,19 +156,6 @@ struct Group::Impl {
   void throw_if_failed() const {
     if (std::string f = failure(); !f.empty()) throw group_failure(f);
   }
-  // Posts the next command. Once a collective has followed a command, every rank has read it and all before it.
-  std::uint64_t post(const std::string& bytes, bool answered_by_collective) {
-    throw_if_failed();
-    if (last_answered_by_collective) {
-      for (const auto n : unread) store->deleteKey(command_key(n));
-      unread.clear();
-    }
-    store->set(command_key(++commands), as_bytes(bytes));
-    unread.push_back(commands);
-    last_answered_by_collective = answered_by_collective;
-    return commands;
-  }
-
   c10d::TCPStore& reply_store() {
     if (!replies) replies = open_store(options, false);
     return *replies;
@@ -356,8 +341,13 @@ CollectiveStats Group::stats() const { return impl_->stats; }
 bool Group::failed() const { return !impl_->failure().empty(); }
 void Group::mark_failed(const std::string& message) { impl_->fail(message); }
 
-void Group::post_command(const std::string& bytes) { impl_->post(bytes, true); }
-std::uint64_t Group::post_async_command(const std::string& bytes) { return impl_->post(bytes, false); }
+void Group::post_command(const std::string& bytes) {
+  Impl& g = *impl_;
+  g.throw_if_failed();
+  g.store->set(command_key(++g.commands), as_bytes(bytes));
+}
+
+std::uint64_t Group::command_number() const { return impl_->commands; }
 
 void Group::post_reply(std::uint64_t tag, const std::string& bytes) {
   Impl& g = *impl_;
@@ -391,10 +381,18 @@ std::optional<std::string> Group::poll_reply(std::uint64_t tag, int rank) {
 
 std::string Group::next_command() {
   Impl& g = *impl_;
-  const std::string key = command_key(++g.commands);
+  const std::uint64_t n = ++g.commands;
+  const std::string key = command_key(n);
   try {
     g.store->wait({key}, c10d::Store::kNoTimeout);
-    return as_string(g.store->get(key));
+    std::string bytes = as_string(g.store->get(key));
+    // The last worker to read a command removes it (an asynchronous one has no collective after which rank 0
+    // would know that every worker has read it), so a server that runs for months keeps no old commands.
+    if (g.store->add(read_key(n), 1) == g.options.world_size - 1) {
+      g.store->deleteKey(key);
+      g.store->deleteKey(read_key(n));
+    }
+    return bytes;
   } catch (const std::exception& e) {
     throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
                         " (" + e.what() + ")");
@@ -493,8 +491,8 @@ int Group::size() const { return 1; }
 int Group::port() const { return 0; }
 std::string Group::address() const { return {}; }
 void Group::post_command(const std::string&) { no_c10d(); }
-std::uint64_t Group::post_async_command(const std::string&) { no_c10d(); }
 std::string Group::next_command() { no_c10d(); }
+std::uint64_t Group::command_number() const { return 0; }
 void Group::post_reply(std::uint64_t, const std::string&) { no_c10d(); }
 std::optional<std::string> Group::poll_reply(std::uint64_t, int) { no_c10d(); }
 std::vector<std::string> Group::gather(const std::string&) { no_c10d(); }

@@ -62,11 +62,12 @@ class Group {
   int port() const;  // of rank 0's store
   std::string address() const;
 
-  // Rank 0 posts the next command; every other rank receives it, in order. A command ends in a collective
-  // (post_command) or is answered by replies (post_async_command, which returns the command's tag).
+  // Rank 0 posts the next command; every other rank receives it, in order. A command ends in a collective, or
+  // (an asynchronous one) in replies.
   void post_command(const std::string& bytes);
-  std::uint64_t post_async_command(const std::string& bytes);
   std::string next_command();
+  // The number of the last command posted (rank 0) or received (the others): the tag of its replies.
+  std::uint64_t command_number() const;
 
   // Replies to an asynchronous command, through the store on a connection of their own: a worker posts its
   // reply from any thread; rank 0 polls from any thread without blocking. poll_reply takes the reply away once

@@ -7,7 +7,6 @@
 
 #include <rlloop/error.hpp>
 #include <rlloop/local.hpp>
-
 #include <rlloop/tokenizer.hpp>
 
 #include "base_models.hpp"
@@ -53,7 +52,10 @@ std::string failed_reply(std::exception_ptr e) {
 class Worker {
  public:
   Worker(const DataParallelWorkerOptions& options, engine::DeviceChoice dev, std::unique_ptr<engine::dist::Group> group)
-      : options_(options), dev_(dev), group_(std::move(group)), bases_(engine::EngineLoopOptions{}) {}
+      : options_(options),
+        dev_(dev),
+        group_(std::move(group)),
+        bases_(engine::EngineLoopOptions{options.service.max_batch_rows}) {}
 
   // Runs commands until the shutdown command.
   void run() {
@@ -125,7 +127,7 @@ class Worker {
 
   // This rank's samples of a request, decoded on the replica's lane; the reply carries their sequences.
   void sample(std::uint64_t id, engine::dist::ByteReader& r) {
-    const auto tag = r.get<std::uint64_t>();
+    const std::uint64_t tag = group_->command_number();
     const auto seed = r.get<std::uint64_t>();
     const auto precision = r.get<engine::DecodePrecision>();
     const auto bounds = r.get_vector<int>();
@@ -153,7 +155,7 @@ class Worker {
   }
 
   void logprobs(std::uint64_t id, engine::dist::ByteReader& r) {
-    const auto tag = r.get<std::uint64_t>();
+    const std::uint64_t tag = group_->command_number();
     const int rank = r.get<int>();
     auto tokens = r.get_vector<token_id>();
     if (rank != group_->rank()) return;
@@ -190,7 +192,7 @@ class Worker {
   DataParallelWorkerOptions options_;
   engine::DeviceChoice dev_;
   std::unique_ptr<engine::dist::Group> group_;
-  engine::BaseModelRegistry bases_;  // the frozen bases the replicas share (its engine loops go unused)
+  engine::BaseModelRegistry bases_;  // the frozen bases the replicas share, and the engine loops that decode them
   std::map<std::uint64_t, Replica> replicas_;
 };
 
