@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Compiles every translation unit under src/ with -fsyntax-only against another compiler or LibTorch's headers,
 # without building anything: the portability check for targets this machine cannot build for.
-# Usage: scripts/syntax_check.sh [--cxx COMPILER] [--torch DIR] [--jobs N] [FILES...]
+# Usage: scripts/syntax_check.sh [--cxx COMPILER] [--torch DIR] [--nccl] [--jobs N] [FILES...]
 #   --cxx    the compiler (default g++; e.g. aarch64-linux-gnu-g++ from Debian's g++-aarch64-linux-gnu)
 #   --torch  a LibTorch include root (default /usr/include, Debian's 1.13; PyPI torch 2.x:
 #            third_party/venv/lib/python3.11/site-packages/torch/include)
+#   --nccl   also define USE_CUDA and USE_C10D_NCCL, as a CUDA build of LibTorch does (the NCCL branch of
+#            src/engine/dist/group.cpp), with the CUDA runtime and NCCL headers of the PyPI wheels installed beside
+#            --torch (site-packages/nvidia/*/include; the runtime wheel lacks crt/, which triton's wheel carries)
 #   --jobs   files checked at once (default: the number of cores)
 # Prints one line per failing file, then how many compile; exits 1 when any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cxx=g++ torch=/usr/include jobs=$(nproc) files=()
+cxx=g++ torch=/usr/include jobs=$(nproc) nccl=0 files=()
 while (($#)); do
   case "$1" in
     --cxx) cxx=$2; shift 2 ;;
     --torch) torch=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
+    --nccl) nccl=1; shift ;;
     *) files+=("$1"); shift ;;
   esac
 done
@@ -30,6 +34,13 @@ for dir in algorithms rewards envs; do ln -s "$PWD/$dir" "$tmp/include/rlloop/$d
 # USE_DISTRIBUTED / USE_C10D_GLOO: what Torch's CMake config defines for every target linking torch (c10d).
 common=(-std=c++20 -DRLLOOP_HAVE_ENGINE=1 -DRLLOOP_VERSION='"syntax-check"' -DUSE_DISTRIBUTED -DUSE_C10D_GLOO
         -Iinclude -Isrc -Isrc/engine -I"$tmp/include" -I"$torch" -I"$torch/torch/csrc/api/include")
+if ((nccl)); then
+  site=$(cd "$torch/../.." && pwd)
+  common+=(-DUSE_CUDA -DUSE_C10D_NCCL)
+  for inc in "$site"/nvidia/*/include "$site"/triton/backends/nvidia/include; do
+    [[ -d $inc ]] && common+=(-I"$inc")
+  done
+fi
 # A cross compiler searches /usr/include but not this machine's multiarch folder, where Debian keeps the few
 # headers that differ between architectures. A machine of the target architecture has its own copy of them;
 # OpenSSL's configuration headers are the same on every 64-bit little-endian Linux, so this machine's stand in.
