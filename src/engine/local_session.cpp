@@ -2,6 +2,7 @@
 // by the base model's engine loop.
 #include <rlloop/local.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 
@@ -334,34 +335,81 @@ bool names_a_checkpoint(const std::optional<std::string>& model_path) { return m
 }  // namespace
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
-  // With data parallelism the live model's samples are shared out over the ranks, each decoding its own from the
-  // request's stream (so the tokens are those of one rank). A streamed request (its progress is rank 0's) and
-  // sampler weights from a checkpoint (only rank 0 holds them) stay on rank 0, and so does everything once the
-  // group has failed.
+  // With data parallelism the live model's samples are shared out over the ranks (place_samples; the ranks take
+  // turns at the larger shares, so single samples go to each in turn), each rank decoding its own from the
+  // request's streams: the tokens are those of one rank. Staying on rank 0: streamed requests (their progress is
+  // rank 0's rows), prompt logprobs, sampler weights from a checkpoint (only rank 0 holds them), and everything
+  // once the group has failed.
   const auto& group = impl_->group;
   const bool spread = group && group->failure().empty() && !on_step && !names_a_checkpoint(request.model_path) &&
-                      request.num_samples > 1;
-  const std::vector<int> bounds =
-      spread ? dist::split_samples(request.num_samples, group->world_size()) : std::vector<int>{};
+                      !request.include_prompt_logprobs && request.topk_prompt_logprobs == 0 && request.num_samples >= 1;
+  const dist::SamplePlacement placement =
+      spread ? dist::place_samples(request.num_samples, group->world_size(), group->next_turn())
+             : dist::SamplePlacement{{0}, {request.num_samples}};
   auto others = std::make_shared<std::shared_ptr<dist::Replies>>();  // the workers' samples, once posted
-  auto start = [this, request, on_step = std::move(on_step), bounds, others]() -> std::unique_ptr<DecodeRun> {
-    auto& target = impl_->sampling_model(request.model_path);
-    Transformer& m = *target.model;
-    validate_sample_request(request, m.config(), impl_->tokenizer != nullptr);
-    SampleRequest req = request;
-    if (auto eos = m.config().eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
+
+  // Checks the request and posts the workers' samples (before this rank's prefill, so that they prefill theirs at
+  // the same time); returns what this rank decodes.
+  struct Prepared {
+    SampleRequest mine;
     StopStringCheck stop_check;
-    if (!req.params.stop.empty()) stop_check = make_stop_string_check(*impl_->tokenizer, req.params.stop);
-    const SampleStream stream(req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : impl_->next_seed());
-    if (!bounds.empty()) {
-      // Posted before this rank's prefill, so the workers prefill theirs at the same time.
-      *others = impl_->group->post_sample(impl_->replica, req, stream.seed(), impl_->decode_precision, bounds);
-      req.num_samples = bounds[1];
+    SampleStream stream{0};
+    Impl::SamplingModel* target = nullptr;
+  };
+  auto prepare = [this, request, placement, spread, others] {
+    Prepared p;
+    p.target = &impl_->sampling_model(request.model_path);
+    const ModelConfig& cfg = p.target->model->config();
+    validate_sample_request(request, cfg, impl_->tokenizer != nullptr);
+    p.mine = request;
+    if (auto eos = cfg.eos_token_id) p.mine.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
+    if (!p.mine.params.stop.empty()) p.stop_check = make_stop_string_check(*impl_->tokenizer, p.mine.params.stop);
+    const std::uint64_t seed =
+        p.mine.params.seed ? static_cast<std::uint64_t>(*p.mine.params.seed) : impl_->next_seed();
+    if (spread) *others = impl_->group->post_sample(impl_->replica, p.mine, seed, impl_->decode_precision, placement);
+    p.mine.num_samples = placement.count[0];
+    p.stream = SampleStream(seed, placement.first[0]);
+    return p;
+  };
+  // Every rank's samples in the request's order, billed: the prompt once, every sample's new tokens.
+  auto finish = [this, others, placement,
+                 prompt = static_cast<std::int64_t>(request.prompt.length())](SampleResponse out) {
+    if (*others) {
+      std::vector<std::pair<int, SampledSequence>> all;  // (sample index, sequence)
+      for (std::size_t i = 0; i < out.sequences.size(); ++i)
+        all.emplace_back(placement.first[0] + static_cast<int>(i), std::move(out.sequences[i]));
+      const auto replies = (*others)->take();  // in the order of the workers that have samples
+      std::size_t next = 0;
+      for (std::size_t r = 1; r < placement.count.size(); ++r) {
+        if (placement.count[r] == 0) continue;
+        dist::ByteReader reader(replies.at(next++));
+        int index = placement.first[r];
+        for (auto& s : reader.get_sequences()) all.emplace_back(index++, std::move(s));
+      }
+      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      out.sequences.clear();
+      for (auto& entry : all) out.sequences.push_back(std::move(entry.second));
     }
-    // The run reads `m` until it finishes; this session's later operations (which could drop it from the
+    TokenUsage u;
+    u.prefill = prompt;
+    for (const auto& s : out.sequences) u.sample += s.decode_tokens;
+    impl_->add_usage(u);
+    return out;
+  };
+
+  if (placement.count[0] == 0) {  // every sample is a worker's: this rank only waits for them
+    return impl_->lane->submit_deferred<SampleResponse>([prepare, finish, others] {
+      prepare();
+      return EngineLoop::Deferred<SampleResponse>{[others] { return (*others)->ready(); },
+                                                  [finish] { return finish(SampleResponse{}); }};
+    });
+  }
+  auto start = [this, prepare, on_step = std::move(on_step)]() -> std::unique_ptr<DecodeRun> {
+    Prepared p = prepare();
+    // The run reads the model until it finishes; this session's later operations (which could drop it from the
     // sampler cache) wait for it.
-    auto run =
-        std::make_unique<DecodeRun>(m, req, stop_check, stream, impl_->decode_precision, impl_->rounded_slot(target));
+    auto run = std::make_unique<DecodeRun>(*p.target->model, p.mine, p.stop_check, p.stream, impl_->decode_precision,
+                                           impl_->rounded_slot(*p.target));
     if (on_step) {
       on_step(run->progress());  // the first token of every sample, drawn from the prefill
       run->on_step = on_step;
@@ -369,27 +417,15 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     return run;
   };
   auto ready = [others] { return !*others || (*others)->ready(); };
-  auto finish = [this, others, prompt = static_cast<std::int64_t>(request.prompt.length())](DecodeRun& run) {
-    SampleResponse out = run.take();
-    if (*others)
-      for (const std::string& reply : (*others)->take()) {  // in rank order: the samples' order
-        dist::ByteReader r(reply);
-        for (auto& s : r.get_sequences()) out.sequences.push_back(std::move(s));
-      }
-    // The prompt is prefilled once for all samples, so it is billed once.
-    TokenUsage u;
-    u.prefill = prompt;
-    for (const auto& s : out.sequences) u.sample += s.decode_tokens;
-    impl_->add_usage(u);
-    return out;
-  };
-  return impl_->lane->submit_sample(bounds.empty() ? request.num_samples : bounds[1], std::move(start),
-                                    std::move(finish), std::move(ready));
+  return impl_->lane->submit_sample(
+      placement.count[0], std::move(start), [finish](DecodeRun& run) { return finish(run.take()); }, std::move(ready));
 }
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
   // With data parallelism the live model's prompts go to the ranks in turn.
-  const int rank = impl_->group && !names_a_checkpoint(request.model_path) ? impl_->group->next_logprobs_rank() : 0;
+  const auto& group = impl_->group;
+  const int rank =
+      group && group->failure().empty() && !names_a_checkpoint(request.model_path) ? group->next_turn() : 0;
   auto checked_tokens = [this, request](Transformer& m) {
     validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
     auto tokens = request.prompt.tokens();

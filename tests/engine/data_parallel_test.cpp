@@ -180,10 +180,11 @@ void expect_equivalent(bool lora, Recipe recipe, const std::string& name) {
     for (std::size_t j = 0; j < one.prompt_logprobs[i].size(); ++j)
       expect_close(one.prompt_logprobs[i][j], two.prompt_logprobs[i][j], "compute_logprobs " + std::to_string(i));
   }
-  // The worker decoded its share and ran its turns of compute_logprobs (prompts 1 of 0, 1, 2).
+  // The worker decoded its share (the ranks take turns: rank 0 has the larger share of the first request) and ran
+  // its turns of compute_logprobs (the next turns: rank 1, rank 0, rank 1).
   EXPECT_EQ(one.stats.worker_samples, 0u);
   EXPECT_EQ(two.stats.worker_samples, 1u);
-  EXPECT_EQ(two.stats.worker_logprobs, 1u);
+  EXPECT_EQ(two.stats.worker_logprobs, 2u);
   // One all-reduce per optimizer step, of every trainable value plus one flag per parameter.
   EXPECT_EQ(one.stats.world_size, 1);
   EXPECT_EQ(two.stats.world_size, 2);
@@ -244,11 +245,18 @@ TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent
 TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
 TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
 
-TEST(DataParallel, SplitsSamplesEvenlyRankZeroFirst) {
+TEST(DataParallel, SplitsSamplesEvenlyAndTheRanksTakeTurns) {
   EXPECT_EQ(engine::dist::split_samples(5, 2), (std::vector<int>{0, 3, 5}));
   EXPECT_EQ(engine::dist::split_samples(4, 2), (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(engine::dist::split_samples(1, 3), (std::vector<int>{0, 1, 1, 1}));
   EXPECT_EQ(engine::dist::split_samples(7, 3), (std::vector<int>{0, 3, 5, 7}));
+  // Shares in order from the rank whose turn it is: 7 samples from rank 1 are ranks 1, 2, 0 with 3, 2, 2.
+  const auto p = engine::dist::place_samples(7, 3, 1);
+  EXPECT_EQ(p.first, (std::vector<int>{5, 0, 3}));
+  EXPECT_EQ(p.count, (std::vector<int>{2, 3, 2}));
+  const auto single = engine::dist::place_samples(1, 3, 2);
+  EXPECT_EQ(single.count, (std::vector<int>{0, 0, 1}));
+  EXPECT_EQ(single.first[2], 0);
 }
 
 // Many sessions sampling at once, with every kind of request: each sample's tokens are those one rank gives,
@@ -268,7 +276,8 @@ TEST(DataParallel, SamplingAcrossRanksGivesOneRanksTokens) {
       req.params.seed = 100 + i;
       if (i == 1) req.params.top_k = 5;
       if (i == 2) req.params.top_p = 0.8;
-      if (i == 3) req.params.stop = {"e", "a", "o", "i", "u", " ", "t", "s", "n", "r"};  // the workers load the tokenizer
+      if (i == 3)
+        req.params.stop = {"e", "a", "o", "i", "u", " ", "t", "s", "n", "r"};  // the workers load the tokenizer
       req.include_prompt_logprobs = i == 0;
       out.push_back(req);
     }
@@ -278,6 +287,13 @@ TEST(DataParallel, SamplingAcrossRanksGivesOneRanksTokens) {
     greedy.params.temperature = 0;
     greedy.params.max_tokens = 5;
     out.push_back(greedy);
+    for (int seed : {7, 8}) {  // single samples: one on each rank
+      SampleRequest single;
+      single.prompt = ModelInput::from_tokens(bytes("one "));
+      single.params.max_tokens = 9;
+      single.params.seed = seed;
+      out.push_back(single);
+    }
     return out;
   };
   auto run = [&](int world_size) {
@@ -301,8 +317,21 @@ TEST(DataParallel, SamplingAcrossRanksGivesOneRanksTokens) {
   };
   const Result one = run(1), two = run(2);
   ASSERT_EQ(one.responses.size(), two.responses.size());
-  std::uint64_t worker_share = 0;
+  // Which samples the worker decodes: the requests spread (all but the one with prompt logprobs) take turns.
   const auto reqs = requests();
+  std::vector<engine::dist::SamplePlacement> placements;
+  std::uint64_t worker_share = 0;
+  int turn = 0;
+  for (const auto& req : reqs) {
+    if (req.include_prompt_logprobs) {
+      placements.push_back({{0, 0}, {req.num_samples, 0}});
+      continue;
+    }
+    placements.push_back(engine::dist::place_samples(req.num_samples, 2, turn));
+    turn = 1 - turn;
+    worker_share += static_cast<std::uint64_t>(placements.back().count[1]);
+  }
+  EXPECT_EQ(placements[6].count[0], 0);  // the last single sample is the worker's alone
   for (std::size_t i = 0; i < one.responses.size(); ++i) {
     const auto& a = one.responses[i];
     const auto& b = two.responses[i];
@@ -318,12 +347,12 @@ TEST(DataParallel, SamplingAcrossRanksGivesOneRanksTokens) {
         expect_close(a.sequences[j].logprobs[k], b.sequences[j].logprobs[k], what);
     }
     EXPECT_EQ(a.prompt_logprobs.has_value(), b.prompt_logprobs.has_value());
-    worker_share += reqs[i].num_samples / 2;
   }
   // The samples differ from each other (their own streams), and the stop strings ended some.
   EXPECT_NE(one.responses[0].sequences[0].tokens, one.responses[0].sequences[1].tokens);
-  int stopped = 0;  // among the samples rank 1 decodes at W=2 (3 to 5)
-  for (int j = 3; j < 6; ++j) stopped += one.responses[3].sequences[j].stop_reason == StopReason::stop;
+  int stopped = 0;  // among the samples rank 1 decodes at W=2
+  for (int j = 0; j < placements[3].count[1]; ++j)
+    stopped += one.responses[3].sequences[placements[3].first[1] + j].stop_reason == StopReason::stop;
   EXPECT_GT(stopped, 0);
   EXPECT_EQ(two.stats.worker_samples, worker_share);
 }

@@ -205,20 +205,21 @@ void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_p
 }
 
 std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const SampleRequest& req, std::uint64_t seed,
-                                                  DecodePrecision precision, const std::vector<int>& bounds) {
+                                                  DecodePrecision precision, const SamplePlacement& placement) {
   std::vector<int> ranks;
   for (int r = 1; r < world_size(); ++r)
-    if (bounds[r + 1] > bounds[r]) ranks.push_back(r);
+    if (placement.count[r] > 0) ranks.push_back(r);
   if (ranks.empty()) return nullptr;
   std::lock_guard lock(mu_);
   auto c = command(Command::sample, id);
   c.put(seed);
   c.put(precision);
-  c.put(bounds);
+  c.put(placement.first);
+  c.put(placement.count);
   c.put(req);
   noting_failure([&] { group_->post_command(c.take()); });
   const std::uint64_t tag = group_->command_number();
-  remote_samples_ += static_cast<std::uint64_t>(bounds.back() - bounds[1]);
+  for (const int r : ranks) remote_samples_ += static_cast<std::uint64_t>(placement.count[r]);
   return std::make_shared<Replies>(*this, tag, std::move(ranks));
 }
 
@@ -233,10 +234,10 @@ std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std:
   return std::make_shared<Replies>(*this, tag, std::vector<int>{rank});
 }
 
-int Coordinator::next_logprobs_rank() {
+int Coordinator::next_turn() {
   std::lock_guard lock(mu_);
-  const int rank = logprobs_turn_;
-  logprobs_turn_ = (logprobs_turn_ + 1) % world_size();
+  const int rank = turn_;
+  turn_ = (turn_ + 1) % world_size();
   return rank;
 }
 

@@ -17,6 +17,7 @@
 #include "cpu_decoder.hpp"
 #include "device.hpp"
 #include "dist/group.hpp"
+#include "dist/replica_ops.hpp"
 #include "optimizer.hpp"
 #include "session_model.hpp"
 #include "transformer.hpp"
@@ -69,15 +70,16 @@ class Coordinator {
   // After load_state on rank 0.
   void sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
 
-  // Samples bounds[r] .. bounds[r + 1] of `req` (as rank 0 decodes it: validated, its stop ids complete) to
-  // each worker r that has any, drawn with the request's stream from `seed` (sample_stream.hpp) at `precision`.
-  // Null when rank 0 has every sample.
+  // Each worker's samples of `req` (as rank 0 decodes it: validated, its stop ids complete) to that worker,
+  // drawn with the request's streams from `seed` (sample_stream.hpp) at `precision`; the replies come in the
+  // order of the workers that have any. Null when rank 0 has every sample.
   std::shared_ptr<Replies> post_sample(std::uint64_t id, const SampleRequest& req, std::uint64_t seed,
-                                       DecodePrecision precision, const std::vector<int>& bounds);
+                                       DecodePrecision precision, const SamplePlacement& placement);
   // compute_logprobs of `tokens` (validated) on worker `rank`.
   std::shared_ptr<Replies> post_logprobs(std::uint64_t id, const std::vector<token_id>& tokens, int rank);
-  // The rank the next compute_logprobs prompt goes to: the ranks take turns.
-  int next_logprobs_rank();
+  // The rank whose turn it is to take the next compute_logprobs prompt, or the larger shares of the next sampling
+  // request (place_samples): the ranks take turns, in the order the requests were submitted.
+  int next_turn();
 
   DataParallelStats stats() const;
   // Empty while the group works; readable while a command runs.
@@ -107,7 +109,7 @@ class Coordinator {
   std::unique_ptr<Group> group_;
   std::vector<pid_t> workers_;
   std::uint64_t next_id_ = 0;
-  int logprobs_turn_ = 0;
+  int turn_ = 0;
   // What the workers were given to do asynchronously, for stats().
   std::uint64_t remote_samples_ = 0;
   std::uint64_t remote_logprobs_ = 0;

@@ -91,6 +91,17 @@ std::vector<int> split_samples(int samples, int parts) {
   return bounds;
 }
 
+SamplePlacement place_samples(int samples, int parts, int first_rank) {
+  const auto bounds = split_samples(samples, parts);
+  SamplePlacement p{std::vector<int>(parts), std::vector<int>(parts)};
+  for (int j = 0; j < parts; ++j) {
+    const int rank = (first_rank + j) % parts;
+    p.first[rank] = bounds[j];
+    p.count[rank] = bounds[j + 1] - bounds[j];
+  }
+  return p;
+}
+
 std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int parts) {
   std::vector<double> prefix{0};
   for (const auto& d : data) prefix.push_back(prefix.back() + static_cast<double>(d.model_input.length()));

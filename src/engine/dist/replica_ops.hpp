@@ -30,9 +30,17 @@ enum class Command : std::uint8_t {
   logprobs,
 };
 
-// The samples of each rank: rank r decodes samples bounds[r] .. bounds[r + 1] of a request of `samples`, the
-// first ranks one more where they do not divide evenly (rank 0 always has one when there is any).
+// A request's samples cut into `parts` contiguous shares: share j is samples bounds[j] .. bounds[j + 1], the
+// first shares one more where they do not divide evenly.
 std::vector<int> split_samples(int samples, int parts);
+
+// Which samples of a request each rank decodes: rank r decodes samples first[r] .. first[r] + count[r] - 1.
+struct SamplePlacement {
+  std::vector<int> first, count;
+};
+// split_samples's shares given to ranks first_rank, first_rank + 1, ... (mod parts): requests take turns at
+// which rank gets the larger shares, so single samples go to every rank in turn.
+SamplePlacement place_samples(int samples, int parts, int first_rank);
 
 // The datums of each rank: `parts` contiguous runs (bounds[r] .. bounds[r + 1]) with about equal token
 // counts, so the ranks finish at about the same time and rank order is the caller's order.

@@ -130,14 +130,15 @@ class Worker {
     const std::uint64_t tag = group_->command_number();
     const auto seed = r.get<std::uint64_t>();
     const auto precision = r.get<engine::DecodePrecision>();
-    const auto bounds = r.get_vector<int>();
+    const auto firsts = r.get_vector<int>();
+    const auto counts = r.get_vector<int>();
     SampleRequest share = r.get_sample_request();
-    const int rank = group_->rank();
-    if (bounds.size() != static_cast<std::size_t>(group_->size()) + 1 || bounds[rank + 1] <= bounds[rank]) return;
-    share.num_samples = bounds[rank + 1] - bounds[rank];
+    const auto rank = static_cast<std::size_t>(group_->rank());
+    if (rank >= counts.size() || rank >= firsts.size() || counts[rank] <= 0) return;  // none of its samples
+    share.num_samples = counts[rank];
     Replica& rep = replica(id);
     auto reply_failure = [this, tag](std::exception_ptr e) { group_->post_reply(tag, failed_reply(e)); };
-    auto start = [this, &rep, share, seed, precision, first = bounds[rank]]() {
+    auto start = [this, &rep, share, seed, precision, first = firsts[rank]]() {
       engine::StopStringCheck stop_check;
       if (!share.params.stop.empty()) stop_check = engine::make_stop_string_check(tokenizer(rep), share.params.stop);
       auto* rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &rep.rounded;
