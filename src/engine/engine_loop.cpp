@@ -1,6 +1,7 @@
 #include "engine_loop.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include <rlloop/error.hpp>
 
@@ -194,7 +195,7 @@ void EngineLoop::step_active() {
   for (auto& lane : completed) finish_job(*lane);
 }
 
-bool EngineLoop::poll_pending() {
+void EngineLoop::poll_pending() {
   std::vector<std::shared_ptr<LaneState>> completed;
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (it->ready()) {
@@ -205,10 +206,9 @@ bool EngineLoop::poll_pending() {
       ++it;
     }
   }
-  if (completed.empty()) return false;
+  if (completed.empty()) return;
   std::lock_guard lock(mu_);
   for (auto& lane : completed) finish_job(*lane);
-  return true;
 }
 
 void EngineLoop::run() {

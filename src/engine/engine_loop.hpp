@@ -172,8 +172,8 @@ class EngineLoop {
   // when completed (its lane is then finished by the caller).
   bool complete_or_defer(std::shared_ptr<LaneState> lane, Job& job, std::unique_ptr<DecodeRun> run,
                          std::exception_ptr error);
-  // Completes the pending operations that are ready. Runs unlocked; true if any was.
-  bool poll_pending();
+  // Completes the pending operations that are ready. Runs unlocked.
+  void poll_pending();
 
   EngineLoopOptions options_;
   mutable std::mutex mu_;

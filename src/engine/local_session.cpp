@@ -397,11 +397,11 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     return out;
   };
 
+  auto ready = [others] { return !*others || (*others)->ready(); };
   if (placement.count[0] == 0) {  // every sample is a worker's: this rank only waits for them
-    return impl_->lane->submit_deferred<SampleResponse>([prepare, finish, others] {
+    return impl_->lane->submit_deferred<SampleResponse>([prepare, finish, ready] {
       prepare();
-      return EngineLoop::Deferred<SampleResponse>{[others] { return (*others)->ready(); },
-                                                  [finish] { return finish(SampleResponse{}); }};
+      return EngineLoop::Deferred<SampleResponse>{ready, [finish] { return finish(SampleResponse{}); }};
     });
   }
   auto start = [this, prepare, on_step = std::move(on_step)]() -> std::unique_ptr<DecodeRun> {
@@ -416,7 +416,6 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     }
     return run;
   };
-  auto ready = [others] { return !*others || (*others)->ready(); };
   return impl_->lane->submit_sample(
       placement.count[0], std::move(start), [finish](DecodeRun& run) { return finish(run.take()); }, std::move(ready));
 }

@@ -69,6 +69,8 @@ std::string refusal_key(std::int64_t n) { return "rlloop/refused/" + std::to_str
 // How often a worker tells rank 0 it is alive, and how long rank 0 watches after a failure to see who is not.
 constexpr auto kHeartbeat = std::chrono::milliseconds(200);
 constexpr auto kHeartbeatWatch = std::chrono::milliseconds(1000);
+// What a group failure found by poll_reply says the group was doing.
+const char* const kWaitingForReplies = "a share of samples or logprobs";
 
 std::vector<std::uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string as_string(const std::vector<std::uint8_t>& v) { return {v.begin(), v.end()}; }
@@ -256,7 +258,7 @@ struct Group::Impl {
     }
     h.seen = now;
     if (now - h.changed > options.timeout)
-      throw group_failure(fail(failure_prefix("a sampling share") + "rank " + std::to_string(rank) +
+      throw group_failure(fail(failure_prefix(kWaitingForReplies) + "rank " + std::to_string(rank) +
                                " stopped answering (no heartbeat for " +
                                std::to_string(options.timeout.count() / 1000) + " s)"));
   }
@@ -371,11 +373,13 @@ std::optional<std::string> Group::poll_reply(std::uint64_t tag, int rank) {
       g.replies->deleteKey(key);
       return reply;
     }
+    g.check_heartbeat(rank);
+  } catch (const group_failure&) {
+    throw;
   } catch (const std::exception& e) {
     throw group_failure(
-        g.fail(g.failure_prefix("a sampling share") + "its store stopped answering (" + e.what() + ")"));
+        g.fail(g.failure_prefix(kWaitingForReplies) + "rank 0's store stopped answering (" + e.what() + ")"));
   }
-  g.check_heartbeat(rank);
   return std::nullopt;
 }
 
