@@ -27,8 +27,11 @@ class Future {
     return Future(p.get_future().share());
   }
 
-  // Waits and returns the result, or rethrows the operation's error.
-  const T& get() const { return f_.get(); }
+  // Waits and returns the result, or rethrows the operation's error. The result lives in the future's shared
+  // state, so a temporary future returns a copy: `for (auto& s : session.sample(r).get().sequences)` would
+  // otherwise walk a response destroyed with the future at the end of the range's expression.
+  const T& get() const& { return f_.get(); }
+  T get() && { return f_.get(); }
   void wait() const { f_.wait(); }
   bool is_ready() const { return f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
   template <class Rep, class Period>

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <type_traits>
+
 #include <rlloop/rlloop.hpp>
 
 using namespace rlloop;
@@ -86,4 +88,15 @@ TEST(Future, ReadyAndFailedFutures) {
   EXPECT_EQ(f.get(), 7);
   auto g = Future<int>::failed(std::make_exception_ptr(conflict("busy")));
   EXPECT_THROW(g.get(), conflict);
+}
+
+TEST(Future, ATemporaryFutureGivesItsResultByValue) {
+  // A held future lends its result; a temporary one copies it out, so that a range over a member of the result
+  // does not outlive the shared state the result lives in.
+  static_assert(std::is_same_v<decltype(std::declval<Future<std::vector<int>>&>().get()), const std::vector<int>&>);
+  static_assert(std::is_same_v<decltype(std::declval<Future<std::vector<int>>>().get()), std::vector<int>>);
+  std::vector<int> seen;
+  for (int v : Future<std::vector<int>>::ready({3, 1, 4}).get()) seen.push_back(v);
+  EXPECT_EQ(seen, (std::vector<int>{3, 1, 4}));
+  EXPECT_THROW(Future<int>::failed(std::make_exception_ptr(conflict("busy"))).get(), conflict);
 }

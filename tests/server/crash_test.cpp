@@ -205,7 +205,8 @@ constexpr int kDataParallelSteps = 8;
 struct DataParallelRun {
   std::string arn;
   std::vector<double> losses;
-  std::vector<std::string> errors;  // of operations that failed and were retried
+  std::vector<std::vector<token_id>> samples;  // a seeded request's, after training (half of them rank 1's)
+  std::vector<std::string> errors;             // of operations that failed and were retried
 };
 
 // SFT on a two-rank server; before_step(i) runs before step i's forward_backward is waited for. An operation
@@ -243,6 +244,15 @@ DataParallelRun train_data_parallel(std::uint16_t port, const std::function<void
     retried([&] { s->optim_step(AdamParams{.learning_rate = 5e-3}).get(); });
   }
   run.arn = s->save_weights_for_sampler("final").get().path;
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens({'t', 'h', 'e', ' '});
+  req.num_samples = 4;
+  req.params.max_tokens = 8;
+  req.params.seed = 11;
+  retried([&] {
+    const SampleResponse out = s->sample(req).get();  // a copy: the future's state dies with it
+    for (const auto& seq : out.sequences) run.samples.push_back(seq.tokens);
+  });
   return run;
 }
 
@@ -290,5 +300,8 @@ TEST(CrashRecovery, AKilledDataParallelRankFailsOneOperationAndTheServerComesBac
   ASSERT_FALSE(b.empty());
   EXPECT_TRUE(read_file(a / "weights.safetensors") == read_file(b / "weights.safetensors"))
       << "final adapter weights differ from the uninterrupted run";
+  // And the recovered group samples what the uninterrupted one did, each rank its share.
+  EXPECT_EQ(got.samples, expected.samples);
+  EXPECT_EQ(got.samples.size(), 4u);
   server.kill(SIGTERM);
 }
