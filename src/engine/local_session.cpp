@@ -172,9 +172,15 @@ struct LocalSession::Impl {
     usage += u;
   }
 
+  // The key of a sampling request's model: empty for the live model, else the checkpoint's normalized path (as
+  // save() returns paths).
+  static std::string sampler_key(const std::optional<std::string>& path) {
+    return path && !path->empty() ? fs::absolute(*path).lexically_normal().string() : std::string();
+  }
+
   SamplingModel& sampling_model(const std::optional<std::string>& path) {
-    if (!path || path->empty()) return live;
-    const std::string key = fs::absolute(*path).lexically_normal().string();  // as save() returns paths
+    const std::string key = sampler_key(path);
+    if (key.empty()) return live;
     auto it = samplers.find(key);
     if (it != samplers.end()) {
       it->second.last_used = ++sampler_clock;
@@ -184,11 +190,24 @@ struct LocalSession::Impl {
     check_same_base(state.meta, *path);
     auto m = make_model();
     load_trainable(*m, state.weights);
-    if (samplers.size() >= kLoadedSamplerModels)
-      samplers.erase(std::min_element(samplers.begin(), samplers.end(), [](const auto& a, const auto& b) {
+    if (samplers.size() >= kLoadedSamplerModels) {
+      auto oldest = std::min_element(samplers.begin(), samplers.end(), [](const auto& a, const auto& b) {
         return a.second.last_used < b.second.last_used;
-      }));
+      });
+      drop_sampler(oldest);
+    }
+    // The workers hold what this cache holds, so that they can decode its models' samples too.
+    if (group && group->failure().empty()) group->load_sampler(replica, key, *m);
     return samplers.emplace(key, SamplingModel{m, nullptr, ++sampler_clock}).first->second;
+  }
+
+  void drop_sampler(std::map<std::string, SamplingModel>::iterator it) {
+    try {
+      if (group) group->drop_sampler(replica, it->first);
+    } catch (const group_failure&) {
+      // The group is gone, and its copies with it.
+    }
+    samplers.erase(it);
   }
 
   // A checkpoint holds what its session trained (with LoRA, the adapters only), so it is only meaningful over
@@ -242,7 +261,8 @@ struct LocalSession::Impl {
       for (auto& [k, v] : optimizer->state_tensors()) opt[k] = v;
     write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta());
     const std::string path = fs::absolute(dir).lexically_normal().string();
-    samplers.erase(path);  // a model loaded from this path before holds the old weights; the next use reloads
+    // A model loaded from this path before holds the old weights; the next use reloads.
+    if (auto it = samplers.find(path); it != samplers.end()) drop_sampler(it);
     return {path};
   }
 
@@ -330,19 +350,15 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
 
-namespace {
-bool names_a_checkpoint(const std::optional<std::string>& model_path) { return model_path && !model_path->empty(); }
-}  // namespace
-
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
   // With data parallelism the live model's samples are shared out over the ranks (place_samples; the ranks take
   // turns at the larger shares, so single samples go to each in turn), each rank decoding its own from the
-  // request's streams: the tokens are those of one rank. Staying on rank 0: streamed requests (their progress is
-  // rank 0's rows), prompt logprobs, sampler weights from a checkpoint (only rank 0 holds them), and everything
-  // once the group has failed.
+  // request's streams: the tokens are those of one rank. Sampler weights from a checkpoint too: the workers hold
+  // what rank 0's sampler cache holds. Staying on rank 0: streamed requests (their progress is rank 0's rows),
+  // prompt logprobs, and everything once the group has failed.
   const auto& group = impl_->group;
-  const bool spread = group && group->failure().empty() && !on_step && !names_a_checkpoint(request.model_path) &&
-                      !request.include_prompt_logprobs && request.topk_prompt_logprobs == 0 && request.num_samples >= 1;
+  const bool spread = group && group->failure().empty() && !on_step && !request.include_prompt_logprobs &&
+                      request.topk_prompt_logprobs == 0 && request.num_samples >= 1;
   const dist::SamplePlacement placement =
       spread ? dist::place_samples(request.num_samples, group->world_size(), group->next_turn())
              : dist::SamplePlacement{{0}, {request.num_samples}};
@@ -366,7 +382,9 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     if (!p.mine.params.stop.empty()) p.stop_check = make_stop_string_check(*impl_->tokenizer, p.mine.params.stop);
     const std::uint64_t seed =
         p.mine.params.seed ? static_cast<std::uint64_t>(*p.mine.params.seed) : impl_->next_seed();
-    if (spread) *others = impl_->group->post_sample(impl_->replica, p.mine, seed, impl_->decode_precision, placement);
+    if (spread)
+      *others = impl_->group->post_sample(impl_->replica, Impl::sampler_key(request.model_path), p.mine, seed,
+                                          impl_->decode_precision, placement);
     p.mine.num_samples = placement.count[0];
     p.stream = SampleStream(seed, placement.first[0]);
     return p;
@@ -421,10 +439,9 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
 }
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
-  // With data parallelism the live model's prompts go to the ranks in turn.
+  // With data parallelism the prompts go to the ranks in turn (the workers hold the sampler models too).
   const auto& group = impl_->group;
-  const int rank =
-      group && group->failure().empty() && !names_a_checkpoint(request.model_path) ? group->next_turn() : 0;
+  const int rank = group && group->failure().empty() ? group->next_turn() : 0;
   auto checked_tokens = [this, request](Transformer& m) {
     validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
     auto tokens = request.prompt.tokens();
@@ -432,8 +449,9 @@ Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobs
     return tokens;
   };
   if (rank != 0)
-    return impl_->lane->submit_deferred<std::vector<double>>([this, rank, checked_tokens] {
-      auto replies = impl_->group->post_logprobs(impl_->replica, checked_tokens(*impl_->model), rank);
+    return impl_->lane->submit_deferred<std::vector<double>>([this, request, rank, checked_tokens] {
+      auto tokens = checked_tokens(*impl_->sampling_model(request.model_path).model);
+      auto replies = impl_->group->post_logprobs(impl_->replica, Impl::sampler_key(request.model_path), tokens, rank);
       return EngineLoop::Deferred<std::vector<double>>{[replies] { return replies->ready(); },
                                                        [replies] {
                                                          const auto reply = replies->take();

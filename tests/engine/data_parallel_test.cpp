@@ -357,6 +357,61 @@ TEST(DataParallel, SamplingAcrossRanksGivesOneRanksTokens) {
   EXPECT_EQ(two.stats.worker_samples, worker_share);
 }
 
+// Sampler weights saved from the session (save_weights_for_sampler) are sampled on every rank too: the workers
+// hold what rank 0's sampler cache holds, through re-saves under the same name and evictions.
+TEST(DataParallel, SamplerWeightsFromCheckpointsAreSpreadToo) {
+  struct Result {
+    std::vector<std::vector<token_id>> tokens;
+    std::vector<std::vector<double>> logprobs;
+    DataParallelStats stats;
+  };
+  auto run = [](int world_size) {
+    auto dir = temp_dir("samplers-w" + std::to_string(world_size));
+    LocalService svc(service(dir, world_size));
+    auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 9));
+    auto train_step = [&] {
+      s->forward_backward(sft_batch(), LossSpec{}).get();
+      s->optim_step(AdamParams{.learning_rate = 5e-2}).get();
+    };
+    Result r;
+    auto sample_from = [&](const std::string& path) {
+      SampleRequest req;
+      req.prompt = ModelInput::from_tokens(bytes("the "));
+      req.num_samples = 4;
+      req.params.max_tokens = 8;
+      req.params.seed = 3;
+      req.model_path = path;
+      for (const auto& seq : s->sample(req).get().sequences) r.tokens.push_back(seq.tokens);
+      r.logprobs.push_back(s->compute_logprobs({ModelInput::from_tokens(bytes("the cat")), path}).get());
+    };
+    train_step();
+    const std::string first = s->save_weights_for_sampler("first").get().path;
+    train_step();
+    sample_from(first);  // weights one step behind the session's
+    train_step();
+    s->save_weights_for_sampler("first").get();  // the same name again: every rank must drop the old weights
+    sample_from(first);
+    for (int i = 0; i < 5; ++i) {  // more sampler models than rank 0 keeps (4): the oldest are evicted
+      train_step();
+      sample_from(s->save_weights_for_sampler("other-" + std::to_string(i)).get().path);
+    }
+    sample_from(first);  // evicted by now: read again, and sent to the workers again
+    r.stats = svc.data_parallel_stats();
+    return r;
+  };
+  const Result one = run(1), two = run(2);
+  ASSERT_EQ(one.tokens.size(), two.tokens.size());
+  for (std::size_t i = 0; i < one.tokens.size(); ++i) EXPECT_EQ(one.tokens[i], two.tokens[i]) << "sample " << i;
+  ASSERT_EQ(one.logprobs.size(), two.logprobs.size());
+  for (std::size_t i = 0; i < one.logprobs.size(); ++i)
+    for (std::size_t j = 0; j < one.logprobs[i].size(); ++j)
+      expect_close(one.logprobs[i][j], two.logprobs[i][j], "sampler logprobs " + std::to_string(i));
+  // The re-saved weights are not the first ones (so the check above could fail).
+  EXPECT_NE(one.logprobs[0], one.logprobs[1]);
+  EXPECT_EQ(two.stats.worker_samples, 8u * 2);  // 8 requests of 4 samples, half of each on rank 1
+  EXPECT_EQ(two.stats.worker_logprobs, 8u);     // the turns alternate, and each prompt follows a request
+}
+
 TEST(DataParallel, AStuckRankFailsASampleNamingItAndSamplingGoesOnAlone) {
   auto dir = temp_dir("stuck-sample");
   LocalService svc(service(dir, 2, /*timeout_s=*/3));

@@ -204,7 +204,8 @@ void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_p
   });
 }
 
-std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const SampleRequest& req, std::uint64_t seed,
+std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const std::string& sampler,
+                                                  const SampleRequest& req, std::uint64_t seed,
                                                   DecodePrecision precision, const SamplePlacement& placement) {
   std::vector<int> ranks;
   for (int r = 1; r < world_size(); ++r)
@@ -212,6 +213,7 @@ std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const Sample
   if (ranks.empty()) return nullptr;
   std::lock_guard lock(mu_);
   auto c = command(Command::sample, id);
+  c.put(sampler);
   c.put(seed);
   c.put(precision);
   c.put(placement.first);
@@ -223,15 +225,35 @@ std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const Sample
   return std::make_shared<Replies>(*this, tag, std::move(ranks));
 }
 
-std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std::vector<token_id>& tokens, int rank) {
+std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std::string& sampler,
+                                                    const std::vector<token_id>& tokens, int rank) {
   std::lock_guard lock(mu_);
   auto c = command(Command::logprobs, id);
+  c.put(sampler);
   c.put(rank);
   c.put(tokens);
   noting_failure([&] { group_->post_command(c.take()); });
   const std::uint64_t tag = group_->command_number();
   ++remote_logprobs_;
   return std::make_shared<Replies>(*this, tag, std::vector<int>{rank});
+}
+
+void Coordinator::load_sampler(std::uint64_t id, const std::string& key, Transformer& model) {
+  std::lock_guard lock(mu_);
+  auto c = command(Command::load_sampler, id);
+  c.put(key);
+  noting_failure([&] {
+    group_->post_command(c.take());
+    load_sampler_share(*group_, model);
+  });
+}
+
+void Coordinator::drop_sampler(std::uint64_t id, const std::string& key) {
+  std::lock_guard lock(mu_);
+  if (group_->failed()) return;  // nothing left to drop on the other ranks
+  auto c = command(Command::drop_sampler, id);
+  c.put(key);
+  noting_failure([&] { group_->post_command(c.take()); });
 }
 
 int Coordinator::next_turn() {

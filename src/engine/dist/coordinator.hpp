@@ -71,12 +71,17 @@ class Coordinator {
   void sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
 
   // Each worker's samples of `req` (as rank 0 decodes it: validated, its stop ids complete) to that worker,
-  // drawn with the request's streams from `seed` (sample_stream.hpp) at `precision`; the replies come in the
-  // order of the workers that have any. Null when rank 0 has every sample.
-  std::shared_ptr<Replies> post_sample(std::uint64_t id, const SampleRequest& req, std::uint64_t seed,
-                                       DecodePrecision precision, const SamplePlacement& placement);
-  // compute_logprobs of `tokens` (validated) on worker `rank`.
-  std::shared_ptr<Replies> post_logprobs(std::uint64_t id, const std::vector<token_id>& tokens, int rank);
+  // drawn with the request's streams from `seed` (sample_stream.hpp) at `precision`, from the session's model or
+  // (`sampler` not empty) the sampler model loaded under that key; the replies come in the order of the workers
+  // that have any. Null when rank 0 has every sample.
+  std::shared_ptr<Replies> post_sample(std::uint64_t id, const std::string& sampler, const SampleRequest& req,
+                                       std::uint64_t seed, DecodePrecision precision, const SamplePlacement& placement);
+  // compute_logprobs of `tokens` (validated) on worker `rank`, with the session's model or a sampler model.
+  std::shared_ptr<Replies> post_logprobs(std::uint64_t id, const std::string& sampler,
+                                         const std::vector<token_id>& tokens, int rank);
+  // A sampler model rank 0 loaded from a checkpoint (`model`), to every worker under `key`; and one it dropped.
+  void load_sampler(std::uint64_t id, const std::string& key, Transformer& model);
+  void drop_sampler(std::uint64_t id, const std::string& key);
   // The rank whose turn it is to take the next compute_logprobs prompt, or the larger shares of the next sampling
   // request (place_samples): the ranks take turns, in the order the requests were submitted.
   int next_turn();

@@ -323,6 +323,8 @@ void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
   optimizer->zero_grad();
 }
 
+void load_sampler_share(Group& group, Transformer& model) { group.broadcast(trainable_tensors(model)); }
+
 void acknowledge(Group& group) { group.gather({}); }
 
 }  // namespace rlloop::engine::dist

@@ -28,6 +28,10 @@ enum class Command : std::uint8_t {
   // Answered by replies (Group::post_reply), not by a collective: the worker runs them beside later commands.
   sample,
   logprobs,
+  // Sampler weights from a checkpoint, as rank 0 holds them: loaded (a broadcast of their trainable weights) and
+  // dropped (no answer), so the workers hold what rank 0's sampler cache holds.
+  load_sampler,
+  drop_sampler,
 };
 
 // A request's samples cut into `parts` contiguous shares: share j is samples bounds[j] .. bounds[j + 1], the
@@ -68,6 +72,10 @@ Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& param
 // After rank 0 changed its replica alone (load_state): its trainable weights, and with `with_optimizer` its
 // optimizer state, to every rank. Without, every rank starts a fresh optimizer (`optimizer` is replaced).
 void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
+
+// load_sampler: rank 0's trainable weights of a sampler model (loaded from a checkpoint) into every rank's copy,
+// made as the session's model is.
+void load_sampler_share(Group& group, Transformer& model);
 
 // Close and shutdown: every rank has done it.
 void acknowledge(Group& group);

@@ -22,13 +22,21 @@ namespace rlloop {
 
 namespace {
 
+// A model to sample from: the session's, or sampler weights rank 0 loaded from a checkpoint.
+struct SamplingModel {
+  std::shared_ptr<engine::Transformer> model;
+  std::shared_ptr<const engine::RoundedWeights> rounded;  // bf16 snapshot of a private model (as LocalSession's)
+};
+
 struct Replica {
   engine::SessionModel model;
   std::unique_ptr<engine::AdamW> optimizer;
+  SessionOptions options;
   std::string resolved_base;
-  std::shared_ptr<const Tokenizer> tokenizer;             // for stop strings, loaded at the first that needs it
-  std::shared_ptr<const engine::RoundedWeights> rounded;  // bf16 snapshot of a private model (as LocalSession's)
-  std::unique_ptr<engine::EngineLoop::Lane> lane;         // last: destroying it waits for the replica's shares
+  std::map<std::string, SamplingModel> samplers;   // what rank 0's sampler cache holds, by its key
+  std::shared_ptr<const Tokenizer> tokenizer;      // for stop strings, loaded at the first that needs it
+  SamplingModel live;                              // the session's model, for sampling
+  std::unique_ptr<engine::EngineLoop::Lane> lane;  // last: destroying it waits for the replica's shares
 };
 
 std::string ok_reply(engine::dist::ByteWriter& w) {
@@ -97,6 +105,12 @@ class Worker {
         case Command::logprobs:
           logprobs(id, r);
           break;
+        case Command::load_sampler:
+          load_sampler(id, r.get_string());
+          break;
+        case Command::drop_sampler:
+          replica(id).samplers.erase(r.get_string());
+          break;
         case Command::shutdown:
           engine::dist::acknowledge(*group_);
           return;
@@ -120,6 +134,8 @@ class Worker {
     } catch (const invalid_argument&) {
       return;  // some rank could not hold it: rank 0 reports why, and no rank keeps it
     }
+    rep.options = options;
+    rep.live.model = rep.model.model;
     rep.resolved_base = resolve_base_model(options_.service, options.base_model);
     rep.lane = engine::EngineLoop::open_lane(bases_.loop(engine::base_key(rep.resolved_base, dev_)));
     replicas_.emplace(id, std::move(rep));
@@ -128,6 +144,7 @@ class Worker {
   // This rank's samples of a request, decoded on the replica's lane; the reply carries their sequences.
   void sample(std::uint64_t id, engine::dist::ByteReader& r) {
     const std::uint64_t tag = group_->command_number();
+    const std::string sampler = r.get_string();
     const auto seed = r.get<std::uint64_t>();
     const auto precision = r.get<engine::DecodePrecision>();
     const auto firsts = r.get_vector<int>();
@@ -137,12 +154,13 @@ class Worker {
     if (rank >= counts.size() || rank >= firsts.size() || counts[rank] <= 0) return;  // none of its samples
     share.num_samples = counts[rank];
     Replica& rep = replica(id);
+    SamplingModel& target = sampling_model(rep, sampler);
     auto reply_failure = [this, tag](std::exception_ptr e) { group_->post_reply(tag, failed_reply(e)); };
-    auto start = [this, &rep, share, seed, precision, first = firsts[rank]]() {
+    auto start = [this, &rep, &target, share, seed, precision, first = firsts[rank]]() {
       engine::StopStringCheck stop_check;
       if (!share.params.stop.empty()) stop_check = engine::make_stop_string_check(tokenizer(rep), share.params.stop);
-      auto* rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &rep.rounded;
-      return std::make_unique<engine::DecodeRun>(*rep.model.model, share, stop_check, engine::SampleStream(seed, first),
+      auto* rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &target.rounded;
+      return std::make_unique<engine::DecodeRun>(*target.model, share, stop_check, engine::SampleStream(seed, first),
                                                  precision, rounded);
     };
     auto finish = [this, tag](engine::DecodeRun& run) {
@@ -157,15 +175,17 @@ class Worker {
 
   void logprobs(std::uint64_t id, engine::dist::ByteReader& r) {
     const std::uint64_t tag = group_->command_number();
+    const std::string sampler = r.get_string();
     const int rank = r.get<int>();
     auto tokens = r.get_vector<token_id>();
     if (rank != group_->rank()) return;
     Replica& rep = replica(id);
-    rep.lane->submit<bool>([this, &rep, tag, tokens = std::move(tokens)] {
+    auto model = sampling_model(rep, sampler).model;
+    rep.lane->submit<bool>([this, model, tag, tokens = std::move(tokens)] {
       std::string reply;
       try {
         engine::dist::ByteWriter w;
-        w.put(engine::compute_logprobs(*rep.model.model, tokens));
+        w.put(engine::compute_logprobs(*model, tokens));
         reply = ok_reply(w);
       } catch (...) {
         reply = failed_reply(std::current_exception());
@@ -173,6 +193,24 @@ class Worker {
       group_->post_reply(tag, reply);
       return true;
     });
+  }
+
+  // A sampler model as rank 0 loaded it: made as the session's model is, with rank 0's trainable weights.
+  void load_sampler(std::uint64_t id, const std::string& key) {
+    Replica& rep = replica(id);
+    SamplingModel loaded{engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options).model, nullptr};
+    engine::dist::load_sampler_share(*group_, *loaded.model);
+    rep.samplers[key] = std::move(loaded);
+  }
+
+  // Rank 0 names only the samplers it loaded on every rank (and, while their shares run, does not drop them).
+  SamplingModel& sampling_model(Replica& rep, const std::string& key) {
+    if (key.empty()) return rep.live;
+    auto it = rep.samplers.find(key);
+    if (it == rep.samplers.end())
+      throw group_failure("data-parallel worker " + std::to_string(group_->rank()) +
+                          ": rank 0 named sampler weights '" + key + "', which this rank does not hold");
+    return it->second;
   }
 
   const Tokenizer& tokenizer(Replica& rep) {
