@@ -113,7 +113,8 @@ struct LocalSession::Impl {
   TokenUsage usage;
 
   // With data parallelism: the group that holds this session's replicas on the other ranks, and its id there.
-  // Training runs through it (and so on every rank), and so do the live model's samples and logprobs.
+  // Training runs through it (and so on every rank), and so do samples and logprobs; the workers also hold what
+  // `samplers` holds.
   std::shared_ptr<dist::Coordinator> group;
   std::uint64_t replica = 0;
 
