@@ -412,6 +412,24 @@ TEST(DataParallel, SamplerWeightsFromCheckpointsAreSpreadToo) {
   EXPECT_EQ(two.stats.worker_logprobs, 8u);     // the turns alternate, and each prompt follows a request
 }
 
+TEST(DataParallel, AKilledLocalRankFailsASampleAtOnce) {
+  auto dir = temp_dir("killed-sample");
+  LocalService svc(service(dir, 2, /*timeout_s=*/60));
+  auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  const auto workers = test_util::child_processes(getpid(), "worker");
+  ASSERT_EQ(workers.size(), 1u);
+  kill(workers[0], SIGKILL);
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(bytes("hi"));
+  req.num_samples = 2;
+  req.params.max_tokens = 4;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { s->sample(req).get(); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(error.find("rank 1 exited (killed by signal 9)"), std::string::npos) << error;
+  EXPECT_LT(waited, 30.0);  // not the 60 s a heartbeat would take to tell
+}
+
 TEST(DataParallel, AStuckRankFailsASampleNamingItAndSamplingGoesOnAlone) {
   auto dir = temp_dir("stuck-sample");
   LocalService svc(service(dir, 2, /*timeout_s=*/3));

@@ -269,6 +269,19 @@ void Coordinator::note_failure(const std::string& message) {
   if (failure_.empty()) failure_ = message;
 }
 
+std::string Coordinator::exited_local_worker() const {
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    siginfo_t info{};
+    // WNOWAIT: the exit stays for stop_local_workers to reap.
+    if (waitid(P_PID, static_cast<id_t>(workers_[i]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0) {
+      const std::string how = info.si_code == CLD_EXITED ? "with status " + std::to_string(info.si_status)
+                                                         : "killed by signal " + std::to_string(info.si_status);
+      return "rank " + std::to_string(i + 1) + " exited (" + how + ")";
+    }
+  }
+  return {};
+}
+
 Replies::Replies(Coordinator& coordinator, std::uint64_t tag, std::vector<int> ranks)
     : coordinator_(coordinator), tag_(tag), ranks_(std::move(ranks)), replies_(ranks_.size()) {}
 
@@ -280,7 +293,11 @@ bool Replies::ready() {
       if (!replies_[i]) replies_[i] = coordinator_.group_->poll_reply(tag_, ranks_[i]);
       all = all && replies_[i].has_value();
     }
-    return all;
+    if (all) return true;
+    if (const std::string exited = coordinator_.exited_local_worker(); !exited.empty())
+      throw group_failure("data-parallel group of " + std::to_string(coordinator_.world_size()) +
+                          " ranks failed during a share of samples or logprobs: " + exited);
+    return false;
   } catch (const group_failure& e) {
     coordinator_.note_failure(e.what());
     error_ = std::current_exception();

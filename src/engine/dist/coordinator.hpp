@@ -93,6 +93,9 @@ class Coordinator {
  private:
   friend class Replies;
   void note_failure(const std::string& message);
+  // "rank R exited (...)" for a local worker that has exited, else empty: rank 0 learns of it at once, where a
+  // heartbeat (all it has of a remote rank) takes the timeout to tell.
+  std::string exited_local_worker() const;
 
   void start_local_workers(const LocalServiceOptions& service, const DeviceChoice& dev, int count);
   void stop_local_workers();
