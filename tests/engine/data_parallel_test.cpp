@@ -464,6 +464,19 @@ TEST(DataParallel, SplitsBatchesByTokensInTheCallersOrder) {
   EXPECT_EQ(engine::dist::split_by_tokens(data, 3), (std::vector<std::size_t>{0, 1, 11, 12}));  // 10 tokens each
   // Fewer datums than ranks: some ranks get none.
   EXPECT_EQ(engine::dist::split_by_tokens({data[0]}, 3), (std::vector<std::size_t>{0, 0, 1, 1}));
+  // Each worker is sent its share alone, with where it starts in the batch.
+  const auto shares = engine::dist::shares_of(data, 2);
+  ASSERT_EQ(shares.size(), 2u);
+  EXPECT_EQ(shares[0].first, 0u);
+  EXPECT_EQ(shares[0].data.size(), 6u);
+  const auto sent = engine::dist::decode_share(engine::dist::encode(shares[1]));
+  EXPECT_EQ(sent.first, 6u);
+  ASSERT_EQ(sent.data.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(sent.data[i].model_input.tokens(), data[6 + i].model_input.tokens());
+    EXPECT_EQ(sent.data[i].loss_fn_inputs.at("weights").float_data,
+              data[6 + i].loss_fn_inputs.at("weights").float_data);
+  }
 }
 
 TEST(DataParallel, ACustomLossRunsOnceOverEveryRanksLogprobs) {

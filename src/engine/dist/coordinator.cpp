@@ -33,6 +33,13 @@ std::string worker_device(const DeviceChoice& dev, int rank) {
   return "cuda:" + std::to_string((std::max<int>(dev.device.index(), 0) + rank) % std::max(count, 1));
 }
 
+// The messages that carry each worker's share (rank 0's own is not sent).
+std::vector<std::string> encode_all(const std::vector<Share>& shares) {
+  std::vector<std::string> out(shares.size());
+  for (std::size_t r = 1; r < shares.size(); ++r) out[r] = encode(shares[r]);
+  return out;
+}
+
 // How long the workers get to exit after the shutdown command before they are killed.
 constexpr auto kWorkerExitGrace = std::chrono::seconds(10);
 
@@ -158,14 +165,14 @@ ForwardBackwardOutput Coordinator::forward(std::uint64_t id, Transformer& model,
   // Checked here, over the whole batch, so a bad datum is the caller's 400 naming it (as with one rank), not
   // a rank's failure.
   validate_builtin_batch(model.config(), data, loss);
+  const auto shares = shares_of(data, world_size());
   std::lock_guard lock(mu_);
   auto c = command(Command::forward, id);
   c.put(backward);
   c.put(loss);
-  c.put(data);
   return noting_failure([&] {
-    group_->post_command(c.take());
-    return forward_share(*group_, model, data, loss, backward);
+    group_->post_command(c.take(), encode_all(shares));
+    return forward_share(*group_, model, shares[0].data, loss, backward);
   });
 }
 
@@ -173,12 +180,11 @@ ForwardBackwardOutput Coordinator::forward_custom(std::uint64_t id, Transformer&
                                                   const CustomLossFn& fn) {
   if (!fn) throw invalid_argument("forward_backward_custom: no loss function given");
   validate_custom_input(model.config(), data);
+  const auto shares = shares_of(data, world_size());
   std::lock_guard lock(mu_);
-  auto c = command(Command::forward_custom, id);
-  c.put(data);
   return noting_failure([&] {
-    group_->post_command(c.take());
-    return custom_share(*group_, model, data, &fn);
+    group_->post_command(command(Command::forward_custom, id).take(), encode_all(shares));
+    return custom_share(*group_, model, shares[0], &data, &fn);
   });
 }
 

@@ -60,6 +60,9 @@ std::string claim_key(int rank) { return "rlloop/claim/" + std::to_string(rank);
 std::string alive_key(int rank) { return "rlloop/alive/" + std::to_string(rank); }
 std::string command_key(std::uint64_t n) { return "rlloop/command/" + std::to_string(n); }
 std::string read_key(std::uint64_t n) { return "rlloop/read/" + std::to_string(n); }
+std::string share_key(std::uint64_t n, int rank) {
+  return "rlloop/share/" + std::to_string(n) + "/" + std::to_string(rank);
+}
 std::string reply_key(std::uint64_t tag, int rank) {
   return "rlloop/reply/" + std::to_string(tag) + "/" + std::to_string(rank);
 }
@@ -343,10 +346,26 @@ CollectiveStats Group::stats() const { return impl_->stats; }
 bool Group::failed() const { return !impl_->failure().empty(); }
 void Group::mark_failed(const std::string& message) { impl_->fail(message); }
 
-void Group::post_command(const std::string& bytes) {
+void Group::post_command(const std::string& bytes, const std::vector<std::string>& shares) {
   Impl& g = *impl_;
   g.throw_if_failed();
-  g.store->set(command_key(++g.commands), as_bytes(bytes));
+  const std::uint64_t n = ++g.commands;
+  // The shares first: a worker that sees the command finds its share there.
+  for (std::size_t r = 1; r < shares.size(); ++r) g.store->set(share_key(n, static_cast<int>(r)), as_bytes(shares[r]));
+  g.store->set(command_key(n), as_bytes(bytes));
+}
+
+std::string Group::take_share() {
+  Impl& g = *impl_;
+  const std::string key = share_key(g.commands, g.options.rank);
+  try {
+    std::string bytes = as_string(g.store->get(key));
+    g.store->deleteKey(key);
+    return bytes;
+  } catch (const std::exception& e) {
+    throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
+                        " (" + e.what() + ")");
+  }
 }
 
 std::uint64_t Group::command_number() const { return impl_->commands; }
@@ -494,7 +513,8 @@ int Group::rank() const { return 0; }
 int Group::size() const { return 1; }
 int Group::port() const { return 0; }
 std::string Group::address() const { return {}; }
-void Group::post_command(const std::string&) { no_c10d(); }
+void Group::post_command(const std::string&, const std::vector<std::string>&) { no_c10d(); }
+std::string Group::take_share() { no_c10d(); }
 std::string Group::next_command() { no_c10d(); }
 std::uint64_t Group::command_number() const { return 0; }
 void Group::post_reply(std::uint64_t, const std::string&) { no_c10d(); }

@@ -64,8 +64,11 @@ class Group {
 
   // Rank 0 posts the next command; every other rank receives it, in order. A command ends in a collective, or
   // (an asynchronous one) in replies.
-  void post_command(const std::string& bytes);
+  // `shares`, when given, holds one more message per rank (index = rank; rank 0's is not sent) that only that
+  // rank reads, with take_share() after next_command(): the part of a batch that rank computes.
+  void post_command(const std::string& bytes, const std::vector<std::string>& shares = {});
   std::string next_command();
+  std::string take_share();
   // The number of the last command posted (rank 0) or received (the others): the tag of its replies.
   std::uint64_t command_number() const;
 

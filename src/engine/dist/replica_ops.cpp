@@ -36,11 +36,6 @@ std::string first_failure(const std::vector<std::string>& replies) {
   return {};
 }
 
-std::vector<Datum> share_of(const std::vector<Datum>& data, const std::vector<std::size_t>& bounds, int rank) {
-  return {data.begin() + static_cast<std::ptrdiff_t>(bounds[rank]),
-          data.begin() + static_cast<std::ptrdiff_t>(bounds[rank + 1])};
-}
-
 // FNV-1a over the bits of a base's weights, word by word; computed once per base (SharedBase::hashed).
 std::uint64_t frozen_weights_hash(SharedBase& base) {
   std::call_once(base.hashed, [&] {
@@ -102,6 +97,32 @@ SamplePlacement place_samples(int samples, int parts, int first_rank) {
   return p;
 }
 
+std::vector<Share> shares_of(const std::vector<Datum>& data, int parts) {
+  const auto bounds = split_by_tokens(data, parts);
+  std::vector<Share> out(parts);
+  for (int r = 0; r < parts; ++r) {
+    out[r].data.assign(data.begin() + static_cast<std::ptrdiff_t>(bounds[r]),
+                       data.begin() + static_cast<std::ptrdiff_t>(bounds[r + 1]));
+    out[r].first = bounds[r];
+  }
+  return out;
+}
+
+std::string encode(const Share& share) {
+  ByteWriter w;
+  w.put(share.first);
+  w.put(share.data);
+  return w.take();
+}
+
+Share decode_share(const std::string& bytes) {
+  ByteReader r(bytes);
+  Share share;
+  share.first = r.get<std::uint64_t>();
+  share.data = r.get_data();
+  return share;
+}
+
 std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int parts) {
   std::vector<double> prefix{0};
   for (const auto& d : data) prefix.push_back(prefix.back() + static_cast<double>(d.model_input.length()));
@@ -148,10 +169,8 @@ void open_replica(Group& group, const SessionModel* made, const std::string& err
   group.broadcast(trainable_tensors(*made->model));
 }
 
-ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& mine,
                                     const LossSpec& loss, bool backward) {
-  const auto bounds = split_by_tokens(data, group.size());
-  const auto mine = share_of(data, bounds, group.rank());
   ByteWriter w;
   std::string reply;
   try {
@@ -187,14 +206,12 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
   return total;
 }
 
-ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share& mine, const std::vector<Datum>* all,
                                    const CustomLossFn* fn) {
-  const auto bounds = split_by_tokens(data, group.size());
-  const auto mine = share_of(data, bounds, group.rank());
   std::optional<CustomLossPass> pass;
   std::string reply;
   try {
-    if (!mine.empty()) pass = custom_loss_forward(model, mine);
+    if (!mine.data.empty()) pass = custom_loss_forward(model, mine.data);
     ByteWriter w;
     w.put(Status::ok);
     w.put(pass ? pass->output : ForwardBackwardOutput{});
@@ -220,11 +237,12 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::
       }
       std::vector<std::vector<double>> logprobs;
       for (std::size_t i = 0; i < total.loss_fn_outputs.size(); ++i) logprobs.push_back(total.logprobs(i));
-      CustomLossResult result = (*fn)(data, logprobs);
+      CustomLossResult result = (*fn)(*all, logprobs);
       check_custom_gradients(result, logprobs);
       total.metrics = result.metrics;
       total.metrics["loss:sum"] = result.loss;
       w.put(Status::ok);
+      w.put(static_cast<std::uint64_t>(result.grad_logprobs.size()));
       for (const auto& g : result.grad_logprobs) w.put(g);
     } catch (const std::exception& e) {
       fn_error = std::current_exception();
@@ -242,13 +260,16 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::
     if (group.rank() == 0) std::rethrow_exception(fn_error);
     return {};
   }
-  std::vector<std::vector<double>> all(data.size());
-  for (auto& g : all) g = r.get_vector<double>();
+  std::vector<std::vector<double>> grads_of_all(r.get_count());
+  for (auto& g : grads_of_all) g = r.get_vector<double>();
   std::string done;
   try {
-    if (pass)
-      custom_loss_backward(*pass, std::span<const std::vector<double>>(all).subspan(
-                                      bounds[group.rank()], bounds[group.rank() + 1] - bounds[group.rank()]));
+    if (pass) {
+      if (mine.first + mine.data.size() > grads_of_all.size())
+        throw io_error("data-parallel forward_backward_custom: the gradients do not cover this rank's datums");
+      custom_loss_backward(*pass,
+                           std::span<const std::vector<double>>(grads_of_all).subspan(mine.first, mine.data.size()));
+    }
     ByteWriter w;
     w.put(Status::ok);
     done = w.take();

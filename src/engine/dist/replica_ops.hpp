@@ -55,14 +55,24 @@ std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int par
 // all. Throws on rank 0 naming the first rank that differs; every rank then drops the replica.
 void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model);
 
-// forward / forward_backward with a built-in loss: each rank runs its share; rank 0 returns the outputs in
-// the caller's order, the summed loss and tokens, and clip fractions over the whole batch.
-ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+// One rank's datums of a batch: a contiguous run (split_by_tokens) and where it starts in the batch. Rank 0
+// sends each worker only its own (Group::post_command's shares).
+struct Share {
+  std::vector<Datum> data;
+  std::uint64_t first = 0;
+};
+std::vector<Share> shares_of(const std::vector<Datum>& data, int parts);
+std::string encode(const Share& share);
+Share decode_share(const std::string& bytes);
+
+// forward / forward_backward with a built-in loss: each rank runs its share (`mine`); rank 0 returns the outputs
+// in the caller's order, the summed loss and tokens, and clip fractions over the whole batch.
+ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& mine,
                                     const LossSpec& loss, bool backward);
 
 // forward_backward_custom: each rank computes its share's logprobs; rank 0 runs `fn` (null elsewhere) once
-// over all of them and sends each rank the gradients of its share.
-ForwardBackwardOutput custom_share(Group& group, Transformer& model, const std::vector<Datum>& data,
+// over all of them (`all`: the whole batch, rank 0 only) and sends each rank the gradients of its share.
+ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share& mine, const std::vector<Datum>* all,
                                    const CustomLossFn* fn);
 
 // optim_step: the gradients summed over the ranks (the losses are sums over tokens), then the same AdamW step

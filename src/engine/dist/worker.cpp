@@ -84,12 +84,13 @@ class Worker {
         case Command::forward: {
           const bool backward = r.get<bool>();
           const LossSpec loss = r.get_loss_spec();
-          const auto data = r.get_data();
-          engine::dist::forward_share(*group_, *replica(id).model.model, data, loss, backward);
+          const auto share = engine::dist::decode_share(group_->take_share());
+          engine::dist::forward_share(*group_, *replica(id).model.model, share.data, loss, backward);
           break;
         }
         case Command::forward_custom:
-          engine::dist::custom_share(*group_, *replica(id).model.model, r.get_data(), nullptr);
+          engine::dist::custom_share(*group_, *replica(id).model.model,
+                                     engine::dist::decode_share(group_->take_share()), nullptr, nullptr);
           break;
         case Command::optim_step:
           engine::dist::optim_step_share(*group_, *replica(id).optimizer, r.get_adam_params());
