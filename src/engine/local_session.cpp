@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <mutex>
+#include <numeric>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -394,20 +395,17 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
   auto finish = [this, others, placement,
                  prompt = static_cast<std::int64_t>(request.prompt.length())](SampleResponse out) {
     if (*others) {
-      std::vector<std::pair<int, SampledSequence>> all;  // (sample index, sequence)
-      for (std::size_t i = 0; i < out.sequences.size(); ++i)
-        all.emplace_back(placement.first[0] + static_cast<int>(i), std::move(out.sequences[i]));
+      // Each rank decoded a contiguous run of the samples (placement): every sequence goes to its index.
+      std::vector<SampledSequence> all(std::accumulate(placement.count.begin(), placement.count.end(), std::size_t{0}));
+      auto put = [&](int rank, std::vector<SampledSequence> sequences) {
+        for (std::size_t i = 0; i < sequences.size(); ++i) all.at(placement.first[rank] + i) = std::move(sequences[i]);
+      };
+      put(0, std::move(out.sequences));
       const auto replies = (*others)->take();  // in the order of the workers that have samples
       std::size_t next = 0;
-      for (std::size_t r = 1; r < placement.count.size(); ++r) {
-        if (placement.count[r] == 0) continue;
-        dist::ByteReader reader(replies.at(next++));
-        int index = placement.first[r];
-        for (auto& s : reader.get_sequences()) all.emplace_back(index++, std::move(s));
-      }
-      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      out.sequences.clear();
-      for (auto& entry : all) out.sequences.push_back(std::move(entry.second));
+      for (std::size_t r = 1; r < placement.count.size(); ++r)
+        if (placement.count[r] > 0) put(static_cast<int>(r), dist::ByteReader(replies.at(next++)).get_sequences());
+      out.sequences = std::move(all);
     }
     TokenUsage u;
     u.prefill = prompt;

@@ -316,11 +316,7 @@ bool Replies::ready() {
 std::vector<std::string> Replies::take() {
   if (error_) std::rethrow_exception(error_);
   std::vector<std::string> out;
-  for (std::size_t i = 0; i < ranks_.size(); ++i) {
-    ByteReader r(*replies_[i]);
-    if (!r.get<bool>()) throw io_error("data-parallel rank " + std::to_string(ranks_[i]) + ": " + r.get_string());
-    out.push_back(replies_[i]->substr(sizeof(bool)));
-  }
+  for (std::size_t i = 0; i < ranks_.size(); ++i) out.push_back(reply_result(*replies_[i], ranks_[i]));
   return out;
 }
 

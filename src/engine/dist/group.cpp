@@ -217,18 +217,25 @@ struct Group::Impl {
   // After a failed collective: the ranks whose heartbeat stopped (rank 0 watches for a moment).
   std::string unresponsive_ranks() {
     if (options.rank != 0) return "rank 0 or a peer stopped answering";
+    // Read through the replies' connection: the main one is Gloo's too (its PrefixStore), and a failing collective
+    // may still be using it.
+    auto counts = [this] {
+      std::lock_guard lock(replies_mu);
+      std::vector<std::int64_t> out;
+      for (int r = 1; r < options.world_size; ++r) out.push_back(reply_store().add(alive_key(r), 0));
+      return out;
+    };
     try {
-      std::vector<std::int64_t> before, after;
-      for (int r = 1; r < options.world_size; ++r) before.push_back(store->add(alive_key(r), 0));
+      const auto before = counts();
       std::this_thread::sleep_for(kHeartbeatWatch);
-      for (int r = 1; r < options.world_size; ++r) after.push_back(store->add(alive_key(r), 0));
+      const auto after = counts();
       std::string dead;
       for (int r = 1; r < options.world_size; ++r)
         if (before[r - 1] == after[r - 1]) dead += (dead.empty() ? "" : ", ") + std::to_string(r);
       if (dead.empty()) return "every rank's process is alive, so one stopped answering the collective";
       return (dead.find(',') == std::string::npos ? "rank " : "ranks ") + dead + " stopped answering";
-    } catch (const std::exception&) {
-      return "the ranks could not be asked";
+    } catch (const std::exception& e) {
+      return std::string("the ranks could not be asked (") + e.what() + ")";
     }
   }
 

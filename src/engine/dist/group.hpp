@@ -2,10 +2,12 @@
 // workers, joined over LibTorch's c10d — a TCPStore on rank 0 for the rendezvous and the command channel, a Gloo
 // process group for the collectives (NCCL for CUDA tensors where LibTorch has it).
 //
-// Commands travel through the store, so an idle worker waits for the next one without a timeout; everything a
-// command does between ranks is a collective, which fails within the group's timeout. A failed collective
-// leaves the group unusable (c10d cannot resume a group whose peer vanished mid-operation): it throws
-// group_failure naming the ranks that stopped answering, and so does every later use.
+// Commands travel through the store, so an idle worker waits for the next one without a timeout. A training
+// command's work between ranks is collectives, which fail within the group's timeout; an asynchronous one (a
+// share of samples or logprobs) is answered by replies through the store, which rank 0 polls while it watches the
+// workers' heartbeats. A failed collective leaves the group unusable (c10d cannot resume a group whose peer
+// vanished mid-operation): it throws group_failure naming the ranks that stopped answering, and so does every
+// later use.
 #pragma once
 #include <chrono>
 #include <cstdint>

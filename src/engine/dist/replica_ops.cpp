@@ -17,15 +17,8 @@ namespace rlloop::engine::dist {
 
 namespace {
 
-// A rank's reply in a gather: its result, or the error its share met.
+// A rank's reply in a gather or to an asynchronous share: its result, or the error its share met.
 enum class Status : std::uint8_t { ok, failed };
-
-std::string failure_reply(const std::exception& e) {
-  ByteWriter w;
-  w.put(Status::failed);
-  w.put(std::string(e.what()));
-  return w.take();
-}
 
 // Rank 0: the first rank whose reply is a failure, as "rank R: message"; empty if every share succeeded.
 std::string first_failure(const std::vector<std::string>& replies) {
@@ -79,6 +72,26 @@ void append_output(ForwardBackwardOutput& total, ForwardBackwardOutput&& part) {
 }
 
 }  // namespace
+
+std::string failure_reply(const std::exception& e) {
+  ByteWriter w;
+  w.put(Status::failed);
+  w.put(std::string(e.what()));
+  return w.take();
+}
+
+std::string ok_reply(const std::string& result) {
+  ByteWriter w;
+  w.put(Status::ok);
+  return w.take() + result;
+}
+
+std::string reply_result(const std::string& reply, int rank) {
+  ByteReader r(reply);
+  if (r.get<Status>() == Status::failed)
+    throw io_error("data-parallel rank " + std::to_string(rank) + ": " + r.get_string());
+  return reply.substr(sizeof(Status));
+}
 
 std::vector<int> split_samples(int samples, int parts) {
   std::vector<int> bounds{0};

@@ -34,6 +34,12 @@ enum class Command : std::uint8_t {
   drop_sampler,
 };
 
+// A rank's reply to an asynchronous share (Group::post_reply): its result's bytes, or the error it met; rank 0
+// reads it with reply_result, which throws io_error naming the rank and the error.
+std::string ok_reply(const std::string& result);
+std::string failure_reply(const std::exception& e);
+std::string reply_result(const std::string& reply, int rank);
+
 // A request's samples cut into `parts` contiguous shares: share j is samples bounds[j] .. bounds[j + 1], the
 // first shares one more where they do not divide evenly.
 std::vector<int> split_samples(int samples, int parts);

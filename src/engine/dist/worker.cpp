@@ -39,22 +39,15 @@ struct Replica {
   std::unique_ptr<engine::EngineLoop::Lane> lane;  // last: destroying it waits for the replica's shares
 };
 
-std::string ok_reply(engine::dist::ByteWriter& w) {
-  engine::dist::ByteWriter out;
-  out.put(true);
-  return out.take() + w.take();
-}
+// The reply of a share that failed, whatever it threw.
 std::string failed_reply(std::exception_ptr e) {
-  engine::dist::ByteWriter out;
-  out.put(false);
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& ex) {
-    out.put(std::string(ex.what()));
+    return engine::dist::failure_reply(ex);
   } catch (...) {
-    out.put(std::string("unknown error"));
+    return engine::dist::failure_reply(std::runtime_error("unknown error"));
   }
-  return out.take();
 }
 
 class Worker {
@@ -124,8 +117,8 @@ class Worker {
     Replica rep;
     std::string error;
     try {
-      rep.model =
-          engine::make_session_model(bases_, resolve_base_model(options_.service, options.base_model), dev_, options);
+      rep.resolved_base = resolve_base_model(options_.service, options.base_model);
+      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options);
       rep.optimizer = engine::make_optimizer(*rep.model.model);
     } catch (const std::exception& e) {
       error = e.what();
@@ -137,7 +130,6 @@ class Worker {
     }
     rep.options = options;
     rep.live.model = rep.model.model;
-    rep.resolved_base = resolve_base_model(options_.service, options.base_model);
     rep.lane = engine::EngineLoop::open_lane(bases_.loop(engine::base_key(rep.resolved_base, dev_)));
     replicas_.emplace(id, std::move(rep));
   }
@@ -168,7 +160,7 @@ class Worker {
       SampleResponse out = run.take();
       engine::dist::ByteWriter w;
       w.put(out.sequences);
-      group_->post_reply(tag, ok_reply(w));
+      group_->post_reply(tag, engine::dist::ok_reply(w.take()));
       return SampleResponse{};
     };
     rep.lane->submit_sample(share.num_samples, start, finish, nullptr, reply_failure);
@@ -187,7 +179,7 @@ class Worker {
       try {
         engine::dist::ByteWriter w;
         w.put(engine::compute_logprobs(*model, tokens));
-        reply = ok_reply(w);
+        reply = engine::dist::ok_reply(w.take());
       } catch (...) {
         reply = failed_reply(std::current_exception());
       }
