@@ -181,7 +181,9 @@ struct EngineProcessOptions {
 // caching allocator is installed. Calling it again with the same options changes nothing. Each call sets the
 // thread count (threads that have already run a LibTorch parallel region keep theirs, so call it before
 // creating sessions); the allocator is installed by the first call that asks for it and stays installed, since
-// live tensors hold its blocks (caching_cpu_allocator = false never removes it).
+// live tensors hold its blocks (caching_cpu_allocator = false never removes it). It also reads
+// RLLOOP_CPU_KERNELS (native | avx512_bf16 | avx2 | portable: the highest instruction set the engine's own CPU
+// kernels may use) and throws invalid_argument naming it for another value.
 EngineProcessOptions configure_engine_process(const EngineProcessOptions& options = {});
 
 // A data-parallel worker: joins rank 0's group and holds replicas of its sessions.
@@ -206,6 +208,7 @@ struct EngineInfo {
   int threads = 0;           // LibTorch's intra-op thread count in effect
   int parallel_threads = 0;  // threads that ran one of the engine's own parallel regions (== threads when built right)
   std::string blas;          // the BLAS library LibTorch's matmuls go through, as loaded in this process
+  std::string cpu_kernels;   // the instruction-set level of the engine's own CPU kernels (RLLOOP_CPU_KERNELS caps it)
   bool cuda_available = false;
 };
 EngineInfo engine_info(const std::string& device = "auto");

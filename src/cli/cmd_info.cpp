@@ -24,6 +24,7 @@ int run(int argc, char** argv) {
   std::printf("cuda          %s\n", info.cuda_available ? "available" : "not available");
   std::printf("threads       %d (%d ran a parallel region of the engine)\n", info.threads, info.parallel_threads);
   std::printf("blas          %s\n", info.blas.c_str());
+  std::printf("cpu kernels   %s\n", info.cpu_kernels.c_str());
   return 0;
 }
 const rlloop::cli::RegisterCommand reg({"info", "version, LibTorch, device, threads and BLAS", &run});

@@ -15,16 +15,7 @@
 
 namespace rlloop::engine {
 
-bool bf16_dot_supported() {
-#if RLLOOP_SIMD_X86
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512bf16") && simd::has_avx2_fma();
-  return yes;
-#else
-  return false;
-#endif
-}
+bool bf16_dot_supported() { return simd::kernel_level() >= simd::KernelLevel::avx512_bf16; }
 
 namespace {
 

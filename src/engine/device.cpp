@@ -1,6 +1,9 @@
 #include "device.hpp"
 
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -43,5 +46,37 @@ int threads_in_parallel_region(int items) {
 }
 
 std::string device_name(const torch::Device& d) { return d.str(); }
+
+double peak_flops(const torch::Device& device, torch::ScalarType dtype) {
+  if (const char* env = std::getenv("RLLOOP_PEAK_TFLOPS")) {
+    char* end = nullptr;
+    const double tflops = std::strtod(env, &end);
+    if (end == env || *end != '\0' || !(tflops > 0) || !std::isfinite(tflops))
+      throw invalid_argument(std::string("RLLOOP_PEAK_TFLOPS: expected a positive number of TFLOP/s, got '") + env +
+                             "'");
+    return tflops * 1e12;
+  }
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, double> measured;
+  std::lock_guard lock(mu);
+  const auto key = std::make_pair(device.str(), static_cast<int>(dtype));
+  if (auto it = measured.find(key); it != measured.end()) return it->second;
+  // Large enough to run at the library's full rate on every core, small enough to cost milliseconds on a CPU.
+  const std::int64_t n = device.is_cuda() ? 4096 : 384;
+  torch::NoGradGuard no_grad;
+  const auto opts = torch::TensorOptions().device(device).dtype(dtype);
+  const auto a = torch::rand({n, n}, opts), b = torch::rand({n, n}, opts);
+  auto c = torch::mm(a, b);  // warm-up: thread pools, kernels chosen
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    if (device.is_cuda()) torch::cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < 4; ++k) c = torch::mm(a, b);
+    if (device.is_cuda()) torch::cuda::synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 4 * 2.0 * static_cast<double>(n * n * n) / s);
+  }
+  return measured[key] = best;
+}
 
 }  // namespace rlloop::engine

@@ -26,4 +26,10 @@ int threads_in_parallel_region(int items);
 
 std::string device_name(const torch::Device& d);
 
+// The peak FLOP/s of one such device for products in `dtype`: RLLOOP_PEAK_TFLOPS (in TFLOP/s) when set, else
+// measured once per process and device as the best rate of a few square matrix products through the library the
+// engine's products use (so a CPU's figure is what its BLAS reaches on the cores LibTorch runs on, not a
+// datasheet's). An unreadable RLLOOP_PEAK_TFLOPS throws invalid_argument naming it.
+double peak_flops(const torch::Device& device, torch::ScalarType dtype);
+
 }  // namespace rlloop::engine

@@ -6,6 +6,7 @@
 #include <rlloop/local.hpp>
 
 #include "device.hpp"
+#include "simd.hpp"
 
 namespace rlloop {
 namespace {
@@ -39,6 +40,7 @@ EngineInfo engine_info(const std::string& device) {
   // Touch BLAS once so that a lazily loaded library shows up in the process map.
   (void)torch::matmul(torch::ones({2, 2}), torch::ones({2, 2})).sum().item<float>();
   info.blas = loaded_blas();
+  info.cpu_kernels = engine::simd::to_string(engine::simd::kernel_level());
   info.cuda_available = torch::cuda::is_available();
   return info;
 }

@@ -3,10 +3,12 @@
 
 #include "cpu_allocator.hpp"
 #include "device.hpp"
+#include "simd.hpp"
 
 namespace rlloop {
 
 EngineProcessOptions configure_engine_process(const EngineProcessOptions& options) {
+  (void)engine::simd::kernel_level();  // a bad RLLOOP_CPU_KERNELS is an error here, not inside a kernel
   EngineProcessOptions in_effect;
   in_effect.num_threads = engine::configure_threads(options.num_threads);
   if (options.caching_cpu_allocator) engine::install_caching_cpu_allocator();

@@ -3,6 +3,7 @@
 #include <rlloop/local.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
@@ -24,6 +25,7 @@
 #include "loss.hpp"
 #include "model_io.hpp"
 #include "optimizer.hpp"
+#include "pass_metrics.hpp"
 #include "sampler.hpp"
 #include "session_model.hpp"
 
@@ -143,10 +145,29 @@ struct LocalSession::Impl {
   }
 
   ForwardBackwardOutput run_loss(const std::vector<Datum>& data, const LossSpec& loss, bool backward) {
+    const auto started = std::chrono::steady_clock::now();
     auto out =
         group ? group->forward(replica, *model, data, loss, backward) : run_builtin_loss(*model, data, loss, backward);
     add_usage({0, 0, out.training_tokens});
+    add_service_metrics(out, data, &loss, model->config(), backward, cost_since(started));
     return out;
+  }
+
+  ForwardBackwardOutput run_custom(const std::vector<Datum>& data, const CustomLossFn& fn) {
+    const auto started = std::chrono::steady_clock::now();
+    auto out = group ? group->forward_custom(replica, *model, data, fn) : run_custom_loss(*model, data, fn);
+    add_usage({0, 0, out.training_tokens});
+    add_service_metrics(out, data, nullptr, model->config(), /*backward=*/true, cost_since(started));
+    return out;
+  }
+
+  // The pass that began at `started`, against the peak of every rank's device.
+  PassCost cost_since(std::chrono::steady_clock::time_point started) const {
+    PassCost cost;
+    cost.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    cost.peak_flops = peak_flops(dev.device, dev.dtype) * (group ? group->world_size() : 1);
+    cost.base_frozen = options.lora.has_value();
+    return cost;
   }
 
   // The session's model as created (session_model.hpp). Sampler models from checkpoints are made the same way.
@@ -319,12 +340,7 @@ Future<ForwardBackwardOutput> LocalSession::forward_backward(const std::vector<D
 
 Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::vector<Datum>& data,
                                                                     const CustomLossFn& fn) {
-  return impl_->lane->submit<ForwardBackwardOutput>([this, data, fn] {
-    auto out = impl_->group ? impl_->group->forward_custom(impl_->replica, *impl_->model, data, fn)
-                            : run_custom_loss(*impl_->model, data, fn);
-    impl_->add_usage({0, 0, out.training_tokens});
-    return out;
-  });
+  return impl_->lane->submit<ForwardBackwardOutput>([this, data, fn] { return impl_->run_custom(data, fn); });
 }
 
 Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {

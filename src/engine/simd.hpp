@@ -1,6 +1,11 @@
 // AVX2/FMA building blocks shared by the CPU kernels. Every function carries its own target attribute, so
 // callers compile for any x86-64 and choose these paths at run time (has_avx2_fma()).
 //
+// The level the kernels run at is the best this CPU supports, or lower where the environment variable
+// RLLOOP_CPU_KERNELS caps it (native | avx512_bf16 | avx2 | portable): so one machine can run, and CI can test,
+// each path a CPU of another kind would take (an AVX2-only server on an AVX-512 one). A cap above what the CPU
+// has changes nothing.
+//
 // RLLOOP_SIMD_X86 says whether the x86 kernels are compiled at all: only for x86-64 with GCC or Clang (target
 // attributes, __builtin_cpu_supports, <immintrin.h>), and not when the build asks for the portable engine
 // (RLLOOP_NATIVE_KERNELS=OFF defines RLLOOP_NO_NATIVE_KERNELS). Where it is 0 has_avx2_fma() is false and every
@@ -17,14 +22,20 @@
 
 namespace rlloop::engine::simd {
 
-inline bool has_avx2_fma() {
-#if RLLOOP_SIMD_X86
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
+// Ordered: each level's kernels need what the levels below it need.
+enum class KernelLevel { portable, avx2, avx512_bf16 };
+
+// The best level this CPU (and build) supports, capped by RLLOOP_CPU_KERNELS; an unknown value of the variable
+// throws rlloop::invalid_argument naming it and the levels (simd.cpp). Read once per process.
+KernelLevel detect_kernel_level();
+const char* to_string(KernelLevel level);
+
+inline KernelLevel kernel_level() {
+  static const KernelLevel level = detect_kernel_level();
+  return level;
 }
+
+inline bool has_avx2_fma() { return kernel_level() >= KernelLevel::avx2; }
 
 // Where a few-row product's results go (small_gemm.cpp, bf16_gemm.cpp): Y [rows, ldy], each result written, or
 // added to what is there with `accumulate`.

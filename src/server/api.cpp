@@ -50,11 +50,10 @@ Response error_response(const std::exception_ptr& failure, const RequestContext&
     if (c.amz_target) {
       res.content_type = "application/x-amz-json-1.1";
       res.body = dump({{"__type", e.code()}, {"Message", e.what()}});
-    } else if (is_openai_path(c.path) && c.path.rfind("/training-sessions/", 0) != 0) {
+    } else if (is_openai_client_path(c.path)) {
       // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
       res.content_type = "application/json";
-      res.body = dump({{"error", {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}}},
-                       {"message", e.what()}});
+      res.body = dump({{"error", openai_error_body(e)}, {"message", e.what()}});
     } else {
       // The runtime model's exceptions: SampleTrainingSession shares the OpenAI request parser, whose codes
       // botocore would not map to the modelled exception classes.
@@ -83,7 +82,7 @@ Response error_response(const std::exception_ptr& failure, const RequestContext&
 Handled route(Api::Impl& im, const sigv4::HttpRequest& req, RequestContext& c, const Reply& reply) {
   if (req.method == "GET" && c.path == "/health")
     return Response{200, "application/json", {}, json{{"status", "ok"}}.dump()};
-  auto tenant = im.authenticate(req);
+  auto tenant = im.authenticate(req, c.path);
   c.tenant_id = tenant->config.id;
   if (req.body.size() > tenant->config.max_body_bytes)
     throw api_error("RequestEntityTooLarge", 413,
@@ -204,14 +203,19 @@ std::size_t Api::max_body_bytes() const {
   return m;
 }
 
-std::shared_ptr<TenantState> Api::Impl::authenticate(const sigv4::HttpRequest& req) {
+std::shared_ptr<TenantState> Api::Impl::authenticate(const sigv4::HttpRequest& req, const std::string& path) {
   const auto auth = req.header("Authorization");
   if (auth) {
     const std::string key = bearer_of(*auth);
     if (!key.empty()) {
       auto it = bearer_keys.find(key);
-      // Same answer for every bad key, so keys cannot be probed.
-      if (it == bearer_keys.end()) throw api_error("UnrecognizedClientException", 403, "The bearer key is not valid");
+      // Same answer for every bad key, so keys cannot be probed. OpenAI answers an unknown key with 401
+      // invalid_api_key (its clients raise AuthenticationError); AWS's runtime with 403.
+      if (it == bearer_keys.end()) {
+        if (is_openai_client_path(path))
+          throw api_error("invalid_api_key", 401, "Incorrect API key provided");
+        throw api_error("UnrecognizedClientException", 403, "The bearer key is not valid");
+      }
       return it->second;
     }
   }

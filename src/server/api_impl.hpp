@@ -263,7 +263,7 @@ struct Api::Impl {
   // Rebuilds tenants' checkpoints and billing and every session from the journal; waits until the live ones run.
   void recover();
 
-  std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req);
+  std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req, const std::string& path);
   std::shared_ptr<SessionHost> find_session(const TenantState& t, const std::string& name);
   json control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t);
   Handled runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
@@ -288,7 +288,12 @@ struct Api::Impl {
 // Whether an operation state is final (not Pending or InProgress).
 inline bool terminal_state(const json& state) { return wire::is_terminal(status_of(state)); }
 
-// Whether a path is served by openai() (its errors use OpenAI's error shape).
+// Whether a path is served by openai(); and whether it is one of OpenAI's own (/v1/...), whose clients read
+// OpenAI's error shape and status codes rather than AWS's.
 bool is_openai_path(const std::string& path);
+bool is_openai_client_path(const std::string& path);
+
+// The `error` object of OpenAI's error responses ({message, type, param, code}) for `e`.
+json openai_error_body(const api_error& e);
 
 }  // namespace rlloop::server

@@ -186,6 +186,40 @@ bool is_openai_path(const std::string& path) {
   return path.rfind(prefix, 0) == 0 && (path.ends_with("/sample") || path.ends_with("/sample-with-response-stream"));
 }
 
+bool is_openai_client_path(const std::string& path) {
+  return is_openai_path(path) && path.rfind("/training-sessions/", 0) != 0;
+}
+
+namespace {
+// The request field an error message names: rlloop's parsers start with it, quoted ("'temperature' must be ...")
+// or followed by a colon ("messages: ..."); a field path keeps its first segment, as OpenAI's param does.
+json param_of(const std::string& message) {
+  std::string field;
+  if (message.starts_with('\'')) {
+    const auto close = message.find('\'', 1);
+    if (close != std::string::npos) field = message.substr(1, close - 1);
+  } else if (const auto colon = message.find(": "); colon != std::string::npos) {
+    field = message.substr(0, colon);
+  }
+  field = field.substr(0, field.find_first_of(".["));
+  const bool is_name = !field.empty() && std::all_of(field.begin(), field.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+  return is_name ? json(field) : json(nullptr);
+}
+}  // namespace
+
+json openai_error_body(const api_error& e) {
+  // OpenAI's own codes travel as `code` under the type its API gives them; a request error has no code but names
+  // its field in `param`. The service's other errors (throttling, conflicts, AWS-named ones) keep their name in
+  // both, as before.
+  if (e.code() == "invalid_request_error")
+    return {{"message", e.what()}, {"type", "invalid_request_error"}, {"param", param_of(e.what())}, {"code", nullptr}};
+  if (e.code() == "invalid_api_key" || e.code() == "model_not_found")
+    return {{"message", e.what()}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", e.code()}};
+  return {{"message", e.what()}, {"type", e.code()}, {"param", nullptr}, {"code", e.code()}};
+}
+
 namespace {
 // Checks what can be checked before a sampling operation is queued (with s->mu held).
 void check_sampleable_locked(const SessionHost& s, const SampleRequest& request) {

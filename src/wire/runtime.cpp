@@ -574,6 +574,22 @@ std::vector<double> doubles(const json& j, const std::string& path) {
   for (std::size_t i = 0; i < j.size(); ++i) out.push_back(number(j[i], at(path, i)));
   return out;
 }
+
+// A prompt's logprobs: the first token has no preceding context, so its entry is null (the SageMaker SDK's
+// List[Optional[float]]); rlloop's C++ API keeps 0.0 there.
+json prompt_logprobs_json(const std::vector<double>& logprobs) {
+  json out = wire_numbers(logprobs);
+  if (!out.empty()) out[0] = nullptr;
+  return out;
+}
+std::vector<double> prompt_logprobs_from_json(const json& j, const std::string& path) {
+  if (j.is_array() && !j.empty() && j[0].is_null()) {
+    json rest = j;
+    rest[0] = 0.0;
+    return doubles(rest, path);
+  }
+  return doubles(j, path);
+}
 }  // namespace
 
 SampleResponse sample_response_from_json(const json& j, const std::string& path) {
@@ -636,7 +652,7 @@ json to_json(const SamplingResult& r) {
         if constexpr (std::is_same_v<T, SampleResponse>)
           return {{"sample", to_json(o)}};
         else if constexpr (std::is_same_v<T, ComputeLogprobsResult>)
-          return {{"computeLogprobs", {{"logprobs", wire_numbers(o.logprobs)}}}};
+          return {{"computeLogprobs", {{"logprobs", prompt_logprobs_json(o.logprobs)}}}};
         else
           return {{"loadWeightsForSampling", json::object()}};
       },
@@ -648,7 +664,8 @@ SamplingResult sampling_result_from_json(const json& j, const std::string& path)
   const std::string p = join(path, member);
   const json& c = object(j.at(member), p);
   if (member == "sample") return sample_response_from_json(c, p);
-  if (member == "computeLogprobs") return ComputeLogprobsResult{doubles(need(c, p, "logprobs"), join(p, "logprobs"))};
+  if (member == "computeLogprobs")
+    return ComputeLogprobsResult{prompt_logprobs_from_json(need(c, p, "logprobs"), join(p, "logprobs"))};
   return LoadWeightsForSamplingResult{};
 }
 

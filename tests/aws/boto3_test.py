@@ -349,6 +349,7 @@ class Boto3AgainstServer(unittest.TestCase):
         scored = self.completed(self.wait_sampling(name, self.rt.execute_sampling_operation(
             trainingSessionName=name, operationConfig={"computeLogprobs": {"prompt": PROMPT}})["operationId"]))
         self.assertEqual(len(scored["computeLogprobs"]["logprobs"]), 3)
+        self.assertIsNone(scored["computeLogprobs"]["logprobs"][0])  # JSON null: no context before the first token
         for a, b in zip(scored["computeLogprobs"]["logprobs"][1:], r["promptLogprobs"][1:]):
             self.assertAlmostEqual(a, b, places=5)
 

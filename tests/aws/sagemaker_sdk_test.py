@@ -68,6 +68,8 @@ class SdkSftThenGrpo(unittest.TestCase):
             self.assert_sequences(seqs, 2)
             base_lp = base.compute_logprobs(probe).result()
             self.assertEqual(len(base_lp), len(probe))
+            self.assertIsNone(base_lp[0])  # the SDK's List[Optional[float]]: the first token has no context
+            self.assertTrue(all(isinstance(x, float) and x < 0 for x in base_lp[1:]), base_lp)
 
             # SFT: the loss per completion token falls from about ln(260) = 5.56.
             losses = demo.sft(tc, demo.ArithmeticTask(seed=SEED), SFT_STEPS, 32, 1e-3, log=None)

@@ -28,6 +28,12 @@ CONTROL_OPERATIONS = [
     "DeleteTrainingSession",
 ]
 
+# The one place where AWS's side departs from its model's types: the SageMaker SDK types computeLogprobs' result
+# as List[Optional[float]] and documents its first entry as None (the first token has no context), which botocore
+# passes through from a JSON null. Nowhere else is a null entry accepted.
+NULL_FIRST_ENTRY = ".computeLogprobs.logprobs"
+
+
 def load(service):
     """The botocore ServiceModel of `service` (RUNTIME or CONTROL), from the installed botocore's data."""
     loader = botocore.loaders.Loader()
@@ -82,6 +88,8 @@ def _check(shape, value, path, errors):
             return
         _bounds(meta, len(value), path, errors, "length")
         for i, v in enumerate(value):
+            if v is None and i == 0 and path.endswith(NULL_FIRST_ENTRY):
+                continue
             _check(shape.member, v, f"{path}[{i}]", errors)
     elif t == "map":
         if not isinstance(value, dict):

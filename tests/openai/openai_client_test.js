@@ -160,9 +160,10 @@ async function main() {
 
     // Errors come back as OpenAI errors with the right status.
     await assert.rejects(client.chat.completions.create({ model: 'nope', messages }), (e) => e.status === 404); checks++;
-    await assert.rejects(client.chat.completions.create({ model: 'chat', messages, temperature: 7 }), (e) => e.status === 400 && /temperature/.test(e.message)); checks++;
+    await assert.rejects(client.chat.completions.create({ model: 'chat', messages, temperature: 7 }), (e) => e.status === 400 && /temperature/.test(e.message) && e.param === 'temperature' && e.type === 'invalid_request_error'); checks++;
     const bad = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
-    await assert.rejects(bad.models.list(), (e) => e.status === 403); checks++;
+    await assert.rejects(bad.models.list(),
+      (e) => e instanceof OpenAI.AuthenticationError && e.status === 401 && e.code === 'invalid_api_key'); checks++;
 
     // Billing total equals the sum over sessions.
     const report = await call(base, '/v1/usage');

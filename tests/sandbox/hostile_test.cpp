@@ -86,16 +86,6 @@ TEST(Hostile, EveryProgramFailsHarmlessly) {
   }
   ASSERT_GE(problems.size(), 15u);
 
-  CodeRewardOptions opts;
-  opts.limits.cpu_seconds = 1;
-  opts.limits.wall_seconds = 3;
-  opts.limits.output_bytes = 64 << 10;
-  const auto sb = std::make_shared<const sandbox::Sandbox>(sandbox::Options{.scratch_root = scratch.string()});
-  const CodeReward reward(sb, opts);
-  std::vector<CodeGrade> grades(problems.size());
-  rewards::detail::parallel_indices(problems.size(), {},
-                                    [&](std::size_t i) { grades[i] = reward.grade(problems[i], sources[i]); });
-
   // How each attack ends once the sandbox stops it. The ones that would run forever are killed by their limit
   // (timeout: CPU or wall clock; output_limit); the others run to their end and, defended against, print
   // nothing (wrong_answer) or fail (runtime_error); the compile-time one does not compile. An attack that got
@@ -122,6 +112,26 @@ TEST(Hostile, EveryProgramFailsHarmlessly) {
       {"py_socket.py", ScoreStatus::wrong_answer},
       {"py_write_outside.py", ScoreStatus::wrong_answer},
   };
+  // Only the programs that would run forever meet a CPU or wall-clock limit, so only they run under tight ones
+  // (their ending, timeout, does not depend on the machine's load). Every other program ends by itself; its
+  // limits are generous so that a loaded machine (a build beside the tests) cannot turn its ending into a
+  // timeout: the memory bomb's page faults alone cost it near a CPU second there.
+  auto reward_with = [&](double cpu_seconds, double wall_seconds) {
+    CodeRewardOptions opts;
+    opts.limits.cpu_seconds = cpu_seconds;
+    opts.limits.wall_seconds = wall_seconds;
+    opts.limits.output_bytes = 64 << 10;
+    const auto sb = std::make_shared<const sandbox::Sandbox>(sandbox::Options{.scratch_root = scratch.string()});
+    return CodeReward(sb, opts);
+  };
+  const CodeReward stopped = reward_with(1, 3), finishing = reward_with(20, 60);
+  std::vector<CodeGrade> grades(problems.size());
+  rewards::detail::parallel_indices(problems.size(), {}, [&](std::size_t i) {
+    const auto want = expected.find(problems[i].task_id);
+    const bool runs_forever = want != expected.end() && want->second == ScoreStatus::timeout;
+    grades[i] = (runs_forever ? stopped : finishing).grade(problems[i], sources[i]);
+  });
+
   EXPECT_EQ(problems.size(), expected.size()) << "every program in tests/sandbox/hostile/ needs its expected ending";
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const auto& g = grades[i];

@@ -1,0 +1,81 @@
+#include "pass_metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace rlloop::engine {
+
+namespace {
+
+bool is_policy_loss(LossFn fn) {
+  return fn == LossFn::importance_sampling || fn == LossFn::ppo || fn == LossFn::cispo || fn == LossFn::dro;
+}
+
+std::vector<double> input_or(const Datum& d, const char* name, std::size_t n, double fallback) {
+  auto it = d.loss_fn_inputs.find(name);
+  return it == d.loss_fn_inputs.end() ? std::vector<double>(n, fallback) : it->second.as_doubles();
+}
+
+// Whether the policy loss clips token j: PPO takes the clipped term (it is the smaller), CISPO clamps the ratio.
+bool clipped(const LossSpec& loss, double lp, double q, double advantage) {
+  const double r = std::exp(lp - q), c = std::clamp(r, loss.min_ratio(), loss.max_ratio());
+  if (loss.fn == LossFn::ppo) return c * advantage < r * advantage;
+  if (loss.fn == LossFn::cispo) return c != r;
+  return false;
+}
+
+}  // namespace
+
+double forward_flops(const ModelConfig& cfg, const std::vector<std::int64_t>& lengths) {
+  const double h = static_cast<double>(cfg.hidden_size), q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim),
+               kv_width = static_cast<double>(cfg.num_key_value_heads * cfg.head_dim);
+  const double per_layer = h * (q_width + 2 * kv_width) + q_width * h + 3 * h * static_cast<double>(cfg.intermediate_size);
+  const double per_token = 2 * (static_cast<double>(cfg.num_hidden_layers) * per_layer + h * static_cast<double>(cfg.vocab_size));
+  double tokens = 0, attention_pairs = 0;
+  for (auto s : lengths) {
+    tokens += static_cast<double>(s);
+    attention_pairs += static_cast<double>(s) * static_cast<double>(s + 1) / 2;
+  }
+  return per_token * tokens + 2 * 2 * q_width * attention_pairs * static_cast<double>(cfg.num_hidden_layers);
+}
+
+void add_service_metrics(ForwardBackwardOutput& out, const std::vector<Datum>& data, const LossSpec* loss,
+                         const ModelConfig& cfg, bool backward, const PassCost& cost) {
+  const double n = static_cast<double>(std::max<std::size_t>(data.size(), 1));
+  auto& m = out.metrics;
+  if (auto it = m.find("loss:sum"); it != m.end()) m["loss"] = it->second / n;
+  std::vector<std::int64_t> lengths;
+  for (const auto& d : data) lengths.push_back(static_cast<std::int64_t>(d.model_input.length()));
+  m["global_token_num"] = static_cast<double>(out.training_tokens);
+  // A backward pass costs two forwards (gradients of the activations and of the weights); with a frozen base
+  // only the activations' (the adapters' own products are negligible).
+  const double passes = backward ? (cost.base_frozen ? 2.0 : 3.0) : 1.0;
+  const double flops = passes * forward_flops(cfg, lengths);
+  const double achieved = cost.seconds > 0 ? flops / cost.seconds : 0.0;
+  m["estimated_flops"] = achieved / 1e12;
+  if (cost.peak_flops > 0) {
+    m["promised_flops"] = cost.peak_flops / 1e12;
+    m["mfu"] = achieved / cost.peak_flops;
+  }
+  if (!loss || !is_policy_loss(loss->fn)) return;
+  m["actor/pg_loss"] = m["loss"];
+  double kl = 0, clip = 0;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const auto lp = out.logprobs(i);
+    const auto q = input_or(data[i], "logprobs", lp.size(), 0.0);
+    const auto a = input_or(data[i], "advantages", lp.size(), 0.0);
+    const auto w = input_or(data[i], "weights", lp.size(), 1.0);
+    double bearing = 0, kl_i = 0, clipped_i = 0;
+    for (std::size_t j = 0; j < lp.size(); ++j) {
+      if (w[j] == 0) continue;
+      bearing += 1;
+      kl_i += q[j] - lp[j];
+      clipped_i += clipped(*loss, lp[j], q[j], a[j]);
+    }
+    if (bearing > 0) kl += kl_i / bearing, clip += clipped_i / bearing;
+  }
+  m["actor/ppo_kl"] = kl / n;
+  m["actor/pg_clipfrac"] = clip / n;
+}
+
+}  // namespace rlloop::engine
