@@ -17,7 +17,9 @@ int main(int argc, char** argv) {
   examples::ArithRecipe o;
   std::string device = "auto";
   CLI::App app{"GRPO on synthetic arithmetic with the embedded default model (rlloop-small), on CPU."};
-  app.add_option("--sft-steps", o.sft_steps, "SFT warm-start steps");
+  app.add_option("--sft-steps", o.sft_steps, "SFT warm-start steps at most (all of them with --sft-target-loss 0)");
+  app.add_option("--sft-target-loss", o.sft_target_loss,
+                 "end SFT once its loss per token, averaged over the last 50 steps, is below this (0: never)");
   app.add_option("--grpo-steps", o.grpo_steps, "GRPO steps");
   app.add_option("--difficulty", o.difficulty, "arithmetic difficulty level 1..6");
   app.add_option("--group-size", o.group_size, "completions per prompt");

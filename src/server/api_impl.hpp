@@ -42,12 +42,12 @@ class api_error : public error {
 
 double now_seconds();
 
-// Per tenant: its configuration, its billing total and the checkpoints it owns (model-package ARN -> path).
+// Per tenant: its configuration, its billing total and the checkpoints it owns, by model-package ARN.
 struct TenantState {
   Tenant config;
   std::mutex mu;
   TokenUsage usage;
-  std::map<std::string, std::string> checkpoints;
+  std::map<std::string, ModelPackage> checkpoints;
   std::int64_t next_checkpoint = 1;
 };
 
@@ -220,7 +220,7 @@ class SessionHost {
   std::vector<std::function<void()>> settle_locked(const std::shared_ptr<OperationRecord>& op, json state, double now);
   void restore(Recovery& r);
   std::string resolve_checkpoint(const std::string& arn);
-  std::string add_checkpoint(const std::string& path);
+  std::string add_checkpoint(const std::string& path, bool is_checkpoint);
   void bill(OperationRecord& op, const TokenUsage& u);
 
   HostConfig config_;
@@ -266,6 +266,7 @@ struct Api::Impl {
   std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req, const std::string& path);
   std::shared_ptr<SessionHost> find_session(const TenantState& t, const std::string& name);
   json control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t);
+  json model_registry(const std::string& op, const json& body, TenantState& t);
   Handled runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
                   const Reply& reply);
   json usage_report(const std::shared_ptr<TenantState>& t);

@@ -1,9 +1,11 @@
 // SageMaker JSON 1.1 control plane: Create / Describe / List / Stop / Delete TrainingSession (spec §2). The bodies
 // are read and written by the wire module (wire/control_plane.hpp); this is what the service does with them.
 #include <algorithm>
+#include <tuple>
 
 #include "server/api_impl.hpp"
 #include "wire/control_plane.hpp"
+#include "wire/model_registry.hpp"
 
 namespace rlloop::server {
 
@@ -13,6 +15,23 @@ namespace {
 
 wire::TrainingSessionSummary summary(const SessionHost& s) {
   return {s.arn, s.status, s.creation_time, s.last_modified};
+}
+
+wire::ModelPackageInfo package_info(const std::string& arn, const ModelPackage& p) {
+  const auto group = p.group.substr(p.group.rfind('/') + 1);
+  return {arn, p.session, group, p.version, p.creation_time, p.base_model, p.is_checkpoint};
+}
+
+// A page of `rows` from `offset`, and where the next one starts.
+template <class Row>
+std::pair<std::vector<Row>, std::optional<std::int64_t>> page(const std::vector<Row>& rows, std::int64_t offset,
+                                                              std::int64_t max_results) {
+  std::vector<Row> out;
+  const auto count = static_cast<std::int64_t>(rows.size());
+  for (std::int64_t i = offset; i < count && i < offset + max_results; ++i) out.push_back(rows[i]);
+  std::optional<std::int64_t> next;
+  if (offset + max_results < count) next = offset + max_results;
+  return {std::move(out), next};
 }
 
 }  // namespace
@@ -113,10 +132,73 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       sessions.erase({t->config.id, name});
       return json::object();
     }
+    if (op == "DescribeModelPackage" || op == "ListModelPackages" || op == "ListHubContents" ||
+        op == "DescribeHubContent")
+      return model_registry(op, body, *t);
   } catch (const invalid_argument& e) {
     validation(e.what());
   }
   throw api_error("UnknownOperationException", 400, "unknown operation '" + target + "'");
+}
+
+// The model registry and the Hub, as far as the SageMaker SDK uses them: the tenant's checkpoints are its model
+// packages (each session's group is the one it was created with), and the Hub lists the base models served.
+json Api::Impl::model_registry(const std::string& op, const json& body, TenantState& t) {
+  if (op == "DescribeModelPackage") {
+    const std::string name = wire::describe_model_package_request_from_json(body);
+    std::lock_guard lock(t.mu);
+    auto it = t.checkpoints.find(name);
+    // AWS answers an unknown package with a ValidationException ("... does not exist"); so do we, for any package
+    // of another account too.
+    if (it == t.checkpoints.end()) validation("Model package " + name + " does not exist.");
+    return wire::describe_model_package_response_to_json(package_info(it->first, it->second));
+  }
+  if (op == "ListModelPackages") {
+    const auto req = wire::list_model_packages_request_from_json(body);
+    std::vector<wire::ModelPackageInfo> rows;
+    {
+      std::lock_guard lock(t.mu);
+      for (const auto& [arn, p] : t.checkpoints) {
+        auto info = package_info(arn, p);
+        if (!req.group.empty() && info.group != req.group) continue;
+        if (info.session.find(req.name_contains) == std::string::npos) continue;
+        if (info.creation_time <= req.creation_time_after || info.creation_time >= req.creation_time_before) continue;
+        rows.push_back(std::move(info));
+      }
+    }
+    std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
+      const bool less = req.sort_by_name ? std::tie(a.session, a.version) < std::tie(b.session, b.version)
+                                         : std::tie(a.creation_time, a.version) < std::tie(b.creation_time, b.version);
+      const bool greater = req.sort_by_name ? std::tie(b.session, b.version) < std::tie(a.session, a.version)
+                                            : std::tie(b.creation_time, b.version) < std::tie(a.creation_time, a.version);
+      return req.ascending ? less : greater;
+    });
+    const auto [rows_page, next] = page(rows, req.offset, req.max_results);
+    return wire::list_model_packages_response_to_json(rows_page, next);
+  }
+  // The Hub: its listing time is this server's start.
+  static const double listed_at = now_seconds();
+  const bool list = op == "ListHubContents";
+  const auto req = list ? wire::list_hub_contents_request_from_json(body) : wire::describe_hub_content_request_from_json(body);
+  if (req.hub != wire::public_hub_name)
+    throw api_error("ResourceNotFound", 400, "Hub " + req.hub + " does not exist (this service serves " +
+                                                 std::string(wire::public_hub_name) + ")");
+  std::vector<std::string> models;
+  if (req.content_type == "Model")
+    for (const auto& m : backend.list_base_models())
+      if (wire::is_hub_content_name(m)) models.push_back(m);
+  if (list) {
+    std::vector<json> rows;
+    for (const auto& m : models)
+      if (m.find(req.name_contains) != std::string::npos)
+        rows.push_back(wire::hub_content_summary_to_json(m, options.region, listed_at));
+    const auto [rows_page, next] = page(rows, req.offset, req.max_results);
+    return wire::list_hub_contents_response_to_json(rows_page, next);
+  }
+  if (std::find(models.begin(), models.end(), req.name) == models.end())
+    throw api_error("ResourceNotFound", 400,
+                    "Hub content " + req.name + " (" + req.content_type + ") does not exist in " + req.hub);
+  return wire::describe_hub_content_response_to_json(req.name, options.region, listed_at);
 }
 
 std::shared_ptr<SessionHost> Api::Impl::find_session(const TenantState& t, const std::string& name) {

@@ -152,6 +152,26 @@ std::optional<std::int64_t> operation_ordinal(const std::string& id, double crea
 json usage_json(const TokenUsage& u) { return wire::to_json(u); }
 TokenUsage usage_from_json(const json& j) { return wire::token_usage_from_json(j, "usage"); }
 
+// ---- ModelPackage ----
+
+json checkpoint_record(const std::string& arn, const ModelPackage& p) {
+  return {{"t", "checkpoint"},         {"arn", arn},         {"path", p.path},   {"session", p.session},
+          {"baseModel", p.base_model}, {"isCheckpoint", p.is_checkpoint},       {"time", p.creation_time},
+          {"n", p.version},            {"group", p.group}};
+}
+
+ModelPackage model_package_from_record(const json& rec) {
+  ModelPackage p;
+  p.path = rec.at("path").get<std::string>();
+  p.session = rec.value("session", "");
+  p.base_model = rec.value("baseModel", "");
+  p.is_checkpoint = rec.value("isCheckpoint", false);
+  p.creation_time = rec.value("time", 0.0);
+  p.version = rec.value("n", std::int64_t{0});
+  p.group = rec.value("group", "");
+  return p;
+}
+
 // ---- DurableState ----
 
 DurableState::Session::Session(const Retention& r)
@@ -162,7 +182,7 @@ void DurableState::apply(const json& rec) {
   const std::string tenant_id = rec.at("tenant").get<std::string>();
   if (type == "checkpoint") {
     Tenant& t = tenants[tenant_id];
-    t.checkpoints[rec.at("arn").get<std::string>()] = rec.at("path").get<std::string>();
+    t.checkpoints[rec.at("arn").get<std::string>()] = model_package_from_record(rec);
     t.next_checkpoint = std::max(t.next_checkpoint, rec.value("n", std::int64_t{0}) + 1);
     return;
   }
@@ -265,8 +285,11 @@ std::string DurableState::snapshot(std::uint64_t generation) const {
     ++lines;
   };
   for (const auto& [id, t] : tenants) {
-    for (const auto& [arn, path] : t.checkpoints)
-      line({{"t", "checkpoint"}, {"tenant", id}, {"arn", arn}, {"path", path}});
+    for (const auto& [arn, package] : t.checkpoints) {
+      json rec = checkpoint_record(arn, package);
+      rec["tenant"] = id;
+      line(rec);
+    }
     line({{"t", "tenant"}, {"tenant", id}, {"usage", usage_json(t.usage)}, {"nextCheckpoint", t.next_checkpoint}});
   }
   for (const auto& [key, s] : sessions) {

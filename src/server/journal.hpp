@@ -41,6 +41,21 @@
 
 namespace rlloop::server {
 
+// A checkpoint a tenant owns: where it is, and what DescribeModelPackage / ListModelPackages say of it.
+struct ModelPackage {
+  std::string path;
+  std::string session;         // the training session that saved it
+  std::string base_model;      // that session's base model (catalogue name)
+  bool is_checkpoint = false;  // saveState (weights and optimizer) rather than saveWeights
+  double creation_time = 0;
+  std::int64_t version = 0;    // n in its ARN .../model-package/{session}/{n}
+  std::string group;           // the session's ModelPackageGroupArn, empty if it named none
+};
+// The journal's "checkpoint" record of `arn` (with "t" and "arn"; records of older servers hold only the path).
+nlohmann::json checkpoint_record(const std::string& arn, const ModelPackage& p);
+ModelPackage model_package_from_record(const nlohmann::json& record);
+
+
 using nlohmann::json;
 
 // Entries in the order they were put, at most `max_count` of them and none `max_age` seconds old or older: how
@@ -157,7 +172,7 @@ class DurableState {
   struct Tenant {
     TokenUsage usage;
     std::int64_t next_checkpoint = 1;
-    std::map<std::string, std::string> checkpoints;  // model-package ARN -> path
+    std::map<std::string, ModelPackage> checkpoints;  // by model-package ARN
   };
 
   explicit DurableState(Retention retention) : retention_(retention) {}

@@ -84,7 +84,7 @@ void Api::Impl::recover() {
       if (s.sampler_arn) {
         std::lock_guard lock(tenant->mu);
         auto c = tenant->checkpoints.find(*s.sampler_arn);
-        if (c != tenant->checkpoints.end()) r.sampler_path = c->second;
+        if (c != tenant->checkpoints.end()) r.sampler_path = c->second.path;
       }
       const bool live = live_status(s.status);
       auto host = std::make_shared<SessionHost>(tenant, key.second, s.created.at("arn").get<std::string>(), opts,

@@ -192,17 +192,19 @@ std::string SessionHost::resolve_checkpoint(const std::string& package_arn) {
   auto it = tenant->checkpoints.find(package_arn);
   if (it == tenant->checkpoints.end())
     throw not_found("model package '" + package_arn + "' does not exist in this account");
-  return it->second;
+  return it->second.path;
 }
 
-std::string SessionHost::add_checkpoint(const std::string& path) {
+std::string SessionHost::add_checkpoint(const std::string& path, bool is_checkpoint) {
   std::lock_guard lock(tenant->mu);
   const std::int64_t n = tenant->next_checkpoint++;
   const std::string package = "arn:aws:sagemaker:" + config_.region + ":" + tenant->config.account_id +
                               ":model-package/" + name + "/" + std::to_string(n);
+  ModelPackage made{path, name, options.base_model, is_checkpoint, now_seconds(), n,
+                    echo.value("ModelPackageGroupArn", "")};
   // Journaled before the ARN is returned to anyone, so a restarted server still resolves it.
-  journal({{"t", "checkpoint"}, {"arn", package}, {"path", path}, {"n", n}});
-  tenant->checkpoints[package] = path;
+  journal(checkpoint_record(package, made));
+  tenant->checkpoints[package] = std::move(made);
   return package;
 }
 
@@ -232,12 +234,12 @@ json SessionHost::execute(OperationRecord& op) {
               if (!export_merged_)
                 throw unsupported("saveWeights.mergeWeights is not supported by this server's sessions");
               const auto dir = std::filesystem::path(config_.export_dir) / checkpoint_name("merged");
-              return wire::SaveWeightsResult{add_checkpoint(export_merged_(dir.string()).get().path)};
+              return wire::SaveWeightsResult{add_checkpoint(export_merged_(dir.string()).get().path, false)};
             }
             return wire::SaveWeightsResult{
-                add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path)};
+                add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path, false)};
           } else if constexpr (std::is_same_v<T, wire::SaveStateOp>) {
-            return wire::SaveStateResult{add_checkpoint(session->save_state(checkpoint_name("state")).get().path)};
+            return wire::SaveStateResult{add_checkpoint(session->save_state(checkpoint_name("state")).get().path, true)};
           } else {
             session->load_state(resolve_checkpoint(o.model_package_arn), o.load_optimizer).get();
             return LoadStateOutput{};

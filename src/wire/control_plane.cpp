@@ -144,13 +144,7 @@ ListTrainingSessionsRequest list_training_sessions_request_from_json(const json&
   if (const json* v = find(body, "CreationTimeAfter")) r.creation_time_after = number(*v, "CreationTimeAfter");
   if (const json* v = find(body, "CreationTimeBefore")) r.creation_time_before = number(*v, "CreationTimeBefore");
   if (const json* v = find(body, "MaxResults")) r.max_results = integer(*v, "MaxResults", 1, 100);
-  if (const json* tok = find(body, "NextToken")) {
-    const std::string s = string(*tok, "NextToken");
-    // At most 18 digits: std::stoll would throw out_of_range (a 500) on longer ones.
-    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
-      fail("NextToken", "is not a token from a previous page");
-    r.offset = std::stoll(s);
-  }
+  r.offset = page_offset(body);
   return r;
 }
 

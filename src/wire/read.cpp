@@ -76,6 +76,15 @@ void only_keys(const json& obj, const std::string& path, std::initializer_list<c
     if (!known) fail(join(path, it.key()), "unknown field");
   }
 }
+std::int64_t page_offset(const json& body) {
+  const json* tok = find(body, "NextToken");
+  if (!tok) return 0;
+  const std::string s = string(*tok, "NextToken");
+  // At most 18 digits: std::stoll would throw out_of_range (a 500) on longer ones.
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+    fail("NextToken", "is not a token from a previous page");
+  return std::stoll(s);
+}
 std::string union_member(const json& j, const std::string& path, std::initializer_list<const char*> members) {
   object(j, path);
   std::string names;

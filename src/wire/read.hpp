@@ -37,6 +37,9 @@ std::int64_t integer(const json& j, const std::string& path, std::int64_t lo = s
 double in_range(double v, const std::string& path, double lo, double hi);
 // Rejects members a request type does not define, so a typo is an error rather than a silently ignored field.
 void only_keys(const json& obj, const std::string& path, std::initializer_list<const char*> keys);
+// The page a List* call asks for: its NextToken (a token this service's previous page gave: the offset where the
+// next page starts), or 0 without one.
+std::int64_t page_offset(const json& body);
 // A union: exactly one member, and it must be one of `members`. Returns the member's name.
 std::string union_member(const json& j, const std::string& path, std::initializer_list<const char*> members);
 

@@ -224,6 +224,54 @@ class Boto3AgainstServer(unittest.TestCase):
             self.create("lim-4")
         self.assertIn("limit", e.exception.response["Error"]["Message"])
 
+    # ---- model registry and Hub (the SageMaker SDK's calls beyond training sessions) ------------------------
+
+    def test_model_registry_and_hub(self):
+        name = "registry"
+        self.create(name)
+        group = f"arn:aws:sagemaker:{rlloop_serve.REGION}:{rlloop_serve.ACCOUNT}:model-package-group/registry-group"
+        saved = {kind: self.completed(self.wait_training(name, self.train(name, {kind: {}})))[kind]["modelPackageArn"]
+                 for kind in ("saveState", "saveWeights")}
+        for kind, arn in saved.items():
+            d = self.sm.describe_model_package(ModelPackageName=arn)
+            self.assertEqual(d["ModelPackageArn"], arn)
+            self.assertEqual(d["ModelPackageStatus"], "Completed")
+            self.assertEqual(d["ModelPackageVersion"], int(arn.rsplit("/", 1)[1]))
+            [container] = d["InferenceSpecification"]["Containers"]
+            self.assertEqual(container["BaseModel"], {"HubContentName": MODEL, "HubContentVersion": "1.0.0"})
+            self.assertEqual(container["IsCheckpoint"], kind == "saveState")
+        with self.assertRaises(botocore.exceptions.ClientError) as e:
+            self.sm.describe_model_package(ModelPackageName=saved["saveState"].replace(rlloop_serve.ACCOUNT, "999999999999"))
+        self.assertEqual(e.exception.response["Error"]["Code"], "ValidationException")
+        self.assertIn("does not exist", e.exception.response["Error"]["Message"])
+
+        # The session was created without a group: listing by another group finds nothing; by the session's name,
+        # newest first, in pages.
+        self.assertEqual(self.sm.list_model_packages(ModelPackageGroupName=group)["ModelPackageSummaryList"], [])
+        first = self.sm.list_model_packages(NameContains=name, MaxResults=1, SortBy="CreationTime", SortOrder="Descending")
+        self.assertEqual([p["ModelPackageArn"] for p in first["ModelPackageSummaryList"]], [saved["saveWeights"]])
+        rest = self.sm.list_model_packages(NameContains=name, MaxResults=1, NextToken=first["NextToken"])
+        self.assertEqual([p["ModelPackageArn"] for p in rest["ModelPackageSummaryList"]], [saved["saveState"]])
+        with self.assertRaises(botocore.exceptions.ClientError) as e:
+            self.sm.list_model_packages(SortBy="Size")
+        self.assertIn("SortBy", e.exception.response["Error"]["Message"])
+
+        listed = self.sm.list_hub_contents(HubName="SageMakerPublicHub", HubContentType="Model")["HubContentSummaries"]
+        names = [c["HubContentName"] for c in listed]
+        self.assertIn(MODEL, names)
+        for c in listed:
+            self.assertIn("@capability:training_session", c["HubContentSearchKeywords"])
+        d = self.sm.describe_hub_content(HubName="SageMakerPublicHub", HubContentType="Model", HubContentName=MODEL)
+        self.assertEqual(d["HubContentArn"], rlloop_serve.hub_model_arn(MODEL))
+        self.assertEqual(json.loads(d["HubContentDocument"]).get("HuggingfaceId"), None)
+        for call in (lambda: self.sm.describe_hub_content(HubName="SageMakerPublicHub", HubContentType="Model",
+                                                          HubContentName="no-such-model"),
+                     lambda: self.sm.list_hub_contents(HubName="PrivateHub", HubContentType="Model")):
+            with self.assertRaises(self.sm.exceptions.ResourceNotFound):
+                call()
+        for op in ("DescribeModelPackage", "ListModelPackages", "ListHubContents", "DescribeHubContent"):
+            self.assertIn(op, self.sm_check.checked)  # every answer was validated against the model's shape
+
     # ---- runtime: training -------------------------------------------------------------------------------
 
     def test_training_operations(self):

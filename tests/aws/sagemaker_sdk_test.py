@@ -131,6 +131,102 @@ class SdkSftThenGrpo(unittest.TestCase):
         self.assertIn(getattr(summary.status, "value", summary.status), ("Stopping", "Stopped"))
 
 
+class SdkCallsBeyondTrainingSessions(unittest.TestCase):
+    """The SDK's documented calls that reach past the training-session APIs (the Hub, the model registry), and a
+    batch it splits into chunks, each against what the same thing gives without the SDK."""
+
+    @classmethod
+    def setUpClass(cls):
+        import boto3
+
+        cls.server = rlloop_serve.Server(RLLOOP, max_sessions=8, extra_args=("--result-wait-ms", "1500"))
+        demo.configure_environment(cls.server.endpoint, rlloop_serve.ACCESS_KEY, rlloop_serve.SECRET_KEY)
+        cls.svc = demo.service_client(rlloop_serve.ACCOUNT, rlloop_serve.ROLE_ARN)
+        cls.rt = boto3.client("sagemakertrainingsessionruntime", endpoint_url=cls.server.endpoint)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def boto3_forward_backward(self, session, data, sequence_number):
+        """One forwardBackward of every datum in one request, through boto3; its metrics."""
+        datums = [{"modelInput": {"chunks": [{"type": "encoded_text", "tokens": d.model_input.to_ints()}]},
+                   "lossFnInputs": {k: {"data": v, "dtype": "int64" if k == "target_tokens" else "float32",
+                                        "shape": [len(v)]} for k, v in d.loss_fn_inputs.items()}} for d in data]
+        op = self.rt.execute_training_operation(
+            trainingSessionName=session, clientToken=f"one-batch-{sequence_number}", sequenceNumber=sequence_number,
+            operationConfig={"forwardBackward": {"lossFnName": "cross_entropy", "datumList": datums}})["operationId"]
+        for _ in range(600):
+            r = self.rt.get_training_operation_result(trainingSessionName=session, operationId=op)
+            if r["status"] not in ("Pending", "InProgress"):
+                break
+            time.sleep(0.05)
+        self.assertEqual(r["status"], "Completed", r)
+        return r["operationResult"]["forwardBackward"]["metrics"]
+
+    def test_hub_model_packages_and_chunked_batches(self):
+        # list_base_models: ListHubContents, then DescribeHubContent for each model marked trainable.
+        self.assertIn("rlloop-small", self.svc.list_base_models())
+
+        # A base model named by its id (DescribeHubContent gives its ARN). 2,500 datums: the SDK sends 1,024,
+        # 1,024 and 452 and folds the chunks' metrics as datum-weighted means (global_token_num: a sum).
+        data = [demo.completion_datum(demo.encode(f"{i % 97}+{i % 13}="), demo.encode(f"#### {i % 97 + i % 13}") +
+                                      [demo.EOS]) for i in range(2500)]
+        tokens = sum(len(d.model_input.to_ints()) for d in data)
+        with self.svc.create_lora_training_client("rlloop-small", rank=32, alpha=64) as tc, \
+             self.svc.create_lora_training_client("rlloop-small", rank=32, alpha=64) as other:
+            chunked = tc.forward_backward(data, loss_fn="cross_entropy").result().metrics
+            # The same data as one request through boto3, on a session of the same base: its adapters start at
+            # zero (LoRA's B), so both compute the base model's loss.
+            whole = self.boto3_forward_backward(other.training_session_name, data, 1)
+            self.assertAlmostEqual(chunked["loss"], whole["loss"], delta=1e-5 * abs(whole["loss"]))
+            self.assertAlmostEqual(whole["loss"] * 2500, whole["loss:sum"], delta=1e-6 * whole["loss:sum"])
+            self.assertEqual(chunked["global_token_num"], tokens)
+            self.assertEqual(whole["global_token_num"], tokens)
+            for m in (chunked, whole):
+                self.assertGreater(m["estimated_flops"], 0)
+                self.assertGreater(m["promised_flops"], 0)
+                self.assertAlmostEqual(m["mfu"], m["estimated_flops"] / m["promised_flops"], delta=1e-9)
+            # A policy loss reports its diagnostics; with the sampler's own logprobs the ratio is 1: nothing is
+            # clipped and the estimated KL is 0.
+            probe = demo.encode("2+3=") + demo.encode("#### 5") + [demo.EOS]
+            lp = tc.forward([demo.completion_datum(probe[:4], probe[4:])]).result().loss_fn_outputs[0]["logprobs"]["data"]
+            rl = demo.completion_datum(probe[:4], probe[4:], logprobs=lp[3:], advantages=1.0)
+            ppo = tc.forward([rl], loss_fn="ppo").result().metrics
+            self.assertAlmostEqual(ppo["actor/pg_loss"], ppo["loss"], delta=1e-12)
+            self.assertAlmostEqual(ppo["actor/ppo_kl"], 0.0, delta=1e-5)
+            self.assertEqual(ppo["actor/pg_clipfrac"], 0.0)
+            # compute_logprobs: None for the first token, which has no context.
+            self.assertIsNone(tc.create_sampling_client().compute_logprobs(probe).result()[0])
+
+            # Train a step, save: the ARNs alone (DescribeModelPackage) give a training client and a sampling client.
+            from sagemaker.train.training_session import AdamParams
+
+            tc.forward_backward(data[:64], loss_fn="cross_entropy").result()
+            tc.optim_step(AdamParams(learning_rate=1e-3)).result()
+            state_arn = tc.save_state("after one step").result().model_package_arn
+            weights_arn = tc.save_weights_for_sampler().result().model_package_arn
+            trained = tc.forward([demo.completion_datum(probe[:4], probe[4:])]).result().metrics["loss"]
+            sampled = tc.create_sampling_client(weights_arn).compute_logprobs(probe).result()
+
+        # create_training_client_from_state without base_model: the package names its base (BaseModel of its
+        # container), and the new session resumes from it.
+        with self.svc.create_training_client_from_state(state_arn) as resumed:
+            again = resumed.forward([demo.completion_datum(probe[:4], probe[4:])]).result().metrics["loss"]
+            self.assertAlmostEqual(again, trained, delta=1e-5 * abs(trained))
+        # A sampling client from the weights' package alone, on a session of its own.
+        with self.svc.create_sampling_client(model_package_arn=weights_arn) as package_client:
+            from_package = package_client.compute_logprobs(probe).result()
+        self.assertIsNone(from_package[0])
+        for a, b in zip(from_package[1:], sampled[1:]):
+            self.assertAlmostEqual(a, b, delta=1e-5)
+        # The registry lists both packages, newest first, and knows which one is a checkpoint.
+        latest = self.svc.list_model_packages()
+        self.assertEqual([p.model_package_arn for p in latest[:2]], [weights_arn, state_arn])
+        from sagemaker.train.training_session.types import ModelPackageKind
+
+        self.assertEqual(self.svc.get_latest_model_package(ModelPackageKind.CHECKPOINT).model_package_arn, state_arn)
+
 def main():
     global RLLOOP
     RLLOOP = sys.argv.pop(1) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else demo.find_rlloop()
