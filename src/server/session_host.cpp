@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <utility>
 
+#include <rlloop/detail/visit.hpp>
+
 #include "server/api_impl.hpp"
 #include "server/journal.hpp"
 
@@ -240,9 +242,11 @@ json SessionHost::execute(OperationRecord& op) {
                 add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path, false)};
           } else if constexpr (std::is_same_v<T, wire::SaveStateOp>) {
             return wire::SaveStateResult{add_checkpoint(session->save_state(checkpoint_name("state")).get().path, true)};
-          } else {
+          } else if constexpr (std::is_same_v<T, wire::LoadStateOp>) {
             session->load_state(resolve_checkpoint(o.model_package_arn), o.load_optimizer).get();
             return LoadStateOutput{};
+          } else {
+            static_assert(rlloop::detail::unhandled_alternative<T>, "a training operation the session host does not run");
           }
         },
         *t);
@@ -281,9 +285,11 @@ json SessionHost::execute(OperationRecord& op) {
           auto lp = session->compute_logprobs(req).get();
           bill(op, TokenUsage{static_cast<std::int64_t>(o.prompt.length()), 0, 0});
           return wire::ComputeLogprobsResult{std::move(lp)};
-        } else {
+        } else if constexpr (std::is_same_v<T, wire::LoadWeightsForSamplingOp>) {
           sampler_path_ = resolve_checkpoint(o.model_package_arn);
           return wire::LoadWeightsForSamplingResult{};
+        } else {
+          static_assert(rlloop::detail::unhandled_alternative<T>, "a sampling operation the session host does not run");
         }
       },
       s);

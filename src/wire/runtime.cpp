@@ -6,6 +6,7 @@
 #include <map>
 #include <type_traits>
 
+#include <rlloop/detail/visit.hpp>
 #include <rlloop/error.hpp>
 #include <rlloop/limits.hpp>
 
@@ -308,8 +309,10 @@ json to_json(const TrainingOperation& op) {
           json c = json::object();
           if (!o.description.empty()) c["description"] = o.description;
           return {{"saveState", std::move(c)}};
-        } else {
+        } else if constexpr (std::is_same_v<T, LoadStateOp>) {
           return {{"loadState", {{"modelPackageArn", o.model_package_arn}, {"loadOptimizer", o.load_optimizer}}}};
+        } else {
+          static_assert(rlloop::detail::unhandled_alternative<T>, "a training operation this writer does not handle");
         }
       },
       op);
@@ -398,8 +401,10 @@ json to_json(const SamplingOperation& op) {
           json c{{"prompt", to_json(o.prompt)}};
           if (o.model_path) c["modelPackageArn"] = *o.model_path;
           return {{"computeLogprobs", std::move(c)}};
-        } else {
+        } else if constexpr (std::is_same_v<T, LoadWeightsForSamplingOp>) {
           return {{"loadWeightsForSampling", {{"modelPackageArn", o.model_package_arn}}}};
+        } else {
+          static_assert(rlloop::detail::unhandled_alternative<T>, "a sampling operation this writer does not handle");
         }
       },
       op);
@@ -519,8 +524,10 @@ json to_json(const TrainingResult& r) {
           return {{"saveWeights", std::move(c)}};
         } else if constexpr (std::is_same_v<T, SaveStateResult>)
           return {{"saveState", {{"modelPackageArn", o.model_package_arn}}}};
-        else
+        else if constexpr (std::is_same_v<T, LoadStateOutput>)
           return {{"loadState", json::object()}};
+        else
+          static_assert(rlloop::detail::unhandled_alternative<T>, "a training result this writer does not handle");
       },
       r);
 }
@@ -653,8 +660,10 @@ json to_json(const SamplingResult& r) {
           return {{"sample", to_json(o)}};
         else if constexpr (std::is_same_v<T, ComputeLogprobsResult>)
           return {{"computeLogprobs", {{"logprobs", prompt_logprobs_json(o.logprobs)}}}};
-        else
+        else if constexpr (std::is_same_v<T, LoadWeightsForSamplingResult>)
           return {{"loadWeightsForSampling", json::object()}};
+        else
+          static_assert(rlloop::detail::unhandled_alternative<T>, "a sampling result this writer does not handle");
       },
       r);
 }

@@ -47,8 +47,18 @@ struct LoadStateOp {
   bool load_optimizer = true;
   bool operator==(const LoadStateOp&) const = default;
 };
-using TrainingOperation =
-    std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp, LoadStateOp>;
+// Defined only by the compile-fail test wire_unhandled_operation (tests/json/CMakeLists.txt): an operation that no
+// visitor handles, which must stop the wire and the server from compiling.
+#ifdef RLLOOP_TEST_UNHANDLED_OPERATION
+struct UnhandledTestOp {
+  bool operator==(const UnhandledTestOp&) const = default;
+};
+#define RLLOOP_TEST_UNHANDLED_ALTERNATIVE , UnhandledTestOp
+#else
+#define RLLOOP_TEST_UNHANDLED_ALTERNATIVE
+#endif
+using TrainingOperation = std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp,
+                                       LoadStateOp RLLOOP_TEST_UNHANDLED_ALTERNATIVE>;
 
 struct LoadWeightsForSamplingOp {
   std::string model_package_arn;
