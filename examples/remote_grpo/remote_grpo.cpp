@@ -29,10 +29,11 @@ struct Options {
   int lora_rank = 32;
   int lora_alpha = 64;
   std::string session_name;
-  // The API caps learningRate at 0.01; LoRA wants a larger GRPO step than grpo_arith's full fine-tuning (1e-4).
+  // The API caps learningRate at 0.01; LoRA wants a larger GRPO step than grpo_arith's full fine-tuning (5e-5).
   examples::ArithRecipe recipe{.sft_steps = 300,
                                .sft_target_loss = 0,  // exactly sft_steps (LoRA at 5e-3 learns fast)
                                .grpo_steps = 40,
+                               .group_size = 8,
                                .sft_lr = 5e-3,
                                .grpo_lr = 1e-3,
                                .out_dir = "runs/remote_grpo",

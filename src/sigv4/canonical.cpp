@@ -132,7 +132,10 @@ std::string canonical_path(std::string_view path, bool normalize) {
     start = end + 1;
   }
   std::string out = "/";
-  for (std::size_t i = 0; i < segments.size(); ++i) out += (i ? "/" : "") + std::string(segments[i]);
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    if (i) out += '/';
+    out += segments[i];
+  }
   const bool trailing = path.back() == '/';
   if (trailing && out.size() > 1) out += '/';
   return uri_encode(out, true);

@@ -155,8 +155,10 @@ class FakeSession {
         const double d = lp - q;
         return {-(lp * adv - 0.5 * spec.beta * d * d) * m, -(adv - spec.beta * d) * m, false};
       }
+      case LossFn::value:
+        break;  // the critic's loss is over values, not logprobs: the fake session has no value head
     }
-    throw invalid_argument("unknown loss function");
+    throw invalid_argument("the fake session has no value head: loss 'value' is not a token term");
   }
 
  private:

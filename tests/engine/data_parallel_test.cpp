@@ -17,6 +17,7 @@
 
 #include "checkpoint.hpp"
 #include "child_processes.hpp"
+#include "dist/codec.hpp"
 #include "dist/replica_ops.hpp"
 #include "session_util.hpp"
 
@@ -527,6 +528,33 @@ TEST(DataParallel, SplitsBatchesByTokensInTheCallersOrder) {
     EXPECT_EQ(sent.data[i].model_input.tokens(), data[6 + i].model_input.tokens());
     EXPECT_EQ(sent.data[i].loss_fn_inputs.at("weights").float_data,
               data[6 + i].loss_fn_inputs.at("weights").float_data);
+  }
+}
+
+TEST(DataParallel, TheCodecCarriesEveryLossAndOptimizerSetting) {
+  // Each member set away from its default, so that a member the codec dropped would come back different.
+  for (LossFn fn : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro,
+                    LossFn::value}) {
+    const LossSpec sent{.fn = fn, .epsilon_low = 0.13, .epsilon_high = 0.27, .beta = 0.031, .value_clip = 0.45};
+    engine::dist::ByteWriter w;
+    w.put(sent);
+    const std::string bytes = w.take();
+    engine::dist::ByteReader r(bytes);
+    const LossSpec got = r.get_loss_spec();
+    EXPECT_EQ(got.fn, sent.fn);
+    EXPECT_EQ(got.epsilon_low, sent.epsilon_low);
+    EXPECT_EQ(got.epsilon_high, sent.epsilon_high);
+    EXPECT_EQ(got.beta, sent.beta);
+    EXPECT_EQ(got.value_clip, sent.value_clip);
+  }
+  for (std::optional<double> clip : {std::optional<double>{}, std::optional<double>{0.7}}) {
+    const AdamParams sent{.learning_rate = 3e-3, .beta1 = 0.8, .beta2 = 0.97, .eps = 1e-6, .weight_decay = 0.05,
+                          .grad_clip_norm = clip, .lora_plus_lr_ratio = 4.0};
+    engine::dist::ByteWriter w;
+    w.put(sent);
+    const std::string bytes = w.take();
+    engine::dist::ByteReader r(bytes);
+    EXPECT_EQ(r.get_adam_params(), sent);
   }
 }
 

@@ -725,8 +725,11 @@ TEST_F(SamplerTest, PromptLogprobs) {
     EXPECT_GE(topk[i][0].logprob, topk[i][1].logprob);
     EXPECT_GE(topk[i][1].logprob, topk[i][2].logprob);
     EXPECT_GE(topk[i][0].logprob, ref[i] - 1e-6);
-    for (const auto& e : topk[i])
-      if (e.token == prompt[i]) EXPECT_NEAR(e.logprob, ref[i], 1e-5);
+    for (const auto& e : topk[i]) {
+      if (e.token == prompt[i]) {
+        EXPECT_NEAR(e.logprob, ref[i], 1e-5);
+      }
+    }
   }
   auto plain = run(SamplingParams{.max_tokens = 1});
   EXPECT_FALSE(plain.prompt_logprobs.has_value());

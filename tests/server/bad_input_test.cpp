@@ -211,7 +211,7 @@ TEST_F(BadInput, ControlPlaneMalformedJsonAndWrongTypes) {
 
 TEST_F(BadInput, InvalidSessionNames) {
   auto c = client();
-  for (const std::string bad : {std::string(""), std::string("under_score"), std::string("-lead"), std::string(64, 'x'),
+  for (const std::string& bad : {std::string(""), std::string("under_score"), std::string("-lead"), std::string(64, 'x'),
                                 std::string("trail-"), std::string("sp ace")}) {
     const std::string m = control_error_of(c.control("CreateTrainingSession", create_body(bad)), "ValidationException");
     EXPECT_EQ(m.rfind("TrainingSessionName: ", 0), 0u) << bad << ": " << m;

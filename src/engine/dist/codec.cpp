@@ -29,23 +29,29 @@ void ByteWriter::put(const std::vector<Datum>& data) {
   for (const auto& d : data) put(d);
 }
 
+// LossSpec and AdamParams are written member by member, bound here by a structured binding of all of them: a member
+// added to either stops this from compiling until the writer and its reader carry it (a rank that dropped a loss
+// setting would silently train with another loss); DataParallel.TheCodecCarriesEveryLossAndOptimizerSetting
+// round-trips every member.
 void ByteWriter::put(const LossSpec& loss) {
-  put(loss.fn);
-  put(loss.epsilon_low);
-  put(loss.epsilon_high);
-  put(loss.beta);
-  put(loss.value_clip);
+  const auto& [fn, epsilon_low, epsilon_high, beta, value_clip] = loss;
+  put(fn);
+  put(epsilon_low);
+  put(epsilon_high);
+  put(beta);
+  put(value_clip);
 }
 
 void ByteWriter::put(const AdamParams& p) {
-  put(p.learning_rate);
-  put(p.beta1);
-  put(p.beta2);
-  put(p.eps);
-  put(p.weight_decay);
-  put(p.grad_clip_norm.has_value());
-  put(p.grad_clip_norm.value_or(0.0));
-  put(p.lora_plus_lr_ratio);
+  const auto& [learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm, lora_plus_lr_ratio] = p;
+  put(learning_rate);
+  put(beta1);
+  put(beta2);
+  put(eps);
+  put(weight_decay);
+  put(grad_clip_norm.has_value());
+  put(grad_clip_norm.value_or(0.0));
+  put(lora_plus_lr_ratio);
 }
 
 void ByteWriter::put(const SessionOptions& o) {
