@@ -12,6 +12,21 @@
 namespace rlloop::server {
 
 namespace {
+// The model package an operation names (loadState, loadWeightsForSampling, a sample or logprobs of saved weights).
+std::optional<std::string> package_named(const std::variant<wire::TrainingOperation, wire::SamplingOperation>& op) {
+  if (const auto* t = std::get_if<wire::TrainingOperation>(&op)) {
+    if (const auto* l = std::get_if<wire::LoadStateOp>(t)) return l->model_package_arn;
+    return std::nullopt;
+  }
+  const auto& s = std::get<wire::SamplingOperation>(op);
+  if (const auto* l = std::get_if<wire::LoadWeightsForSamplingOp>(&s)) return l->model_package_arn;
+  if (const auto* r = std::get_if<SampleRequest>(&s)) return r->model_path;
+  if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s)) return r->model_path;
+  return std::nullopt;
+}
+}  // namespace
+
+namespace {
 
 std::vector<std::string> segments(const std::string& path) {
   std::vector<std::string> out;
@@ -201,6 +216,13 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
       }
     } catch (const invalid_argument& e) {
       throw api_error("ValidationException", 400, e.what());
+    }
+    // A model package the tenant does not own (another account's, or none) is known now: a 404 at submission, not
+    // an operation that fails later.
+    if (const auto arn = package_named(op->op)) {
+      std::lock_guard tenant_lock(t->mu);
+      if (!t->checkpoints.count(*arn))
+        throw api_error("ResourceNotFoundException", 404, "model package '" + *arn + "' does not exist in this account");
     }
 
     std::lock_guard lock(s->mu);

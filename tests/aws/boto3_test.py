@@ -354,11 +354,20 @@ class Boto3AgainstServer(unittest.TestCase):
                                                operationConfig={"forward": {"lossFnName": "cross_entropy", "datumList": batch}})
         self.assertIn("sequenceNumber", e.exception.response["Error"]["Message"])
 
-        # A failed operation: the session stays usable and later operations run.
+        # A model package the tenant does not own, of another account or of none, is known at submission.
         self.seq[name] = 1
+        for account in (rlloop_serve.ACCOUNT, "999999999999"):
+            with self.assertRaises(self.rt.exceptions.ResourceNotFoundException) as e:
+                self.rt.execute_training_operation(trainingSessionName=name, sequenceNumber=2, operationConfig={
+                    "loadState": {"modelPackageArn": f"arn:aws:sagemaker:us-west-2:{account}:model-package/none/1",
+                                  "loadOptimizer": False}})
+            self.assertIn("does not exist in this account", e.exception.response["Error"]["Message"])
+        # A failed operation (the critic's loss on a session without a value head): the session stays usable and
+        # later operations run.
+        critic = datum([72, 105], [105, 33], [1.0, 1.0])
+        critic["lossFnInputs"]["returns"] = {"data": [0.5, 0.5], "dtype": "float32", "shape": [2]}
         failed = self.wait_training(name, self.train(
-            name, {"loadState": {"modelPackageArn": f"arn:aws:sagemaker:us-west-2:{rlloop_serve.ACCOUNT}:model-package/none/1",
-                                 "loadOptimizer": False}}))
+            name, {"forwardBackward": {"lossFnName": "value", "datumList": [critic]}}))
         self.assertIn(failed["status"], ("Failed",))
         self.assertTrue(failed["errorDetails"])
         self.completed(self.wait_training(name, self.train(name, {"forward": {"lossFnName": "cross_entropy", "datumList": batch}})))
