@@ -61,8 +61,9 @@ struct EngineServer : ::testing::Test {
 };
 
 // Waits (a few seconds at most) until `ready` holds.
+// Up to 60 s: a bound for a machine under load (a test suite run with -j2 beside a build), not a timing.
 bool eventually(const std::function<bool()>& ready) {
-  for (int i = 0; i < 2000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 12000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   return ready();
 }
 
