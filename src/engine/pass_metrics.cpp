@@ -27,16 +27,20 @@ bool clipped(const LossSpec& loss, double lp, double q, double advantage) {
 }  // namespace
 
 double forward_flops(const ModelConfig& cfg, const std::vector<std::int64_t>& lengths) {
-  const double h = static_cast<double>(cfg.hidden_size), q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim),
-               kv_width = static_cast<double>(cfg.num_key_value_heads * cfg.head_dim);
-  const double per_layer = h * (q_width + 2 * kv_width) + q_width * h + 3 * h * static_cast<double>(cfg.intermediate_size);
-  const double per_token = 2 * (static_cast<double>(cfg.num_hidden_layers) * per_layer + h * static_cast<double>(cfg.vocab_size));
+  const auto h = static_cast<double>(cfg.hidden_size);
+  const auto q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim);
+  const auto kv_width = static_cast<double>(cfg.num_key_value_heads * cfg.head_dim);
+  const auto layers = static_cast<double>(cfg.num_hidden_layers);
+  // Multiply-adds per token: q, k, v and o; gate, up and down.
+  const auto ffn = static_cast<double>(cfg.intermediate_size);
+  const double per_layer = h * (q_width + 2 * kv_width) + q_width * h + 3 * h * ffn;
+  const double per_token = 2 * (layers * per_layer + h * static_cast<double>(cfg.vocab_size));
   double tokens = 0, attention_pairs = 0;
   for (auto s : lengths) {
     tokens += static_cast<double>(s);
     attention_pairs += static_cast<double>(s) * static_cast<double>(s + 1) / 2;
   }
-  return per_token * tokens + 2 * 2 * q_width * attention_pairs * static_cast<double>(cfg.num_hidden_layers);
+  return per_token * tokens + 2 * 2 * q_width * attention_pairs * layers;
 }
 
 void add_service_metrics(ForwardBackwardOutput& out, const std::vector<Datum>& data, const LossSpec* loss,

@@ -103,12 +103,8 @@ json Api::Impl::control_plane(const std::string& target, const json& body, const
       }
       std::stable_sort(rows.begin(), rows.end(),
                        [](const auto& a, const auto& b) { return a.creation_time > b.creation_time; });
-      wire::ListTrainingSessionsResponse out;
-      const auto count = static_cast<std::int64_t>(rows.size());
-      for (std::int64_t i = req.offset; i < count && i < req.offset + req.max_results; ++i)
-        out.summaries.push_back(rows[i]);
-      if (req.offset + req.max_results < count) out.next_offset = req.offset + req.max_results;
-      return wire::to_json(out);
+      auto [summaries, next] = page(rows, req.offset, req.max_results);
+      return wire::to_json(wire::ListTrainingSessionsResponse{std::move(summaries), next});
     }
     if (op == "StopTrainingSession") {
       auto s = find_session(*t, wire::training_session_name_request_from_json(body));
@@ -166,20 +162,21 @@ json Api::Impl::model_registry(const std::string& op, const json& body, TenantSt
         rows.push_back(std::move(info));
       }
     }
-    std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
-      const bool less = req.sort_by_name ? std::tie(a.session, a.version) < std::tie(b.session, b.version)
-                                         : std::tie(a.creation_time, a.version) < std::tie(b.creation_time, b.version);
-      const bool greater = req.sort_by_name ? std::tie(b.session, b.version) < std::tie(a.session, a.version)
-                                            : std::tie(b.creation_time, b.version) < std::tie(a.creation_time, a.version);
-      return req.ascending ? less : greater;
-    });
+    // By name or creation time, then version; descending unless asked otherwise.
+    auto before = [&](const wire::ModelPackageInfo& a, const wire::ModelPackageInfo& b) {
+      return req.sort_by_name ? std::tie(a.session, a.version) < std::tie(b.session, b.version)
+                              : std::tie(a.creation_time, a.version) < std::tie(b.creation_time, b.version);
+    };
+    std::stable_sort(rows.begin(), rows.end(),
+                     [&](const auto& a, const auto& b) { return req.ascending ? before(a, b) : before(b, a); });
     const auto [rows_page, next] = page(rows, req.offset, req.max_results);
     return wire::list_model_packages_response_to_json(rows_page, next);
   }
   // The Hub: its listing time is this server's start.
   static const double listed_at = now_seconds();
   const bool list = op == "ListHubContents";
-  const auto req = list ? wire::list_hub_contents_request_from_json(body) : wire::describe_hub_content_request_from_json(body);
+  const auto req =
+      list ? wire::list_hub_contents_request_from_json(body) : wire::describe_hub_content_request_from_json(body);
   if (req.hub != wire::public_hub_name)
     throw api_error("ResourceNotFound", 400, "Hub " + req.hub + " does not exist (this service serves " +
                                                  std::string(wire::public_hub_name) + ")");

@@ -222,7 +222,8 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
     if (const auto arn = package_named(op->op)) {
       std::lock_guard tenant_lock(t->mu);
       if (!t->checkpoints.count(*arn))
-        throw api_error("ResourceNotFoundException", 404, "model package '" + *arn + "' does not exist in this account");
+        throw api_error("ResourceNotFoundException", 404,
+                        "model package '" + *arn + "' does not exist in this account");
     }
 
     std::lock_guard lock(s->mu);

@@ -147,7 +147,8 @@ struct Lockstep {
     run(*s1, 0);
     run(*s2, 1);
     const auto path1 = s1->save_state(tag).get().path;
-    const auto a = engine::read_state_dir(path1, true), b = engine::read_state_dir(s2->save_state(tag).get().path, true);
+    const auto a = engine::read_state_dir(path1, true);
+    const auto b = engine::read_state_dir(s2->save_state(tag).get().path, true);
     expect_same_update(before.weights, a.weights, b.weights, what + " " + tag);
     expect_same_tensors(a.optimizer, b.optimizer, what + " " + tag + " optimizer moments", 1e-4);
     EXPECT_EQ(a.meta.step, b.meta.step);
@@ -194,7 +195,8 @@ void expect_equivalent(bool lora, Recipe recipe, const std::string& name) {
     for (std::size_t i = 0; i < data.size(); ++i) {
       const auto la = a.logprobs(i), lb = b.logprobs(i);
       ASSERT_EQ(la.size(), lb.size()) << "datum " << i;  // the caller's order
-      for (std::size_t j = 0; j < la.size(); ++j) expect_close(la[j], lb[j], "logprob of datum " + std::to_string(i) + at);
+      for (std::size_t j = 0; j < la.size(); ++j)
+        expect_close(la[j], lb[j], "logprob of datum " + std::to_string(i) + at);
     }
   }
 
