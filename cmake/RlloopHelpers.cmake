@@ -10,7 +10,9 @@ endfunction()
 # rlloop_add_test(<name> SOURCES ... LIBS ... [TIMEOUT s] [LABELS ...] [EXTERNAL_DATA]): one GoogleTest binary =
 # one CTest test. Deliberately not gtest_discover_tests: every process linked to LibTorch costs ~1 s to start.
 # EXTERNAL_DATA: the binary reads data the repository does not hold (tests/external_data.hpp); when its tests
-# skip for want of it, CTest reports the binary as skipped, not passed.
+# skip for want of it, CTest reports the binary as skipped, not passed. Each test's start is printed (no
+# --gtest_brief): `ctest --output-on-failure` shows only failed binaries' output, and for one that timed out the
+# last "[ RUN ]" line is the test that hung.
 function(rlloop_add_test name)
   cmake_parse_arguments(T "EXTERNAL_DATA" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   find_package(GTest REQUIRED)
@@ -19,7 +21,7 @@ function(rlloop_add_test name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)  # external_data.hpp
   target_compile_definitions(${name} PRIVATE RLLOOP_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                              RLLOOP_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  add_test(NAME ${name} COMMAND ${name} --gtest_brief=1 WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()

@@ -65,7 +65,9 @@ double peak_flops(const torch::Device& device, torch::ScalarType dtype) {
   const std::int64_t n = device.is_cuda() ? 4096 : 384;
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  const auto a = torch::rand({n, n}, opts), b = torch::rand({n, n}, opts);
+  // Constant operands: the rate does not depend on the values, and torch::rand would advance the global
+  // generator, which the caller's own code may have seeded.
+  const auto a = torch::full({n, n}, 0.5, opts), b = torch::full({n, n}, 0.25, opts);
   auto c = torch::mm(a, b);  // warm-up: thread pools, kernels chosen
   double best = 0;
   for (int i = 0; i < 5; ++i) {

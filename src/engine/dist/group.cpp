@@ -117,6 +117,29 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const GroupOptions& o, bool server
   }
 }
 
+// LibTorch 1.13's store daemon serves its clients one message at a time with blocking reads, so a client stopped
+// in the middle of a message (a rank stopped between the sends of one request, or any process that connects to
+// the rendezvous port and sends half a message) freezes it; a call on a connection without a receive timeout then
+// waits forever. TCPStore::wait with a timeout leaves that timeout on its connection's socket for every later call
+// (tests/engine/data_parallel_test.cpp, AHalfMessageToTheStoreFailsTheOperationWithinTheTimeout, holds it to
+// that), so one wait on a key that exists arms the connection: rank 0 fails the operation instead of hanging.
+void arm_receive_timeout(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
+  store.wait({kGroupKey}, timeout);
+}
+
+// The first line of an exception's text (c10's errors append a backtrace).
+std::string first_line(const std::exception& e) {
+  const std::string text = e.what();
+  return text.substr(0, text.find('\n'));
+}
+
+// Rank 0's reading of its own store failed: it did not answer within the timeout, or the connection broke.
+std::string store_failure(const GroupOptions& o, const std::exception& e) {
+  return "the group's store at " + describe(o) + " did not answer within " +
+         std::to_string(o.timeout.count() / 1000) +
+         " s (a rank or another client stopped in the middle of a message?): " + first_line(e);
+}
+
 }  // namespace
 
 // The collectives' interface: ProcessGroupGloo and ProcessGroupNCCL are ProcessGroups up to LibTorch 1.13 and
@@ -162,7 +185,10 @@ struct Group::Impl {
     if (std::string f = failure(); !f.empty()) throw group_failure(f);
   }
   c10d::TCPStore& reply_store() {
-    if (!replies) replies = open_store(options, false);
+    if (!replies) {
+      replies = open_store(options, false);
+      arm_receive_timeout(*replies, options.timeout);
+    }
     return *replies;
   }
 
@@ -235,7 +261,7 @@ struct Group::Impl {
       if (dead.empty()) return "every rank's process is alive, so one stopped answering the collective";
       return (dead.find(',') == std::string::npos ? "rank " : "ranks ") + dead + " stopped answering";
     } catch (const std::exception& e) {
-      return std::string("the ranks could not be asked (") + e.what() + ")";
+      return "the ranks could not be asked: " + store_failure(options, e);
     }
   }
 
@@ -249,7 +275,7 @@ struct Group::Impl {
     try {
       fn();
     } catch (const std::exception& e) {
-      throw group_failure(fail(failure_prefix(what) + unresponsive_ranks() + " (c10d: " + e.what() + ")"));
+      throw group_failure(fail(failure_prefix(what) + unresponsive_ranks() + " (c10d: " + first_line(e) + ")"));
     }
   }
 
@@ -289,6 +315,7 @@ std::unique_ptr<Group> Group::listen(const GroupOptions& options) {
   w.put(options.world_size);
   w.put(options.fingerprint);
   impl->store->set(kGroupKey, as_bytes(w.take()));
+  arm_receive_timeout(*impl->store, options.timeout);
   return std::unique_ptr<Group>(new Group(std::move(impl)));
 }
 
@@ -371,7 +398,7 @@ std::string Group::take_share() {
     return bytes;
   } catch (const std::exception& e) {
     throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
-                        " (" + e.what() + ")");
+                        " (" + first_line(e) + ")");
   }
 }
 
@@ -384,7 +411,7 @@ void Group::post_reply(std::uint64_t tag, const std::string& bytes) {
     g.reply_store().set(reply_key(tag, g.options.rank), as_bytes(bytes));
   } catch (const std::exception& e) {
     throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
-                        " (" + e.what() + ")");
+                        " (" + first_line(e) + ")");
   }
 }
 
@@ -404,7 +431,7 @@ std::optional<std::string> Group::poll_reply(std::uint64_t tag, int rank) {
     throw;
   } catch (const std::exception& e) {
     throw group_failure(
-        g.fail(g.failure_prefix(kWaitingForReplies) + "rank 0's store stopped answering (" + e.what() + ")"));
+        g.fail(g.failure_prefix(kWaitingForReplies) + store_failure(g.options, e)));
   }
   return std::nullopt;
 }
@@ -425,7 +452,7 @@ std::string Group::next_command() {
     return bytes;
   } catch (const std::exception& e) {
     throw group_failure("data-parallel worker " + std::to_string(g.options.rank) + ": lost rank 0 at " + address() +
-                        " (" + e.what() + ")");
+                        " (" + first_line(e) + ")");
   }
 }
 
