@@ -8,12 +8,14 @@ optimizerStep, each with a clientToken, each result fetched (long-poll). Two sta
   memory   VmRSS / threads / data-dir size after the first 1,000 operations and onwards up to --operations;
   restart  for each count in --restart-after: a fresh server runs that many operations and is killed with
            SIGKILL; then each is restarted on its data dir (and killed again) in turns, --repeat times; the time
-           from exec to its "listening" line is printed for each restart, with the median.
+           from exec to its "listening" line is printed for each restart, with the median, beside a server's start
+           on an empty data dir. --no-steps: forwardBackward operations only (gradients accumulated, never
+           stepped: what a restart rebuilds from the last autosave, docs/wire.md "Crash recovery").
 
 Loopback only, standard library only.
 
     python3 bench/server/operations.py build/bin/rlloop [--operations 20000] [--restart-after 100 1000 10000]
-        [--repeat 5] [--stage memory|restart|both] [-- serve args...]
+        [--repeat 5] [--stage memory|restart|both] [--no-steps] [-- serve args...]
 """
 import argparse
 import os
@@ -57,17 +59,28 @@ def restart(args, serve_args):
             port, _ = servers[-1].start()
             client = Client(port)
             client.create_session()
-            for seq in range(1, count + 1):
-                client.operation(seq)
+            for first in range(1, count + 1, 50):
+                client.operations(first, min(50, count + 1 - first), steps=not args.no_steps)
             client.close()
             servers[-1].kill()
         times = [[] for _ in servers]
+        empty = []
         for _ in range(args.repeat):
+            root = new_root("rlloop-bench-ops-")
+            try:
+                fresh = Server(args.binary, root, serve_args)
+                empty.append(fresh.start()[1])
+                fresh.kill()
+            finally:
+                remove(root)
             for server, seconds in zip(servers, times):
                 seconds.append(server.start()[1])
                 server.kill()
-        print("| operations before kill -9 | restarts: exec to listening | median | data dir |")
+        kind = "forwardBackward operations" if args.no_steps else "operations"
+        print(f"| {kind} before kill -9 | restarts: exec to listening | median | data dir |")
         print("|---|---|---|---|")
+        listed = ", ".join(f"{t:.2f}" for t in empty)
+        print(f"| (empty data dir: a first start) | {listed} s | {sorted(empty)[len(empty) // 2]:.2f} s | 0 MiB |")
         for count, server, seconds in zip(args.restart_after, servers, times):
             listed = ", ".join(f"{t:.2f}" for t in seconds)
             median = sorted(seconds)[len(seconds) // 2]
@@ -86,6 +99,7 @@ def main():
     parser.add_argument("--restart-after", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--stage", choices=["memory", "restart", "both"], default="both")
+    parser.add_argument("--no-steps", action="store_true")
     args, serve_args = parser.parse_known_args()  # the rest, after --, goes to `rlloop serve`
     serve_args = [a for a in serve_args if a != "--"]
     if args.stage in ("memory", "both"):

@@ -224,10 +224,10 @@ def datum(seq, i, tokens=64):
     }
 
 
-def operation_request(seq, rows=4, tokens=64):
+def operation_request(seq, rows=4, tokens=64, steps=True):
     """The body of training operation seq (with clientToken bench-<seq>): forwardBackward of `rows` sequences of
-    `tokens` tokens when seq is odd, optimizerStep when even."""
-    if seq % 2:
+    `tokens` tokens when seq is odd (or steps=False), optimizerStep when even."""
+    if seq % 2 or not steps:
         config = {"forwardBackward": {"datumList": [datum(seq, i, tokens) for i in range(rows)],
                                       "lossFnName": "cross_entropy"}}
     else:
@@ -250,11 +250,11 @@ class Client(Conn):
                 "TrainingSessionDetail"]["TrainingSessionStatus"] != "Running":
             time.sleep(0.05)
 
-    def operations(self, first, count, rows=4, tokens=64):
+    def operations(self, first, count, rows=4, tokens=64, steps=True):
         """Runs training operations first .. first+count-1: their submissions pipelined on this connection, then
         their results fetched (long-poll, also pipelined), each of which must be Completed. count=1: one at a time."""
         ids = []
-        self.send(*(http_request("POST", OPERATIONS, operation_request(seq, rows, tokens))
+        self.send(*(http_request("POST", OPERATIONS, operation_request(seq, rows, tokens, steps))
                     for seq in range(first, first + count)))
         for seq in range(first, first + count):
             code, data = self.response()
@@ -276,5 +276,5 @@ class Client(Conn):
                     raise RuntimeError(f"operation {seq}: {result}")
             pending = still
 
-    def operation(self, seq, rows=4, tokens=64):
-        self.operations(seq, 1, rows, tokens)
+    def operation(self, seq, rows=4, tokens=64, steps=True):
+        self.operations(seq, 1, rows, tokens, steps)

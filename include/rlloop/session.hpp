@@ -22,7 +22,8 @@ using CustomLossFn =
 //   forward / forward_backward      built-in loss on a batch (forward computes no gradient)
 //   forward_backward_custom         user objective on the per-token logprobs
 //   optim_step                      AdamW on the accumulated gradients, then zeroes them
-//   save_state / load_state         weights + optimizer (+ step, RNG) checkpoints
+//   save_state / load_state         weights + optimizer (+ step, RNG, gradients pending since the last step)
+//                                   checkpoints; load_state without the optimizer starts with none pending
 //   save_weights_for_sampler        weights that a sampler can load by the returned path
 //   sample / compute_logprobs       rollouts and scoring, optionally from saved sampler weights
 template <class S>

@@ -50,6 +50,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   long long result_retention_s = defaults.retention.result_age.count(),
             client_token_retention_s = defaults.retention.client_token_age.count();
   std::size_t compact_records = defaults.compact_after_records, compact_bytes = defaults.compact_after_bytes;
+  std::size_t autosave_operations = defaults.autosave_after_operations;
   bool bill_prompt_per_sample = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
@@ -107,6 +108,10 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
                  "Compact the journal once its log holds this many records since the last snapshot (0 = no bound)");
   app.add_option("--compact-bytes", compact_bytes,
                  "Compact the journal also once its log holds this many bytes and the snapshot's size (0 = no bound)");
+  app.add_option("--autosave-operations", autosave_operations,
+                 "Autosave a session also once this many forwardBackward / loadState operations completed since its "
+                 "last autosave (besides every optimizerStep): a restart runs fewer than this many again (0 = only "
+                 "at optimizerSteps)");
   app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
                "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
   try {
@@ -132,6 +137,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   options.retention.client_token_age = std::chrono::seconds(client_token_retention_s);
   options.compact_after_records = compact_records;
   options.compact_after_bytes = compact_bytes;
+  options.autosave_after_operations = autosave_operations;
 
 #ifdef RLLOOP_HAVE_ENGINE
   rlloop::configure_engine_process({.num_threads = threads});

@@ -54,6 +54,7 @@ nlohmann::json checkpoint_meta_to_json(const CheckpointMeta& meta) {
           {"step", meta.step},
           {"rng_state", meta.rng_state},
           {"has_optimizer", meta.has_optimizer},
+          {"has_gradients", meta.has_gradients},
           // Read by nothing here; written since the format's first version, so kept for whoever reads it.
           {"for_sampler", !meta.has_optimizer}};
 }
@@ -86,6 +87,7 @@ CheckpointMeta checkpoint_meta_from_json(const nlohmann::json& j, const std::str
     m.step = at("step").get<std::int64_t>();
     m.rng_state = at("rng_state").get<std::vector<std::uint8_t>>();
     m.has_optimizer = flag("has_optimizer");
+    m.has_gradients = flag("has_gradients");
     return m;
   } catch (const nlohmann::json::exception& e) {
     throw io_error("checkpoint '" + path + "': state.json's \"" + key + "\" is malformed: " + e.what());
@@ -93,7 +95,7 @@ CheckpointMeta checkpoint_meta_from_json(const nlohmann::json& j, const std::str
 }
 
 void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer,
-                     CheckpointMeta meta) {
+                     CheckpointMeta meta, const TensorMap* gradients) {
   const fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = target.parent_path();
   fs::create_directories(parent);
@@ -108,7 +110,9 @@ void write_state_dir(const std::string& dir, const TensorMap& weights, const Ten
   fs::create_directories(tmp);
   write_safetensors((tmp / "weights.safetensors").string(), weights);
   if (optimizer) write_safetensors((tmp / "optimizer.safetensors").string(), *optimizer);
+  if (gradients) write_safetensors((tmp / "gradients.safetensors").string(), *gradients);
   meta.has_optimizer = optimizer != nullptr;
+  meta.has_gradients = gradients != nullptr;
   write_file_atomic((tmp / "state.json").string(), checkpoint_meta_to_json(meta).dump(2));
   fsync_path(tmp);
 
@@ -145,6 +149,7 @@ StateContents read_state_dir(const std::string& path, bool with_optimizer) {
     if (!out.meta.has_optimizer)
       throw invalid_argument("checkpoint '" + dir.string() + "' holds no optimizer state (saved for sampling only)");
     out.optimizer = read_safetensors((dir / "optimizer.safetensors").string());
+    if (out.meta.has_gradients) out.gradients = read_safetensors((dir / "gradients.safetensors").string());
   }
   return out;
 }

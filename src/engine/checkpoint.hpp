@@ -1,5 +1,6 @@
-// Checkpoint directories: <dir>/weights.safetensors, optional <dir>/optimizer.safetensors, <dir>/state.json
-// (written last). A save builds the whole directory under a temporary name, fsyncs it, then swaps it in with
+// Checkpoint directories: <dir>/weights.safetensors, optional <dir>/optimizer.safetensors and
+// <dir>/gradients.safetensors (an accumulation pending at the save: forward_backward without optim_step yet),
+// <dir>/state.json (written last). A save builds the whole directory under a temporary name, fsyncs it, then swaps it in with
 // one atomic rename. A process killed at any moment leaves either the previous or the new checkpoint under that
 // name, never a half-written one.
 #pragma once
@@ -29,6 +30,7 @@ struct CheckpointMeta {
   std::int64_t step = 0;                // optimizer steps taken
   std::vector<std::uint8_t> rng_state;  // the session's sampling generator
   bool has_optimizer = false;           // optimizer.safetensors is there (false: saved for sampling only)
+  bool has_gradients = false;           // gradients.safetensors is there
   bool operator==(const CheckpointMeta&) const = default;
 };
 
@@ -40,11 +42,14 @@ CheckpointMeta checkpoint_meta_from_json(const nlohmann::json& j, const std::str
 struct StateContents {
   TensorMap weights;
   TensorMap optimizer;  // empty when not saved or not requested
+  TensorMap gradients;  // pending gradients by parameter name; read with the optimizer, empty when none were saved
   CheckpointMeta meta;
 };
 
-// Writes a checkpoint; meta.has_optimizer is taken from `optimizer` (null: weights only).
-void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer, CheckpointMeta meta);
+// Writes a checkpoint; meta.has_optimizer and meta.has_gradients are taken from `optimizer` and `gradients`
+// (null: not saved).
+void write_state_dir(const std::string& dir, const TensorMap& weights, const TensorMap* optimizer, CheckpointMeta meta,
+                     const TensorMap* gradients = nullptr);
 // The metadata of the checkpoint directory `path` alone (its state.json). Throws not_found / io_error naming it.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 // Reads the checkpoint directory `path`. Throws not_found / io_error naming the path, invalid_argument when

@@ -94,6 +94,9 @@ struct LocalSession::Impl {
   std::shared_ptr<SharedBase> shared_base;  // LoRA sessions: the weights they share; null with a private model
   std::shared_ptr<Transformer> model;
   std::unique_ptr<AdamW> optimizer;
+  // A forward_backward ran since the last optimizer step or load: the parameters' .grad() hold an accumulation
+  // that save_state keeps (on every rank with data parallelism).
+  bool gradients_pending = false;
   std::shared_ptr<const Tokenizer> tokenizer;  // for stop strings; null if the model has none we can load
   at::Generator generator;
   // A model sample() can decode from, with its bf16 weight snapshot kept across calls (bf16 precision only;
@@ -146,6 +149,7 @@ struct LocalSession::Impl {
 
   ForwardBackwardOutput run_loss(const std::vector<Datum>& data, const LossSpec& loss, bool backward) {
     const auto started = std::chrono::steady_clock::now();
+    gradients_pending = gradients_pending || backward;  // before: a pass that fails midway may have added some
     auto out =
         group ? group->forward(replica, *model, data, loss, backward) : run_builtin_loss(*model, data, loss, backward);
     add_usage({0, 0, out.training_tokens});
@@ -155,6 +159,7 @@ struct LocalSession::Impl {
 
   ForwardBackwardOutput run_custom(const std::vector<Datum>& data, const CustomLossFn& fn) {
     const auto started = std::chrono::steady_clock::now();
+    gradients_pending = true;
     auto out = group ? group->forward_custom(replica, *model, data, fn) : run_custom_loss(*model, data, fn);
     add_usage({0, 0, out.training_tokens});
     add_service_metrics(out, data, nullptr, model->config(), /*backward=*/true, cost_since(started));
@@ -274,15 +279,45 @@ struct LocalSession::Impl {
             .rng_state = {state.data_ptr<std::uint8_t>(), state.data_ptr<std::uint8_t>() + state.numel()}};
   }
 
+  // The gradients accumulated since the last optimizer step (empty when none are pending), as CPU fp32 tensors
+  // by parameter name. With data parallelism each rank holds its share: they are folded into rank 0's first.
+  TensorMap pending_gradients() {
+    TensorMap out;
+    if (!gradients_pending) return out;
+    if (group) group->fold_gradients(replica, *optimizer);
+    for (const auto& p : optimizer->parameters())
+      if (p.tensor.grad().defined()) out[p.name] = p.tensor.grad().detach().to(torch::kCPU, torch::kFloat32).clone();
+    return out;
+  }
+
+  // Gradients saved by pending_gradients() back into .grad() (after the optimizer's zero_grad).
+  void restore_gradients(const TensorMap& saved) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : optimizer->parameters()) {
+      const auto it = saved.find(p.name);
+      if (it == saved.end()) continue;
+      if (it->second.sizes() != p.tensor.sizes())
+        throw invalid_argument("checkpoint gradient '" + p.name + "' has another shape than the parameter");
+      auto g = it->second.to(p.tensor.device(), p.tensor.scalar_type());
+      if (p.tensor.grad().defined())
+        p.tensor.mutable_grad().copy_(g);
+      else
+        p.tensor.mutable_grad() = g;
+    }
+    gradients_pending = !saved.empty();
+  }
+
   CheckpointRef save(const std::string& name, bool with_optimizer) {
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
       throw invalid_argument("checkpoint name '" + name + "' must be a non-empty file name without '/'");
     const std::string dir = (fs::path(service.checkpoint_dir) / name).string();
     auto weights = trainable_weights();
-    TensorMap opt;
-    if (with_optimizer)
+    TensorMap opt, gradients;
+    if (with_optimizer) {
       for (auto& [k, v] : optimizer->state_tensors()) opt[k] = v;
-    write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta());
+      gradients = pending_gradients();
+    }
+    write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta(), gradients.empty() ? nullptr : &gradients);
     const std::string path = fs::absolute(dir).lexically_normal().string();
     // A model loaded from this path before holds the old weights; the next use reloads.
     if (auto it = samplers.find(path); it != samplers.end()) drop_sampler(it);
@@ -310,7 +345,11 @@ struct LocalSession::Impl {
       build_optimizer();
     }
     optimizer->zero_grad();
+    gradients_pending = false;
     if (group) group->sync_state(replica, *model, optimizer, with_optimizer);
+    // An accumulation saved between forward_backward and optim_step resumes (on rank 0, which the next step's
+    // sum over the ranks includes).
+    if (with_optimizer) restore_gradients(state.gradients);
   }
 };
 
@@ -346,8 +385,10 @@ Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::v
 Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {
   return impl_->lane->submit<OptimStepOutput>([this, params] {
     auto& optimizer = *impl_->optimizer;
-    return OptimStepOutput{impl_->group ? impl_->group->optim_step(impl_->replica, optimizer, params)
-                                        : optimizer.step(params)};
+    OptimStepOutput out{impl_->group ? impl_->group->optim_step(impl_->replica, optimizer, params)
+                                     : optimizer.step(params)};
+    impl_->gradients_pending = false;
+    return out;
   });
 }
 

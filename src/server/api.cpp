@@ -159,7 +159,12 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
 
 HostConfig Api::Impl::host_config() {
   const std::string exports = options.data_dir.empty() ? "rlloop-exports" : options.data_dir + "/exports";
-  return HostConfig{options.region, exports, journal.get(), options.bill_prompt_per_sample, options.retention};
+  return HostConfig{.region = options.region,
+                    .export_dir = exports,
+                    .journal = journal.get(),
+                    .bill_prompt_per_sample = options.bill_prompt_per_sample,
+                    .retention = options.retention,
+                    .autosave_after_operations = options.autosave_after_operations};
 }
 
 Api::~Api() { shutdown(); }

@@ -131,6 +131,7 @@ struct HostConfig {
   Journal* journal = nullptr;           // null = not durable
   bool bill_prompt_per_sample = false;  // Options::bill_prompt_per_sample
   Retention retention;                  // Options::retention
+  std::size_t autosave_after_operations = 0;  // Options::autosave_after_operations
 };
 
 // What a restarted server knows of a session: what it reported, and for a live one how to rebuild its state before
@@ -215,6 +216,7 @@ class SessionHost {
   void recover(const Recovery& r);
   json execute(OperationRecord& op);
   void finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave);
+  bool needs_autosave(const OperationRecord& op);
   // Sets a terminal state at `now` with mu held (a retrievable op moves to finished_); returns op's on_done
   // callbacks, for the caller to run once mu is released.
   std::vector<std::function<void()>> settle_locked(const std::shared_ptr<OperationRecord>& op, json state, double now);
@@ -237,6 +239,8 @@ class SessionHost {
   std::function<Future<CheckpointRef>(const std::string&)> export_merged_;
   std::function<Future<SampleResponse>(const SampleRequest&, HostedSession::SampleProgress)> sample_streaming_;
   std::string autosave_;  // the latest autosave (removed when the next one is journaled)
+  // Completed forwardBackward / loadState operations since it: what a restart would run again.
+  std::size_t replayable_since_autosave_ = 0;
   std::thread worker_;
 };
 

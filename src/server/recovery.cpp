@@ -44,6 +44,7 @@ void Api::Impl::recover() {
   }
 
   std::vector<std::shared_ptr<SessionHost>> starting;
+  std::size_t replayed = 0;  // operations the live sessions run again on top of their autosaves
   for (const auto& [key, s] : state.sessions) {
     auto tenant_it = tenants.find(key.first);
     if (tenant_it == tenants.end()) continue;
@@ -87,6 +88,7 @@ void Api::Impl::recover() {
         if (c != tenant->checkpoints.end()) r.sampler_path = c->second.path;
       }
       const bool live = live_status(s.status);
+      if (live) replayed += r.replay.size();
       auto host = std::make_shared<SessionHost>(tenant, key.second, s.created.at("arn").get<std::string>(), opts,
                                                 s.created.at("echo"), backend, host_config(),
                                                 s.created.at("creationTime").get<double>(), std::move(r),
@@ -102,6 +104,7 @@ void Api::Impl::recover() {
                    {"level", "info"},
                    {"event", "recovered"},
                    {"sessions", sessions.size()},
+                   {"replayed", replayed},
                    {"generation", journal->generation()}}
                   .dump());
 }

@@ -102,6 +102,13 @@ struct Options {
   // off. Restart time follows the live state and these bounds, not the server's history.
   std::size_t compact_after_records = 10'000;
   std::size_t compact_after_bytes = 1u << 20;
+  // A session's state (trainable weights, optimizer moments, and the gradients accumulated since its last
+  // optimizerStep) is autosaved after every optimizerStep and once this many forwardBackward / loadState
+  // operations completed since its last autosave, so that a restart runs at most this many minus one of them
+  // again (docs/server.md, "Crash recovery"); 0 autosaves at optimizerSteps only. Each autosave writes the
+  // trainable state once: a LoRA session's adapters and moments are small, a full fine-tuning session's are 3x its
+  // weights, and may want a larger interval.
+  std::size_t autosave_after_operations = 16;
   // One JSON object per line; defaults to stderr.
   std::function<void(const std::string&)> log;
 

@@ -319,13 +319,15 @@ void SessionHost::finish(const std::shared_ptr<OperationRecord>& op, json state,
 }
 
 // Rebuilds the state the session had when the server stopped: the last autosave (weights, optimizer moments, step,
-// RNG), then the state-changing operations that completed after it (gradients accumulated by forwardBackward,
-// loadState). Their results were already reported and billed; they are only run again.
+// RNG, pending gradients), then the state-changing operations that completed after it (forwardBackward, loadState:
+// fewer than HostConfig::autosave_after_operations). Their results were already reported and billed; they are only
+// run again.
 void SessionHost::recover(const Recovery& r) {
   if (!r.autosave.empty()) {
     session->load_state(r.autosave, true).get();
     autosave_ = r.autosave;
   }
+  replayable_since_autosave_ = r.replay.size();
   for (const auto& op : r.replay) {
     const auto& t = std::get<wire::TrainingOperation>(op->op);
     if (const auto* fb = std::get_if<wire::ForwardBackwardOp>(&t)) session->forward_backward(fb->data, fb->loss).get();
@@ -333,6 +335,22 @@ void SessionHost::recover(const Recovery& r) {
       session->load_state(resolve_checkpoint(ls->model_package_arn), ls->load_optimizer).get();
   }
   sampler_path_ = r.sampler_path;
+}
+
+// After `op` completed: whether the session's state is saved before the op is reported. A completed step must
+// survive a crash before it is reported: the trainable state (LoRA adapter or weights, optimizer, pending
+// gradients) is saved under a fresh name; the journal record names it, and only then is the older one removed.
+// Operations that only add to the state (forwardBackward, loadState) are run again by a restart instead, up to
+// autosave_after_operations - 1 of them: the next one saves.
+bool SessionHost::needs_autosave(const OperationRecord& op) {
+  const auto* training = std::get_if<wire::TrainingOperation>(&op.op);
+  if (!training) return false;
+  if (std::holds_alternative<wire::OptimizerStepOp>(*training)) return true;
+  const bool adds_to_state =
+      std::holds_alternative<wire::ForwardBackwardOp>(*training) || std::holds_alternative<wire::LoadStateOp>(*training);
+  if (!adds_to_state) return false;
+  ++replayable_since_autosave_;
+  return config_.autosave_after_operations > 0 && replayable_since_autosave_ >= config_.autosave_after_operations;
 }
 
 void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
@@ -386,10 +404,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     std::string autosave;
     try {
       state = execute(*op);
-      // A completed step must survive a crash before it is reported: save the trainable state (LoRA adapter +
-      // optimizer) under a fresh name; the journal record names it, and only then is the older one removed.
-      if (config_.journal && std::holds_alternative<wire::TrainingOperation>(op->op) &&
-          std::holds_alternative<wire::OptimizerStepOp>(std::get<wire::TrainingOperation>(op->op)))
+      if (config_.journal && needs_autosave(*op))
         autosave = session->save_state("autosave-" + tenant->config.id + "-" + name + "-" + op->id).get().path;
     } catch (const group_failure& e) {
       // The other ranks that train this session are gone: it is Blocked until the server has formed its
@@ -409,6 +424,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       std::error_code ec;
       if (!autosave_.empty()) std::filesystem::remove_all(autosave_, ec);
       autosave_ = autosave;
+      replayable_since_autosave_ = 0;
     }
     // Later training operations were planned on this one's effect (an optimizer step on its gradients, ...): skip
     // the ones already queued rather than run them on a state the caller did not expect.

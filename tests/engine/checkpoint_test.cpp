@@ -114,12 +114,52 @@ TEST(Checkpoint, KillDuringSavesNeverLeavesATornCheckpoint) {
 
 // state.json as sessions have written it since the format's first version, key for key: the codec reads it (and
 // writes the LoRA target modules under the wire's key, targetModules).
+TEST(Checkpoint, SaveStateKeepsTheGradientsAccumulatedSinceTheLastStep) {
+  // Two passes, a save, a third pass and a step; a session resumed from the save runs the third pass and the step:
+  // the same sums in the same order, so the same weights bit for bit.
+  auto dir = temp_dir("gradients");
+  LocalService svc(test_util::service_in(dir.string()));
+  const SessionOptions opts = test_util::tiny(LoraOptions{4, 8, {"all-linear"}}, 3);
+  const std::vector<Datum> a{test_util::sft_datum("the cat sat")}, b{test_util::sft_datum("on the mat")},
+      c{test_util::sft_datum("and slept")};
+  AdamParams adam;
+  adam.learning_rate = 1e-2;
+  auto s = svc.create_session(opts);
+  EXPECT_FALSE(fs::exists(fs::path(s->save_state("fresh").get().path) / "gradients.safetensors"));
+  s->forward_backward(a, LossSpec{}).get();
+  s->forward_backward(b, LossSpec{}).get();
+  const std::string mid = s->save_state("mid").get().path;
+  s->forward_backward(c, LossSpec{}).get();
+  s->optim_step(adam).get();
+  const auto straight = engine::read_state_dir(s->save_state("straight").get().path, true);
+  EXPECT_TRUE(straight.gradients.empty()) << "the step consumed them";
+
+  const auto saved = engine::read_state_dir(mid, true);
+  EXPECT_TRUE(saved.meta.has_gradients);
+  ASSERT_EQ(saved.gradients.size(), saved.weights.size());  // every adapter matrix had a gradient
+  auto resumed = svc.create_session_from_state(mid, opts);
+  resumed->forward_backward(c, LossSpec{}).get();
+  resumed->optim_step(adam).get();
+  expect_same_tensors(engine::read_state_dir(resumed->save_state("resumed").get().path, true).weights,
+                      straight.weights);
+  // Loaded into a session with other gradients pending: the saved ones replace them.
+  resumed->forward_backward(a, LossSpec{}).get();
+  resumed->load_state(mid, true).get();
+  resumed->forward_backward(c, LossSpec{}).get();
+  resumed->optim_step(adam).get();
+  expect_same_tensors(engine::read_state_dir(resumed->save_state("again").get().path, true).weights,
+                      straight.weights);
+  // Weights only: no gradients carried.
+  resumed->load_state(mid, false).get();
+  EXPECT_FALSE(fs::exists(fs::path(resumed->save_state("weights-only").get().path) / "gradients.safetensors"));
+}
+
 TEST(CheckpointMeta, ReadsTheStateJsonSessionsWrite) {
   const auto lora = nlohmann::json::parse(R"({
     "format": "rlloop-state-v1", "base_model": "rlloop-tiny",
     "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "lm_head"]},
     "value_head": true, "seed": 11, "step": 3, "for_sampler": false, "rng_state": [1, 2, 255],
-    "has_optimizer": true})");
+    "has_optimizer": true, "has_gradients": true})");
   const engine::CheckpointMeta m = engine::checkpoint_meta_from_json(lora, "ckpt");
   EXPECT_EQ(m.base_model, "rlloop-tiny");
   EXPECT_EQ(m.lora, (LoraOptions{4, 8, {"q_proj", "lm_head"}}));
@@ -128,6 +168,7 @@ TEST(CheckpointMeta, ReadsTheStateJsonSessionsWrite) {
   EXPECT_EQ(m.step, 3);
   EXPECT_EQ(m.rng_state, (std::vector<std::uint8_t>{1, 2, 255}));
   EXPECT_TRUE(m.has_optimizer);
+  EXPECT_TRUE(m.has_gradients);
   // Full fine-tuning, saved for sampling, without the value_head key.
   const auto full = nlohmann::json::parse(R"({
     "format": "rlloop-state-v1", "base_model": "/models/x", "lora": null, "seed": 0, "step": 0,
@@ -136,6 +177,7 @@ TEST(CheckpointMeta, ReadsTheStateJsonSessionsWrite) {
   EXPECT_EQ(f.lora, std::nullopt);
   EXPECT_FALSE(f.value_head);
   EXPECT_FALSE(f.has_optimizer);
+  EXPECT_FALSE(f.has_gradients);  // saved before checkpoints kept gradients
   // What the writer produces is what the reader returns, and keeps every key above.
   EXPECT_EQ(engine::checkpoint_meta_from_json(engine::checkpoint_meta_to_json(m), "ckpt"), m);
   auto written = lora;

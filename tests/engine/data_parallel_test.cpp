@@ -671,6 +671,35 @@ TEST(DataParallel, LoadStateReachesEveryRank) {
   for (int i = 0; i < 2; ++i) expect_close(after_load[0][i], after_load[1][i], "loss after load");
 }
 
+TEST(DataParallel, SaveStateBetweenPassAndStepHoldsEveryRanksGradients) {
+  // Each rank accumulates the gradients of its share; a save between forward_backward and optim_step folds them
+  // into rank 0's, so the checkpoint holds the whole batch's, the two ranks' next step is the one they would have
+  // taken, and a one-rank session resumed from the save takes it too.
+  auto dir = temp_dir("fold");
+  const SessionOptions opts = tiny(LoraOptions{4, 8, {"all-linear"}}, 4);
+  LocalService one(service(dir / "w1", 1)), two(service(dir / "w2", 2));
+  auto s1 = one.create_session(opts);
+  auto s2 = two.create_session(opts);
+  const auto before = engine::read_state_dir(s1->save_state("before").get().path, false).weights;
+  s1->forward_backward(sft_batch(), LossSpec{}).get();
+  s2->forward_backward(sft_batch(), LossSpec{}).get();
+  const std::string folded = s2->save_state("mid").get().path;
+  const auto a = engine::read_state_dir(s1->save_state("mid").get().path, true);
+  const auto b = engine::read_state_dir(folded, true);
+  ASSERT_FALSE(a.gradients.empty());
+  expect_same_tensors(a.gradients, b.gradients, "the batch's gradients");
+  s1->optim_step(adam(2e-2)).get();
+  s2->optim_step(adam(2e-2)).get();
+  const auto stepped = engine::read_state_dir(s1->save_state("after").get().path, false).weights;
+  expect_same_update(before, stepped, engine::read_state_dir(s2->save_state("after").get().path, false).weights,
+                     "two ranks' step after the fold");
+  auto resumed = one.create_session_from_state(folded, opts);
+  resumed->optim_step(adam(2e-2)).get();
+  expect_same_update(before, stepped, engine::read_state_dir(resumed->save_state("resumed").get().path, false).weights,
+                     "one rank's step from the two ranks' save");
+  EXPECT_EQ(two.data_parallel_stats().allreduce_calls, 2u);  // the fold, then the step
+}
+
 TEST(DataParallel, BadInputIsTheCallersErrorAndTheGroupGoesOn) {
   auto dir = temp_dir("bad-input");
   LocalService svc(service(dir, 2));

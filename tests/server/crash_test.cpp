@@ -135,6 +135,78 @@ struct Dirs {
 
 }  // namespace
 
+// The "replayed" count of the last {"event":"recovered"} line of a server's log; -1 when there is none.
+long long last_replayed(const std::string& log) {
+  const auto line = log.rfind("\"event\":\"recovered\"");
+  if (line == std::string::npos) return -1;
+  const auto key = log.find("\"replayed\":", line);
+  return key == std::string::npos ? -1 : std::stoll(log.substr(key + 11));
+}
+
+// Gradients accumulated over many forwardBackward operations without a step: a restart loads the last autosave
+// (which holds them) and runs again only what completed after it, fewer than --autosave-operations, whatever the
+// history; the next optimizerStep then gives the uninterrupted run's weights, bit for bit.
+TEST(CrashRecovery, ARestartAfterAThousandForwardBackwardsRunsAtMostTheAutosaveIntervalAgain) {
+  constexpr int kPasses = 1000, kInterval = 16;
+  Dirs dirs;
+  auto args = [&](const std::string& data) {
+    auto a = dirs.args(data);
+    a.insert(a.end(), {"--autosave-operations", std::to_string(kInterval)});
+    return a;
+  };
+  SessionOptions opts;
+  opts.base_model = "rlloop-tiny";
+  opts.lora = LoraOptions{4, 8, {"all-linear"}};
+  opts.name = "accumulate";
+  const std::vector<std::string> texts = {"the cat sat on the mat", "hello world, hello", "2+2=4 and 3+3=6"};
+  auto accumulate = [&](RemoteSession& s) {
+    for (int i = 0; i < kPasses; ++i)
+      s.forward_backward({sft_datum(texts[i % texts.size()])}, LossSpec::cross_entropy()).get();
+  };
+  auto step_and_save = [&](RemoteSession& s) {
+    AdamParams adam;
+    adam.learning_rate = 1e-3;
+    s.optim_step(adam).get();
+    return s.save_weights_for_sampler("after").get().path;
+  };
+
+  test_server::ServeProcess ref(RLLOOP_BIN, args("ref"), (dirs.root / "ref.log").string());
+  ref.start();
+  const auto ref_port = ref.wait_listening();
+  ASSERT_TRUE(ref_port) << read_file(dirs.root / "ref.log");
+  std::string expected;
+  {
+    RemoteService service(client_of(*ref_port, 20));
+    auto s = service.create_session(opts);
+    accumulate(*s);
+    expected = step_and_save(*s);
+  }
+  ref.kill(SIGTERM);
+
+  test_server::ServeProcess server(RLLOOP_BIN, args("crash"), (dirs.root / "crash.log").string());
+  server.start();
+  const auto port = server.wait_listening();
+  ASSERT_TRUE(port) << read_file(dirs.root / "crash.log");
+  server.reuse_port(*port);
+  RemoteService service(client_of(*port, 200));
+  auto s = service.create_session(opts);
+  accumulate(*s);
+  server.kill(SIGKILL);  // every pass acknowledged, no step taken
+  server.start();
+  ASSERT_TRUE(server.wait_listening()) << read_file(dirs.root / "crash.log");
+  // Autosaves after passes 16, 32, ..., 992: the restart ran the last 8 again.
+  EXPECT_EQ(last_replayed(read_file(dirs.root / "crash.log")), kPasses % kInterval);
+  const std::string got = step_and_save(*s);
+
+  const fs::path a = checkpoint_path(dirs.root / "ref", expected), b = checkpoint_path(dirs.root / "crash", got);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  const std::string wa = read_file(a / "weights.safetensors"), wb = read_file(b / "weights.safetensors");
+  ASSERT_GT(wa.size(), 1000u);
+  EXPECT_TRUE(wa == wb) << "the adapter after the step differs from the uninterrupted run's";
+  server.kill(SIGTERM);
+}
+
 TEST(CrashRecovery, KillNineFiveTimesGivesTheUninterruptedWeights) {
   Dirs dirs;
   // Uninterrupted reference.

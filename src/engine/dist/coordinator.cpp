@@ -210,6 +210,14 @@ void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_p
   });
 }
 
+void Coordinator::fold_gradients(std::uint64_t id, AdamW& optimizer) {
+  std::lock_guard lock(mu_);
+  noting_failure([&] {
+    group_->post_command(command(Command::fold_gradients, id).take());
+    fold_gradients_share(*group_, optimizer);
+  });
+}
+
 std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const std::string& sampler,
                                                   const SampleRequest& req, std::uint64_t seed,
                                                   DecodePrecision precision, const SamplePlacement& placement) {

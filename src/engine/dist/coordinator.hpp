@@ -69,6 +69,8 @@ class Coordinator {
   Metrics optim_step(std::uint64_t id, AdamW& optimizer, const AdamParams& params);
   // After load_state on rank 0.
   void sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
+  // fold_gradients_share: rank 0 holds the gradients every rank accumulated (before saving them).
+  void fold_gradients(std::uint64_t id, AdamW& optimizer);
 
   // Each worker's samples of `req` (as rank 0 decodes it: validated, its stop ids complete) to that worker,
   // drawn with the request's streams from `seed` (sample_stream.hpp) at `precision`, from the session's model or

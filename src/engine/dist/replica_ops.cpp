@@ -296,7 +296,10 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
   return total;
 }
 
-Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params) {
+namespace {
+
+// Every rank's gradients replaced by their sum over the ranks.
+void sum_gradients(Group& group, AdamW& optimizer) {
   // One flat buffer: every gradient (zeros where a rank has none), then one flag per parameter that says how
   // many ranks had one, so a gradient no rank produced stays undefined as it would with one rank.
   // The buffer lives where the weights do (NCCL reduces CUDA tensors in place).
@@ -335,7 +338,18 @@ Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& param
       at += n;
     }
   }
+}
+
+}  // namespace
+
+Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params) {
+  sum_gradients(group, optimizer);
   return optimizer.step(params);
+}
+
+void fold_gradients_share(Group& group, AdamW& optimizer) {
+  sum_gradients(group, optimizer);
+  if (group.rank() != 0) optimizer.zero_grad();
 }
 
 void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer) {

@@ -24,6 +24,7 @@ enum class Command : std::uint8_t {
   forward_custom,
   optim_step,
   sync_state,
+  fold_gradients,
   shutdown,
   // Answered by replies (Group::post_reply), not by a collective: the worker runs them beside later commands.
   sample,
@@ -84,6 +85,11 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
 // optim_step: the gradients summed over the ranks (the losses are sums over tokens), then the same AdamW step
 // on every rank.
 Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params);
+
+// Before a save of the gradients accumulated since the last step (save_state between forward_backward and
+// optim_step): every rank's gradients summed into rank 0's, the others' zeroed, so that rank 0 holds and saves
+// the whole accumulation and the next optim_step's sum is the same.
+void fold_gradients_share(Group& group, AdamW& optimizer);
 
 // After rank 0 changed its replica alone (load_state): its trainable weights, and with `with_optimizer` its
 // optimizer state, to every rank. Without, every rank starts a fresh optimizer (`optimizer` is replaced).

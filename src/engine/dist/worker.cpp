@@ -93,6 +93,9 @@ class Worker {
           engine::dist::sync_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>());
           break;
         }
+        case Command::fold_gradients:
+          engine::dist::fold_gradients_share(*group_, *replica(id).optimizer);
+          break;
         case Command::sample:
           sample(id, r);
           break;
