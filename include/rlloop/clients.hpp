@@ -1,4 +1,4 @@
-// The three clients a loop talks to (DESIGN.md §1). They are thin: every call forwards to the session and
+// The three clients a loop talks to. They are thin: every call forwards to the session and
 // returns its future, so the same loop runs on the local, remote or fake backend.
 #pragma once
 #include <cstdint>

@@ -15,7 +15,7 @@
 
 namespace rlloop {
 
-// The built-in losses (DESIGN.md §3). All are summed over tokens, never averaged. `value` is the critic's
+// The built-in losses. All are summed over tokens, never averaged. `value` is the critic's
 // regression loss for PPO with a value head (an rlloop extension, local sessions created with value_head).
 enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value };
 

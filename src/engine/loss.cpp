@@ -12,7 +12,7 @@ torch::Tensor count_where(const torch::Tensor& taken, const torch::Tensor& m) {
 ClipCounts LossValue::counts() const { return {clipped.item<double>(), bearing.item<double>()}; }
 
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in) {
-  // Token weights mask the RL losses too (e.g. 0 on prompt tokens); all-ones gives exactly DESIGN.md's formulas.
+  // Token weights mask the RL losses too (e.g. 0 on prompt tokens); all-ones gives exactly the formulas of loss.hpp.
   const torch::Tensor m = (spec.fn == LossFn::cross_entropy ? in.mask : in.mask * in.weights).detach();
   auto zero = torch::zeros({}, lp.options());
   auto bearing = count_where(torch::ones_like(m, torch::kBool), m);

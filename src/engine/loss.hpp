@@ -1,5 +1,5 @@
-// The built-in losses on per-token logprobs (DESIGN.md §3), kept apart from the model so the math is tested
-// on its own in double precision.
+// The built-in losses on per-token logprobs (their formulas below), kept apart from the model so the math is
+// tested on its own in double precision.
 #pragma once
 #include <torch/torch.h>
 

@@ -102,7 +102,7 @@ Future<T> submit(const std::shared_ptr<detail::RemoteClient>& client, RemoteSess
     return extract(*st.result);
   });
 }
-// Sampling requests have no clientToken in the API (spec §3.7); the same key goes in an Idempotency-Key header on
+// Sampling requests have no clientToken in the API; the same key goes in an Idempotency-Key header on
 // every retry instead, so rlloop-server runs (and bills) a retried sample once.
 template <class T, class Extract>
 Future<T> submit_sampling(const std::shared_ptr<detail::RemoteClient>& client, RemoteSession::State& state,

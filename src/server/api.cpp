@@ -1,5 +1,5 @@
 // Request entry point: request ids, routing (X-Amz-Target -> control plane, else runtime REST), authentication,
-// per-tenant body limits, error mapping (spec §4) and one JSON log line per request, written when it is answered.
+// per-tenant body limits, error mapping (docs/wire.md) and one JSON log line per request, written when it is answered.
 #include <chrono>
 #include <cstdio>
 #include <utility>
@@ -38,7 +38,7 @@ struct RequestContext {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// The error response for `failure` in the request's shapes (spec §4); sets error_type.
+// The error response for `failure` in the request's shapes (docs/wire.md); sets error_type.
 Response error_response(const std::exception_ptr& failure, const RequestContext& c, std::string& error_type) {
   Response res;
   try {

@@ -1,4 +1,4 @@
-// SageMaker JSON 1.1 control plane: Create / Describe / List / Stop / Delete TrainingSession (spec §2). The bodies
+// SageMaker JSON 1.1 control plane: Create / Describe / List / Stop / Delete TrainingSession (docs/wire.md). The bodies
 // are read and written by the wire module (wire/control_plane.hpp); this is what the service does with them.
 #include <algorithm>
 #include <tuple>

@@ -1,4 +1,4 @@
-// Runtime REST API (spec §3): training and sampling operations, plus rlloop's read-only extensions
+// Runtime REST API (docs/wire.md): training and sampling operations, plus rlloop's read-only extensions
 // (session info, base models, capabilities, usage).
 #include <algorithm>
 #include <chrono>
@@ -205,7 +205,7 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
         op->digest = request_digest(std::to_string(seq) + ":" + body["operationConfig"].dump());
       } else {
         op->op = wire::execute_sampling_request_from_json(body);
-        // The API has no clientToken on sampling requests (spec §3.7), so rlloop takes one from the
+        // The API has no clientToken on sampling requests, so rlloop takes one from the
         // Idempotency-Key header (IETF httpapi draft): a header the real service ignores, unlike an unknown
         // body member. A retried sample then runs, and is billed, once.
         if (auto key = req.header("Idempotency-Key")) {

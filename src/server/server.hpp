@@ -1,4 +1,4 @@
-// rlloop-server: serves the training-session API (spec/training-session-api.md) for many tenants, hosting the
+// rlloop-server: serves the training-session API (docs/wire.md) for many tenants, hosting the
 // sessions of any Service through a type-erased Backend. Api is the protocol (request in, response out, no
 // sockets); Server puts it on an HTTP/1.1 keep-alive listener.
 #pragma once
@@ -92,7 +92,7 @@ struct Options {
   // interval after a first immediate poll (the SageMaker Python SDK: 2 s) learn of short operations sooner with
   // a few hundred milliseconds here.
   std::chrono::milliseconds default_result_wait{0};
-  // Prefill billing of a sample call with numSamples = n (the spec leaves it open: §6, item 4): false = the prompt
+  // Prefill billing of a sample call with numSamples = n (the API leaves it open): false = the prompt
   // once, as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n >
   // 1; true = n times (each sequence's tokenUsage.prefill, summed).
   bool bill_prompt_per_sample = false;

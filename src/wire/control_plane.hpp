@@ -1,4 +1,4 @@
-// SageMaker's control plane on the wire (JSON 1.1, spec §2): Create / Describe / List / Stop / Delete
+// SageMaker's control plane on the wire (JSON 1.1; docs/wire.md): Create / Describe / List / Stop / Delete
 // TrainingSession, their request bodies read member by member (the model's types, lengths and patterns; the bounds
 // are rlloop/limits.hpp's) and their answers written, with the model's member names (UpperCamelCase). A reader
 // throws rlloop::invalid_argument naming the member ("LoraConfig.Rank: ..."); the server answers it as a

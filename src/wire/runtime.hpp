@@ -1,10 +1,10 @@
-// SageMaker's runtime API on the wire (spec §3): the operation unions, their results and states, with the API's field
-// names (lowerCamelCase), translated to and from the core's plain types. Writers produce what the service expects;
-// readers validate every type and required field and throw rlloop::invalid_argument naming the JSON path
-// ("operationConfig.forwardBackward.datumList[2].lossFnInputs.weights.data: expected numbers"), so a malformed
-// request is rejected the same way by the server and by the client's own checks; the bounds are rlloop/limits.hpp's.
-// Output readers (results) tolerate unknown keys; input readers (requests) reject unknown union members and unknown
-// loss inputs, as the spec requires.
+// SageMaker's runtime API on the wire (docs/wire.md): the operation unions, their results and states, with the API's
+// field names (lowerCamelCase), translated to and from the core's plain types. Writers produce what the service
+// expects; readers validate every type and required field and throw rlloop::invalid_argument naming the JSON path
+// ("operationConfig.forwardBackward.datumList[2].lossFnInputs.weights.data: expected numbers"), so a malformed request
+// is rejected the same way by the server and by the client's own checks; the bounds are rlloop/limits.hpp's. Output
+// readers (results) tolerate unknown keys; input readers (requests) reject unknown union members and unknown loss
+// inputs, as the spec requires.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -20,7 +20,7 @@
 
 namespace rlloop::wire {
 
-// ---- operation shapes (the unions of spec §3.3 / §3.5 / §3.7) -----------------------------------------------
+// ---- operation shapes (the service model's unions) -----------------------------------------------
 
 struct BatchOp {
   std::vector<Datum> data;

@@ -242,7 +242,7 @@ TEST_F(RetryFixture, TrainingOperationsRunOnceThroughEveryKindOfFault) {
 }
 
 TEST_F(RetryFixture, SamplingRetriesRunOnceThroughEveryKindOfFault) {
-  // Sampling requests carry no clientToken (spec §3.7); the client sends an Idempotency-Key header instead, the
+  // Sampling requests carry no clientToken; the client sends an Idempotency-Key header instead, the
   // same on every attempt, so even a sample the server ran whose answer was lost (drop_after) runs and bills once.
   const std::vector<Fault> faults{Fault::drop_before, Fault::s429,       Fault::drop_after,
                                   Fault::s500,        Fault::drop_after, Fault::forward};

@@ -1,7 +1,7 @@
 // Bad input over loopback HTTP: malformed JSON, wrong types, unknown union members and fields,
 // oversized bodies, invalid names, calls in the wrong session state, unknown paths and targets, and SigV4
 // requests that were tampered with, expired or signed by another tenant. Each gets its documented status and
-// error name in the documented shape (spec §4: runtime = X-Amzn-ErrorType + {"message"}, control plane =
+// error name in the documented shape (docs/wire.md: runtime = X-Amzn-ErrorType + {"message"}, control plane =
 // {"__type", "Message"}), and the server keeps serving on the same connection afterwards.
 // (server_test.cpp covers the basic cases: bad JSON on the runtime, bad token ids, 413 from a tenant limit,
 // duplicate names, Stop-before-Delete, unknown X-Amz-Target.)
@@ -293,7 +293,7 @@ TEST_F(BadInput, RuntimeWrongTypesAndUnknownUnionMembers) {
   s = sample_body();
   s["operationConfig"]["sample"]["prompt"]["chunks"][0]["type"] = "image";
   EXPECT_NE(msg(sops, s).find("unsupported chunk type 'image'"), std::string::npos);
-  // Sampling requests have no sequenceNumber or clientToken (spec §3.7).
+  // Sampling requests have no sequenceNumber or clientToken.
   s = sample_body();
   s["sequenceNumber"] = 1;
   EXPECT_EQ(msg(sops, s), "sequenceNumber: unknown field");

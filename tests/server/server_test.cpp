@@ -311,7 +311,7 @@ TEST_F(ServerFixture, ClientTokenMakesRetriesIdempotent) {
 }
 
 TEST_F(ServerFixture, IdempotencyKeyMakesSamplingRetriesIdempotent) {
-  // Sampling requests have no clientToken (spec §3.7); rlloop-server takes the Idempotency-Key header instead, so
+  // Sampling requests have no clientToken; rlloop-server takes the Idempotency-Key header instead, so
   // a client retrying after a lost answer gets the original operation back: sampled and billed once.
   auto c = client_a();
   create_running(c, "sidem");
