@@ -237,6 +237,14 @@ ArithResult run_arith_recipe(TrainingClient<S>& client, const ArithRecipe& o) {
     progress("grpo", s, o.grpo_steps, format("reward %.3f  groups %.0f", st.reward_mean, st.groups_used));
   }
   result.after = evaluate();
+  {
+    // What the final model answers on each held-out problem, to see which kinds it still gets wrong.
+    MetricsLog answers((fs::path(o.out_dir) / "held_out.jsonl").string());
+    for (std::size_t i = 0; i < result.held_out.size() && i < result.after.completions.size(); ++i)
+      answers.write({{"prompt", result.held_out[i].prompt},
+                     {"answer", result.held_out[i].answer},
+                     {"completion", result.after.completions[i]}});
+  }
 
   // 4. Plot.
   std::vector<nlohmann::json> grpo_records;
