@@ -12,7 +12,7 @@ cmake --build "$work/found" >/dev/null
 # The core's consumer, then one per compiled module the install exports (each must have one).
 "$work/found/consumer"
 targets=$(cat "$work"/prefix/lib*/cmake/rlloop/rlloopTargets.cmake)
-for module in tokenizer sandbox sigv4 wire remote server engine; do
+for module in tokenizer gguf sandbox sigv4 wire remote server engine; do
   [[ $targets == *"rlloop::$module"* ]] || continue
   [[ -x $work/found/consumer_$module ]] || { echo "no consumer of rlloop::$module was built" >&2; exit 1; }
   "$work/found/consumer_$module"

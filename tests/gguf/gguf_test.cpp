@@ -1,0 +1,288 @@
+// GGUF files built byte by byte: every metadata type, the alignment, tensors in place; and every way a file can
+// be malformed (each an invalid_argument naming the file and what is wrong, never a crash or a huge allocation).
+// gguf_reference_test.py checks the dequantization of every type against gguf-py's, bit for bit.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include <rlloop/error.hpp>
+#include <rlloop/gguf.hpp>
+
+using namespace rlloop;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A GGUF file under construction, little-endian as the format is.
+struct Bytes {
+  std::string b;
+  template <class T>
+  Bytes& put(T v) {
+    b.append(reinterpret_cast<const char*>(&v), sizeof v);
+    return *this;
+  }
+  Bytes& str(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    b += s;
+    return *this;
+  }
+  Bytes& pad_to(std::size_t alignment) {
+    while (b.size() % alignment) b.push_back('\0');
+    return *this;
+  }
+};
+
+fs::path write(const std::string& name, const std::string& bytes) {
+  const fs::path dir = fs::temp_directory_path() / ("rlloop-gguf-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path p = dir / name;
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Header: magic, version, counts.
+Bytes header(std::uint32_t version, std::uint64_t tensors, std::uint64_t kvs) {
+  Bytes h;
+  h.put<std::uint32_t>(0x46554747).put(version).put(tensors).put(kvs);
+  return h;
+}
+
+// Value types' numbers in the file.
+enum : std::uint32_t { U8 = 0, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 };
+
+// A valid file: one key of each type, alignment 64, an F32 [2 rows x 4] tensor and a Q8_0 row of 32.
+std::string valid_file() {
+  Bytes f = header(3, 2, 16);
+  f.str("a.u8").put(U8).put<std::uint8_t>(250);
+  f.str("a.i8").put(I8).put<std::int8_t>(-5);
+  f.str("a.u16").put(U16).put<std::uint16_t>(65000);
+  f.str("a.i16").put(I16).put<std::int16_t>(-300);
+  f.str("a.u32").put(U32).put<std::uint32_t>(4000000000u);
+  f.str("a.i32").put(I32).put<std::int32_t>(-7);
+  f.str("a.f32").put(F32).put<float>(0.5f);
+  f.str("a.bool").put(BOOL).put<std::uint8_t>(1);
+  f.str("a.str").put(STR).str("gpt2");
+  f.str("a.u64").put(U64).put<std::uint64_t>(1ull << 40);
+  f.str("a.i64").put(I64).put<std::int64_t>(-(1ll << 40));
+  f.str("a.f64").put(F64).put<double>(0.1);
+  f.str("a.strs").put(ARR).put(STR).put<std::uint64_t>(2).str("x").str("yz");
+  f.str("a.nested").put(ARR).put(ARR).put<std::uint64_t>(1).put(I32).put<std::uint64_t>(2).put<std::int32_t>(4).put<std::int32_t>(5);
+  f.str("general.alignment").put(U32).put<std::uint32_t>(64);
+  f.str("general.architecture").put(STR).str("llama");
+  // Tensor infos: name, dims, shape (fastest first), type, offset.
+  f.str("w.f32").put<std::uint32_t>(2).put<std::uint64_t>(4).put<std::uint64_t>(2).put<std::uint32_t>(0).put<std::uint64_t>(0);
+  f.str("w.q8").put<std::uint32_t>(1).put<std::uint64_t>(32).put<std::uint32_t>(8).put<std::uint64_t>(64);
+  f.pad_to(64);
+  for (int i = 0; i < 8; ++i) f.put<float>(static_cast<float>(i) - 2.5f);
+  f.pad_to(64);
+  f.put<std::uint16_t>(0x3800);  // d = 0.5
+  for (int i = 0; i < 32; ++i) f.put<std::int8_t>(static_cast<std::int8_t>(i - 3));
+  return f.b;
+}
+
+}  // namespace
+
+TEST(Gguf, ReadsEveryMetadataTypeTheAlignmentAndTensorsInPlace) {
+  const auto file = gguf::File::open(write("valid.gguf", valid_file()).string());
+  EXPECT_EQ(file.version(), 3u);
+  EXPECT_EQ(file.alignment(), 64u);
+  EXPECT_EQ(file.metadata().size(), 16u);
+  EXPECT_EQ(file.integer("a.u8"), 250);
+  EXPECT_EQ(file.integer("a.i8"), -5);
+  EXPECT_EQ(file.integer("a.u16"), 65000);
+  EXPECT_EQ(file.integer("a.i16"), -300);
+  EXPECT_EQ(file.integer("a.u32"), 4000000000ll);
+  EXPECT_EQ(file.integer("a.i32"), -7);
+  EXPECT_EQ(file.integer("a.u64"), 1ll << 40);
+  EXPECT_EQ(file.integer("a.i64"), -(1ll << 40));
+  EXPECT_EQ(file.number("a.f32"), 0.5);
+  EXPECT_EQ(file.number("a.f64"), 0.1);
+  EXPECT_EQ(file.number("a.i32"), -7.0);
+  EXPECT_TRUE(file.boolean("a.bool"));
+  EXPECT_EQ(file.string("a.str"), "gpt2");
+  EXPECT_EQ(file.strings("a.strs"), (std::vector<std::string>{"x", "yz"}));
+  const auto& nested = std::get<gguf::Array>(file.find("a.nested")->v);
+  ASSERT_EQ(nested.size(), 1u);
+  const auto& inner = std::get<gguf::Array>(nested[0].v);
+  ASSERT_EQ(inner.size(), 2u);
+  EXPECT_EQ(std::get<std::int32_t>(inner[1].v), 5);
+  EXPECT_EQ(gguf::type_name(*file.find("a.u64")), "uint64");
+
+  ASSERT_EQ(file.tensors().size(), 2u);
+  const auto& w = file.tensor("w.f32");
+  EXPECT_EQ(w.shape, (std::vector<std::int64_t>{4, 2}));
+  EXPECT_EQ(w.elements(), 8);
+  EXPECT_EQ(w.bytes(), 32u);
+  EXPECT_EQ(file.dequantize(w), (std::vector<float>{-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f, 3.5f, 4.5f}));
+  const auto& q = file.tensor("w.q8");
+  EXPECT_EQ(q.type, gguf::TensorType::q8_0);
+  EXPECT_EQ(q.bytes(), 34u);
+  const auto values = file.dequantize(q);
+  ASSERT_EQ(values.size(), 32u);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(values[i], 0.5f * static_cast<float>(i - 3)) << i;
+}
+
+TEST(Gguf, TypedReadsNameTheKeyAndBothTypes) {
+  const auto path = write("typed.gguf", valid_file()).string();
+  const auto file = gguf::File::open(path);
+  EXPECT_EQ(error_of([&] { file.integer("a.str"); }), "GGUF file '" + path + "': metadata 'a.str' is string, not an integer");
+  EXPECT_EQ(error_of([&] { file.string("a.u8"); }), "GGUF file '" + path + "': metadata 'a.u8' is uint8, not a string");
+  EXPECT_EQ(error_of([&] { file.number("a.bool"); }), "GGUF file '" + path + "': metadata 'a.bool' is bool, not a number");
+  EXPECT_EQ(error_of([&] { file.strings("a.nested"); }),
+            "GGUF file '" + path + "': metadata 'a.nested' is array, not a string (in an array of strings)");
+  EXPECT_EQ(error_of([&] { file.string("no.such"); }), "GGUF file '" + path + "' has no metadata 'no.such'");
+  EXPECT_EQ(error_of([&] { file.tensor("w.none"); }), "GGUF file '" + path + "' has no tensor 'w.none'");
+  EXPECT_THROW(file.string("no.such"), not_found);
+  EXPECT_EQ(error_of([] { gguf::File::open("/nonexistent/x.gguf"); }), "GGUF file '/nonexistent/x.gguf' does not exist");
+}
+
+TEST(Gguf, AFileCutAnywhereIsAnErrorNotACrash) {
+  const std::string whole = valid_file();
+  for (std::size_t n = 0; n < whole.size(); ++n) {
+    const auto path = write("cut.gguf", whole.substr(0, n)).string();
+    const std::string error = error_of([&] { gguf::File::open(path); });
+    EXPECT_NE(error.find(path), std::string::npos) << "cut at " << n << ": " << error;
+    EXPECT_TRUE(error.find("truncated") != std::string::npos || error.find("ends past the file") != std::string::npos ||
+                error.find("not a GGUF file") != std::string::npos || error.find("cannot fit") != std::string::npos ||
+                error.find("does not fit") != std::string::npos || error.find("claims") != std::string::npos)
+        << "cut at " << n << ": " << error;
+  }
+}
+
+TEST(Gguf, MalformedFilesAreErrorsNamingWhatIsWrong) {
+  struct Case {
+    const char* name;
+    std::string bytes;
+    std::string expected;
+  };
+  auto tensor_file = [](std::uint32_t dims, std::vector<std::uint64_t> shape, std::uint32_t type, std::uint64_t offset) {
+    Bytes f = header(3, 1, 0);
+    f.str("t").put(dims);
+    for (auto d : shape) f.put(d);
+    f.put(type).put(offset).pad_to(32);
+    f.b.append(4096, '\0');
+    return f.b;
+  };
+  Bytes dup = header(3, 0, 2);
+  dup.str("k").put(U8).put<std::uint8_t>(1).str("k").put(U8).put<std::uint8_t>(2);
+  Bytes huge_array = header(3, 0, 1);
+  huge_array.str("k").put(ARR).put(U64).put<std::uint64_t>(1ull << 60);
+  Bytes huge_string = header(3, 0, 1);
+  huge_string.str("k").put(STR).put<std::uint64_t>(1ull << 40);
+  Bytes bad_bool = header(3, 0, 1);
+  bad_bool.str("k").put(BOOL).put<std::uint8_t>(2);
+  Bytes bad_type = header(3, 0, 1);
+  bad_type.str("k").put<std::uint32_t>(13).put<std::uint8_t>(0);
+  Bytes bad_alignment = header(3, 0, 1);
+  bad_alignment.str("general.alignment").put(U32).put<std::uint32_t>(48);
+  Bytes deep = header(3, 0, 1);
+  deep.str("k").put(ARR);  // an array of one array of one array ... (nine levels) of no uint8
+  for (int i = 0; i < 9; ++i) deep.put(ARR).put<std::uint64_t>(1);
+  deep.put(U8).put<std::uint64_t>(0);
+  const std::string two_tensors = [] {
+    Bytes f = header(3, 2, 0);
+    for (int i = 0; i < 2; ++i) f.str("t").put<std::uint32_t>(1).put<std::uint64_t>(4).put<std::uint32_t>(0).put<std::uint64_t>(0);
+    f.pad_to(32).b.append(64, '\0');
+    return f.b;
+  }();
+  const Case cases[] = {
+      {"magic", "GGML" + std::string(20, '\0'), "is not a GGUF file (it does not start with \"GGUF\")"},
+      {"v1", header(1, 0, 0).b, "GGUF version 1; rlloop reads versions 2 and 3"},
+      {"big-endian", header(0x03000000, 0, 0).b, "a big-endian GGUF file, which rlloop does not read"},
+      {"duplicate key", dup.b, "metadata key 'k' appears twice"},
+      {"huge array", huge_array.b, "metadata 'k': an array of 1152921504606846976 elements does not fit"},
+      {"huge string", huge_string.b, "a string claims 1099511627776 bytes"},
+      {"bool", bad_bool.b, "metadata 'k': a bool holds 2"},
+      {"value type", bad_type.b, "metadata 'k': unknown value type 13"},
+      {"alignment", bad_alignment.b, "general.alignment must be a uint32 power of two"},
+      {"deep", deep.b, "metadata 'k': arrays nested deeper than 8"},
+      {"5 dims", tensor_file(5, {1, 1, 1, 1, 1}, 0, 0), "tensor 't' has 5 dimensions (1 to 4 allowed)"},
+      {"0 dim", tensor_file(2, {4, 0}, 0, 0), "tensor 't' has a dimension of 0"},
+      {"q8_1", tensor_file(1, {32}, 9, 0), "tensor 't' is of ggml type 9, which rlloop does not read"},
+      {"blocks", tensor_file(2, {16, 2}, 8, 0), "tensor 't': its rows of 16 are not whole Q8_0 blocks of 32"},
+      {"misaligned", tensor_file(1, {4}, 0, 8), "tensor 't' starts at offset 8, not a multiple of the alignment 32"},
+      {"too large", tensor_file(1, {4096}, 0, 0), "tensor 't' of 4096 F32 values is larger than the file"},
+      {"past the end", tensor_file(1, {512}, 0, 2080), "tensor 't' (2048 bytes at data offset 2080) ends past the file's"},
+      {"duplicate tensor", two_tensors, "tensor 't' appears twice"},
+  };
+  for (const auto& c : cases) {
+    const auto path = write(std::string(c.name) + ".gguf", c.bytes).string();
+    const std::string error = error_of([&] { gguf::File::open(path); });
+    EXPECT_NE(error.find(c.expected), std::string::npos) << c.name << ": " << error;
+    EXPECT_NE(error.find(path), std::string::npos) << c.name << ": " << error;
+  }
+}
+
+TEST(Gguf, HalfAndBfloat16AsIeeeDefinesThem) {
+  EXPECT_EQ(gguf::half_to_float(0x3C00), 1.0f);
+  EXPECT_EQ(gguf::half_to_float(0xC000), -2.0f);
+  EXPECT_EQ(gguf::half_to_float(0x7BFF), 65504.0f);
+  EXPECT_EQ(gguf::half_to_float(0x0001), std::ldexp(1.0f, -24));  // the smallest subnormal
+  EXPECT_EQ(gguf::half_to_float(0x03FF), std::ldexp(1023.0f, -24));
+  EXPECT_EQ(gguf::half_to_float(0x0400), std::ldexp(1.0f, -14));  // the smallest normal
+  EXPECT_TRUE(std::isinf(gguf::half_to_float(0x7C00)));
+  EXPECT_TRUE(std::isnan(gguf::half_to_float(0x7E00)));
+  EXPECT_TRUE(std::signbit(gguf::half_to_float(0x8000)));
+  EXPECT_EQ(gguf::bf16_to_float(0x3F80), 1.0f);
+  EXPECT_EQ(gguf::bf16_to_float(0xC0A0), -5.0f);
+}
+
+TEST(Gguf, Q4_0AsTheBlockLayoutDefinesIt) {
+  // d = 2 (f16 0x4000); byte j holds element j in its low nibble and element j + 16 in its high one; (q - 8) * d.
+  std::vector<std::uint8_t> block{0x00, 0x40};
+  for (int j = 0; j < 16; ++j) block.push_back(static_cast<std::uint8_t>(j | (15 - j) << 4));
+  std::vector<float> out(32);
+  gguf::dequantize(gguf::TensorType::q4_0, block, out);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[j], 2.0f * static_cast<float>(j - 8)) << j;
+    EXPECT_EQ(out[j + 16], 2.0f * static_cast<float>(7 - j)) << j + 16;
+  }
+  std::vector<float> odd(31);
+  EXPECT_EQ(error_of([&] { gguf::dequantize(gguf::TensorType::q4_0, block, odd); }),
+            "gguf: 31 values of Q4_0 are not whole blocks of 32");
+  std::vector<float> two(64);
+  EXPECT_EQ(error_of([&] { gguf::dequantize(gguf::TensorType::q4_0, block, two); }),
+            "gguf: 2 blocks of Q4_0 take 36 bytes, not 18");
+  EXPECT_EQ(gguf::to_string(gguf::TensorType::q6_k), "Q6_K");
+  EXPECT_EQ(gguf::to_string(static_cast<gguf::TensorType>(9)), "type 9");
+}
+
+TEST(Gguf, CorruptedBytesAreReadOrRefusedNeverACrash) {
+  // 3,000 files, each the valid one with 1 to 4 random bytes overwritten: each opens and dequantizes (a value or a
+  // count changed within bounds) or is refused with rlloop's error; under ASan this is where an unchecked length
+  // or offset would show.
+  const std::string whole = valid_file();
+  std::mt19937 rng(11);
+  int opened = 0, refused = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string bytes = whole;
+    const int n = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < n; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng() % 256);
+    const auto path = write("corrupt.gguf", bytes).string();
+    try {
+      const auto file = gguf::File::open(path);
+      for (const auto& t : file.tensors()) file.dequantize(t);
+      ++opened;
+    } catch (const rlloop::error&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(opened + refused, 3000);
+  EXPECT_GT(refused, 100);  // corruptions of the header and infos were met
+  EXPECT_GT(opened, 100);   // and of the data, which any bytes are
+}
