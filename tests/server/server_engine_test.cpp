@@ -181,8 +181,11 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
   auto side = served_service->create_session(side_opts);
   auto loop_stats = [&] { return served_service->base_model_stats().at(0); };
 
-  auto first = std::make_unique<LoopGate>(*side);   // holds the loop now
-  auto second = std::make_unique<LoopGate>(*side);  // the loop's next operation after one decoding step
+  // Gates on one session run one per loop turn, each after a decoding step: gates[0] holds the loop now, and
+  // releasing gates one at a time lets the sample decode one step at a time.
+  constexpr std::size_t kGates = 8;
+  std::vector<std::unique_ptr<LoopGate>> gates;
+  for (std::size_t i = 0; i < kGates; ++i) gates.push_back(std::make_unique<LoopGate>(*side));
 
   boost::asio::io_context io;
   boost::asio::ip::tcp::socket socket(io);
@@ -194,9 +197,8 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
       "Content-Type: application/json\r\nContent-Length: " +
       std::to_string(body.size()) + "\r\n\r\n" + body;
   boost::asio::write(socket, boost::asio::buffer(request));
-  // The sample is queued behind the held loop (with the second gate): then let the loop go for one turn.
-  ASSERT_TRUE(eventually([&] { return loop_stats().queued_operations == 2; }));
-  first->release();
+  // The sample is queued behind the held loop, with the other gates.
+  ASSERT_TRUE(eventually([&] { return loop_stats().queued_operations == static_cast<int>(kGates); }));
 
   std::string received;
   auto has_text = [&] { return received.find(R"("text":")") != std::string::npos; };
@@ -206,11 +208,20 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
       received.append(buf, socket.read_some(boost::asio::buffer(buf)));
     }
   });
-  const bool arrived = first_text.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
-  const BaseModelStats held = loop_stats();
-  second->release();  // (a stream that waited for the whole sample gets it now, and the test fails below)
+  // One turn at a time until the first text arrives. The stream holds back the last piece (a later token may still
+  // change it), so that takes two tokens: the prefill's and one step's, in the first turn as the loop orders its
+  // work; a few more turns are allowed so that the test does not depend on that order.
+  std::size_t released = 0;
+  bool arrived = false;
+  BaseModelStats held;
+  while (!arrived && released + 1 < kGates) {
+    gates[released++]->release();
+    arrived = first_text.wait_for(std::chrono::seconds(released + 1 < kGates ? 2 : 20)) == std::future_status::ready;
+    held = loop_stats();
+  }
+  while (released < kGates) gates[released++]->release();  // (a stream that waits for the whole sample gets it now)
   first_text.get();
-  ASSERT_TRUE(arrived && has_text()) << "no text while the sample was held after its first step: " << received;
+  ASSERT_TRUE(arrived && has_text()) << "no text while the sample was held, one step at a time: " << received;
   EXPECT_EQ(held.active_requests, 1) << "the first chunk came while the sample was still decoding";
   EXPECT_LT(held.decode_steps, 63u);
   EXPECT_EQ(received.find("finish_reason\":\"length"), std::string::npos);
