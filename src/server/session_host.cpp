@@ -340,15 +340,15 @@ void SessionHost::recover(const Recovery& r) {
 // After `op` completed: whether the session's state is saved before the op is reported. A completed step must
 // survive a crash before it is reported: the trainable state (LoRA adapter or weights, optimizer, pending
 // gradients) is saved under a fresh name; the journal record names it, and only then is the older one removed.
-// Operations that only add to the state (forwardBackward, loadState) are run again by a restart instead, up to
-// autosave_after_operations - 1 of them: the next one saves.
+// The other operations that change the state (forwardBackward accumulates gradients, loadState replaces it) are run
+// again by a restart instead, up to autosave_after_operations - 1 of them: the next one saves.
 bool SessionHost::needs_autosave(const OperationRecord& op) {
   const auto* training = std::get_if<wire::TrainingOperation>(&op.op);
   if (!training) return false;
   if (std::holds_alternative<wire::OptimizerStepOp>(*training)) return true;
-  const bool adds_to_state =
+  const bool replayed =
       std::holds_alternative<wire::ForwardBackwardOp>(*training) || std::holds_alternative<wire::LoadStateOp>(*training);
-  if (!adds_to_state) return false;
+  if (!replayed) return false;
   ++replayable_since_autosave_;
   return config_.autosave_after_operations > 0 && replayable_since_autosave_ >= config_.autosave_after_operations;
 }
