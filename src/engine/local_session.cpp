@@ -22,6 +22,7 @@
 #include "dist/codec.hpp"
 #include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
+#include "gguf_model.hpp"
 #include "loss.hpp"
 #include "model_io.hpp"
 #include "optimizer.hpp"
@@ -64,12 +65,12 @@ std::string resolve_base_model(const LocalServiceOptions& service, const std::st
   for (const auto& [n, dir] : service.base_models)
     if (n == name) return dir;
   if (builtin_model(name)) return "builtin:" + name;
-  if (fs::exists(fs::path(name) / "config.json")) return name;
+  if (fs::exists(fs::path(name) / "config.json") || is_gguf_path(name)) return name;
   std::string known;
   for (const auto& n : builtin_model_names()) known += " " + n;
   for (const auto& [n, dir] : service.base_models) known += " " + n;
   throw not_found("unknown base model '" + name + "': not in the catalogue (" + known +
-                  " ) and not a directory holding config.json");
+                  " ) and not a directory holding config.json or a .gguf file");
 }
 
 // Blocks cached for a closed session's shapes would sit unused in a long-lived process (a server whose tenants

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "builtin_models.hpp"
+#include "gguf_model.hpp"
 #include "model_io.hpp"
 
 namespace rlloop::engine {
@@ -41,6 +42,8 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
   if (!cfg.tokenizer.empty()) return cfg.tokenizer;
   if (resolved.rfind("builtin:", 0) == 0) return "byte";
+  // A GGUF file's own tokenizer (its tokenizer.ggml.* metadata) is not read yet: a tokenizer.json beside it serves.
+  if (is_gguf_path(resolved)) return (std::filesystem::path(resolved).parent_path() / "tokenizer.json").string();
   return (std::filesystem::path(resolved) / "tokenizer.json").string();
 }
 

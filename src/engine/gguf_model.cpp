@@ -1,0 +1,137 @@
+#include "gguf_model.hpp"
+
+#include <filesystem>
+#include <span>
+
+#include <nlohmann/json.hpp>
+#include <rlloop/error.hpp>
+#include <rlloop/gguf.hpp>
+
+namespace rlloop::engine {
+namespace {
+
+// llama.cpp's names of a block's tensors ("blk.N.<name>") and Hugging Face's ("model.layers.N.<name>").
+constexpr std::pair<const char*, const char*> kBlockTensors[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+constexpr std::pair<const char*, const char*> kModelTensors[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+
+std::string hf_name(const gguf::File& file, const std::string& name) {
+  for (const auto& [g, hf] : kModelTensors)
+    if (name == g) return hf;
+  if (name.rfind("blk.", 0) == 0) {
+    const auto dot = name.find('.', 4);
+    if (dot != std::string::npos && dot > 4 && name.find_first_not_of("0123456789", 4) == dot) {
+      const std::string rest = name.substr(dot + 1);
+      for (const auto& [g, hf] : kBlockTensors)
+        if (rest == g) return "model.layers." + name.substr(4, dot - 4) + "." + hf;
+    }
+  }
+  throw unsupported("GGUF file '" + file.path() + "': tensor '" + name + "' has no counterpart in rlloop's models");
+}
+
+// llama.cpp's converter stores each head's q or k rows (and bias entries) interleaved ([d/2, 2] where Hugging Face
+// has [2, d/2]); this puts them back.
+torch::Tensor unpermute_rows(const torch::Tensor& w, std::int64_t heads) {
+  const auto rows = w.size(0);
+  auto sizes = w.sizes().vec();
+  std::vector<std::int64_t> split{heads, rows / heads / 2, 2};
+  split.insert(split.end(), sizes.begin() + 1, sizes.end());
+  return w.reshape(split).transpose(1, 2).reshape(sizes).contiguous();
+}
+
+}  // namespace
+
+bool is_gguf_path(const std::string& path) {
+  const std::filesystem::path p(path);
+  std::error_code ec;
+  return p.extension() == ".gguf" && std::filesystem::is_regular_file(p, ec);
+}
+
+ModelConfig gguf_model_config(const gguf::File& file) {
+  const std::string arch = file.string("general.architecture");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
+    throw unsupported("GGUF file '" + file.path() + "': architecture '" + arch +
+                      "' is not supported (llama, qwen2, qwen3)");
+  auto key = [&](const char* k) { return arch + "." + k; };
+  if (const auto* scaling = file.find(key("rope.scaling.type"))) {
+    const auto* type = std::get_if<std::string>(&scaling->v);
+    if (!type || *type != "none")
+      throw unsupported("GGUF file '" + file.path() + "': scaled RoPE (" + key("rope.scaling.type") +
+                        ") is not supported");
+  }
+  nlohmann::json j;
+  j["model_type"] = arch;
+  j["hidden_size"] = file.integer(key("embedding_length"));
+  j["intermediate_size"] = file.integer(key("feed_forward_length"));
+  j["num_hidden_layers"] = file.integer(key("block_count"));
+  j["num_attention_heads"] = file.integer(key("attention.head_count"));
+  if (file.find(key("attention.head_count_kv")))
+    j["num_key_value_heads"] = file.integer(key("attention.head_count_kv"));
+  if (file.find(key("attention.key_length"))) j["head_dim"] = file.integer(key("attention.key_length"));
+  j["rms_norm_eps"] = file.number(key("attention.layer_norm_rms_epsilon"));
+  if (file.find(key("rope.freq_base"))) j["rope_theta"] = file.number(key("rope.freq_base"));
+  if (file.find(key("context_length"))) j["max_position_embeddings"] = file.integer(key("context_length"));
+  const auto& embedding = file.tensor("token_embd.weight");
+  j["vocab_size"] = file.find(key("vocab_size")) ? file.integer(key("vocab_size")) : embedding.shape.back();
+  bool has_output = false, has_q_bias = false;
+  for (const auto& t : file.tensors()) {
+    has_output = has_output || t.name == "output.weight";
+    has_q_bias = has_q_bias || t.name == "blk.0.attn_q.bias";
+  }
+  j["tie_word_embeddings"] = !has_output;
+  j["attention_bias"] = has_q_bias;
+  if (file.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = file.integer("tokenizer.ggml.bos_token_id");
+  if (file.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = file.integer("tokenizer.ggml.eos_token_id");
+  try {
+    return ModelConfig::from_json(j);
+  } catch (const error& e) {
+    throw invalid_argument("GGUF file '" + file.path() + "': " + e.what());
+  }
+}
+
+TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
+  TensorMap out;
+  for (const auto& t : file.tensors()) {
+    const std::string name = hf_name(file, t.name);
+    std::vector<std::int64_t> shape(t.shape.rbegin(), t.shape.rend());  // ggml lists the fastest dimension first
+    auto values = torch::empty(shape, torch::kFloat32);
+    gguf::dequantize(t.type, file.bytes(t), std::span<float>(values.data_ptr<float>(), values.numel()));
+    if (config.model_type == "llama") {  // weights and biases alike
+      if (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_q.bias"))
+        values = unpermute_rows(values, config.num_attention_heads);
+      if (t.name.ends_with(".attn_k.weight") || t.name.ends_with(".attn_k.bias"))
+        values = unpermute_rows(values, config.num_key_value_heads);
+    }
+    out.emplace(name, std::move(values));
+  }
+  return out;
+}
+
+std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype) {
+  const auto file = gguf::File::open(path);
+  const ModelConfig config = gguf_model_config(file);
+  auto model = std::make_shared<Transformer>(config, torch::TensorOptions().device(device).dtype(dtype));
+  model->load_hf_state_dict(gguf_hf_tensors(file, config));
+  return model;
+}
+
+}  // namespace rlloop::engine

