@@ -130,7 +130,11 @@ std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Dev
   const auto file = gguf::File::open(path);
   const ModelConfig config = gguf_model_config(file);
   auto model = std::make_shared<Transformer>(config, torch::TensorOptions().device(device).dtype(dtype));
-  model->load_hf_state_dict(gguf_hf_tensors(file, config));
+  try {
+    model->load_hf_state_dict(gguf_hf_tensors(file, config));
+  } catch (const invalid_argument& e) {  // a tensor missing, or of another shape than the metadata's config
+    throw invalid_argument("GGUF file '" + path + "': " + e.what());
+  }
   return model;
 }
 

@@ -14,8 +14,9 @@
            untied embeddings, q/k norms) written to GGUF as llama.cpp's converter writes them (tensor names,
            metadata, the Llama q/k row permutation), in F32: rlloop's logits equal transformers' on the original
            Hugging Face model within 1e-5.
-  refused  a GGUF of another architecture, and one with a tensor no rlloop model has (an MoE expert), are errors
-           naming the file and what is wrong.
+  refused  a GGUF of another architecture, one with a tensor no rlloop model has (an MoE expert), one missing a
+           block's tensors, and one whose tensor disagrees with its metadata's shape: errors naming the file and the
+           tensor.
 Fails when a pinned package is missing; a missing model file skips (exit 77) outside CI and fails with CI=true.
 """
 import json
@@ -79,8 +80,9 @@ def permute(w, n_head, n_head_kv):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model_dir, path):
-    """A Hugging Face Llama / Qwen2 / Qwen3 directory as llama.cpp's converter writes it, in F32."""
+def write_gguf(model_dir, path, change=lambda name, a: a):
+    """A Hugging Face Llama / Qwen2 / Qwen3 directory as llama.cpp's converter writes it, in F32; `change(name, a)`
+    may replace a tensor (by its GGUF name) before it is written."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     arch = cfg["model_type"]
     heads = cfg["num_attention_heads"]
@@ -112,7 +114,7 @@ def write_gguf(model_dir, path):
             a = permute(a, heads, heads)
         if arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
             a = permute(a, heads, kv)
-        w.add_tensor(gname, np.ascontiguousarray(a))
+        w.add_tensor(gname, np.ascontiguousarray(change(gname, a)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -171,6 +173,9 @@ def main():
             "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3)", lambda w: None),
             "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's models",
                       lambda w: w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32), np.float32))),
+            # Only an embedding and a final norm: the first block's tensors are missing.
+            "qwen2": ("load_hf_state_dict: missing tensor 'model.layers.0.input_layernorm.weight'",
+                      lambda w: w.add_tensor("output_norm.weight", np.zeros((32,), np.float32))),
         }
         for arch, (expected, add) in bad.items():
             path = os.path.join(root, f"bad-{arch}.gguf")
@@ -190,6 +195,16 @@ def main():
             print(f"bad {arch}: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}: {run.stderr.strip()[:200]}")
             if not ok:
                 failures.append(f"bad {arch}: expected an error naming {path} and saying {expected!r}")
+        # A whole model with one tensor of another shape than its metadata says.
+        path = os.path.join(root, "bad-shape.gguf")
+        write_gguf(os.path.join(root, "qwen2"), path,
+                   lambda name, a: np.zeros(16, np.float32) if name == "output_norm.weight" else a)
+        run = subprocess.run([tool, path, "1,2"], capture_output=True, text=True)
+        expected = "tensor 'model.norm.weight' has shape [16], the model expects [64]"
+        ok = run.returncode != 0 and expected in run.stderr and path in run.stderr
+        print(f"bad shape: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}: {run.stderr.strip()[:200]}")
+        if not ok:
+            failures.append(f"bad shape: expected an error naming {path} and saying {expected!r}")
     print(f"total {time.time() - start:.1f} s")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
