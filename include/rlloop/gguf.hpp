@@ -86,7 +86,9 @@ class File {
   bool boolean(const std::string& key) const;
   std::vector<std::string> strings(const std::string& key) const;  // an array of strings
 
-  // A tensor by name (not_found naming it and the file otherwise), its bytes in the map, and its values as fp32.
+  // A tensor by name: null when absent (find_tensor), not_found naming it and the file (tensor); its bytes in the
+  // map, and its values as fp32.
+  const TensorInfo* find_tensor(const std::string& name) const;
   const TensorInfo& tensor(const std::string& name) const;
   std::span<const std::uint8_t> bytes(const TensorInfo& tensor) const;
   std::vector<float> dequantize(const TensorInfo& tensor) const;

@@ -92,13 +92,8 @@ ModelConfig gguf_model_config(const gguf::File& file) {
   if (file.find(key("context_length"))) j["max_position_embeddings"] = file.integer(key("context_length"));
   const auto& embedding = file.tensor("token_embd.weight");
   j["vocab_size"] = file.find(key("vocab_size")) ? file.integer(key("vocab_size")) : embedding.shape.back();
-  bool has_output = false, has_q_bias = false;
-  for (const auto& t : file.tensors()) {
-    has_output = has_output || t.name == "output.weight";
-    has_q_bias = has_q_bias || t.name == "blk.0.attn_q.bias";
-  }
-  j["tie_word_embeddings"] = !has_output;
-  j["attention_bias"] = has_q_bias;
+  j["tie_word_embeddings"] = file.find_tensor("output.weight") == nullptr;
+  j["attention_bias"] = file.find_tensor("blk.0.attn_q.bias") != nullptr;
   if (file.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = file.integer("tokenizer.ggml.bos_token_id");
   if (file.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = file.integer("tokenizer.ggml.eos_token_id");
   try {

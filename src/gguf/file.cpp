@@ -350,10 +350,15 @@ std::vector<std::string> File::strings(const std::string& key) const {
   return out;
 }
 
-const TensorInfo& File::tensor(const std::string& name) const {
+const TensorInfo* File::find_tensor(const std::string& name) const {
   auto it = by_name_.find(name);
-  if (it == by_name_.end()) throw not_found("GGUF file '" + path_ + "' has no tensor '" + name + "'");
-  return tensors_[it->second];
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+const TensorInfo& File::tensor(const std::string& name) const {
+  const TensorInfo* t = find_tensor(name);
+  if (!t) throw not_found("GGUF file '" + path_ + "' has no tensor '" + name + "'");
+  return *t;
 }
 
 std::span<const std::uint8_t> File::bytes(const TensorInfo& t) const {

@@ -337,7 +337,8 @@ void SessionHost::recover(const Recovery& r) {
   sampler_path_ = r.sampler_path;
 }
 
-// After `op` completed: whether the session's state is saved before the op is reported. A completed step must
+// After `op` completed (counting it toward the next autosave): whether the session's state is saved before the op
+// is reported. A completed step must
 // survive a crash before it is reported: the trainable state (LoRA adapter or weights, optimizer, pending
 // gradients) is saved under a fresh name; the journal record names it, and only then is the older one removed.
 // The other operations that change the state (forwardBackward accumulates gradients, loadState replaces it) are run

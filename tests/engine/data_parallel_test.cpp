@@ -528,7 +528,8 @@ TEST(DataParallel, AHalfMessageToTheStoreFailsTheOperationWithinTheTimeout) {
   // two sends of one request does) holds LibTorch 1.13's store daemon in a blocking read: rank 0's wait for the
   // worker's samples must fail after the timeout, naming the store, instead of waiting forever.
   LocalServiceOptions o = service(temp_dir("half-message"), 2, /*timeout_s=*/3);
-  o.data_parallel.rendezvous = "127.0.0.1:" + std::to_string(free_port());
+  const int port = free_port();
+  o.data_parallel.rendezvous = "127.0.0.1:" + std::to_string(port);
   o.data_parallel.local_workers = -1;  // a worker started here (also under two_hosts_test.sh)
   LocalService svc(o);
   auto s = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
@@ -536,7 +537,7 @@ TEST(DataParallel, AHalfMessageToTheStoreFailsTheOperationWithinTheTimeout) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<std::uint16_t>(std::stoi(o.data_parallel.rendezvous.substr(10))));
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   const char first = 3;  // c10d's query type ADD; its key never follows
   ASSERT_EQ(send(fd, &first, 1, 0), 1);

@@ -80,6 +80,23 @@ def permute(w, n_head, n_head_kv):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def finish(writer):
+    """Writes what a GGUFWriter holds and closes it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def refused(tool, path, label, expected, failures):
+    """rlloop refuses the GGUF file at `path` with an error naming it and saying `expected`."""
+    run = subprocess.run([tool, path, "1,2"], capture_output=True, text=True)
+    ok = run.returncode != 0 and expected in run.stderr and path in run.stderr
+    print(f"bad {label}: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}: {run.stderr.strip()[:200]}")
+    if not ok:
+        failures.append(f"bad {label}: expected an error naming {path} and saying {expected!r}")
+
+
 def write_gguf(model_dir, path, change=lambda name, a: a):
     """A Hugging Face Llama / Qwen2 / Qwen3 directory as llama.cpp's converter writes it, in F32; `change(name, a)`
     may replace a tensor (by its GGUF name) before it is written."""
@@ -115,10 +132,7 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
         if arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
             a = permute(a, heads, kv)
         w.add_tensor(gname, np.ascontiguousarray(change(gname, a)))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def main():
@@ -186,25 +200,13 @@ def main():
             w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
             w.add_tensor("token_embd.weight", np.zeros((10, 32), np.float32))
             add(w)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-            w.close()
-            run = subprocess.run([tool, path, "1,2"], capture_output=True, text=True)
-            ok = run.returncode != 0 and expected in run.stderr and path in run.stderr
-            print(f"bad {arch}: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}: {run.stderr.strip()[:200]}")
-            if not ok:
-                failures.append(f"bad {arch}: expected an error naming {path} and saying {expected!r}")
+            finish(w)
+            refused(tool, path, arch, expected, failures)
         # A whole model with one tensor of another shape than its metadata says.
         path = os.path.join(root, "bad-shape.gguf")
         write_gguf(os.path.join(root, "qwen2"), path,
                    lambda name, a: np.zeros(16, np.float32) if name == "output_norm.weight" else a)
-        run = subprocess.run([tool, path, "1,2"], capture_output=True, text=True)
-        expected = "tensor 'model.norm.weight' has shape [16], the model expects [64]"
-        ok = run.returncode != 0 and expected in run.stderr and path in run.stderr
-        print(f"bad shape: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}: {run.stderr.strip()[:200]}")
-        if not ok:
-            failures.append(f"bad shape: expected an error naming {path} and saying {expected!r}")
+        refused(tool, path, "shape", "tensor 'model.norm.weight' has shape [16], the model expects [64]", failures)
     print(f"total {time.time() - start:.1f} s")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
