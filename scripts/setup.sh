@@ -80,6 +80,20 @@ if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress openai@4.104.0 >/dev/null)
 fi
 
+# --- llama.cpp ------------------------------------------------------------------------------------------------
+# llama.cpp itself, as node-llama-cpp ships it prebuilt (only this platform's binaries, not its CUDA and Vulkan
+# ones): the reference for GGUF tokenizers (scripts/tokenizer/gguf_match.js). Needs Node.js 20 or later.
+case "$(uname -m)" in
+  x86_64) llama_platform=linux-x64 ;;
+  aarch64) llama_platform=linux-arm64 ;;
+  *) llama_platform="" ;;
+esac
+if [[ -n $llama_platform && ! -d "$npm_dir/node_modules/@node-llama-cpp/$llama_platform" ]]; then
+  echo "setup: installing node-llama-cpp ($llama_platform) into third_party/npm"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress --omit=optional \
+     node-llama-cpp@3.21.1 "@node-llama-cpp/$llama_platform@3.21.1" >/dev/null)
+fi
+
 # --- Python references ----------------------------------------------------------------------------------------
 # AWS's SDKs (boto3/botocore: their service models are the wire protocol's reference) and the other pinned Python
 # packages of scripts/python-requirements.txt go into the git-ignored third_party/venv. A stamp holding the

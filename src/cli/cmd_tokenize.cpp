@@ -1,6 +1,7 @@
 // `rlloop tokenize`: a line-oriented bridge to the tokenizers, used by the exact-match test script.
 // Encode: one JSON string per stdin line -> one JSON array of ids per stdout line. --decode: the reverse.
-// --chat RENDERER: one JSON array of messages per line -> {"text", "tokens", "weights"} per line.
+// --chat RENDERER: one JSON array of messages per line -> {"text", "tokens", "weights"} per line; "auto" is the
+// renderer of the tokenizer's own chat template (default_chat_renderer).
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -37,12 +38,14 @@ int run(int argc, char** argv) {
   bool decode = false, no_special = false, skip_special = false, generation_prompt = false;
   std::string chat, train_on = "last";
   app.add_option("--tokenizer", spec,
-                 "\"byte\", a tokenizer.json, a model directory, or a GPT-2 encoder.json directory")
+                 "\"byte\", a tokenizer.json, a model directory, a GPT-2 encoder.json directory, or a .gguf file")
       ->required();
   app.add_flag("--decode", decode, "read JSON arrays of ids, write JSON strings");
   app.add_flag("--no-special", no_special, "encode special-token text as ordinary text");
   app.add_flag("--skip-special", skip_special, "leave special tokens out when decoding");
-  app.add_option("--chat", chat, "render conversations (JSON arrays of messages) with this chat renderer");
+  app.add_option("--chat", chat,
+                 "render conversations (JSON arrays of messages) with this chat renderer (\"auto\": the one the "
+                 "tokenizer's chat template calls for)");
   app.add_flag("--generation-prompt", generation_prompt, "with --chat: render a generation prompt");
   app.add_option("--train-on", train_on, "with --chat: which assistant messages get weight 1")
       ->check(CLI::IsMember({"last", "all"}));
@@ -52,6 +55,7 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
   const auto tok = rlloop::load_tokenizer(spec);
+  if (chat == "auto") chat = rlloop::default_chat_renderer(spec, "");
   const auto renderer = chat.empty() ? nullptr : rlloop::make_chat_renderer(chat, tok);
   std::ios::sync_with_stdio(false);
   std::string line, out;

@@ -42,8 +42,7 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {
   if (!cfg.tokenizer.empty()) return cfg.tokenizer;
   if (resolved.rfind("builtin:", 0) == 0) return "byte";
-  // A GGUF file's own tokenizer (its tokenizer.ggml.* metadata) is not read yet: a tokenizer.json beside it serves.
-  if (is_gguf_path(resolved)) return (std::filesystem::path(resolved).parent_path() / "tokenizer.json").string();
+  if (is_gguf_path(resolved)) return resolved;  // the tokenizer in its metadata (tokenizer.ggml.*)
   return (std::filesystem::path(resolved) / "tokenizer.json").string();
 }
 

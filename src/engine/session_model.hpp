@@ -31,7 +31,7 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
                                 const SessionOptions& options);
 
 // Where a model's tokenizer is (load_tokenizer's argument): the config's own, the byte tokenizer of a built-in
-// model, or a model directory's tokenizer.json.
+// model, a GGUF file itself, or a model directory's tokenizer.json.
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved);
 
 // AdamW over the model's trainable parameters (LoRA B matrices take the LoRA+ learning-rate ratio).

@@ -43,14 +43,6 @@ struct ModelText {
   std::shared_ptr<const ChatRenderer> renderer;
 };
 
-std::string renderer_for(const SessionInfo& info) {
-  if (info.tokenizer == "byte") return "role_colon";
-  if (info.model_type == "llama") return "llama3";
-  if (info.model_type == "qwen3") return "qwen3_no_thinking";
-  if (info.model_type == "qwen2") return "chatml";
-  return "role_colon";
-}
-
 ModelText model_text(const SessionInfo& info) {
   static std::mutex mu;
   static std::map<std::string, ModelText> cache;
@@ -60,7 +52,7 @@ ModelText model_text(const SessionInfo& info) {
   ModelText m;
   m.tokenizer = load_tokenizer(info.tokenizer);
   try {
-    m.renderer = make_chat_renderer(renderer_for(info), m.tokenizer);
+    m.renderer = make_chat_renderer(default_chat_renderer(info.tokenizer, info.model_type), m.tokenizer);
   } catch (const invalid_argument&) {
     m.renderer = make_chat_renderer("role_colon", m.tokenizer);  // a tokenizer without the format's special tokens
   }

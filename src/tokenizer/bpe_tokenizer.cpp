@@ -39,11 +39,13 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : source_(std::move(spec.source)), patt
     id_kind_[id] = 1;
     bytes_to_id_.emplace(std::move(bytes), id);
   }
+  // Some trained vocabularies lack a few bytes (SmolLM2 has no token for 21 of them, such as 0x04 and 0xFF); a
+  // vocabulary without the printable ASCII ones is not byte-level BPE at all.
   for (int b = 0; b < 256; ++b) {
     auto it = bytes_to_id_.find(std::string(1, static_cast<char>(b)));
-    if (it == bytes_to_id_.end())
+    if (it == bytes_to_id_.end() && b >= '!' && b <= '~')
       fail("the vocabulary has no token for byte " + std::to_string(b) + " (not a byte-level BPE vocabulary)");
-    byte_ids_[b] = it->second;
+    byte_ids_[b] = it == bytes_to_id_.end() ? kNoToken : it->second;
   }
   std::vector<MergeTable::Entry> entries;
   entries.reserve(spec.merges.size());
@@ -112,7 +114,7 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<token_id>&
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<token_id>& out) const {
   if (piece.size() == 1) {
-    out.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+    if (const token_id id = byte_ids_[static_cast<unsigned char>(piece[0])]; id != kNoToken) out.push_back(id);
     return;
   }
   const bool cacheable = piece.size() <= kCacheMaxPieceBytes;
@@ -131,6 +133,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<token_id>& o
     std::int32_t best = std::numeric_limits<std::int32_t>::max();
     token_id a = 0, b = 0, merged = 0;
     for (std::size_t k = 0; k + 1 < word.size(); ++k) {
+      if (word[k] == kNoToken || word[k + 1] == kNoToken) continue;
       const MergeTable::Entry* m = merges_.find(word[k], word[k + 1]);
       if (m && m->rank < best) best = m->rank, a = word[k], b = word[k + 1], merged = m->merged;
     }
@@ -146,6 +149,8 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<token_id>& o
     }
     word.resize(o);
   }
+  // A byte without a token yields nothing; it still kept its neighbours from merging across it, as in llama.cpp.
+  std::erase(word, kNoToken);
   out.insert(out.end(), word.begin(), word.end());
   if (cacheable) {
     std::lock_guard lock(cache_mutex_);

@@ -90,7 +90,8 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> id_to_bytes_;
   std::vector<std::uint8_t> id_kind_;  // 0 = unused id, 1 = BPE token, 2 = added token, 3 = special added token
   StringMap bytes_to_id_;
-  std::array<token_id, 256> byte_ids_{};
+  static constexpr token_id kNoToken = -1;
+  std::array<token_id, 256> byte_ids_{};  // kNoToken for a byte the vocabulary lacks
   MergeTable merges_;
   std::vector<AddedToken> added_;  // longest first, so the first match is the longest
   std::array<bool, 256> added_first_byte_{};

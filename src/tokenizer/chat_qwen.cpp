@@ -1,4 +1,4 @@
-// ChatML and Qwen3 renderers. Qwen3 follows the chat template of Qwen3's tokenizer_config.json (without
+// ChatML, SmolLM2 and Qwen3 renderers. Qwen3 follows the chat template of Qwen3's tokenizer_config.json (without
 // tools): the system message first, then each turn; assistant turns after the last user query carry a
 // <think> block (always the final one), earlier ones lose their reasoning.
 #include <algorithm>
@@ -56,6 +56,23 @@ class ChatMl : public SegmentRenderer {
 
   token_id im_end_;
   std::optional<token_id> endoftext_;
+};
+
+// SmolLM2-Instruct's chat template: ChatML, opened by a default system message when the conversation has none.
+class SmolLm2 final : public ChatMl {
+ public:
+  using ChatMl::ChatMl;
+  std::string name() const override { return "smollm2"; }
+
+ protected:
+  std::vector<Segment> segments(std::span<const Message> messages, bool gen, TrainOn train_on) const override {
+    std::vector<Segment> out = ChatMl::segments(messages, gen, train_on);
+    if (!messages.empty() && messages.front().role != "system")
+      out.insert(out.begin(), {"<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                               "Face<|im_end|>\n",
+                               false});
+    return out;
+  }
 };
 
 class Qwen3 final : public ChatMl {
@@ -141,6 +158,9 @@ class Qwen3 final : public ChatMl {
 
 std::unique_ptr<ChatRenderer> make_chatml_renderer(std::shared_ptr<const Tokenizer> tok) {
   return std::make_unique<ChatMl>(std::move(tok));
+}
+std::unique_ptr<ChatRenderer> make_smollm2_renderer(std::shared_ptr<const Tokenizer> tok) {
+  return std::make_unique<SmolLm2>(std::move(tok));
 }
 std::unique_ptr<ChatRenderer> make_qwen3_renderer(std::shared_ptr<const Tokenizer> tok, bool thinking) {
   return std::make_unique<Qwen3>(std::move(tok), thinking);

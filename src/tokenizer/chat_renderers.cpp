@@ -6,12 +6,13 @@ namespace rlloop {
 std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::shared_ptr<const Tokenizer> tokenizer) {
   using namespace tokenizer_detail;
   if (name == "chatml") return make_chatml_renderer(std::move(tokenizer));
+  if (name == "smollm2") return make_smollm2_renderer(std::move(tokenizer));
   if (name == "qwen3") return make_qwen3_renderer(std::move(tokenizer), true);
   if (name == "qwen3_no_thinking") return make_qwen3_renderer(std::move(tokenizer), false);
   if (name == "llama3") return make_llama3_renderer(std::move(tokenizer));
   if (name == "role_colon") return make_role_colon_renderer(std::move(tokenizer));
   throw invalid_argument("make_chat_renderer: unknown renderer '" + name +
-                         "' (expected chatml, qwen3, qwen3_no_thinking, llama3 or role_colon)");
+                         "' (expected chatml, smollm2, qwen3, qwen3_no_thinking, llama3 or role_colon)");
 }
 
 }  // namespace rlloop

@@ -22,16 +22,4 @@ bool split_pattern_from_regex(std::string_view regex, SplitPattern& out) {
   return true;
 }
 
-const char* split_pattern_regex(SplitPattern p) {
-  switch (p) {
-    case SplitPattern::gpt2:
-      return kGpt2;
-    case SplitPattern::llama3:
-      return kLlama3;
-    case SplitPattern::qwen2:
-      return kQwen2;
-  }
-  return "";
-}
-
 }  // namespace rlloop::tokenizer_detail

@@ -14,11 +14,13 @@ enum class SplitPattern {
   llama3,
   // The Llama 3 pattern with \p{N} (one digit per piece): Qwen2, Qwen2.5, Qwen3.
   qwen2,
+  // Every \p{N} character a piece of its own first, then the GPT-2 pattern on the text between them: SmolLM and
+  // SmolLM2 (tokenizer.json's Sequence [Digits(individual_digits), ByteLevel]; llama.cpp's pre-tokenizer "smollm").
+  gpt2_digits,
 };
 
 // The pattern a tokenizer.json regex string denotes, or nothing when it is not one we implement.
 bool split_pattern_from_regex(std::string_view regex, SplitPattern& out);
-const char* split_pattern_regex(SplitPattern p);
 
 // Calls emit(start, end) for each piece of `text` (byte offsets), in order; the pieces tile the text.
 // Invalid UTF-8 bytes are single characters of no class (like punctuation).

@@ -63,11 +63,9 @@ inline std::size_t trailing_space_rule(std::string_view s, std::size_t i) {
   return end;
 }
 
-}  // namespace scan
-
+// The single-regex patterns (all but gpt2_digits).
 template <class Emit>
-void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
-  using scan::at;
+void split_regex_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
   const auto letter = [](const scan::Char& c) { return c.cls == CharClass::letter; };
   const auto number = [](const scan::Char& c) { return c.cls == CharClass::number; };
   const auto other = [](const scan::Char& c) { return scan::is_other(c.cls); };
@@ -130,6 +128,31 @@ void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
     emit(i, end);
     i = end;
   }
+}
+
+}  // namespace scan
+
+template <class Emit>
+void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
+  if (pattern != SplitPattern::gpt2_digits) return scan::split_regex_pieces(pattern, s, emit);
+  // Each number character alone; the GPT-2 pattern sees the text between two of them as a whole text (so a space
+  // before a digit is a piece of its own, as llama.cpp and the Digits pre-tokenizer make it).
+  std::size_t from = 0, i = 0;
+  auto flush = [&](std::size_t to) {
+    if (to > from)
+      scan::split_regex_pieces(SplitPattern::gpt2, s.substr(from, to - from),
+                               [&](std::size_t a, std::size_t b) { emit(from + a, from + b); });
+  };
+  while (i < s.size()) {
+    const scan::Char c = scan::at(s, i);
+    if (c.cls == CharClass::number) {
+      flush(i);
+      emit(i, i + c.len);
+      from = i + c.len;
+    }
+    i += c.len;
+  }
+  flush(s.size());
 }
 
 }  // namespace rlloop::tokenizer_detail

@@ -36,22 +36,6 @@ std::string type_of(const json& j) {
   return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?";
 }
 
-std::string raw_token(const std::string& token, const std::string& source) {
-  auto bytes = byte_level_to_bytes(token);
-  if (!bytes)
-    throw invalid_argument("load_tokenizer: '" + source + "': token '" + token +
-                           "' is not written in the byte-level alphabet (not a byte-level BPE vocabulary)");
-  return *bytes;
-}
-
-std::pair<std::string, std::string> split_merge(const std::string& line, const std::string& source) {
-  const auto space = line.find(' ');
-  if (space == std::string::npos || space == 0 || space + 1 >= line.size() ||
-      line.find(' ', space + 1) != std::string::npos)
-    throw invalid_argument("load_tokenizer: '" + source + "': merge '" + line + "' is not two tokens");
-  return {raw_token(line.substr(0, space), source), raw_token(line.substr(space + 1), source)};
-}
-
 // The split pattern implied by a tokenizer.json pre_tokenizer section.
 SplitPattern read_pre_tokenizer(const json& pre, const std::string& source) {
   auto bad = [&](const std::string& what) {
@@ -72,6 +56,11 @@ SplitPattern read_pre_tokenizer(const json& pre, const std::string& source) {
     bad("'" + type_of(pre) + "'");
   const json& split = pre["pretokenizers"][0];
   const json& bl = pre["pretokenizers"][1];
+  if (type_of(split) == "Digits" && type_of(bl) == "ByteLevel") {
+    if (!split.value("individual_digits", false)) bad("Digits with individual_digits=false");
+    check_byte_level(bl, true);
+    return SplitPattern::gpt2_digits;
+  }
   if (type_of(split) != "Split" || type_of(bl) != "ByteLevel")
     bad("Sequence [" + type_of(split) + ", " + type_of(bl) + "]");
   check_byte_level(bl, false);
@@ -97,6 +86,22 @@ std::optional<std::string> read_eos(const fs::path& config_path) {
 }
 
 }  // namespace
+
+std::string byte_level_token(const std::string& token, const std::string& source) {
+  auto bytes = byte_level_to_bytes(token);
+  if (!bytes)
+    throw invalid_argument("load_tokenizer: '" + source + "': token '" + token +
+                           "' is not written in the byte-level alphabet (not a byte-level BPE vocabulary)");
+  return *bytes;
+}
+
+std::pair<std::string, std::string> byte_level_merge(const std::string& line, const std::string& source) {
+  const auto space = line.find(' ');
+  if (space == std::string::npos || space == 0 || space + 1 >= line.size() ||
+      line.find(' ', space + 1) != std::string::npos)
+    throw invalid_argument("load_tokenizer: '" + source + "': merge '" + line + "' is not two tokens");
+  return {byte_level_token(line.substr(0, space), source), byte_level_token(line.substr(space + 1), source)};
+}
 
 BpeSpec read_tokenizer_json(const fs::path& path) {
   const std::string source = path.string();
@@ -141,14 +146,15 @@ BpeSpec read_tokenizer_json(const fs::path& path) {
   spec.vocab.reserve(model["vocab"].size());
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_integer()) malformed("vocab entry '" + token + "' has a non-integer id");
-    spec.vocab.emplace_back(raw_token(token, source), id.get<token_id>());
+    spec.vocab.emplace_back(byte_level_token(token, source), id.get<token_id>());
   }
   spec.merges.reserve(model["merges"].size());
   for (const json& m : model["merges"]) {
     if (m.is_string())
-      spec.merges.push_back(split_merge(m.get<std::string>(), source));
+      spec.merges.push_back(byte_level_merge(m.get<std::string>(), source));
     else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
-      spec.merges.emplace_back(raw_token(m[0].get<std::string>(), source), raw_token(m[1].get<std::string>(), source));
+      spec.merges.emplace_back(byte_level_token(m[0].get<std::string>(), source),
+                               byte_level_token(m[1].get<std::string>(), source));
     else
       malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
   }
@@ -178,7 +184,7 @@ BpeSpec read_gpt2_files(const fs::path& dir) {
   for (const auto& [token, id] : enc.items()) {
     if (!id.is_number_integer())
       throw invalid_argument("load_tokenizer: '" + spec.source + "': entry '" + token + "' has a non-integer id");
-    spec.vocab.emplace_back(raw_token(token, spec.source), id.get<token_id>());
+    spec.vocab.emplace_back(byte_level_token(token, spec.source), id.get<token_id>());
   }
   std::istringstream lines(read_file(merges_path));
   std::string line;
@@ -191,7 +197,7 @@ BpeSpec read_gpt2_files(const fs::path& dir) {
     }
     first = false;
     if (line.empty()) continue;
-    spec.merges.push_back(split_merge(line, merges_path.string()));
+    spec.merges.push_back(byte_level_merge(line, merges_path.string()));
   }
   spec.pattern = SplitPattern::gpt2;
   spec.nfc = false;

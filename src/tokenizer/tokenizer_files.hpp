@@ -1,4 +1,5 @@
-// Readers for tokenizer files on disk: Hugging Face tokenizer.json and GPT-2 encoder.json + vocab.bpe.
+// Readers for tokenizer files on disk: Hugging Face tokenizer.json, GPT-2 encoder.json + vocab.bpe, and the
+// tokenizer in a GGUF file's metadata.
 #pragma once
 #include <filesystem>
 
@@ -13,5 +14,17 @@ BpeSpec read_tokenizer_json(const std::filesystem::path& path);
 
 // Reads the GPT-2 pair encoder.json + vocab.bpe from a directory.
 BpeSpec read_gpt2_files(const std::filesystem::path& dir);
+
+// Reads the tokenizer llama.cpp's converter stored in a GGUF file (tokenizer.ggml.*): the "gpt2" model (byte-level
+// BPE) with the pre-tokenizers "gpt-2", "smollm", "llama-bpe"/"llama3" and "qwen2"; control tokens become special
+// added tokens, user-defined ones plain added tokens. Throws like read_tokenizer_json, and unsupported for another
+// model or pre-tokenizer, naming it and the file.
+BpeSpec read_gguf_tokenizer(const std::filesystem::path& path);
+
+// A token written in the byte-level alphabet (GPT-2's bytes_to_unicode) as its raw bytes; invalid_argument naming
+// `source` when it is not written in that alphabet.
+std::string byte_level_token(const std::string& token, const std::string& source);
+// A merge line "a b" as the raw bytes of its two tokens.
+std::pair<std::string, std::string> byte_level_merge(const std::string& line, const std::string& source);
 
 }  // namespace rlloop::tokenizer_detail

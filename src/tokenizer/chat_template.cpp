@@ -1,0 +1,36 @@
+// default_chat_renderer: which renderer writes what a model's own chat template writes.
+#include <filesystem>
+#include <string_view>
+
+#include <rlloop/chat.hpp>
+#include <rlloop/gguf.hpp>
+
+namespace rlloop {
+namespace {
+
+// Recognises the chat templates rlloop renders by the markers only they have (the template is not executed).
+std::optional<std::string> renderer_for_template(std::string_view jinja) {
+  auto has = [&](std::string_view marker) { return jinja.find(marker) != std::string_view::npos; };
+  if (has("<|im_start|>") && has("You are a helpful AI assistant named SmolLM, trained by Hugging Face"))
+    return "smollm2";
+  if (has("<|im_start|>") && has("<think>")) return "qwen3_no_thinking";
+  if (has("<|start_header_id|>") && has("<|eot_id|>")) return "llama3";
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& model_type) {
+  if (tokenizer_spec == "byte") return "role_colon";
+  if (std::filesystem::path(tokenizer_spec).extension() == ".gguf") {
+    const auto file = gguf::File::open(tokenizer_spec);
+    if (file.find("tokenizer.chat_template"))
+      if (auto name = renderer_for_template(file.string("tokenizer.chat_template"))) return *name;
+  }
+  if (model_type == "llama") return "llama3";
+  if (model_type == "qwen3") return "qwen3_no_thinking";
+  if (model_type == "qwen2") return "chatml";
+  return "role_colon";
+}
+
+}  // namespace rlloop
