@@ -73,7 +73,7 @@ Future<SampleResponse> EngineLoop::Lane::submit_sample(int rows, std::function<s
 void EngineLoop::push(const std::shared_ptr<LaneState>& lane, Job job) {
   {
     std::lock_guard lock(mu_);
-    if (lane->jobs.empty() && !lane->busy) lane->head_since = ++clock_;
+    if (lane->jobs.empty()) lane->head_since = ++clock_;
     lane->jobs.push_back(std::move(job));
   }
   work_cv_.notify_one();
@@ -81,7 +81,7 @@ void EngineLoop::push(const std::shared_ptr<LaneState>& lane, Job job) {
 
 void EngineLoop::close(const std::shared_ptr<LaneState>& lane) {
   std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return lane->jobs.empty() && !lane->busy; });
+  idle_cv_.wait(lock, [&] { return lane->jobs.empty() && lane->running == 0; });
   lanes_.remove(lane);
 }
 
@@ -90,7 +90,7 @@ void EngineLoop::close(const std::shared_ptr<LaneState>& lane) {
 std::shared_ptr<EngineLoop::LaneState> EngineLoop::oldest_head(bool sampling) const {
   std::shared_ptr<LaneState> best;
   for (const auto& lane : lanes_) {
-    if (lane->busy || lane->jobs.empty()) continue;
+    if (!lane->head_can_start()) continue;
     if (lane->jobs.front().sampling() != sampling) continue;
     if (!best || lane->head_since < best->head_since) best = lane;
   }
@@ -100,14 +100,17 @@ std::shared_ptr<EngineLoop::LaneState> EngineLoop::oldest_head(bool sampling) co
 EngineLoop::Job EngineLoop::pop_head(LaneState& lane) {
   Job job = std::move(lane.jobs.front());
   lane.jobs.pop_front();
-  lane.busy = true;
+  ++lane.running;
+  if (job.sampling()) ++lane.running_sampling;
+  // Its next job queues behind the heads that waited meanwhile: lanes take turns.
+  if (!lane.jobs.empty()) lane.head_since = ++clock_;
   return job;
 }
 
-void EngineLoop::finish_job(LaneState& lane) {
-  lane.busy = false;
-  // Its next job queues behind the heads that waited meanwhile: lanes take turns.
-  if (!lane.jobs.empty()) lane.head_since = ++clock_;
+void EngineLoop::finish_job(LaneState& lane, bool sampling) {
+  --lane.running;
+  if (sampling) --lane.running_sampling;
+  if (lane.running == 0 && !lane.jobs.empty()) lane.head_since = ++clock_;
   idle_cv_.notify_all();
 }
 
@@ -123,7 +126,7 @@ bool EngineLoop::complete_or_defer(std::shared_ptr<LaneState> lane, Job& job, st
   };
   // Even a failed request waits for its other ranks: they still read the session's model until they are done.
   if (job.ready && !job.ready()) {
-    pending_.push_back({std::move(lane), job.ready, std::move(complete)});
+    pending_.push_back({std::move(lane), job.ready, std::move(complete), /*sampling=*/true});
     return false;
   }
   complete();
@@ -149,7 +152,7 @@ void EngineLoop::admit(std::unique_lock<std::mutex>& lock) {
     const bool completed = !decoding && complete_or_defer(lane, job, std::move(run), error);
     lock.lock();
     if (!decoding) {
-      if (completed) finish_job(*lane);
+      if (completed) finish_job(*lane, /*sampling=*/true);
       continue;
     }
     active_rows_ += static_cast<int>(run->rows());
@@ -192,15 +195,15 @@ void EngineLoop::step_active() {
   for (const auto& a : active_) active_rows_ += static_cast<int>(a.run->rows());
   stats_.active_requests = static_cast<int>(active_.size());
   stats_.active_rows = active_rows_;
-  for (auto& lane : completed) finish_job(*lane);
+  for (auto& lane : completed) finish_job(*lane, /*sampling=*/true);
 }
 
 void EngineLoop::poll_pending() {
-  std::vector<std::shared_ptr<LaneState>> completed;
+  std::vector<std::pair<std::shared_ptr<LaneState>, bool>> completed;  // the lane, and whether a sampling request's
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (it->ready()) {
       it->complete();
-      completed.push_back(std::move(it->lane));
+      completed.emplace_back(std::move(it->lane), it->sampling);
       it = pending_.erase(it);
     } else {
       ++it;
@@ -208,7 +211,7 @@ void EngineLoop::poll_pending() {
   }
   if (completed.empty()) return;
   std::lock_guard lock(mu_);
-  for (auto& lane : completed) finish_job(*lane);
+  for (auto& [lane, sampling] : completed) finish_job(*lane, sampling);
 }
 
 void EngineLoop::run() {
@@ -245,7 +248,7 @@ void EngineLoop::run() {
         pending_.push_back(std::move(pending));
       }
       lock.lock();
-      if (!waits) finish_job(*lane);
+      if (!waits) finish_job(*lane, /*sampling=*/false);
       continue;
     }
     if (!active_.empty() || oldest_head(/*sampling=*/true)) continue;

@@ -2,8 +2,10 @@
 // so sessions take turns on the device instead of competing for it, and that decodes their sampling requests
 // together (continuous batching).
 //
-// Each session has a Lane: its operations run strictly in submission order, one at a time. Across lanes the
-// loop interleaves: every turn it admits the sampling requests at the head of idle lanes (oldest first) while
+// Each session has a Lane: its operations start in submission order, and one at a time, except that consecutive
+// sampling requests run side by side (they only read the session's model, so a session's own requests batch
+// together as other sessions' do); the operation after them waits until they are done. Across lanes the loop
+// interleaves: every turn it admits the sampling requests at the head of idle lanes (oldest first) while
 // the batch has room, advances every admitted request by one token in one batched step (decode_step), and
 // runs one other operation (training, logprobs, checkpoints) of the lane that has waited longest. A request
 // that does not fit waits, and younger requests wait behind it, so none starves; a request larger than the
@@ -133,6 +135,7 @@ class EngineLoop {
     std::shared_ptr<LaneState> lane;
     std::function<bool()> ready;  // null: nothing to wait for
     std::function<void()> complete;
+    bool sampling = false;  // a sampling request's (else an operation's)
   };
   struct Job {
     std::function<void()> run;       // an operation run to completion
@@ -147,8 +150,14 @@ class EngineLoop {
   };
   struct LaneState {
     std::deque<Job> jobs;
-    bool busy = false;             // its head job is running (or decoding)
+    int running = 0;               // its jobs started and not finished (decoding, or waiting for other ranks)
+    int running_sampling = 0;      // how many of them are sampling requests
     std::uint64_t head_since = 0;  // when its head job became the head: lanes are served oldest first
+    // Its head job may start when nothing of the lane runs, or when it is a sampling request and so is every
+    // running job.
+    bool head_can_start() const {
+      return !jobs.empty() && (running == 0 || (jobs.front().sampling() && running == running_sampling));
+    }
   };
   struct Active {
     std::shared_ptr<LaneState> lane;
@@ -163,7 +172,8 @@ class EngineLoop {
   std::shared_ptr<LaneState> oldest_head(bool sampling) const;
   // Pops the lane's head job and makes its next job the head (called with mu_ held).
   Job pop_head(LaneState& lane);
-  void finish_job(LaneState& lane);
+  // A started job of the lane (a sampling request or not) is done.
+  void finish_job(LaneState& lane, bool sampling);
   // Starts the sampling requests that fit; unlocks around each prefill.
   void admit(std::unique_lock<std::mutex>& lock);
   // One batched decoding step of every active request; finishes those done. Runs unlocked.

@@ -106,6 +106,7 @@ struct LocalSession::Impl {
     std::shared_ptr<Transformer> model;
     std::shared_ptr<const RoundedWeights> rounded;
     std::uint64_t last_used = 0;
+    int decoding = 0;  // this session's sampling requests reading it now (they run side by side): never dropped
   };
   SamplingModel live;  // the training model
   // Sampler weights saved by this session or opened from disk, by checkpoint path. At most
@@ -220,10 +221,12 @@ struct LocalSession::Impl {
     auto m = make_model();
     load_trainable(*m, state.weights);
     if (samplers.size() >= kLoadedSamplerModels) {
-      auto oldest = std::min_element(samplers.begin(), samplers.end(), [](const auto& a, const auto& b) {
-        return a.second.last_used < b.second.last_used;
-      });
-      drop_sampler(oldest);
+      // The least recently used of those no request is decoding with (while all are, the cache holds one more).
+      auto oldest = samplers.end();
+      for (auto i = samplers.begin(); i != samplers.end(); ++i)
+        if (i->second.decoding == 0 && (oldest == samplers.end() || i->second.last_used < oldest->second.last_used))
+          oldest = i;
+      if (oldest != samplers.end()) drop_sampler(oldest);
     }
     // The workers hold what this cache holds, so that they can decode its models' samples too.
     if (group && group->failure().empty()) group->load_sampler(replica, key, *m);
@@ -479,12 +482,21 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
       return EngineLoop::Deferred<SampleResponse>{ready, [finish] { return finish(SampleResponse{}); }};
     });
   }
-  auto start = [this, prepare, on_step = std::move(on_step)]() -> std::unique_ptr<DecodeRun> {
+  // The sampler model the run reads, counted in its `decoding` from the start of the run until its end, so that
+  // another request of this session loading a checkpoint meanwhile does not drop it from the cache.
+  auto reading = std::make_shared<Impl::SamplingModel*>(nullptr);
+  auto done_reading = [reading] {
+    if (*reading) --(*reading)->decoding;
+    *reading = nullptr;
+  };
+  auto start = [this, prepare, reading, on_step = std::move(on_step)]() -> std::unique_ptr<DecodeRun> {
     Prepared p = prepare();
-    // The run reads the model until it finishes; this session's later operations (which could drop it from the
-    // sampler cache) wait for it.
+    // The run reads the model until it finishes: this session's later operations wait for it, and its sampling
+    // requests, which run beside it, do not drop it from the sampler cache (`decoding`).
     auto run = std::make_unique<DecodeRun>(*p.target->model, p.mine, p.stop_check, p.stream, impl_->decode_precision,
                                            impl_->rounded_slot(*p.target));
+    ++p.target->decoding;
+    *reading = p.target;
     if (on_step) {
       on_step(run->progress());  // the first token of every sample, drawn from the prefill
       run->on_step = on_step;
@@ -492,7 +504,16 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     return run;
   };
   return impl_->lane->submit_sample(
-      placement.count[0], std::move(start), [finish](DecodeRun& run) { return finish(run.take()); }, std::move(ready));
+      placement.count[0], std::move(start),
+      [finish, done_reading](DecodeRun& run) {
+        done_reading();
+        return finish(run.take());
+      },
+      std::move(ready), [done_reading, others](std::exception_ptr) {
+        // Other ranks may still decode their shares of a failed request (the lane waits for them): its sampler
+        // then stays loaded, as dropping it would drop theirs under them.
+        if (!*others) done_reading();
+      });
 }
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {

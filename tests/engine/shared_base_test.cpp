@@ -167,6 +167,36 @@ void check_batch_invariance(int threads) {
 TEST(SharedBase, SamplesDoNotDependOnWhatTheyAreBatchedWith) { check_batch_invariance(1); }
 TEST(SharedBase, SamplesDoNotDependOnWhatTheyAreBatchedWithOnTwoThreads) { check_batch_invariance(2); }
 
+// One session's own sampling requests, in flight together, decode in the same steps and give what each gives
+// alone; the operation queued after them waits for them, and a request queued after that sees its effect.
+TEST(SharedBase, OneSessionsSamplingRequestsDecodeTogetherAndTheStepAfterThemWaits) {
+  LocalService service(service_in(temp_dir("own-requests").string()));
+  auto session = service.create_session(tiny(lora(8), 3));
+  train_apart(*session, 0);
+  constexpr int kRequests = 6;
+  std::vector<SampleResponse> alone;
+  for (int i = 0; i < kRequests; ++i) alone.push_back(session->sample(request_of(i)).get());
+  EXPECT_EQ(only_base(service).peak_batch_requests, 1);
+
+  LoopGate gate(*session);
+  std::vector<Future<SampleResponse>> together;
+  for (int i = 0; i < kRequests; ++i) together.push_back(session->sample(request_of(i)));
+  auto pass = session->forward_backward({sft_datum("after the samples")}, LossSpec{LossFn::cross_entropy});
+  auto step = session->optim_step(AdamParams{.learning_rate = 5e-2});
+  auto after_step = session->sample(request_of(0));
+  gate.release();
+  for (int i = 0; i < kRequests; ++i)
+    expect_same_samples(alone[i], together[i].get(), "request " + std::to_string(i) + " beside the others");
+  pass.get();
+  step.get();
+  const SampleResponse changed = after_step.get();
+  double moved = 0;
+  for (std::size_t t = 0; t < changed.sequences[0].logprobs.size() && t < alone[0].sequences[0].logprobs.size(); ++t)
+    moved = std::max(moved, std::abs(changed.sequences[0].logprobs[t] - alone[0].sequences[0].logprobs[t]));
+  EXPECT_GT(moved, 1e-3) << "the request after the optimizer step samples from the stepped adapters";
+  EXPECT_EQ(only_base(service).peak_batch_requests, kRequests) << "the requests before the step, and only they";
+}
+
 // Training on the shared loop gives, bit for bit, what a session of its own gives, in each session's order.
 TEST(SharedBase, TrainingResultsEqualAnUnsharedSession) {
   auto dir = temp_dir("training");
