@@ -84,7 +84,8 @@ class File {
   std::int64_t integer(const std::string& key) const;
   double number(const std::string& key) const;
   bool boolean(const std::string& key) const;
-  std::vector<std::string> strings(const std::string& key) const;  // an array of strings
+  std::vector<std::string> strings(const std::string& key) const;    // an array of strings
+  std::vector<std::int64_t> integers(const std::string& key) const;  // an array of integers (any integer type)
 
   // A tensor by name: null when absent (find_tensor), not_found naming it and the file (tensor); its bytes in the
   // map, and its values as fp32.
@@ -108,6 +109,9 @@ class File {
 // `out.size()` values of `type` from `blocks` (out.size() / block elements whole blocks). Throws invalid_argument
 // when out.size() is not whole blocks or `blocks` is not their size.
 void dequantize(TensorType type, std::span<const std::uint8_t> blocks, std::span<float> out);
+
+// The value as a signed 64-bit integer when it is one of the integer types and fits; nullopt otherwise.
+std::optional<std::int64_t> as_integer(const Value& value);
 
 // IEEE half and bfloat16 to float, as ggml converts them.
 float half_to_float(std::uint16_t h);

@@ -302,9 +302,8 @@ const std::string& File::string(const std::string& key) const {
   wrong_type(*this, key, v, "a string");
 }
 
-std::int64_t File::integer(const std::string& key) const {
-  const Value& v = present(*this, key);
-  const auto n = std::visit(
+std::optional<std::int64_t> as_integer(const Value& v) {
+  return std::visit(
       Overloaded{[](std::uint64_t x) -> std::optional<std::int64_t> {
                    if (x > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
                    return static_cast<std::int64_t>(x);
@@ -316,8 +315,27 @@ std::int64_t File::integer(const std::string& key) const {
                      return std::nullopt;
                  }},
       v.v);
+}
+
+std::int64_t File::integer(const std::string& key) const {
+  const Value& v = present(*this, key);
+  const auto n = as_integer(v);
   if (!n) wrong_type(*this, key, v, "an integer");
   return *n;
+}
+
+std::vector<std::int64_t> File::integers(const std::string& key) const {
+  const Value& v = present(*this, key);
+  const auto* a = std::get_if<Array>(&v.v);
+  if (!a) wrong_type(*this, key, v, "an array of integers");
+  std::vector<std::int64_t> out;
+  out.reserve(a->size());
+  for (const Value& e : *a) {
+    const auto n = as_integer(e);
+    if (!n) wrong_type(*this, key, e, "an integer (in an array of integers)");
+    out.push_back(*n);
+  }
+  return out;
 }
 
 double File::number(const std::string& key) const {

@@ -1,8 +1,5 @@
 // The tokenizer in a GGUF file's metadata (tokenizer.ggml.*), read as llama.cpp reads it.
 #include <map>
-#include <optional>
-#include <type_traits>
-#include <variant>
 
 #include <rlloop/gguf.hpp>
 
@@ -24,38 +21,6 @@ const std::map<std::string, SplitPattern>& pre_tokenizers() {
                                                          {"llama3", SplitPattern::llama3},
                                                          {"qwen2", SplitPattern::qwen2}};
   return names;
-}
-
-std::optional<std::int64_t> as_integer(const gguf::Value& value) {
-  return std::visit(
-      [](const auto& x) -> std::optional<std::int64_t> {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-          return static_cast<std::int64_t>(x);
-        else
-          return std::nullopt;
-      },
-      value.v);
-}
-
-// An array of integers (of any integer type); empty when the key is absent.
-std::vector<std::int64_t> integers(const gguf::File& file, const std::string& key) {
-  const gguf::Value* v = file.find(key);
-  if (!v) return {};
-  const auto* array = std::get_if<gguf::Array>(&v->v);
-  if (!array)
-    throw invalid_argument("load_tokenizer: '" + file.path() + "': " + key + " is a " + gguf::type_name(*v) +
-                           ", not an array");
-  std::vector<std::int64_t> out;
-  out.reserve(array->size());
-  for (const gguf::Value& e : *array) {
-    const auto x = as_integer(e);
-    if (!x)
-      throw invalid_argument("load_tokenizer: '" + file.path() + "': " + key + " holds a " + gguf::type_name(e) +
-                             ", not integers");
-    out.push_back(*x);
-  }
-  return out;
 }
 
 }  // namespace
@@ -82,7 +47,8 @@ BpeSpec read_gguf_tokenizer(const std::filesystem::path& path) {
   for (const char* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"})
     if (!file.find(key)) missing(key);
   const std::vector<std::string> tokens = file.strings("tokenizer.ggml.tokens");
-  const std::vector<std::int64_t> types = integers(file, "tokenizer.ggml.token_type");
+  const std::vector<std::int64_t> types =
+      file.find("tokenizer.ggml.token_type") ? file.integers("tokenizer.ggml.token_type") : std::vector<std::int64_t>{};
   if (!types.empty() && types.size() != tokens.size())
     throw invalid_argument("load_tokenizer: '" + source + "': tokenizer.ggml.token_type has " +
                            std::to_string(types.size()) + " entries for " + std::to_string(tokens.size()) + " tokens");
