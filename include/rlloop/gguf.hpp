@@ -2,7 +2,8 @@
 // infos, and each tensor's bytes read in place from a read-only memory map; dequantization of ggml's block formats
 // to fp32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q6_K), value for value as ggml's
 // own dequantize_row_* computes them. A malformed file is an error naming the file and what is wrong in it, found
-// while opening: every later read stays inside the map.
+// while opening: every later read stays inside the map. Writing: version 3 files of F32, F16, BF16 and Q8_0
+// tensors, quantized as ggml's reference quantizers do, written atomically.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -49,6 +50,7 @@ struct Value {
   std::variant<std::uint8_t, std::int8_t, std::uint16_t, std::int16_t, std::uint32_t, std::int32_t, float, bool,
                std::string, Array, std::uint64_t, std::int64_t, double>
       v;
+  friend bool operator==(const Value&, const Value&) = default;  // the same type and value
 };
 // GGUF's name of the value's type ("uint32", "string", "array", ...).
 std::string type_name(const Value& value);
@@ -116,5 +118,32 @@ std::optional<std::int64_t> as_integer(const Value& value);
 // IEEE half and bfloat16 to float, as ggml converts them.
 float half_to_float(std::uint16_t h);
 float bf16_to_float(std::uint16_t b);
+// And back, rounding to nearest with ties to even (ggml's scalar conversions); NaN stays NaN, what overflows a half
+// becomes infinity.
+std::uint16_t float_to_half(float f);
+std::uint16_t float_to_bf16(float f);
+
+// --- Writing ---------------------------------------------------------------------------------------------------
+
+// fp32 values stored as `type`: F32, F16, BF16, or Q8_0 (a scale of max|x| / 127 per block of 32, each value rounded
+// half away from zero), byte for byte as ggml's reference quantizer writes them. Throws invalid_argument for other
+// types, and for Q8_0 when the values are not whole blocks.
+std::vector<std::uint8_t> quantize(TensorType type, std::span<const float> values);
+
+// A tensor to write: its shape in ggml's order (fastest dimension first) and its bytes in `type`'s blocks.
+struct TensorData {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  TensorType type = TensorType::f32;
+  std::vector<std::uint8_t> bytes;
+};
+
+// Writes a GGUF version 3 file: the metadata (in key order; general.alignment set from `alignment` when it is not
+// the default 32), the tensors' infos, then their bytes, each at the alignment. Atomic: a temporary file beside
+// `path`, flushed to disk, renamed over it. Throws invalid_argument for a duplicate tensor, bytes that do not match
+// a tensor's shape and type, an array mixing types, an alignment that is not a power of two (nothing is written
+// then), and io_error naming the path when it cannot be written. An empty array is written as an array of uint8.
+void write(const std::string& path, const std::map<std::string, Value>& metadata,
+           const std::vector<TensorData>& tensors, std::uint32_t alignment = 32);
 
 }  // namespace rlloop::gguf

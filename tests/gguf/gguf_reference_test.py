@@ -4,6 +4,11 @@ value type, nested arrays, a non-default alignment, and tensors of every type rl
 must dequantize to exactly gguf-py's (compared as float32 bit patterns, NaN-free by construction). Quantized blocks
 are random bytes with finite scales, so every bit of every field is exercised, not only what a quantizer emits.
 
+Then the other way: rlloop writes the file again (gguf_dump --rewrite) with its F32 tensors stored as F32, F16,
+BF16 and Q8_0, and gguf-py reads what rlloop wrote: the same metadata (every type, nested arrays, the alignment), the
+other tensors' bytes unchanged, and the converted tensors byte for byte what gguf-py's own quantizer (llama.cpp's
+reference rounding) makes of the same values, including halfway cases, subnormals, overflow and NaN.
+
     third_party/venv/bin/python tests/gguf/gguf_reference_test.py build/tests/gguf/gguf_dump
 """
 import json
@@ -30,6 +35,59 @@ def random_blocks(rng, qtype, rows, cols):
         halves = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
         raw[:, at:at + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
     return raw.reshape(rows, cols // block * size)
+
+
+# Values where rounding is decided: halves' ties (odd and even), their subnormals and overflow, bfloat16 ties, zero
+# signs, and a block (the second) whose largest value is tiny. Finite, so that every block's Q8_0 scale is.
+EDGE_VALUES = np.array(
+    [1 + 2**-11, 1 + 3 * 2**-11, 65504, 65519.99, 2**-25, 3 * 2**-25, 2**-24 * 1.5, 5.96e-8, -0.0, 0.0,
+     1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-11), 1e-3, -1e-3, 2**-20, 1e30, -1e-30] + [0.0] * 14 +
+    [1e-6, -2e-6, 3e-6, 4e-7] * 8, dtype=np.float32)
+
+
+def check_rewrites(dump, path, tmp, failures):
+    """rlloop's writer: path rewritten as each type, read back by gguf-py."""
+    source = gguf.GGUFReader(str(path))
+    source_fields = {k: f.contents() for k, f in source.fields.items() if not k.startswith("GGUF.")}
+    for qtype in [Q.F32, Q.F16, Q.BF16, Q.Q8_0]:
+        out = Path(tmp) / f"rewritten_{qtype.name}.gguf"
+        run = subprocess.run([dump, "--rewrite", str(path), str(out), qtype.name], capture_output=True, text=True)
+        if run.returncode != 0:
+            failures.append(f"gguf_dump --rewrite {qtype.name} failed: {run.stderr.strip()}")
+            continue
+        back = gguf.GGUFReader(str(out))
+        fields = {k: f.contents() for k, f in back.fields.items() if not k.startswith("GGUF.")}
+        if fields != source_fields:
+            differ = sorted(k for k in set(fields) | set(source_fields) if fields.get(k) != source_fields.get(k))
+            failures.append(f"rewritten as {qtype.name}: metadata differs at {differ}")
+        if back.alignment != source.alignment:
+            failures.append(f"rewritten as {qtype.name}: alignment {back.alignment} != {source.alignment}")
+        before = {t.name: t for t in source.tensors}
+        converted = 0
+        for t in back.tensors:
+            s = before.pop(t.name, None)
+            if s is None:
+                failures.append(f"rewritten as {qtype.name}: unexpected tensor {t.name}")
+                continue
+            if s.tensor_type == Q.F32:
+                want = np.ascontiguousarray(gguf.quants.quantize(np.asarray(s.data, dtype=np.float32), qtype))
+                want_type = qtype
+                converted += 1
+            else:
+                want, want_type = np.asarray(s.data), s.tensor_type
+            if t.tensor_type != want_type:
+                failures.append(f"rewritten as {qtype.name}: {t.name} is {t.tensor_type.name}, not {want_type.name}")
+                continue
+            got_bytes = np.asarray(t.data).view(np.uint8).reshape(-1)
+            want_bytes = want.view(np.uint8).reshape(-1)
+            if got_bytes.shape != want_bytes.shape or not np.array_equal(got_bytes, want_bytes):
+                bad = int(np.count_nonzero(got_bytes != want_bytes)) if got_bytes.shape == want_bytes.shape else -1
+                failures.append(f"rewritten as {qtype.name}: {t.name}: {bad} bytes differ from gguf-py's")
+            if list(t.shape) != list(s.shape):
+                failures.append(f"rewritten as {qtype.name}: {t.name} shape {list(t.shape)} != {list(s.shape)}")
+        if before:
+            failures.append(f"rewritten as {qtype.name}: tensors missing: {sorted(before)}")
+        print(f"rewritten as {qtype.name}: {len(back.tensors)} tensors ({converted} converted), metadata compared")
 
 
 def main():
@@ -61,6 +119,7 @@ def main():
             rows, cols = 3, 512
             if qtype == Q.F32:
                 data = rng.standard_normal((rows, cols)).astype(np.float32)
+                data[0, :len(EDGE_VALUES)] = EDGE_VALUES
                 w.add_tensor(name, data)
                 values = data
             elif qtype == Q.F16:
@@ -113,10 +172,11 @@ def main():
             differ = int(np.count_nonzero(mine != bits)) if mine.shape == bits.shape else -1
             check(differ == 0, f"{name}: {differ} of {bits.size} values differ from gguf-py's dequantization")
             print(f"{name}: {bits.size} values, {'identical' if differ == 0 else f'{differ} differ'}")
+        check_rewrites(dump, path, tmp, failures)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    print("gguf-py's files read by rlloop: metadata and every tensor type identical")
+    print("gguf-py's files read by rlloop and rlloop's read by gguf-py: metadata and every tensor type identical")
     return 0
 
 

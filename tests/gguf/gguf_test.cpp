@@ -286,3 +286,122 @@ TEST(Gguf, CorruptedBytesAreReadOrRefusedNeverACrash) {
   EXPECT_GT(refused, 100);  // corruptions of the header and infos were met
   EXPECT_GT(opened, 100);   // and of the data, which any bytes are
 }
+
+TEST(GgufWrite, FloatToHalfAndBfloat16RoundToNearestEven) {
+  EXPECT_EQ(gguf::float_to_half(1.0f), 0x3C00);
+  EXPECT_EQ(gguf::float_to_half(-2.0f), 0xC000);
+  EXPECT_EQ(gguf::float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // a tie: to the even 1.0
+  EXPECT_EQ(gguf::float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // a tie: to the even 1 + 2^-9
+  EXPECT_EQ(gguf::float_to_half(65504.0f), 0x7BFF);
+  EXPECT_EQ(gguf::float_to_half(65519.0f), 0x7BFF);
+  EXPECT_EQ(gguf::float_to_half(65520.0f), 0x7C00);  // the tie above the largest half goes to infinity
+  EXPECT_EQ(gguf::float_to_half(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(gguf::float_to_half(std::ldexp(1.0f, -25)), 0x0000);      // a tie: to the even 0
+  EXPECT_EQ(gguf::float_to_half(std::ldexp(3.0f, -25)), 0x0002);      // a tie: to the even 2 units
+  EXPECT_EQ(gguf::float_to_half(std::ldexp(1023.5f, -24)), 0x0400);   // up into the smallest normal
+  EXPECT_EQ(gguf::float_to_half(-0.0f), 0x8000);
+  EXPECT_EQ(gguf::float_to_half(INFINITY), 0x7C00);
+  EXPECT_EQ(gguf::float_to_half(NAN) & 0x7E00, 0x7E00);
+  EXPECT_EQ(gguf::float_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(gguf::float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);      // a tie: to the even 1.0
+  EXPECT_EQ(gguf::float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);  // a tie: to the even 1 + 2^-6
+  EXPECT_TRUE(std::isnan(gguf::bf16_to_float(gguf::float_to_bf16(NAN))));
+  for (std::uint32_t h = 0; h < 0x7C00; ++h)  // every finite half survives the round trip
+    ASSERT_EQ(gguf::float_to_half(gguf::half_to_float(static_cast<std::uint16_t>(h))), h);
+}
+
+TEST(GgufWrite, Q8_0ScalesEachBlockByItsLargestValue) {
+  std::vector<float> x(64);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16) / 4.0f;  // max |x| = 4: d = 4 / 127
+  // The second block is all zero: scale 0, every value 0.
+  const auto bytes = gguf::quantize(gguf::TensorType::q8_0, x);
+  ASSERT_EQ(bytes.size(), 68u);
+  EXPECT_EQ(bytes[0] | bytes[1] << 8, gguf::float_to_half(4.0f / 127.0f));
+  EXPECT_EQ(static_cast<std::int8_t>(bytes[2]), -127);       // x = -4
+  EXPECT_EQ(static_cast<std::int8_t>(bytes[2 + 16]), 0);     // x = 0
+  EXPECT_EQ(static_cast<std::int8_t>(bytes[2 + 18]), 16);    // x = 0.5: 15.875 rounds to 16
+  EXPECT_EQ(static_cast<std::int8_t>(bytes[2 + 31]), 119);   // x = 3.75: 119.06
+  EXPECT_EQ(bytes[34] | bytes[35] << 8, 0);
+  std::vector<float> back(64);
+  gguf::dequantize(gguf::TensorType::q8_0, bytes, back);
+  for (int j = 0; j < 64; ++j) EXPECT_NEAR(back[j], x[j], 2.0 / 127.0 + 1e-6) << j;
+  EXPECT_EQ(error_of([&] { gguf::quantize(gguf::TensorType::q8_0, std::vector<float>(33)); }),
+            "gguf: 33 values are not whole Q8_0 blocks of 32");
+  EXPECT_EQ(error_of([&] { gguf::quantize(gguf::TensorType::q4_1, std::vector<float>(32)); }),
+            "gguf: rlloop writes F32, F16, BF16 and Q8_0 tensors, not Q4_1");
+}
+
+TEST(GgufWrite, WhatIsWrittenReadsBackAsWritten) {
+  // The byte-built file's metadata (every type, nested arrays, alignment 64) and tensors, written again.
+  const auto source = gguf::File::open(write("source.gguf", valid_file()).string());
+  std::vector<gguf::TensorData> tensors;
+  for (const auto& t : source.tensors()) {
+    const auto bytes = source.bytes(t);
+    tensors.push_back({t.name, t.shape, t.type, {bytes.begin(), bytes.end()}});
+  }
+  const std::vector<float> values{1.0f, -0.5f, 3.0f, 1e-3f, 0.0f, 2.0f};
+  tensors.push_back({"w.half", {3, 2}, gguf::TensorType::f16, gguf::quantize(gguf::TensorType::f16, values)});
+  const fs::path out = fs::path(source.path()).parent_path() / "written.gguf";
+  gguf::write(out.string(), source.metadata(), tensors, 64);
+
+  const auto back = gguf::File::open(out.string());
+  EXPECT_EQ(back.version(), 3u);
+  EXPECT_EQ(back.alignment(), 64u);
+  ASSERT_EQ(back.metadata().size(), source.metadata().size());
+  for (const auto& [key, value] : source.metadata()) {
+    const auto* got = back.find(key);
+    ASSERT_NE(got, nullptr) << key;
+    EXPECT_EQ(got->v, value.v) << key;
+  }
+  ASSERT_EQ(back.tensors().size(), 3u);
+  for (const auto& t : source.tensors()) {
+    const auto& b = back.tensor(t.name);
+    EXPECT_EQ(b.shape, t.shape);
+    EXPECT_EQ(b.type, t.type);
+    EXPECT_EQ(b.offset % 64, 0u);
+    EXPECT_EQ(back.dequantize(b), source.dequantize(t)) << t.name;
+  }
+  const auto half = back.dequantize(back.tensor("w.half"));
+  for (std::size_t i = 0; i < values.size(); ++i) EXPECT_NEAR(half[i], values[i], 1e-6) << i;
+
+  // The default alignment leaves general.alignment out.
+  gguf::write(out.string(), {{"general.architecture", {std::string("llama")}}}, tensors);
+  const auto plain = gguf::File::open(out.string());
+  EXPECT_EQ(plain.alignment(), 32u);
+  EXPECT_EQ(plain.find("general.alignment"), nullptr);
+  EXPECT_EQ(plain.metadata().size(), 1u);
+}
+
+TEST(GgufWrite, BadInputIsAnErrorAndLeavesTheFileAsItWas) {
+  const fs::path dir = fs::path(write("keep.gguf", valid_file())).parent_path();
+  const std::string keep = (dir / "keep.gguf").string();
+  const gguf::TensorData f32{"w", {4}, gguf::TensorType::f32, std::vector<std::uint8_t>(16)};
+  struct Case {
+    std::string name;
+    std::map<std::string, gguf::Value> metadata;
+    std::vector<gguf::TensorData> tensors;
+    std::uint32_t alignment;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"duplicate", {}, {f32, f32}, 32, "gguf: tensor 'w' appears twice"},
+      {"short bytes", {}, {{"w", {8}, gguf::TensorType::f32, std::vector<std::uint8_t>(16)}}, 32,
+       "gguf: tensor 'w' of 8 F32 values takes 32 bytes, not 16"},
+      {"partial block", {}, {{"w", {16}, gguf::TensorType::q8_0, std::vector<std::uint8_t>(34)}}, 32,
+       "gguf: tensor 'w': rows of 16 are not whole Q8_0 blocks of 32"},
+      {"no dims", {}, {{"w", {}, gguf::TensorType::f32, {}}}, 32, "gguf: tensor 'w' has 0 dimensions (1 to 4 allowed)"},
+      {"mixed array", {{"a", {gguf::Array{{std::int32_t{1}}, {std::string("x")}}}}}, {}, 32,
+       "gguf: metadata 'a' mixes int32 and string in one array"},
+      {"alignment", {}, {f32}, 48, "gguf: the alignment must be a power of two, not 48"},
+  };
+  const auto before = gguf::File::open(keep).metadata().size();
+  for (const auto& c : cases) {
+    EXPECT_EQ(error_of([&] { gguf::write(keep, c.metadata, c.tensors, c.alignment); }), c.expected) << c.name;
+    EXPECT_EQ(gguf::File::open(keep).metadata().size(), before) << c.name;
+  }
+  const std::string nowhere = (dir / "no-such-dir" / "x.gguf").string();
+  const std::string error = error_of([&] { gguf::write(nowhere, {}, {f32}); });
+  EXPECT_NE(error.find("cannot write GGUF file '" + nowhere + "'"), std::string::npos) << error;
+  for (const auto& entry : fs::directory_iterator(dir))  // no temporary file left behind
+    EXPECT_EQ(entry.path().extension(), ".gguf") << entry.path();
+}
