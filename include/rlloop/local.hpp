@@ -124,6 +124,12 @@ class LocalSession {
   // Exports (run in order with the other operations): merged weights in HF layout, LoRA adapter in PEFT layout.
   Future<CheckpointRef> export_merged_model(const std::string& dir);
   Future<CheckpointRef> export_peft_adapter(const std::string& dir);
+  // In llama.cpp's format (GGUF files, written atomically): the LoRA adapters as a GGUF LoRA adapter that llama.cpp
+  // loads beside the base (`llama-cli -m base.gguf --lora adapter.gguf`), for llama, qwen2 and qwen3 bases; and the
+  // merged model as a GGUF model with matrices in `type` ("F32", "F16", "BF16" or "Q8_0"), for a GGUF base (the
+  // file keeps the base's tokenizer and chat template). A bad type or base is an error of the future.
+  Future<CheckpointRef> export_gguf_adapter(const std::string& path);
+  Future<CheckpointRef> export_gguf_model(const std::string& path, const std::string& type = "F16");
 
  private:
   struct Impl;

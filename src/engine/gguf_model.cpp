@@ -49,16 +49,39 @@ std::string hf_name(const gguf::File& file, const std::string& name) {
 }
 
 // llama.cpp's converter stores each head's q or k rows (and bias entries) interleaved ([d/2, 2] where Hugging Face
-// has [2, d/2]); this puts them back.
-torch::Tensor unpermute_rows(const torch::Tensor& w, std::int64_t heads) {
+// has [2, d/2]); `to_gguf` does that, the other way puts them back.
+torch::Tensor reorder_head_rows(const torch::Tensor& w, std::int64_t heads, bool to_gguf) {
   const auto rows = w.size(0);
   auto sizes = w.sizes().vec();
-  std::vector<std::int64_t> split{heads, rows / heads / 2, 2};
+  std::vector<std::int64_t> split = to_gguf ? std::vector<std::int64_t>{heads, 2, rows / heads / 2}
+                                            : std::vector<std::int64_t>{heads, rows / heads / 2, 2};
   split.insert(split.end(), sizes.begin() + 1, sizes.end());
   return w.reshape(split).transpose(1, 2).reshape(sizes).contiguous();
 }
 
 }  // namespace
+
+std::optional<std::string> gguf_tensor_name(const std::string& name) {
+  for (const auto& [g, hf] : kModelTensors)
+    if (name == hf) return g;
+  const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  const auto dot = name.find('.', prefix.size());
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string rest = name.substr(dot + 1);
+  for (const auto& [g, hf] : kBlockTensors)
+    if (rest == hf) return "blk." + name.substr(prefix.size(), dot - prefix.size()) + "." + g;
+  return std::nullopt;
+}
+
+torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t) {
+  if (config.model_type != "llama") return t;
+  if (gguf_name.ends_with(".attn_q.weight") || gguf_name.ends_with(".attn_q.bias"))
+    return reorder_head_rows(t, config.num_attention_heads, /*to_gguf=*/true);
+  if (gguf_name.ends_with(".attn_k.weight") || gguf_name.ends_with(".attn_k.bias"))
+    return reorder_head_rows(t, config.num_key_value_heads, /*to_gguf=*/true);
+  return t;
+}
 
 bool is_gguf_path(const std::string& path) {
   const std::filesystem::path p(path);
@@ -112,9 +135,9 @@ TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
     gguf::dequantize(t.type, file.bytes(t), std::span<float>(values.data_ptr<float>(), values.numel()));
     if (config.model_type == "llama") {  // weights and biases alike
       if (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_q.bias"))
-        values = unpermute_rows(values, config.num_attention_heads);
+        values = reorder_head_rows(values, config.num_attention_heads, /*to_gguf=*/false);
       if (t.name.ends_with(".attn_k.weight") || t.name.ends_with(".attn_k.bias"))
-        values = unpermute_rows(values, config.num_key_value_heads);
+        values = reorder_head_rows(values, config.num_key_value_heads, /*to_gguf=*/false);
     }
     out.emplace(name, std::move(values));
   }

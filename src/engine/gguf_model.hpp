@@ -4,6 +4,7 @@
 // Architectures llama, qwen2 and qwen3.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
@@ -28,5 +29,12 @@ ModelConfig gguf_model_config(const gguf::File& file);
 TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config);
 
 std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype);
+
+// llama.cpp's name for an engine (Hugging Face) tensor name, "model.layers.3.self_attn.q_proj.weight" ->
+// "blk.3.attn_q.weight"; nullopt for a name llama.cpp's llama, qwen2 and qwen3 models do not have.
+std::optional<std::string> gguf_tensor_name(const std::string& hf_name);
+// A tensor (or a LoRA B, whose rows are the weight's) in the row order llama.cpp's converter writes for
+// `gguf_name`: the llama family's q and k rows permuted for GGML's RoPE, everything else as it is.
+torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t);
 
 }  // namespace rlloop::engine

@@ -22,6 +22,7 @@
 #include "dist/codec.hpp"
 #include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
+#include "gguf_export.hpp"
 #include "gguf_model.hpp"
 #include "loss.hpp"
 #include "model_io.hpp"
@@ -583,6 +584,27 @@ Future<CheckpointRef> LocalSession::export_peft_adapter(const std::string& dir) 
   return impl_->lane->submit<CheckpointRef>([this, dir] {
     save_peft_adapter(*impl_->model, dir, impl_->options.base_model);
     return CheckpointRef{dir};
+  });
+}
+
+Future<CheckpointRef> LocalSession::export_gguf_adapter(const std::string& path) {
+  return impl_->lane->submit<CheckpointRef>([this, path] {
+    save_gguf_adapter(*impl_->model, path);
+    return CheckpointRef{path};
+  });
+}
+
+Future<CheckpointRef> LocalSession::export_gguf_model(const std::string& path, const std::string& type) {
+  return impl_->lane->submit<CheckpointRef>([this, path, type] {
+    const auto stored = gguf_export_type(type);
+    const std::string& base = impl_->resolved_base;
+    if (!is_gguf_path(base))
+      throw unsupported("export_gguf_model: the base model '" + impl_->options.base_model +
+                        "' is not a GGUF file, so there is no tokenizer metadata to carry into one; export the "
+                        "merged model in Hugging Face layout (export_merged_model) and convert it with llama.cpp's "
+                        "convert_hf_to_gguf.py");
+    save_gguf_model(*impl_->model, path, stored, gguf::File::open(base).metadata());
+    return CheckpointRef{path};
   });
 }
 

@@ -14,6 +14,9 @@
            untied embeddings, q/k norms) written to GGUF as llama.cpp's converter writes them (tensor names,
            metadata, the Llama q/k row permutation), in F32: rlloop's logits equal transformers' on the original
            Hugging Face model within 1e-5.
+           rlloop's GGUF exports of each with peft's adapter: the merged F32 model equals what llama.cpp's converter
+           writes for peft's merged model (names, layout, metadata; values within 1e-5), and the GGUF LoRA adapter
+           holds peft's tensors under convert_lora_to_gguf.py's names and layout, exactly, with peft's alpha.
   refused  a GGUF of another architecture, one with a tensor no rlloop model has (an MoE expert), one missing a
            block's tensors, and one whose tensor disagrees with its metadata's shape: errors naming the file and the
            tensor.
@@ -135,6 +138,73 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
     finish(w)
 
 
+def gguf_tensors(path):
+    """name -> float64 array in Hugging Face's axis order, from a GGUF file as gguf-py reads it."""
+    return {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(
+                list(reversed([int(d) for d in t.shape]))) for t in gguf.GGUFReader(path).tensors}
+
+
+def check_exports(tool, root, name, failures):
+    """rlloop's GGUF exports of a tiny model with peft's adapter against what llama.cpp's converters make of the
+    same weights: the merged F32 model against write_gguf on peft's merged model, the LoRA adapter against peft's
+    tensors under convert_lora_to_gguf.py's names and layout (the llama family's B rows permuted as q/k are)."""
+    model_dir, lora_dir = os.path.join(root, name), os.path.join(root, name + "-lora")
+    merged, adapter = os.path.join(root, name + "-export.gguf"), os.path.join(root, name + "-adapter.gguf")
+    run = subprocess.run([tool, model_dir, "1,2", "--adapter", lora_dir, "--export-gguf-model", merged,
+                          "--gguf-type", "F32", "--export-gguf-adapter", adapter], capture_output=True, text=True)
+    if run.returncode != 0:
+        failures.append(f"tiny {name}: GGUF export failed: {run.stderr.strip()}")
+        return
+    reference = os.path.join(root, name + "-converted.gguf")
+    write_gguf(os.path.join(root, name + "-merged"), reference)
+    mine, theirs = gguf_tensors(merged), gguf_tensors(reference)
+    worst = max((np.abs(mine[k] - theirs[k]).max() for k in theirs if k in mine and mine[k].shape == theirs[k].shape),
+                default=float("inf"))
+    if set(mine) != set(theirs) or any(mine[k].shape != theirs[k].shape for k in theirs) or not worst <= 1e-5:
+        failures.append(f"tiny {name}: merged GGUF export differs from the converter's: names "
+                        f"{sorted(set(mine) ^ set(theirs))}, max |difference| {worst:.1e}")
+    mine_meta = {k: f.contents() for k, f in gguf.GGUFReader(merged).fields.items() if not k.startswith("GGUF.")}
+    for key, field in gguf.GGUFReader(reference).fields.items():
+        if key.startswith("GGUF.") or key == "general.name":
+            continue
+        want = field.contents()
+        got = mine_meta.get(key)
+        if not (got == want or (isinstance(want, float) and got is not None and abs(got - want) <= 1e-6 * abs(want))):
+            failures.append(f"tiny {name}: merged GGUF export's {key} is {got!r}, the converter writes {want!r}")
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    lora_cfg = json.load(open(os.path.join(lora_dir, "adapter_config.json")))
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    expected = {}
+    for key, t in load_file(os.path.join(lora_dir, "adapter_model.safetensors")).items():
+        module, part = key[len("base_model.model."):].rsplit(".lora_", 1)
+        hf = module + ".weight"
+        if hf.startswith("model.layers."):
+            layer, rest = hf[len("model.layers."):].split(".", 1)
+            target = f"blk.{layer}.{BLOCK_NAMES[rest]}"
+        else:
+            target = MODEL_NAMES[hf]
+        a = t.double().numpy()
+        if part.startswith("B") and cfg["model_type"] == "llama" and target.endswith(".attn_q.weight"):
+            a = permute(a, heads, heads)
+        if part.startswith("B") and cfg["model_type"] == "llama" and target.endswith(".attn_k.weight"):
+            a = permute(a, heads, kv)
+        expected[f"{target}.lora_{part[0].lower()}"] = a
+    got = gguf_tensors(adapter)
+    fields = {k: f.contents() for k, f in gguf.GGUFReader(adapter).fields.items()}
+    worst = max((np.abs(got[k] - expected[k]).max()
+                 for k in expected if k in got and got[k].shape == expected[k].shape), default=float("inf"))
+    if set(got) != set(expected) or not worst == 0.0:
+        failures.append(f"tiny {name}: GGUF adapter differs from peft's tensors under llama.cpp's names: names "
+                        f"{sorted(set(got) ^ set(expected))}, max |difference| {worst:.1e}")
+    header = {"general.architecture": cfg["model_type"], "general.type": "adapter", "adapter.type": "lora",
+              "adapter.lora.alpha": float(lora_cfg["lora_alpha"])}
+    for key, want in header.items():
+        if fields.get(key) != want:
+            failures.append(f"tiny {name}: GGUF adapter's {key} is {fields.get(key)!r}, not {want!r}")
+    print(f"tiny {name:16s} GGUF exports: merged model as the converter writes it, adapter with {len(got)} tensors")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -182,6 +252,7 @@ def main():
             print(f"tiny {name:16s} max |difference| {diff:.1e}")
             if not diff <= TINY_TOLERANCE:
                 failures.append(f"tiny {name}: max |difference| {diff:.3e} > {TINY_TOLERANCE:.0e}")
+            check_exports(tool, root, name, failures)
         # Files rlloop cannot run are refused naming the file and what is missing.
         bad = {
             "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3)", lambda w: None),

@@ -1,13 +1,22 @@
-// hf_logits MODEL_DIR TOKENS [--adapter DIR] [--export-peft DIR] [--export-merged DIR]
+// hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--export-peft DIR]
+//           [--export-merged DIR] [--export-gguf-adapter FILE] [--export-gguf-model FILE] [--gguf-type TYPE]
 //
-// rlloop's side of hf_parity_test.py: loads a Hugging Face model directory (and a PEFT adapter) with the engine,
-// prints the fp32 logits for the comma-separated token ids as {"logits": [[...], ...]} (one row per position),
-// and optionally writes the adapter back in PEFT layout and the merged model in HF layout, for transformers and
-// peft to read.
+// rlloop's side of hf_parity_test.py, gguf_parity_test.py and llama_cpp_agreement.js: loads a Hugging Face model
+// directory or a GGUF file (and a PEFT adapter) with the engine, prints the fp32 logits for the comma-separated
+// token ids as {"logits": [[...], ...]} (one row per position), and optionally writes the adapter back in PEFT
+// layout and the merged model in HF layout, for transformers and peft to read, or both in llama.cpp's GGUF formats.
+//   --random-lora SEED  LoRA rank 8, alpha 16 on every linear layer, A as initialised and B drawn from N(0, 0.1²)
+//                       with SEED (an adapter whose effect is visible, without training one)
+//   --logprobs          instead of logits: TOKENS may hold several sequences separated by ';', and for each
+//                       {"logprobs": [...], "argmax": [...], "margin": [...]} per position t < T-1: the log-probability
+//                       of token t+1, the most likely next token, and its lead over the second in log-probability
+//   --gguf-type TYPE    the merged GGUF model's matrices: F32, F16 (default), BF16 or Q8_0
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +24,11 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <rlloop/gguf.hpp>
+
+#include "gguf_export.hpp"
+#include "gguf_model.hpp"
 #include "model_io.hpp"
 
 namespace {
@@ -22,13 +36,17 @@ namespace {
 using namespace rlloop::engine;
 
 constexpr const char* kUsage =
-    "usage: hf_logits MODEL_DIR TOKENS [--adapter DIR] [--export-peft DIR] [--export-merged DIR]\n"
-    "  TOKENS: comma-separated token ids, e.g. 1,5,9\n";
+    "usage: hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--export-peft DIR]\n"
+    "                 [--export-merged DIR] [--export-gguf-adapter FILE] [--export-gguf-model FILE] [--gguf-type T]\n"
+    "  TOKENS: comma-separated token ids, e.g. 1,5,9 (with --logprobs: sequences separated by ';')\n";
 
 struct Args {
   std::string model_dir;
-  std::vector<std::int64_t> tokens;
-  std::string adapter_dir, peft_export_dir, merged_export_dir;
+  std::vector<std::vector<std::int64_t>> sequences;
+  std::string adapter_dir, peft_export_dir, merged_export_dir, gguf_adapter_path, gguf_model_path;
+  std::string gguf_type = "F16";
+  std::optional<std::int64_t> random_lora_seed;
+  bool logprobs = false;
 };
 
 std::vector<std::int64_t> parse_tokens(const std::string& text) {
@@ -51,21 +69,71 @@ std::vector<std::int64_t> parse_tokens(const std::string& text) {
 }
 
 Args parse_args(int argc, char** argv) {
-  if (argc < 3) throw std::invalid_argument("expected MODEL_DIR and TOKENS");
-  Args args{argv[1], parse_tokens(argv[2]), "", "", ""};
-  for (int i = 3; i < argc; i += 2) {
+  if (argc < 3) throw std::invalid_argument("expected MODEL and TOKENS");
+  Args args;
+  args.model_dir = argv[1];
+  const std::string tokens = argv[2];
+  for (int i = 3; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a directory");
+    if (flag == "--logprobs") {
+      args.logprobs = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const std::string value = argv[++i];
     if (flag == "--adapter")
-      args.adapter_dir = argv[i + 1];
+      args.adapter_dir = value;
     else if (flag == "--export-peft")
-      args.peft_export_dir = argv[i + 1];
+      args.peft_export_dir = value;
     else if (flag == "--export-merged")
-      args.merged_export_dir = argv[i + 1];
+      args.merged_export_dir = value;
+    else if (flag == "--export-gguf-adapter")
+      args.gguf_adapter_path = value;
+    else if (flag == "--export-gguf-model")
+      args.gguf_model_path = value;
+    else if (flag == "--gguf-type")
+      args.gguf_type = value;
+    else if (flag == "--random-lora")
+      args.random_lora_seed = std::stoll(value);
     else
       throw std::invalid_argument("unknown option " + flag);
   }
+  std::size_t start = 0;
+  while (start <= tokens.size()) {
+    std::size_t end = tokens.find(';', start);
+    if (end == std::string::npos) end = tokens.size();
+    args.sequences.push_back(parse_tokens(tokens.substr(start, end - start)));
+    start = end + 1;
+  }
+  if (args.sequences.size() > 1 && !args.logprobs)
+    throw std::invalid_argument("several sequences (';') need --logprobs");
   return args;
+}
+
+// An adapter with a visible effect and no training: B, zero at initialisation, drawn from N(0, 0.1²).
+void add_random_lora(Transformer& model, std::int64_t seed) {
+  model.enable_lora({.rank = 8, .alpha = 16, .target_modules = {"all-linear"}}, seed);
+  auto adapters = model.peft_state_dict();
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
+  for (auto& [name, t] : adapters)
+    if (name.ends_with(".lora_B.weight")) t = torch::randn(t.sizes(), gen, torch::kFloat32) * 0.1;
+  model.load_peft_state_dict(adapters);
+}
+
+// Per position t < T-1: log p(token t+1), the argmax, and its lead over the runner-up (log-probabilities).
+nlohmann::json logprob_summary(const torch::Tensor& logits, const std::vector<std::int64_t>& tokens) {
+  const auto logp = torch::log_softmax(logits.to(torch::kFloat64), -1);
+  const auto top = logp.topk(2, -1);
+  const auto values = std::get<0>(top), indices = std::get<1>(top);
+  nlohmann::json out{{"logprobs", nlohmann::json::array()}, {"argmax", nlohmann::json::array()},
+                     {"margin", nlohmann::json::array()}};
+  for (std::size_t t = 0; t + 1 < tokens.size(); ++t) {
+    const auto row = static_cast<std::int64_t>(t);
+    out["logprobs"].push_back(logp[row][tokens[t + 1]].item<double>());
+    out["argmax"].push_back(indices[row][0].item<std::int64_t>());
+    out["margin"].push_back((values[row][0] - values[row][1]).item<double>());
+  }
+  return out;
 }
 
 // peft's adapter directory (save_pretrained of make_models.py: plain LoRA, one rank and alpha for every module)
@@ -112,9 +180,23 @@ int main(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     auto model = load_model(args.model_dir, torch::kCPU, torch::kFloat32);
     if (!args.adapter_dir.empty()) load_peft_adapter(*model, args.adapter_dir);
-    print_logits(model->forward(torch::tensor(args.tokens).unsqueeze(0))[0].contiguous());
+    if (args.random_lora_seed) add_random_lora(*model, *args.random_lora_seed);
+    if (args.logprobs) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& tokens : args.sequences)
+        out.push_back(logprob_summary(model->forward(torch::tensor(tokens).unsqueeze(0))[0], tokens));
+      std::printf("%s\n", out.dump().c_str());
+    } else {
+      print_logits(model->forward(torch::tensor(args.sequences[0]).unsqueeze(0))[0].contiguous());
+    }
     if (!args.peft_export_dir.empty()) save_peft_adapter(*model, args.peft_export_dir, args.model_dir);
     if (!args.merged_export_dir.empty()) save_model(*model, args.merged_export_dir);
+    if (!args.gguf_adapter_path.empty()) save_gguf_adapter(*model, args.gguf_adapter_path);
+    if (!args.gguf_model_path.empty()) {
+      std::map<std::string, rlloop::gguf::Value> carried;
+      if (is_gguf_path(args.model_dir)) carried = rlloop::gguf::File::open(args.model_dir).metadata();
+      save_gguf_model(*model, args.gguf_model_path, gguf_export_type(args.gguf_type), carried);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hf_logits: %s\n", e.what());
     return 1;

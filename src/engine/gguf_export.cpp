@@ -1,0 +1,130 @@
+#include "gguf_export.hpp"
+
+#include <cctype>
+#include <span>
+
+#include <rlloop/error.hpp>
+
+#include "gguf_model.hpp"
+
+namespace rlloop::engine {
+namespace {
+
+void check_architecture(const ModelConfig& config, const std::string& what) {
+  if (config.model_type != "llama" && config.model_type != "qwen2" && config.model_type != "qwen3")
+    throw unsupported(what + ": llama.cpp has no '" + config.model_type + "' models (llama, qwen2, qwen3)");
+}
+
+// A [rows, cols] (or [n]) tensor as GGUF stores it: its values in `type`, its shape fastest dimension first.
+gguf::TensorData tensor_data(const std::string& name, const torch::Tensor& t, gguf::TensorType type) {
+  const auto values = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  std::vector<std::int64_t> shape(values.sizes().rbegin(), values.sizes().rend());
+  const std::span<const float> flat(values.data_ptr<float>(), static_cast<std::size_t>(values.numel()));
+  return {name, shape, type, gguf::quantize(type, flat)};
+}
+
+std::string gguf_name_of(const std::string& hf_name, const std::string& what) {
+  const auto name = gguf_tensor_name(hf_name);
+  if (!name) throw unsupported(what + ": tensor '" + hf_name + "' has no name in llama.cpp's models");
+  return *name;
+}
+
+// llama.cpp's general.file_type (enum llama_ftype) for a model of `type` matrices.
+std::uint32_t file_type(gguf::TensorType type) {
+  switch (type) {
+    case gguf::TensorType::f32: return 0;
+    case gguf::TensorType::f16: return 1;
+    case gguf::TensorType::q8_0: return 7;
+    case gguf::TensorType::bf16: return 32;
+    default:
+      throw unsupported("GGUF export: models are written as F32, F16, BF16 or Q8_0, not " + gguf::to_string(type));
+  }
+}
+
+// The keys llama.cpp reads for the architecture, from the configuration.
+std::map<std::string, gguf::Value> architecture_metadata(const ModelConfig& c) {
+  const std::string a = c.model_type + ".";
+  auto u32 = [](std::int64_t v) { return gguf::Value{static_cast<std::uint32_t>(v)}; };
+  const std::int64_t head_dim = c.head_dim ? c.head_dim : c.hidden_size / c.num_attention_heads;
+  return {
+      {"general.architecture", {c.model_type}},
+      {a + "context_length", u32(c.max_position_embeddings)},
+      {a + "embedding_length", u32(c.hidden_size)},
+      {a + "block_count", u32(c.num_hidden_layers)},
+      {a + "feed_forward_length", u32(c.intermediate_size)},
+      {a + "attention.head_count", u32(c.num_attention_heads)},
+      {a + "attention.head_count_kv", u32(c.num_key_value_heads ? c.num_key_value_heads : c.num_attention_heads)},
+      {a + "attention.key_length", u32(head_dim)},
+      {a + "attention.value_length", u32(head_dim)},
+      {a + "rope.dimension_count", u32(head_dim)},
+      {a + "attention.layer_norm_rms_epsilon", {static_cast<float>(c.rms_norm_eps)}},
+      {a + "rope.freq_base", {static_cast<float>(c.rope_theta)}},
+      {a + "vocab_size", u32(c.vocab_size)},
+  };
+}
+
+}  // namespace
+
+gguf::TensorType gguf_export_type(const std::string& name) {
+  std::string upper = name;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (auto t : {gguf::TensorType::f32, gguf::TensorType::f16, gguf::TensorType::bf16, gguf::TensorType::q8_0})
+    if (gguf::to_string(t) == upper) return t;
+  throw invalid_argument("GGUF model export: type '" + name + "' is not one of F32, F16, BF16, Q8_0");
+}
+
+void save_gguf_adapter(const Transformer& model, const std::string& path) {
+  const std::string what = "GGUF adapter export";
+  if (!model.has_lora()) throw conflict(what + ": the model has no LoRA adapters");
+  const ModelConfig& config = model.config();
+  check_architecture(config, what);
+  const auto& lora = *model.lora_options();
+  std::vector<gguf::TensorData> tensors;
+  const std::string prefix = "base_model.model.", a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
+  const TensorMap adapters = model.peft_state_dict();
+  for (const auto& [name, a] : adapters) {
+    if (!name.ends_with(a_suffix)) continue;
+    const std::string module = name.substr(prefix.size(), name.size() - prefix.size() - a_suffix.size());
+    if (module == "lm_head" && config.tie_word_embeddings)
+      throw unsupported(what + ": an lm_head adapter on a model with tied embeddings (llama.cpp's model has no "
+                        "output matrix to adapt; export the merged model instead)");
+    const std::string target = gguf_name_of(module + ".weight", what);
+    const torch::Tensor& b = adapters.at(prefix + module + b_suffix);
+    tensors.push_back(tensor_data(target + ".lora_a", a, gguf::TensorType::f32));
+    tensors.push_back(tensor_data(target + ".lora_b", to_gguf_layout(config, target, b), gguf::TensorType::f32));
+  }
+  const std::map<std::string, gguf::Value> metadata = {
+      {"general.architecture", {config.model_type}},
+      {"general.type", {std::string("adapter")}},
+      {"adapter.type", {std::string("lora")}},
+      {"adapter.lora.alpha", {static_cast<float>(lora.alpha)}},
+  };
+  gguf::write(path, metadata, tensors);
+}
+
+void save_gguf_model(const Transformer& model, const std::string& path, gguf::TensorType type,
+                     const std::map<std::string, gguf::Value>& carried) {
+  const std::string what = "GGUF model export";
+  const ModelConfig& config = model.config();
+  check_architecture(config, what);
+  auto metadata = architecture_metadata(config);
+  metadata["general.file_type"] = gguf::Value{file_type(type)};
+  if (type == gguf::TensorType::q8_0) metadata["general.quantization_version"] = gguf::Value{std::uint32_t{2}};
+  // The base's keys for what this file does not describe otherwise (the tokenizer, the chat template, names);
+  // not its layout, its quantization or architecture keys, which the configuration above states.
+  for (const auto& [key, value] : carried)
+    if (key != "general.alignment" && key != "general.file_type" && key != "general.quantization_version" &&
+        !key.starts_with(config.model_type + "."))
+      metadata.emplace(key, value);
+
+  std::vector<gguf::TensorData> tensors;
+  for (const auto& [hf, t] : model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict()) {
+    const std::string name = gguf_name_of(hf, what);
+    gguf::TensorType stored = t.dim() == 1 ? gguf::TensorType::f32 : type;
+    if (stored == gguf::TensorType::q8_0 && t.size(-1) % 32 != 0) stored = gguf::TensorType::f16;
+    tensors.push_back(tensor_data(name, to_gguf_layout(config, name, t), stored));
+  }
+  gguf::write(path, metadata, tensors);
+}
+
+}  // namespace rlloop::engine

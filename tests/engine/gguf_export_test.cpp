@@ -1,0 +1,163 @@
+// Exports in llama.cpp's format from a session: a LoRA session on a small GGUF base (written here, Llama layout, so
+// that the q/k row order matters), trained a few steps, then its merged model as GGUF F32 / BF16 / Q8_0 loaded
+// back as a base with the adapted log-probabilities, and its GGUF LoRA adapter read back (names, shapes, alpha,
+// the base's weights plus the adapter equal to the merged export). Bad input is an error naming it, and the
+// session goes on. tests/hf/gguf_parity_test.py holds the layouts to llama.cpp's converters and
+// tests/hf/llama_cpp_agreement.js to llama.cpp itself.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include <rlloop/gguf.hpp>
+
+#include "gguf_export.hpp"
+#include "gguf_model.hpp"
+#include "session_util.hpp"
+
+using namespace rlloop;
+using namespace test_util;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A GGUF file's metadata for a byte-level BPE tokenizer over `vocab` ids: the 256 bytes, one merge, fillers.
+std::map<std::string, gguf::Value> tokenizer_metadata(std::int64_t vocab) {
+  gguf::Array tokens, types;
+  for (int b = 0; b < vocab; ++b) {
+    std::string t;
+    if (b < 256) {  // GPT-2's byte alphabet: printable bytes stand for themselves, the others for 256 + rank
+      const auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE; };
+      char32_t cp = static_cast<char32_t>(b);
+      if (!printable(b)) {
+        cp = 256;
+        for (int c = 0; c < b; ++c) cp += printable(c) ? 0 : 1;
+      }
+      t = cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                    : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    } else {
+      t = b == 256 ? "ab" : "<filler" + std::to_string(b) + ">";
+    }
+    tokens.push_back({t});
+    types.push_back({std::int32_t{1}});
+  }
+  return {{"tokenizer.ggml.model", {std::string("gpt2")}},
+          {"tokenizer.ggml.pre", {std::string("gpt-2")}},
+          {"tokenizer.ggml.tokens", {tokens}},
+          {"tokenizer.ggml.token_type", {types}},
+          {"tokenizer.ggml.merges", {gguf::Array{{std::string("a b")}}}},
+          {"tokenizer.ggml.eos_token_id", {std::uint32_t{10}}},
+          {"general.name", {std::string("tiny test base")}}};
+}
+
+// A small Llama with random weights (grouped-query attention: 4 heads over 2), written as a GGUF F32 base.
+std::string write_base(const fs::path& dir) {
+  engine::ModelConfig c;
+  c.model_type = "llama";
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 256;
+  c.validate();
+  torch::manual_seed(5);
+  engine::Transformer model(c, torch::TensorOptions().dtype(torch::kFloat32));
+  auto weights = model.hf_state_dict();
+  for (auto& [name, t] : weights)
+    t = name.find("norm") != std::string::npos ? 1 + 0.1 * torch::randn(t.sizes()) : 0.1 * torch::randn(t.sizes());
+  model.load_hf_state_dict(weights);
+  const std::string path = (dir / "base.gguf").string();
+  engine::save_gguf_model(model, path, gguf::TensorType::f32, tokenizer_metadata(c.vocab_size));
+  return path;
+}
+
+std::vector<Datum> batch() { return {sft_datum("12+30=42\n"), sft_datum("ab ab ab\n")}; }
+
+double max_difference(const ForwardBackwardOutput& a, const ForwardBackwardOutput& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < batch().size(); ++i) {
+    const auto x = a.logprobs(i), y = b.logprobs(i);
+    for (std::size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(GgufExport, MergedModelsLoadBackWithTheAdaptedLogprobsAndTheAdapterHoldsTheDifference) {
+  const auto dir = temp_dir("gguf-export", "merged");
+  const std::string base_path = write_base(dir);
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  auto lora = service.create_lora_training_client(base_path, {.rank = 4, .alpha = 8, .seed = 2});
+  for (int s = 0; s < 4; ++s) {
+    lora.forward_backward(batch(), LossSpec::cross_entropy());
+    lora.optim_step(AdamParams{.learning_rate = 2e-2});
+  }
+  const auto trained = lora.forward(batch(), LossSpec::cross_entropy()).get();
+  const auto untrained = service.create_full_training_client(base_path).forward(batch(), LossSpec::cross_entropy());
+  ASSERT_GT(max_difference(trained, untrained.get()), 0.1);  // the adapters matter
+
+  // Merged: F32 is the adapted model up to rounding; BF16 and Q8_0 within their precision.
+  const std::map<std::string, double> tolerance = {{"F32", 1e-5}, {"BF16", 0.1}, {"Q8_0", 0.05}};
+  for (const auto& [type, tol] : tolerance) {
+    const std::string path = (dir / ("merged-" + type + ".gguf")).string();
+    EXPECT_EQ(lora.session().export_gguf_model(path, type).get().path, path);
+    const auto file = gguf::File::open(path);
+    EXPECT_EQ(file.string("general.name"), "tiny test base");  // carried from the base
+    EXPECT_EQ(file.strings("tokenizer.ggml.tokens").size(), 300u);
+    EXPECT_EQ(file.tensor("blk.0.ffn_up.weight").type, engine::gguf_export_type(type));
+    EXPECT_EQ(file.tensor("blk.0.attn_norm.weight").type, gguf::TensorType::f32);  // vectors stay F32
+    const auto merged = service.create_full_training_client(path).forward(batch(), LossSpec::cross_entropy()).get();
+    EXPECT_LE(max_difference(merged, trained), tol) << type;
+  }
+
+  // The adapter: A [rank, in] and B [out, rank] per adapted matrix under llama.cpp's names, alpha 8; the base's
+  // weight plus alpha / rank * B A (B's rows in the file's order, as the base's) is the merged F32 export's weight.
+  const std::string adapter_path = (dir / "adapter.gguf").string();
+  lora.session().export_gguf_adapter(adapter_path).get();
+  const auto adapter = gguf::File::open(adapter_path);
+  EXPECT_EQ(adapter.string("general.type"), "adapter");
+  EXPECT_EQ(adapter.string("adapter.type"), "lora");
+  EXPECT_EQ(adapter.string("general.architecture"), "llama");
+  EXPECT_EQ(adapter.number("adapter.lora.alpha"), 8.0);
+  EXPECT_EQ(adapter.tensors().size(), 2u * 7 * 2);  // A and B, 7 matrices, 2 layers
+  const auto base = gguf::File::open(base_path), merged = gguf::File::open((dir / "merged-F32.gguf").string());
+  for (const char* name : {"blk.1.attn_q.weight", "blk.0.attn_k.weight", "blk.1.ffn_down.weight"}) {
+    const auto& a = adapter.tensor(std::string(name) + ".lora_a");
+    const auto& b = adapter.tensor(std::string(name) + ".lora_b");
+    const auto& w = base.tensor(name);
+    EXPECT_EQ(a.shape, (std::vector<std::int64_t>{w.shape[0], 4})) << name;
+    EXPECT_EQ(b.shape, (std::vector<std::int64_t>{4, w.shape[1]})) << name;
+    auto as_matrix = [](const gguf::File& f, const gguf::TensorInfo& t) {
+      return torch::tensor(f.dequantize(t)).reshape({t.shape[1], t.shape[0]});
+    };
+    const auto expected = as_matrix(base, w) + 2.0 * as_matrix(adapter, b).matmul(as_matrix(adapter, a));
+    EXPECT_LE((expected - as_matrix(merged, merged.tensor(name))).abs().max().item<double>(), 1e-6) << name;
+  }
+}
+
+TEST(GgufExport, BadRequestsNameWhatIsWrongAndTheSessionGoesOn) {
+  const auto dir = temp_dir("gguf-export", "errors");
+  const std::string base_path = write_base(dir);
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  auto lora = service.create_lora_training_client(base_path, {.rank = 4, .alpha = 8});
+  const std::string out = (dir / "out.gguf").string();
+  EXPECT_EQ(error_of([&] { lora.session().export_gguf_model(out, "Q4_K").get(); }),
+            "GGUF model export: type 'Q4_K' is not one of F32, F16, BF16, Q8_0");
+  auto full = service.create_full_training_client(base_path);
+  EXPECT_EQ(error_of([&] { full.session().export_gguf_adapter(out).get(); }),
+            "GGUF adapter export: the model has no LoRA adapters");
+  auto builtin = service.create_lora_training_client("rlloop-tiny", {.rank = 4, .alpha = 8});
+  EXPECT_NE(error_of([&] { builtin.session().export_gguf_model(out).get(); })
+                .find("the base model 'rlloop-tiny' is not a GGUF file"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(lora.session().export_gguf_model(out, "f16").get().path, out);  // the type in any case
+  EXPECT_EQ(gguf::File::open(out).tensor("blk.0.attn_q.weight").type, gguf::TensorType::f16);
+  EXPECT_EQ(lora.forward(batch(), LossSpec::cross_entropy()).get().logprobs(0).size(), 8u);
+}
