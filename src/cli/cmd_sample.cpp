@@ -1,4 +1,5 @@
-// `rlloop sample --model DIR --prompt TEXT`: a quick look at what a model writes.
+// `rlloop sample --model DIR --prompt TEXT`: a quick look at what a model writes, and with --timing how fast.
+#include <chrono>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@ int run(int argc, char** argv) {
   rlloop::SamplingParams params{.max_tokens = 64};
   std::int64_t seed = 0;
   int threads = 0;
+  bool timing = false;
   app.add_option("--model", model, "model directory (config.json + safetensors) or built-in name")->required();
   app.add_option("--prompt", prompt, "prompt text")->required();
   app.add_option("--checkpoint", checkpoint, "a save_state / save_weights_for_sampler directory to load");
@@ -31,6 +33,8 @@ int run(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", precision, "fp32 or bf16 (CPU decoding; bf16 is faster with AVX512_BF16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--timing", timing,
+               "print the tokens sampled per second (after a warm-up request; the model load is not counted)");
   CLI11_PARSE(app, argc, argv);
   params.seed = seed;
 
@@ -44,13 +48,25 @@ int run(int argc, char** argv) {
   if (!checkpoint.empty()) tc.load_state(checkpoint, false).get();
   auto tokenizer = rlloop::load_tokenizer(tc);
   auto ids = tokenizer->encode(prompt);
-  auto resp = tc.live_sampling_client().sample(rlloop::ModelInput::from_tokens(ids), num_samples, params).get();
+  auto sampler = tc.live_sampling_client();
+  const auto input = rlloop::ModelInput::from_tokens(ids);
+  // The first request builds the sampler's weights; timing it would measure that, not sampling.
+  if (timing) sampler.sample(input, 1, {.max_tokens = 2}).get();
+  const auto start = std::chrono::steady_clock::now();
+  auto resp = sampler.sample(input, num_samples, params).get();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (std::size_t i = 0; i < resp.sequences.size(); ++i) {
     const auto& s = resp.sequences[i];
     double sum = 0;
     for (double lp : s.logprobs) sum += lp;
     std::printf("--- sample %zu (%zu tokens, stop: %s, logprob %.3f)\n%s%s\n", i, s.tokens.size(),
                 rlloop::to_string(s.stop_reason), sum, prompt.c_str(), tokenizer->decode(s.tokens).c_str());
+  }
+  if (timing) {
+    std::size_t tokens = 0;
+    for (const auto& s : resp.sequences) tokens += s.tokens.size();
+    std::printf("timing: %zu sequences, %zu tokens sampled in %.3f s (prompt of %zu tokens prefilled once): %.1f "
+                "tokens/s\n", resp.sequences.size(), tokens, seconds, ids.size(), static_cast<double>(tokens) / seconds);
   }
   return 0;
 }
