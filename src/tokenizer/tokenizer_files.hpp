@@ -1,7 +1,8 @@
 // Readers for tokenizer files on disk: Hugging Face tokenizer.json, GPT-2 encoder.json + vocab.bpe, and the
-// tokenizer in a GGUF file's metadata.
+// tokenizer in a GGUF file's metadata (byte-level BPE or SentencePiece).
 #pragma once
 #include <filesystem>
+#include <memory>
 
 #include "bpe_tokenizer.hpp"
 
@@ -20,6 +21,9 @@ BpeSpec read_gpt2_files(const std::filesystem::path& dir);
 // added tokens, user-defined ones plain added tokens. Throws like read_tokenizer_json, and unsupported for another
 // model or pre-tokenizer, naming it and the file.
 BpeSpec read_gguf_tokenizer(const std::filesystem::path& path);
+// The tokenizer of a GGUF file, whichever model it is: "gpt2" (read_gguf_tokenizer) or "llama" (SentencePiece,
+// spm_tokenizer.hpp). Throws as read_gguf_tokenizer.
+std::shared_ptr<const Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path);
 
 // A token written in the byte-level alphabet (GPT-2's bytes_to_unicode) as its raw bytes; invalid_argument naming
 // `source` when it is not written in that alphabet.

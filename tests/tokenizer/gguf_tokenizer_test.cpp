@@ -186,11 +186,11 @@ TEST(GgufTokenizer, TheChatTemplateChoosesTheRenderer) {
 
 TEST(GgufTokenizer, UnsupportedAndMalformedFilesNameTheFileAndTheField) {
   test::TempDir dir;
-  GgufTokenizer spm;
-  spm.model = "llama";
-  const auto spm_path = spm.write(dir, "spm.gguf");
-  EXPECT_THROW(load_tokenizer(spm_path), unsupported);
-  EXPECT_NE(error_of([&] { load_tokenizer(spm_path); }).find("tokenizer.ggml.model 'llama' is not supported"),
+  GgufTokenizer bert;
+  bert.model = "bert";
+  const auto bert_path = bert.write(dir, "bert.gguf");
+  EXPECT_THROW(load_tokenizer(bert_path), unsupported);
+  EXPECT_NE(error_of([&] { load_tokenizer(bert_path); }).find("tokenizer.ggml.model 'bert' is not supported"),
             std::string::npos);
   GgufTokenizer falcon;
   falcon.pre = "falcon";

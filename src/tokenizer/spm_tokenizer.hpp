@@ -1,0 +1,63 @@
+// SentencePiece-style BPE as llama.cpp runs it for the GGUF "llama" tokenizer model (Llama 2, TinyLlama, Mistral
+// v0.1): spaces written as U+2581 ("▁") with one prepended to each stretch of text that starts the input or follows
+// a special token, then the adjacent pair whose concatenation is a vocabulary piece with the highest score merged,
+// again and again; characters no piece covers become byte tokens (<0x41>).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <rlloop/tokenizer.hpp>
+
+namespace rlloop::tokenizer_detail {
+
+// llama.cpp's token types (llama_token_type), as tokenizer.ggml.token_type stores them.
+enum class PieceType : std::int32_t { normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+
+struct SpmPiece {
+  std::string text;  // as the vocabulary writes it: "▁the", "<0x0A>", "<s>"
+  float score = 0;
+  PieceType type = PieceType::normal;
+};
+
+struct SpmSpec {
+  std::string source;  // the file it came from, for error messages
+  std::vector<SpmPiece> pieces;  // by id
+  bool add_space_prefix = true;
+  std::optional<token_id> eos;
+  std::optional<token_id> unk;
+};
+
+class SpmTokenizer final : public Tokenizer {
+ public:
+  // Throws invalid_argument naming the source for duplicate pieces or ids out of range.
+  explicit SpmTokenizer(SpmSpec spec);
+
+  // Control and unknown pieces written in the text are matched when allow_special is set, user-defined ones always
+  // (the longest at the leftmost place). No BOS is added: chat renderers and callers write it.
+  std::vector<token_id> encode(std::string_view text, bool allow_special = true) const override;
+  // Pieces with "▁" as spaces, byte pieces as their bytes, control and unknown ones as their text unless skipped;
+  // the first piece loses one leading space (the prefix encode added), as llama.cpp's detokenizer does.
+  std::string decode(std::span<const token_id> ids, bool skip_special = false) const override;
+  std::int64_t vocab_size() const override { return static_cast<std::int64_t>(pieces_.size()); }
+  std::optional<token_id> token_to_id(std::string_view token) const override;
+  std::optional<token_id> eos_token_id() const override { return eos_; }
+
+ private:
+  void encode_text(std::string_view text, bool space_prefix, std::vector<token_id>& out) const;
+  void emit_symbol(std::string_view symbol, std::vector<token_id>& out) const;
+  const SpmPiece* match_special(std::string_view text, std::size_t at, bool allow_special, token_id& id) const;
+  std::optional<token_id> find(std::string_view text) const;
+
+  std::string source_;
+  std::vector<SpmPiece> pieces_;
+  std::unordered_map<std::string, token_id> ids_;  // every piece's text, as llama.cpp's text_to_token
+  std::vector<token_id> specials_;                 // control, unknown and user-defined pieces, longest first
+  std::vector<token_id> byte_ids_;                 // <0xXX> per byte, -1 where absent
+  bool add_space_prefix_ = true;
+  std::optional<token_id> eos_, unk_;
+};
+
+}  // namespace rlloop::tokenizer_detail

@@ -1,0 +1,143 @@
+// The GGUF "llama" tokenizer (SentencePiece pieces with scores, as llama.cpp runs it) on a small vocabulary
+// written here: the space prefix and "▁", merges by score rather than by position, byte pieces for what no piece
+// covers, special and user-defined pieces, decoding, and malformed files. scripts/tokenizer/gguf_spm_match.js holds
+// it to llama.cpp itself on Llama 2's vocabulary.
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <rlloop/error.hpp>
+#include <rlloop/gguf.hpp>
+
+#include "test_support.hpp"
+
+namespace rlloop {
+namespace {
+
+using V = std::vector<token_id>;
+const std::string kSpace = "\xE2\x96\x81";
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// <unk> <s> </s>, the 256 byte pieces (ids 3..258), then ordinary pieces with their scores and <tool>.
+struct SpmVocab {
+  std::vector<std::string> tokens{"<unk>", "<s>", "</s>"};
+  std::vector<float> scores{0, 0, 0};
+  std::vector<std::int32_t> types{2, 3, 3};
+  SpmVocab() {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      add(name, 0, 6);
+    }
+    // Scores chosen so that the best merge is not the leftmost: "▁abc" becomes "▁" + "abc" ("bc" first).
+    for (auto [piece, score] : {std::pair{kSpace, -6.0f}, {"a", -7.0f}, {"b", -7.0f}, {"c", -7.0f},
+                                {kSpace + "a", -5.0f}, {"ab", -3.0f}, {"bc", -1.0f}, {"abc", -2.0f},
+                                {kSpace + "ab", -4.0f}, {"x", -7.0f}})
+      add(piece, score, 1);
+    add("<tool>", 0, 4);
+  }
+  void add(const std::string& t, float score, std::int32_t type) {
+    tokens.push_back(t);
+    scores.push_back(score);
+    types.push_back(type);
+  }
+  token_id id(const std::string& t) const {
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] == t) return static_cast<token_id>(i);
+    ADD_FAILURE() << "no piece " << t;
+    return -1;
+  }
+  std::map<std::string, gguf::Value> metadata() const {
+    gguf::Array t, s, ty;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      t.push_back({tokens[i]});
+      s.push_back({scores[i]});
+      ty.push_back({types[i]});
+    }
+    return {{"general.architecture", {std::string("llama")}}, {"tokenizer.ggml.model", {std::string("llama")}},
+            {"tokenizer.ggml.tokens", {t}}, {"tokenizer.ggml.scores", {s}}, {"tokenizer.ggml.token_type", {ty}}};
+  }
+  std::string write(const test::TempDir& dir, const std::string& name,
+                    const std::map<std::string, gguf::Value>& changes = {}) const {
+    auto m = metadata();
+    for (const auto& [k, v] : changes) m[k] = v;
+    const std::string path = (dir.path / name).string();
+    gguf::write(path, m, {});
+    return path;
+  }
+};
+
+TEST(SpmTokenizer, MergesTheBestScoredPairFirstAndFallsBackToBytes) {
+  test::TempDir dir;
+  const SpmVocab v;
+  const auto tok = load_tokenizer(v.write(dir, "spm.gguf"));
+  // "▁abc": "bc" (-1) merges first, then "abc" (-2); "▁a" and "ab" were the leftmost pairs but scored lower.
+  EXPECT_EQ(tok->encode("abc"), (V{v.id(kSpace), v.id("abc")}));
+  // Spaces are "▁"; "▁ab" (-4) wins over "ab" + "▁a" once "bc" is not there to take the "b".
+  EXPECT_EQ(tok->encode("x ab"), (V{v.id(kSpace), v.id("x"), v.id(kSpace + "ab")}));
+  // "é" has no piece: its two UTF-8 bytes as byte pieces.
+  EXPECT_EQ(tok->encode("\xC3\xA9"), (V{v.id(kSpace), v.id("<0xC3>"), v.id("<0xA9>")}));
+  EXPECT_EQ(tok->vocab_size(), static_cast<std::int64_t>(v.tokens.size()));
+  EXPECT_EQ(tok->eos_token_id(), 2);  // llama.cpp's default for this model
+  EXPECT_EQ(tok->token_to_id(kSpace + "ab"), v.id(kSpace + "ab"));
+  EXPECT_EQ(tok->token_to_id(" ab"), v.id(kSpace + "ab"));  // the raw text finds the piece
+}
+
+TEST(SpmTokenizer, SpecialPiecesSplitTheTextAndEachStretchAfterOneGetsTheSpacePrefix) {
+  test::TempDir dir;
+  const SpmVocab v;
+  const auto tok = load_tokenizer(v.write(dir, "spm.gguf"));
+  const token_id s = v.id("<s>"), end = v.id("</s>"), tool = v.id("<tool>"), space = v.id(kSpace);
+  EXPECT_EQ(tok->encode("<s>abc</s>x"), (V{s, space, v.id("abc"), end, space, v.id("x")}));
+  // Not matched as special: "<", "s", ">" have no pieces and become bytes; user-defined <tool> is still matched.
+  const V as_text = tok->encode("<s><tool>x", false);
+  EXPECT_EQ(as_text, (V{space, v.id("<0x3C>"), v.id("<0x73>"), v.id("<0x3E>"), tool, space, v.id("x")}));
+  // Without the space prefix only the spaces in the text become "▁".
+  const auto plain = load_tokenizer(v.write(dir, "plain.gguf", {{"tokenizer.ggml.add_space_prefix", {false}}}));
+  EXPECT_EQ(plain->encode("abc"), (V{v.id("abc")}));
+  EXPECT_EQ(plain->encode("x abc"), (V{v.id("x"), space, v.id("abc")}));
+}
+
+TEST(SpmTokenizer, DecodesPiecesBytesAndSpecialsAsLlamaCppDoes) {
+  test::TempDir dir;
+  const SpmVocab v;
+  const auto tok = load_tokenizer(v.write(dir, "spm.gguf"));
+  for (const char* text : {"abc", "x ab  abc", "\xC3\xA9 x"}) EXPECT_EQ(tok->decode(tok->encode(text)), text) << text;
+  // The first piece loses the one space the prefix added; control pieces show unless skipped, <tool> always.
+  EXPECT_EQ(tok->decode(tok->encode("<s>abc</s><tool>")), "<s> abc</s><tool>");
+  EXPECT_EQ(tok->decode(tok->encode("<s>abc</s><tool>"), true), " abc<tool>");
+  EXPECT_EQ(error_of([&] { tok->decode(V{100000}); }).find("decode: token id 100000 is out of range"), 0u);
+}
+
+TEST(SpmTokenizer, MalformedVocabulariesNameTheFileAndTheField) {
+  test::TempDir dir;
+  const SpmVocab v;
+  const std::string scores = error_of([&] {
+    load_tokenizer(v.write(dir, "scores.gguf", {{"tokenizer.ggml.scores", {gguf::Array{{1.0f}}}}}));
+  });
+  EXPECT_NE(scores.find("scores.gguf': tokenizer.ggml.scores must be an array of"), std::string::npos) << scores;
+  SpmVocab bad_type = v;
+  bad_type.types[5] = 9;
+  EXPECT_NE(error_of([&] { load_tokenizer(bad_type.write(dir, "type.gguf")); }).find("token 5 has type 9"),
+            std::string::npos);
+  SpmVocab bad_byte = v;
+  bad_byte.tokens[3] = "<0xZZ>";
+  EXPECT_NE(error_of([&] { load_tokenizer(bad_byte.write(dir, "byte.gguf")); }).find("byte piece 3 is '<0xZZ>'"),
+            std::string::npos);
+  const std::string eos = error_of([&] {
+    load_tokenizer(v.write(dir, "eos.gguf", {{"tokenizer.ggml.eos_token_id", {std::uint32_t{70000}}}}));
+  });
+  EXPECT_NE(eos.find("tokenizer.ggml.eos_token_id 70000 is not a token id"), std::string::npos) << eos;
+}
+
+}  // namespace
+}  // namespace rlloop
