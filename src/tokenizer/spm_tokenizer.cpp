@@ -173,7 +173,6 @@ void SpmTokenizer::emit_symbol(std::string_view symbol, std::vector<token_id>& o
 std::string SpmTokenizer::decode(std::span<const token_id> ids, bool skip_special) const {
   std::string out;
   out.reserve(ids.size() * 4);
-  bool strip = add_space_prefix_;
   for (token_id id : ids) {
     if (id < 0 || static_cast<std::size_t>(id) >= pieces_.size())
       throw invalid_argument("decode: token id " + std::to_string(id) + " is out of range [0, " +
@@ -204,8 +203,6 @@ std::string SpmTokenizer::decode(std::span<const token_id> ids, bool skip_specia
       case PieceType::unused:
         break;
     }
-    if (strip && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
-    strip = false;
     out += piece;
   }
   return out;

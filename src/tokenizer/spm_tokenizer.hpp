@@ -38,8 +38,10 @@ class SpmTokenizer final : public Tokenizer {
   // Control and unknown pieces written in the text are matched when allow_special is set, user-defined ones always
   // (the longest at the leftmost place). No BOS is added: chat renderers and callers write it.
   std::vector<token_id> encode(std::string_view text, bool allow_special = true) const override;
-  // Pieces with "▁" as spaces, byte pieces as their bytes, control and unknown ones as their text unless skipped;
-  // the first piece loses one leading space (the prefix encode added), as llama.cpp's detokenizer does.
+  // Pieces with "▁" as spaces, byte pieces as their bytes, control and unknown ones as their text unless skipped.
+  // Concatenative, as every rlloop tokenizer: decode(a) + decode(b) == decode(a + b), which streaming decoders
+  // rely on. So the space prefix encode added stays (" Hello"), where llama.cpp's detokenizer and Hugging Face's
+  // decoder drop one leading space from a whole sequence ("Hello").
   std::string decode(std::span<const token_id> ids, bool skip_special = false) const override;
   std::int64_t vocab_size() const override { return static_cast<std::int64_t>(pieces_.size()); }
   std::optional<token_id> token_to_id(std::string_view token) const override;
