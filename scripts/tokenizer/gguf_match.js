@@ -17,8 +17,8 @@
 const fs = require('fs');
 const path = require('path');
 const { pathToFileURL } = require('url');
-const { spawnSync } = require('child_process');
 const { buildCorpus, CHAT_CONVERSATIONS, DEFAULT_GSM8K, DEFAULT_NPM, REPO } = require('./corpus.js');
+const { tokenizeWith, comparer } = require('./match_util.js');
 
 const arg = (n, d) => (process.argv.indexOf(n) >= 0 ? process.argv[process.argv.indexOf(n) + 1] : d);
 const rlloop = arg('--rlloop');
@@ -37,31 +37,8 @@ if (!rlloop || !fs.existsSync(rlloop)) {
   process.exit(1);
 }
 
-// `rlloop tokenize` over lines of JSON; the parsed output lines.
-function runTokenize(flags, values) {
-  const input = values.map((v) => JSON.stringify(v)).join('\n') + '\n';
-  const r = spawnSync(rlloop, ['tokenize', '--tokenizer', model, ...flags], { input, maxBuffer: 1 << 30 });
-  if (r.status !== 0) {
-    console.error(`gguf_match: rlloop tokenize ${flags.join(' ')} failed (${r.status}): ${r.stderr}`);
-    process.exit(1);
-  }
-  const lines = r.stdout.toString('utf8').split('\n');
-  lines.pop();
-  return lines.map((l) => JSON.parse(l));
-}
-
-let failures = 0;
-function compare(label, inputs, got, want) {
-  let bad = 0;
-  for (let i = 0; i < inputs.length; ++i) {
-    if (JSON.stringify(got[i]) === JSON.stringify(want[i])) continue;
-    if (++bad <= 5)
-      console.error(`MISMATCH [${label}] input=${JSON.stringify(inputs[i]).slice(0, 200)}\n` +
-                    `  rlloop:    ${JSON.stringify(got[i]).slice(0, 300)}\n  llama.cpp: ${JSON.stringify(want[i]).slice(0, 300)}`);
-  }
-  console.log(`${bad ? 'FAIL' : 'ok  '} ${label}: ${inputs.length - bad}/${inputs.length} identical`);
-  failures += bad;
-}
+const runTokenize = (flags, values) => tokenizeWith(rlloop, 'gguf_match')(model, flags, values);
+const { compare, failures } = comparer('llama.cpp');
 
 async function main() {
   let getLlama, Template;
@@ -99,8 +76,8 @@ async function main() {
     compare(`chat template (--chat auto, generation prompt ${gen})`, convs,
             got.map((g) => ({ text: g.text, tokens: g.tokens })), want);
   }
-  if (failures) {
-    console.error(`gguf_match: FAILED (${failures} mismatches)`);
+  if (failures()) {
+    console.error(`gguf_match: FAILED (${failures()} mismatches)`);
     process.exit(1);
   }
   console.log('gguf_match: all identical');

@@ -3,7 +3,6 @@
 // chat renderer a template calls for, and each malformed or unsupported file named in its error.
 // scripts/tokenizer/gguf_match.js holds the real SmolLM2 file to llama.cpp's own tokenizer.
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,14 +16,7 @@ namespace {
 
 using V = std::vector<token_id>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // Byte b in GPT-2's byte-level alphabet (printable bytes stand for themselves, the rest for 256 + their rank).
 std::string byte_level(int b) {

@@ -3,7 +3,6 @@
 // covers, special and user-defined pieces, decoding, and malformed files. scripts/tokenizer/gguf_spm_match.js holds
 // it to llama.cpp itself on Llama 2's vocabulary.
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,14 +17,7 @@ namespace {
 using V = std::vector<token_id>;
 const std::string kSpace = "\xE2\x96\x81";
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // <unk> <s> </s>, the 256 byte pieces (ids 3..258), then ordinary pieces with their scores and <tool>.
 struct SpmVocab {

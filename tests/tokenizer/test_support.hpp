@@ -1,8 +1,9 @@
-// Paths of the real tokenizer files (installed by scripts/setup.sh --tests) and a temp-dir helper.
+// Paths of the real tokenizer files (installed by scripts/setup.sh --tests), a temp-dir helper, errors as text.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -26,6 +27,16 @@ inline std::shared_ptr<const Tokenizer> qwen3() {
 inline std::shared_ptr<const Tokenizer> gpt2() {
   static std::shared_ptr<const Tokenizer> t = load_tokenizer(gpt2_dir().string());
   return t;
+}
+
+// The message of what fn throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 struct TempDir {
