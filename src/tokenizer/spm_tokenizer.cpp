@@ -1,7 +1,6 @@
 #include "spm_tokenizer.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <queue>
 
 #include <rlloop/error.hpp>
@@ -16,6 +15,19 @@ constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's 
 std::size_t utf8_length(unsigned char lead) {
   static constexpr std::size_t by_high_bits[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
   return by_high_bits[lead >> 4];
+}
+
+// The byte a piece "<0x41>" stands for (two hex digits, either case), or -1 for any other text.
+int byte_piece_value(const std::string& text) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (text.size() != 6 || text.compare(0, 3, "<0x") != 0 || text[5] != '>') return -1;
+  const int high = hex(text[3]), low = hex(text[4]);
+  return high < 0 || low < 0 ? -1 : high * 16 + low;
 }
 
 }  // namespace
@@ -36,11 +48,11 @@ SpmTokenizer::SpmTokenizer(SpmSpec spec)
       if (!p.text.empty()) specials_.push_back(id);
     }
     if (p.type == PieceType::byte) {
-      unsigned value = 0;
-      if (p.text.size() != 6 || std::sscanf(p.text.c_str(), "<0x%2X>", &value) != 1)
+      const int value = byte_piece_value(p.text);
+      if (value < 0)
         throw invalid_argument("load_tokenizer: '" + source_ + "': byte piece " + std::to_string(id) + " is '" +
                                p.text + "', not <0xXX>");
-      byte_ids_[value] = id;
+      byte_ids_[static_cast<std::size_t>(value)] = id;
     }
   }
   std::stable_sort(specials_.begin(), specials_.end(), [&](token_id a, token_id b) {
@@ -198,7 +210,7 @@ std::string SpmTokenizer::decode(std::span<const token_id> ids, bool skip_specia
         }
         break;
       case PieceType::byte:
-        piece += static_cast<char>(std::stoi(p.text.substr(3, 2), nullptr, 16));
+        piece += static_cast<char>(byte_piece_value(p.text));  // checked when the vocabulary was read
         break;
       case PieceType::unused:
         break;

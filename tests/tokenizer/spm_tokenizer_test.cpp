@@ -3,6 +3,9 @@
 // covers, special and user-defined pieces, decoding, and malformed files. scripts/tokenizer/gguf_spm_match.js holds
 // it to llama.cpp itself on Llama 2's vocabulary.
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -127,14 +130,49 @@ TEST(SpmTokenizer, MalformedVocabulariesNameTheFileAndTheField) {
   bad_type.types[5] = 9;
   EXPECT_NE(error_of([&] { load_tokenizer(bad_type.write(dir, "type.gguf")); }).find("token 5 has type 9"),
             std::string::npos);
-  SpmVocab bad_byte = v;
-  bad_byte.tokens[3] = "<0xZZ>";
-  EXPECT_NE(error_of([&] { load_tokenizer(bad_byte.write(dir, "byte.gguf")); }).find("byte piece 3 is '<0xZZ>'"),
-            std::string::npos);
+  for (const char* bad : {"<0xZZ>", "<0x-1>", "<0x1>>", "<0x123>"}) {
+    SpmVocab bad_byte = v;
+    bad_byte.tokens[3] = bad;
+    EXPECT_NE(error_of([&] { load_tokenizer(bad_byte.write(dir, "byte.gguf")); })
+                  .find(std::string("byte piece 3 is '") + bad + "'"),
+              std::string::npos)
+        << bad;
+  }
   const std::string eos = error_of([&] {
     load_tokenizer(v.write(dir, "eos.gguf", {{"tokenizer.ggml.eos_token_id", {std::uint32_t{70000}}}}));
   });
   EXPECT_NE(eos.find("tokenizer.ggml.eos_token_id 70000 is not a token id"), std::string::npos) << eos;
+}
+
+TEST(SpmTokenizer, CorruptedVocabulariesLoadOrAreRefusedNeverACrash) {
+  // 1,500 copies of the vocabulary file with 1 to 4 random bytes overwritten (in the pieces, scores, types, keys or
+  // lengths): each is refused with rlloop's error, or loads and then encodes and decodes, every id included.
+  test::TempDir dir;
+  std::string whole;
+  {
+    std::ifstream in(SpmVocab().write(dir, "whole.gguf"), std::ios::binary);
+    whole.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::mt19937 rng(5);
+  int loaded = 0, refused = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::string bytes = whole;
+    const int n = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < n; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng() % 256);
+    try {
+      const auto tok = load_tokenizer(dir.write("corrupt.gguf", bytes));
+      tok->encode("<s>x ab\xC3\xA9 abc</s><tool>");
+      std::vector<token_id> all(static_cast<std::size_t>(tok->vocab_size()));
+      for (std::size_t id = 0; id < all.size(); ++id) all[id] = static_cast<token_id>(id);
+      tok->decode(all);
+      ++loaded;
+    } catch (const rlloop::error&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(loaded + refused, 1500);
+  EXPECT_GT(loaded, 100);
+  EXPECT_GT(refused, 100);
 }
 
 }  // namespace
