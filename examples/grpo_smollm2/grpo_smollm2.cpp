@@ -21,8 +21,8 @@
 #include <rlloop/rewards/math.hpp>
 #include <rlloop/rlloop.hpp>
 
-#include "../common/arith_recipe.hpp"
 #include "../common/plot.hpp"
+#include "../common/progress.hpp"
 
 using namespace rlloop;
 

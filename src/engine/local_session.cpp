@@ -157,6 +157,7 @@ struct LocalSession::Impl {
         group ? group->forward(replica, *model, data, loss, backward) : run_builtin_loss(*model, data, loss, backward);
     add_usage({0, 0, out.training_tokens});
     add_service_metrics(out, data, &loss, model->config(), backward, cost_since(started));
+    if (backward) add_grad_norm(out);
     return out;
   }
 
@@ -166,7 +167,15 @@ struct LocalSession::Impl {
     auto out = group ? group->forward_custom(replica, *model, data, fn) : run_custom_loss(*model, data, fn);
     add_usage({0, 0, out.training_tokens});
     add_service_metrics(out, data, nullptr, model->config(), /*backward=*/true, cost_since(started));
+    add_grad_norm(out);
     return out;
+  }
+
+  // actor/grad_norm: the norm of the gradient accumulated since the last step, this pass included (what the next
+  // optim_step reports as grad_norm before clipping), which the SageMaker SDK takes from a split batch's last
+  // chunk. With data parallelism each rank holds only its share until the step sums them, so it is left out.
+  void add_grad_norm(ForwardBackwardOutput& out) const {
+    if (!group && optimizer) out.metrics["actor/grad_norm"] = optimizer->grad_norm();
   }
 
   // The pass that began at `started`, against the peak of every rank's device.

@@ -37,17 +37,22 @@ void AdamW::zero_grad() {
     if (p.tensor.grad().defined()) p.tensor.mutable_grad().zero_();
 }
 
-Metrics AdamW::step(const AdamParams& hp) {
-  validate(hp);
+double AdamW::grad_norm() const {
   torch::NoGradGuard no_grad;
-  // Global L2 norm over every gradient, accumulated on the device: one host sync for the whole step.
+  // Global L2 norm over every gradient, accumulated on the device: one host sync.
   torch::Tensor sq_sum;
   for (const auto& p : params_) {
     if (!p.tensor.grad().defined()) continue;
     auto s = p.tensor.grad().to(torch::kFloat32).pow(2).sum();
     sq_sum = sq_sum.defined() ? sq_sum + s : s;
   }
-  const double grad_norm = sq_sum.defined() ? std::sqrt(sq_sum.item<double>()) : 0.0;
+  return sq_sum.defined() ? std::sqrt(sq_sum.item<double>()) : 0.0;
+}
+
+Metrics AdamW::step(const AdamParams& hp) {
+  validate(hp);
+  torch::NoGradGuard no_grad;
+  const double grad_norm = this->grad_norm();
   if (!std::isfinite(grad_norm)) {
     zero_grad();
     throw invalid_argument("optim_step: the gradient norm is not finite; the step was skipped and gradients cleared");

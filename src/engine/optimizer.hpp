@@ -28,6 +28,8 @@ class AdamW {
   // One step on the accumulated .grad() of every parameter, then zeroes them. Returns "grad_norm" (before
   // clipping), "lr" and "step".
   Metrics step(const AdamParams& p);
+  // The L2 norm of the gradients accumulated so far, over every parameter (0 when none has one).
+  double grad_norm() const;
   void zero_grad();
 
   std::int64_t step_count() const { return step_; }

@@ -42,8 +42,12 @@ Metrics sdk_fold(const std::vector<Metrics>& chunks, const std::vector<std::size
   double total = 0;
   for (std::size_t c = 0; c < chunks.size(); ++c) total += static_cast<double>(sizes[c]);
   for (std::size_t c = 0; c < chunks.size(); ++c)
-    for (const auto& [k, v] : chunks[c])
-      out[k] += k == "global_token_num" ? v : v * static_cast<double>(sizes[c]) / total;
+    for (const auto& [k, v] : chunks[c]) {
+      if (k.ends_with("grad_norm"))
+        out[k] = v;  // the accumulated gradient's: the last chunk's
+      else
+        out[k] += k == "global_token_num" ? v : v * static_cast<double>(sizes[c]) / total;
+    }
   return out;
 }
 
@@ -114,6 +118,26 @@ TEST(PassMetrics, ChunksFoldedAsTheSdkFoldsThemEqualTheWholeBatch) {
   EXPECT_EQ(folded.at("global_token_num"), whole.at("global_token_num"));
   // rlloop's own loss:sum is a total: the SDK's mean of the chunks' totals is not the batch's.
   EXPECT_GT(std::abs(folded.at("loss:sum") - whole.at("loss:sum")), 0.1 * std::abs(whole.at("loss:sum")));
+}
+
+TEST(PassMetrics, GradNormIsTheAccumulatedGradientsAsTheStepSeesIt) {
+  auto dir = temp_dir("rlloop-metrics-test", "grad-norm");
+  LocalService svc(service_in(dir.string()));
+  auto chunked = svc.create_session(tiny(std::nullopt, 4)), whole = svc.create_session(tiny(std::nullopt, 4));
+  const auto data = policy_batch(7);
+  const std::vector<Datum> a(data.begin(), data.begin() + 3), b(data.begin() + 3, data.end());
+  const auto first = chunked->forward_backward(a, LossSpec::ppo(0.05, 0.05)).get().metrics;
+  const auto second = chunked->forward_backward(b, LossSpec::ppo(0.05, 0.05)).get().metrics;
+  const auto all = whole->forward_backward(data, LossSpec::ppo(0.05, 0.05)).get().metrics;
+  EXPECT_GT(first.at("actor/grad_norm"), 0.0);
+  EXPECT_NE(first.at("actor/grad_norm"), second.at("actor/grad_norm"));  // the second adds b's gradient to a's
+  // Folded as the SDK folds a split batch (the last chunk's norm), it is the whole batch's.
+  const auto folded = sdk_fold({first, second}, {3, 4});
+  EXPECT_NEAR(folded.at("actor/grad_norm"), all.at("actor/grad_norm"), 1e-5 * all.at("actor/grad_norm"));
+  // The step reports the same norm (before clipping); a forward pass, which computes no gradient, reports none.
+  EXPECT_NEAR(chunked->optim_step({.learning_rate = 1e-3}).get().metrics.at("grad_norm"),
+              second.at("actor/grad_norm"), 1e-12 * second.at("actor/grad_norm"));
+  EXPECT_FALSE(chunked->forward(a, LossSpec::ppo(0.05, 0.05)).get().metrics.count("actor/grad_norm"));
 }
 
 TEST(PassMetrics, AnUnreadablePeakIsAnErrorNamingTheVariable) {
