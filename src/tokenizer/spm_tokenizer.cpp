@@ -30,6 +30,10 @@ int byte_piece_value(const std::string& text) {
   return high < 0 || low < 0 ? -1 : high * 16 + low;
 }
 
+std::uint64_t pair_key(token_id a, token_id b) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
+}
+
 }  // namespace
 
 SpmTokenizer::SpmTokenizer(SpmSpec spec)
@@ -62,6 +66,15 @@ SpmTokenizer::SpmTokenizer(SpmSpec spec)
     if (id && (*id < 0 || *id >= n))
       throw invalid_argument("load_tokenizer: '" + source_ + "': special token id " + std::to_string(*id) +
                              " is not in the vocabulary of " + std::to_string(n));
+  for (std::size_t rank = 0; rank < spec.merges.size(); ++rank) {
+    const auto& [left, right] = spec.merges[rank];
+    const auto a = find(left), b = find(right), merged = find(left + right);
+    if (!a || !b || !merged)
+      throw invalid_argument("load_tokenizer: '" + source_ + "': merge '" + left + " " + right +
+                             "' names a piece the vocabulary lacks");
+    // The first listing of a pair is its rank, as in Hugging Face's BPE.
+    ranks_.try_emplace(pair_key(*a, *b), static_cast<std::int32_t>(rank), *merged);
+  }
 }
 
 std::optional<token_id> SpmTokenizer::find(std::string_view text) const {
@@ -116,18 +129,30 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
     else
       text += c;
   }
-  // Symbols: one per UTF-8 character, linked so that a merge removes its right half from the chain.
+  // Symbols: one per UTF-8 character, linked so that a merge removes its right half from the chain. By rank, a
+  // character without a piece is one symbol per byte instead, each its byte piece, which no merge lists.
+  const bool by_rank = !ranks_.empty();
   struct Symbol {
     std::size_t start = 0, size = 0;
     int prev = -1, next = -1;
+    token_id id = -1;  // by rank: the piece the symbol is (-1: the unknown piece, a byte without a byte piece)
   };
   std::vector<Symbol> symbols;
+  auto add_symbol = [&](std::size_t at, std::size_t n, token_id id) {
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({at, n, index - 1, index + 1, id});
+  };
   for (std::size_t at = 0; at < text.size();) {
     const std::size_t n = std::min(utf8_length(static_cast<unsigned char>(text[at])), text.size() - at);
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({at, n, index - 1, at + n == text.size() ? -1 : index + 1});
+    const auto piece = by_rank ? find(std::string_view(text).substr(at, n)) : std::nullopt;
+    if (!by_rank || piece) {
+      add_symbol(at, n, piece.value_or(-1));
+    } else {
+      for (std::size_t k = 0; k < n; ++k) add_symbol(at + k, 1, byte_ids_[static_cast<unsigned char>(text[at + k])]);
+    }
     at += n;
   }
+  if (!symbols.empty()) symbols.back().next = -1;
   // Candidate merges, best first: the higher score, then the leftmost.
   struct Bigram {
     int left, right;
@@ -141,6 +166,12 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
   auto consider = [&](int left, int right) {
     if (left < 0 || right < 0) return;
     const std::size_t size = symbols[left].size + symbols[right].size;
+    if (by_rank) {
+      if (symbols[left].id < 0 || symbols[right].id < 0) return;
+      const auto it = ranks_.find(pair_key(symbols[left].id, symbols[right].id));
+      if (it != ranks_.end()) queue.push({left, right, -static_cast<float>(it->second.first), size});
+      return;
+    }
     const auto id = find(std::string_view(text).substr(symbols[left].start, size));
     if (!id) return;
     queue.push({left, right, pieces_[static_cast<std::size_t>(*id)].score, size});
@@ -153,6 +184,7 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
     Symbol& right = symbols[b.right];
     // Stale: one side has merged with something else since this candidate was queued.
     if (left.size == 0 || right.size == 0 || left.size + right.size != b.size) continue;
+    if (by_rank) left.id = ranks_.at(pair_key(left.id, right.id)).second;
     left.size += right.size;
     right.size = 0;
     left.next = right.next;
@@ -160,8 +192,15 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
     consider(left.prev, b.left);
     consider(b.left, left.next);
   }
-  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[i].next)
-    emit_symbol(std::string_view(text).substr(symbols[i].start, symbols[i].size), out);
+  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[i].next) {
+    if (!by_rank) {
+      emit_symbol(std::string_view(text).substr(symbols[i].start, symbols[i].size), out);
+    } else if (symbols[i].id >= 0) {
+      out.push_back(symbols[i].id);
+    } else if (unk_ && (out.empty() || out.back() != *unk_ || i == 0 || symbols[symbols[i].prev].id >= 0)) {
+      out.push_back(*unk_);  // consecutive unknown bytes fuse into one unknown piece (fuse_unk)
+    }
+  }
 }
 
 void SpmTokenizer::emit_symbol(std::string_view symbol, std::vector<token_id>& out) const {

@@ -1,7 +1,10 @@
-// SentencePiece-style BPE as llama.cpp runs it for the GGUF "llama" tokenizer model (Llama 2, TinyLlama, Mistral
-// v0.1): spaces written as U+2581 ("▁") with one prepended to each stretch of text that starts the input or follows
-// a special token, then the adjacent pair whose concatenation is a vocabulary piece with the highest score merged,
-// again and again; characters no piece covers become byte tokens (<0x41>).
+// SentencePiece-style BPE (Llama 2, TinyLlama, Mistral v0.1): spaces written as U+2581 ("▁") with one prepended to
+// each stretch of text that starts the input or follows a special token, then adjacent symbols merged again and
+// again; characters no piece covers become byte pieces (<0x41>). Two ways to choose the next merge:
+//  - by score, as llama.cpp runs the GGUF "llama" model: the adjacent pair whose concatenation is a piece with the
+//    highest score (any such pair);
+//  - by rank, as Hugging Face runs a tokenizer.json BPE model with byte_fallback: the adjacent pair of the merge list
+//    with the lowest rank (only listed pairs; unknown characters become byte pieces first, which never merge).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -28,6 +31,8 @@ struct SpmSpec {
   bool add_space_prefix = true;
   std::optional<token_id> eos;
   std::optional<token_id> unk;
+  // Empty: merges by score. Otherwise the merge list in rank order (pieces' texts), and merges go by rank.
+  std::vector<std::pair<std::string, std::string>> merges;
 };
 
 class SpmTokenizer final : public Tokenizer {
@@ -58,6 +63,8 @@ class SpmTokenizer final : public Tokenizer {
   std::unordered_map<std::string, token_id> ids_;  // every piece's text, as llama.cpp's text_to_token
   std::vector<token_id> specials_;                 // control, unknown and user-defined pieces, longest first
   std::vector<token_id> byte_ids_;                 // <0xXX> per byte, -1 where absent
+  // By rank: (left id, right id) -> (rank, merged id). Empty: by score.
+  std::unordered_map<std::uint64_t, std::pair<std::int32_t, token_id>> ranks_;
   bool add_space_prefix_ = true;
   std::optional<token_id> eos_, unk_;
 };

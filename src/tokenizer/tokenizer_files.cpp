@@ -1,4 +1,5 @@
-// Parsing of tokenizer.json and encoder.json + vocab.bpe into a BpeSpec.
+// Parsing of tokenizer.json (byte-level BPE, or SentencePiece-style BPE with byte fallback) and encoder.json +
+// vocab.bpe.
 #include "tokenizer_files.hpp"
 
 #include <fstream>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "byte_level.hpp"
+#include "spm_tokenizer.hpp"
 
 namespace rlloop::tokenizer_detail {
 namespace fs = std::filesystem;
@@ -103,9 +105,101 @@ std::pair<std::string, std::string> byte_level_merge(const std::string& line, co
   return {byte_level_token(line.substr(0, space), source), byte_level_token(line.substr(space + 1), source)};
 }
 
-BpeSpec read_tokenizer_json(const fs::path& path) {
+namespace {
+
+// A merge as its two tokens' texts: "a b" or ["a", "b"].
+std::pair<std::string, std::string> merge_pair(const json& m, const std::string& source) {
+  if (m.is_string()) {
+    const auto line = m.get<std::string>();
+    const auto space = line.find(' ');
+    if (space != std::string::npos && space > 0 && space + 1 < line.size() &&
+        line.find(' ', space + 1) == std::string::npos)
+      return {line.substr(0, space), line.substr(space + 1)};
+  } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+    return {m[0].get<std::string>(), m[1].get<std::string>()};
+  }
+  throw invalid_argument("load_tokenizer: '" + source + "': a merge is neither \"a b\" nor [\"a\", \"b\"]: " +
+                         m.dump());
+}
+
+// Llama 2's and Mistral's tokenizer.json: BPE with byte_fallback over "▁"-spaced text, the normalizer
+// Sequence [Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer (their "legacy" form).
+SpmSpec spm_spec_from_json(const json& j, const fs::path& path) {
   const std::string source = path.string();
+  const std::string space = "\xE2\x96\x81";
+  const json& model = j["model"];
+  auto refuse = [&](const std::string& what) {
+    throw unsupported("load_tokenizer: '" + source + "': " + what + " is not supported with byte_fallback (rlloop " +
+                      "reads the normalizer Sequence [Prepend(\"▁\"), Replace(\" \", \"▁\")] and no pre_tokenizer)");
+  };
+  const json norm = j.value("normalizer", json());
+  const bool legacy = type_of(norm) == "Sequence" && norm.contains("normalizers") && norm["normalizers"].is_array() &&
+                      norm["normalizers"].size() == 2 && type_of(norm["normalizers"][0]) == "Prepend" &&
+                      norm["normalizers"][0].value("prepend", std::string()) == space &&
+                      type_of(norm["normalizers"][1]) == "Replace" &&
+                      norm["normalizers"][1].value("content", std::string()) == space &&
+                      norm["normalizers"][1].contains("pattern") &&
+                      norm["normalizers"][1]["pattern"].value("String", std::string()) == " ";
+  if (!legacy) refuse("normalizer " + (norm.is_null() ? std::string("none") : norm.dump()));
+  if (!j.value("pre_tokenizer", json()).is_null()) refuse("pre_tokenizer '" + type_of(j["pre_tokenizer"]) + "'");
+
+  SpmSpec spec;
+  spec.source = source;
+  auto place = [&](token_id id, const std::string& text, PieceType type) {
+    if (id < 0 || id > 10'000'000) throw invalid_argument("load_tokenizer: '" + source + "': token id " +
+                                                          std::to_string(id) + " of '" + text + "' is out of range");
+    if (static_cast<std::size_t>(id) >= spec.pieces.size()) spec.pieces.resize(static_cast<std::size_t>(id) + 1,
+                                                                                {"", 0.0f, PieceType::unused});
+    spec.pieces[static_cast<std::size_t>(id)] = {text, 0.0f, type};
+  };
+  for (const auto& [piece, id] : model["vocab"].items()) {
+    if (!id.is_number_integer())
+      throw invalid_argument("load_tokenizer: '" + source + "': vocab entry '" + piece + "' has a non-integer id");
+    const bool is_byte = piece.size() == 6 && piece.starts_with("<0x") && piece.back() == '>';
+    place(id.get<token_id>(), piece, is_byte ? PieceType::byte : PieceType::normal);
+  }
+  const std::string unk = model.value("unk_token", std::string());
+  for (const json& t : j.value("added_tokens", json::array())) {
+    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
+        !t["content"].is_string())
+      throw invalid_argument("load_tokenizer: '" + source + "': an added token lacks an integer id or a string " +
+                             "content: " + t.dump());
+    const auto content = t["content"].get<std::string>();
+    const PieceType type = !t.value("special", true) ? PieceType::user_defined
+                           : content == unk          ? PieceType::unknown
+                                                     : PieceType::control;
+    place(t["id"].get<token_id>(), content, type);
+  }
+  for (const json& m : model["merges"]) spec.merges.push_back(merge_pair(m, source));
+  auto id_of = [&](const std::string& text) -> std::optional<token_id> {
+    for (std::size_t i = 0; i < spec.pieces.size(); ++i)
+      if (spec.pieces[i].text == text && !text.empty()) return static_cast<token_id>(i);
+    return std::nullopt;
+  };
+  if (!unk.empty()) spec.unk = id_of(unk);
+  if (const auto eos = read_eos(path.parent_path() / "tokenizer_config.json")) spec.eos = id_of(*eos);
+  return spec;
+}
+
+BpeSpec bpe_spec_from_json(const json& j, const fs::path& path);
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> load_tokenizer_json(const fs::path& path) {
   const json j = parse_json(path);
+  if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].value("byte_fallback", false) &&
+      j["model"].contains("vocab") && j["model"]["vocab"].is_object() && j["model"].contains("merges") &&
+      j["model"]["merges"].is_array())
+    return std::make_shared<SpmTokenizer>(spm_spec_from_json(j, path));
+  return std::make_shared<BpeTokenizer>(bpe_spec_from_json(j, path));
+}
+
+BpeSpec read_tokenizer_json(const fs::path& path) { return bpe_spec_from_json(parse_json(path), path); }
+
+namespace {
+
+BpeSpec bpe_spec_from_json(const json& j, const fs::path& path) {
+  const std::string source = path.string();
   auto malformed = [&](const std::string& what) {
     throw invalid_argument("load_tokenizer: '" + source + "': " + what);
   };
@@ -119,7 +213,7 @@ BpeSpec read_tokenizer_json(const fs::path& path) {
   if (!model.contains("vocab") || !model["vocab"].is_object()) malformed("model.vocab is missing or not an object");
   if (!model.contains("merges") || !model["merges"].is_array()) malformed("model.merges is missing or not an array");
   if (model.value("byte_fallback", false))
-    throw unsupported("load_tokenizer: '" + source + "': BPE byte_fallback is not supported");
+    throw unsupported("load_tokenizer: '" + source + "': BPE byte_fallback needs model.vocab and model.merges");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
       throw unsupported("load_tokenizer: '" + source + "': BPE " + key + " is not supported");
@@ -173,6 +267,8 @@ BpeSpec read_tokenizer_json(const fs::path& path) {
       if (t.content == "<|endoftext|>") spec.eos_token = t.content;
   return spec;
 }
+
+}  // namespace
 
 BpeSpec read_gpt2_files(const fs::path& dir) {
   const fs::path encoder_path = dir / "encoder.json", merges_path = dir / "vocab.bpe";

@@ -12,6 +12,9 @@ namespace rlloop::tokenizer_detail {
 // beside it when there is one. Throws invalid_argument (malformed file), unsupported (a model or component
 // rlloop does not implement), io_error (unreadable).
 BpeSpec read_tokenizer_json(const std::filesystem::path& path);
+// The tokenizer a Hugging Face tokenizer.json describes: byte-level BPE (read_tokenizer_json), or SentencePiece-style
+// BPE with byte fallback (Llama 2, Mistral: model.byte_fallback, spm_tokenizer.hpp, merged by rank).
+std::shared_ptr<const Tokenizer> load_tokenizer_json(const std::filesystem::path& path);
 
 // Reads the GPT-2 pair encoder.json + vocab.bpe from a directory.
 BpeSpec read_gpt2_files(const std::filesystem::path& dir);

@@ -144,6 +144,37 @@ TEST(SpmTokenizer, MalformedVocabulariesNameTheFileAndTheField) {
   EXPECT_NE(eos.find("tokenizer.ggml.eos_token_id 70000 is not a token id"), std::string::npos) << eos;
 }
 
+// Hugging Face's form (tokenizer.json, BPE with byte_fallback): the merge list decides, by rank, and only listed
+// pairs merge. "▁abc" with merges "a b" (rank 0), "ab c", "▁ ab": a+b first, then ab+c; "▁ abc" is not listed.
+std::string spm_json(const std::string& normalizer) {
+  const std::string sp = kSpace;
+  return R"({"model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>", "vocab": {"<unk>": 0, "<s>": 1,)"
+         R"( "</s>": 2, "<0xC3>": 3, "<0xA9>": 4, ")" + sp + R"(": 5, "a": 6, "b": 7, "c": 8, "ab": 9, "abc": 10,)"
+         R"( ")" + sp + R"(ab": 11}, "merges": ["a b", "ab c", ")" + sp + R"( ab"]},)"
+         R"( "added_tokens": [{"id": 0, "content": "<unk>", "special": true},)"
+         R"( {"id": 1, "content": "<s>", "special": true}, {"id": 2, "content": "</s>", "special": true}],)"
+         R"( "normalizer": )" + normalizer + R"(, "pre_tokenizer": null})";
+}
+const std::string kLegacyNormalizer = R"({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": ")" +
+                                      kSpace + R"("}, {"type": "Replace", "pattern": {"String": " "}, "content": ")" +
+                                      kSpace + R"("}]})";
+
+TEST(SpmTokenizer, HuggingFaceTokenizerJsonMergesByRankAndFallsBackToBytesFirst) {
+  test::TempDir dir;
+  const auto tok = load_tokenizer(dir.write("tokenizer.json", spm_json(kLegacyNormalizer)));
+  EXPECT_EQ(tok->encode("abc"), (V{5, 10}));     // "▁ abc" is not a listed merge
+  EXPECT_EQ(tok->encode("ab"), (V{11}));          // "▁ ab" is
+  EXPECT_EQ(tok->encode("<s>\xC3\xA9"), (V{1, 5, 3, 4}));  // é has no piece: its bytes, before any merge
+  EXPECT_EQ(tok->encode("\xE2\x82\xAC"), (V{5, 0}));     // € has no piece and no byte pieces: one <unk> (fused)
+  EXPECT_EQ(tok->decode(tok->encode("ab abc")), " ab abc");
+  const std::string error = error_of([&] {
+    load_tokenizer(dir.write("metaspace.json", spm_json(R"({"type": "NFKC"})")));
+  });
+  EXPECT_NE(error.find("metaspace.json': normalizer {\"type\":\"NFKC\"} is not supported with byte_fallback"),
+            std::string::npos)
+      << error;
+}
+
 TEST(SpmTokenizer, CorruptedVocabulariesLoadOrAreRefusedNeverACrash) {
   // 1,500 copies of the vocabulary file with 1 to 4 random bytes overwritten (in the pieces, scores, types, keys or
   // lengths): each is refused with rlloop's error, or loads and then encodes and decodes, every id included.
