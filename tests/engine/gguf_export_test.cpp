@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <rlloop/gguf.hpp>
 
@@ -161,3 +164,40 @@ TEST(GgufExport, BadRequestsNameWhatIsWrongAndTheSessionGoesOn) {
   EXPECT_EQ(gguf::File::open(out).tensor("blk.0.attn_q.weight").type, gguf::TensorType::f16);
   EXPECT_EQ(lora.forward(batch(), LossSpec::cross_entropy()).get().logprobs(0).size(), 8u);
 }
+
+#ifdef RLLOOP_CLI
+// `rlloop export` on a saved state writes what the session itself exports, byte for byte; a full fine-tuning
+// checkpoint has no adapters, which it says.
+TEST(GgufExport, TheExportCommandWritesWhatTheSessionExports) {
+  const auto dir = temp_dir("gguf-export", "cli");
+  const std::string base_path = write_base(dir);
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  auto lora = service.create_lora_training_client(base_path, {.rank = 4, .alpha = 8, .seed = 2});
+  lora.forward_backward(batch(), LossSpec::cross_entropy());
+  lora.optim_step(AdamParams{.learning_rate = 2e-2});
+  const std::string state = lora.save_state("trained").get().path;
+  lora.session().export_gguf_adapter((dir / "session-adapter.gguf").string()).get();
+  lora.session().export_gguf_model((dir / "session-model.gguf").string(), "Q8_0").get();
+  const std::string command = std::string(RLLOOP_CLI) + " export --checkpoint '" + state + "' --gguf-adapter '" +
+                              (dir / "cli-adapter.gguf").string() + "' --gguf-model '" +
+                              (dir / "cli-model.gguf").string() + "' --type q8_0 > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(dir / "cli-adapter.gguf"), bytes(dir / "session-adapter.gguf"));
+  EXPECT_EQ(bytes(dir / "cli-model.gguf"), bytes(dir / "session-model.gguf"));
+
+  auto full = service.create_full_training_client(base_path);
+  const std::string full_state = full.save_state("full").get().path;
+  const std::string refused = std::string(RLLOOP_CLI) + " export --checkpoint '" + full_state +
+                              "' --gguf-adapter '" + (dir / "none.gguf").string() + "' 2> '" +
+                              (dir / "err.txt").string() + "'";
+  EXPECT_NE(std::system(refused.c_str()), 0);
+  EXPECT_NE(bytes(dir / "err.txt").find("GGUF adapter export: the model has no LoRA adapters"), std::string::npos)
+      << bytes(dir / "err.txt");
+  EXPECT_FALSE(fs::exists(dir / "none.gguf"));
+}
+#endif
