@@ -108,6 +108,32 @@ console.log(`corpus: ${texts.length} texts (${JSON.stringify(counts)}), ` +
           ids.map((v) => (v.length && pieces[v[0]].startsWith('\u2581') ? ' ' : '') + llama2.decode(v)));
 }
 
+// ---- Llama 2's vocabulary in the non-legacy form ---------------------------------------------------------
+// No normalizer, the pre-tokenizer Metaspace with prepend_scheme "first" (the prefix only at the start of the input,
+// not after special tokens): the form newer Llama and Mistral exports take. The same vocabulary written so, read by
+// rlloop and by @lenml/tokenizers (transformers.js).
+{
+  const { TokenizerLoader } = requirePackage('@lenml/tokenizers');
+  const tokenizerJSON = JSON.parse(fs.readFileSync(LLAMA2_JSON, 'utf8'));
+  tokenizerJSON.normalizer = null;
+  // add_prefix_space as tokenizers < 0.19 wrote beside prepend_scheme: transformers.js prepends nothing without it.
+  const metaspace = { type: 'Metaspace', replacement: '\u2581', add_prefix_space: true, prepend_scheme: 'first',
+                      split: false };
+  tokenizerJSON.pre_tokenizer = metaspace;
+  tokenizerJSON.decoder = metaspace;
+  const tokenizerConfig = JSON.parse(fs.readFileSync(path.join(path.dirname(LLAMA2_JSON), 'tokenizer_config.json'),
+                                                     'utf8'));
+  const reference = TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig });
+  const dir = fs.mkdtempSync(path.join(require('os').tmpdir(), 'rlloop-metaspace-'));
+  const file = path.join(dir, 'tokenizer.json');
+  fs.writeFileSync(file, JSON.stringify(tokenizerJSON));
+  const inputs = texts.concat(['<s>after a special', 'a</s>b', '<s>', ' <s> x']);
+  const ids = runTokenize(file, [], inputs);
+  compare('llama2 Metaspace(first) encode', inputs, ids,
+          inputs.map((t) => reference.encode(t, { add_special_tokens: false })));
+  fs.rmSync(dir, { recursive: true, force: true });
+}
+
 // ---- Qwen3 chat template ---------------------------------------------------------------------------------
 const chat = spawnSync(process.execPath, [path.join(__dirname, 'chat_match.js'), '--rlloop', rlloop, '--npm', npmDir],
                        { stdio: 'inherit' });

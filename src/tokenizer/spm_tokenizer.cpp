@@ -41,6 +41,8 @@ SpmTokenizer::SpmTokenizer(SpmSpec spec)
       pieces_(std::move(spec.pieces)),
       byte_ids_(256, -1),
       add_space_prefix_(spec.add_space_prefix),
+      prefix_after_special_(spec.prefix_after_special),
+      prefix_unless_space_(spec.prefix_unless_space),
       eos_(spec.eos),
       unk_(spec.unk) {
   const auto n = static_cast<token_id>(pieces_.size());
@@ -108,7 +110,7 @@ std::vector<token_id> SpmTokenizer::encode(std::string_view text, bool allow_spe
         encode_text(text.substr(segment, i - segment), after_special, out);
       }
       out.push_back(id);
-      after_special = true;
+      after_special = prefix_after_special_;
       i += p->text.size();
       segment = i;
     } else {
@@ -122,7 +124,8 @@ std::vector<token_id> SpmTokenizer::encode(std::string_view text, bool allow_spe
 void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vector<token_id>& out) const {
   std::string text;
   text.reserve(raw.size() + 8);
-  if (add_space_prefix_ && space_prefix) text += kSpace;
+  const bool starts_with_space = raw.starts_with(' ') || raw.starts_with(kSpace);
+  if (add_space_prefix_ && space_prefix && !(prefix_unless_space_ && starts_with_space)) text += kSpace;
   for (char c : raw) {
     if (c == ' ')
       text += kSpace;

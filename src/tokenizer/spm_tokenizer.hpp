@@ -29,6 +29,11 @@ struct SpmSpec {
   std::string source;  // the file it came from, for error messages
   std::vector<SpmPiece> pieces;  // by id
   bool add_space_prefix = true;
+  // Where the prefix goes: before each stretch of text at the start or after a special token (llama.cpp, Hugging
+  // Face's legacy normalizer, Metaspace's "always"), or only before text at the very start (Metaspace's "first").
+  bool prefix_after_special = true;
+  // Metaspace's rule: no prefix for text that already starts with a space (or "▁").
+  bool prefix_unless_space = false;
   std::optional<token_id> eos;
   std::optional<token_id> unk;
   // Empty: merges by score. Otherwise the merge list in rank order (pieces' texts), and merges go by rank.
@@ -66,6 +71,8 @@ class SpmTokenizer final : public Tokenizer {
   // By rank: (left id, right id) -> (rank, merged id). Empty: by score.
   std::unordered_map<std::uint64_t, std::pair<std::int32_t, token_id>> ranks_;
   bool add_space_prefix_ = true;
+  bool prefix_after_special_ = true;
+  bool prefix_unless_space_ = false;
   std::optional<token_id> eos_, unk_;
 };
 

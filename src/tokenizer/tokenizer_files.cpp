@@ -122,17 +122,21 @@ std::pair<std::string, std::string> merge_pair(const json& m, const std::string&
                          m.dump());
 }
 
-// Llama 2's and Mistral's tokenizer.json: BPE with byte_fallback over "▁"-spaced text, the normalizer
-// Sequence [Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer (their "legacy" form).
+// Llama 2's and Mistral's tokenizer.json: BPE with byte_fallback over "▁"-spaced text, with the normalizer
+// Sequence [Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer (their "legacy" form), or no normalizer and the
+// pre-tokenizer Metaspace (prepend_scheme "first": the prefix only at the start of the input, not after a special
+// token; "always"; or "never"; never before text that starts with a space).
 SpmSpec spm_spec_from_json(const json& j, const fs::path& path) {
   const std::string source = path.string();
   const std::string space = "\xE2\x96\x81";
   const json& model = j["model"];
   auto refuse = [&](const std::string& what) {
     throw unsupported("load_tokenizer: '" + source + "': " + what + " is not supported with byte_fallback (rlloop " +
-                      "reads the normalizer Sequence [Prepend(\"▁\"), Replace(\" \", \"▁\")] and no pre_tokenizer)");
+                      "reads the normalizer Sequence [Prepend(\"▁\"), Replace(\" \", \"▁\")] and no pre_tokenizer, " +
+                      "or no normalizer and the pre_tokenizer Metaspace without split)");
   };
   const json norm = j.value("normalizer", json());
+  const json pre = j.value("pre_tokenizer", json());
   const bool legacy = type_of(norm) == "Sequence" && norm.contains("normalizers") && norm["normalizers"].is_array() &&
                       norm["normalizers"].size() == 2 && type_of(norm["normalizers"][0]) == "Prepend" &&
                       norm["normalizers"][0].value("prepend", std::string()) == space &&
@@ -140,11 +144,24 @@ SpmSpec spm_spec_from_json(const json& j, const fs::path& path) {
                       norm["normalizers"][1].value("content", std::string()) == space &&
                       norm["normalizers"][1].contains("pattern") &&
                       norm["normalizers"][1]["pattern"].value("String", std::string()) == " ";
-  if (!legacy) refuse("normalizer " + (norm.is_null() ? std::string("none") : norm.dump()));
-  if (!j.value("pre_tokenizer", json()).is_null()) refuse("pre_tokenizer '" + type_of(j["pre_tokenizer"]) + "'");
-
   SpmSpec spec;
   spec.source = source;
+  if (legacy) {
+    if (!pre.is_null()) refuse("pre_tokenizer '" + type_of(pre) + "' after the Prepend/Replace normalizer");
+  } else if (norm.is_null() && type_of(pre) == "Metaspace") {
+    // The non-legacy form: Metaspace writes the spaces as "▁" and prepends one as prepend_scheme says.
+    if (pre.value("replacement", space) != space || pre.value("split", false))
+      refuse("pre_tokenizer " + pre.dump());
+    const std::string scheme = pre.value("prepend_scheme", std::string(pre.value("add_prefix_space", true) ? "always"
+                                                                                                        : "never"));
+    if (scheme != "always" && scheme != "first" && scheme != "never") refuse("pre_tokenizer " + pre.dump());
+    spec.add_space_prefix = scheme != "never";
+    spec.prefix_after_special = scheme == "always";
+    spec.prefix_unless_space = true;
+  } else {
+    refuse("normalizer " + (norm.is_null() ? std::string("none") : norm.dump()) + " with pre_tokenizer " +
+           (pre.is_null() ? std::string("none") : pre.dump()));
+  }
   auto place = [&](token_id id, const std::string& text, PieceType type) {
     if (id < 0 || id > 10'000'000) throw invalid_argument("load_tokenizer: '" + source + "': token id " +
                                                           std::to_string(id) + " of '" + text + "' is out of range");

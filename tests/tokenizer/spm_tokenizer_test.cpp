@@ -167,12 +167,32 @@ TEST(SpmTokenizer, HuggingFaceTokenizerJsonMergesByRankAndFallsBackToBytesFirst)
   EXPECT_EQ(tok->encode("<s>\xC3\xA9"), (V{1, 5, 3, 4}));  // é has no piece: its bytes, before any merge
   EXPECT_EQ(tok->encode("\xE2\x82\xAC"), (V{5, 0}));     // € has no piece and no byte pieces: one <unk> (fused)
   EXPECT_EQ(tok->decode(tok->encode("ab abc")), " ab abc");
-  const std::string error = error_of([&] {
-    load_tokenizer(dir.write("metaspace.json", spm_json(R"({"type": "NFKC"})")));
-  });
-  EXPECT_NE(error.find("metaspace.json': normalizer {\"type\":\"NFKC\"} is not supported with byte_fallback"),
+  const std::string error = error_of([&] { load_tokenizer(dir.write("nfkc.json", spm_json(R"({"type": "NFKC"})"))); });
+  EXPECT_NE(error.find("nfkc.json': normalizer {\"type\":\"NFKC\"} with pre_tokenizer none is not supported"),
             std::string::npos)
       << error;
+}
+
+// The non-legacy form: no normalizer, Metaspace as the pre-tokenizer. "first" puts the prefix only at the start
+// of the input; "always" after special tokens too, as the legacy normalizer does; neither before a space.
+TEST(SpmTokenizer, MetaspaceFirstPrefixesOnlyTheStartOfTheInput) {
+  test::TempDir dir;
+  auto metaspace = [&](const std::string& scheme, bool split = false) {
+    std::string json = spm_json("null");
+    const std::string pre = R"("pre_tokenizer": {"type": "Metaspace", "replacement": ")" + kSpace +
+                            R"(", "prepend_scheme": ")" + scheme + R"(", "split": )" + (split ? "true" : "false") +
+                            "}";
+    json.replace(json.find(R"("pre_tokenizer": null)"), std::string(R"("pre_tokenizer": null)").size(), pre);
+    return dir.write(scheme + (split ? "-split" : "") + ".json", json);
+  };
+  const auto first = load_tokenizer(metaspace("first"));
+  EXPECT_EQ(first->encode("ab<s>ab"), (V{11, 1, 9}));       // "▁ab", then "ab" without a prefix
+  EXPECT_EQ(first->encode("<s>ab ab"), (V{1, 9, 11}));      // the text after a leading <s> has none either
+  EXPECT_EQ(load_tokenizer(metaspace("always"))->encode("ab<s>ab"), (V{11, 1, 11}));
+  EXPECT_EQ(load_tokenizer(metaspace("never"))->encode("ab ab"), (V{9, 11}));
+  EXPECT_EQ(first->encode(" ab"), (V{11}));  // text that starts with a space gets no second one
+  EXPECT_NE(error_of([&] { load_tokenizer(metaspace("first", true)); }).find("is not supported with byte_fallback"),
+            std::string::npos);
 }
 
 TEST(SpmTokenizer, CorruptedVocabulariesLoadOrAreRefusedNeverACrash) {
