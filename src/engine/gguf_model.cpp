@@ -59,6 +59,15 @@ torch::Tensor reorder_head_rows(const torch::Tensor& w, std::int64_t heads, bool
   return w.reshape(split).transpose(1, 2).reshape(sizes).contiguous();
 }
 
+// The heads whose rows llama.cpp's converter reorders in the tensor named `gguf_name`: the llama family's q and k
+// (weights and biases alike); 0 for every other tensor.
+std::int64_t reordered_heads(const ModelConfig& config, const std::string& gguf_name) {
+  if (config.model_type != "llama") return 0;
+  if (gguf_name.ends_with(".attn_q.weight") || gguf_name.ends_with(".attn_q.bias")) return config.num_attention_heads;
+  if (gguf_name.ends_with(".attn_k.weight") || gguf_name.ends_with(".attn_k.bias")) return config.num_key_value_heads;
+  return 0;
+}
+
 }  // namespace
 
 std::optional<std::string> gguf_tensor_name(const std::string& name) {
@@ -75,12 +84,8 @@ std::optional<std::string> gguf_tensor_name(const std::string& name) {
 }
 
 torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t) {
-  if (config.model_type != "llama") return t;
-  if (gguf_name.ends_with(".attn_q.weight") || gguf_name.ends_with(".attn_q.bias"))
-    return reorder_head_rows(t, config.num_attention_heads, /*to_gguf=*/true);
-  if (gguf_name.ends_with(".attn_k.weight") || gguf_name.ends_with(".attn_k.bias"))
-    return reorder_head_rows(t, config.num_key_value_heads, /*to_gguf=*/true);
-  return t;
+  const std::int64_t heads = reordered_heads(config, gguf_name);
+  return heads ? reorder_head_rows(t, heads, /*to_gguf=*/true) : t;
 }
 
 bool is_gguf_path(const std::string& path) {
@@ -133,12 +138,8 @@ TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
     std::vector<std::int64_t> shape(t.shape.rbegin(), t.shape.rend());  // ggml lists the fastest dimension first
     auto values = torch::empty(shape, torch::kFloat32);
     gguf::dequantize(t.type, file.bytes(t), std::span<float>(values.data_ptr<float>(), values.numel()));
-    if (config.model_type == "llama") {  // weights and biases alike
-      if (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_q.bias"))
-        values = reorder_head_rows(values, config.num_attention_heads, /*to_gguf=*/false);
-      if (t.name.ends_with(".attn_k.weight") || t.name.ends_with(".attn_k.bias"))
-        values = reorder_head_rows(values, config.num_key_value_heads, /*to_gguf=*/false);
-    }
+    if (const std::int64_t heads = reordered_heads(config, t.name))
+      values = reorder_head_rows(values, heads, /*to_gguf=*/false);
     out.emplace(name, std::move(values));
   }
   return out;

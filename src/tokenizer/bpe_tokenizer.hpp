@@ -16,6 +16,14 @@
 
 namespace rlloop::tokenizer_detail {
 
+// Hash for maps keyed by std::string that are looked up by string_view without building a string (a hot lookup of
+// both tokenizers).
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using StringMap = std::unordered_map<std::string, token_id, StringHash, std::equal_to<>>;
+
 struct AddedToken {
   std::string content;
   token_id id = 0;
@@ -73,11 +81,6 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<token_id> eos_token_id() const override { return eos_; }
 
  private:
-  struct StringHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-  };
-  using StringMap = std::unordered_map<std::string, token_id, StringHash, std::equal_to<>>;
 
   void encode_ordinary(std::string_view text, std::vector<token_id>& out) const;
   void encode_piece(std::string_view piece, std::vector<token_id>& out) const;

@@ -48,10 +48,12 @@ SpmTokenizer::SpmTokenizer(SpmSpec spec)
   const auto n = static_cast<token_id>(pieces_.size());
   for (token_id id = 0; id < n; ++id) {
     const SpmPiece& p = pieces_[static_cast<std::size_t>(id)];
+    if (p.text.empty()) continue;  // an unused id (a gap in a tokenizer.json's numbering)
     // A later duplicate is unreachable by text (llama.cpp keeps the last one it reads; both exist by id).
     ids_[p.text] = id;
     if (p.type == PieceType::control || p.type == PieceType::unknown || p.type == PieceType::user_defined) {
-      if (!p.text.empty()) specials_.push_back(id);
+      specials_.push_back(id);
+      special_first_byte_[static_cast<unsigned char>(p.text[0])] = true;
     }
     if (p.type == PieceType::byte) {
       const int value = byte_piece_value(p.text);
@@ -80,13 +82,14 @@ SpmTokenizer::SpmTokenizer(SpmSpec spec)
 }
 
 std::optional<token_id> SpmTokenizer::find(std::string_view text) const {
-  const auto it = ids_.find(std::string(text));
+  const auto it = ids_.find(text);
   if (it == ids_.end()) return std::nullopt;
   return it->second;
 }
 
 const SpmPiece* SpmTokenizer::match_special(std::string_view text, std::size_t at, bool allow_special,
                                             token_id& id) const {
+  if (!special_first_byte_[static_cast<unsigned char>(text[at])]) return nullptr;
   for (token_id s : specials_) {
     const SpmPiece& p = pieces_[static_cast<std::size_t>(s)];
     if (!allow_special && p.type != PieceType::user_defined) continue;
@@ -161,6 +164,7 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
     int left, right;
     float score;
     std::size_t size;
+    token_id merged;  // by rank: the piece the pair becomes
   };
   auto worse = [](const Bigram& a, const Bigram& b) {
     return a.score < b.score || (a.score == b.score && a.left > b.left);
@@ -172,12 +176,13 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
     if (by_rank) {
       if (symbols[left].id < 0 || symbols[right].id < 0) return;
       const auto it = ranks_.find(pair_key(symbols[left].id, symbols[right].id));
-      if (it != ranks_.end()) queue.push({left, right, -static_cast<float>(it->second.first), size});
+      if (it != ranks_.end())
+        queue.push({left, right, -static_cast<float>(it->second.first), size, it->second.second});
       return;
     }
     const auto id = find(std::string_view(text).substr(symbols[left].start, size));
     if (!id) return;
-    queue.push({left, right, pieces_[static_cast<std::size_t>(*id)].score, size});
+    queue.push({left, right, pieces_[static_cast<std::size_t>(*id)].score, size, *id});
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) consider(i - 1, i);
   while (!queue.empty()) {
@@ -187,7 +192,7 @@ void SpmTokenizer::encode_text(std::string_view raw, bool space_prefix, std::vec
     Symbol& right = symbols[b.right];
     // Stale: one side has merged with something else since this candidate was queued.
     if (left.size == 0 || right.size == 0 || left.size + right.size != b.size) continue;
-    if (by_rank) left.id = ranks_.at(pair_key(left.id, right.id)).second;
+    left.id = b.merged;
     left.size += right.size;
     right.size = 0;
     left.next = right.next;

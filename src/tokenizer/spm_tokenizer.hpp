@@ -6,6 +6,7 @@
 //  - by rank, as Hugging Face runs a tokenizer.json BPE model with byte_fallback: the adjacent pair of the merge list
 //    with the lowest rank (only listed pairs; unknown characters become byte pieces first, which never merge).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include <rlloop/tokenizer.hpp>
+
+#include "bpe_tokenizer.hpp"  // StringHash, StringMap
 
 namespace rlloop::tokenizer_detail {
 
@@ -65,8 +68,9 @@ class SpmTokenizer final : public Tokenizer {
 
   std::string source_;
   std::vector<SpmPiece> pieces_;
-  std::unordered_map<std::string, token_id> ids_;  // every piece's text, as llama.cpp's text_to_token
+  StringMap ids_;                                  // every piece's text, as llama.cpp's text_to_token
   std::vector<token_id> specials_;                 // control, unknown and user-defined pieces, longest first
+  std::array<bool, 256> special_first_byte_{};     // bytes a special piece starts with
   std::vector<token_id> byte_ids_;                 // <0xXX> per byte, -1 where absent
   // By rank: (left id, right id) -> (rank, merged id). Empty: by score.
   std::unordered_map<std::uint64_t, std::pair<std::int32_t, token_id>> ranks_;
