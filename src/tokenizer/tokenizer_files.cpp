@@ -198,23 +198,6 @@ SpmSpec spm_spec_from_json(const json& j, const fs::path& path) {
   return spec;
 }
 
-BpeSpec bpe_spec_from_json(const json& j, const fs::path& path);
-
-}  // namespace
-
-std::shared_ptr<const Tokenizer> load_tokenizer_json(const fs::path& path) {
-  const json j = parse_json(path);
-  if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].value("byte_fallback", false) &&
-      j["model"].contains("vocab") && j["model"]["vocab"].is_object() && j["model"].contains("merges") &&
-      j["model"]["merges"].is_array())
-    return std::make_shared<SpmTokenizer>(spm_spec_from_json(j, path));
-  return std::make_shared<BpeTokenizer>(bpe_spec_from_json(j, path));
-}
-
-BpeSpec read_tokenizer_json(const fs::path& path) { return bpe_spec_from_json(parse_json(path), path); }
-
-namespace {
-
 BpeSpec bpe_spec_from_json(const json& j, const fs::path& path) {
   const std::string source = path.string();
   auto malformed = [&](const std::string& what) {
@@ -261,13 +244,8 @@ BpeSpec bpe_spec_from_json(const json& j, const fs::path& path) {
   }
   spec.merges.reserve(model["merges"].size());
   for (const json& m : model["merges"]) {
-    if (m.is_string())
-      spec.merges.push_back(byte_level_merge(m.get<std::string>(), source));
-    else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
-      spec.merges.emplace_back(byte_level_token(m[0].get<std::string>(), source),
-                               byte_level_token(m[1].get<std::string>(), source));
-    else
-      malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
+    const auto [a, b] = merge_pair(m, source);
+    spec.merges.emplace_back(byte_level_token(a, source), byte_level_token(b, source));
   }
   if (j.contains("added_tokens")) {
     if (!j["added_tokens"].is_array()) malformed("added_tokens is not an array");
@@ -286,6 +264,17 @@ BpeSpec bpe_spec_from_json(const json& j, const fs::path& path) {
 }
 
 }  // namespace
+
+std::shared_ptr<const Tokenizer> load_tokenizer_json(const fs::path& path) {
+  const json j = parse_json(path);
+  if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].value("byte_fallback", false) &&
+      j["model"].contains("vocab") && j["model"]["vocab"].is_object() && j["model"].contains("merges") &&
+      j["model"]["merges"].is_array())
+    return std::make_shared<SpmTokenizer>(spm_spec_from_json(j, path));
+  return std::make_shared<BpeTokenizer>(bpe_spec_from_json(j, path));
+}
+
+BpeSpec read_tokenizer_json(const fs::path& path) { return bpe_spec_from_json(parse_json(path), path); }
 
 BpeSpec read_gpt2_files(const fs::path& dir) {
   const fs::path encoder_path = dir / "encoder.json", merges_path = dir / "vocab.bpe";
