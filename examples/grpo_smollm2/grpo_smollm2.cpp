@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "learning rate");
   app.add_option("--max-tokens", max_tokens, "tokens per completion");
   app.add_option("--seed", seed, "seed for problems, adapters and sampling");
+  bool dequantize_base = false;
+  app.add_flag("--dequantize-base", dequantize_base,
+               "hold the GGUF base dequantized to fp32 instead of in its quantized blocks (more memory)");
   app.add_option("--out", out_dir, "where metrics.jsonl, held_out.jsonl and plot.svg go");
   CLI11_PARSE(app, argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
@@ -77,6 +80,7 @@ int main(int argc, char** argv) {
   configure_engine_process();  // this process: every core, the caching CPU allocator
   LocalServiceOptions svc;
   svc.checkpoint_dir = (fs::path(out_dir) / "checkpoints").string();
+  svc.quantized_base = !dequantize_base;
   ServiceClient<LocalService> service{LocalService(svc)};
   auto client = service.create_lora_training_client(model, {.rank = lora_rank, .alpha = 2 * lora_rank, .seed = seed});
   const auto info = client.get_info();

@@ -60,6 +60,11 @@ struct LocalServiceOptions {
   // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens do not
   // depend on the rows beside it and its logprobs only in the last digits (within 1e-5; docs/engine.md).
   int max_batch_rows = 64;
+  // LoRA sessions on a GGUF base (CPU, fp32) share its matrices in their quantized blocks, dequantized where each
+  // product uses them: the base then takes its file's size in memory instead of 4 bytes per weight (SmolLM2-135M:
+  // 0.1 GB instead of 0.5), at a cost in speed (bench/README.md). false: dequantized to fp32 once, at load. Full
+  // fine-tuning always trains a dense fp32 copy.
+  bool quantized_base = true;
   // Ranks beyond this process that train every session with it (docs/data_parallel.md).
   DataParallelOptions data_parallel;
 };
@@ -69,6 +74,7 @@ struct BaseModelStats {
   std::string base;             // the resolved model, its device and dtype
   int sessions = 0;             // sessions (training and sampler) whose operations run on its loop
   int shared_weight_users = 0;  // of those, models reading the one shared copy of the base weights
+  std::int64_t shared_weight_bytes = 0;  // the memory that copy takes (quantized blocks as stored), 0 without one
   int active_requests = 0;      // sampling requests decoding now
   int active_rows = 0;          // their rows in the current batch
   int queued_operations = 0;    // operations waiting in sessions' queues

@@ -18,7 +18,8 @@ int run(int argc, char** argv) {
   rlloop::SamplingParams params{.max_tokens = 64};
   std::int64_t seed = 0;
   int threads = 0;
-  bool timing = false;
+  bool timing = false, dequantize_base = false;
+  int lora_rank = 0;
   app.add_option("--model", model, "model directory (config.json + safetensors) or built-in name")->required();
   app.add_option("--prompt", prompt, "prompt text")->required();
   app.add_option("--checkpoint", checkpoint, "a save_state / save_weights_for_sampler directory to load");
@@ -33,6 +34,13 @@ int run(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", precision, "fp32 or bf16 (CPU decoding; bf16 is faster with AVX512_BF16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--lora-rank", lora_rank,
+                 "sample through a LoRA session of this rank (its adapter untrained unless --checkpoint loads one), "
+                 "over the shared base training sessions use; 0 = a full model")
+      ->check(CLI::Range(0, 4096));
+  app.add_flag("--dequantize-base", dequantize_base,
+               "with --lora-rank on a .gguf model: dequantize the base to fp32 at load instead of reading its "
+               "quantized blocks in each product");
   app.add_flag("--timing", timing,
                "print the tokens sampled per second (after a warm-up request; the model load is not counted)");
   CLI11_PARSE(app, argc, argv);
@@ -42,8 +50,10 @@ int run(int argc, char** argv) {
   rlloop::LocalServiceOptions opts;
   opts.device = device;
   opts.sampling_precision = rlloop::sampling_precision_from(precision);
+  opts.quantized_base = !dequantize_base;
   rlloop::ServiceClient<rlloop::LocalService> service{rlloop::LocalService(opts)};
   rlloop::SessionOptions session{.base_model = model};
+  if (lora_rank > 0) session.lora = rlloop::LoraOptions{.rank = lora_rank, .alpha = 2 * lora_rank};
   auto tc = service.create_training_client(session);
   if (!checkpoint.empty()) tc.load_state(checkpoint, false).get();
   auto tokenizer = rlloop::load_tokenizer(tc);

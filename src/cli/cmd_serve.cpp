@@ -52,6 +52,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   std::size_t compact_records = defaults.compact_after_records, compact_bytes = defaults.compact_after_bytes;
   std::size_t autosave_operations = defaults.autosave_after_operations;
   bool bill_prompt_per_sample = false;
+  bool dequantize_base = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option(
@@ -78,6 +79,9 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   app.add_option("--sampling-precision", sampling_precision,
                  "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--dequantize-base", dequantize_base,
+               "LoRA sessions on a .gguf base share it dequantized to fp32 (faster, 4 bytes per weight) instead of "
+               "in its quantized blocks");
   app.add_option(
          "--max-batch-rows", max_batch_rows,
          "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
@@ -146,6 +150,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   local.device = device;
   local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
   local.max_batch_rows = max_batch_rows;
+  local.quantized_base = !dequantize_base;
   local.base_models = rlloop::cli::parse_base_models(base_models);
   local.data_parallel.world_size = world_size;
   local.data_parallel.rendezvous = rendezvous;
@@ -163,6 +168,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
                               {"base", b.base},
                               {"sessions", b.sessions},
                               {"sharedWeightUsers", b.shared_weight_users},
+                              {"sharedWeightBytes", b.shared_weight_bytes},
                               {"activeRequests", b.active_requests},
                               {"batchRows", b.active_rows},
                               {"queuedOperations", b.queued_operations},

@@ -34,6 +34,10 @@ std::vector<BaseModelStats> BaseModelRegistry::stats() const {
     auto it = bases_.find(key);
     // Each user of the shared weights holds one reference to them.
     b.shared_weight_users = it == bases_.end() ? 0 : static_cast<int>(it->second.use_count());
+    if (auto shared = it == bases_.end() ? nullptr : it->second.lock()) {
+      b.shared_weight_bytes = shared->model->quantized_bytes();
+      for (const auto& p : shared->model->parameters()) b.shared_weight_bytes += p.numel() * p.element_size();
+    }
     b.active_requests = s.active_requests;
     b.active_rows = s.active_rows;
     b.queued_operations = s.queued_operations;

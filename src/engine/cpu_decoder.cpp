@@ -39,7 +39,8 @@ struct Segment {
 
 // One projection of a decoding step: y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with each
 // segment's adapter); with `accumulate` the result is added to y (residual connections). `rounded` (bf16
-// precision: the decoder's snapshot of W) replaces W; adapters and biases stay fp32.
+// precision: the decoder's snapshot of W) replaces W; a quantized W is read from its blocks whatever the
+// precision; adapters and biases stay fp32.
 struct Projection {
   Which which;
   const Bf16Weight* rounded;
@@ -50,7 +51,7 @@ struct Projection {
 // Adapters are applied unmerged, so the step always sees the live adapter weights.
 void add_adapter(const float* x, std::int64_t rows, const LinearWeights& w, float* y) {
   if (!w.lora_a.defined()) return;
-  const std::int64_t out = w.weight.size(0), in = w.weight.size(1), rank = w.lora_a.size(0);
+  const std::int64_t out = w.out_features(), in = w.in_features(), rank = w.lora_a.size(0);
   std::vector<float> down(rows * rank), delta(rows * out);
   linear_rows(x, rows, data(w.lora_a), rank, in, down.data(), false);
   linear_rows(down.data(), rows, data(w.lora_b), out, rank, delta.data(), false);
@@ -60,32 +61,35 @@ void add_adapter(const float* x, std::int64_t rows, const LinearWeights& w, floa
 
 void add_bias(std::int64_t rows, const LinearWeights& w, float* y) {
   if (!w.bias.defined()) return;
-  const std::int64_t out = w.weight.size(0);
+  const std::int64_t out = w.out_features();
   const float* b = data(w.bias);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t i = 0; i < out; ++i) y[r * out + i] += b[i];
 }
 
 // The projections of one input (q/k/v, gate/up): their base products over every row in one parallel region,
-// then each segment's adapters, then the bias (per row in that order, as when a group is stepped alone). All
-// of a group are fp32 or all bf16.
+// then each segment's adapters, then the bias (per row in that order, as when a group is stepped alone). The
+// base products run in one parallel region per kind of weight (quantized, bf16 snapshot, fp32).
 void project(const InferenceWeights& base, std::span<const Segment> segments, const float* x, std::int64_t rows,
              std::initializer_list<Projection> group) {
-  const std::int64_t in = pick(base, group.begin()->which).weight.size(1);
-  if (group.begin()->rounded) {
-    std::vector<Bf16Product> products;
-    for (const Projection& p : group) products.push_back({p.rounded, p.y, p.accumulate});
-    Bf16Weight::multiply_group(x, rows, products);
-  } else {
-    std::vector<RowProduct> products;
-    for (const Projection& p : group) {
-      const LinearWeights& w = pick(base, p.which);
-      products.push_back({data(w.weight), w.weight.size(0), p.y, p.accumulate});
-    }
-    linear_rows_group(x, rows, in, products);
-  }
+  const std::int64_t in = pick(base, group.begin()->which).in_features();
+  std::vector<QuantizedMatrix::Product> quantized;
+  std::vector<Bf16Product> rounded;
+  std::vector<RowProduct> dense;
   for (const Projection& p : group) {
-    const std::int64_t out = pick(base, p.which).weight.size(0);
+    const LinearWeights& w = pick(base, p.which);
+    if (w.quantized)
+      quantized.push_back({w.quantized.get(), p.y, p.accumulate});
+    else if (p.rounded)
+      rounded.push_back({p.rounded, p.y, p.accumulate});
+    else
+      dense.push_back({data(w.weight), w.weight.size(0), p.y, p.accumulate});
+  }
+  if (!quantized.empty()) QuantizedMatrix::multiply_group(x, rows, quantized);
+  if (!rounded.empty()) Bf16Weight::multiply_group(x, rows, rounded);
+  if (!dense.empty()) linear_rows_group(x, rows, in, dense);
+  for (const Projection& p : group) {
+    const std::int64_t out = pick(base, p.which).out_features();
     for (const Segment& s : segments)
       add_adapter(x + s.begin * in, s.count, pick(*s.adapters, p.which), p.y + s.begin * out);
     add_bias(rows, pick(base, p.which), p.y);
@@ -144,12 +148,14 @@ torch::ScalarType CpuDecoder::cache_dtype(DecodePrecision precision) {
 
 namespace {
 
-// The base weights a RoundedWeights snapshot rounds, in a fixed order.
+// The base weights a RoundedWeights snapshot rounds, in a fixed order: the dense ones (quantized matrices are
+// read from their blocks at either precision).
 template <class Visit>
 void for_each_rounded_source(const InferenceWeights& w, Visit visit) {
   for (const LayerWeights& L : w.layers)
-    for (const LinearWeights* p : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) visit(p->weight);
-  visit(w.lm_head.weight);
+    for (const LinearWeights* p : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      if (p->weight.defined()) visit(p->weight);
+  if (w.lm_head.weight.defined()) visit(w.lm_head.weight);
 }
 
 }  // namespace
@@ -157,7 +163,7 @@ void for_each_rounded_source(const InferenceWeights& w, Visit visit) {
 RoundedWeights::RoundedWeights(Transformer& model) {
   const InferenceWeights w = model.inference_weights();
   auto round = [](const LinearWeights& lw) {
-    return Bf16Weight(data(lw.weight), lw.weight.size(0), lw.weight.size(1));
+    return lw.quantized ? Bf16Weight() : Bf16Weight(data(lw.weight), lw.weight.size(0), lw.weight.size(1));
   };
   for (const LayerWeights& L : w.layers)
     layers_.push_back({round(L.q), round(L.k), round(L.v), round(L.o), round(L.gate), round(L.up), round(L.down)});
@@ -179,7 +185,7 @@ bool RoundedWeights::current(Transformer& model) const {
 CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::shared_ptr<const RoundedWeights> rounded)
     : cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
   if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
-  std::int64_t bytes = 0;
+  std::int64_t bytes = model.quantized_bytes();
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);
   if (precision == DecodePrecision::fp32) return;
@@ -198,8 +204,9 @@ bool CpuDecoder::shares_base(const CpuDecoder& other) const {
     return a.defined() == b.defined() && (!a.defined() || a.data_ptr() == b.data_ptr());
   };
   const InferenceWeights &a = w_, &b = other.w_;
-  if (a.layers.size() != b.layers.size() || !same(a.embed, b.embed) || !same(a.final_norm, b.final_norm) ||
-      !same(a.lm_head.weight, b.lm_head.weight) || !same(a.lm_head.bias, b.lm_head.bias))
+  if (a.layers.size() != b.layers.size() || !same(a.embed, b.embed) || a.quantized_embed != b.quantized_embed ||
+      !same(a.final_norm, b.final_norm) || !same(a.lm_head.weight, b.lm_head.weight) ||
+      a.lm_head.quantized != b.lm_head.quantized || !same(a.lm_head.bias, b.lm_head.bias))
     return false;
   for (std::size_t l = 0; l < a.layers.size(); ++l) {
     const LayerWeights &x = a.layers[l], &y = b.layers[l];
@@ -208,7 +215,9 @@ bool CpuDecoder::shares_base(const CpuDecoder& other) const {
       return false;
     for (auto m : {&LayerWeights::q, &LayerWeights::k, &LayerWeights::v, &LayerWeights::o, &LayerWeights::gate,
                    &LayerWeights::up, &LayerWeights::down})
-      if (!same((x.*m).weight, (y.*m).weight) || !same((x.*m).bias, (y.*m).bias)) return false;
+      if (!same((x.*m).weight, (y.*m).weight) || (x.*m).quantized != (y.*m).quantized ||
+          !same((x.*m).bias, (y.*m).bias))
+        return false;
   }
   return true;
 }
@@ -271,7 +280,13 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
 
   std::vector<float> x(A * H), h(A * H), q(A * nh * D), k(A * nkv * D), v(A * nkv * D), attn(A * nh * D), gate(A * I),
       up(A * I);
-  for (std::int64_t r = 0; r < A; ++r) std::copy_n(data(w_.embed) + rows[r0 + r].id * H, H, x.data() + r * H);
+  for (std::int64_t r = 0; r < A; ++r) {
+    const std::int64_t id = rows[r0 + r].id;
+    if (w_.quantized_embed)
+      w_.quantized_embed->dequantize_rows(id, id + 1, x.data() + r * H);
+    else
+      std::copy_n(data(w_.embed) + id * H, H, x.data() + r * H);
+  }
 
   const bool bf16 = precision_ == DecodePrecision::bf16;
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {

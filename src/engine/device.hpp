@@ -9,6 +9,8 @@ namespace rlloop::engine {
 struct DeviceChoice {
   torch::Device device{torch::kCPU};
   torch::ScalarType dtype = torch::kFloat32;  // CUDA: bf16; CPU: fp32 (CPU bf16 is slow and inaccurate here)
+  // A GGUF base that LoRA sessions share keeps its matrices quantized (fp32 on the CPU only: gguf_model.hpp).
+  bool quantized_base = true;
 };
 
 // "auto" picks CUDA when this LibTorch build has it and a GPU is visible; "cpu", "cuda", "cuda:N" force one.

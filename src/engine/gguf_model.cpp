@@ -1,5 +1,6 @@
 #include "gguf_model.hpp"
 
+#include <cstring>
 #include <filesystem>
 #include <span>
 
@@ -131,30 +132,62 @@ ModelConfig gguf_model_config(const gguf::File& file) {
   }
 }
 
+namespace {
+
+// A tensor's values as fp32 in Hugging Face's layout.
+torch::Tensor dequantized_tensor(const gguf::File& file, const ModelConfig& config, const gguf::TensorInfo& t) {
+  std::vector<std::int64_t> shape(t.shape.rbegin(), t.shape.rend());  // ggml lists the fastest dimension first
+  auto values = torch::empty(shape, torch::kFloat32);
+  gguf::dequantize(t.type, file.bytes(t), std::span<float>(values.data_ptr<float>(), values.numel()));
+  if (const std::int64_t heads = reordered_heads(config, t.name))
+    values = reorder_head_rows(values, heads, /*to_gguf=*/false);
+  return values;
+}
+
+// A matrix's blocks copied out of the file (which may then close), its rows in Hugging Face's order: the row
+// reordering of the converter moves whole rows, so it applies to the blocks as to the values.
+std::shared_ptr<const QuantizedMatrix> quantized_tensor(const gguf::File& file, const ModelConfig& config,
+                                                        const gguf::TensorInfo& t) {
+  const auto rows = static_cast<std::int64_t>(t.shape[1]), cols = static_cast<std::int64_t>(t.shape[0]);
+  const auto bytes = file.bytes(t);
+  auto blocks = torch::empty({rows, static_cast<std::int64_t>(bytes.size()) / rows}, torch::kUInt8);
+  if (blocks.numel() != static_cast<std::int64_t>(bytes.size()))
+    throw invalid_argument("GGUF file '" + file.path() + "': tensor '" + t.name + "' is not rows of whole blocks");
+  std::memcpy(blocks.data_ptr(), bytes.data(), bytes.size());
+  if (const std::int64_t heads = reordered_heads(config, t.name))
+    blocks = reorder_head_rows(blocks, heads, /*to_gguf=*/false);
+  return std::make_shared<const QuantizedMatrix>(t.type, rows, cols, std::move(blocks));
+}
+
+}  // namespace
+
 TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
   TensorMap out;
-  for (const auto& t : file.tensors()) {
-    const std::string name = hf_name(file, t.name);
-    std::vector<std::int64_t> shape(t.shape.rbegin(), t.shape.rend());  // ggml lists the fastest dimension first
-    auto values = torch::empty(shape, torch::kFloat32);
-    gguf::dequantize(t.type, file.bytes(t), std::span<float>(values.data_ptr<float>(), values.numel()));
-    if (const std::int64_t heads = reordered_heads(config, t.name))
-      values = reorder_head_rows(values, heads, /*to_gguf=*/false);
-    out.emplace(name, std::move(values));
-  }
+  for (const auto& t : file.tensors()) out.emplace(hf_name(file, t.name), dequantized_tensor(file, config, t));
   return out;
 }
 
-std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype) {
+std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype,
+                                             bool keep_quantized) {
   const auto file = gguf::File::open(path);
   const ModelConfig config = gguf_model_config(file);
-  auto model = std::make_shared<Transformer>(config, torch::TensorOptions().device(device).dtype(dtype));
+  keep_quantized = keep_quantized && device.is_cpu() && dtype == torch::kFloat32;
+  QuantizedTensors quantized;
+  TensorMap dense;
   try {
-    model->load_hf_state_dict(gguf_hf_tensors(file, config));
+    for (const auto& t : file.tensors()) {
+      const std::string name = hf_name(file, t.name);
+      if (keep_quantized && t.shape.size() == 2 && t.type != gguf::TensorType::f32)
+        quantized.emplace(name, quantized_tensor(file, config, t));
+      else
+        dense.emplace(name, dequantized_tensor(file, config, t));
+    }
+    auto model = std::make_shared<Transformer>(config, torch::TensorOptions().device(device).dtype(dtype), quantized);
+    model->load_hf_state_dict(dense);
+    return model;
   } catch (const invalid_argument& e) {  // a tensor missing, or of another shape than the metadata's config
     throw invalid_argument("GGUF file '" + path + "': " + e.what());
   }
-  return model;
 }
 
 }  // namespace rlloop::engine

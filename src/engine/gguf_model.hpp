@@ -1,6 +1,7 @@
 // Models from GGUF files (llama.cpp's and Ollama's format): the configuration from the file's metadata and the
-// weights under the engine's (Hugging Face) names, dequantized to fp32 and cast to the session's dtype, with what
-// llama.cpp's converter did to them undone (it permutes the Llama family's q/k rows for GGML's RoPE layout).
+// weights under the engine's (Hugging Face) names, dequantized to fp32 and cast to the session's dtype (or kept in
+// their blocks for a frozen base), with what llama.cpp's converter did to them undone (it permutes the Llama
+// family's q/k rows for GGML's RoPE layout).
 // Architectures llama, qwen2 and qwen3.
 #pragma once
 #include <memory>
@@ -28,7 +29,11 @@ ModelConfig gguf_model_config(const gguf::File& file);
 // Every tensor of the file under its Hugging Face name, dequantized to fp32, in Hugging Face's layout.
 TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config);
 
-std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype);
+// The model of a GGUF file on `device` as `dtype`. With `keep_quantized` (honoured for fp32 on the CPU) its
+// matrices stay in their blocks (quantized_matrix.hpp: F16 and BF16 ones too, every type but F32), for a frozen
+// base that LoRA sessions share; otherwise every tensor is dequantized.
+std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype,
+                                             bool keep_quantized = false);
 
 // llama.cpp's name for an engine (Hugging Face) tensor name, "model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"; nullopt for a name llama.cpp's llama, qwen2 and qwen3 models do not have.

@@ -134,6 +134,7 @@ struct LocalSession::Impl {
       : options(opts), service(svc), bases(std::move(registry)) {
     decode_precision = decode_precision_of(service.sampling_precision);
     dev = choose_device(service.device);
+    dev.quantized_base = service.quantized_base;
     resolved_base = resolve_base_model(service, options.base_model);
     key = base_key(resolved_base, dev);
     model = make_model();
@@ -565,6 +566,7 @@ SessionInfo LocalSession::info() {
         i.lora = impl_->options.lora;
         i.vocab_size = cfg.vocab_size;
         i.max_position_embeddings = cfg.max_position_embeddings;
+        i.num_parameters = impl_->model->quantized_values();
         for (const auto& p : impl_->model->parameters()) i.num_parameters += p.numel();
         for (auto& [n, t] : impl_->model->named_trainable_parameters()) i.num_trainable_parameters += t.numel();
         i.tokenizer = tokenizer_spec(cfg, impl_->resolved_base);

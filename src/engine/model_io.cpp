@@ -251,8 +251,9 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
 
 // ----------------------------------------------------------------------------------------- model dirs
 
-std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype) {
-  if (is_gguf_path(dir)) return load_gguf_model(dir, device, dtype);
+std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
+                                        bool keep_quantized) {
+  if (is_gguf_path(dir)) return load_gguf_model(dir, device, dtype, keep_quantized);
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw not_found("load_model: model directory " + dir + " does not exist");
   const ModelConfig cfg = ModelConfig::load((d / "config.json").string());

@@ -22,7 +22,8 @@ void write_file_atomic(const std::string& path, const std::string& content);
 
 // Loads config.json and weights (single or sharded) from `dir`, onto `device` in `dtype`.
 // `dir` may also name a .gguf file (gguf_model.hpp).
-std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype);
+std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
+                                        bool keep_quantized = false);
 // Builds a randomly initialised model (seeded; std 0.02 normal, as HF initialises) for tests and from-scratch demos.
 std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
                                         torch::ScalarType dtype);

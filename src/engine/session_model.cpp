@@ -8,13 +8,13 @@
 
 namespace rlloop::engine {
 
-std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev) {
+std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev, bool shared) {
   const std::string prefix = "builtin:";
   if (resolved.rfind(prefix, 0) == 0) {
     auto cfg = builtin_model(resolved.substr(prefix.size()));
     return init_model(*cfg, 0, dev.device, dev.dtype);
   }
-  return load_model(resolved, dev.device, dev.dtype);
+  return load_model(resolved, dev.device, dev.dtype, shared && dev.quantized_base);
 }
 
 std::string base_key(const std::string& resolved, const DeviceChoice& dev) {
@@ -26,14 +26,14 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
   SessionModel out;
   if (options.lora) {
     out.shared_base = bases.base(base_key(resolved, dev), [&] {
-      auto base = load_base(resolved, dev);
+      auto base = load_base(resolved, dev, /*shared=*/true);
       for (auto& p : base->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
       return base;
     });
     out.model = Transformer::sharing_base(*out.shared_base->model);
     out.model->enable_lora(*options.lora, options.seed);
   } else {
-    out.model = load_base(resolved, dev);
+    out.model = load_base(resolved, dev, /*shared=*/false);
   }
   if (options.value_head) out.model->enable_value_head(options.seed);
   return out;

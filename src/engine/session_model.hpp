@@ -16,8 +16,9 @@ namespace rlloop::engine {
 
 // The base's weights as the session starts from them: a built-in model's fixed seeded initialisation (not the
 // session's seed: every session on "rlloop-small" starts from the same model, which is what lets them share
-// it) or a model directory's files.
-std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev);
+// it) or a model directory's or GGUF file's. A `shared` base (frozen, for LoRA sessions) of a GGUF file keeps its
+// matrices quantized where DeviceChoice::quantized_base says so; a private one (full fine-tuning) is dense.
+std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev, bool shared);
 
 // The registry key of a base: the same model on the same device in the same dtype is the same base.
 std::string base_key(const std::string& resolved, const DeviceChoice& dev);

@@ -91,6 +91,17 @@ void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N,
   linear_rows_group(X, M, K, {&product, 1});
 }
 
+void linear_rows_serial(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
+                        std::int64_t ldy, bool accumulate) {
+  if (!small_gemm_applies(M, K)) {
+    blas::gemm<float>(false, true, M, N, K, 1.0f, X, K, W, K, accumulate ? 1.0f : 0.0f, Y, ldy);
+    return;
+  }
+#if RLLOOP_SIMD_X86
+  kernel(X, M, W, 0, N, K, Y, ldy, accumulate);
+#endif
+}
+
 void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span<const RowProduct> products) {
   if (!small_gemm_applies(M, K)) {
     for (const RowProduct& p : products)

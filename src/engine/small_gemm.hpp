@@ -18,6 +18,12 @@ bool small_gemm_applies(std::int64_t M, std::int64_t K);
 void linear_rows(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
                  bool accumulate);
 
+// The same product on the calling thread only, into columns of a wider Y (leading dimension ldy >= N): the
+// building block of products whose weights arrive in pieces (quantized_matrix.cpp dequantizes a few rows of W at
+// a time and multiplies each piece as it comes).
+void linear_rows_serial(const float* X, std::int64_t M, const float* W, std::int64_t N, std::int64_t K, float* Y,
+                        std::int64_t ldy, bool accumulate);
+
 // One of several products of the same input: Y (row-major [M, N]) = X W^T (W row-major [N, K]), or += with
 // `accumulate`.
 struct RowProduct {

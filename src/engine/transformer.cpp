@@ -42,14 +42,26 @@ std::string module_name(const std::string& hf_name) {
 struct Linear {
   std::string name;        // HF prefix, e.g. "model.layers.0.self_attn.q_proj"
   std::string short_name;  // "q_proj", ..., "lm_head"
-  torch::Tensor weight;    // [out, in]
+  torch::Tensor weight;    // [out, in]; undefined when quantized
+  std::shared_ptr<const QuantizedMatrix> quantized;  // the weight in its GGUF blocks (a frozen base), or null
   torch::Tensor bias;      // undefined without bias
   torch::Tensor lora_a;    // [rank, in]; undefined without LoRA
   torch::Tensor lora_b;    // [out, rank]
   double lora_scale = 0.0;
 
+  std::int64_t out_features() const { return quantized ? quantized->rows() : weight.size(0); }
+  std::int64_t in_features() const { return quantized ? quantized->cols() : weight.size(1); }
+  // The weight's values as a tensor: the parameter, or the quantized blocks dequantized to fp32.
+  torch::Tensor dense_weight() const { return quantized ? quantized->dequantize() : weight; }
+
   torch::Tensor apply(const torch::Tensor& x) const {
-    torch::Tensor y = torch::linear(x, weight, bias);
+    torch::Tensor y;
+    if (quantized) {
+      y = quantized_linear(x, quantized);
+      if (bias.defined()) y = y + bias;
+    } else {
+      y = torch::linear(x, weight, bias);
+    }
     if (!lora_a.defined()) return y;
     // Adapters may be kept in a wider dtype than the base (fp32 adapters over bf16 weights, as PEFT does).
     const auto& xa = x.scalar_type() == lora_a.scalar_type() ? x : x.to(lora_a.scalar_type());
@@ -63,7 +75,8 @@ struct Linear {
   torch::Tensor merged_weight() const {
     torch::NoGradGuard no_grad;
     auto acc = lora_a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    return (weight.to(acc) + lora_scale * torch::matmul(lora_b.to(acc), lora_a.to(acc))).to(weight.scalar_type());
+    const torch::Tensor w = dense_weight();
+    return (w.to(acc) + lora_scale * torch::matmul(lora_b.to(acc), lora_a.to(acc))).to(w.scalar_type());
   }
 };
 
@@ -79,23 +92,28 @@ struct Layer {
 struct Transformer::Impl {
   ModelConfig cfg;
   torch::TensorOptions options;
-  torch::Tensor embed;
+  torch::Tensor embed;  // undefined when embed_quantized holds it
+  std::shared_ptr<const QuantizedMatrix> embed_quantized;
   torch::Tensor final_norm;
   std::vector<Layer> layers;
   Linear lm_head;  // weight aliases embed when tied
   std::optional<LoraOptions> lora;
   Linear value_head;  // undefined weight without a value head
 
-  // Every base weight under its HF name, in a fixed order (init_model draws from one generator in this order).
+  torch::Device device() const { return options.device(); }
+  torch::ScalarType dtype() const { return c10::typeMetaToScalarType(options.dtype()); }
+
+  // Every dense base weight (parameter) under its HF name, in a fixed order (init_model draws from one generator
+  // in this order); quantized matrices are for_each_quantized's.
   template <class F>
   void for_each_base(F&& f) const {
-    f(std::string("model.embed_tokens.weight"), embed);
+    if (embed.defined()) f(std::string("model.embed_tokens.weight"), embed);
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       f(p + "input_layernorm.weight", l.input_norm);
       for (const Linear* lin : l.linears()) {
-        f(lin->name + ".weight", lin->weight);
+        if (lin->weight.defined()) f(lin->name + ".weight", lin->weight);
         if (lin->bias.defined()) f(lin->name + ".bias", lin->bias);
       }
       if (cfg.qk_norm) {
@@ -105,7 +123,16 @@ struct Transformer::Impl {
       f(p + "post_attention_layernorm.weight", l.post_norm);
     }
     f(std::string("model.norm.weight"), final_norm);
-    if (!cfg.tie_word_embeddings) f(std::string("lm_head.weight"), lm_head.weight);
+    if (!cfg.tie_word_embeddings && lm_head.weight.defined()) f(std::string("lm_head.weight"), lm_head.weight);
+  }
+  // The quantized matrices under their HF names.
+  template <class F>
+  void for_each_quantized(F&& f) const {
+    if (embed_quantized) f(std::string("model.embed_tokens.weight"), *embed_quantized);
+    for (const auto& l : layers)
+      for (const Linear* lin : l.linears())
+        if (lin->quantized) f(lin->name + ".weight", *lin->quantized);
+    if (!cfg.tie_word_embeddings && lm_head.quantized) f(std::string("lm_head.weight"), *lm_head.quantized);
   }
 
   template <class F>
@@ -204,8 +231,15 @@ Transformer::Transformer() : impl_(std::make_shared<Impl>()) {}
 
 Transformer::Transformer(const ModelConfig& cfg) : Transformer(cfg, torch::TensorOptions().dtype(torch::kFloat32)) {}
 
-Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options) : impl_(std::make_shared<Impl>()) {
+Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options)
+    : Transformer(cfg, options, QuantizedTensors{}) {}
+
+Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized)
+    : impl_(std::make_shared<Impl>()) {
   cfg.validate();
+  const bool cpu_fp32 = options.device().is_cpu() && c10::typeMetaToScalarType(options.dtype()) == torch::kFloat32;
+  if (!quantized.empty() && !cpu_fp32)
+    throw invalid_argument("Transformer: quantized weights need an fp32 model on the CPU");
   impl_->cfg = cfg;
   impl_->options = options;
   const std::int64_t H = cfg.hidden_size, I = cfg.intermediate_size, D = cfg.head_dim;
@@ -215,17 +249,31 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options) :
     auto t = ones ? torch::ones(shape, options) : torch::zeros(shape, options);
     return register_parameter(module_name(name), t, /*requires_grad=*/true);
   };
+  std::set<std::string> quantized_used;
+  // The matrix `name` from `quantized` (checked against its shape), or null when it is not there.
+  auto quantized_matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    auto it = quantized.find(name);
+    if (it == quantized.end()) return std::shared_ptr<const QuantizedMatrix>();
+    if (it->second->rows() != rows || it->second->cols() != cols)
+      throw invalid_argument("Transformer: tensor '" + name + "' has shape [" + std::to_string(it->second->rows()) +
+                             ", " + std::to_string(it->second->cols()) + "], the model expects [" +
+                             std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    quantized_used.insert(name);
+    return it->second;
+  };
   auto linear = [&](const std::string& name, const std::string& short_name, std::int64_t out, std::int64_t in,
                     bool bias) {
     Linear l;
     l.name = name;
     l.short_name = short_name;
-    l.weight = param(name + ".weight", {out, in}, false);
+    l.quantized = quantized_matrix(name + ".weight", out, in);
+    if (!l.quantized) l.weight = param(name + ".weight", {out, in}, false);
     if (bias) l.bias = param(name + ".bias", {out}, false);
     return l;
   };
 
-  impl_->embed = param("model.embed_tokens.weight", {cfg.vocab_size, H}, false);
+  impl_->embed_quantized = quantized_matrix("model.embed_tokens.weight", cfg.vocab_size, H);
+  if (!impl_->embed_quantized) impl_->embed = param("model.embed_tokens.weight", {cfg.vocab_size, H}, false);
   for (std::int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer l;
@@ -247,7 +295,16 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options) :
   impl_->final_norm = param("model.norm.weight", {H}, true);
   impl_->lm_head.name = "lm_head";
   impl_->lm_head.short_name = "lm_head";
-  impl_->lm_head.weight = cfg.tie_word_embeddings ? impl_->embed : param("lm_head.weight", {cfg.vocab_size, H}, false);
+  if (cfg.tie_word_embeddings) {
+    impl_->lm_head.weight = impl_->embed;
+    impl_->lm_head.quantized = impl_->embed_quantized;
+  } else {
+    impl_->lm_head.quantized = quantized_matrix("lm_head.weight", cfg.vocab_size, H);
+    if (!impl_->lm_head.quantized) impl_->lm_head.weight = param("lm_head.weight", {cfg.vocab_size, H}, false);
+  }
+  for (const auto& [name, matrix] : quantized)
+    if (!quantized_used.count(name))
+      throw invalid_argument("Transformer: no matrix of this " + cfg.model_type + " model is named '" + name + "'");
 }
 
 const ModelConfig& Transformer::config() const { return impl_->cfg; }
@@ -263,6 +320,7 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   to.cfg = from.cfg;
   to.options = from.options;
   to.embed = from.embed;
+  to.embed_quantized = from.embed_quantized;
   to.final_norm = from.final_norm;
   to.layers = from.layers;
   to.lm_head = from.lm_head;
@@ -299,7 +357,7 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     if (past + T > cache->capacity)
       throw invalid_argument("Transformer::hidden_states: KV cache capacity " + std::to_string(cache->capacity) +
                              " exceeded (" + std::to_string(past) + " cached + " + std::to_string(T) + " new tokens)");
-    const auto model_dtype = impl_->embed.scalar_type();
+    const auto model_dtype = impl_->dtype();
     if (!cache->keys.empty() && cache->keys[0].scalar_type() != model_dtype)
       throw invalid_argument("Transformer::hidden_states: the KV cache holds " +
                              std::string(c10::toString(cache->keys[0].scalar_type())) +
@@ -307,8 +365,8 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   }
   const std::int64_t S = past + T;  // key length
   const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  const auto device = impl_->embed.device();
-  const auto dtype = impl_->embed.scalar_type();
+  const auto device = impl_->device();
+  const auto dtype = impl_->dtype();
   torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
 
   // [T, D] rows of the RoPE tables, broadcast over batch and heads.
@@ -317,7 +375,8 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
-  torch::Tensor x = torch::embedding(impl_->embed, ids);
+  torch::Tensor x =
+      impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) {
     const Layer& layer = impl_->layers[li];
     torch::Tensor h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps);
@@ -355,6 +414,7 @@ torch::Tensor Transformer::logits(const torch::Tensor& hidden) { return impl_->l
 TensorMap Transformer::hf_state_dict() const {
   TensorMap out;
   impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { out[name] = t.detach(); });
+  impl_->for_each_quantized([&](const std::string& name, const QuantizedMatrix& q) { out[name] = q.dequantize(); });
   return out;
 }
 
@@ -421,13 +481,13 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
   // A is drawn on the CPU in fp32 from its own generator so the init is the same on every device.
   auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
   const double scale = static_cast<double>(options.alpha) / options.rank;
-  const auto base_dtype = impl_->embed.scalar_type();
+  const auto base_dtype = impl_->dtype();
   // Adapters stay fp32 unless the base is fp64 (PEFT keeps adapters in fp32 over bf16 weights).
   const auto lora_dtype = base_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  const auto device = impl_->embed.device();
+  const auto device = impl_->device();
   impl_->for_each_linear([&](Linear& lin) {
     if (!targets.count(lin.short_name)) return;
-    const std::int64_t out = lin.weight.size(0), in = lin.weight.size(1);
+    const std::int64_t out = lin.out_features(), in = lin.in_features();
     // PEFT: kaiming_uniform_(a=sqrt(5)) => U(-1/sqrt(in), 1/sqrt(in)).
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
     auto a = torch::empty({options.rank, in}, torch::kFloat32).uniform_(-bound, bound, gen);
@@ -510,7 +570,10 @@ TensorMap Transformer::merged_hf_state_dict() const {
 InferenceWeights Transformer::inference_weights() {
   torch::NoGradGuard no_grad;
   auto linear = [](const Linear& lin) {
-    LinearWeights w{lin.weight.detach(), lin.bias.defined() ? lin.bias.detach() : torch::Tensor()};
+    LinearWeights w;
+    if (lin.weight.defined()) w.weight = lin.weight.detach();
+    w.quantized = lin.quantized;
+    if (lin.bias.defined()) w.bias = lin.bias.detach();
     if (lin.lora_a.defined()) {
       w.lora_a = lin.lora_a.detach();
       w.lora_b = lin.lora_b.detach();
@@ -519,7 +582,8 @@ InferenceWeights Transformer::inference_weights() {
     return w;
   };
   InferenceWeights out;
-  out.embed = impl_->embed.detach();
+  if (impl_->embed.defined()) out.embed = impl_->embed.detach();
+  out.quantized_embed = impl_->embed_quantized;
   out.final_norm = impl_->final_norm.detach();
   for (const Layer& l : impl_->layers) {
     LayerWeights w;
@@ -534,8 +598,20 @@ InferenceWeights Transformer::inference_weights() {
     out.layers.push_back(std::move(w));
   }
   out.lm_head = linear(impl_->lm_head);
-  std::tie(out.rope_cos, out.rope_sin) = impl_->rope_tables(impl_->embed.device(), impl_->embed.scalar_type());
+  std::tie(out.rope_cos, out.rope_sin) = impl_->rope_tables(impl_->device(), impl_->dtype());
   return out;
+}
+
+std::int64_t Transformer::quantized_bytes() const {
+  std::int64_t bytes = 0;
+  impl_->for_each_quantized([&](const std::string&, const QuantizedMatrix& q) { bytes += q.bytes(); });
+  return bytes;
+}
+
+std::int64_t Transformer::quantized_values() const {
+  std::int64_t values = 0;
+  impl_->for_each_quantized([&](const std::string&, const QuantizedMatrix& q) { values += q.rows() * q.cols(); });
+  return values;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_parameters() {
@@ -547,6 +623,9 @@ std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_
       out.emplace_back(Impl::peft_prefix(lin) + ".lora_B.weight", lin.lora_b);
     });
   } else {
+    if (quantized_bytes() > 0)
+      throw conflict("full fine-tuning needs dense weights: this model keeps its base quantized (train LoRA adapters, "
+                     "or load the model dequantized)");
     impl_->for_each_base([&](const std::string& name, const torch::Tensor& t) { out.emplace_back(name, t); });
   }
   if (has_value_head()) {

@@ -13,6 +13,7 @@
 #include <rlloop/types.hpp>
 
 #include "model_config.hpp"
+#include "quantized_matrix.hpp"
 
 namespace rlloop::engine {
 
@@ -39,17 +40,22 @@ struct KVCache {
 
 // What an inference kernel reads: the parameters themselves as plain tensors (no autograd, no copies).
 struct LinearWeights {
-  torch::Tensor weight;          // [out, in]
+  torch::Tensor weight;          // [out, in]; undefined when the weight is quantized
+  std::shared_ptr<const QuantizedMatrix> quantized;  // the weight in its GGUF blocks, or null
   torch::Tensor bias;            // [out]; undefined without bias
   torch::Tensor lora_a, lora_b;  // [rank, in], [out, rank]; undefined without an adapter
   double lora_scale = 0.0;       // y = x W^T + b + lora_scale * (x A^T) B^T
+
+  std::int64_t out_features() const { return quantized ? quantized->rows() : weight.size(0); }
+  std::int64_t in_features() const { return quantized ? quantized->cols() : weight.size(1); }
 };
 struct LayerWeights {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;  // q_norm/k_norm only with qk_norm
   LinearWeights q, k, v, o, gate, up, down;
 };
 struct InferenceWeights {
-  torch::Tensor embed, final_norm;
+  torch::Tensor embed, final_norm;  // embed undefined when quantized_embed holds it
+  std::shared_ptr<const QuantizedMatrix> quantized_embed;
   std::vector<LayerWeights> layers;
   LinearWeights lm_head;
   torch::Tensor rope_cos, rope_sin;  // [max_position_embeddings, head_dim], the tables hidden_states uses
@@ -61,6 +67,11 @@ class Transformer : public torch::nn::Module {
   // Allocates the weights directly with `options` (device, dtype): loading a large model onto a GPU
   // never materialises an fp32 CPU copy first. Weights start at zero, norms at one.
   Transformer(const ModelConfig& cfg, torch::TensorOptions options);
+  // The same with the matrices named in `quantized` (HF names of the embedding, the projections and lm_head,
+  // each of its shape) kept in their blocks instead of parameters: a frozen base for LoRA sessions
+  // (quantized_matrix.hpp). CPU and fp32 only. Such a model trains adapters only: full fine-tuning, and loading
+  // those matrices' values, need dense weights.
+  Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized);
 
   const ModelConfig& config() const;
 
@@ -79,7 +90,8 @@ class Transformer : public torch::nn::Module {
   }
 
   // Base weights under HF names ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
-  // "lm_head.weight" unless tied). Loading checks every name and shape and copies in place.
+  // "lm_head.weight" unless tied), quantized ones dequantized to fp32. Loading checks every name and shape and
+  // copies in place; it takes the dense weights only (a quantized model's matrices are fixed at construction).
   TensorMap hf_state_dict() const;
   void load_hf_state_dict(const TensorMap& tensors);
 
@@ -103,6 +115,10 @@ class Transformer : public torch::nn::Module {
   bool has_value_head() const;
   // [B, T, H] -> [B, T] fp32.
   torch::Tensor values(const torch::Tensor& hidden);
+
+  // The bytes of the matrices kept quantized (0 for a dense model), and how many values they hold.
+  std::int64_t quantized_bytes() const;
+  std::int64_t quantized_values() const;
 
   // Views of the current weights for inference kernels (see InferenceWeights).
   InferenceWeights inference_weights();

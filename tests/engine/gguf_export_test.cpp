@@ -53,8 +53,9 @@ std::map<std::string, gguf::Value> tokenizer_metadata(std::int64_t vocab) {
           {"general.name", {std::string("tiny test base")}}};
 }
 
-// A small Llama with random weights (grouped-query attention: 4 heads over 2), written as a GGUF F32 base.
-std::string write_base(const fs::path& dir) {
+// A small Llama with random weights (grouped-query attention: 4 heads over 2), written as a GGUF base of `type`
+// (vectors F32).
+std::string write_base(const fs::path& dir, gguf::TensorType type = gguf::TensorType::f32) {
   engine::ModelConfig c;
   c.model_type = "llama";
   c.vocab_size = 300;
@@ -72,8 +73,8 @@ std::string write_base(const fs::path& dir) {
   for (auto& [name, t] : weights)
     t = name.find("norm") != std::string::npos ? 1 + 0.1 * torch::randn(t.sizes()) : 0.1 * torch::randn(t.sizes());
   model.load_hf_state_dict(weights);
-  const std::string path = (dir / "base.gguf").string();
-  engine::save_gguf_model(model, path, gguf::TensorType::f32, tokenizer_metadata(c.vocab_size));
+  const std::string path = (dir / ("base-" + gguf::to_string(type) + ".gguf")).string();
+  engine::save_gguf_model(model, path, type, tokenizer_metadata(c.vocab_size));
   return path;
 }
 
@@ -141,6 +142,55 @@ TEST(GgufExport, MergedModelsLoadBackWithTheAdaptedLogprobsAndTheAdapterHoldsThe
     const auto expected = as_matrix(base, w) + 2.0 * as_matrix(adapter, b).matmul(as_matrix(adapter, a));
     EXPECT_LE((expected - as_matrix(merged, merged.tensor(name))).abs().max().item<double>(), 1e-6) << name;
   }
+}
+
+// LoRA sessions share a GGUF base in its quantized blocks (the default) or dequantized at load: the two train
+// alike (losses, logprobs, the adapters after three steps), sample alike and export alike; the service reports
+// the same parameter count.
+TEST(GgufExport, LoraOnAQuantizedBaseTrainsAsOnItsDequantizedCopy) {
+  const auto dir = temp_dir("gguf-export", "quantized-base");
+  const std::string base_path = write_base(dir, gguf::TensorType::q8_0);
+  struct Run {
+    std::vector<double> losses;
+    ForwardBackwardOutput last;
+    std::vector<token_id> sampled;
+    std::int64_t parameters = 0, base_bytes = 0;
+    torch::Tensor merged_q;  // blk.1.attn_q.weight of the merged F32 export
+  };
+  auto run = [&](bool quantized) {
+    auto options = service_in((dir / (quantized ? "q" : "d")).string());
+    options.quantized_base = quantized;
+    ServiceClient<LocalService> service{LocalService(options)};
+    auto lora = service.create_lora_training_client(base_path, {.rank = 4, .alpha = 8, .seed = 2});
+    Run r;
+    for (int s = 0; s < 3; ++s) {
+      r.last = lora.forward_backward(batch(), LossSpec::cross_entropy()).get();
+      r.losses.push_back(r.last.metrics.at("loss:sum"));
+      lora.optim_step(AdamParams{.learning_rate = 2e-2}).get();
+    }
+    r.last = lora.forward(batch(), LossSpec::cross_entropy()).get();
+    r.parameters = lora.get_info().num_parameters;
+    r.base_bytes = service.service().base_model_stats().at(0).shared_weight_bytes;
+    const auto samples =
+        lora.live_sampling_client().sample(ModelInput::from_tokens(bytes("12+")), 2, {.max_tokens = 6}).get();
+    for (const auto& s : samples.sequences) r.sampled.insert(r.sampled.end(), s.tokens.begin(), s.tokens.end());
+    const std::string merged = (dir / (quantized ? "merged-q.gguf" : "merged-d.gguf")).string();
+    lora.session().export_gguf_model(merged, "F32").get();
+    const auto file = gguf::File::open(merged);
+    r.merged_q = torch::tensor(file.dequantize(file.tensor("blk.1.attn_q.weight")));
+    return r;
+  };
+  const Run q = run(true), d = run(false);
+  ASSERT_EQ(q.losses.size(), d.losses.size());
+  for (std::size_t i = 0; i < q.losses.size(); ++i) EXPECT_NEAR(q.losses[i], d.losses[i], 1e-5 * d.losses[i]);
+  EXPECT_GT(d.losses.front() - d.losses.back(), 1.0);  // it trained
+  EXPECT_LE(max_difference(q.last, d.last), 1e-5);
+  EXPECT_EQ(q.sampled, d.sampled);
+  EXPECT_EQ(q.parameters, d.parameters);
+  // Q8_0 takes 34 bytes per 32 weights, fp32 128; the norms stay fp32 in both.
+  EXPECT_LT(q.base_bytes, d.base_bytes * 0.3);
+  EXPECT_GT(q.base_bytes, d.base_bytes * 34 / 128);
+  EXPECT_LE((q.merged_q - d.merged_q).abs().max().item<double>(), 1e-6);
 }
 
 TEST(GgufExport, BadRequestsNameWhatIsWrongAndTheSessionGoesOn) {
