@@ -52,6 +52,8 @@ SMOLLM2_CHATS = [
      {"role": "user", "content": "Write one sentence about the sea."}],
 ]
 SMOLLM2_TOLERANCE = 1e-4
+# The same dequantized values in products that sum in another order (pieces of the matrix, not the whole).
+QUANTIZED_BASE_TOLERANCE = 1e-5
 TINY_TOLERANCE = 1e-5
 
 # Hugging Face's names of a block's tensors and llama.cpp's.
@@ -69,8 +71,8 @@ MODEL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.wei
                "lm_head.weight": "output.weight"}
 
 
-def hf_logits(tool, model, tokens):
-    run = subprocess.run([tool, model, ",".join(map(str, tokens))], capture_output=True, text=True)
+def hf_logits(tool, model, tokens, *flags):
+    run = subprocess.run([tool, model, ",".join(map(str, tokens)), *flags], capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"hf_logits {model} failed ({run.returncode}): {run.stderr.strip()}")
     return torch.tensor(json.loads(run.stdout)["logits"], dtype=torch.float64)
@@ -240,6 +242,12 @@ def main():
               f"(largest |logit| {ref.abs().max().item():.1f}), argmax {'equal' if same_argmax else 'DIFFERS'}")
         if not diff <= SMOLLM2_TOLERANCE:
             failures.append(f"smollm2 chat {i}: max |difference| {diff:.3e} > {SMOLLM2_TOLERANCE:.0e}")
+        # The base as LoRA sessions hold it: the same values read from the Q4_1/Q8_0 blocks in each product.
+        quantized = (hf_logits(tool, SMOLLM2, tokens, "--quantized-base") - mine).abs().max().item()
+        print(f"smollm2 chat {i}: quantized base - dequantized base {quantized:.1e}")
+        if not quantized <= QUANTIZED_BASE_TOLERANCE:
+            failures.append(f"smollm2 chat {i}: the quantized base differs by {quantized:.3e} "
+                            f"> {QUANTIZED_BASE_TOLERANCE:.0e}")
         if not same_argmax:
             failures.append(f"smollm2 chat {i}: the argmax differs at some position")
 

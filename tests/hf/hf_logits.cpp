@@ -1,4 +1,4 @@
-// hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--export-peft DIR]
+// hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--quantized-base] [--export-peft DIR]
 //           [--export-merged DIR] [--export-gguf-adapter FILE] [--export-gguf-model FILE] [--gguf-type TYPE]
 //
 // rlloop's side of hf_parity_test.py, gguf_parity_test.py and llama_cpp_agreement.js: loads a Hugging Face model
@@ -11,6 +11,8 @@
 //                       {"logprobs": [...], "argmax": [...], "margin": [...]} per position t < T-1: the log-probability
 //                       of token t+1, the most likely next token, and its lead over the second in log-probability
 //   --gguf-type TYPE    the merged GGUF model's matrices: F32, F16 (default), BF16 or Q8_0
+//   --quantized-base    a GGUF model's matrices kept in their blocks, as LoRA sessions share a base
+//                       (quantized_matrix.hpp), instead of dequantized at load
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -36,7 +38,9 @@ namespace {
 using namespace rlloop::engine;
 
 constexpr const char* kUsage =
-    "usage: hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--export-peft DIR]\n"
+    "usage: hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--quantized-base]\n"
+    "                 [--export-peft DIR]"
+    "\n"
     "                 [--export-merged DIR] [--export-gguf-adapter FILE] [--export-gguf-model FILE] [--gguf-type T]\n"
     "  TOKENS: comma-separated token ids, e.g. 1,5,9 (with --logprobs: sequences separated by ';')\n";
 
@@ -46,8 +50,21 @@ struct Args {
   std::string adapter_dir, peft_export_dir, merged_export_dir, gguf_adapter_path, gguf_model_path;
   std::string gguf_type = "F16";
   std::optional<std::int64_t> random_lora_seed;
-  bool logprobs = false;
+  bool logprobs = false, quantized_base = false;
 };
+
+// `text` as an integer, or invalid_argument "not <what>: '<text>'".
+std::int64_t parse_integer(const std::string& what, const std::string& text) {
+  std::size_t used = 0;
+  std::int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::logic_error&) {  // std::stoll's invalid_argument / out_of_range name no input
+    used = std::string::npos;
+  }
+  if (used != text.size()) throw std::invalid_argument("not " + what + ": '" + text + "'");
+  return value;
+}
 
 std::vector<std::int64_t> parse_tokens(const std::string& text) {
   std::vector<std::int64_t> ids;
@@ -55,14 +72,7 @@ std::vector<std::int64_t> parse_tokens(const std::string& text) {
   while (start <= text.size()) {
     std::size_t end = text.find(',', start);
     if (end == std::string::npos) end = text.size();
-    const std::string id = text.substr(start, end - start);
-    std::size_t used = 0;
-    try {
-      ids.push_back(std::stoll(id, &used));
-    } catch (const std::logic_error&) {  // std::stoll's invalid_argument / out_of_range name no input
-      used = std::string::npos;
-    }
-    if (used != id.size()) throw std::invalid_argument("not a token id: '" + id + "'");
+    ids.push_back(parse_integer("a token id", text.substr(start, end - start)));
     start = end + 1;
   }
   return ids;
@@ -75,8 +85,8 @@ Args parse_args(int argc, char** argv) {
   const std::string tokens = argv[2];
   for (int i = 3; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--logprobs") {
-      args.logprobs = true;
+    if (flag == "--logprobs" || flag == "--quantized-base") {
+      (flag == "--logprobs" ? args.logprobs : args.quantized_base) = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
@@ -94,7 +104,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--gguf-type")
       args.gguf_type = value;
     else if (flag == "--random-lora")
-      args.random_lora_seed = std::stoll(value);
+      args.random_lora_seed = parse_integer("a --random-lora seed", value);
     else
       throw std::invalid_argument("unknown option " + flag);
   }
@@ -178,7 +188,7 @@ int main(int argc, char** argv) {
   }
   try {
     torch::NoGradGuard no_grad;
-    auto model = load_model(args.model_dir, torch::kCPU, torch::kFloat32);
+    auto model = load_model(args.model_dir, torch::kCPU, torch::kFloat32, args.quantized_base);
     if (!args.adapter_dir.empty()) load_peft_adapter(*model, args.adapter_dir);
     if (args.random_lora_seed) add_random_lora(*model, *args.random_lora_seed);
     if (args.logprobs) {
