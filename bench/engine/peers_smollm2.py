@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Sampling speed on a real model beside the peers a user would pick instead, measured in one run on the same
-cores: rlloop (`rlloop sample --timing`, fp32 and its bf16 sampling precision) against transformers' `generate`
+cores: rlloop (`rlloop sample --timing`, fp32 and its bf16 sampling precision, and through a LoRA session over the
+base kept in its Q4_1 / Q8_0 blocks) against transformers' `generate`
 (fp32, the same GGUF file dequantized) and llama.cpp (node-llama-cpp 3.21.1's prebuilt build, on the Q4_1 file),
 SmolLM2-135M-Instruct, temperature 1 over the whole vocabulary, 128 new tokens, at 1 and at 16 parallel sequences;
 and greedy at 1 sequence, where llama.cpp's sampler costs least (node-llama-cpp's full-vocabulary sampling takes
@@ -55,12 +56,14 @@ const options = mode === 'greedy' ? {} : { temperature: 1, topK: 0, topP: 1, min
 """
 
 
-def rlloop(binary, n, threads, precision, repeats, temperature=1):
+def rlloop(binary, n, threads, precision, repeats, temperature=1, quantized=False):
+    """quantized: through a LoRA session (rank 8, untrained) over the base as LoRA sessions share it, its Q4_1 /
+    Q8_0 blocks dequantized in each product; otherwise a full model, the file dequantized to fp32 at load."""
     best = None
     for _ in range(repeats):
         run = subprocess.run([binary, "sample", "--model", MODEL, "--prompt", PROMPT, "-n", str(n), "--max-tokens",
                               str(NEW_TOKENS), "--temperature", str(temperature), "--threads", str(threads),
-                              "--seed", "1",
+                              "--seed", "1", *(["--lora-rank", "8"] if quantized else []),
                               "--sampling-precision", precision, "--timing"], capture_output=True, text=True)
         m = re.search(r"timing: \d+ sequences, (\d+) tokens sampled in ([0-9.]+) s", run.stdout)
         if run.returncode != 0 or not m:
@@ -120,12 +123,15 @@ def main():
         figures = {
             "rlloop fp32": rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1),
             "rlloop bf16": rlloop(args.rlloop, n, args.threads, "bf16", args.repeats + 1),
+            "rlloop Q4_1 base + LoRA": rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1, quantized=True),
             "transformers fp32": transformers_generate(hf, n, args.repeats),
         }
         if n == 1:
             figures["llama.cpp Q4_1"] = llama_cpp(NEW_TOKENS, args.threads, max(args.repeats, 5), "full")
             figures["rlloop fp32 greedy"] = rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1, 0)
             figures["rlloop bf16 greedy"] = rlloop(args.rlloop, n, args.threads, "bf16", args.repeats + 1, 0)
+            figures["rlloop Q4_1 base + LoRA greedy"] = rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1,
+                                                               0, quantized=True)
             figures["llama.cpp Q4_1 greedy"] = llama_cpp(NEW_TOKENS, args.threads, max(args.repeats, 5), "greedy")
         for system, (tokens, seconds) in figures.items():
             rows.append((n, system, tokens, seconds, tokens / seconds))
