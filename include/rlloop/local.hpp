@@ -12,13 +12,14 @@
 namespace rlloop {
 
 // The arithmetic of CPU sampling (LocalServiceOptions::sampling_precision).
-enum class SamplingPrecision { fp32, bf16 };
+enum class SamplingPrecision { fp32, bf16, int8 };
 
-// "fp32" or "bf16" (command lines, config files); anything else is an invalid_argument naming the value.
+// "fp32", "bf16" or "int8" (command lines, config files); anything else is an invalid_argument naming the value.
 inline SamplingPrecision sampling_precision_from(const std::string& name) {
   if (name == "fp32") return SamplingPrecision::fp32;
   if (name == "bf16") return SamplingPrecision::bf16;
-  throw invalid_argument("sampling_precision: unknown value '" + name + "' (expected fp32 or bf16)");
+  if (name == "int8") return SamplingPrecision::int8;
+  throw invalid_argument("sampling_precision: unknown value '" + name + "' (expected fp32, bf16 or int8)");
 }
 
 // Data parallelism: a service whose sessions train on `world_size` ranks, this process being rank 0 (the one the
@@ -54,7 +55,10 @@ struct LocalServiceOptions {
   // AVX512_BF16 (bench/engine/README.md; elsewhere the fp32 kernels compute the same rounding at about fp32
   // speed), logprobs off from compute_logprobs by the rounding (~1e-2); the importance_sampling and ppo losses
   // correct for exactly that kind of sampler/trainer mismatch. The prompt's prefill stays fp32. A session rounds
-  // the weights once and keeps them while they do not change. CUDA models are bf16 throughout and ignore this.
+  // the weights once and keeps them while they do not change. "int8": bf16, and a quantized GGUF base's Q4_0 /
+  // Q4_1 / Q8_0 matrices (quantized_base) multiply inputs rounded to 8 bits per block of 32 in integer products,
+  // as llama.cpp computes: the fastest decoding of such a base (SmolLM2: bench/README.md), logprobs off by ~0.05.
+  // CUDA models are bf16 throughout and ignore this.
   SamplingPrecision sampling_precision = SamplingPrecision::fp32;
   // Most sample rows decoded in one step by a base model's engine loop, summed over every session's requests;
   // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens do not

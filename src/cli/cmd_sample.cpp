@@ -32,8 +32,10 @@ int run(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--sampling-precision", precision, "fp32 or bf16 (CPU decoding; bf16 is faster with AVX512_BF16)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--sampling-precision", precision,
+                 "fp32, bf16 or int8 (CPU decoding; bf16 is faster with AVX512_BF16; int8 with --lora-rank on a "
+                 "quantized .gguf base)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   app.add_option("--lora-rank", lora_rank,
                  "sample through a LoRA session of this rank (its adapter untrained unless --checkpoint loads one), "
                  "over the shared base training sessions use; 0 = a full model")

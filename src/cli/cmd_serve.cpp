@@ -77,8 +77,9 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
       ->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", sampling_precision,
-                 "fp32 or bf16: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16; logprobs ~1e-2 off)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+                 "fp32, bf16 or int8: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16, logprobs ~1e-2 off; "
+                 "int8: a quantized base's 4/8-bit products in integers, logprobs ~0.05 off)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   app.add_flag("--dequantize-base", dequantize_base,
                "LoRA sessions on a .gguf base share it dequantized to fp32 (faster, 4 bytes per weight) instead of "
                "in its quantized blocks");

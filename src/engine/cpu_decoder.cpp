@@ -38,9 +38,9 @@ struct Segment {
 };
 
 // One projection of a decoding step: y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with each
-// segment's adapter); with `accumulate` the result is added to y (residual connections). `rounded` (bf16
+// segment's adapter); with `accumulate` the result is added to y (residual connections). `rounded` (bf16 and int8
 // precision: the decoder's snapshot of W) replaces W; a quantized W is read from its blocks whatever the
-// precision; adapters and biases stay fp32.
+// precision, in integer products at int8 precision where its format has them; adapters and biases stay fp32.
 struct Projection {
   Which which;
   const Bf16Weight* rounded;
@@ -69,22 +69,25 @@ void add_bias(std::int64_t rows, const LinearWeights& w, float* y) {
 
 // The projections of one input (q/k/v, gate/up): their base products over every row in one parallel region,
 // then each segment's adapters, then the bias (per row in that order, as when a group is stepped alone). The
-// base products run in one parallel region per kind of weight (quantized, bf16 snapshot, fp32).
+// base products run in one parallel region per kind of weight (int8, quantized, bf16 snapshot, fp32).
 void project(const InferenceWeights& base, std::span<const Segment> segments, const float* x, std::int64_t rows,
-             std::initializer_list<Projection> group) {
+             bool int8, std::initializer_list<Projection> group) {
   const std::int64_t in = pick(base, group.begin()->which).in_features();
-  std::vector<QuantizedMatrix::Product> quantized;
+  std::vector<QuantizedMatrix::Product> integer, quantized;
   std::vector<Bf16Product> rounded;
   std::vector<RowProduct> dense;
   for (const Projection& p : group) {
     const LinearWeights& w = pick(base, p.which);
-    if (w.quantized)
+    if (w.quantized && int8 && w.quantized->int8_products())
+      integer.push_back({w.quantized.get(), p.y, p.accumulate});
+    else if (w.quantized)
       quantized.push_back({w.quantized.get(), p.y, p.accumulate});
     else if (p.rounded)
       rounded.push_back({p.rounded, p.y, p.accumulate});
     else
       dense.push_back({data(w.weight), w.weight.size(0), p.y, p.accumulate});
   }
+  if (!integer.empty()) QuantizedMatrix::multiply_group_int8(Int8Rows::quantize(x, rows, in), integer);
   if (!quantized.empty()) QuantizedMatrix::multiply_group(x, rows, quantized);
   if (!rounded.empty()) Bf16Weight::multiply_group(x, rows, rounded);
   if (!dense.empty()) linear_rows_group(x, rows, in, dense);
@@ -143,7 +146,7 @@ bool CpuDecoder::supports(Transformer& model) {
 }
 
 torch::ScalarType CpuDecoder::cache_dtype(DecodePrecision precision) {
-  return precision == DecodePrecision::bf16 ? torch::kBFloat16 : torch::kFloat32;
+  return precision == DecodePrecision::fp32 ? torch::kFloat32 : torch::kBFloat16;
 }
 
 namespace {
@@ -288,12 +291,12 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
       std::copy_n(data(w_.embed) + id * H, H, x.data() + r * H);
   }
 
-  const bool bf16 = precision_ == DecodePrecision::bf16;
+  const bool bf16 = precision_ != DecodePrecision::fp32, int8 = precision_ == DecodePrecision::int8;
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
     const RoundedWeights::Layer* R = bf16 ? &rounded_->layers()[li] : nullptr;
     rms_norm_rows(x.data(), L.input_norm, h.data(), A, H, eps);
-    project(w_, segments, h.data(), A,
+    project(w_, segments, h.data(), A, int8,
             {{{li, &LayerWeights::q}, R ? &R->q : nullptr, q.data(), false},
              {{li, &LayerWeights::k}, R ? &R->k : nullptr, k.data(), false},
              {{li, &LayerWeights::v}, R ? &R->v : nullptr, v.data(), false}});
@@ -311,19 +314,19 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
              v.data() + s.begin * nkv * D, q.data() + s.begin * nh * D, nh, s.pos, scale,
              attn.data() + s.begin * nh * D);
     }
-    project(w_, segments, attn.data(), A, {{{li, &LayerWeights::o}, R ? &R->o : nullptr, x.data(), true}});
+    project(w_, segments, attn.data(), A, int8, {{{li, &LayerWeights::o}, R ? &R->o : nullptr, x.data(), true}});
 
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
-    project(w_, segments, h.data(), A,
+    project(w_, segments, h.data(), A, int8,
             {{{li, &LayerWeights::gate}, R ? &R->gate : nullptr, gate.data(), false},
              {{li, &LayerWeights::up}, R ? &R->up : nullptr, up.data(), false}});
     // Row by row, so that no value's result depends on how the rows were split between threads (the tail of
     // a row that is not a multiple of 8 takes the scalar path). Vectorised: tens of microseconds at 16 x 2048.
     for (std::int64_t r = 0; r < A; ++r) swiglu_in_place(gate.data() + r * I, up.data() + r * I, I);
-    project(w_, segments, gate.data(), A, {{{li, &LayerWeights::down}, R ? &R->down : nullptr, x.data(), true}});
+    project(w_, segments, gate.data(), A, int8, {{{li, &LayerWeights::down}, R ? &R->down : nullptr, x.data(), true}});
   }
   rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
-  project(w_, segments, h.data(), A,
+  project(w_, segments, h.data(), A, int8,
           {{{0, nullptr}, bf16 ? &rounded_->lm_head() : nullptr, logits + r0 * cfg_.vocab_size, false}});
 }
 

@@ -22,8 +22,10 @@ namespace rlloop::engine {
 // Arithmetic of the decoding steps. fp32: the same numbers as Transformer::forward (within summation order
 // and a few ulp of SwiGLU's exp), so sampled logprobs equal compute_logprobs. bf16: base weights and inputs of the
 // matrix products rounded to bf16, fp32 sums (bf16_gemm.hpp), and the KV cache stored as bf16 (half the bytes for
-// attention to read); faster on CPUs with AVX512_BF16, logprobs off by the rounding (~1e-2).
-enum class DecodePrecision { fp32, bf16 };
+// attention to read); faster on CPUs with AVX512_BF16, logprobs off by the rounding (~1e-2). int8: bf16, except that
+// the matrices a quantized base keeps in Q4_0 / Q4_1 / Q8_0 blocks multiply inputs rounded to 8 bits per block in
+// integer dot products (QuantizedMatrix::multiply_group_int8), as llama.cpp does; logprobs off by ~0.05.
+enum class DecodePrecision { fp32, bf16, int8 };
 
 // bf16 snapshots of a model's base projection weights, the matrices of the bf16 precision. Rounding takes
 // ~1.5% of a 16 x 128 rlloop-100m sampling call and far more of a short one, so a session keeps a snapshot

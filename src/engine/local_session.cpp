@@ -57,7 +57,12 @@ std::shared_ptr<BaseModelRegistry> make_registry(const LocalServiceOptions& serv
 }
 
 DecodePrecision decode_precision_of(SamplingPrecision p) {
-  return p == SamplingPrecision::bf16 ? DecodePrecision::bf16 : DecodePrecision::fp32;
+  switch (p) {
+    case SamplingPrecision::fp32: return DecodePrecision::fp32;
+    case SamplingPrecision::bf16: return DecodePrecision::bf16;
+    case SamplingPrecision::int8: return DecodePrecision::int8;
+  }
+  return DecodePrecision::fp32;
 }
 
 }  // namespace

@@ -17,12 +17,22 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include <rlloop/gguf.hpp>
 
 namespace rlloop::engine {
+
+// Input rows quantized to 8 bits per block of 32 values, as ggml's Q8_1 holds them (d = max |x| / 127,
+// q = round(x / d), s = d * sum(q)): the other operand of the int8 products.
+struct Int8Rows {
+  std::int64_t rows = 0, cols = 0;  // cols: a multiple of 32
+  std::vector<std::int8_t> q;       // [rows, cols]
+  std::vector<float> d, s;          // [rows, cols / 32]
+  static Int8Rows quantize(const float* X, std::int64_t rows, std::int64_t cols);
+};
 
 class QuantizedMatrix {
  public:
@@ -53,6 +63,13 @@ class QuantizedMatrix {
   };
   // Every product of X [M, cols] (the same cols for all) in one parallel region, as linear_rows_group.
   static void multiply_group(const float* X, std::int64_t M, std::span<const Product> products);
+
+  // The int8 products (quantized_int8.cpp), as llama.cpp computes its CPU products: the input rows quantized to
+  // 8 bits per block (Int8Rows) and each block's dot product with the matrix's block in integers, scaled by the
+  // two blocks' scales. For Q4_0, Q4_1 and Q8_0 matrices (int8_products()); Y [M, rows()] ≈ X W^T within the
+  // input's 8-bit rounding (relative ~1e-2 per value), the same on every kernel path up to the order of sums.
+  bool int8_products() const;
+  static void multiply_group_int8(const Int8Rows& X, std::span<const Product> products);
 
  private:
   gguf::TensorType type_;

