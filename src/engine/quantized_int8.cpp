@@ -123,8 +123,11 @@ RLLOOP_INT8_TARGET void rows_avx2(const QuantizedMatrix& w, const Int8Rows& X, s
                                   float* Y, bool accumulate) {
   const Format f = format_of(T);
   const std::int64_t blocks = w.cols() / kBlock, row_bytes = w.blocks().size(1), N = w.rows();
+  const std::uint8_t* matrix = w.blocks().data_ptr<std::uint8_t>();
+  const std::int8_t* xq = X.q.data();
+  const float *xd = X.d.data(), *xs = X.s.data();
   for (std::int64_t n = n0; n < n1; ++n) {
-    const std::uint8_t* row = w.blocks().data_ptr<std::uint8_t>() + n * row_bytes;
+    const std::uint8_t* row = matrix + n * row_bytes;
     for (std::int64_t m0 = 0; m0 < X.rows; m0 += kInputRows) {
       const std::int64_t rows = std::min(kInputRows, X.rows - m0);
       __m256 acc[kInputRows] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -136,9 +139,9 @@ RLLOOP_INT8_TARGET void rows_avx2(const QuantizedMatrix& w, const Int8Rows& X, s
         const __m256i weights = block_weights<T>(block + f.quants);
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t m = m0 + r, at = m * blocks + b;
-          const __m256 sums = block_dot<T>(weights, X.q.data() + m * X.cols + b * kBlock);
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * X.d[at]), sums, acc[r]);
-          if constexpr (T != gguf::TensorType::q8_0) mins[r] += min * X.s[at];
+          const __m256 sums = block_dot<T>(weights, xq + m * X.cols + b * kBlock);
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[at]), sums, acc[r]);
+          if constexpr (T != gguf::TensorType::q8_0) mins[r] += min * xs[at];
         }
       }
       for (std::int64_t r = 0; r < rows; ++r) {
