@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sampling speed on a real model beside the peers a user would pick instead, measured in one run on the same
 cores: rlloop (`rlloop sample --timing`, fp32 and its bf16 sampling precision, and through a LoRA session over the
-base kept in its Q4_1 / Q8_0 blocks) against transformers' `generate`
+base kept in its Q4_1 / Q8_0 blocks, at fp32 and at int8 precision) against transformers' `generate`
 (fp32, the same GGUF file dequantized) and llama.cpp (node-llama-cpp 3.21.1's prebuilt build, on the Q4_1 file),
 SmolLM2-135M-Instruct, temperature 1 over the whole vocabulary, 128 new tokens, at 1 and at 16 parallel sequences;
 and greedy at 1 sequence, where llama.cpp's sampler costs least (node-llama-cpp's full-vocabulary sampling takes
@@ -13,7 +13,10 @@ Each system gets one warm-up, then the best of --repeats timed runs (llama.cpp, 
 5; model loads are not timed). Tokens per second
 count the tokens each system actually produced (a sequence may end at EOS before 128 in rlloop; transformers and
 llama.cpp are made to produce all 128). llama.cpp runs at 1 sequence only: node-llama-cpp garbles sequences that
-share a context (issue 24), so its batched figure is not measured here.
+share a context (issue 24), so its batched figure is not measured here. Where PyPI's llama-cpp-python is installed in
+the venv (built from source with this machine's kernels:
+`CMAKE_ARGS=-DGGML_NATIVE=ON third_party/venv/bin/pip install llama-cpp-python==0.3.36`, about 5 minutes), its
+1-sequence figures are measured too.
 """
 import argparse
 import json
@@ -101,6 +104,32 @@ def llama_cpp(n_tokens, threads, repeats, mode):
     return r["tokens"], r["seconds"]
 
 
+def llama_cpp_python(n_tokens, threads, repeats, greedy):
+    """llama.cpp through PyPI's llama-cpp-python (built from source on this machine, so with its native kernels),
+    one sequence: the best of `repeats` runs after a warm-up; None when the package is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(model_path=MODEL, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=False, special=True)
+    best = None
+    for r in range(repeats + 1):  # the first is the warm-up
+        llm.reset()
+        start = time.perf_counter()
+        count = 0
+        sampling = dict(temp=0.0) if greedy else dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+        sampling["repeat_penalty"] = 1.0
+        for _ in llm.generate(prompt, reset=True, **sampling):
+            count += 1
+            if count >= n_tokens:  # EOS included: made to produce every token, as node-llama-cpp
+                break
+        seconds = time.perf_counter() - start
+        if r > 0 and (best is None or seconds < best[1]):
+            best = (count, seconds)
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlloop", required=True)
@@ -124,18 +153,28 @@ def main():
             "rlloop fp32": rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1),
             "rlloop bf16": rlloop(args.rlloop, n, args.threads, "bf16", args.repeats + 1),
             "rlloop Q4_1 base + LoRA": rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1, quantized=True),
+            "rlloop Q4_1 base + LoRA, int8": rlloop(args.rlloop, n, args.threads, "int8", args.repeats + 1,
+                                                    quantized=True),
             "transformers fp32": transformers_generate(hf, n, args.repeats),
         }
         if n == 1:
             figures["llama.cpp Q4_1"] = llama_cpp(NEW_TOKENS, args.threads, max(args.repeats, 5), "full")
+            native = llama_cpp_python(NEW_TOKENS, args.threads, max(args.repeats, 3), greedy=False)
+            if native:
+                figures["llama.cpp Q4_1 (llama-cpp-python, native build)"] = native
             figures["rlloop fp32 greedy"] = rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1, 0)
             figures["rlloop bf16 greedy"] = rlloop(args.rlloop, n, args.threads, "bf16", args.repeats + 1, 0)
             figures["rlloop Q4_1 base + LoRA greedy"] = rlloop(args.rlloop, n, args.threads, "fp32", args.repeats + 1,
                                                                0, quantized=True)
+            figures["rlloop Q4_1 base + LoRA, int8, greedy"] = rlloop(args.rlloop, n, args.threads, "int8",
+                                                                      args.repeats + 1, 0, quantized=True)
             figures["llama.cpp Q4_1 greedy"] = llama_cpp(NEW_TOKENS, args.threads, max(args.repeats, 5), "greedy")
+            native = llama_cpp_python(NEW_TOKENS, args.threads, max(args.repeats, 3), greedy=True)
+            if native:
+                figures["llama.cpp Q4_1 (llama-cpp-python, native build) greedy"] = native
         for system, (tokens, seconds) in figures.items():
             rows.append((n, system, tokens, seconds, tokens / seconds))
-            print(f"{n:2d} sequences  {system:22s} {tokens:5d} tokens in {seconds:6.2f} s: "
+            print(f"{n:2d} sequences  {system:52s} {tokens:5d} tokens in {seconds:6.2f} s: "
                   f"{tokens / seconds:7.1f} tok/s", flush=True)
     print("\n| sequences | system | tokens | seconds | tok/s | vs llama.cpp (1 seq) |")
     print("|---|---|---|---|---|---|")
