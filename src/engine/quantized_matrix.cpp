@@ -73,8 +73,9 @@ RLLOOP_DEQUANT_TARGET void q8_0_blocks(const std::uint8_t* b, std::int64_t count
 
 // `count` whole blocks of `type` to fp32: the vectorised formats where this CPU runs them (the types GGUF models
 // mostly use for their large matrices), gguf::dequantize for the rest.
-void dequantize_blocks(gguf::TensorType type, const std::uint8_t* b, std::int64_t count, std::int64_t bytes,
-                       std::int64_t values, float* y) {
+// (`count` is unused where the x86 paths are not compiled.)
+void dequantize_blocks(gguf::TensorType type, const std::uint8_t* b, [[maybe_unused]] std::int64_t count,
+                       std::int64_t bytes, std::int64_t values, float* y) {
 #if RLLOOP_SIMD_X86
   if (simd::has_avx2_fma()) {
     switch (type) {
