@@ -1,6 +1,7 @@
 // Chat renderers: turn a conversation into tokens for generation or for supervised training, name the stop
 // sequences, and parse a sampled completion back into a message. Implementations (ChatML, Qwen3 with thinking
-// on and off, Llama 3, a plain "Role: content" format) live in rlloop::tokenizer; make_chat_renderer picks one.
+// on and off, Llama 3, Llama 2, a plain "Role: content" format) live in rlloop::tokenizer; make_chat_renderer
+// picks one.
 #pragma once
 #include <memory>
 #include <optional>
@@ -79,14 +80,16 @@ class ChatRenderer {
 //   "qwen3"             Qwen3's chat template, thinking on (the model opens <think> itself)
 //   "qwen3_no_thinking" Qwen3 with enable_thinking=false (the prompt ends with an empty think block)
 //   "llama3"            Llama 3 Instruct headers and <|eot_id|>
+//   "llama2"            Llama 2 Chat: <s>[INST] <<SYS>>..<</SYS>> user [/INST] answer </s> (SentencePiece vocabularies)
 //   "role_colon"        "User: ...\n\nAssistant: ..." for base models and the byte-level tokenizer
 // Throws invalid_argument for an unknown name, or when the tokenizer lacks a special token the format needs.
 std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::shared_ptr<const Tokenizer> tokenizer);
 
 // The name of the renderer that writes what a model's own chat template writes. A GGUF tokenizer's template
 // (tokenizer.chat_template) decides when rlloop recognises it by its markers: SmolLM2-Instruct's -> "smollm2",
-// Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3". Otherwise the family's format by model_type ("llama" ->
-// llama3, "qwen2" -> chatml, "qwen3" -> qwen3_no_thinking), and "role_colon" for the byte tokenizer and the rest.
+// Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3", Llama 2's -> "llama2"; another SentencePiece GGUF gets
+// "role_colon". Otherwise the family's format by model_type ("llama" -> llama3, "qwen2" -> chatml, "qwen3" ->
+// qwen3_no_thinking), and "role_colon" for the byte tokenizer and the rest.
 // tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a bad GGUF.
 std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& model_type);
 

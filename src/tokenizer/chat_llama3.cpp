@@ -5,14 +5,6 @@
 namespace rlloop::tokenizer_detail {
 namespace {
 
-std::string trim(const std::string& s) {
-  // Python's str.strip(), which the template's `| trim` filter is, for ASCII whitespace.
-  const char* ws = " \t\n\r\f\v";
-  const auto b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 class Llama3 final : public SegmentRenderer {
  public:
   explicit Llama3(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
@@ -45,7 +37,7 @@ class Llama3 final : public SegmentRenderer {
       out.push_back({"<|start_header_id|>" + role + "<|end_header_id|>\n\n", false});
       const bool train = !gen && m.role == "assistant" &&
                          (train_on == TrainOn::all_assistant || static_cast<std::ptrdiff_t>(i) == last);
-      out.push_back({trim(m.content) + "<|eot_id|>", train});
+      out.push_back({strip(m.content) + "<|eot_id|>", train});
     }
     if (gen) out.push_back({"<|start_header_id|>assistant<|end_header_id|>\n\n", false});
     return out;

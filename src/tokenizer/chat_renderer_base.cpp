@@ -52,15 +52,44 @@ SupervisedExample SegmentRenderer::build_supervised_example(std::span<const Mess
     }
     return ex;
   }
-  // The tokenizer changed the bytes (its normalizer rewrote non-NFC text), so offsets do not line up:
-  // encode segment by segment instead (identical except possibly at a segment boundary).
-  ex.tokens.clear();
-  for (const Segment& s : segs) {
-    const auto ids = tok_->encode(s.text, true);
-    ex.tokens.insert(ex.tokens.end(), ids.begin(), ids.end());
-    ex.weights.insert(ex.weights.end(), ids.size(), s.train ? 1.0f : 0.0f);
-  }
+  // Decoded pieces do not add up to the text: the tokenizer added bytes (a SentencePiece ▁ prefix after each special
+  // token) or rewrote them (a normalizer's NFC). Find the token boundaries by encoding prefixes instead.
+  ex.weights = weights_by_prefixes(*tok_, text, ex.tokens, segs);
   return ex;
+}
+
+std::vector<float> SegmentRenderer::weights_by_prefixes(const Tokenizer& tok, const std::string& text,
+                                                        const std::vector<token_id>& tokens,
+                                                        const std::vector<Segment>& segs) {
+  // Where the trained flag changes, in bytes. Tokens [0, lo) of the whole text are the encoding of the text before
+  // the cut (their common prefix with its own encoding); when that encoding has more tokens than the common part,
+  // token lo straddles the cut and belongs to both sides. A token weighs 1 when it overlaps a trained stretch.
+  struct Cut {
+    std::size_t lo, hi;  // tokens [0, lo) lie before the cut, tokens [hi, n) after it
+  };
+  auto cut_at = [&](std::size_t byte) {
+    if (byte == 0) return Cut{0, 0};
+    if (byte == text.size()) return Cut{tokens.size(), tokens.size()};
+    const std::vector<token_id> prefix = tok.encode(std::string_view(text).substr(0, byte), true);
+    const auto diverge = std::mismatch(prefix.begin(), prefix.end(), tokens.begin(), tokens.end());
+    const auto lo = static_cast<std::size_t>(diverge.first - prefix.begin());
+    return Cut{lo, diverge.first == prefix.end() ? lo : std::min(lo + 1, tokens.size())};
+  };
+  std::vector<float> weights(tokens.size(), 0.0f);
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i < segs.size();) {
+    // A stretch of segments with the same flag, bytes [begin, end).
+    std::size_t end = begin, j = i;
+    for (; j < segs.size() && segs[j].train == segs[i].train; ++j) end += segs[j].text.size();
+    if (segs[i].train && end > begin) {
+      const std::size_t first = cut_at(begin).lo, last = cut_at(end).hi;
+      std::fill(weights.begin() + static_cast<std::ptrdiff_t>(first),
+                weights.begin() + static_cast<std::ptrdiff_t>(last), 1.0f);
+    }
+    begin = end;
+    i = j;
+  }
+  return weights;
 }
 
 token_id SegmentRenderer::require_token(const std::string& token) const {
@@ -89,6 +118,13 @@ std::ptrdiff_t SegmentRenderer::last_assistant(std::span<const Message> messages
   for (std::ptrdiff_t i = static_cast<std::ptrdiff_t>(messages.size()) - 1; i >= 0; --i)
     if (messages[static_cast<std::size_t>(i)].role == "assistant") return i;
   return -1;
+}
+
+std::string SegmentRenderer::strip(const std::string& s) {
+  const char* ws = " \t\n\r\f\v";
+  const auto b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
 void SegmentRenderer::check_roles(std::span<const Message> messages, const std::string& renderer) {

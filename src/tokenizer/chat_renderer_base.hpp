@@ -30,6 +30,13 @@ class SegmentRenderer : public ChatRenderer {
   // Index of the last assistant message, or -1.
   static std::ptrdiff_t last_assistant(std::span<const Message> messages);
   static void check_roles(std::span<const Message> messages, const std::string& renderer);
+  // Python's str.strip() (the templates' `| trim` and `.strip()`) for ASCII whitespace; Unicode spaces at the ends
+  // stay.
+  static std::string strip(const std::string& s);
+  // Per-token weights of `tokens` (the encoding of `text`, the segments' concatenation) found by encoding the text
+  // up to each start and end of a trained stretch: for tokenizers whose pieces do not decode to the text's bytes.
+  static std::vector<float> weights_by_prefixes(const Tokenizer& tok, const std::string& text,
+                                                const std::vector<token_id>& tokens, const std::vector<Segment>& segs);
 
   std::shared_ptr<const Tokenizer> tok_;
 };
@@ -37,10 +44,11 @@ class SegmentRenderer : public ChatRenderer {
 }  // namespace rlloop::tokenizer_detail
 
 namespace rlloop::tokenizer_detail {
-// One per format (chat_qwen.cpp, chat_llama3.cpp, chat_role_colon.cpp).
+// One per format (chat_qwen.cpp, chat_llama3.cpp, chat_llama2.cpp, chat_role_colon.cpp).
 std::unique_ptr<ChatRenderer> make_chatml_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_smollm2_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_qwen3_renderer(std::shared_ptr<const Tokenizer> tok, bool thinking);
 std::unique_ptr<ChatRenderer> make_llama3_renderer(std::shared_ptr<const Tokenizer> tok);
+std::unique_ptr<ChatRenderer> make_llama2_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_role_colon_renderer(std::shared_ptr<const Tokenizer> tok);
 }  // namespace rlloop::tokenizer_detail

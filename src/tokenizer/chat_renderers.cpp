@@ -10,9 +10,10 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
   if (name == "qwen3") return make_qwen3_renderer(std::move(tokenizer), true);
   if (name == "qwen3_no_thinking") return make_qwen3_renderer(std::move(tokenizer), false);
   if (name == "llama3") return make_llama3_renderer(std::move(tokenizer));
+  if (name == "llama2") return make_llama2_renderer(std::move(tokenizer));
   if (name == "role_colon") return make_role_colon_renderer(std::move(tokenizer));
   throw invalid_argument("make_chat_renderer: unknown renderer '" + name +
-                         "' (expected chatml, smollm2, qwen3, qwen3_no_thinking, llama3 or role_colon)");
+                         "' (expected chatml, smollm2, qwen3, qwen3_no_thinking, llama3, llama2 or role_colon)");
 }
 
 }  // namespace rlloop

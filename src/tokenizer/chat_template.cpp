@@ -15,6 +15,7 @@ std::optional<std::string> renderer_for_template(std::string_view jinja) {
     return "smollm2";
   if (has("<|im_start|>") && has("<think>")) return "qwen3_no_thinking";
   if (has("<|start_header_id|>") && has("<|eot_id|>")) return "llama3";
+  if (has("[INST]") && has("<<SYS>>")) return "llama2";
   return std::nullopt;
 }
 
@@ -26,6 +27,9 @@ std::string default_chat_renderer(const std::string& tokenizer_spec, const std::
     const auto file = gguf::File::open(tokenizer_spec);
     if (file.find("tokenizer.chat_template"))
       if (auto name = renderer_for_template(file.string("tokenizer.chat_template"))) return *name;
+    // A SentencePiece vocabulary (Llama 1/2, Mistral, TinyLlama) lacks Llama 3's header tokens, and their chat
+    // formats differ: without a template rlloop recognises, the plain format any tokenizer can write.
+    if (file.find("tokenizer.ggml.model") && file.string("tokenizer.ggml.model") == "llama") return "role_colon";
   }
   if (model_type == "llama") return "llama3";
   if (model_type == "qwen3") return "qwen3_no_thinking";

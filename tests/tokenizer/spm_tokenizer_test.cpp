@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <rlloop/chat.hpp>
 #include <rlloop/error.hpp>
 #include <rlloop/gguf.hpp>
 
@@ -192,6 +193,50 @@ TEST(SpmTokenizer, MetaspaceFirstPrefixesOnlyTheStartOfTheInput) {
   EXPECT_EQ(load_tokenizer(metaspace("never"))->encode("ab ab"), (V{9, 11}));
   EXPECT_EQ(first->encode(" ab"), (V{11}));  // text that starts with a space gets no second one
   EXPECT_NE(error_of([&] { load_tokenizer(metaspace("first", true)); }).find("is not supported with byte_fallback"),
+            std::string::npos);
+}
+
+// Llama 2 Chat on a SentencePiece vocabulary: each stretch of text after <s> or </s> gets its own "▁", so the
+// weights come from encoding prefixes of the whole text (gguf_spm_match.js holds the text and ids to the template
+// and llama.cpp on Llama 2's vocabulary).
+TEST(SpmTokenizer, Llama2ChatWeighsTheAnswersAndChecksTheRoles) {
+  test::TempDir dir;
+  const SpmVocab v;
+  const std::string plain = v.write(dir, "spm.gguf");
+  const std::string templated = v.write(
+      dir, "chat.gguf", {{"tokenizer.chat_template", {std::string("{{ bos_token + '[INST] <<SYS>>' }}")}}});
+  EXPECT_EQ(default_chat_renderer(templated, "llama"), "llama2");
+  EXPECT_EQ(default_chat_renderer(plain, "llama"), "role_colon");  // not llama3: no header tokens in the vocabulary
+  const auto tok = load_tokenizer(plain);
+  const auto r = make_chat_renderer("llama2", tok);
+  const std::vector<Message> chat = {{"system", "sys", std::nullopt}, {"user", " ab ", std::nullopt},
+                                     {"assistant", "abc\n", std::nullopt}, {"user", "x", std::nullopt},
+                                     {"assistant", "c", std::nullopt}};
+  EXPECT_EQ(r->render_text(chat, false),
+            "<s>[INST] <<SYS>>\nsys\n<</SYS>>\n\n ab [/INST] abc </s><s>[INST] x [/INST] c </s>");
+  EXPECT_EQ(r->render_text(std::span(chat).first(4), true),
+            "<s>[INST] <<SYS>>\nsys\n<</SYS>>\n\n ab [/INST] abc </s><s>[INST] x [/INST]");
+  auto trained = [&](TrainOn on) {
+    const SupervisedExample ex = r->build_supervised_example(chat, on);
+    EXPECT_EQ(ex.tokens, tok->encode(r->render_text(chat, false)));
+    std::vector<token_id> ids;
+    for (std::size_t i = 0; i < ex.tokens.size(); ++i)
+      if (ex.weights[i] > 0) ids.push_back(ex.tokens[i]);
+    return tok->decode(ids);
+  };
+  EXPECT_EQ(trained(TrainOn::last_assistant), " c </s>");
+  EXPECT_EQ(trained(TrainOn::all_assistant), " abc </s> c </s>");
+  const V answer = tok->encode(" abc </s>");
+  EXPECT_EQ(r->parse_response(answer).message.content, "abc");
+  EXPECT_TRUE(r->parse_response(answer).complete);
+  EXPECT_EQ(r->stop_token_ids(), (V{v.id("</s>")}));
+  // The template's raise_exception, and what a generation prompt needs.
+  const std::vector<Message> twice = {{"user", "a", std::nullopt}, {"user", "b", std::nullopt}};
+  EXPECT_NE(error_of([&] { r->render_text(twice, true); }).find("llama2: message 1 has role 'user'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { r->build_generation_prompt(std::span(chat).first(3)); }).find("end with a user message"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make_chat_renderer("llama2", load_tokenizer("byte")); }).find("needs the token '<s>'"),
             std::string::npos);
 }
 
