@@ -49,6 +49,10 @@ struct LocalServiceOptions {
   std::vector<std::pair<std::string, std::string>> base_models;
   // "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
   std::string device = "auto";
+  // The models' arithmetic: "auto" (bf16 on CUDA, fp32 on the CPU), "fp32" or "bf16". bf16 on the CPU runs the
+  // arithmetic CUDA runs (ATen's bf16 kernels; slower than fp32 there): full fine-tuning keeps fp32 master weights
+  // and fp32 gradient sums in the optimizer, LoRA adapters stay fp32; a GGUF base is then dequantized to bf16.
+  std::string dtype = "auto";
   // Arithmetic of sample()'s decoding steps on the CPU. "fp32": sampled logprobs equal compute_logprobs
   // (within 1e-4). "bf16": the projection weights and their inputs rounded to bf16, sums in fp32, and the KV
   // cache stored as bf16 (norms and attention compute in fp32): 1.8-2.3x faster sampling of rlloop-100m with

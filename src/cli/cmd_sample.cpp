@@ -13,7 +13,7 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"Sample continuations of a prompt from a model directory (HF layout), a .gguf file or a built-in "
                "model."};
-  std::string model, prompt, device = "auto", checkpoint, precision = "fp32";
+  std::string model, prompt, device = "auto", dtype = "auto", checkpoint, precision = "fp32";
   int num_samples = 1;
   rlloop::SamplingParams params{.max_tokens = 64};
   std::int64_t seed = 0;
@@ -31,6 +31,7 @@ int run(int argc, char** argv) {
   app.add_option("--stop", params.stop, "stop strings");
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--dtype", dtype, "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16");
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--sampling-precision", precision,
                  "fp32, bf16 or int8 (CPU decoding; bf16 is faster with AVX512_BF16; int8 with --lora-rank on a "
@@ -51,6 +52,7 @@ int run(int argc, char** argv) {
   rlloop::configure_engine_process({.num_threads = threads});
   rlloop::LocalServiceOptions opts;
   opts.device = device;
+  opts.dtype = dtype;
   opts.sampling_precision = rlloop::sampling_precision_from(precision);
   opts.quantized_base = !dequantize_base;
   rlloop::ServiceClient<rlloop::LocalService> service{rlloop::LocalService(opts)};

@@ -41,7 +41,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   int world_size = 1, local_workers = -1;
   std::string rendezvous = "127.0.0.1:0";
   double dp_timeout_s = 60;
-  std::string device = "auto", sampling_precision = "fp32", region = "us-east-1";
+  std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
   rlloop::server::Options defaults;
   std::size_t io_threads = defaults.io_threads, max_connections = defaults.max_connections;
@@ -66,6 +66,9 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--dtype", dtype,
+                 "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the models' arithmetic (bf16 full fine-tuning "
+                 "keeps fp32 master weights)");
   app.add_option("--world-size", world_size,
                  "Ranks that train every session (data parallel): this process and world size - 1 workers")
       ->check(CLI::Range(1, 1024));
@@ -149,6 +152,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   rlloop::LocalServiceOptions local;
   local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
   local.device = device;
+  local.dtype = dtype;
   local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
   local.max_batch_rows = max_batch_rows;
   local.quantized_base = !dequantize_base;
@@ -187,6 +191,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   (void)base_models;
   (void)world_size;
   (void)device;
+  (void)dtype;
   (void)threads;
   (void)max_batch_rows;
   auto report_stats = [] {};

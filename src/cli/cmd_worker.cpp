@@ -24,6 +24,7 @@ int run_worker(int argc, char** argv) {
   app.add_option("--world-size", options.world_size, "Ranks in the group, rank 0 included")->required();
   app.add_option("--timeout-s", options.timeout_s, "Rendezvous and collective timeout (as rank 0's)");
   app.add_option("--device", options.service.device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--dtype", options.service.dtype, "auto, fp32 or bf16 (as rank 0's)");
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)");
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR, as rank 0's (repeatable)");
   app.add_option("--max-batch-rows", options.service.max_batch_rows,

@@ -14,15 +14,24 @@
 
 namespace rlloop::engine {
 
-DeviceChoice choose_device(const std::string& spec) {
-  if (spec == "cpu") return {torch::Device(torch::kCPU), torch::kFloat32};
+namespace {
+DeviceChoice with_dtype(torch::Device device, const std::string& dtype) {
+  if (dtype == "fp32" || dtype == "float32") return {device, torch::kFloat32};
+  if (dtype == "bf16" || dtype == "bfloat16") return {device, torch::kBFloat16};
+  if (dtype != "auto") throw invalid_argument("dtype must be auto, fp32 or bf16, got '" + dtype + "'");
+  return {device, device.is_cuda() ? torch::kBFloat16 : torch::kFloat32};
+}
+}  // namespace
+
+DeviceChoice choose_device(const std::string& spec, const std::string& dtype) {
+  if (spec == "cpu") return with_dtype(torch::Device(torch::kCPU), dtype);
   const bool want_cuda = spec.rfind("cuda", 0) == 0;
   if (spec != "auto" && !want_cuda)
     throw invalid_argument("device must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
   if (torch::cuda::is_available())
-    return {torch::Device(spec == "auto" ? std::string("cuda") : spec), torch::kBFloat16};
+    return with_dtype(torch::Device(spec == "auto" ? std::string("cuda") : spec), dtype);
   if (want_cuda) throw unsupported("device '" + spec + "' requested but this LibTorch build has no usable CUDA");
-  return {torch::Device(torch::kCPU), torch::kFloat32};
+  return with_dtype(torch::Device(torch::kCPU), dtype);
 }
 
 int configure_threads(int requested) {

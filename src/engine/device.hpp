@@ -14,7 +14,8 @@ struct DeviceChoice {
 };
 
 // "auto" picks CUDA when this LibTorch build has it and a GPU is visible; "cpu", "cuda", "cuda:N" force one.
-DeviceChoice choose_device(const std::string& spec);
+// dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "fp32" or "bf16" (LocalServiceOptions::dtype).
+DeviceChoice choose_device(const std::string& spec, const std::string& dtype = "auto");
 
 // Sets LibTorch's intra-op thread count and returns it: `requested` if > 0, else OMP_NUM_THREADS if set, else
 // the number of cores (LibTorch here defaults to 1 thread, leaving half the machine idle). The public entry is

@@ -52,7 +52,7 @@ std::shared_ptr<BaseModelRegistry> make_registry(const LocalServiceOptions& serv
     throw invalid_argument("LocalServiceOptions.data_parallel.world_size must be at least 1, got " +
                            std::to_string(service.data_parallel.world_size));
   if (service.data_parallel.world_size > 1)
-    registry->set_data_parallel(std::make_shared<dist::Coordinator>(service, choose_device(service.device)));
+    registry->set_data_parallel(std::make_shared<dist::Coordinator>(service, choose_device(service.device, service.dtype)));
   return registry;
 }
 
@@ -138,7 +138,7 @@ struct LocalSession::Impl {
   Impl(const SessionOptions& opts, const LocalServiceOptions& svc, std::shared_ptr<BaseModelRegistry> registry)
       : options(opts), service(svc), bases(std::move(registry)) {
     decode_precision = decode_precision_of(service.sampling_precision);
-    dev = choose_device(service.device);
+    dev = choose_device(service.device, service.dtype);
     dev.quantized_base = service.quantized_base;
     resolved_base = resolve_base_model(service, options.base_model);
     key = base_key(resolved_base, dev);
@@ -161,6 +161,7 @@ struct LocalSession::Impl {
     gradients_pending = gradients_pending || backward;  // before: a pass that fails midway may have added some
     auto out =
         group ? group->forward(replica, *model, data, loss, backward) : run_builtin_loss(*model, data, loss, backward);
+    if (backward) optimizer->absorb_gradients();  // bf16 parameters: into their fp32 sums before the next pass
     add_usage({0, 0, out.training_tokens});
     add_service_metrics(out, data, &loss, model->config(), backward, cost_since(started));
     if (backward) add_grad_norm(out);
@@ -171,6 +172,7 @@ struct LocalSession::Impl {
     const auto started = std::chrono::steady_clock::now();
     gradients_pending = true;
     auto out = group ? group->forward_custom(replica, *model, data, fn) : run_custom_loss(*model, data, fn);
+    optimizer->absorb_gradients();
     add_usage({0, 0, out.training_tokens});
     add_service_metrics(out, data, nullptr, model->config(), /*backward=*/true, cost_since(started));
     add_grad_norm(out);
@@ -305,24 +307,22 @@ struct LocalSession::Impl {
     TensorMap out;
     if (!gradients_pending) return out;
     if (group) group->fold_gradients(replica, *optimizer);
-    for (const auto& p : optimizer->parameters())
-      if (p.tensor.grad().defined()) out[p.name] = p.tensor.grad().detach().to(torch::kCPU, torch::kFloat32).clone();
+    const auto& ps = optimizer->parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      if (const torch::Tensor g = optimizer->gradient(i); g.defined())
+        out[ps[i].name] = g.detach().to(torch::kCPU, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
     return out;
   }
 
-  // Gradients saved by pending_gradients() back into .grad() (after the optimizer's zero_grad).
+  // Gradients saved by pending_gradients() back into the optimizer's accumulation (after its zero_grad).
   void restore_gradients(const TensorMap& saved) {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : optimizer->parameters()) {
-      const auto it = saved.find(p.name);
+    const auto& ps = optimizer->parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const auto it = saved.find(ps[i].name);
       if (it == saved.end()) continue;
-      if (it->second.sizes() != p.tensor.sizes())
-        throw invalid_argument("checkpoint gradient '" + p.name + "' has another shape than the parameter");
-      auto g = it->second.to(p.tensor.device(), p.tensor.scalar_type());
-      if (p.tensor.grad().defined())
-        p.tensor.mutable_grad().copy_(g);
-      else
-        p.tensor.mutable_grad() = g;
+      if (it->second.sizes() != ps[i].tensor.sizes())
+        throw invalid_argument("checkpoint gradient '" + ps[i].name + "' has another shape than the parameter");
+      optimizer->set_gradient(i, it->second);
     }
     gradients_pending = !saved.empty();
   }

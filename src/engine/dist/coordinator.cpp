@@ -103,6 +103,7 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, const 
                                   "--world-size",     std::to_string(dp.world_size),
                                   "--timeout-s",      std::to_string(dp.timeout_s),
                                   "--device",         worker_device(dev, rank),
+                                  "--dtype",          dev.dtype == torch::kBFloat16 ? "bf16" : "fp32",
                                   "--threads",        std::to_string(at::get_num_threads()),
                                   "--max-batch-rows", std::to_string(service.max_batch_rows)};
     for (const auto& [name, dir] : service.base_models) {

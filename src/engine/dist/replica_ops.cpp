@@ -309,7 +309,7 @@ void sum_gradients(Group& group, AdamW& optimizer) {
   std::vector<torch::Tensor> parts;
   std::vector<float> defined(ps.size(), 0.0f);
   for (std::size_t i = 0; i < ps.size(); ++i) {
-    const auto& grad = ps[i].tensor.grad();
+    const torch::Tensor grad = optimizer.gradient(i);
     if (grad.defined()) {
       parts.push_back(grad.detach().to(torch::kFloat32).reshape(-1));
       defined[i] = 1.0f;
@@ -326,15 +326,9 @@ void sum_gradients(Group& group, AdamW& optimizer) {
     const auto flags = flat.narrow(0, flat.numel() - static_cast<std::int64_t>(ps.size()), ps.size()).to(torch::kCPU);
     const float* ranks_with_grad = flags.data_ptr<float>();
     for (std::size_t i = 0; i < ps.size(); ++i) {
-      auto& p = ps[i].tensor;
+      const auto& p = ps[i].tensor;
       const auto n = p.numel();
-      if (ranks_with_grad[i] > 0) {
-        auto summed = flat.narrow(0, at, n).view(p.sizes()).to(p.device(), p.scalar_type());
-        if (p.grad().defined())
-          p.mutable_grad().copy_(summed);
-        else
-          p.mutable_grad() = summed.clone();
-      }
+      if (ranks_with_grad[i] > 0) optimizer.set_gradient(i, flat.narrow(0, at, n).view(p.sizes()));
       at += n;
     }
   }
@@ -366,7 +360,8 @@ void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
     group.broadcast(step);
     ByteReader r(step);
     optimizer->set_step(r.get<std::int64_t>());
-    group.broadcast(optimizer->moments());
+    group.broadcast(optimizer->state());
+    optimizer->sync_parameters();  // bf16 parameters: their masters' rounding, as on rank 0
   }
   optimizer->zero_grad();
 }

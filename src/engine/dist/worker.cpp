@@ -79,11 +79,13 @@ class Worker {
           const LossSpec loss = r.get_loss_spec();
           const auto share = engine::dist::decode_share(group_->take_share());
           engine::dist::forward_share(*group_, *replica(id).model.model, share.data, loss, backward);
+          if (backward) replica(id).optimizer->absorb_gradients();  // as rank 0 does after its share
           break;
         }
         case Command::forward_custom:
           engine::dist::custom_share(*group_, *replica(id).model.model,
                                      engine::dist::decode_share(group_->take_share()), nullptr, nullptr);
+          replica(id).optimizer->absorb_gradients();
           break;
         case Command::optim_step:
           engine::dist::optim_step_share(*group_, *replica(id).optimizer, r.get_adam_params());
@@ -234,7 +236,7 @@ class Worker {
 }  // namespace
 
 void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
-  auto dev = engine::choose_device(options.service.device);
+  auto dev = engine::choose_device(options.service.device, options.service.dtype);
   dev.quantized_base = options.service.quantized_base;
   engine::dist::GroupOptions go;
   std::tie(go.host, go.port) = engine::dist::parse_host_port(options.rendezvous, "worker --rendezvous");
