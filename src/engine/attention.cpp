@@ -173,13 +173,40 @@ class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
 
 }  // namespace
 
+#if RLLOOP_HAVE_SDPA
+// LibTorch's fused attention (flash or memory-efficient on CUDA): memory linear in the length, grouped-query heads
+// read in place. Its causal mask is aligned to the top left, so queries that follow cached keys get an explicit
+// [T, S] mask (a single decoded query sees every key and needs none).
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                              double scale) {
+  const Dims d = dims_of(q, keys, values);
+  std::optional<torch::Tensor> mask;
+  if (d.T > 1 && d.T != d.S) {
+    auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
+    mask = torch::arange(0, d.S, pos).unsqueeze(0) <= torch::arange(d.past, d.S, pos).unsqueeze(1);  // [T, S]
+  }
+  return at::scaled_dot_product_attention(q, keys, values, mask, /*dropout_p=*/0.0, /*is_causal=*/d.T > 1 && !mask,
+                                          scale, /*enable_gqa=*/d.rep > 1)
+      .transpose(1, 2)
+      .reshape({d.B, d.T, d.nh * d.D});
+}
+#endif
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                double scale) {
   const auto dtype = q.scalar_type();
-  const bool kernel = q.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kFloat64) &&
-                      keys.scalar_type() == dtype && values.scalar_type() == dtype;
-  if (!kernel) return causal_attention_reference(q, keys, values, scale);
-  return CausalAttentionFn::apply(q, keys, values, scale);
+  const bool same = keys.scalar_type() == dtype && values.scalar_type() == dtype;
+  if (q.device().is_cpu() && same && (dtype == torch::kFloat32 || dtype == torch::kFloat64))
+    return CausalAttentionFn::apply(q, keys, values, scale);
+#if RLLOOP_HAVE_SDPA
+  if (same) return fused_attention(q, keys, values, scale);
+#endif
+  // bf16 on the CPU with LibTorch 1.13: the kernel on fp32 copies (memory linear in the length, as the fused
+  // attention's; its arithmetic too: fp32 products and softmax over bf16 inputs, the output rounded to bf16).
+  if (q.device().is_cpu() && same && (dtype == torch::kBFloat16 || dtype == torch::kHalf))
+    return CausalAttentionFn::apply(q.to(torch::kFloat32), keys.to(torch::kFloat32), values.to(torch::kFloat32), scale)
+        .to(dtype);
+  return causal_attention_reference(q, keys, values, scale);
 }
 
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,

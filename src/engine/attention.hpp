@@ -2,9 +2,20 @@
 // loops over the batch x heads matrices with three tensor `select`s and an addmm dispatch each (~20 us per
 // 32x32 matrix), which made attention a sixth of a small model's training step and most of a decoding step.
 // On CPU (fp32/fp64) this calls BLAS directly per (sequence, head) from one parallel loop and recomputes the
-// probabilities in the backward pass from a saved log-sum-exp; elsewhere (CUDA, bf16) it runs the ATen ops.
+// probabilities in the backward pass from a saved log-sum-exp, so its memory grows linearly with the length.
+// Elsewhere: LibTorch's fused scaled_dot_product_attention where it exists (2.5+: CUDA, bf16), bf16 on the CPU
+// through the kernel on fp32 copies, and the ATen reference (which keeps [B, heads, T, S]) for the rest.
 #pragma once
 #include <torch/torch.h>
+#include <torch/version.h>
+
+// at::scaled_dot_product_attention with grouped-query heads (enable_gqa) exists from LibTorch 2.5; Debian's 1.13
+// has neither.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#define RLLOOP_HAVE_SDPA 1
+#else
+#define RLLOOP_HAVE_SDPA 0
+#endif
 
 namespace rlloop::engine {
 

@@ -75,6 +75,11 @@ c10::DataPtr CachingCpuAllocator::allocate(std::size_t bytes) RLLOOP_ALLOCATE_CO
     }
   }
   {
+    std::lock_guard lock(mutex_);
+    stats_.in_use_bytes += size;
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  }
+  {
     std::lock_guard lock(live().mutex);
     live().blocks[data] = LiveBlock{const_cast<CachingCpuAllocator*>(this), size};
   }
@@ -103,6 +108,7 @@ void CachingCpuAllocator::give_back(void* data, std::size_t size) {
   std::vector<void*> evicted;
   {
     std::lock_guard lock(mutex_);
+    stats_.in_use_bytes -= size;
     if (size > cap_bytes_) {
       evicted.push_back(data);
     } else {
@@ -126,6 +132,11 @@ void CachingCpuAllocator::give_back(void* data, std::size_t size) {
 CachingCpuAllocator::Stats CachingCpuAllocator::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
+}
+
+void CachingCpuAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_in_use_bytes = stats_.in_use_bytes;
 }
 
 void CachingCpuAllocator::release_cached() {

@@ -50,8 +50,11 @@ class CachingCpuAllocator final : public c10::Allocator {
   struct Stats {
     std::int64_t hits = 0, misses = 0;  // large allocations served from the cache / from the system
     std::size_t cached_bytes = 0;       // freed blocks held for reuse
+    std::size_t in_use_bytes = 0;       // large blocks handed out and not freed (bucket sizes)
+    std::size_t peak_in_use_bytes = 0;  // the most in_use_bytes reached since construction or reset_peak()
   };
   Stats stats() const;
+  void reset_peak();      // peak_in_use_bytes = in_use_bytes: measures the peak of what runs next
   void release_cached();  // returns every cached block to the system
 
  private:

@@ -1,8 +1,6 @@
 #include "quantized_matrix.hpp"
 
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
 
 #include <algorithm>
 #include <cstring>
@@ -133,14 +131,20 @@ torch::Tensor input_gradient(const torch::Tensor& dy, const QuantizedMatrix& w) 
   return dx;
 }
 
-// The backward of quantized_linear: the input's gradient only (the quantized matrix is frozen).
-struct QuantizedLinearBackward : torch::autograd::Node {
-  std::shared_ptr<const QuantizedMatrix> weight;
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    torch::NoGradGuard no_grad;  // no double backward
-    return {grads[0].defined() ? input_gradient(grads[0], *weight) : torch::Tensor()};
+// quantized_linear as an autograd function, differentiable in its input only (the quantized matrix is frozen).
+class QuantizedLinear : public torch::autograd::Function<QuantizedLinear> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, const QuantizedMatrix* w) {
+    // The matrix outlives the graph (its model does); saved_data holds IValues, so its address.
+    ctx->saved_data["weight"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(w));
+    return product(x, *w);
   }
-  std::string name() const override { return "QuantizedLinearBackward"; }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto address = static_cast<std::intptr_t>(ctx->saved_data["weight"].toInt());
+    const auto* w = reinterpret_cast<const QuantizedMatrix*>(address);
+    return {grads[0].defined() ? input_gradient(grads[0], *w) : torch::Tensor(), torch::Tensor()};
+  }
 };
 
 }  // namespace
@@ -213,18 +217,7 @@ void QuantizedMatrix::multiply_group(const float* X, std::int64_t M, std::span<c
 torch::Tensor quantized_linear(const torch::Tensor& x, std::shared_ptr<const QuantizedMatrix> w) {
   if (!x.device().is_cpu() || x.size(-1) != w->cols())
     throw invalid_argument("quantized_linear: the input must be a CPU tensor [..., " + std::to_string(w->cols()) + "]");
-  torch::Tensor y;
-  {
-    torch::NoGradGuard no_grad;
-    y = product(x, *w);
-  }
-  if (torch::GradMode::is_enabled() && x.requires_grad()) {
-    auto node = std::shared_ptr<QuantizedLinearBackward>(new QuantizedLinearBackward(), torch::autograd::deleteNode);
-    node->weight = std::move(w);
-    node->set_next_edges(torch::autograd::collect_next_edges(x));
-    torch::autograd::set_history(y, node);
-  }
-  return y;
+  return QuantizedLinear::apply(x, w.get());
 }
 
 }  // namespace rlloop::engine

@@ -82,7 +82,8 @@ class QuantizedMatrix {
 using QuantizedTensors = std::map<std::string, std::shared_ptr<const QuantizedMatrix>>;
 
 // y = x W^T for x [..., cols] (fp32 or bf16, CPU), differentiable in x. W is dequantized per call (pieces of at most
-// 4M values at a time, so a 49k x 576 unembedding never exists whole in fp32) and again in backward.
+// 4M values at a time, so a 49k x 576 unembedding never exists whole in fp32) and again in backward, so w must
+// outlive the graph (the model that holds it does).
 torch::Tensor quantized_linear(const torch::Tensor& x, std::shared_ptr<const QuantizedMatrix> w);
 
 }  // namespace rlloop::engine
