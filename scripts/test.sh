@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what is missing, builds everything, runs every test; then builds the
-# engine without its x86 SIMD kernels and runs the engine tests that reach them again on that portable path.
+# engine a second way, without its x86 SIMD kernels and against PyTorch 2.x's LibTorch (the PyPI wheel in
+# third_party/venv, the LibTorch of the GPU machines) instead of Debian's 1.13, and runs the engine tests that reach
+# the kernels and the training arithmetic again in that configuration.
 #   scripts/test.sh [CTEST_ARGS...]             what CI runs
 #   scripts/test.sh --portable [CTEST_ARGS...]  everything built and every test run in the portable configuration
 #                                               only (RLLOOP_NATIVE_KERNELS=OFF, in PORTABLE_BUILD_DIR)
 # Both together are "ctest green with the native kernels on and off". Arguments go to the main run's ctest (with
 # --portable, to the portable one's). Environment: BUILD_DIR (default build), JOBS (default: number of cores),
-# PORTABLE_BUILD_DIR (default build-portable; empty skips the portable run).
+# PORTABLE_BUILD_DIR (default build-portable; empty skips the second configuration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 portable_only=false
@@ -22,8 +24,14 @@ PORTABLE_BUILD_DIR=${PORTABLE_BUILD_DIR-build-portable}
 # In CI a compiler warning fails the build (-Wall -Wextra: CMakeLists.txt); elsewhere it is only reported.
 werror=OFF
 [[ ${CI:-} == true ]] && werror=ON
+# The wheel scripts/setup.sh --tests installs (scripts/python-requirements.txt pins torch).
+torch_wheel=$(echo "$PWD"/third_party/venv/lib/python3*/site-packages/torch)
+if [[ ! -f $torch_wheel/share/cmake/Torch/TorchConfig.cmake ]]; then
+  echo "scripts/test.sh: no PyTorch wheel at $torch_wheel (scripts/setup.sh --tests installs it)" >&2
+  exit 1
+fi
 portable_config=(-S . -B "$PORTABLE_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLLOOP_NATIVE_KERNELS=OFF
-                 -DRLLOOP_WERROR=$werror)
+                 -DRLLOOP_WERROR=$werror -DRLLOOP_TORCH_WHEEL="$torch_wheel")
 if $portable_only; then
   [[ -n $PORTABLE_BUILD_DIR ]] || { echo "scripts/test.sh --portable: PORTABLE_BUILD_DIR is empty" >&2; exit 2; }
   cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=ON >/dev/null
@@ -48,14 +56,16 @@ if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma
     -R "^($(IFS='|'; echo "${engine_tests[*]}")|engine_data_parallel_test|engine_math_test)\$"
 fi
 
-# RLLOOP_NATIVE_KERNELS=OFF compiles the kernels as a non-x86 CPU gets them (src/engine/simd.hpp), so that path
-# is tested although this machine would always choose the SIMD one. Only the engine and the tests that reach
-# its kernels are built: each kernel against its reference, the decoder and sampler against the model, a
-# session end to end, sessions batched on a shared base. The other engine tests (loss and optimizer math,
-# checkpoints, config parsing, the CLI) reach the kernels only through paths these already cover; `--portable`
-# builds and runs every test in that configuration.
+# The second configuration. RLLOOP_NATIVE_KERNELS=OFF compiles the kernels as a non-x86 CPU gets them
+# (src/engine/simd.hpp), so that path is tested although this machine would always choose the SIMD one; and the
+# LibTorch is PyTorch 2.x's (cmake/TorchWheel.cmake: a CUDA build, which runs here on the CPU), so that what the
+# GPU machines build is built and run here too. One build for both keeps CI's time. Only the engine and the tests
+# that reach its kernels or its training arithmetic are built: each kernel against its reference, the decoder and
+# sampler against the model, a session end to end, sessions batched on a shared base, the optimizer and loss math,
+# bf16 training and the training memory. The other engine tests (checkpoints, config parsing, the CLI) reach them
+# only through paths these already cover; `--portable` builds and runs every test in that configuration.
 [[ -n $PORTABLE_BUILD_DIR ]] || exit 0
-portable_tests=("${engine_tests[@]}")
+portable_tests=("${engine_tests[@]}" engine_math_test engine_mixed_precision_test engine_memory_test)
 cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=OFF -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}"
 ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \

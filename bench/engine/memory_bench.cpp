@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <rlloop/local.hpp>
 
 #include "cpu_allocator.hpp"

@@ -10,14 +10,22 @@
 #include <rlloop/limits.hpp>
 
 #include "cpu_decoder.hpp"
+#include "target_logprobs.hpp"
 #include "token_draw.hpp"
 
 namespace rlloop::engine {
 namespace {
 
+// A host tensor moved to `device` without making the host wait: on a GPU through pinned memory, so the copy is
+// queued behind the step's kernels instead of synchronising with them.
+torch::Tensor to_device(const torch::Tensor& host, torch::Device device) {
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 torch::Tensor to_ids(std::span<const token_id> tokens, torch::Device device) {
   std::vector<std::int64_t> v(tokens.begin(), tokens.end());
-  return torch::tensor(v, torch::kLong).to(device).unsqueeze(0);
+  return to_device(torch::tensor(v, torch::kLong), device).unsqueeze(0);
 }
 
 // One draw per row of `logits` [A, V] following params: temperature, then top-k, then top-p, then the CDF
@@ -158,12 +166,14 @@ void DecodeRun::absorb(const torch::Tensor& logits) {
     double* u = uniforms.data_ptr<double>();
     for (std::size_t r = 0; r < active_.size(); ++r)
       u[r] = stream_.uniform(active_[r], static_cast<std::int64_t>(response_.sequences[active_[r]].tokens.size()));
+    uniforms = to_device(uniforms, logits.device());
   }
   auto [next, chosen_lp] = draw_next(logits, params_, uniforms);  // [A] each
-  const torch::Tensor next_cpu = next.cpu();
-  const torch::Tensor lp_cpu = chosen_lp.cpu();
-  const auto* tok = next_cpu.data_ptr<std::int64_t>();
-  const auto* lp = lp_cpu.data_ptr<float>();
+  // The step's one copy back to the host: the tokens (exact in float64) and their logprobs together.
+  const auto A = static_cast<std::int64_t>(active_.size());
+  const torch::Tensor drawn = torch::cat({next.to(torch::kFloat64), chosen_lp.to(torch::kFloat64)}).cpu();
+  const double* tok = drawn.data_ptr<double>();
+  const double* lp = tok + A;
   const int max_new = params_.max_tokens;
 
   std::vector<std::int64_t> keep;
@@ -187,7 +197,7 @@ void DecodeRun::absorb(const torch::Tensor& logits) {
   }
   if (keep.size() < active_.size() && !keep.empty()) {
     // Finished samples leave the batch so later steps compute only live rows.
-    torch::Tensor idx = torch::tensor(keep, torch::kLong).to(device_);
+    torch::Tensor idx = to_device(torch::tensor(keep, torch::kLong), device_);
     cache_.select_batch(idx);
     next = next.index_select(0, idx);
   }
@@ -257,11 +267,9 @@ std::vector<double> compute_logprobs(Transformer& model, std::span<const token_i
   const auto N = static_cast<std::int64_t>(tokens.size());
   torch::Tensor ids = to_ids(tokens, device);
   // Positions 0..N-2 predict tokens 1..N-1; the last position's unembedding is not needed.
+  // (The logits a chunk at a time, as in training: a long prompt over a large vocabulary never holds them all.)
   torch::Tensor hidden = model.hidden_states(ids).narrow(1, 0, N - 1);
-  torch::Tensor lp = torch::log_softmax(model.logits(hidden).to(torch::kFloat32), -1)
-                         .gather(-1, ids.narrow(1, 1, N - 1).unsqueeze(-1))
-                         .reshape({N - 1})
-                         .cpu();
+  torch::Tensor lp = target_logprobs(model, hidden, ids.narrow(1, 1, N - 1)).reshape({N - 1}).cpu();
   const float* p = lp.data_ptr<float>();
   for (std::int64_t i = 1; i < N; ++i) out[i] = p[i - 1];
   return out;
