@@ -111,14 +111,14 @@ TEST(TrainingMemory, OneForwardBackwardGrowsWithTokensTimesHiddenNotVocabularyOr
   ASSERT_NE(installed_caching_cpu_allocator(), nullptr) << "the caching CPU allocator is off (RLLOOP_CPU_CACHE_MB=0)";
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     const char* name = dtype == torch::kFloat32 ? "fp32" : "bf16";
-    // The vocabulary: 2 x 4096 tokens over 16k and 64k entries. Whole fp32 logits would add 2 x 4096 x 48k x 4
-    // bytes = 1.5 GiB per copy; parameters and their gradients (tied: [V, 64] each) add 24 MiB.
-    const double small_vocab = peak_mib(16384, 2, 4096, dtype), large_vocab = peak_mib(65536, 2, 4096, dtype);
+    // The vocabulary: 4096 tokens over 16k and 64k entries. Whole fp32 logits would add 4096 x 48k x 4 bytes =
+    // 768 MiB per copy (three or four copies); parameters and their gradients (tied: [V, 64] each) add 24 MiB.
+    const double small_vocab = peak_mib(16384, 1, 4096, dtype), large_vocab = peak_mib(65536, 1, 4096, dtype);
     std::printf("%s peak MiB: vocabulary 16k %.0f, 64k %.0f\n", name, small_vocab, large_vocab);
     EXPECT_LT(large_vocab - small_vocab, 300.0) << name;
-    // The length: 1, 2 and 3 x 1024 tokens per row. Linear growth gives equal increments; a [heads, T, T] term
+    // The length: 2 rows of 1024, 2048 and 3072 tokens. Linear growth gives equal increments; a [heads, T, T] term
     // would make the second 5/3 of the first.
-    // (Over 16k entries: every length's logits take several chunks.)
+    // (Over 16k entries every length's logits take several chunks of 1024 rows.)
     const double t1 = peak_mib(16384, 2, 1024, dtype), t2 = peak_mib(16384, 2, 2048, dtype),
                  t3 = peak_mib(16384, 2, 3072, dtype);
     std::printf("%s peak MiB: 1024 tokens %.0f, 2048 %.0f, 3072 %.0f\n", name, t1, t2, t3);
