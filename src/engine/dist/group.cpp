@@ -503,8 +503,12 @@ void Group::broadcast(const std::vector<torch::Tensor>& tensors) {
   Impl& g = *impl_;
   g.collective("broadcast of weights", [&] {
     torch::NoGradGuard no_grad;
+    // bf16 and fp16 travel as fp32 (exactly): Gloo in LibTorch 1.13 has no bf16.
     std::vector<torch::Tensor> flat_parts;
-    for (const auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1));
+    for (const auto& t : tensors) {
+      const bool narrow = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+      flat_parts.push_back(narrow ? t.detach().reshape(-1).to(torch::kFloat32) : t.detach().reshape(-1));
+    }
     std::vector<torch::Tensor> flat{torch::cat(flat_parts)};
     Impl::wait(g.tensors->broadcast(flat));
     g.stats.broadcast_bytes += static_cast<std::uint64_t>(flat[0].nbytes());
