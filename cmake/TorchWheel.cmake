@@ -28,6 +28,8 @@ set(Torch_DIR "${RLLOOP_TORCH_WHEEL}/share/cmake/Torch" CACHE PATH "" FORCE)
 set(Caffe2_DIR "${RLLOOP_TORCH_WHEEL}/share/cmake/Caffe2" CACHE PATH "" FORCE)
 set(TORCH_LIBRARY "${RLLOOP_TORCH_WHEEL}/lib/libtorch.so" CACHE FILEPATH "" FORCE)
 set(c10_LIBRARY "${RLLOOP_TORCH_WHEEL}/lib/libc10.so" CACHE FILEPATH "" FORCE)
+# Kineto (the profiler) is linked into libtorch_cpu in the wheel; naming that library quiets the config's warning.
+set(kineto_LIBRARY "${RLLOOP_TORCH_WHEEL}/lib/libtorch_cpu.so" CACHE FILEPATH "" FORCE)
 if(EXISTS "${RLLOOP_TORCH_WHEEL}/lib/libtorch_cuda.so")
   file(GLOB _rlloop_cudart "${_rlloop_site}/nvidia/*/lib/libcudart.so*")
   if(NOT _rlloop_cudart)

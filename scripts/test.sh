@@ -65,8 +65,9 @@ fi
 # bf16 training and the training memory. The other engine tests (checkpoints, config parsing, the CLI) reach them
 # only through paths these already cover; `--portable` builds and runs every test in that configuration.
 [[ -n $PORTABLE_BUILD_DIR ]] || exit 0
+# Also the GPU check's dry run (bench/engine/gpu_check, scripts/gpu_check.sh), on the LibTorch the GPU machines run.
 portable_tests=("${engine_tests[@]}" engine_math_test engine_mixed_precision_test engine_memory_test)
-cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=OFF -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}"
+cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}" gpu_check
 ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \
-  -R "^($(IFS='|'; echo "${portable_tests[*]}"))\$"
+  -R "^($(IFS='|'; echo "${portable_tests[*]}")|gpu_check_dry_run)\$"

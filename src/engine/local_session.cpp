@@ -52,7 +52,8 @@ std::shared_ptr<BaseModelRegistry> make_registry(const LocalServiceOptions& serv
     throw invalid_argument("LocalServiceOptions.data_parallel.world_size must be at least 1, got " +
                            std::to_string(service.data_parallel.world_size));
   if (service.data_parallel.world_size > 1)
-    registry->set_data_parallel(std::make_shared<dist::Coordinator>(service, choose_device(service.device, service.dtype)));
+    registry->set_data_parallel(
+        std::make_shared<dist::Coordinator>(service, choose_device(service.device, service.dtype)));
   return registry;
 }
 
