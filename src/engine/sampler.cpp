@@ -109,35 +109,32 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   torch::Tensor hidden = model.hidden_states(to_ids(prompt, device_), &cache_);
 
   SampleResponse& resp = response_;
-  torch::Tensor last_logits;  // [V]
-  if (req.include_prompt_logprobs || req.topk_prompt_logprobs > 0) {
-    torch::Tensor all = model.logits(hidden)[0];  // [P, V]
-    last_logits = all[P - 1];
-    if (P > 1) {
-      torch::Tensor lp = torch::log_softmax(all.narrow(0, 0, P - 1).to(torch::kFloat32), -1).cpu();  // predicts 1..P-1
+  // Only the last row's unembedding is needed to sample; the prompt's own logprobs take the others, a chunk of
+  // rows at a time (at most kLogitChunkValues logits exist at once, as in training).
+  const torch::Tensor last_logits = model.logits(hidden.narrow(1, P - 1, 1))[0][0];  // [V]
+  const std::int64_t k =
+      req.topk_prompt_logprobs > 0 ? std::min<std::int64_t>(req.topk_prompt_logprobs, cfg.vocab_size) : 0;
+  if (req.include_prompt_logprobs) resp.prompt_logprobs = std::vector<double>(P, 0.0);
+  if (k > 0) resp.topk_prompt_logprobs = std::vector<std::vector<TokenLogprob>>(P);
+  if (req.include_prompt_logprobs || k > 0) {
+    const std::int64_t rows = std::max<std::int64_t>(1, kLogitChunkValues / cfg.vocab_size);
+    for (std::int64_t r0 = 0; r0 < P - 1; r0 += rows) {  // row i predicts prompt token i + 1
+      const std::int64_t len = std::min(rows, P - 1 - r0);
+      const torch::Tensor lp =
+          torch::log_softmax(model.logits(hidden[0].narrow(0, r0, len)).to(torch::kFloat32), -1).cpu();
       if (req.include_prompt_logprobs) {
-        std::vector<double> out(P, 0.0);
         auto acc = lp.accessor<float, 2>();
-        for (std::int64_t i = 1; i < P; ++i) out[i] = acc[i - 1][prompt[i]];
-        resp.prompt_logprobs = std::move(out);
+        for (std::int64_t i = 0; i < len; ++i) (*resp.prompt_logprobs)[r0 + i + 1] = acc[i][prompt[r0 + i + 1]];
       }
-      if (req.topk_prompt_logprobs > 0) {
-        const std::int64_t k = std::min<std::int64_t>(req.topk_prompt_logprobs, cfg.vocab_size);
+      if (k > 0) {
         auto [values, indices] = lp.topk(k, -1);
         auto va = values.accessor<float, 2>();
         auto ia = indices.accessor<std::int64_t, 2>();
-        std::vector<std::vector<TokenLogprob>> out(P);
-        for (std::int64_t i = 1; i < P; ++i)
+        for (std::int64_t i = 0; i < len; ++i)
           for (std::int64_t j = 0; j < k; ++j)
-            out[i].push_back(TokenLogprob{static_cast<token_id>(ia[i - 1][j]), va[i - 1][j]});
-        resp.topk_prompt_logprobs = std::move(out);
+            (*resp.topk_prompt_logprobs)[r0 + i + 1].push_back(TokenLogprob{static_cast<token_id>(ia[i][j]), va[i][j]});
       }
-    } else {
-      if (req.include_prompt_logprobs) resp.prompt_logprobs = std::vector<double>{0.0};
-      if (req.topk_prompt_logprobs > 0) resp.topk_prompt_logprobs = std::vector<std::vector<TokenLogprob>>(1);
     }
-  } else {
-    last_logits = model.logits(hidden.narrow(1, P - 1, 1))[0][0];  // only the last row: skips P-1 unembeddings
   }
 
   resp.sequences.resize(n);

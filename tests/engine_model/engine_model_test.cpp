@@ -736,6 +736,31 @@ TEST_F(SamplerTest, PromptLogprobs) {
   EXPECT_FALSE(plain.topk_prompt_logprobs.has_value());
 }
 
+// Prompt logprobs over several chunks of logits (at most kLogitChunkValues at once): 300 prompt rows over a
+// 131,072-token vocabulary are 128-row chunks. Every position equals compute_logprobs and heads its top-k.
+TEST(Sampler, PromptLogprobsOfALongPromptComeAChunkAtATime) {
+  nlohmann::json j = tiny_config("llama").to_json();
+  j["vocab_size"] = 131072;
+  j["max_position_embeddings"] = 512;
+  auto model = init_model(ModelConfig::from_json(j), 3, torch::kCPU, torch::kFloat32);
+  std::vector<token_id> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back(static_cast<token_id>((i * 7919) % 131072));
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(prompt);
+  req.params.max_tokens = 1;
+  req.include_prompt_logprobs = true;
+  req.topk_prompt_logprobs = 2;
+  const auto r = sample(*model, req, {}, SampleStream(0));
+  const auto ref = compute_logprobs(*model, prompt);
+  ASSERT_EQ(r.prompt_logprobs->size(), prompt.size());
+  ASSERT_EQ(r.topk_prompt_logprobs->size(), prompt.size());
+  for (std::size_t i = 1; i < prompt.size(); ++i) {
+    EXPECT_NEAR((*r.prompt_logprobs)[i], ref[i], 1e-5) << i;
+    ASSERT_EQ((*r.topk_prompt_logprobs)[i].size(), 2u) << i;
+    EXPECT_GE((*r.topk_prompt_logprobs)[i][0].logprob, ref[i] - 1e-5) << i;
+  }
+}
+
 TEST(Sampler, InverseCdfDrawFollowsTheDistribution) {
   // Row 0: zero-probability tokens interleaved; row 1: one-hot.
   torch::Tensor probs = torch::tensor({0.0f, 0.5f, 0.0f, 0.3f, 0.2f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f}).reshape({2, 5});
