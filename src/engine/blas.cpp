@@ -6,9 +6,6 @@ namespace rlloop::engine::blas {
 
 const Routines* routines() {
   static const Routines* const loaded = []() -> const Routines* {
-#ifdef RLLOOP_NO_BLAS
-    return nullptr;
-#else
     // Debian's libblas.so.3 is OpenBLAS through its alternatives, the library its LibTorch calls too.
     void* lib = dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return nullptr;
@@ -16,7 +13,6 @@ const Routines* routines() {
     auto dgemm = reinterpret_cast<DgemmFn>(dlsym(lib, "dgemm_"));
     if (!sgemm || !dgemm) return nullptr;
     return new Routines{sgemm, dgemm};  // for the process's lifetime
-#endif
   }();
   return loaded;
 }

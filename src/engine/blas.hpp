@@ -24,7 +24,7 @@ struct Routines {
 // libblas.so.3's sgemm_ / dgemm_, opened once (dlopen, RTLD_LOCAL) rather than linked: PyTorch's PyPI wheel
 // exports MKL's sgemm_ from libtorch_cpu, which a linked sgemm_ binds to first, and MKL's results for a product
 // depend on its shape's blocking and its threads, which breaks the kernels' batch invariance (a row's product the
-// same alone or in a group). Null when no libblas.so.3 opens (or RLLOOP_NO_BLAS): gemm then runs through ATen.
+// same alone or in a group). Null when no libblas.so.3 opens: gemm then runs through ATen.
 const Routines* routines();
 
 // C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C, all row-major with leading dimensions in elements.

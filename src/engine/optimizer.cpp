@@ -39,20 +39,22 @@ AdamW::AdamW(std::vector<NamedParameter> params) : params_(std::move(params)) {
 }
 
 void AdamW::absorb_gradients() {
+  for (std::size_t i = 0; i < params_.size(); ++i) absorb(i);
+}
+
+void AdamW::absorb(std::size_t i) {
+  auto& p = params_[i].tensor;
+  if (!master_[i].defined() || !p.grad().defined()) return;
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i].tensor;
-    if (!master_[i].defined() || !p.grad().defined()) continue;
-    if (grad32_[i].defined())
-      grad32_[i].add_(p.grad());
-    else
-      grad32_[i] = p.grad().to(torch::kFloat32);
-    p.mutable_grad().reset();
-  }
+  if (grad32_[i].defined())
+    grad32_[i].add_(p.grad());
+  else
+    grad32_[i] = p.grad().to(torch::kFloat32);
+  p.mutable_grad().reset();
 }
 
 torch::Tensor AdamW::gradient(std::size_t i) {
-  absorb_gradients();
+  absorb(i);
   return master_[i].defined() ? grad32_[i] : params_[i].tensor.grad();
 }
 

@@ -62,6 +62,8 @@ class AdamW {
   const std::vector<NamedParameter>& parameters() const { return params_; }
 
  private:
+  void absorb(std::size_t i);  // absorb_gradients for parameter i
+
   std::vector<NamedParameter> params_;
   std::vector<torch::Tensor> exp_avg_;
   std::vector<torch::Tensor> exp_avg_sq_;

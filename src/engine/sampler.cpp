@@ -117,7 +117,7 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   if (req.include_prompt_logprobs) resp.prompt_logprobs = std::vector<double>(P, 0.0);
   if (k > 0) resp.topk_prompt_logprobs = std::vector<std::vector<TokenLogprob>>(P);
   if (req.include_prompt_logprobs || k > 0) {
-    const std::int64_t rows = std::max<std::int64_t>(1, kLogitChunkValues / cfg.vocab_size);
+    const std::int64_t rows = logit_chunk_rows(cfg.vocab_size);
     for (std::int64_t r0 = 0; r0 < P - 1; r0 += rows) {  // row i predicts prompt token i + 1
       const std::int64_t len = std::min(rows, P - 1 - r0);
       const torch::Tensor lp =

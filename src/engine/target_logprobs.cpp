@@ -72,8 +72,7 @@ bool lm_head_trains(Transformer& model, const torch::Tensor& flat_hidden) {
 torch::Tensor target_logprobs(Transformer& model, const torch::Tensor& hidden, const torch::Tensor& targets,
                               std::int64_t chunk_values) {
   const std::int64_t B = hidden.size(0), T = hidden.size(1), H = hidden.size(2);
-  const std::int64_t vocab = model.config().vocab_size, n = B * T;
-  const std::int64_t rows = std::max<std::int64_t>(1, chunk_values / vocab);
+  const std::int64_t n = B * T, rows = logit_chunk_rows(model.config().vocab_size, chunk_values);
   const torch::Tensor flat = hidden.reshape({n, H});
   const torch::Tensor flat_targets = targets.reshape({n});
   if (n <= rows) return chunk_logprobs(model, flat, flat_targets).view({B, T});

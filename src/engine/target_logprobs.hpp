@@ -19,6 +19,11 @@ namespace rlloop::engine {
 // Values of logits a chunk may hold: 16M (64 MB in fp32; about 110 rows of a 151,936-token vocabulary).
 inline constexpr std::int64_t kLogitChunkValues = std::int64_t{1} << 24;
 
+// Rows of logits per chunk over a vocabulary of `vocab` entries (at least one).
+inline std::int64_t logit_chunk_rows(std::int64_t vocab, std::int64_t chunk_values = kLogitChunkValues) {
+  return chunk_values / vocab > 1 ? chunk_values / vocab : 1;
+}
+
 // hidden: the model's final hidden states [B, T, H] (Transformer::hidden_states); targets: int64 [B, T] token ids
 // inside the vocabulary. Returns log softmax(logits)[target] as fp32 [B, T], differentiable with respect to
 // hidden and the lm_head's trainable parameters when grad mode is on. The model must outlive the graph.
