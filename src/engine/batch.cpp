@@ -5,6 +5,7 @@
 
 #include <rlloop/limits.hpp>
 
+#include "device.hpp"
 #include "loss.hpp"
 #include "target_logprobs.hpp"
 
@@ -86,7 +87,7 @@ torch::Device model_device(Transformer& model) { return model.parameters().front
 
 ForwardBackwardOutput make_output(const torch::Tensor& lp, const PaddedBatch& b) {
   ForwardBackwardOutput out;
-  auto cpu = lp.detach().to(torch::kCPU).contiguous();
+  auto cpu = to_host(lp.detach()).contiguous();
   const float* base = cpu.data_ptr<float>();
   const std::int64_t T = cpu.size(1);
   for (std::size_t i = 0; i < b.lengths.size(); ++i) {
@@ -117,7 +118,7 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
   if (backward) value.loss.backward();
 
   ForwardBackwardOutput out;
-  auto cpu = v.detach().to(torch::kCPU).contiguous();
+  auto cpu = to_host(v.detach()).contiguous();
   for (std::size_t i = 0; i < b.lengths.size(); ++i) {
     const float* row = cpu.data_ptr<float>() + static_cast<std::int64_t>(i) * T;
     out.loss_fn_outputs.push_back({{"values", TensorData::from_floats(std::vector<float>(row, row + b.lengths[i]))}});

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <rlloop/error.hpp>
 
@@ -55,6 +56,11 @@ int threads_in_parallel_region(int items) {
 }
 
 std::string device_name(const torch::Device& d) { return d.str(); }
+
+torch::Tensor to_host(const torch::Tensor& t) {
+  RECORD_USER_SCOPE(kToHostScope);
+  return t.cpu();
+}
 
 double peak_flops(const torch::Device& device, torch::ScalarType dtype) {
   if (const char* env = std::getenv("RLLOOP_PEAK_TFLOPS")) {

@@ -11,6 +11,9 @@ struct DeviceChoice {
   torch::ScalarType dtype = torch::kFloat32;  // CUDA: bf16; CPU: fp32 (CPU bf16 is slow and inaccurate here)
   // A GGUF base that LoRA sessions share keeps its matrices quantized (fp32 on the CPU only: gguf_model.hpp).
   bool quantized_base = true;
+  // Sessions' models recompute each layer in backward instead of keeping its activations
+  // (Transformer::set_activation_checkpointing; LocalServiceOptions::activation_checkpointing).
+  bool activation_checkpointing = false;
 };
 
 // "auto" picks CUDA when this LibTorch build has it and a GPU is visible; "cpu", "cuda", "cuda:N" force one.
@@ -28,6 +31,13 @@ int configure_threads(int requested);
 int threads_in_parallel_region(int items);
 
 std::string device_name(const torch::Device& d);
+
+// `t` on the host, for code that reads it there: the engine's one sanctioned way back from the device, so that every
+// copy (and the wait for the device it implies on CUDA) is visible. It runs inside a RecordFunction scope named
+// kToHostScope, which tests/engine_model/host_sync_test.cpp counts: a decoding step makes exactly one such copy, and
+// on CUDA no device-to-host copy outside one.
+inline constexpr const char* kToHostScope = "rlloop::to_host";
+torch::Tensor to_host(const torch::Tensor& t);
 
 // The peak FLOP/s of one such device for products in `dtype`: RLLOOP_PEAK_TFLOPS (in TFLOP/s) when set, else
 // measured once per process and device as the best rate of a few square matrix products through the library the

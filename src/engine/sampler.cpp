@@ -10,6 +10,7 @@
 #include <rlloop/limits.hpp>
 
 #include "cpu_decoder.hpp"
+#include "device.hpp"
 #include "target_logprobs.hpp"
 #include "token_draw.hpp"
 
@@ -121,7 +122,7 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
     for (std::int64_t r0 = 0; r0 < P - 1; r0 += rows) {  // row i predicts prompt token i + 1
       const std::int64_t len = std::min(rows, P - 1 - r0);
       const torch::Tensor lp =
-          torch::log_softmax(model.logits(hidden[0].narrow(0, r0, len)).to(torch::kFloat32), -1).cpu();
+          to_host(torch::log_softmax(model.logits(hidden[0].narrow(0, r0, len)).to(torch::kFloat32), -1));
       if (req.include_prompt_logprobs) {
         auto acc = lp.accessor<float, 2>();
         for (std::int64_t i = 0; i < len; ++i) (*resp.prompt_logprobs)[r0 + i + 1] = acc[i][prompt[r0 + i + 1]];
@@ -168,7 +169,7 @@ void DecodeRun::absorb(const torch::Tensor& logits) {
   auto [next, chosen_lp] = draw_next(logits, params_, uniforms);  // [A] each
   // The step's one copy back to the host: the tokens (exact in float64) and their logprobs together.
   const auto A = static_cast<std::int64_t>(active_.size());
-  const torch::Tensor drawn = torch::cat({next.to(torch::kFloat64), chosen_lp.to(torch::kFloat64)}).cpu();
+  const torch::Tensor drawn = to_host(torch::cat({next.to(torch::kFloat64), chosen_lp.to(torch::kFloat64)}));
   const double* tok = drawn.data_ptr<double>();
   const double* lp = tok + A;
   const int max_new = params_.max_tokens;
@@ -266,7 +267,7 @@ std::vector<double> compute_logprobs(Transformer& model, std::span<const token_i
   // Positions 0..N-2 predict tokens 1..N-1; the last position's unembedding is not needed.
   // (The logits a chunk at a time, as in training: a long prompt over a large vocabulary never holds them all.)
   torch::Tensor hidden = model.hidden_states(ids).narrow(1, 0, N - 1);
-  torch::Tensor lp = target_logprobs(model, hidden, ids.narrow(1, 1, N - 1)).reshape({N - 1}).cpu();
+  torch::Tensor lp = to_host(target_logprobs(model, hidden, ids.narrow(1, 1, N - 1)).reshape({N - 1}));
   const float* p = lp.data_ptr<float>();
   for (std::int64_t i = 1; i < N; ++i) out[i] = p[i - 1];
   return out;

@@ -1,0 +1,205 @@
+// What one decoding step and one training step ask of ATen, counted with LibTorch's RecordFunction observers: the
+// operators they run, and the ones that make a CUDA host wait for the device (a copy to the host, .item(), operators
+// whose output size depends on data). A decode step may bring back exactly one thing, its sampled tokens (with their
+// logprobs, in the same copy, through engine::to_host); anything else would stall the CPU behind the GPU at every
+// token. The operator counts must not grow with the rows of a batch (no per-row loop issuing operators).
+//
+// Device and dtype from the environment (tests/test_device.hpp). On the CPU no copy crosses a device, so there the
+// test sees the engine's to_host scopes, .item() and the data-dependent operators; on CUDA it also sees every real
+// device-to-host copy_, which must all lie inside the one to_host of the step.
+#include <gtest/gtest.h>
+
+#include <ATen/record_function.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "device.hpp"
+#include "model_io.hpp"
+#include "sampler.hpp"
+#include "test_device.hpp"
+#include "tiny_models.hpp"
+
+#include <rlloop/local.hpp>
+
+using namespace rlloop;
+using namespace rlloop::engine;
+
+namespace {
+
+// What the operators seen between two take() calls asked for.
+struct OpCounts {
+  int operators = 0;
+  int to_host_scopes = 0;                  // engine::to_host calls
+  int device_to_host = 0;                  // copy_ calls from a device to the host (CUDA only)
+  std::map<std::string, int> host_syncs;   // operators that wait for the device, by name
+  std::map<std::string, int> by_name;      // every operator, for the failure message
+
+  std::string describe() const {
+    std::string s;
+    for (const auto& [name, n] : by_name) s.append(name).append(" x").append(std::to_string(n)).append("\n");
+    return s;
+  }
+};
+
+// Operators that return data the host must have first: .item() and the ones whose output shape is computed from
+// values on the device.
+const std::set<std::string>& syncing_operators() {
+  static const std::set<std::string> names = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
+                                              "aten::_unique", "aten::_unique2", "aten::unique_dim",
+                                              "aten::unique_consecutive", "aten::is_nonzero", "aten::equal"};
+  return names;
+}
+
+bool is_cpu_tensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().device().is_cpu(); }
+
+// Records every ATen operator call, on any thread, while it exists (one at a time).
+class OpRecorder {
+ public:
+  OpRecorder() {
+    at::enableRecordFunction(true);
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&OpRecorder::on_enter)
+                                        .needsInputs(true)
+                                        .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+  }
+  ~OpRecorder() { at::removeCallback(handle_); }
+  OpRecorder(const OpRecorder&) = delete;
+  OpRecorder& operator=(const OpRecorder&) = delete;
+
+  // The counts since the last take().
+  static OpCounts take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(counts_, OpCounts{});
+  }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+    const std::string name = fn.name();
+    std::lock_guard lock(mutex_);
+    if (fn.scope() == at::RecordScope::USER_SCOPE) {
+      if (name == engine::kToHostScope) ++counts_.to_host_scopes;
+      return nullptr;
+    }
+    const auto inputs = fn.inputs();
+    if (name == "aten::copy_" && inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor() &&
+        is_cpu_tensor(inputs[0]) && !is_cpu_tensor(inputs[1]))
+      ++counts_.device_to_host;
+    ++counts_.operators;
+    ++counts_.by_name[name];
+    if (syncing_operators().count(name)) ++counts_.host_syncs[name];
+    return nullptr;
+  }
+
+  at::CallbackHandle handle_;
+  static inline std::mutex mutex_;
+  static inline OpCounts counts_;
+};
+
+// Decodes `rows` samples of a prompt for a few steps and returns the counts of the third step (past the first,
+// whose draw happens in the prefill, and any one-time set-up).
+OpCounts decode_step_counts(Transformer& model, int rows) {
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens({3, 1, 4, 1, 5, 9, 2, 6});
+  req.num_samples = rows;
+  req.params = SamplingParams{.max_tokens = 8, .temperature = 1.0};
+  DecodeRun run(model, req, nullptr, SampleStream(11), DecodePrecision::fp32, nullptr);
+  DecodeRun* const runs[] = {&run};
+  OpRecorder recorder;
+  decode_step(runs);
+  decode_step(runs);
+  OpRecorder::take();
+  decode_step(runs);
+  OpCounts step = OpRecorder::take();
+  EXPECT_EQ(run.rows(), rows) << "no sample may stop in these steps (no stop tokens, max_tokens 8)";
+  return step;
+}
+
+void expect_one_copy_back(const OpCounts& step, const std::string& what) {
+  EXPECT_EQ(step.to_host_scopes, 1) << what << ": the sampled tokens come back once per step, nothing else\n"
+                                    << step.describe();
+  // On the CPU nothing crosses a device; on CUDA the one copy is the to_host's.
+  EXPECT_EQ(step.device_to_host, test_device::on_cuda() ? 1 : 0) << what << "\n" << step.describe();
+  EXPECT_TRUE(step.host_syncs.empty()) << what << ": " << step.host_syncs.begin()->first << " waits for the device\n"
+                                       << step.describe();
+}
+
+}  // namespace
+
+// The decoding step CUDA runs (ATen's operators; on the CPU the same path runs for bf16 models).
+TEST(HostSync, AnAtenDecodeStepCopiesTheTokensBackOnceAndNothingElse) {
+  const torch::Device device(test_device::device());
+  auto model = init_model(test_models::tiny_config("qwen3"), 5, device, torch::kBFloat16);
+  const OpCounts two = decode_step_counts(*model, 2);
+  const OpCounts six = decode_step_counts(*model, 6);
+  expect_one_copy_back(two, "2 rows");
+  expect_one_copy_back(six, "6 rows");
+  EXPECT_GT(two.operators, 0);
+  EXPECT_EQ(two.operators, six.operators) << "operators per step grow with the rows:\n2 rows:\n"
+                                          << two.describe() << "6 rows:\n" << six.describe();
+  std::cout << "operators per decode step (bf16, " << device << "): " << two.operators << "\n";
+}
+
+// The CPU's fp32 decoder (CpuDecoder: its own kernels, a few ATen operators around them) holds the same rule.
+TEST(HostSync, TheCpuDecoderStepCopiesTheTokensBackOnce) {
+  if (test_device::on_cuda()) GTEST_SKIP() << "the CPU decoder runs on the CPU only";
+  auto model = init_model(test_models::tiny_config("llama"), 5, torch::kCPU, torch::kFloat32);
+  ASSERT_TRUE(CpuDecoder::supports(*model));
+  const OpCounts two = decode_step_counts(*model, 2);
+  const OpCounts six = decode_step_counts(*model, 6);
+  expect_one_copy_back(two, "2 rows");
+  EXPECT_EQ(two.operators, six.operators) << two.describe() << "--\n" << six.describe();
+}
+
+namespace {
+
+// A next-token datum of `length` tokens over a small vocabulary.
+Datum training_datum(int length, int salt) {
+  std::vector<token_id> tokens;
+  for (int i = 0; i <= length; ++i) tokens.push_back(static_cast<token_id>((i * 7 + salt * 3) % 50 + 1));
+  Datum d;
+  d.model_input = ModelInput::from_tokens(std::vector<token_id>(tokens.begin(), tokens.end() - 1));
+  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(tokens.begin() + 1, tokens.end()));
+  d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(static_cast<std::size_t>(length), 1.0f));
+  return d;
+}
+
+// The counts of one forward_backward + optim_step of `datums` datums on a fresh full fine-tuning session.
+OpCounts training_step_counts(int datums) {
+  LocalServiceOptions service;
+  service.device = test_device::device();
+  service.dtype = test_device::dtype();
+  service.checkpoint_dir = (std::filesystem::temp_directory_path() / ("rlloop-host-sync-" + std::to_string(::getpid())))
+                               .string();
+  LocalSession session(SessionOptions{.base_model = "rlloop-tiny"}, service);
+  std::vector<Datum> batch;
+  for (int i = 0; i < datums; ++i) batch.push_back(training_datum(12, i));
+  // A first step builds what every later step reuses (optimizer state, caches).
+  session.forward_backward(batch, LossSpec::cross_entropy()).get();
+  session.optim_step(AdamParams{.learning_rate = 1e-4}).get();
+  OpRecorder recorder;
+  session.forward_backward(batch, LossSpec::cross_entropy()).get();
+  session.optim_step(AdamParams{.learning_rate = 1e-4}).get();
+  return OpRecorder::take();
+}
+
+}  // namespace
+
+TEST(HostSync, ATrainingStepRunsAsManyOperatorsForFourDatumsAsForTwo) {
+  const OpCounts two = training_step_counts(2);
+  const OpCounts four = training_step_counts(4);
+  std::cout << "training step (forward_backward + optim_step, rlloop-tiny, " << test_device::dtype() << "): "
+            << two.operators << " operators, " << two.to_host_scopes << " to_host, syncs:";
+  for (const auto& [name, n] : two.host_syncs) std::cout << " " << name << " x" << n;
+  std::cout << "\n";
+  EXPECT_EQ(two.operators, four.operators) << "2 datums:\n" << two.describe() << "4 datums:\n" << four.describe();
+  EXPECT_EQ(two.host_syncs, four.host_syncs);
+  EXPECT_EQ(four.to_host_scopes, two.to_host_scopes);
+  // The per-token logprobs the step returns come back in one copy; the loss and the optimizer's figures as scalars.
+  EXPECT_EQ(two.to_host_scopes, 1) << two.describe();
+  EXPECT_EQ(two.device_to_host, test_device::on_cuda() ? 1 : 0) << two.describe();
+}
