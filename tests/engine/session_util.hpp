@@ -12,6 +12,8 @@
 #include <rlloop/local.hpp>
 #include <rlloop/rlloop.hpp>
 
+#include "test_device.hpp"
+
 namespace test_util {
 using namespace rlloop;
 
@@ -40,14 +42,19 @@ inline SessionOptions tiny(std::optional<LoraOptions> lora = std::nullopt, std::
 }
 
 // Also configures this process: one thread, as bit-exact comparisons across processes need the same reduction
-// order, and the caching CPU allocator, as the CLI runs sessions.
+// order, and the caching CPU allocator, as the CLI runs sessions. The device and dtype are the environment's
+// (tests/test_device.hpp: the CPU in fp32 unless RLLOOP_TEST_DEVICE / RLLOOP_TEST_DTYPE say otherwise).
 inline LocalServiceOptions service_in(const std::string& dir) {
   configure_engine_process({.num_threads = 1});
   LocalServiceOptions s;
   s.checkpoint_dir = dir;
-  s.device = "cpu";
+  s.device = test_device::device();
+  s.dtype = test_device::dtype();
   return s;
 }
+
+// How far two computations of one logprob may be apart on the test device and dtype.
+inline double lp_tol() { return test_device::logprob_tolerance(); }
 
 // A fresh directory under the system's temporary one, named for the test and this process.
 inline std::filesystem::path temp_dir(const std::string& prefix, const std::string& name) {
