@@ -73,6 +73,10 @@ struct LocalServiceOptions {
   // 0.1 GB instead of 0.5), at a cost in speed (bench/README.md). false: dequantized to fp32 once, at load. Full
   // fine-tuning always trains a dense fp32 copy.
   bool quantized_base = true;
+  // Activation checkpointing: a training pass keeps only each layer's input and recomputes the layer in backward
+  // (about one more forward per step), so that activation memory stops growing with layers x the MLP's width;
+  // for long sequences or large batches. Losses and gradients are the same (docs/engine.md, "Memory").
+  bool activation_checkpointing = false;
   // Ranks beyond this process that train every session with it (docs/data_parallel.md).
   DataParallelOptions data_parallel;
 };

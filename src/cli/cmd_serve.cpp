@@ -52,7 +52,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   std::size_t compact_records = defaults.compact_after_records, compact_bytes = defaults.compact_after_bytes;
   std::size_t autosave_operations = defaults.autosave_after_operations;
   bool bill_prompt_per_sample = false;
-  bool dequantize_base = false;
+  bool dequantize_base = false, activation_checkpointing = false;
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option(
@@ -86,6 +86,9 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   app.add_flag("--dequantize-base", dequantize_base,
                "LoRA sessions on a .gguf base share it dequantized to fp32 (faster, 4 bytes per weight) instead of "
                "in its quantized blocks");
+  app.add_flag("--activation-checkpointing", activation_checkpointing,
+               "Training passes keep each layer's input only and recompute the layer in backward: less activation "
+               "memory for long sequences, about one more forward per step");
   app.add_option(
          "--max-batch-rows", max_batch_rows,
          "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
@@ -156,6 +159,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
   local.max_batch_rows = max_batch_rows;
   local.quantized_base = !dequantize_base;
+  local.activation_checkpointing = activation_checkpointing;
   local.base_models = rlloop::cli::parse_base_models(base_models);
   local.data_parallel.world_size = world_size;
   local.data_parallel.rendezvous = rendezvous;

@@ -29,12 +29,17 @@ int run_worker(int argc, char** argv) {
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR, as rank 0's (repeatable)");
   app.add_option("--max-batch-rows", options.service.max_batch_rows,
                  "Most sample rows this rank decodes in one batched step (as rank 0's --max-batch-rows)");
+  bool dequantize_base = false;
+  app.add_flag("--dequantize-base", dequantize_base, "As rank 0's --dequantize-base");
+  app.add_flag("--activation-checkpointing", options.service.activation_checkpointing,
+               "As rank 0's --activation-checkpointing");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   options.service.base_models = rlloop::cli::parse_base_models(base_models);
+  options.service.quantized_base = !dequantize_base;
   rlloop::configure_engine_process({.num_threads = threads});
   rlloop::run_data_parallel_worker(options);
   return 0;

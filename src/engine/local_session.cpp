@@ -141,6 +141,7 @@ struct LocalSession::Impl {
     decode_precision = decode_precision_of(service.sampling_precision);
     dev = choose_device(service.device, service.dtype);
     dev.quantized_base = service.quantized_base;
+    dev.activation_checkpointing = service.activation_checkpointing;
     resolved_base = resolve_base_model(service, options.base_model);
     key = base_key(resolved_base, dev);
     model = make_model();

@@ -36,6 +36,7 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
     out.model = load_base(resolved, dev, /*shared=*/false);
   }
   if (options.value_head) out.model->enable_value_head(options.seed);
+  out.model->set_activation_checkpointing(dev.activation_checkpointing);
   return out;
 }
 

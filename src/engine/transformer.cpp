@@ -87,6 +87,15 @@ struct Layer {
   std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
 };
 
+// What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
+// many positions it held before this forward).
+struct LayerInputs {
+  torch::Tensor cos, sin;
+  double scale;
+  KVCache* cache;
+  std::int64_t past;
+};
+
 }  // namespace
 
 struct Transformer::Impl {
@@ -99,9 +108,14 @@ struct Transformer::Impl {
   Linear lm_head;  // weight aliases embed when tied
   std::optional<LoraOptions> lora;
   Linear value_head;  // undefined weight without a value head
+  bool checkpoint_layers = false;  // set_activation_checkpointing
 
   torch::Device device() const { return options.device(); }
   torch::ScalarType dtype() const { return c10::typeMetaToScalarType(options.dtype()); }
+
+  // Layer `li` over x [B, T, H]: attention (extending in.cache when given), then the MLP, each with its residual.
+  torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const;
+  class CheckpointedLayer;
 
   // Every dense base weight (parameter) under its HF name, in a fixed order (init_model draws from one generator
   // in this order); quantized matrices are for_each_quantized's.
@@ -330,6 +344,86 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   return shared;
 }
 
+// A layer under activation checkpointing: forward keeps only the layer's input (and the RoPE rows), backward runs
+// the layer again with its graph and differentiates it at once, as PyTorch's reentrant torch.utils.checkpoint does.
+// A training step then holds one [B, T, H] tensor per layer plus one layer's activations, instead of every
+// layer's (the MLP's [B, T, intermediate] products and the attention's inputs and outputs), for a second forward's
+// compute. The layer's parameters are not inputs: the inner backward accumulates their gradients itself. `anchor`
+// is a 0-element tensor that requires grad, so that the layer is part of the graph when its adapters train but its
+// input does not (the first layer of a LoRA model); with nothing trainable the recomputation is skipped. The model
+// must outlive the graph, as for target_logprobs.
+class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+ public:
+  static torch::Tensor run(const Impl& impl, std::size_t li, const torch::Tensor& x, const LayerInputs& in) {
+    const torch::Tensor anchor = torch::empty({0}, x.options()).requires_grad_(!x.requires_grad());
+    return apply(x, in.cos, in.sin, anchor, &impl, static_cast<std::int64_t>(li), in.scale);
+  }
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor cos,
+                               torch::Tensor sin, torch::Tensor anchor, const Impl* impl, std::int64_t li,
+                               double scale) {
+    (void)anchor;
+    ctx->save_for_backward({x, cos, sin});
+    // saved_data holds IValues: the model's address (see above), the layer and the scale.
+    ctx->saved_data["impl"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(impl));
+    ctx->saved_data["layer"] = li;
+    ctx->saved_data["scale"] = scale;
+    return impl->layer_forward(static_cast<std::size_t>(li), x, LayerInputs{cos, sin, scale, nullptr, 0});
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto* impl = reinterpret_cast<const Impl*>(static_cast<std::intptr_t>(ctx->saved_data["impl"].toInt()));
+    const auto li = static_cast<std::size_t>(ctx->saved_data["layer"].toInt());
+    const LayerInputs in{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0};
+    const bool x_needs_grad = ctx->needs_input_grad(0);
+    torch::AutoGradMode enable(true);
+    const torch::Tensor x = saved[0].detach().requires_grad_(x_needs_grad);
+    const torch::Tensor out = impl->layer_forward(li, x, in);
+    torch::Tensor grad_x;
+    if (out.requires_grad()) {
+      torch::autograd::backward({out}, {grads[0]});
+      if (x_needs_grad) grad_x = x.grad();
+    }
+    return {grad_x, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const {
+  const Layer& layer = layers[li];
+  const std::int64_t B = x.size(0), T = x.size(1);
+  const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  torch::Tensor h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps);
+  torch::Tensor q = layer.q.apply(h).view({B, T, nh, D});
+  torch::Tensor k = layer.k.apply(h).view({B, T, nkv, D});
+  torch::Tensor v = layer.v.apply(h).view({B, T, nkv, D}).transpose(1, 2);
+  if (cfg.qk_norm) {  // Qwen3: per-head RMSNorm over head_dim, before RoPE
+    q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps);
+    k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps);
+  }
+  q = engine::rope(q, in.cos, in.sin);  // [B, nh, T, D], contiguous
+  k = engine::rope(k, in.cos, in.sin);  // [B, nkv, T, D]
+
+  torch::Tensor keys = k, values = v;
+  if (in.cache) {
+    const std::int64_t S = in.past + T;
+    in.cache->keys[li].narrow(2, in.past, T).copy_(k);
+    in.cache->values[li].narrow(2, in.past, T).copy_(v);
+    keys = in.cache->keys[li].narrow(2, 0, S);
+    values = in.cache->values[li].narrow(2, 0, S);
+  }
+  torch::Tensor attn = causal_attention(q, keys, values, in.scale);  // [B, T, nh * D]
+  x = x + layer.o.apply(attn);
+
+  h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
+  return x + layer.down.apply(swiglu(layer.gate.apply(h), layer.up.apply(h)));
+}
+
+void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
+bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
+
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache) {
   const ModelConfig& cfg = impl_->cfg;
   if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong)
@@ -364,7 +458,7 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
                              " (KVCache::convert), the model " + std::string(c10::toString(model_dtype)));
   }
   const std::int64_t S = past + T;  // key length
-  const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const std::int64_t D = cfg.head_dim;
   const auto device = impl_->device();
   const auto dtype = impl_->dtype();
   torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
@@ -377,32 +471,11 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
 
   torch::Tensor x =
       impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
-  for (std::size_t li = 0; li < impl_->layers.size(); ++li) {
-    const Layer& layer = impl_->layers[li];
-    torch::Tensor h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps);
-    torch::Tensor q = layer.q.apply(h).view({B, T, nh, D});
-    torch::Tensor k = layer.k.apply(h).view({B, T, nkv, D});
-    torch::Tensor v = layer.v.apply(h).view({B, T, nkv, D}).transpose(1, 2);
-    if (cfg.qk_norm) {  // Qwen3: per-head RMSNorm over head_dim, before RoPE
-      q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps);
-      k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps);
-    }
-    q = rope(q, cos, sin);  // [B, nh, T, D], contiguous
-    k = rope(k, cos, sin);  // [B, nkv, T, D]
-
-    torch::Tensor keys = k, values = v;
-    if (cache) {
-      cache->keys[li].narrow(2, past, T).copy_(k);
-      cache->values[li].narrow(2, past, T).copy_(v);
-      keys = cache->keys[li].narrow(2, 0, S);
-      values = cache->values[li].narrow(2, 0, S);
-    }
-    torch::Tensor attn = causal_attention(q, keys, values, scale);  // [B, T, nh * D]
-    x = x + layer.o.apply(attn);
-
-    h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
-    x = x + layer.down.apply(swiglu(layer.gate.apply(h), layer.up.apply(h)));
-  }
+  const LayerInputs in{cos, sin, scale, cache, past};
+  // Checkpointed layers keep only their input for backward and recompute the rest there (training, no cache).
+  const bool checkpoint = impl_->checkpoint_layers && !cache && torch::GradMode::is_enabled();
+  for (std::size_t li = 0; li < impl_->layers.size(); ++li)
+    x = checkpoint ? Impl::CheckpointedLayer::run(*impl_, li, x, in) : impl_->layer_forward(li, x, in);
   if (cache) cache->length = S;
   return rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
 }

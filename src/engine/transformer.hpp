@@ -83,6 +83,11 @@ class Transformer : public torch::nn::Module {
   // input_ids: [B, T] int64. Without a cache, positions are 0..T-1 with a causal mask. With a cache, the
   // tokens continue the cached positions and the cache is extended. Returns the final-norm hidden states [B, T, H].
   torch::Tensor hidden_states(const torch::Tensor& input_ids, KVCache* cache = nullptr);
+  // Activation checkpointing (off by default): a forward that builds a graph keeps only each layer's input and
+  // recomputes the layer in backward, trading one more forward for activation memory that no longer grows with the
+  // number of layers times the MLP's width. Values and gradients are those of the plain graph.
+  void set_activation_checkpointing(bool on);
+  bool activation_checkpointing() const;
   // Unembedding (lm_head, or the tied embedding), LoRA included when enabled: [B, T, H] -> [B, T, V].
   torch::Tensor logits(const torch::Tensor& hidden);
   torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) {

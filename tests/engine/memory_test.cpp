@@ -5,11 +5,19 @@
 // vocabulary.
 #include <gtest/gtest.h>
 
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <filesystem>
+#include <optional>
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include <rlloop/local.hpp>
 
 #include "batch.hpp"
+#include "builtin_models.hpp"
 #include "cpu_allocator.hpp"
 #include "model_config.hpp"
 #include "model_io.hpp"
@@ -125,4 +133,106 @@ TEST(TrainingMemory, OneForwardBackwardGrowsWithTokensTimesHiddenNotVocabularyOr
     EXPECT_LT(t3 - t2, 1.25 * (t2 - t1)) << name;
     EXPECT_GT(t2 - t1, 0.0) << name;
   }
+}
+
+// Activation checkpointing (Transformer::set_activation_checkpointing): the same values and gradients as the plain
+// graph, full fine-tuning and LoRA (whose first layer's input does not require grad), in fp64 so that any
+// difference is a wrong gradient rather than rounding.
+TEST(ActivationCheckpointing, GivesThePlainGraphsValuesAndGradients) {
+  const ModelConfig cfg = qwen3_shaped(96);
+  const torch::Tensor ids = torch::randint(0, 96, {3, 11}, torch::kLong);
+  const torch::Tensor targets = torch::randint(0, 96, {3, 11}, torch::kLong);
+  for (const bool lora : {false, true}) {
+    auto model = init_model(cfg, 4, torch::kCPU, torch::kFloat64);
+    if (lora) {
+      model->enable_lora(LoraOptions{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}}, 2);
+      torch::NoGradGuard g;
+      for (auto& [name, p] : model->named_trainable_parameters()) p.normal_(0, 0.1);  // B = 0 would hide bugs
+    }
+    torch::Tensor plain_lp, checkpointed_lp;
+    const auto plain = gradients(*model, ids, targets, kLogitChunkValues, &plain_lp);
+    model->set_activation_checkpointing(true);
+    const auto checkpointed = gradients(*model, ids, targets, kLogitChunkValues, &checkpointed_lp);
+    EXPECT_LT((plain_lp - checkpointed_lp).abs().max().item<double>(), 1e-12) << "lora " << lora;
+    ASSERT_EQ(plain.size(), checkpointed.size());
+    for (std::size_t i = 0; i < plain.size(); ++i)
+      EXPECT_LT((plain[i] - checkpointed[i]).abs().max().item<double>(), 1e-12) << "lora " << lora << " parameter " << i;
+    // Without grad mode nothing is checkpointed (no graph to save memory in): the plain forward's values.
+    torch::NoGradGuard no_grad;
+    EXPECT_FALSE(model->hidden_states(ids).requires_grad());
+  }
+}
+
+// Checkpointed layers keep one [tokens, hidden] input each instead of every activation of every layer: on a
+// model whose MLP is 8x its width, at 2048 tokens, the pass's peak falls to well under half.
+TEST(ActivationCheckpointing, HoldsLessThanHalfThePlainGraphsPeak) {
+  configure_engine_process({.num_threads = 2});
+  ASSERT_NE(installed_caching_cpu_allocator(), nullptr) << "the caching CPU allocator is off (RLLOOP_CPU_CACHE_MB=0)";
+  nlohmann::json j = {{"model_type", "qwen3"},       {"vocab_size", 1024},          {"hidden_size", 64},
+                      {"intermediate_size", 512},    {"num_hidden_layers", 8},      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},    {"head_dim", 16},              {"tie_word_embeddings", true},
+                      {"max_position_embeddings", 4096}, {"rope_theta", 1000000.0}, {"rms_norm_eps", 1e-6}};
+  const ModelConfig cfg = ModelConfig::from_json(j);
+  const auto data = batch_of(1, 2048, 1024);
+  double peak[2];
+  for (const bool checkpointed : {false, true}) {
+    CachingCpuAllocator* allocator = installed_caching_cpu_allocator();
+    auto model = init_model(cfg, 1, torch::kCPU, torch::kFloat32);
+    model->set_activation_checkpointing(checkpointed);
+    const std::size_t before = allocator->stats().in_use_bytes;
+    allocator->reset_peak();
+    run_builtin_loss(*model, data, LossSpec::cross_entropy(), /*backward=*/true);
+    peak[checkpointed] = static_cast<double>(allocator->stats().peak_in_use_bytes - before) / (1 << 20);
+  }
+  std::printf("8 layers, 2048 tokens, peak MiB: plain %.0f, checkpointed %.0f\n", peak[0], peak[1]);
+  EXPECT_LT(peak[1], 0.5 * peak[0]);
+}
+
+// Counts the backward steps of checkpointed layers while it exists: the autograd engine records each node it runs
+// (RecordFunction, scope BACKWARD_FUNCTION) under a name that holds its Function's type.
+class CheckpointedLayerBackwards {
+ public:
+  CheckpointedLayerBackwards() {
+    count_ = 0;
+    at::enableRecordFunction(true);
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&CheckpointedLayerBackwards::on_enter)
+                                        .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+  }
+  ~CheckpointedLayerBackwards() { at::removeCallback(handle_); }
+  int value() const { return count_.load(); }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+    if (std::string_view(fn.name()).find("CheckpointedLayer") != std::string_view::npos) ++count_;
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+  static inline std::atomic<int> count_{0};
+};
+
+// The service option reaches the sessions' models (each layer's backward is a checkpointed one), and a
+// checkpointed session trains exactly as a plain one.
+TEST(ActivationCheckpointing, ASessionWithTheOptionTrainsAsOneWithout) {
+  std::vector<std::vector<double>> after;
+  std::vector<int> backwards;
+  for (const bool checkpointed : {false, true}) {
+    LocalServiceOptions service;
+    service.device = "cpu";
+    service.activation_checkpointing = checkpointed;
+    service.checkpoint_dir = (std::filesystem::temp_directory_path() / "rlloop-memory-test-checkpointing").string();
+    LocalSession session(SessionOptions{.base_model = "rlloop-tiny", .seed = 3}, service);
+    const auto data = batch_of(2, 24, 256);
+    for (int step = 0; step < 3; ++step) {
+      std::optional<CheckpointedLayerBackwards> counter;
+      if (step == 0) counter.emplace();
+      session.forward_backward(data, LossSpec::cross_entropy()).get();
+      if (counter) backwards.push_back(counter->value());
+      session.optim_step(AdamParams{.learning_rate = 1e-2}).get();
+    }
+    after.push_back(session.forward(data, LossSpec::cross_entropy()).get().logprobs(0));
+  }
+  EXPECT_EQ(backwards[0], 0);
+  EXPECT_EQ(backwards[1], builtin_model("rlloop-tiny")->num_hidden_layers) << "one checkpointed backward per layer";
+  ASSERT_EQ(after[0].size(), after[1].size());
+  for (std::size_t i = 0; i < after[0].size(); ++i) EXPECT_NEAR(after[0][i], after[1][i], 1e-6) << i;
 }

@@ -238,6 +238,7 @@ class Worker {
 void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
   auto dev = engine::choose_device(options.service.device, options.service.dtype);
   dev.quantized_base = options.service.quantized_base;
+  dev.activation_checkpointing = options.service.activation_checkpointing;
   engine::dist::GroupOptions go;
   std::tie(go.host, go.port) = engine::dist::parse_host_port(options.rendezvous, "worker --rendezvous");
   if (go.port == 0) throw invalid_argument("worker --rendezvous: port 0 is for rank 0 alone; give rank 0's port");
