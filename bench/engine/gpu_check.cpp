@@ -212,7 +212,12 @@ void decode_stage(const Settings& s) {
     for (const auto& seq : out.sequences) tokens += static_cast<std::int64_t>(seq.tokens.size());
     rates[std::to_string(rows)] = static_cast<double>(tokens) / seconds_since(t);
   }
-  emit({{"stage", "decode"}, {"tokens_per_s_by_rows", rates}, {"new_tokens", new_tokens}, {"ok", true}});
+  // The same weights in Hugging Face's layout, for the hf_generate stage (scripts/gpu_check.sh runs
+  // bench/engine/hf_generate.py on them: transformers' generate at 64 rows, against the decode figures above).
+  const std::string hf_dir = (s.out / "decode-hf").string();
+  session->export_merged_model(hf_dir).get();
+  emit({{"stage", "decode"}, {"tokens_per_s_by_rows", rates}, {"new_tokens", new_tokens}, {"hf_model", hf_dir},
+        {"ok", true}});
 }
 
 // 16 LoRA sessions on one base sampling at once.

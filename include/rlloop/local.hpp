@@ -40,6 +40,11 @@ struct DataParallelOptions {
   // A rendezvous, or a collective (one step of an operation between ranks), not done within this fails with
   // group_failure naming the ranks that stopped answering.
   double timeout_s = 60;
+  // What carries the tensors' collectives: "gloo", "nccl" (CUDA weights, one GPU per rank) or "auto": NCCL where
+  // the weights are on CUDA, LibTorch has it and every rank on this host gets a GPU of its own (ranks r on
+  // cuda:(N + r) mod GPUs); Gloo otherwise, which also takes CUDA tensors, so that the group runs with several
+  // ranks on one GPU (tests, a one-GPU machine). The byte messages always go through Gloo.
+  std::string backend = "auto";
 };
 
 struct LocalServiceOptions {

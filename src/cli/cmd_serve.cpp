@@ -39,7 +39,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   std::string tenants_file;
   std::vector<std::string> base_models;
   int world_size = 1, local_workers = -1;
-  std::string rendezvous = "127.0.0.1:0";
+  std::string rendezvous = "127.0.0.1:0", dp_backend = "auto";
   double dp_timeout_s = 60;
   std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
@@ -73,6 +73,10 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
                  "Ranks that train every session (data parallel): this process and world size - 1 workers")
       ->check(CLI::Range(1, 1024));
   app.add_option("--rendezvous", rendezvous, "HOST:PORT where the workers join (port 0: any free port)");
+  app.add_option("--dp-backend", dp_backend,
+                 "The tensors' collectives across ranks: auto (NCCL when every rank here has a GPU of its own), gloo "
+                 "(also several ranks on one GPU) or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
   app.add_option("--local-workers", local_workers,
                  "Workers started on this host (-1: all); the others run `rlloop worker` on other hosts");
   app.add_option("--dp-timeout-s", dp_timeout_s,
@@ -163,6 +167,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   local.base_models = rlloop::cli::parse_base_models(base_models);
   local.data_parallel.world_size = world_size;
   local.data_parallel.rendezvous = rendezvous;
+  local.data_parallel.backend = dp_backend;
   local.data_parallel.local_workers = local_workers;
   local.data_parallel.timeout_s = dp_timeout_s;
   local.data_parallel.worker_program = "/proc/self/exe";

@@ -25,6 +25,8 @@ int run_worker(int argc, char** argv) {
   app.add_option("--timeout-s", options.timeout_s, "Rendezvous and collective timeout (as rank 0's)");
   app.add_option("--device", options.service.device, "auto, cpu, cuda or cuda:N");
   app.add_option("--dtype", options.service.dtype, "auto, fp32 or bf16 (as rank 0's)");
+  app.add_option("--backend", options.service.data_parallel.backend,
+                 "The tensors' collectives: auto, gloo or nccl (as rank 0's --dp-backend resolved)");
   app.add_option("--threads", threads, "LibTorch threads (0 = all cores)");
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR, as rank 0's (repeatable)");
   app.add_option("--max-batch-rows", options.service.max_batch_rows,

@@ -18,6 +18,7 @@
 #include "checkpoint.hpp"
 #include "child_processes.hpp"
 #include "dist/codec.hpp"
+#include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
 #include "session_util.hpp"
 
@@ -314,6 +315,29 @@ TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent
 TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
 TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
 
+// Which backend carries the tensors: NCCL only for CUDA weights with a GPU per rank on this host, Gloo otherwise
+// (several ranks on one GPU: the group logic testable on a one-GPU machine); impossible requests named.
+TEST(DataParallel, TheTensorBackendIsNcclOnlyWithAGpuPerRank) {
+  using engine::dist::resolve_tensor_backend;
+  const engine::DeviceChoice cpu{torch::kCPU, torch::kFloat32};
+  const engine::DeviceChoice cuda{torch::Device(torch::kCUDA, 0), torch::kBFloat16};
+  EXPECT_EQ(resolve_tensor_backend("auto", cpu, 2, 0, true), "gloo");
+  EXPECT_EQ(resolve_tensor_backend("auto", cuda, 2, 2, true), "nccl");
+  EXPECT_EQ(resolve_tensor_backend("auto", cuda, 2, 1, true), "gloo");   // two ranks, one GPU
+  EXPECT_EQ(resolve_tensor_backend("auto", cuda, 2, 2, false), "gloo");  // a LibTorch without NCCL
+  EXPECT_EQ(resolve_tensor_backend("gloo", cuda, 2, 2, true), "gloo");
+  EXPECT_EQ(resolve_tensor_backend("nccl", cuda, 4, 8, true), "nccl");
+  EXPECT_EQ(error_of([&] { resolve_tensor_backend("nccl", cuda, 2, 1, true); }),
+            "data_parallel.backend nccl needs one GPU per rank: 2 ranks on this host, 1 GPU(s); backend gloo runs "
+            "several ranks on one GPU");
+  EXPECT_EQ(error_of([&] { resolve_tensor_backend("nccl", cpu, 2, 0, true); }),
+            "data_parallel.backend nccl needs the weights on CUDA (--device cuda)");
+  EXPECT_EQ(error_of([&] { resolve_tensor_backend("nccl", cuda, 2, 2, false); }),
+            "data_parallel.backend nccl: this LibTorch was built without NCCL");
+  EXPECT_EQ(error_of([&] { resolve_tensor_backend("mpi", cpu, 2, 0, true); }),
+            "data_parallel.backend must be auto, gloo or nccl, got 'mpi'");
+}
+
 TEST(DataParallel, SplitsSamplesEvenlyAndTheRanksTakeTurns) {
   EXPECT_EQ(engine::dist::split_samples(5, 2), (std::vector<int>{0, 3, 5}));
   EXPECT_EQ(engine::dist::split_samples(4, 2), (std::vector<int>{0, 2, 4}));
@@ -549,7 +573,8 @@ TEST(DataParallel, AStuckRankFailsASampleNamingItAndSamplingGoesOnAlone) {
 TEST(DataParallel, AHalfMessageToTheStoreFailsTheOperationWithinTheTimeout) {
   // A client of the rendezvous port that sends the first byte of a request and no more (as a rank stopped between
   // two sends of one request does) holds LibTorch 1.13's store daemon in a blocking read: rank 0's wait for the
-  // worker's samples must fail after the timeout, naming the store, instead of waiting forever.
+  // worker's samples must fail after the timeout, naming the store, instead of waiting forever. (2.x's daemon is
+  // not held: the operation then succeeds.)
   LocalServiceOptions o = service(temp_dir("half-message"), 2, /*timeout_s=*/3);
   const int port = free_port();
   o.data_parallel.rendezvous = "127.0.0.1:" + std::to_string(port);
@@ -566,6 +591,13 @@ TEST(DataParallel, AHalfMessageToTheStoreFailsTheOperationWithinTheTimeout) {
   ASSERT_EQ(send(fd, &first, 1, 0), 1);
   const std::string error = error_of([&] { s->sample(short_sample(4, 8)).get(); });
   close(fd);  // the daemon reads the end of the stream and serves its other clients again
+#if TORCH_VERSION_MAJOR >= 2
+  // LibTorch 2.x's store daemon (libuv) reads each client's messages as they arrive: a half message holds no one
+  // up, and the samples come back.
+  EXPECT_EQ(error, "(no error)");
+  EXPECT_EQ(svc.data_parallel_failure(), "");
+  return;
+#endif
   EXPECT_NE(error.find("the group's store at " + o.data_parallel.rendezvous + " did not answer within 3 s"),
             std::string::npos)
       << error;

@@ -45,9 +45,28 @@ constexpr auto kWorkerExitGrace = std::chrono::seconds(10);
 
 }  // namespace
 
-std::string group_fingerprint(const DeviceChoice& dev) {
+std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend) {
   return std::string("libtorch ") + TORCH_VERSION + " on " + (dev.device.is_cuda() ? "cuda" : "cpu") + " as " +
-         c10::toString(dev.dtype);
+         c10::toString(dev.dtype) + " over " + backend;
+}
+
+std::string resolve_tensor_backend(const std::string& requested, const DeviceChoice& dev, int local_ranks, int gpus,
+                                   bool nccl_built) {
+  if (requested != "auto" && requested != "gloo" && requested != "nccl")
+    throw invalid_argument("data_parallel.backend must be auto, gloo or nccl, got '" + requested + "'");
+  const bool cuda = dev.device.is_cuda();
+  const bool own_gpu = local_ranks <= gpus;
+  if (requested == "nccl") {
+    if (!cuda) throw invalid_argument("data_parallel.backend nccl needs the weights on CUDA (--device cuda)");
+    if (!nccl_built) throw invalid_argument("data_parallel.backend nccl: this LibTorch was built without NCCL");
+    if (!own_gpu)
+      throw invalid_argument("data_parallel.backend nccl needs one GPU per rank: " + std::to_string(local_ranks) +
+                             " ranks on this host, " + std::to_string(gpus) +
+                             " GPU(s); backend gloo runs several ranks on one GPU");
+    return "nccl";
+  }
+  if (requested == "auto" && cuda && nccl_built && own_gpu) return "nccl";
+  return "gloo";
 }
 
 Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice& dev) {
@@ -69,8 +88,10 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.rank = 0;
   go.world_size = dp.world_size;
   go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
-  go.fingerprint = group_fingerprint(dev);
-  go.cuda = dev.device.is_cuda();
+  const int gpus = dev.device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  backend_ = resolve_tensor_backend(dp.backend, dev, local + 1, gpus, nccl_built());
+  go.fingerprint = group_fingerprint(dev, backend_);
+  go.nccl = backend_ == "nccl";
   group_ = Group::listen(go);
   start_local_workers(service, dev, local);
   try {
@@ -104,6 +125,7 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, const 
                                   "--timeout-s",      std::to_string(dp.timeout_s),
                                   "--device",         worker_device(dev, rank),
                                   "--dtype",          dev.dtype == torch::kBFloat16 ? "bf16" : "fp32",
+                                  "--backend",        backend_,
                                   "--threads",        std::to_string(at::get_num_threads()),
                                   "--max-batch-rows", std::to_string(service.max_batch_rows)};
     // The options every rank's models must share with rank 0's. (Flags copied from named strings: GCC 12 reports

@@ -24,8 +24,16 @@
 
 namespace rlloop::engine::dist {
 
-// What every rank must share to compute the same thing: LibTorch's version, the device kind and the dtype.
-std::string group_fingerprint(const DeviceChoice& dev);
+// What every rank must share to compute the same thing: LibTorch's version, the device kind, the dtype and the
+// tensors' collective backend.
+std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend);
+
+// The tensors' collective backend, "gloo" or "nccl", for DataParallelOptions::backend `requested` ("auto", "gloo",
+// "nccl"), with `local_ranks` ranks on this host (rank 0 included) and `gpus` CUDA devices visible here. NCCL needs
+// CUDA weights, a LibTorch built with it (`nccl_built`) and one GPU per rank; an impossible request is an
+// invalid_argument saying which.
+std::string resolve_tensor_backend(const std::string& requested, const DeviceChoice& dev, int local_ranks, int gpus,
+                                   bool nccl_built);
 
 class Coordinator;
 
@@ -101,6 +109,8 @@ class Coordinator {
 
   void start_local_workers(const LocalServiceOptions& service, const DeviceChoice& dev, int count);
   void stop_local_workers();
+
+  std::string backend_;  // the tensors' collectives: "gloo" or "nccl" (resolve_tensor_backend)
 
   // Runs a command's share, noting a group failure where failure() can read it without waiting for mu_.
   template <class Fn>

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -25,6 +26,14 @@
 #include "dist/codec.hpp"
 
 namespace rlloop::engine::dist {
+
+bool nccl_built() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::pair<std::string, int> parse_host_port(const std::string& address, const std::string& what) {
   const auto colon = address.rfind(':');
@@ -140,6 +149,26 @@ std::string store_failure(const GroupOptions& o, const std::exception& e) {
          " s (a rank or another client stopped in the middle of a message?): " + first_line(e);
 }
 
+// Waits for `key` however long rank 0 takes to post it (a worker between commands). LibTorch 1.13's TCPStore reads
+// c10d::Store::kNoTimeout as "no timeout"; 2.x's as "time out at once" (a worker then left at its first idle
+// moment). So from 2.0 on the wait is a loop of long finite ones, each cancelled cleanly by the store's protocol;
+// after one times out, asking whether the key exists tells a quiet rank 0 (keep waiting) from a lost store
+// (check() throws, as the wait would have).
+void wait_for_key(c10d::Store& store, const std::string& key) {
+#if TORCH_VERSION_MAJOR >= 2
+  for (;;) {
+    try {
+      store.wait({key}, std::chrono::minutes(10));
+      return;
+    } catch (const std::exception&) {
+      if (store.check({key})) return;
+    }
+  }
+#else
+  store.wait({key}, c10d::Store::kNoTimeout);
+#endif
+}
+
 }  // namespace
 
 // The collectives' interface: ProcessGroupGloo and ProcessGroupNCCL are ProcessGroups up to LibTorch 1.13 and
@@ -149,6 +178,22 @@ using CollectiveBackend = c10d::Backend;
 #else
 using CollectiveBackend = c10d::ProcessGroup;
 #endif
+
+namespace {
+#ifdef USE_C10D_NCCL
+// By default a failed or timed-out NCCL collective is handled by ProcessGroupNCCL's watchdog thread, which aborts
+// the communicator and then the whole process (TORCH_NCCL_ASYNC_ERROR_HANDLING=1): a dead peer would take rank 0,
+// the service and every other tenant's session with it. With blocking waits the collective's wait() throws in the
+// thread that waits (Group::collective makes that a group_failure, as a Gloo failure is), and with error handling
+// "clean up only" the watchdog aborts the communicator without killing the process. Both spellings, LibTorch 1.x's
+// and 2.x's; a value the user set is kept.
+void fail_nccl_operations_not_the_process() {
+  for (const char* name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) ::setenv(name, "1", /*overwrite=*/0);
+  for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
+    ::setenv(name, "2", /*overwrite=*/0);
+}
+#endif
+}  // namespace
 
 struct Group::Impl {
   GroupOptions options;
@@ -215,13 +260,16 @@ struct Group::Impl {
     }
     tensors = gloo;
 #ifdef USE_C10D_NCCL
-    // CUDA tensors go through NCCL, one device per rank; the byte messages stay on Gloo.
-    if (options.cuda) {
+    // The tensors through NCCL, one device per rank (resolve_tensor_backend); the byte messages stay on Gloo.
+    if (options.nccl) {
+      fail_nccl_operations_not_the_process();
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = options.timeout;
       tensors = c10::make_intrusive<c10d::ProcessGroupNCCL>(
           c10::make_intrusive<c10d::PrefixStore>("rlloop/nccl", store), options.rank, options.world_size, nccl_opts);
     }
+#else
+    if (options.nccl) throw invalid_argument("data-parallel group: NCCL asked for, but this LibTorch has none");
 #endif
   }
 
@@ -441,7 +489,7 @@ std::string Group::next_command() {
   const std::uint64_t n = ++g.commands;
   const std::string key = command_key(n);
   try {
-    g.store->wait({key}, c10d::Store::kNoTimeout);
+    wait_for_key(*g.store, key);
     std::string bytes = as_string(g.store->get(key));
     // The last worker to read a command removes it (an asynchronous one has no collective after which rank 0
     // would know that every worker has read it), so a server that runs for months keeps no old commands.
@@ -528,6 +576,9 @@ void Group::allreduce_sum(torch::Tensor& flat) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<torch::Tensor> t{flat};
     Impl::wait(g.tensors->allreduce(t));
+    // wait() returns once a CUDA collective is queued on the device's stream; the time of the transfer itself
+    // needs the device to finish it (one host sync per all-reduce, once per optimizer step).
+    if (flat.is_cuda()) torch::cuda::synchronize(flat.device().index());
     g.stats.allreduce_calls += 1;
     g.stats.allreduce_bytes += static_cast<std::uint64_t>(flat.nbytes());
     g.stats.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

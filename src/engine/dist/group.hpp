@@ -29,7 +29,7 @@ struct GroupOptions {
   std::string host = "127.0.0.1";  // where rank 0's store listens (rank 0 binds it, the others connect)
   int port = 0;                    // 0, on rank 0 only: a free port (port() says which)
   std::chrono::milliseconds timeout{60'000};
-  bool cuda = false;  // the weights live on a CUDA device: their collectives use NCCL where LibTorch has it
+  bool nccl = false;  // the tensors' collectives use NCCL (resolve_tensor_backend), else Gloo
   // What every rank must agree on to compute the same thing (build, device kind, dtype): a rank whose
   // fingerprint differs is refused at the rendezvous with both values in the message.
   std::string fingerprint;
@@ -46,6 +46,9 @@ struct CollectiveStats {
   double allreduce_seconds = 0;
   std::uint64_t broadcast_bytes = 0;
 };
+
+// Whether this LibTorch has c10d's NCCL backend (USE_C10D_NCCL).
+bool nccl_built();
 
 class Group {
  public:
