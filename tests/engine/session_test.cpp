@@ -29,7 +29,8 @@ TEST(LocalSession, SampleLogprobsEqualComputeLogprobsAndForward) {
   ASSERT_TRUE(resp.prompt_logprobs && resp.topk_prompt_logprobs);
   ASSERT_EQ(resp.prompt_logprobs->size(), kPrompt.length());
   EXPECT_EQ((*resp.prompt_logprobs)[0], 0.0);
-  for (std::size_t i = 1; i < kPrompt.length(); ++i) EXPECT_NEAR((*resp.prompt_logprobs)[i], prompt_scored[i], lp_tol());
+  for (std::size_t i = 1; i < kPrompt.length(); ++i)
+    EXPECT_NEAR((*resp.prompt_logprobs)[i], prompt_scored[i], lp_tol());
   EXPECT_EQ(resp.topk_prompt_logprobs->size(), kPrompt.length());
   for (std::size_t i = 1; i < kPrompt.length(); ++i) EXPECT_EQ((*resp.topk_prompt_logprobs)[i].size(), 2u) << i;
   for (const auto& seq : resp.sequences) {
