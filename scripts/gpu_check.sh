@@ -81,20 +81,23 @@ fi
 # Last, after every figure is out: the device-aware tests on the device (the dry run: on the CPU in bf16, the
 # arithmetic CUDA runs), each binary's result and its failed tests' names in one line; logs in $BUILD_DIR/test-logs.
 if $with_tests; then
-  logs=$PWD/$BUILD_DIR/test-logs
+  logs=$BUILD_DIR/test-logs
   mkdir -p "$logs"
+  logs=$(realpath "$logs")
   test_env=(RLLOOP_TEST_DEVICE="$device")
   $dry && test_env=(RLLOOP_TEST_DEVICE=cpu RLLOOP_TEST_DTYPE=bf16)
   results="" failed_any=false
   for t in "${device_tests[@]}"; do
-    bin=$(realpath "$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -n 1)")
-    # As ctest runs them: from the build directory.
-    if (cd "$BUILD_DIR" && env "${test_env[@]}" timeout 300 "$bin" >"$logs/$t.log" 2>&1); then
+    bin=$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -n 1)
+    # As ctest runs them: from the build directory. (A binary that crashed or timed out lists no failed test;
+    # nothing here may end the script before its line is out.)
+    if [[ -n $bin ]] && (cd "$BUILD_DIR" && env "${test_env[@]}" timeout 300 "$(realpath "$bin")" >"$logs/$t.log" 2>&1)
+    then
       result=passed
     else
-      failed=$(grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' "$logs/$t.log" | sed 's/.*\] //' | sort -u |
-               paste -sd ' ' -)
-      result="failed: ${failed:-the binary itself (see its log)}"
+      failed=$({ grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' "$logs/$t.log" 2>/dev/null || true; } |
+               sed 's/.*\] //' | sort -u | paste -sd ' ' -)
+      result="failed: ${failed:-the binary itself (not built, crashed or timed out; see its log)}"
       failed_any=true
     fi
     results+="${results:+, }\"$t\": \"$result\""

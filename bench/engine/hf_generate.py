@@ -23,7 +23,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(a.device).eval()
+    # Loaded as stored (fp32) and converted: the keyword for the dtype changed across transformers versions.
+    model = transformers.AutoModelForCausalLM.from_pretrained(a.model).to(device=a.device, dtype=dtype).eval()
     # gpu_check's prompt: 32 copies of token 7; every row samples (temperature 1, no top-k / top-p) to exactly
     # new_tokens tokens, as rlloop's rows do without stop tokens.
     prompt = torch.full((a.rows, a.prompt_tokens), 7, dtype=torch.long, device=a.device)

@@ -115,6 +115,16 @@ struct Transformer::Impl {
 
   // Layer `li` over x [B, T, H]: attention (extending in.cache when given), then the MLP, each with its residual.
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const;
+  // Whether any weight, norm or adapter of layer `li` requires grad.
+  bool layer_trains(std::size_t li) const {
+    const Layer& l = layers[li];
+    for (const torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm})
+      if (t->defined() && t->requires_grad()) return true;
+    for (const Linear* lin : l.linears())
+      for (const torch::Tensor* t : {&lin->weight, &lin->bias, &lin->lora_a, &lin->lora_b})
+        if (t->defined() && t->requires_grad()) return true;
+    return false;
+  }
   class CheckpointedLayer;
 
   // Every dense base weight (parameter) under its HF name, in a fixed order (init_model draws from one generator
@@ -350,11 +360,13 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
 // layer's (the MLP's [B, T, intermediate] products and the attention's inputs and outputs), for a second forward's
 // compute. The layer's parameters are not inputs: the inner backward accumulates their gradients itself. `anchor`
 // is a 0-element tensor that requires grad, so that the layer is part of the graph when its adapters train but its
-// input does not (the first layer of a LoRA model); with nothing trainable the recomputation is skipped. The model
-// must outlive the graph, as for target_logprobs.
+// input does not (the first layer of a LoRA model); a layer with neither runs plainly. The model must outlive the
+// graph, as for target_logprobs.
 class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::Tensor run(const Impl& impl, std::size_t li, const torch::Tensor& x, const LayerInputs& in) {
+    // Nothing to differentiate (a frozen layer whose input needs no gradient): the plain forward, no graph.
+    if (!x.requires_grad() && !impl.layer_trains(li)) return impl.layer_forward(li, x, in);
     const torch::Tensor anchor = torch::empty({0}, x.options()).requires_grad_(!x.requires_grad());
     return apply(x, in.cos, in.sin, anchor, &impl, static_cast<std::int64_t>(li), in.scale);
   }

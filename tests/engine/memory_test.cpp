@@ -166,6 +166,11 @@ TEST(ActivationCheckpointing, GivesThePlainGraphsValuesAndGradients) {
     torch::NoGradGuard no_grad;
     EXPECT_FALSE(model->hidden_states(ids).requires_grad());
   }
+  // Nor in a frozen model under grad mode: no layer trains, so there is nothing to differentiate and no graph.
+  auto frozen = fp64_model(cfg, {});
+  for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  frozen->set_activation_checkpointing(true);
+  EXPECT_FALSE(frozen->hidden_states(ids).requires_grad());
 }
 
 // Checkpointed layers keep one [tokens, hidden] input each instead of every activation of every layer: on a

@@ -37,6 +37,7 @@ struct OpCounts {
   int operators = 0;
   int to_host_scopes = 0;                  // engine::to_host calls
   int device_to_host = 0;                  // copy_ calls from a device to the host (CUDA only)
+  int device_to_host_outside = 0;          // those not inside an engine::to_host
   std::map<std::string, int> host_syncs;   // operators that wait for the device, by name
   std::map<std::string, int> by_name;      // every operator, for the failure message
 
@@ -62,8 +63,9 @@ bool is_cpu_tensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().d
 class OpRecorder {
  public:
   OpRecorder() {
+    take();
     at::enableRecordFunction(true);
-    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&OpRecorder::on_enter)
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&OpRecorder::on_enter, &OpRecorder::on_exit)
                                         .needsInputs(true)
                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
   }
@@ -82,20 +84,30 @@ class OpRecorder {
     const std::string name = fn.name();
     std::lock_guard lock(mutex_);
     if (fn.scope() == at::RecordScope::USER_SCOPE) {
-      if (name == engine::kToHostScope) ++counts_.to_host_scopes;
+      if (name == engine::kToHostScope) {
+        ++counts_.to_host_scopes;
+        ++to_host_depth_;
+      }
       return nullptr;
     }
     const auto inputs = fn.inputs();
     if (name == "aten::copy_" && inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor() &&
-        is_cpu_tensor(inputs[0]) && !is_cpu_tensor(inputs[1]))
+        is_cpu_tensor(inputs[0]) && !is_cpu_tensor(inputs[1])) {
       ++counts_.device_to_host;
+      if (to_host_depth_ == 0) ++counts_.device_to_host_outside;
+    }
     ++counts_.operators;
     ++counts_.by_name[name];
     if (syncing_operators().count(name)) ++counts_.host_syncs[name];
     return nullptr;
   }
 
+  static void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+    if (fn.scope() == at::RecordScope::USER_SCOPE && std::string(fn.name()) == engine::kToHostScope) --to_host_depth_;
+  }
+
   at::CallbackHandle handle_;
+  static inline thread_local int to_host_depth_ = 0;  // engine::to_host scopes open on this thread
   static inline std::mutex mutex_;
   static inline OpCounts counts_;
 };
@@ -124,6 +136,7 @@ void expect_one_copy_back(const OpCounts& step, const std::string& what) {
                                     << step.describe();
   // On the CPU nothing crosses a device; on CUDA the one copy is the to_host's.
   EXPECT_EQ(step.device_to_host, test_device::on_cuda() ? 1 : 0) << what << "\n" << step.describe();
+  EXPECT_EQ(step.device_to_host_outside, 0) << what << ": a copy to the host outside engine::to_host";
   EXPECT_TRUE(step.host_syncs.empty()) << what << ": " << step.host_syncs.begin()->first << " waits for the device\n"
                                        << step.describe();
 }
@@ -202,4 +215,5 @@ TEST(HostSync, ATrainingStepRunsAsManyOperatorsForFourDatumsAsForTwo) {
   // The per-token logprobs the step returns come back in one copy; the loss and the optimizer's figures as scalars.
   EXPECT_EQ(two.to_host_scopes, 1) << two.describe();
   EXPECT_EQ(two.device_to_host, test_device::on_cuda() ? 1 : 0) << two.describe();
+  EXPECT_EQ(two.device_to_host_outside, 0) << "a copy to the host outside engine::to_host";
 }

@@ -50,6 +50,10 @@ std::string group_fingerprint(const DeviceChoice& dev, const std::string& backen
          c10::toString(dev.dtype) + " over " + backend;
 }
 
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
 std::string resolve_tensor_backend(const std::string& requested, const DeviceChoice& dev, int local_ranks, int gpus,
                                    bool nccl_built) {
   if (requested != "auto" && requested != "gloo" && requested != "nccl")
@@ -89,7 +93,8 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.world_size = dp.world_size;
   go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
   const int gpus = dev.device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  backend_ = resolve_tensor_backend(dp.backend, dev, local + 1, gpus, nccl_built());
+  const int here = is_loopback(go.host) ? dp.world_size : local + 1;  // the ranks that share this host's GPUs
+  backend_ = resolve_tensor_backend(dp.backend, dev, here, gpus, nccl_built());
   go.fingerprint = group_fingerprint(dev, backend_);
   go.nccl = backend_ == "nccl";
   group_ = Group::listen(go);

@@ -28,6 +28,9 @@ namespace rlloop::engine::dist {
 // tensors' collective backend.
 std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend);
 
+// Whether `host` is this machine's loopback address: a group that meets there has every rank on this host.
+bool is_loopback(const std::string& host);
+
 // The tensors' collective backend, "gloo" or "nccl", for DataParallelOptions::backend `requested` ("auto", "gloo",
 // "nccl"), with `local_ranks` ranks on this host (rank 0 included) and `gpus` CUDA devices visible here. NCCL needs
 // CUDA weights, a LibTorch built with it (`nccl_built`) and one GPU per rank; an impossible request is an

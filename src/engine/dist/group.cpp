@@ -156,11 +156,15 @@ std::string store_failure(const GroupOptions& o, const std::exception& e) {
 // (check() throws, as the wait would have).
 void wait_for_key(c10d::Store& store, const std::string& key) {
 #if TORCH_VERSION_MAJOR >= 2
+  constexpr auto round = std::chrono::minutes(10);
   for (;;) {
+    const auto start = std::chrono::steady_clock::now();
     try {
-      store.wait({key}, std::chrono::minutes(10));
+      store.wait({key}, round);
       return;
     } catch (const std::exception&) {
+      // A wait that ended early failed for another reason than its timeout: that error is the one to report.
+      if (std::chrono::steady_clock::now() - start < round - std::chrono::seconds(30)) throw;
       if (store.check({key})) return;
     }
   }
@@ -181,16 +185,21 @@ using CollectiveBackend = c10d::ProcessGroup;
 
 namespace {
 #ifdef USE_C10D_NCCL
-// By default a failed or timed-out NCCL collective is handled by ProcessGroupNCCL's watchdog thread, which aborts
-// the communicator and then the whole process (TORCH_NCCL_ASYNC_ERROR_HANDLING=1): a dead peer would take rank 0,
+// By default a failed or timed-out NCCL collective is handled by ProcessGroupNCCL's watchdog thread, which tears
+// down the whole process (TORCH_NCCL_ASYNC_ERROR_HANDLING: 1 in LibTorch 1.x, 3 in 2.x): a dead peer would take rank 0,
 // the service and every other tenant's session with it. With blocking waits the collective's wait() throws in the
 // thread that waits (Group::collective makes that a group_failure, as a Gloo failure is), and with error handling
 // "clean up only" the watchdog aborts the communicator without killing the process. Both spellings, LibTorch 1.x's
-// and 2.x's; a value the user set is kept.
+// and 2.x's; a value the user set in either spelling is kept. (Set when the group forms, before its threads; the
+// process's other threads do not read these variables.)
+void set_unless_user_set(const char* name, const char* legacy_name, const char* value) {
+  if (std::getenv(name) || std::getenv(legacy_name)) return;
+  ::setenv(name, value, /*overwrite=*/0);
+  ::setenv(legacy_name, value, /*overwrite=*/0);
+}
 void fail_nccl_operations_not_the_process() {
-  for (const char* name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) ::setenv(name, "1", /*overwrite=*/0);
-  for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
-    ::setenv(name, "2", /*overwrite=*/0);
+  set_unless_user_set("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT", "1");
+  set_unless_user_set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "2");
 }
 #endif
 }  // namespace
@@ -576,8 +585,8 @@ void Group::allreduce_sum(torch::Tensor& flat) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<torch::Tensor> t{flat};
     Impl::wait(g.tensors->allreduce(t));
-    // wait() returns once a CUDA collective is queued on the device's stream; the time of the transfer itself
-    // needs the device to finish it (one host sync per all-reduce, once per optimizer step).
+    // Without blocking waits, wait() returns once a CUDA collective is queued on the device's stream: the time of
+    // the transfer itself needs the device to finish it (one host sync per all-reduce, once per optimizer step).
     if (flat.is_cuda()) torch::cuda::synchronize(flat.device().index());
     g.stats.allreduce_calls += 1;
     g.stats.allreduce_bytes += static_cast<std::uint64_t>(flat.nbytes());
