@@ -11,8 +11,8 @@ namespace rlloop::engine {
 namespace {
 
 void check_architecture(const ModelConfig& config, const std::string& what) {
-  if (config.model_type != "llama" && config.model_type != "qwen2" && config.model_type != "qwen3")
-    throw unsupported(what + ": llama.cpp has no '" + config.model_type + "' models (llama, qwen2, qwen3)");
+  if (!find_model_family(config.model_type))
+    throw unsupported(what + ": llama.cpp has no '" + config.model_type + "' models (" + supported_model_types() + ")");
 }
 
 // A [rows, cols] (or [n]) tensor as GGUF stores it: its values in `type`, its shape fastest dimension first.

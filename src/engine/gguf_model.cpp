@@ -63,7 +63,7 @@ torch::Tensor reorder_head_rows(const torch::Tensor& w, std::int64_t heads, bool
 // The heads whose rows llama.cpp's converter reorders in the tensor named `gguf_name`: the llama family's q and k
 // (weights and biases alike); 0 for every other tensor.
 std::int64_t reordered_heads(const ModelConfig& config, const std::string& gguf_name) {
-  if (config.model_type != "llama") return 0;
+  if (!config.family().gguf_reorders_qk) return 0;
   if (gguf_name.ends_with(".attn_q.weight") || gguf_name.ends_with(".attn_q.bias")) return config.num_attention_heads;
   if (gguf_name.ends_with(".attn_k.weight") || gguf_name.ends_with(".attn_k.bias")) return config.num_key_value_heads;
   return 0;
@@ -97,9 +97,9 @@ bool is_gguf_path(const std::string& path) {
 
 ModelConfig gguf_model_config(const gguf::File& file) {
   const std::string arch = file.string("general.architecture");
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
-    throw unsupported("GGUF file '" + file.path() + "': architecture '" + arch +
-                      "' is not supported (llama, qwen2, qwen3)");
+  if (!find_model_family(arch))
+    throw unsupported("GGUF file '" + file.path() + "': architecture '" + arch + "' is not supported (" +
+                      supported_model_types() + ")");
   auto key = [&](const char* k) { return arch + "." + k; };
   if (const auto* scaling = file.find(key("rope.scaling.type"))) {
     const auto* type = std::get_if<std::string>(&scaling->v);

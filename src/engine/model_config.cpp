@@ -86,21 +86,13 @@ double read_rope_theta(const json& j) {
   return theta.value_or(10000.0);
 }
 
-const char* architecture_of(const std::string& model_type) {
-  if (model_type == "qwen2") return "Qwen2ForCausalLM";
-  if (model_type == "qwen3") return "Qwen3ForCausalLM";
-  return "LlamaForCausalLM";
-}
-
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw invalid_argument("model config: expected a JSON object, got " + std::string(j.type_name()));
   ModelConfig c;
   c.model_type = optional_value<std::string>(j, "model_type", "llama");
-  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3")
-    throw invalid_argument("model config: unsupported model_type '" + c.model_type +
-                           "' (supported: llama, qwen2, qwen3)");
+  const ModelFamily& family = c.family();
   c.vocab_size = required_int(j, "vocab_size");
   c.hidden_size = required_int(j, "hidden_size");
   c.intermediate_size = required_int(j, "intermediate_size");
@@ -115,8 +107,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.max_position_embeddings = optional_value<std::int64_t>(j, "max_position_embeddings", 2048);
   c.tie_word_embeddings = optional_value<bool>(j, "tie_word_embeddings", false);
   // Qwen2 always has q/k/v biases (its config has no attention_bias key); Llama and Qwen3 default to none.
-  c.attention_bias = optional_value<bool>(j, "attention_bias", c.model_type == "qwen2");
-  c.qk_norm = c.model_type == "qwen3";
+  c.attention_bias = optional_value<bool>(j, "attention_bias", family.attention_bias_default);
+  c.qk_norm = family.qk_norm;
   c.bos_token_id = optional_token_id(j, "bos_token_id");
   c.eos_token_id = optional_token_id(j, "eos_token_id");
   c.tokenizer = optional_value<std::string>(j, "rlloop_tokenizer", "");
@@ -151,7 +143,7 @@ ModelConfig ModelConfig::load(const std::string& config_json_path) {
 
 nlohmann::json ModelConfig::to_json() const {
   json j;
-  j["architectures"] = json::array({architecture_of(model_type)});
+  j["architectures"] = json::array({family().hf_architecture});
   j["model_type"] = model_type;
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -170,6 +162,12 @@ nlohmann::json ModelConfig::to_json() const {
   j["eos_token_id"] = eos_token_id ? json(*eos_token_id) : json(nullptr);
   if (!tokenizer.empty()) j["rlloop_tokenizer"] = tokenizer;
   return j;
+}
+
+const ModelFamily& ModelConfig::family() const {
+  if (const ModelFamily* f = find_model_family(model_type)) return *f;
+  throw invalid_argument("model config: unsupported model_type '" + model_type + "' (supported: " +
+                         supported_model_types() + ")");
 }
 
 void ModelConfig::validate() const {
@@ -193,8 +191,8 @@ void ModelConfig::validate() const {
                            std::to_string(head_dim));
   if (!(rms_norm_eps > 0)) throw invalid_argument("model config: rms_norm_eps must be positive");
   if (!(rope_theta > 0)) throw invalid_argument("model config: rope_theta must be positive");
-  if (qk_norm && model_type != "qwen3")
-    throw invalid_argument("model config: qk_norm is only defined for model_type qwen3, not " + model_type);
+  if (qk_norm && !family().qk_norm)
+    throw invalid_argument("model config: qk_norm is not part of model_type " + model_type);
   for (auto [name, id] : {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id}})
     if (id && (*id < 0 || *id >= vocab_size))
       throw invalid_argument(std::string("model config: ") + name + " " + std::to_string(*id) +
@@ -207,7 +205,7 @@ std::int64_t ModelConfig::num_parameters() const {
   std::int64_t layer = hidden_size * q_dim + 2 * hidden_size * kv_dim + q_dim * hidden_size  // q, k, v, o
                        + 3 * hidden_size * intermediate_size                                 // gate, up, down
                        + 2 * hidden_size;                                                    // two norms
-  if (attention_bias) layer += q_dim + 2 * kv_dim + (model_type == "qwen2" ? 0 : hidden_size);
+  if (attention_bias) layer += q_dim + 2 * kv_dim + (family().o_proj_bias ? hidden_size : 0);
   if (qk_norm) layer += 2 * head_dim;
   std::int64_t total = vocab_size * hidden_size + num_hidden_layers * layer + hidden_size;
   if (!tie_word_embeddings) total += vocab_size * hidden_size;

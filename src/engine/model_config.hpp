@@ -6,6 +6,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model_family.hpp"
+
 namespace rlloop::engine {
 
 struct ModelConfig {
@@ -34,8 +36,10 @@ struct ModelConfig {
   nlohmann::json to_json() const;
   void validate() const;
   std::int64_t num_parameters() const;  // without LoRA
+  // The family of model_type (model_family.hpp); invalid_argument naming the supported ones for another.
+  const ModelFamily& family() const;
   // HF puts a bias on o_proj too when attention_bias is set, except Qwen2 (q/k/v biases only).
-  bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
+  bool o_proj_bias() const { return attention_bias && family().o_proj_bias; }
 };
 
 }  // namespace rlloop::engine

@@ -128,6 +128,25 @@ TEST(ModelConfig, FamilyDefaultsAndExtensions) {
   EXPECT_EQ(back.tokenizer, "byte");
 }
 
+// The families the engine runs (model_family.hpp): each model_type's entry, the list errors name, and a config of
+// another model_type refused by that list.
+TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
+  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3");
+  ASSERT_EQ(model_families().size(), 3u);
+  for (const ModelFamily& f : model_families()) {
+    EXPECT_EQ(find_model_family(f.model_type), &f);
+    EXPECT_EQ(tiny_config(f.model_type).to_json()["architectures"][0], f.hf_architecture);
+  }
+  EXPECT_TRUE(find_model_family("llama")->gguf_reorders_qk);
+  EXPECT_FALSE(find_model_family("qwen2")->o_proj_bias);
+  EXPECT_TRUE(find_model_family("qwen3")->qk_norm);
+  EXPECT_EQ(find_model_family("mixtral"), nullptr);
+  json j = tiny_config("llama").to_json();
+  j["model_type"] = "mixtral";
+  EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
+            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3)");
+}
+
 TEST(ModelConfig, ValidationNamesTheField) {
   json j = tiny_config("llama").to_json();
   j.erase("hidden_size");
