@@ -33,7 +33,7 @@ mkdir -p "$tmp/include/rlloop"
 for dir in algorithms rewards envs; do ln -s "$PWD/$dir" "$tmp/include/rlloop/$dir"; done
 # USE_DISTRIBUTED / USE_C10D_GLOO: what Torch's CMake config defines for every target linking torch (c10d).
 common=(-std=c++20 -DRLLOOP_HAVE_ENGINE=1 -DRLLOOP_VERSION='"syntax-check"' -DUSE_DISTRIBUTED -DUSE_C10D_GLOO
-        -Iinclude -Isrc -Isrc/engine -I"$tmp/include" -I"$torch" -I"$torch/torch/csrc/api/include")
+        -Iinclude -Isrc -Isrc/engine -Itests -I"$tmp/include" -I"$torch" -I"$torch/torch/csrc/api/include")
 if ((nccl)); then
   site=$(cd "$torch/../.." && pwd)
   common+=(-DUSE_CUDA -DUSE_C10D_NCCL)
