@@ -335,7 +335,8 @@ TEST(DataParallel, TheTensorBackendIsNcclOnlyWithAGpuPerRank) {
   EXPECT_EQ(error_of([&] { resolve_tensor_backend("nccl", cuda, 2, 2, false); }),
             "data_parallel.backend nccl: this LibTorch was built without NCCL");
   EXPECT_EQ(error_of([&] { resolve_tensor_backend("mpi", cpu, 2, 0, true); }),
-            "data_parallel.backend must be auto, gloo or nccl, got 'mpi'");  // A group that meets on the loopback address has every rank on this host (their GPUs are these).
+            "data_parallel.backend must be auto, gloo or nccl, got 'mpi'");
+  // A group that meets on the loopback address has every rank on this host (their GPUs are these).
   EXPECT_TRUE(engine::dist::is_loopback("127.0.0.1"));
   EXPECT_TRUE(engine::dist::is_loopback("localhost"));
   EXPECT_FALSE(engine::dist::is_loopback("10.0.0.2"));

@@ -11,21 +11,17 @@
 
 #include <ATen/record_function.h>
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
 
 #include "device.hpp"
+#include "engine/session_util.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
 #include "test_device.hpp"
 #include "tiny_models.hpp"
-
-#include <rlloop/local.hpp>
 
 using namespace rlloop;
 using namespace rlloop::engine;
@@ -170,27 +166,13 @@ TEST(HostSync, TheCpuDecoderStepCopiesTheTokensBackOnce) {
 
 namespace {
 
-// A next-token datum of `length` tokens over a small vocabulary.
-Datum training_datum(int length, int salt) {
-  std::vector<token_id> tokens;
-  for (int i = 0; i <= length; ++i) tokens.push_back(static_cast<token_id>((i * 7 + salt * 3) % 50 + 1));
-  Datum d;
-  d.model_input = ModelInput::from_tokens(std::vector<token_id>(tokens.begin(), tokens.end() - 1));
-  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(std::vector<token_id>(tokens.begin() + 1, tokens.end()));
-  d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(static_cast<std::size_t>(length), 1.0f));
-  return d;
-}
-
-// The counts of one forward_backward + optim_step of `datums` datums on a fresh full fine-tuning session.
+// The counts of one forward_backward + optim_step of `datums` datums on a fresh full fine-tuning session (the
+// session tests' service: the environment's device and dtype).
 OpCounts training_step_counts(int datums) {
-  LocalServiceOptions service;
-  service.device = test_device::device();
-  service.dtype = test_device::dtype();
-  service.checkpoint_dir = (std::filesystem::temp_directory_path() / ("rlloop-host-sync-" + std::to_string(::getpid())))
-                               .string();
-  LocalSession session(SessionOptions{.base_model = "rlloop-tiny"}, service);
+  LocalSession session(SessionOptions{.base_model = "rlloop-tiny"},
+                       test_util::service_in(test_util::temp_dir("rlloop-host-sync", "training").string()));
   std::vector<Datum> batch;
-  for (int i = 0; i < datums; ++i) batch.push_back(training_datum(12, i));
+  for (int i = 0; i < datums; ++i) batch.push_back(test_util::sft_datum("datum " + std::to_string(i) + " of a batch"));
   // A first step builds what every later step reuses (optimizer state, caches).
   session.forward_backward(batch, LossSpec::cross_entropy()).get();
   session.optim_step(AdamParams{.learning_rate = 1e-4}).get();

@@ -73,6 +73,13 @@ std::string resolve_tensor_backend(const std::string& requested, const DeviceCho
   return "gloo";
 }
 
+std::string tensor_backend_here(const std::string& requested, const DeviceChoice& dev,
+                                const std::string& rendezvous_host, int world_size, int ranks_known_here) {
+  const int gpus = dev.device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const int here = is_loopback(rendezvous_host) ? world_size : ranks_known_here;
+  return resolve_tensor_backend(requested, dev, here, gpus, nccl_built());
+}
+
 Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice& dev) {
   const auto& dp = service.data_parallel;
   if (dp.world_size < 2) throw invalid_argument("data_parallel.world_size must be at least 2 for a group");
@@ -92,9 +99,7 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.rank = 0;
   go.world_size = dp.world_size;
   go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
-  const int gpus = dev.device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  const int here = is_loopback(go.host) ? dp.world_size : local + 1;  // the ranks that share this host's GPUs
-  backend_ = resolve_tensor_backend(dp.backend, dev, here, gpus, nccl_built());
+  backend_ = tensor_backend_here(dp.backend, dev, go.host, dp.world_size, local + 1);  // rank 0 and its workers
   go.fingerprint = group_fingerprint(dev, backend_);
   go.nccl = backend_ == "nccl";
   group_ = Group::listen(go);

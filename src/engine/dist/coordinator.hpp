@@ -37,6 +37,10 @@ bool is_loopback(const std::string& host);
 // invalid_argument saying which.
 std::string resolve_tensor_backend(const std::string& requested, const DeviceChoice& dev, int local_ranks, int gpus,
                                    bool nccl_built);
+// The same for a rank of this process: this host's GPUs and LibTorch, and the ranks that share them — all
+// `world_size` when the group meets on the loopback address `rendezvous_host`, else `ranks_known_here`.
+std::string tensor_backend_here(const std::string& requested, const DeviceChoice& dev,
+                                const std::string& rendezvous_host, int world_size, int ranks_known_here);
 
 class Coordinator;
 

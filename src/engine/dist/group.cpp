@@ -190,8 +190,9 @@ namespace {
 // the service and every other tenant's session with it. With blocking waits the collective's wait() throws in the
 // thread that waits (Group::collective makes that a group_failure, as a Gloo failure is), and with error handling
 // "clean up only" the watchdog aborts the communicator without killing the process. Both spellings, LibTorch 1.x's
-// and 2.x's; a value the user set in either spelling is kept. (Set when the group forms, before its threads; the
-// process's other threads do not read these variables.)
+// and 2.x's; a value the user set in either spelling is kept. (Set when the group forms, before ProcessGroupNCCL
+// starts its threads. setenv beside a concurrent getenv on another thread is not safe in glibc; the engine's
+// threads do not read the environment after start-up, but a library's might.)
 void set_unless_user_set(const char* name, const char* legacy_name, const char* value) {
   if (std::getenv(name) || std::getenv(legacy_name)) return;
   ::setenv(name, value, /*overwrite=*/0);

@@ -245,13 +245,10 @@ void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
   go.rank = options.rank;
   go.world_size = options.world_size;
   go.timeout = engine::dist::timeout_of(options.timeout_s, "worker --timeout-s");
-  // As rank 0 resolved it for the workers it starts (--backend). "auto" counts every rank as on this host when rank
-  // 0 is on the loopback address, else this rank alone; a choice other than rank 0's is refused at the rendezvous
-  // (the fingerprints name both).
-  const int gpus = dev.device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  const int here = engine::dist::is_loopback(go.host) ? options.world_size : 1;
-  const std::string backend = engine::dist::resolve_tensor_backend(options.service.data_parallel.backend, dev, here,
-                                                                   gpus, engine::dist::nccl_built());
+  // As rank 0 resolved it for the workers it starts (--backend); "auto" on a host of its own knows of this rank
+  // alone. A choice other than rank 0's is refused at the rendezvous (the fingerprints name both).
+  const std::string backend =
+      engine::dist::tensor_backend_here(options.service.data_parallel.backend, dev, go.host, options.world_size, 1);
   go.fingerprint = engine::dist::group_fingerprint(dev, backend);
   go.nccl = backend == "nccl";
   Worker worker(options, dev, engine::dist::Group::join(go));
