@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   auto client = service.create_lora_training_client(model, {.rank = lora_rank, .alpha = 2 * lora_rank, .seed = seed});
   const auto info = client.get_info();
   const auto tokenizer = load_tokenizer(client);
-  const auto renderer = make_chat_renderer(default_chat_renderer(info.tokenizer, info.model_type), tokenizer);
+  const auto renderer = make_chat_renderer(default_chat_renderer(info.tokenizer, info.chat_renderer), tokenizer);
   std::printf("rlloop grpo_smollm2: %s (%lld parameters, %s chat format), LoRA rank %d, on %s\n", model.c_str(),
               static_cast<long long>(info.num_parameters), renderer->name().c_str(), lora_rank, info.device.c_str());
 

@@ -88,9 +88,10 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
 // The name of the renderer that writes what a model's own chat template writes. A GGUF tokenizer's template
 // (tokenizer.chat_template) decides when rlloop recognises it by its markers: SmolLM2-Instruct's -> "smollm2",
 // Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3", Llama 2's -> "llama2"; another SentencePiece GGUF gets
-// "role_colon". Otherwise the family's format by model_type ("llama" -> llama3, "qwen2" -> chatml, "qwen3" ->
-// qwen3_no_thinking), and "role_colon" for the byte tokenizer and the rest.
-// tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a bad GGUF.
-std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& model_type);
+// "role_colon". Otherwise `family_renderer`, the model family's format (SessionInfo::chat_renderer: "llama3" for
+// llama, "chatml" for qwen2, "qwen3_no_thinking" for qwen3), and "role_colon" for the byte tokenizer or when that
+// is empty. tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a
+// bad GGUF.
+std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& family_renderer);
 
 }  // namespace rlloop

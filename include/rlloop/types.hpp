@@ -236,7 +236,8 @@ struct SessionOptions {
 struct SessionInfo {
   std::string name;
   std::string base_model;
-  std::string model_type;  // "llama", "qwen2", "qwen3"
+  std::string model_type;     // "llama", "qwen2", "qwen3", ...
+  std::string chat_renderer;  // the family's chat format (make_chat_renderer's name; default_chat_renderer)
   std::optional<LoraOptions> lora;
   std::int64_t vocab_size = 0;
   std::int64_t max_position_embeddings = 0;

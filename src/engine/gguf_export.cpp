@@ -10,9 +10,11 @@
 namespace rlloop::engine {
 namespace {
 
-void check_architecture(const ModelConfig& config, const std::string& what) {
-  if (!find_model_family(config.model_type))
-    throw unsupported(what + ": llama.cpp has no '" + config.model_type + "' models (" + supported_model_types() + ")");
+// llama.cpp's name of the model's architecture.
+std::string gguf_architecture(const ModelConfig& config, const std::string& what) {
+  const std::string& arch = config.family().gguf_architecture;
+  if (arch.empty()) throw unsupported(what + ": llama.cpp has no '" + config.model_type + "' models");
+  return arch;
 }
 
 // A [rows, cols] (or [n]) tensor as GGUF stores it: its values in `type`, its shape fastest dimension first.
@@ -23,8 +25,8 @@ gguf::TensorData tensor_data(const std::string& name, const torch::Tensor& t, gg
   return {name, shape, type, gguf::quantize(type, flat)};
 }
 
-std::string gguf_name_of(const std::string& hf_name, const std::string& what) {
-  const auto name = gguf_tensor_name(hf_name);
+std::string gguf_name_of(const ModelConfig& config, const std::string& hf_name, const std::string& what) {
+  const auto name = gguf_tensor_name(config.family(), hf_name);
   if (!name) throw unsupported(what + ": tensor '" + hf_name + "' has no name in llama.cpp's models");
   return *name;
 }
@@ -43,11 +45,12 @@ std::uint32_t file_type(gguf::TensorType type) {
 
 // The keys llama.cpp reads for the architecture, from the configuration.
 std::map<std::string, gguf::Value> architecture_metadata(const ModelConfig& c) {
-  const std::string a = c.model_type + ".";
+  const std::string& arch = c.family().gguf_architecture;  // gguf_architecture() checked it
+  const std::string a = arch + ".";
   auto u32 = [](std::int64_t v) { return gguf::Value{static_cast<std::uint32_t>(v)}; };
   const std::int64_t head_dim = c.head_dim ? c.head_dim : c.hidden_size / c.num_attention_heads;
   return {
-      {"general.architecture", {c.model_type}},
+      {"general.architecture", {arch}},
       {a + "context_length", u32(c.max_position_embeddings)},
       {a + "embedding_length", u32(c.hidden_size)},
       {a + "block_count", u32(c.num_hidden_layers)},
@@ -77,7 +80,7 @@ void save_gguf_adapter(const Transformer& model, const std::string& path) {
   const std::string what = "GGUF adapter export";
   if (!model.has_lora()) throw conflict(what + ": the model has no LoRA adapters");
   const ModelConfig& config = model.config();
-  check_architecture(config, what);
+  const std::string arch = gguf_architecture(config, what);
   const auto& lora = *model.lora_options();
   std::vector<gguf::TensorData> tensors;
   const std::string prefix = "base_model.model.", a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
@@ -85,16 +88,16 @@ void save_gguf_adapter(const Transformer& model, const std::string& path) {
   for (const auto& [name, a] : adapters) {
     if (!name.ends_with(a_suffix)) continue;
     const std::string module = name.substr(prefix.size(), name.size() - prefix.size() - a_suffix.size());
-    if (module == "lm_head" && config.tie_word_embeddings)
+    if (module == config.family().names.lm_head && config.tie_word_embeddings)
       throw unsupported(what + ": an lm_head adapter on a model with tied embeddings (llama.cpp's model has no "
                         "output matrix to adapt; export the merged model instead)");
-    const std::string target = gguf_name_of(module + ".weight", what);
+    const std::string target = gguf_name_of(config, module + ".weight", what);
     const torch::Tensor& b = adapters.at(prefix + module + b_suffix);
     tensors.push_back(tensor_data(target + ".lora_a", a, gguf::TensorType::f32));
     tensors.push_back(tensor_data(target + ".lora_b", to_gguf_layout(config, target, b), gguf::TensorType::f32));
   }
   const std::map<std::string, gguf::Value> metadata = {
-      {"general.architecture", {config.model_type}},
+      {"general.architecture", {arch}},
       {"general.type", {std::string("adapter")}},
       {"adapter.type", {std::string("lora")}},
       {"adapter.lora.alpha", {static_cast<float>(lora.alpha)}},
@@ -106,7 +109,7 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
                      const std::map<std::string, gguf::Value>& carried) {
   const std::string what = "GGUF model export";
   const ModelConfig& config = model.config();
-  check_architecture(config, what);
+  const std::string arch = gguf_architecture(config, what);
   auto metadata = architecture_metadata(config);
   metadata["general.file_type"] = gguf::Value{file_type(type)};
   if (type == gguf::TensorType::q8_0) metadata["general.quantization_version"] = gguf::Value{std::uint32_t{2}};
@@ -114,12 +117,12 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
   // not its layout, its quantization or architecture keys, which the configuration above states.
   for (const auto& [key, value] : carried)
     if (key != "general.alignment" && key != "general.file_type" && key != "general.quantization_version" &&
-        !key.starts_with(config.model_type + "."))
+        !key.starts_with(arch + "."))
       metadata.emplace(key, value);
 
   std::vector<gguf::TensorData> tensors;
   for (const auto& [hf, t] : model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict()) {
-    const std::string name = gguf_name_of(hf, what);
+    const std::string name = gguf_name_of(config, hf, what);
     gguf::TensorType stored = t.dim() == 1 ? gguf::TensorType::f32 : type;
     if (stored == gguf::TensorType::q8_0 && t.size(-1) % 32 != 0) stored = gguf::TensorType::f16;
     tensors.push_back(tensor_data(name, to_gguf_layout(config, name, t), stored));

@@ -11,42 +11,47 @@
 namespace rlloop::engine {
 namespace {
 
-// llama.cpp's names of a block's tensors ("blk.N.<name>") and Hugging Face's ("model.layers.N.<name>").
-constexpr std::pair<const char*, const char*> kBlockTensors[] = {
-    {"attn_norm.weight", "input_layernorm.weight"},
-    {"attn_q.weight", "self_attn.q_proj.weight"},
-    {"attn_q.bias", "self_attn.q_proj.bias"},
-    {"attn_k.weight", "self_attn.k_proj.weight"},
-    {"attn_k.bias", "self_attn.k_proj.bias"},
-    {"attn_v.weight", "self_attn.v_proj.weight"},
-    {"attn_v.bias", "self_attn.v_proj.bias"},
-    {"attn_output.weight", "self_attn.o_proj.weight"},
-    {"attn_output.bias", "self_attn.o_proj.bias"},
-    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-    {"ffn_norm.weight", "post_attention_layernorm.weight"},
-    {"ffn_gate.weight", "mlp.gate_proj.weight"},
-    {"ffn_up.weight", "mlp.up_proj.weight"},
-    {"ffn_down.weight", "mlp.down_proj.weight"},
-};
-constexpr std::pair<const char*, const char*> kModelTensors[] = {
-    {"token_embd.weight", "model.embed_tokens.weight"},
-    {"output_norm.weight", "model.norm.weight"},
-    {"output.weight", "lm_head.weight"},
-};
+// llama.cpp's names of a block's tensors ("blk.N.<name>") and of the others, each with the family's Hugging Face name
+// of the same tensor (model_family.hpp; for a block's, the name within layer N). llama.cpp names tensors by role, the
+// same in every architecture it shares with rlloop.
+using NamePairs = std::vector<std::pair<std::string, std::string>>;
 
-std::string hf_name(const gguf::File& file, const std::string& name) {
-  for (const auto& [g, hf] : kModelTensors)
+NamePairs block_tensors(const ModelFamily& family) {
+  const WeightNames& n = family.names;
+  NamePairs out = {{"attn_norm.weight", n.input_norm + ".weight"},
+                   {"attn_q_norm.weight", n.q_norm + ".weight"},
+                   {"attn_k_norm.weight", n.k_norm + ".weight"},
+                   {"ffn_norm.weight", n.post_norm + ".weight"}};
+  const char* const gguf_projections[kNumProjections] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                         "ffn_gate", "ffn_up", "ffn_down"};
+  for (Projection p : kProjections) {
+    const auto j = static_cast<std::size_t>(p);
+    for (const char* kind : {".weight", ".bias"})
+      out.emplace_back(std::string(gguf_projections[j]) + kind, n.projections[j] + kind);
+  }
+  return out;
+}
+
+NamePairs model_tensors(const ModelFamily& family) {
+  const WeightNames& n = family.names;
+  return {{"token_embd.weight", n.embed + ".weight"},
+          {"output_norm.weight", n.final_norm + ".weight"},
+          {"output.weight", n.lm_head + ".weight"}};
+}
+
+std::string hf_name(const gguf::File& file, const ModelFamily& family, const std::string& name) {
+  for (const auto& [g, hf] : model_tensors(family))
     if (name == g) return hf;
   if (name.rfind("blk.", 0) == 0) {
     const auto dot = name.find('.', 4);
-    if (dot != std::string::npos && dot > 4 && name.find_first_not_of("0123456789", 4) == dot) {
+    if (dot != std::string::npos && dot > 4 && dot < 4 + 9 && name.find_first_not_of("0123456789", 4) == dot) {
       const std::string rest = name.substr(dot + 1);
-      for (const auto& [g, hf] : kBlockTensors)
-        if (rest == g) return "model.layers." + name.substr(4, dot - 4) + "." + hf;
+      for (const auto& [g, hf] : block_tensors(family))
+        if (rest == g) return family.layer_tensor(std::stoll(name.substr(4, dot - 4)), hf);
     }
   }
-  throw unsupported("GGUF file '" + file.path() + "': tensor '" + name + "' has no counterpart in rlloop's models");
+  throw unsupported("GGUF file '" + file.path() + "': tensor '" + name + "' has no counterpart in rlloop's " +
+                    family.model_type + " models");
 }
 
 // llama.cpp's converter stores each head's q or k rows (and bias entries) interleaved ([d/2, 2] where Hugging Face
@@ -71,15 +76,17 @@ std::int64_t reordered_heads(const ModelConfig& config, const std::string& gguf_
 
 }  // namespace
 
-std::optional<std::string> gguf_tensor_name(const std::string& name) {
-  for (const auto& [g, hf] : kModelTensors)
+std::optional<std::string> gguf_tensor_name(const ModelFamily& family, const std::string& name) {
+  for (const auto& [g, hf] : model_tensors(family))
     if (name == hf) return g;
-  const std::string prefix = "model.layers.";
+  const std::string& prefix = family.names.layer_prefix;
   if (name.rfind(prefix, 0) != 0) return std::nullopt;
   const auto dot = name.find('.', prefix.size());
-  if (dot == std::string::npos) return std::nullopt;
+  if (dot == std::string::npos || dot == prefix.size() ||
+      name.find_first_not_of("0123456789", prefix.size()) != dot)
+    return std::nullopt;
   const std::string rest = name.substr(dot + 1);
-  for (const auto& [g, hf] : kBlockTensors)
+  for (const auto& [g, hf] : block_tensors(family))
     if (rest == hf) return "blk." + name.substr(prefix.size(), dot - prefix.size()) + "." + g;
   return std::nullopt;
 }
@@ -97,9 +104,14 @@ bool is_gguf_path(const std::string& path) {
 
 ModelConfig gguf_model_config(const gguf::File& file) {
   const std::string arch = file.string("general.architecture");
-  if (!find_model_family(arch))
-    throw unsupported("GGUF file '" + file.path() + "': architecture '" + arch + "' is not supported (" +
-                      supported_model_types() + ")");
+  const ModelFamily* family = find_gguf_family(arch);
+  if (!family) {
+    std::string known;
+    for (const ModelFamily* f : model_families())
+      if (!f->gguf_architecture.empty()) known += (known.empty() ? "" : ", ") + f->gguf_architecture;
+    throw unsupported("GGUF file '" + file.path() + "': architecture '" + arch + "' is not supported (" + known +
+                      ")");
+  }
   auto key = [&](const char* k) { return arch + "." + k; };
   if (const auto* scaling = file.find(key("rope.scaling.type"))) {
     const auto* type = std::get_if<std::string>(&scaling->v);
@@ -108,7 +120,7 @@ ModelConfig gguf_model_config(const gguf::File& file) {
                         ") is not supported");
   }
   nlohmann::json j;
-  j["model_type"] = arch;
+  j["model_type"] = family->model_type;
   j["hidden_size"] = file.integer(key("embedding_length"));
   j["intermediate_size"] = file.integer(key("feed_forward_length"));
   j["num_hidden_layers"] = file.integer(key("block_count"));
@@ -163,7 +175,8 @@ std::shared_ptr<const QuantizedMatrix> quantized_tensor(const gguf::File& file, 
 
 TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
   TensorMap out;
-  for (const auto& t : file.tensors()) out.emplace(hf_name(file, t.name), dequantized_tensor(file, config, t));
+  for (const auto& t : file.tensors())
+    out.emplace(hf_name(file, config.family(), t.name), dequantized_tensor(file, config, t));
   return out;
 }
 
@@ -176,7 +189,7 @@ std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Dev
   TensorMap dense;
   try {
     for (const auto& t : file.tensors()) {
-      const std::string name = hf_name(file, t.name);
+      const std::string name = hf_name(file, config.family(), t.name);
       if (keep_quantized && t.shape.size() == 2 && t.type != gguf::TensorType::f32)
         quantized.emplace(name, quantized_tensor(file, config, t));
       else

@@ -35,9 +35,9 @@ TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config);
 std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype,
                                              bool keep_quantized = false);
 
-// llama.cpp's name for an engine (Hugging Face) tensor name, "model.layers.3.self_attn.q_proj.weight" ->
-// "blk.3.attn_q.weight"; nullopt for a name llama.cpp's llama, qwen2 and qwen3 models do not have.
-std::optional<std::string> gguf_tensor_name(const std::string& hf_name);
+// llama.cpp's name for one of the family's (Hugging Face) tensor names, "model.layers.3.self_attn.q_proj.weight" ->
+// "blk.3.attn_q.weight"; nullopt for a name that is not one of the decoder's tensors.
+std::optional<std::string> gguf_tensor_name(const ModelFamily& family, const std::string& hf_name);
 // A tensor (or a LoRA B, whose rows are the weight's) in the row order llama.cpp's converter writes for
 // `gguf_name`: the llama family's q and k rows permuted for GGML's RoPE, everything else as it is.
 torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t);

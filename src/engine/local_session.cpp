@@ -570,6 +570,7 @@ SessionInfo LocalSession::info() {
         i.name = impl_->options.name;
         i.base_model = impl_->options.base_model;
         i.model_type = cfg.model_type;
+        i.chat_renderer = cfg.family().chat_renderer;
         i.lora = impl_->options.lora;
         i.vocab_size = cfg.vocab_size;
         i.max_position_embeddings = cfg.max_position_embeddings;

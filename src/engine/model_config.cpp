@@ -119,6 +119,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   if (optional_value<bool>(j, "mlp_bias", false)) throw unsupported("model config: mlp_bias=true is not supported");
   if (optional_value<bool>(j, "use_sliding_window", false))
     throw unsupported("model config: use_sliding_window=true is not supported");
+  if (family.read_config) family.read_config(j, c);
   c.validate();
   return c;
 }

@@ -1,4 +1,4 @@
-// Decoder-only transformer configuration read from a Hugging Face config.json (Llama, Qwen2, Qwen3).
+// Decoder-only transformer configuration read from a Hugging Face config.json (the families of model_family.hpp).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -11,7 +11,7 @@
 namespace rlloop::engine {
 
 struct ModelConfig {
-  std::string model_type = "llama";  // "llama" | "qwen2" | "qwen3"
+  std::string model_type = "llama";  // a registered family's (model_family.hpp): "llama", "qwen2", "qwen3", ...
   std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 0;
   std::int64_t intermediate_size = 0;

@@ -1,27 +1,87 @@
-// The architecture families the engine runs, one entry each: what tells one Hugging Face `model_type` from another
-// where the code used to compare the name (the config's defaults, the attention's biases and norms, the GGUF
-// layout, the architecture config.json names). Adding a family that shares the dense decoder's layer is one entry
-// in model_family.cpp plus its tests; a family with a layer of its own needs more (issue 26's registry).
+// The architecture registry: one entry per model family (a Hugging Face `model_type`), holding everything that
+// tells one family from another, so that no other file compares model_type strings:
+//   - how its config.json reads (the attention-bias default, q/k norm, and a hook for keys of its own),
+//   - its layer: the one decoder layer (transformer.hpp) configured by the entry's flags,
+//   - its tensor names in Hugging Face's layout; PEFT's and LoRA's target modules derive from them, and llama.cpp's
+//     GGUF names map to them by role (gguf_model.cpp),
+//   - the chat format its instruct models use when the tokenizer's own template does not say.
+// The built-in families each have a file in families/ and a line in builtin_families() (model_family.cpp); other
+// code (a test, a user's program) adds one with register_model_family. docs/engine.md: "Adding a model family".
 #pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace rlloop::engine {
 
-struct ModelFamily {
-  std::string model_type;       // config.json's model_type, also the GGUF's general.architecture
-  std::string hf_architecture;  // what config.json's "architectures" lists for a causal LM of the family
-  bool attention_bias_default;  // q/k/v biases when config.json has no attention_bias key (Qwen2)
-  bool o_proj_bias;             // with attention biases, o_proj has one too (Llama's attention_bias; not Qwen2)
-  bool qk_norm;                 // per-head RMSNorm of q and k before RoPE (Qwen3)
-  bool gguf_reorders_qk;        // llama.cpp's converter reorders the q/k rows of each head (the llama family)
+struct ModelConfig;
+
+// The projections of the decoder layer, in the order every table below lists them: attention's q, k, v, o and the
+// SwiGLU MLP's gate, up, down.
+enum class Projection : std::uint8_t { q, k, v, o, gate, up, down };
+inline constexpr std::size_t kNumProjections = 7;
+inline constexpr std::array<Projection, kNumProjections> kProjections = {
+    Projection::q, Projection::k, Projection::v, Projection::o, Projection::gate, Projection::up, Projection::down};
+
+// A family's tensor names in Hugging Face's layout (without ".weight" / ".bias"). A layer's tensors are
+// layer_prefix + index + "." + name. The defaults are Llama's, which Qwen2 and Qwen3 share.
+struct WeightNames {
+  std::string embed = "model.embed_tokens";
+  std::string final_norm = "model.norm";
+  std::string lm_head = "lm_head";
+  std::string layer_prefix = "model.layers.";
+  std::string input_norm = "input_layernorm";
+  std::string post_norm = "post_attention_layernorm";
+  std::string q_norm = "self_attn.q_norm";
+  std::string k_norm = "self_attn.k_norm";
+  // Each projection's module path within the layer; its last component is the name LoRA's target_modules use
+  // (as PEFT matches them).
+  std::array<std::string, kNumProjections> projections = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                          "mlp.down_proj"};
 };
 
-// Every family, in a fixed order.
-const std::vector<ModelFamily>& model_families();
-// The family of `model_type`, or null when the engine has none.
+struct ModelFamily {
+  std::string model_type;         // config.json's model_type
+  std::string hf_architecture;    // what config.json's "architectures" lists for a causal LM of the family
+  std::string gguf_architecture;  // llama.cpp's general.architecture for it; empty when llama.cpp has none
+  bool attention_bias_default = false;  // q/k/v biases when config.json has no attention_bias key (Qwen2)
+  bool o_proj_bias = true;              // with attention biases, o_proj has one too (Llama's attention_bias)
+  bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE (Qwen3)
+  bool gguf_reorders_qk = false;        // llama.cpp's converter reorders the q/k rows of each head (llama)
+  // make_chat_renderer's name for the family's instruct format, used when the tokenizer carries no chat template
+  // rlloop recognises (default_chat_renderer).
+  std::string chat_renderer = "role_colon";
+  WeightNames names;
+  // Reads the family's own config.json keys into the config after the keys every family shares (optional); throws
+  // invalid_argument / unsupported naming the key for a value the family cannot take.
+  std::function<void(const nlohmann::json&, ModelConfig&)> read_config;
+
+  // "model.layers.3.self_attn.q_proj": the module of a layer's projection.
+  std::string projection_module(std::int64_t layer, Projection p) const;
+  // "model.layers.3.input_layernorm": a layer tensor's name without ".weight".
+  std::string layer_tensor(std::int64_t layer, const std::string& name) const;
+  // "q_proj": the projection's name in LoRA's target_modules.
+  std::string target_module(Projection p) const;
+  // Every name target_modules takes: the projections', "lm_head" and "all-linear" (every projection).
+  std::vector<std::string> lora_target_modules() const;
+};
+
+// Every family: the built-in ones, then those registered, in order. The entries live as long as the program.
+std::vector<const ModelFamily*> model_families();
+// The family of `model_type`, or null when none is registered.
 const ModelFamily* find_model_family(const std::string& model_type);
-// The supported model_types as a list for error messages: "llama, qwen2, qwen3".
+// The family whose GGUF files name `architecture` (general.architecture), or null.
+const ModelFamily* find_gguf_family(const std::string& architecture);
+// The registered model_types as a list for error messages: "llama, qwen2, qwen3".
 std::string supported_model_types();
+// Adds a family (thread-safe). invalid_argument when its model_type is empty or taken, or when it lacks the
+// HF architecture name, a chat renderer or a tensor name, or two projections end in the same module name.
+const ModelFamily& register_model_family(ModelFamily family);
 
 }  // namespace rlloop::engine

@@ -19,9 +19,6 @@
 namespace rlloop::engine {
 namespace {
 
-const std::vector<std::string> kAllLinear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                             "gate_proj", "up_proj", "down_proj"};
-
 std::string shape_string(at::IntArrayRef s) {
   std::ostringstream os;
   os << "[";
@@ -40,8 +37,8 @@ std::string module_name(const std::string& hf_name) {
 
 // A linear layer y = x W^T + b, plus (alpha / rank) * B(A x) when an adapter is attached.
 struct Linear {
-  std::string name;        // HF prefix, e.g. "model.layers.0.self_attn.q_proj"
-  std::string short_name;  // "q_proj", ..., "lm_head"
+  std::string name;        // HF module, e.g. "model.layers.0.self_attn.q_proj" (the family's names)
+  std::string short_name;  // its name in LoRA's target_modules: "q_proj", ..., "lm_head"
   torch::Tensor weight;    // [out, in]; undefined when quantized
   std::shared_ptr<const QuantizedMatrix> quantized;  // the weight in its GGUF blocks (a frozen base), or null
   torch::Tensor bias;      // undefined without bias
@@ -83,8 +80,10 @@ struct Linear {
 struct Layer {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;
   Linear q, k, v, o, gate, up, down;
+  // In kProjections' order.
   std::vector<Linear*> linears() { return {&q, &k, &v, &o, &gate, &up, &down}; }
   std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
+  Linear& projection(Projection p) { return *linears()[static_cast<std::size_t>(p)]; }
 };
 
 // What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
@@ -100,6 +99,7 @@ struct LayerInputs {
 
 struct Transformer::Impl {
   ModelConfig cfg;
+  const ModelFamily* family = nullptr;  // cfg's: the tensor names and the LoRA target modules
   torch::TensorOptions options;
   torch::Tensor embed;  // undefined when embed_quantized holds it
   std::shared_ptr<const QuantizedMatrix> embed_quantized;
@@ -131,32 +131,33 @@ struct Transformer::Impl {
   // in this order); quantized matrices are for_each_quantized's.
   template <class F>
   void for_each_base(F&& f) const {
-    if (embed.defined()) f(std::string("model.embed_tokens.weight"), embed);
+    const WeightNames& n = family->names;
+    if (embed.defined()) f(n.embed + ".weight", embed);
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      f(p + "input_layernorm.weight", l.input_norm);
+      const auto li = static_cast<std::int64_t>(i);
+      f(family->layer_tensor(li, n.input_norm) + ".weight", l.input_norm);
       for (const Linear* lin : l.linears()) {
         if (lin->weight.defined()) f(lin->name + ".weight", lin->weight);
         if (lin->bias.defined()) f(lin->name + ".bias", lin->bias);
       }
       if (cfg.qk_norm) {
-        f(p + "self_attn.q_norm.weight", l.q_norm);
-        f(p + "self_attn.k_norm.weight", l.k_norm);
+        f(family->layer_tensor(li, n.q_norm) + ".weight", l.q_norm);
+        f(family->layer_tensor(li, n.k_norm) + ".weight", l.k_norm);
       }
-      f(p + "post_attention_layernorm.weight", l.post_norm);
+      f(family->layer_tensor(li, n.post_norm) + ".weight", l.post_norm);
     }
-    f(std::string("model.norm.weight"), final_norm);
-    if (!cfg.tie_word_embeddings && lm_head.weight.defined()) f(std::string("lm_head.weight"), lm_head.weight);
+    f(n.final_norm + ".weight", final_norm);
+    if (!cfg.tie_word_embeddings && lm_head.weight.defined()) f(n.lm_head + ".weight", lm_head.weight);
   }
   // The quantized matrices under their HF names.
   template <class F>
   void for_each_quantized(F&& f) const {
-    if (embed_quantized) f(std::string("model.embed_tokens.weight"), *embed_quantized);
+    if (embed_quantized) f(family->names.embed + ".weight", *embed_quantized);
     for (const auto& l : layers)
       for (const Linear* lin : l.linears())
         if (lin->quantized) f(lin->name + ".weight", *lin->quantized);
-    if (!cfg.tie_word_embeddings && lm_head.quantized) f(std::string("lm_head.weight"), *lm_head.quantized);
+    if (!cfg.tie_word_embeddings && lm_head.quantized) f(family->names.lm_head + ".weight", *lm_head.quantized);
   }
 
   template <class F>
@@ -285,6 +286,9 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
     quantized_used.insert(name);
     return it->second;
   };
+  const ModelFamily& family = cfg.family();
+  const WeightNames& names = family.names;
+  impl_->family = &family;
   auto linear = [&](const std::string& name, const std::string& short_name, std::int64_t out, std::int64_t in,
                     bool bias) {
     Linear l;
@@ -296,35 +300,39 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
     return l;
   };
 
-  impl_->embed_quantized = quantized_matrix("model.embed_tokens.weight", cfg.vocab_size, H);
-  if (!impl_->embed_quantized) impl_->embed = param("model.embed_tokens.weight", {cfg.vocab_size, H}, false);
+  const std::string embed_name = names.embed + ".weight";
+  impl_->embed_quantized = quantized_matrix(embed_name, cfg.vocab_size, H);
+  if (!impl_->embed_quantized) impl_->embed = param(embed_name, {cfg.vocab_size, H}, false);
   for (std::int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer l;
-    l.input_norm = param(p + "input_layernorm.weight", {H}, true);
-    l.q = linear(p + "self_attn.q_proj", "q_proj", q_dim, H, cfg.attention_bias);
-    l.k = linear(p + "self_attn.k_proj", "k_proj", kv_dim, H, cfg.attention_bias);
-    l.v = linear(p + "self_attn.v_proj", "v_proj", kv_dim, H, cfg.attention_bias);
-    l.o = linear(p + "self_attn.o_proj", "o_proj", H, q_dim, cfg.o_proj_bias());
-    if (cfg.qk_norm) {
-      l.q_norm = param(p + "self_attn.q_norm.weight", {D}, true);
-      l.k_norm = param(p + "self_attn.k_norm.weight", {D}, true);
+    l.input_norm = param(family.layer_tensor(i, names.input_norm) + ".weight", {H}, true);
+    // Each projection's [out, in] and bias, in kProjections' order (q, k, v, o, gate, up, down).
+    const std::int64_t outs[] = {q_dim, kv_dim, kv_dim, H, I, I, H};
+    const std::int64_t ins[] = {H, H, H, q_dim, H, H, I};
+    const bool biases[] = {cfg.attention_bias, cfg.attention_bias, cfg.attention_bias, cfg.o_proj_bias(),
+                           false, false, false};
+    for (Projection proj : kProjections) {
+      const auto j = static_cast<std::size_t>(proj);
+      l.projection(proj) =
+          linear(family.projection_module(i, proj), family.target_module(proj), outs[j], ins[j], biases[j]);
     }
-    l.post_norm = param(p + "post_attention_layernorm.weight", {H}, true);
-    l.gate = linear(p + "mlp.gate_proj", "gate_proj", I, H, false);
-    l.up = linear(p + "mlp.up_proj", "up_proj", I, H, false);
-    l.down = linear(p + "mlp.down_proj", "down_proj", H, I, false);
+    if (cfg.qk_norm) {
+      l.q_norm = param(family.layer_tensor(i, names.q_norm) + ".weight", {D}, true);
+      l.k_norm = param(family.layer_tensor(i, names.k_norm) + ".weight", {D}, true);
+    }
+    l.post_norm = param(family.layer_tensor(i, names.post_norm) + ".weight", {H}, true);
     impl_->layers.push_back(std::move(l));
   }
-  impl_->final_norm = param("model.norm.weight", {H}, true);
-  impl_->lm_head.name = "lm_head";
-  impl_->lm_head.short_name = "lm_head";
+  impl_->final_norm = param(names.final_norm + ".weight", {H}, true);
+  impl_->lm_head.name = names.lm_head;
+  impl_->lm_head.short_name = "lm_head";  // LoRA's name for the unembedding, whatever the family calls it
   if (cfg.tie_word_embeddings) {
     impl_->lm_head.weight = impl_->embed;
     impl_->lm_head.quantized = impl_->embed_quantized;
   } else {
-    impl_->lm_head.quantized = quantized_matrix("lm_head.weight", cfg.vocab_size, H);
-    if (!impl_->lm_head.quantized) impl_->lm_head.weight = param("lm_head.weight", {cfg.vocab_size, H}, false);
+    const std::string lm_head_name = names.lm_head + ".weight";
+    impl_->lm_head.quantized = quantized_matrix(lm_head_name, cfg.vocab_size, H);
+    if (!impl_->lm_head.quantized) impl_->lm_head.weight = param(lm_head_name, {cfg.vocab_size, H}, false);
   }
   for (const auto& [name, matrix] : quantized)
     if (!quantized_used.count(name))
@@ -342,6 +350,7 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   auto shared = std::shared_ptr<Transformer>(new Transformer());
   Impl& to = *shared->impl_;
   to.cfg = from.cfg;
+  to.family = from.family;
   to.options = from.options;
   to.embed = from.embed;
   to.embed_quantized = from.embed_quantized;
@@ -511,9 +520,10 @@ void Transformer::load_hf_state_dict(const TensorMap& tensors) {
     if (expected.count(name)) continue;
     // Old HF checkpoints store the RoPE frequencies as a buffer; we recompute them.
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
-    if (name == "lm_head.weight" && impl_->cfg.tie_word_embeddings) {
+    const WeightNames& names = impl_->family->names;
+    if (name == names.lm_head + ".weight" && impl_->cfg.tie_word_embeddings) {
       // Some tied checkpoints store the duplicate; one that differs means the config is wrong.
-      auto it = tensors.find("model.embed_tokens.weight");
+      auto it = tensors.find(names.embed + ".weight");
       if (it != tensors.end() && !torch::equal(it->second.to(t.scalar_type()).cpu(), t.cpu()))
         throw invalid_argument(
             "load_hf_state_dict: lm_head.weight differs from model.embed_tokens.weight but the config ties them "
@@ -548,16 +558,19 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
     throw invalid_argument("LoraOptions.rank must be positive, got " + std::to_string(options.rank));
   if (options.alpha <= 0)
     throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
+  const ModelFamily& family = *impl_->family;
+  const std::vector<std::string> known = family.lora_target_modules();
   std::set<std::string> targets;
   for (const auto& m : options.target_modules) {
     if (m == "all-linear") {
-      targets.insert(kAllLinear.begin(), kAllLinear.end());
-    } else if (m == "lm_head" || std::find(kAllLinear.begin(), kAllLinear.end(), m) != kAllLinear.end()) {
+      for (Projection p : kProjections) targets.insert(family.target_module(p));
+    } else if (std::find(known.begin(), known.end(), m) != known.end()) {
       targets.insert(m);
     } else {
-      throw invalid_argument("LoraOptions.target_modules: unknown module '" + m +
-                             "' (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head or "
-                             "all-linear)");
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      throw invalid_argument("LoraOptions.target_modules: unknown module '" + m + "' (" + family.model_type +
+                             " models have " + list + ")");
     }
   }
   if (targets.empty()) throw invalid_argument("LoraOptions.target_modules is empty");

@@ -47,12 +47,12 @@ ModelText model_text(const SessionInfo& info) {
   static std::mutex mu;
   static std::map<std::string, ModelText> cache;
   std::lock_guard lock(mu);
-  const std::string key = info.tokenizer + "|" + info.model_type;
+  const std::string key = info.tokenizer + "|" + info.chat_renderer;
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   ModelText m;
   m.tokenizer = load_tokenizer(info.tokenizer);
   try {
-    m.renderer = make_chat_renderer(default_chat_renderer(info.tokenizer, info.model_type), m.tokenizer);
+    m.renderer = make_chat_renderer(default_chat_renderer(info.tokenizer, info.chat_renderer), m.tokenizer);
   } catch (const invalid_argument&) {
     m.renderer = make_chat_renderer("role_colon", m.tokenizer);  // a tokenizer without the format's special tokens
   }

@@ -21,7 +21,7 @@ std::optional<std::string> renderer_for_template(std::string_view jinja) {
 
 }  // namespace
 
-std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& model_type) {
+std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& family_renderer) {
   if (tokenizer_spec == "byte") return "role_colon";
   if (std::filesystem::path(tokenizer_spec).extension() == ".gguf") {
     const auto file = gguf::File::open(tokenizer_spec);
@@ -31,10 +31,7 @@ std::string default_chat_renderer(const std::string& tokenizer_spec, const std::
     // formats differ: without a template rlloop recognises, the plain format any tokenizer can write.
     if (file.find("tokenizer.ggml.model") && file.string("tokenizer.ggml.model") == "llama") return "role_colon";
   }
-  if (model_type == "llama") return "llama3";
-  if (model_type == "qwen3") return "qwen3_no_thinking";
-  if (model_type == "qwen2") return "chatml";
-  return "role_colon";
+  return family_renderer.empty() ? "role_colon" : family_renderer;
 }
 
 }  // namespace rlloop

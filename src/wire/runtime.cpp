@@ -783,6 +783,7 @@ json to_json(const SessionInfo& s) {
   json j{{"name", s.name},
          {"baseModel", s.base_model},
          {"modelType", s.model_type},
+         {"chatRenderer", s.chat_renderer},
          {"vocabSize", s.vocab_size},
          {"maxPositionEmbeddings", s.max_position_embeddings},
          {"numParameters", s.num_parameters},
@@ -807,6 +808,7 @@ SessionInfo session_info_from_json(const json& j, const std::string& path) {
   str("name", s.name);
   str("baseModel", s.base_model);
   str("modelType", s.model_type);
+  str("chatRenderer", s.chat_renderer);
   str("tokenizer", s.tokenizer);
   str("device", s.device);
   num("vocabSize", s.vocab_size);

@@ -264,7 +264,7 @@ def main():
         # Files rlloop cannot run are refused naming the file and what is missing.
         bad = {
             "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3)", lambda w: None),
-            "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's models",
+            "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's llama models",
                       lambda w: w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32), np.float32))),
             # Only an embedding and a final norm: the first block's tensors are missing.
             "qwen2": ("load_hf_state_dict: missing tensor 'model.layers.0.input_layernorm.weight'",

@@ -169,11 +169,12 @@ TEST(GgufTokenizer, TheChatTemplateChoosesTheRenderer) {
   smollm2.chat_template =
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
       "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}...";
-  EXPECT_EQ(default_chat_renderer(smollm2.write(dir, "smollm2.gguf"), "llama"), "smollm2");
+  EXPECT_EQ(default_chat_renderer(smollm2.write(dir, "smollm2.gguf"), "llama3"), "smollm2");
   // Without a template it recognises, the family's format.
-  EXPECT_EQ(default_chat_renderer(GgufTokenizer{}.write(dir, "plain.gguf"), "llama"), "llama3");
-  EXPECT_EQ(default_chat_renderer("byte", "llama"), "role_colon");
-  EXPECT_EQ(default_chat_renderer((dir.path / "tokenizer.json").string(), "qwen2"), "chatml");
+  EXPECT_EQ(default_chat_renderer(GgufTokenizer{}.write(dir, "plain.gguf"), "llama3"), "llama3");
+  EXPECT_EQ(default_chat_renderer("byte", "llama3"), "role_colon");
+  EXPECT_EQ(default_chat_renderer((dir.path / "tokenizer.json").string(), "chatml"), "chatml");
+  EXPECT_EQ(default_chat_renderer((dir.path / "tokenizer.json").string(), ""), "role_colon");
 }
 
 TEST(GgufTokenizer, UnsupportedAndMalformedFilesNameTheFileAndTheField) {

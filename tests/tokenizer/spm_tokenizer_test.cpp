@@ -205,8 +205,8 @@ TEST(SpmTokenizer, Llama2ChatWeighsTheAnswersAndChecksTheRoles) {
   const std::string plain = v.write(dir, "spm.gguf");
   const std::string templated = v.write(
       dir, "chat.gguf", {{"tokenizer.chat_template", {std::string("{{ bos_token + '[INST] <<SYS>>' }}")}}});
-  EXPECT_EQ(default_chat_renderer(templated, "llama"), "llama2");
-  EXPECT_EQ(default_chat_renderer(plain, "llama"), "role_colon");  // not llama3: no header tokens in the vocabulary
+  EXPECT_EQ(default_chat_renderer(templated, "llama3"), "llama2");
+  EXPECT_EQ(default_chat_renderer(plain, "llama3"), "role_colon");  // not llama3: no header tokens in the vocabulary
   const auto tok = load_tokenizer(plain);
   const auto r = make_chat_renderer("llama2", tok);
   const std::vector<Message> chat = {{"system", "sys", std::nullopt}, {"user", " ab ", std::nullopt},

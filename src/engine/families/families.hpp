@@ -1,0 +1,11 @@
+// The built-in model families, one file each (model_family.hpp). builtin_families() in model_family.cpp lists them.
+#pragma once
+#include "../model_family.hpp"
+
+namespace rlloop::engine::families {
+
+ModelFamily llama();
+ModelFamily qwen2();
+ModelFamily qwen3();
+
+}  // namespace rlloop::engine::families
