@@ -223,8 +223,24 @@ void decode_step(std::span<DecodeRun* const> runs) {
     DecodeRun& lead = *runs[i];
     CpuDecoder* decoder = lead.cpu_decoder();
     if (!decoder) {
-      lead.absorb(lead.model_.forward(lead.next_.unsqueeze(1), &lead.cache_).squeeze(1));
-      stepped[i] = true;
+      // The ATen path (CUDA, bf16, RLLOOP_DECODER=aten): this run and every later one over the same base weights
+      // in one Transformer::decode_step.
+      std::vector<DecodeRun*> members;
+      std::vector<DecodeGroup> groups;
+      for (std::size_t j = i; j < runs.size(); ++j) {
+        DecodeRun& run = *runs[j];
+        if (stepped[j] || (j != i && (run.cpu_decoder() || !lead.model_.shares_base(run.model_)))) continue;
+        members.push_back(&run);
+        groups.push_back({&run.model_, &run.next_, &run.cache_});
+        stepped[j] = true;
+      }
+      const torch::Tensor logits = lead.model_.decode_step(groups);
+      std::int64_t row = 0;
+      for (DecodeRun* run : members) {
+        const std::int64_t n = run->rows();
+        run->absorb(logits.narrow(0, row, n));
+        row += n;
+      }
       continue;
     }
     // This run and every later one decoding over the same base weights: one step for all their rows.

@@ -52,20 +52,23 @@ struct Linear {
   torch::Tensor dense_weight() const { return quantized ? quantized->dequantize() : weight; }
 
   torch::Tensor apply(const torch::Tensor& x) const {
-    torch::Tensor y;
-    if (quantized) {
-      y = quantized_linear(x, quantized);
-      if (bias.defined()) y = y + bias;
-    } else {
-      y = torch::linear(x, weight, bias);
-    }
+    torch::Tensor y = apply_base(x);
     if (!lora_a.defined()) return y;
+    // With B = 0 the delta is an exact zero and y + 0 == y: an untrained adapter reproduces the base bit for bit.
+    return torch::add(y, adapter_delta(x, y.scalar_type()), lora_scale);
+  }
+  // x W^T + b: the product without the adapter.
+  torch::Tensor apply_base(const torch::Tensor& x) const {
+    if (!quantized) return torch::linear(x, weight, bias);
+    torch::Tensor y = quantized_linear(x, quantized);
+    return bias.defined() ? y + bias : y;
+  }
+  // (x A^T) B^T as `dtype`, unscaled (an adapter must be attached).
+  torch::Tensor adapter_delta(const torch::Tensor& x, torch::ScalarType dtype) const {
     // Adapters may be kept in a wider dtype than the base (fp32 adapters over bf16 weights, as PEFT does).
     const auto& xa = x.scalar_type() == lora_a.scalar_type() ? x : x.to(lora_a.scalar_type());
     torch::Tensor delta = torch::linear(torch::linear(xa, lora_a), lora_b);
-    if (delta.scalar_type() != y.scalar_type()) delta = delta.to(y.scalar_type());
-    // With B = 0 the delta is an exact zero and y + 0 == y: an untrained adapter reproduces the base bit for bit.
-    return torch::add(y, delta, lora_scale);
+    return delta.scalar_type() == dtype ? delta : delta.to(dtype);
   }
 
   // W + scale * B A (with an adapter), accumulated in fp32 (at least) and stored in W's dtype.
@@ -84,16 +87,46 @@ struct Layer {
   std::vector<Linear*> linears() { return {&q, &k, &v, &o, &gate, &up, &down}; }
   std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
   Linear& projection(Projection p) { return *linears()[static_cast<std::size_t>(p)]; }
+  const Linear& projection(Projection p) const { return *linears()[static_cast<std::size_t>(p)]; }
 };
 
 // What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
 // many positions it held before this forward).
+// Rows [row0, row0 + rows) of a decoding step of several batches (Transformer::decode_step): one batch of
+// sequences, with its own model's adapters (`layers`, `lm_head`: the base weights are every group's) and its cache.
+struct RowGroup {
+  const std::vector<Layer>* layers;
+  const Linear* lm_head;
+  KVCache* cache;
+  std::int64_t row0, rows;
+  std::int64_t past;  // positions its cache held before this step
+};
+
 struct LayerInputs {
   torch::Tensor cos, sin;
   double scale;
   KVCache* cache;
   std::int64_t past;
+  // A decoding step of several batches: x is [1, rows of every group, H], one new token per row (so the rows
+  // sit where one sequence's positions would: RoPE's cos / sin rows are the rows' own positions), and each
+  // group's rows attend over its own cache. Empty otherwise.
+  std::span<const RowGroup> groups = {};
 };
+
+// The linear `of` picks out of a layer (a projection) or of the model (lm_head) applied to h: with row groups,
+// the base product once over every row and each group's adapter over its own rows; otherwise the model's own.
+template <class Of>
+torch::Tensor project(const Linear& own, const torch::Tensor& h, std::span<const RowGroup> groups, Of&& of) {
+  if (groups.empty()) return own.apply(h);
+  torch::Tensor y = own.apply_base(h);
+  for (const RowGroup& g : groups) {
+    const Linear& adapted = of(g);
+    if (!adapted.lora_a.defined()) continue;
+    torch::Tensor rows = y.narrow(1, g.row0, g.rows);
+    rows.add_(adapted.adapter_delta(h.narrow(1, g.row0, g.rows), y.scalar_type()), adapted.lora_scale);
+  }
+  return y;
+}
 
 }  // namespace
 
@@ -115,6 +148,9 @@ struct Transformer::Impl {
 
   // Layer `li` over x [B, T, H]: attention (extending in.cache when given), then the MLP, each with its residual.
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const;
+  // The attention of a step of several groups (LayerInputs::groups): each group's rows extend and read its cache.
+  torch::Tensor attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const LayerInputs& in) const;
   // Whether any weight, norm or adapter of layer `li` requires grad.
   bool layer_trains(std::size_t li) const {
     const Layer& l = layers[li];
@@ -416,10 +452,15 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
   const Layer& layer = layers[li];
   const std::int64_t B = x.size(0), T = x.size(1);
   const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  auto proj = [&](Projection p, const torch::Tensor& h) {
+    return project(layer.projection(p), h, in.groups, [&](const RowGroup& g) -> const Linear& {
+      return (*g.layers)[li].projection(p);
+    });
+  };
   torch::Tensor h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps);
-  torch::Tensor q = layer.q.apply(h).view({B, T, nh, D});
-  torch::Tensor k = layer.k.apply(h).view({B, T, nkv, D});
-  torch::Tensor v = layer.v.apply(h).view({B, T, nkv, D}).transpose(1, 2);
+  torch::Tensor q = proj(Projection::q, h).view({B, T, nh, D});
+  torch::Tensor k = proj(Projection::k, h).view({B, T, nkv, D});
+  torch::Tensor v = proj(Projection::v, h).view({B, T, nkv, D}).transpose(1, 2);
   if (cfg.qk_norm) {  // Qwen3: per-head RMSNorm over head_dim, before RoPE
     q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps);
     k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps);
@@ -427,19 +468,40 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
   q = engine::rope(q, in.cos, in.sin);  // [B, nh, T, D], contiguous
   k = engine::rope(k, in.cos, in.sin);  // [B, nkv, T, D]
 
-  torch::Tensor keys = k, values = v;
-  if (in.cache) {
+  torch::Tensor attn;  // [B, T, nh * D]
+  if (!in.groups.empty()) {
+    attn = attend_groups(li, q, k, v, in);
+  } else if (in.cache) {
     const std::int64_t S = in.past + T;
     in.cache->keys[li].narrow(2, in.past, T).copy_(k);
     in.cache->values[li].narrow(2, in.past, T).copy_(v);
-    keys = in.cache->keys[li].narrow(2, 0, S);
-    values = in.cache->values[li].narrow(2, 0, S);
+    attn = causal_attention(q, in.cache->keys[li].narrow(2, 0, S), in.cache->values[li].narrow(2, 0, S), in.scale);
+  } else {
+    attn = causal_attention(q, k, v, in.scale);
   }
-  torch::Tensor attn = causal_attention(q, keys, values, in.scale);  // [B, T, nh * D]
-  x = x + layer.o.apply(attn);
+  x = x + proj(Projection::o, attn);
 
   h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
-  return x + layer.down.apply(swiglu(layer.gate.apply(h), layer.up.apply(h)));
+  return x + proj(Projection::down, swiglu(proj(Projection::gate, h), proj(Projection::up, h)));
+}
+
+torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& v, const LayerInputs& in) const {
+  // q [1, nh, R, D], k and v [1, nkv, R, D]: row r of a group is its sequence r's new position.
+  std::vector<torch::Tensor> out;
+  out.reserve(in.groups.size());
+  for (const RowGroup& g : in.groups) {
+    // The group's rows of [1, heads, R, D] as its batch: [rows, heads, 1, D].
+    auto own = [&](const torch::Tensor& t) { return t[0].narrow(1, g.row0, g.rows).transpose(0, 1).unsqueeze(2); };
+    KVCache& cache = *g.cache;
+    cache.keys[li].narrow(2, g.past, 1).copy_(own(k));
+    cache.values[li].narrow(2, g.past, 1).copy_(own(v));
+    const std::int64_t S = g.past + 1;
+    out.push_back(causal_attention(own(q).contiguous(), cache.keys[li].narrow(2, 0, S),
+                                   cache.values[li].narrow(2, 0, S), in.scale));  // [rows, 1, nh * D]
+  }
+  const torch::Tensor rows = torch::cat(out, 0);  // [R, 1, nh * D]
+  return rows.view({1, rows.size(0), rows.size(2)});
 }
 
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
@@ -502,6 +564,77 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
 }
 
 torch::Tensor Transformer::logits(const torch::Tensor& hidden) { return impl_->lm_head.apply(hidden); }
+
+bool Transformer::shares_base(const Transformer& other) const {
+  const Impl& a = *impl_;
+  const Impl& b = *other.impl_;
+  if (&a == &b) return true;
+  auto same = [](const torch::Tensor& x, const torch::Tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || x.is_same(y));
+  };
+  auto same_linear = [&](const Linear& x, const Linear& y) {
+    return x.quantized == y.quantized && same(x.weight, y.weight) && same(x.bias, y.bias);
+  };
+  if (a.layers.size() != b.layers.size() || !same(a.embed, b.embed) || a.embed_quantized != b.embed_quantized ||
+      !same(a.final_norm, b.final_norm) || !same_linear(a.lm_head, b.lm_head))
+    return false;
+  for (std::size_t i = 0; i < a.layers.size(); ++i) {
+    const Layer& x = a.layers[i];
+    const Layer& y = b.layers[i];
+    if (!same(x.input_norm, y.input_norm) || !same(x.post_norm, y.post_norm) || !same(x.q_norm, y.q_norm) ||
+        !same(x.k_norm, y.k_norm))
+      return false;
+    for (Projection p : kProjections)
+      if (!same_linear(x.projection(p), y.projection(p))) return false;
+  }
+  return true;
+}
+
+torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
+  const ModelConfig& cfg = impl_->cfg;
+  if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
+  c10::InferenceMode inference;  // the caches are inference tensors (filled by a prefill in inference mode)
+  const auto device = impl_->device();
+  std::vector<RowGroup> rows;
+  std::vector<torch::Tensor> tokens;
+  std::vector<std::int64_t> positions;  // each row's position: its cache's length
+  std::int64_t R = 0;
+  for (const DecodeGroup& g : groups) {
+    if (!g.model || !g.tokens || !g.cache) throw invalid_argument("Transformer::decode_step: a group lacks a member");
+    if (!shares_base(*g.model))
+      throw invalid_argument("Transformer::decode_step: a group's model does not share this model's base weights");
+    KVCache& c = *g.cache;
+    const std::int64_t n = g.tokens->numel();
+    if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 || c.batch() != n ||
+        static_cast<std::int64_t>(c.keys.size()) != cfg.num_hidden_layers)
+      throw invalid_argument("Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row "
+                             "each, got " + shape_string(g.tokens->sizes()) + " for a cache of batch " +
+                             std::to_string(c.batch()));
+    if (c.length >= c.capacity)
+      throw invalid_argument("Transformer::decode_step: KV cache capacity " + std::to_string(c.capacity) + " is full");
+    if (c.keys[0].scalar_type() != impl_->dtype())
+      throw invalid_argument("Transformer::decode_step: the KV cache holds " +
+                             std::string(c10::toString(c.keys[0].scalar_type())) + ", the model " +
+                             std::string(c10::toString(impl_->dtype())));
+    const Impl& own = *g.model->impl_;
+    rows.push_back({&own.layers, &own.lm_head, &c, R, n, c.length});
+    tokens.push_back(*g.tokens);
+    positions.insert(positions.end(), static_cast<std::size_t>(n), c.length);
+    R += n;
+  }
+  // The rows as the positions of one sequence ([1, R]): norms, products and RoPE run over all of them at once.
+  const torch::Tensor ids = torch::cat(tokens).to(device).view({1, R});
+  torch::Tensor pos = torch::tensor(positions, torch::kLong);
+  if (!device.is_cpu()) pos = pos.pin_memory().to(device, /*non_blocking=*/true);
+  const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
+  const LayerInputs in{cos_table.index_select(0, pos), sin_table.index_select(0, pos),
+                       1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), nullptr, 0, rows};
+  torch::Tensor x = impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
+  for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
+  for (const DecodeGroup& g : groups) ++g.cache->length;
+  const torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
+  return project(impl_->lm_head, h, in.groups, [](const RowGroup& g) -> const Linear& { return *g.lm_head; })[0];
+}
 
 // ------------------------------------------------------------------------------------------ state dicts
 

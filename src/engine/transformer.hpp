@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,16 @@ struct InferenceWeights {
   torch::Tensor rope_cos, rope_sin;  // [max_position_embeddings, head_dim], the tables hidden_states uses
 };
 
+class Transformer;
+
+// One batch of sequences in a decoding step of several (Transformer::decode_step): the model whose adapters apply
+// to its rows, the token each row feeds, and its cache (one row per sequence, each batch at its own length).
+struct DecodeGroup {
+  Transformer* model;
+  const torch::Tensor* tokens;  // [rows] int64
+  KVCache* cache;               // rows == cache->batch()
+};
+
 class Transformer : public torch::nn::Module {
  public:
   explicit Transformer(const ModelConfig& cfg);
@@ -93,6 +104,15 @@ class Transformer : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) {
     return logits(hidden_states(input_ids, cache));
   }
+
+  // One new token for every row of several batches at once, each with its own cache (so its own positions) and its
+  // own model over this model's base weights (shares_base: sessions with their own adapters on one base): the base
+  // products run once over the rows of every group, each group's adapters over its rows, and each group's rows
+  // attend over its own cache, which grows by one position. The layers are hidden_states' (one definition).
+  // Returns the logits [sum of rows, V], the groups' rows in order.
+  torch::Tensor decode_step(std::span<const DecodeGroup> groups);
+  // True when `other` computes with the same base weights (the same tensors: models of one shared base).
+  bool shares_base(const Transformer& other) const;
 
   // Base weights under HF names ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
   // "lm_head.weight" unless tied), quantized ones dequantized to fp32. Loading checks every name and shape and

@@ -153,6 +153,41 @@ TEST(HostSync, AnAtenDecodeStepCopiesTheTokensBackOnceAndNothingElse) {
   std::cout << "operators per decode step (bf16, " << device << "): " << two.operators << "\n";
 }
 
+// Requests of several sessions decoding together (Transformer::decode_step): the base products run once over the
+// rows of every group, so 3 groups of 2 rows make as many products as 1 group of 6 (one per projection per layer,
+// and the unembedding). Each group's attention over its own cache is still an operator of its own, and so is each
+// adapter's product (these groups have none).
+TEST(HostSync, AGroupedDecodeStepRunsEachBaseProductOnceForAnyNumberOfGroups) {
+  const torch::Device device(test_device::device());
+  const ModelConfig cfg = test_models::tiny_config("qwen3");
+  auto base = init_model(cfg, 5, device, torch::kBFloat16);
+  auto linears_of_a_step = [&](int groups, std::int64_t rows_each) {
+    c10::InferenceMode inference;
+    std::vector<std::shared_ptr<Transformer>> models;
+    std::vector<KVCache> caches;
+    std::vector<torch::Tensor> tokens;
+    for (int g = 0; g < groups; ++g) {
+      models.push_back(Transformer::sharing_base(*base));
+      caches.push_back(KVCache::allocate(cfg, 1, 8, device, torch::kBFloat16));
+      models.back()->hidden_states(torch::full({1, 3 + g}, 7, torch::TensorOptions(device).dtype(torch::kLong)),
+                                   &caches.back());
+      caches.back().repeat_batch(rows_each);
+      tokens.push_back(torch::full({rows_each}, 5, torch::TensorOptions(device).dtype(torch::kLong)));
+    }
+    std::vector<DecodeGroup> step;
+    for (int g = 0; g < groups; ++g) step.push_back({models[g].get(), &tokens[g], &caches[g]});
+    OpRecorder recorder;
+    base->decode_step(step);
+    const OpCounts counts = OpRecorder::take();
+    EXPECT_TRUE(counts.host_syncs.empty()) << counts.host_syncs.begin()->first << " waits for the device";
+    EXPECT_EQ(counts.device_to_host, 0) << counts.describe();
+    return counts.by_name.count("aten::linear") ? counts.by_name.at("aten::linear") : 0;
+  };
+  const int one = linears_of_a_step(1, 6);
+  EXPECT_EQ(one, 7 * cfg.num_hidden_layers + 1);
+  EXPECT_EQ(linears_of_a_step(3, 2), one);
+}
+
 // The CPU's fp32 decoder (CpuDecoder: its own kernels, a few ATen operators around them) holds the same rule.
 TEST(HostSync, TheCpuDecoderStepCopiesTheTokensBackOnce) {
   if (test_device::on_cuda()) GTEST_SKIP() << "the CPU decoder runs on the CPU only";

@@ -1,0 +1,126 @@
+// Transformer::decode_step: several batches of sequences over one base, each with its own cache (so its own
+// positions) and its own adapters, stepped together must give what each gives stepped alone through the model's own
+// forward with its cache (the path the grouped step replaced for CUDA and bf16 decoding).
+#include <gtest/gtest.h>
+
+#include "model_io.hpp"
+#include "tiny_models.hpp"
+#include "transformer.hpp"
+
+using namespace rlloop;
+using namespace rlloop::engine;
+using namespace rlloop::engine::test_models;
+
+namespace {
+
+// Weights far from init_model's, and adapters whose B is not zero, so every product matters.
+std::shared_ptr<Transformer> random_base() {
+  auto model = init_model(tiny_config("qwen3"), 7, torch::kCPU, torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) p.uniform_(p.dim() == 1 ? 0.7 : -0.4, p.dim() == 1 ? 1.3 : 0.4);
+  return model;
+}
+
+std::shared_ptr<Transformer> adapted(Transformer& base, const LoraOptions& lora, std::int64_t seed) {
+  auto model = Transformer::sharing_base(base);
+  model->enable_lora(lora, seed);
+  torch::NoGradGuard no_grad;
+  for (auto& b : model->lora_b_parameters()) b.uniform_(-0.2, 0.2);
+  return model;
+}
+
+// One group: a prompt prefilled into a cache of `rows` copies, and the tokens its rows feed next.
+struct Group {
+  std::shared_ptr<Transformer> model;
+  KVCache cache;
+  torch::Tensor tokens;
+};
+
+Group prefilled(std::shared_ptr<Transformer> model, std::int64_t prompt_length, std::int64_t rows, int seed) {
+  torch::manual_seed(seed);
+  const ModelConfig& cfg = model->config();
+  Group g{std::move(model), {}, torch::randint(cfg.vocab_size, {rows}, torch::kLong)};
+  g.cache = KVCache::allocate(cfg, 1, prompt_length + 4, torch::kCPU, torch::kFloat32);
+  g.model->hidden_states(torch::randint(cfg.vocab_size, {1, prompt_length}, torch::kLong), &g.cache);
+  g.cache.repeat_batch(rows);
+  return g;
+}
+
+double max_difference(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+}  // namespace
+
+TEST(DecodeStep, GroupsSteppedTogetherEqualEachSteppedAloneThroughForward) {
+  c10::InferenceMode inference;
+  auto base = random_base();
+  // Three sessions over the base (adapters on every projection and lm_head, on two of them, none), at other
+  // positions and with other row counts.
+  std::vector<Group> groups;
+  groups.push_back(prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1));
+  groups.push_back(prefilled(adapted(*base, {2, 4, {"q_proj", "down_proj"}}, 2), 9, 2, 2));
+  groups.push_back(prefilled(Transformer::sharing_base(*base), 3, 3, 3));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<torch::Tensor> alone;
+    std::vector<KVCache> alone_caches;
+    for (Group& g : groups) {
+      alone_caches.push_back(deep_copy(g.cache));
+      alone.push_back(g.model->forward(g.tokens.unsqueeze(1), &alone_caches.back()).squeeze(1));
+    }
+    std::vector<DecodeGroup> together;
+    for (Group& g : groups) together.push_back({g.model.get(), &g.tokens, &g.cache});
+    const torch::Tensor logits = groups[0].model->decode_step(together);
+    ASSERT_EQ(logits.sizes(), (std::vector<std::int64_t>{6, 64}));
+    std::int64_t row = 0;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const std::int64_t n = groups[i].tokens.size(0);
+      EXPECT_LT(max_difference(logits.narrow(0, row, n), alone[i]), 1e-5) << "group " << i << ", step " << step;
+      // Each cache grew by the same position, holding what the model's own forward wrote there.
+      const KVCache& c = groups[i].cache;
+      ASSERT_EQ(c.length, alone_caches[i].length);
+      for (std::size_t l = 0; l < c.keys.size(); ++l) {
+        EXPECT_LT(max_difference(c.keys[l].narrow(2, 0, c.length), alone_caches[i].keys[l].narrow(2, 0, c.length)),
+                  1e-5);
+        EXPECT_LT(max_difference(c.values[l].narrow(2, 0, c.length),
+                                 alone_caches[i].values[l].narrow(2, 0, c.length)),
+                  1e-5);
+      }
+      // The next step feeds each row's most likely token.
+      groups[i].tokens = alone[i].argmax(-1);
+      row += n;
+    }
+  }
+  // The adapters change the numbers: the same tokens through the base alone differ.
+  Group plain = prefilled(Transformer::sharing_base(*base), 5, 1, 1);
+  Group lora = prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1);
+  const DecodeGroup one_plain[] = {{plain.model.get(), &plain.tokens, &plain.cache}};
+  const DecodeGroup one_lora[] = {{lora.model.get(), &lora.tokens, &lora.cache}};
+  EXPECT_GT(max_difference(base->decode_step(one_plain), base->decode_step(one_lora)), 1e-3);
+}
+
+TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
+  c10::InferenceMode inference;
+  auto base = random_base();
+  auto other = random_base();
+  EXPECT_TRUE(base->shares_base(*Transformer::sharing_base(*base)));
+  EXPECT_FALSE(base->shares_base(*other));
+  Group mine = prefilled(Transformer::sharing_base(*base), 4, 2, 1);
+  Group theirs = prefilled(other, 4, 1, 2);
+  auto message = [&](std::vector<DecodeGroup> groups) {
+    try {
+      base->decode_step(groups);
+    } catch (const invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(message({}), "Transformer::decode_step: no groups");
+  const DecodeGroup mine_group{mine.model.get(), &mine.tokens, &mine.cache};
+  EXPECT_EQ(message({mine_group, {theirs.model.get(), &theirs.tokens, &theirs.cache}}),
+            "Transformer::decode_step: a group's model does not share this model's base weights");
+  const torch::Tensor three = torch::zeros({3}, torch::kLong);
+  EXPECT_EQ(message({{mine.model.get(), &three, &mine.cache}}),
+            "Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row each, got [3] for a "
+            "cache of batch 2");
+  mine.cache.length = mine.cache.capacity;
+  EXPECT_EQ(message({mine_group}), "Transformer::decode_step: KV cache capacity 8 is full");
+}
