@@ -91,7 +91,11 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
 // "role_colon". Otherwise `family_renderer`, the model family's format (SessionInfo::chat_renderer: "llama3" for
 // llama, "chatml" for qwen2, "qwen3_no_thinking" for qwen3), and "role_colon" for the byte tokenizer or when that
 // is empty. tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a
-// bad GGUF.
+// bad GGUF, and invalid_argument when family_renderer is not a renderer name. (Before December 2026 the second
+// argument was the model_type; pass SessionInfo::chat_renderer instead: "qwen3" as a renderer means thinking on.)
 std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& family_renderer);
+
+// The names make_chat_renderer takes.
+const std::vector<std::string>& chat_renderer_names();
 
 }  // namespace rlloop

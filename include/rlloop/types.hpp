@@ -215,7 +215,8 @@ struct CustomLossResult {
   Metrics metrics;
 };
 
-// LoRA settings. target_modules names projections: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+// LoRA settings. target_modules names projections (the model family's names; for llama, qwen2 and qwen3):
+// q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
 // lm_head; "all-linear" selects every transformer linear (not lm_head).
 struct LoraOptions {
   int rank = 16;

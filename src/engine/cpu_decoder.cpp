@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <initializer_list>
-#include <string_view>
 #include <vector>
 
 #include <rlloop/error.hpp>
@@ -142,13 +140,6 @@ void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, co
 }  // namespace
 
 bool CpuDecoder::supports(Transformer& model) {
-  // RLLOOP_DECODER=aten: the ATen decoding step (the one CUDA and bf16 take) on the CPU too, to test and measure it.
-  if (const char* choice = std::getenv("RLLOOP_DECODER"); choice && *choice) {
-    const std::string_view c(choice);
-    if (c == "aten") return false;
-    if (c != "auto")
-      throw invalid_argument(std::string("RLLOOP_DECODER: unknown decoder '") + choice + "' (auto or aten)");
-  }
   for (const auto& p : model.parameters())  // base weights and adapters alike
     if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat32) return false;
   return true;

@@ -33,12 +33,18 @@ void check_family(const ModelFamily& f, const std::deque<ModelFamily>& registere
   if (f.hf_architecture.empty()) throw invalid_argument(what + "hf_architecture is empty");
   if (f.chat_renderer.empty()) throw invalid_argument(what + "chat_renderer is empty");
   const WeightNames& n = f.names;
-  for (const std::string* name : {&n.embed, &n.final_norm, &n.lm_head, &n.layer_prefix, &n.input_norm, &n.post_norm,
-                                  &n.q_norm, &n.k_norm})
-    if (name->empty()) throw invalid_argument(what + "a tensor name is empty");
+  if (n.embed.empty() || n.final_norm.empty() || n.lm_head.empty() || n.layer_prefix.empty())
+    throw invalid_argument(what + "a tensor name is empty");
+  // Within a layer every tensor has a name of its own (two roles under one name would alias one tensor).
+  std::set<std::string> in_layer;
+  for (const std::string* name : {&n.input_norm, &n.post_norm, &n.q_norm, &n.k_norm})
+    if (name->empty() || !in_layer.insert(*name).second)
+      throw invalid_argument(what + "layer tensor name '" + *name + "' is empty or used twice");
   std::set<std::string> targets;
   for (Projection p : kProjections) {
-    if (n.projections[static_cast<std::size_t>(p)].empty()) throw invalid_argument(what + "a projection has no name");
+    const std::string& path = n.projections[static_cast<std::size_t>(p)];
+    if (path.empty() || path.back() == '.' || !in_layer.insert(path).second)
+      throw invalid_argument(what + "projection path '" + path + "' is empty, ends in '.' or is used twice");
     const std::string t = f.target_module(p);
     if (t == "lm_head" || t == "all-linear" || !targets.insert(t).second)
       throw invalid_argument(what + "projection module '" + t +

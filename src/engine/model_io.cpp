@@ -302,14 +302,12 @@ std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t see
   // Drawn on the CPU in fp32, in the fixed HF-name order of the model, so a seed gives the same weights on
   // every device and dtype (up to the final cast).
   auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : model->hf_state_dict()) {
-    if (ends_with(name, "norm.weight")) {
+    const bool bias = name.ends_with(".bias");
+    if (t.dim() == 1 && !bias) {  // a norm's weight, whatever the family calls it
       t.fill_(1.0);
-    } else if (ends_with(name, ".bias")) {
+    } else if (bias) {
       t.zero_();
     } else {
       t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen));
@@ -329,7 +327,7 @@ void save_model(const Transformer& model, const std::string& dir, std::int64_t m
   for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, dtype);
   ModelConfig cfg = model.config();
   // An lm_head adapter on a tied model makes the merged unembedding differ from the embedding.
-  if (cfg.tie_word_embeddings && tensors.count("lm_head.weight")) cfg.tie_word_embeddings = false;
+  if (cfg.tie_word_embeddings && tensors.count(cfg.family().names.lm_head + ".weight")) cfg.tie_word_embeddings = false;
   json cfg_json = cfg.to_json();
   cfg_json["torch_dtype"] = dtype == torch::kBFloat16 ? "bfloat16" : "float32";
   write_file_atomic((d / "config.json").string(), cfg_json.dump(2) + "\n");

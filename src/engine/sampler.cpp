@@ -2,8 +2,10 @@
 #include "sampler.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include <rlloop/error.hpp>
@@ -22,6 +24,18 @@ namespace {
 torch::Tensor to_device(const torch::Tensor& host, torch::Device device) {
   if (device.is_cpu()) return host;
   return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+// RLLOOP_DECODER=aten: the ATen decoding step (Transformer::decode_step, the one CUDA and bf16 take) on the CPU too,
+// to test and measure it there; auto (or unset): the CPU decoder wherever it applies.
+bool aten_decoder_forced() {
+  const char* choice = std::getenv("RLLOOP_DECODER");
+  if (!choice || !*choice) return false;
+  const std::string_view c(choice);
+  if (c == "aten") return true;
+  if (c != "auto")
+    throw invalid_argument(std::string("RLLOOP_DECODER: unknown decoder '") + choice + "' (auto or aten)");
+  return false;
 }
 
 torch::Tensor to_ids(std::span<const token_id> tokens, torch::Device device) {
@@ -149,7 +163,7 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   // The dispatch-free decoding step, where it applies; built at the first step (one with bf16 rounds the
   // whole model, wasted when every sample stops at its first token). Its cache is converted before the
   // prompt's is repeated, which copies one row instead of n.
-  use_cpu_decoder_ = CpuDecoder::supports(model);
+  use_cpu_decoder_ = !aten_decoder_forced() && CpuDecoder::supports(model);
   if (use_cpu_decoder_) cache_.convert(CpuDecoder::cache_dtype(precision_));
   cache_.repeat_batch(n);
   active_.resize(n);

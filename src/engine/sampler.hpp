@@ -37,7 +37,8 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
 // One sample request in progress: the prompt prefilled at construction (and the first token of every sample
 // drawn), then one token per sample per decode_step until every sample has stopped. Rows that stop leave its
 // batch. It holds the model, the cache and the random streams of its samples only, so its tokens do not depend on
-// which other runs share its steps, and its logprobs only in the last digits (CpuDecoder::step(groups)). `rounded` as
+// which other runs share its steps, and its logprobs only in the last digits (CpuDecoder::step(groups),
+// Transformer::decode_step). `rounded` as
 // for sample(); the model and *rounded must outlive the run and not change while it decodes (a session's operations
 // run in order).
 class DecodeRun {
@@ -79,9 +80,10 @@ class DecodeRun {
   SampleResponse response_;
 };
 
-// Advances every run by one token. Runs whose dispatch-free decoders share base weights (CpuDecoder::shares_base:
-// sessions with their own LoRA adapters over one base model) decode in one batched step; the others one by one.
-// Every run must have rows left.
+// Advances every run by one token. Runs over the same base weights (sessions with their own LoRA adapters over one
+// base model, or one session's several requests) decode in one batched step: CpuDecoder::step(groups) where the CPU
+// decoder applies (CpuDecoder::shares_base), Transformer::decode_step(groups) elsewhere (CUDA, bf16,
+// RLLOOP_DECODER=aten). Every run must have rows left.
 void decode_step(std::span<DecodeRun* const> runs);
 
 // One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF at the row's entry of `uniforms`

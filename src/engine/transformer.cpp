@@ -605,11 +605,21 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
       throw invalid_argument("Transformer::decode_step: a group's model does not share this model's base weights");
     KVCache& c = *g.cache;
     const std::int64_t n = g.tokens->numel();
-    if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 || c.batch() != n ||
-        static_cast<std::int64_t>(c.keys.size()) != cfg.num_hidden_layers)
+    if (static_cast<std::int64_t>(c.keys.size()) != cfg.num_hidden_layers)
+      throw invalid_argument("Transformer::decode_step: a group's KV cache has " + std::to_string(c.keys.size()) +
+                             " layers, the model " + std::to_string(cfg.num_hidden_layers));
+    if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 || c.batch() != n)
       throw invalid_argument("Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row "
                              "each, got " + shape_string(g.tokens->sizes()) + " for a cache of batch " +
                              std::to_string(c.batch()));
+    if (g.tokens->device() != device || c.keys[0].device() != device)
+      throw invalid_argument("Transformer::decode_step: a group's tokens and cache must be on the model's device (" +
+                             device.str() + ")");
+    // The RoPE tables end there (and an index past them would be a device-side assert on CUDA).
+    if (c.length >= cfg.max_position_embeddings)
+      throw invalid_argument("Transformer::decode_step: position " + std::to_string(c.length) +
+                             " is past the model's context (max_position_embeddings " +
+                             std::to_string(cfg.max_position_embeddings) + ")");
     if (c.length >= c.capacity)
       throw invalid_argument("Transformer::decode_step: KV cache capacity " + std::to_string(c.capacity) + " is full");
     if (c.keys[0].scalar_type() != impl_->dtype())
@@ -623,7 +633,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
     R += n;
   }
   // The rows as the positions of one sequence ([1, R]): norms, products and RoPE run over all of them at once.
-  const torch::Tensor ids = torch::cat(tokens).to(device).view({1, R});
+  const torch::Tensor ids = torch::cat(tokens).view({1, R});
   torch::Tensor pos = torch::tensor(positions, torch::kLong);
   if (!device.is_cpu()) pos = pos.pin_memory().to(device, /*non_blocking=*/true);
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
@@ -658,9 +668,8 @@ void Transformer::load_hf_state_dict(const TensorMap& tensors) {
       // Some tied checkpoints store the duplicate; one that differs means the config is wrong.
       auto it = tensors.find(names.embed + ".weight");
       if (it != tensors.end() && !torch::equal(it->second.to(t.scalar_type()).cpu(), t.cpu()))
-        throw invalid_argument(
-            "load_hf_state_dict: lm_head.weight differs from model.embed_tokens.weight but the config ties them "
-            "(set tie_word_embeddings to false)");
+        throw invalid_argument("load_hf_state_dict: " + name + " differs from " + it->first +
+                               " but the config ties them (set tie_word_embeddings to false)");
       continue;
     }
     unexpected.push_back(name);

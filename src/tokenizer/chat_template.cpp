@@ -1,8 +1,10 @@
 // default_chat_renderer: which renderer writes what a model's own chat template writes.
+#include <algorithm>
 #include <filesystem>
 #include <string_view>
 
 #include <rlloop/chat.hpp>
+#include <rlloop/error.hpp>
 #include <rlloop/gguf.hpp>
 
 namespace rlloop {
@@ -22,6 +24,12 @@ std::optional<std::string> renderer_for_template(std::string_view jinja) {
 }  // namespace
 
 std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& family_renderer) {
+  // A model_type passed where the renderer name belongs ("llama", "qwen2": the parameter's meaning before the
+  // architecture registry) is refused rather than turned into another format.
+  const auto& names = chat_renderer_names();
+  if (!family_renderer.empty() && std::find(names.begin(), names.end(), family_renderer) == names.end())
+    throw invalid_argument("default_chat_renderer: '" + family_renderer +
+                           "' is not a renderer name (pass SessionInfo::chat_renderer, the model family's)");
   if (tokenizer_spec == "byte") return "role_colon";
   if (std::filesystem::path(tokenizer_spec).extension() == ".gguf") {
     const auto file = gguf::File::open(tokenizer_spec);

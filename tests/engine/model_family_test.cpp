@@ -92,6 +92,9 @@ TEST(ModelFamilyRegistry, AToyFamilyRegisteredInOneFileRunsTheSessionApi) {
   // Weights far from init_model's (whose logits are nearly uniform): every matrix, bias and norm counts, so a
   // tensor the registry mapped to another role changes the numbers.
   auto model = init_model(cfg, /*seed=*/3, torch::kCPU, torch::kFloat32);
+  // init_model finds the norms by role, whatever the family calls them.
+  EXPECT_TRUE(torch::equal(model->hf_state_dict().at("transformer.h.0.ln_2.weight"), torch::ones({64})));
+  EXPECT_TRUE(torch::equal(model->hf_state_dict().at("transformer.h.0.attn.k_ln.weight"), torch::ones({16})));
   {
     torch::manual_seed(5);
     TensorMap distinct;
@@ -126,8 +129,10 @@ TEST(ModelFamilyRegistry, AToyFamilyRegisteredInOneFileRunsTheSessionApi) {
       service.create_lora_training_client((dir / "toy").string(),
                                           {.rank = 4, .alpha = 8, .target_modules = {"wq", "w2"}, .seed = 1});
   auto qwen3_tc =
-      service.create_lora_training_client((dir / "qwen3").string(),
-                                          {.rank = 4, .alpha = 8, .target_modules = {"q_proj", "down_proj"}, .seed = 1});
+      service.create_lora_training_client((dir / "qwen3").string(), {.rank = 4,
+                                                                     .alpha = 8,
+                                                                     .target_modules = {"q_proj", "down_proj"},
+                                                                     .seed = 1});
   const SessionInfo info = toy_tc.get_info();
   EXPECT_EQ(info.model_type, "toy_gpt");
   EXPECT_EQ(info.chat_renderer, "chatml");
@@ -184,6 +189,23 @@ TEST(ModelFamilyRegistry, AdaptersAndExportsUseTheFamilysNames) {
   const TensorMap merged = model.merged_hf_state_dict();
   EXPECT_TRUE(merged.count("transformer.ln_f.weight"));
   EXPECT_EQ(merged.size(), model.hf_state_dict().size());
+  // An lm_head adapter on a tied model: the merged export unties it under the family's unembedding name, and the
+  // directory loads back with the same logits.
+  auto tied_json = toy_config_json();
+  tied_json["tie_word_embeddings"] = true;
+  auto tied = init_model(ModelConfig::from_json(tied_json), 4, torch::kCPU, torch::kFloat32);
+  tied->enable_lora(LoraOptions{2, 4, {"lm_head"}}, /*seed=*/1);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& b : tied->lora_b_parameters()) b.uniform_(-0.5, 0.5);
+  }
+  const fs::path merged_dir = temp_dir("model-family", "tied-merged");
+  save_model(*tied, merged_dir.string());
+  auto reloaded = load_model(merged_dir.string(), torch::kCPU, torch::kFloat32);
+  EXPECT_FALSE(reloaded->config().tie_word_embeddings);
+  const torch::Tensor ids = torch::tensor({{5, 6, 7}}, torch::kLong);
+  EXPECT_LT((tied->forward(ids) - reloaded->forward(ids)).abs().max().item<double>(), 1e-5);
+
   // llama.cpp has no such architecture: the GGUF export says so instead of writing a file it cannot load.
   EXPECT_EQ(toy.gguf_architecture, "");
   EXPECT_EQ(error_of([&] { save_gguf_model(model, "/nonexistent/toy.gguf", gguf::TensorType::f32, {}); }),

@@ -123,4 +123,15 @@ TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
             "cache of batch 2");
   mine.cache.length = mine.cache.capacity;
   EXPECT_EQ(message({mine_group}), "Transformer::decode_step: KV cache capacity 8 is full");
+  // A cache longer than the model's context (its RoPE tables end there).
+  Group beyond = prefilled(Transformer::sharing_base(*base), 4, 1, 3);
+  beyond.cache = KVCache::allocate(base->config(), 1, 300, torch::kCPU, torch::kFloat32);
+  beyond.cache.length = 256;
+  EXPECT_EQ(message({{beyond.model.get(), &beyond.tokens, &beyond.cache}}),
+            "Transformer::decode_step: position 256 is past the model's context (max_position_embeddings 256)");
+  KVCache one_layer = KVCache::allocate(base->config(), 2, 8, torch::kCPU, torch::kFloat32);
+  one_layer.keys.resize(1);
+  one_layer.values.resize(1);
+  EXPECT_EQ(message({{mine.model.get(), &mine.tokens, &one_layer}}),
+            "Transformer::decode_step: a group's KV cache has 1 layers, the model 2");
 }

@@ -163,6 +163,15 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): GGUF architecture 'qwen2' is qwen2's");
   again.gguf_architecture.clear();
+  again.names.post_norm = again.names.input_norm;
+  EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
+            "register_model_family('qwen2_twice'): layer tensor name 'input_layernorm' is empty or used twice");
+  again.names.post_norm = "post_attention_layernorm";
+  again.names.projections[2] = "self_attn.";
+  EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
+            "register_model_family('qwen2_twice'): projection path 'self_attn.' is empty, ends in '.' or is used "
+            "twice");
+  again.names.projections[2] = "self_attn.v_proj";
   again.names.projections[1] = "attn.q_proj";
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): projection module 'q_proj' is used twice or reserved (lm_head, "

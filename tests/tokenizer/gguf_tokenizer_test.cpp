@@ -175,6 +175,14 @@ TEST(GgufTokenizer, TheChatTemplateChoosesTheRenderer) {
   EXPECT_EQ(default_chat_renderer("byte", "llama3"), "role_colon");
   EXPECT_EQ(default_chat_renderer((dir.path / "tokenizer.json").string(), "chatml"), "chatml");
   EXPECT_EQ(default_chat_renderer((dir.path / "tokenizer.json").string(), ""), "role_colon");
+  // A model_type where the family's renderer name belongs is refused, not turned into some format.
+  try {
+    default_chat_renderer((dir.path / "tokenizer.json").string(), "llama");
+    ADD_FAILURE() << "a model_type was taken for a renderer";
+  } catch (const invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "default_chat_renderer: 'llama' is not a renderer name (pass SessionInfo::chat_renderer, "
+                           "the model family's)");
+  }
 }
 
 TEST(GgufTokenizer, UnsupportedAndMalformedFilesNameTheFileAndTheField) {
