@@ -27,6 +27,11 @@ std::string shape_string(at::IntArrayRef s) {
   return os.str();
 }
 
+// A small host tensor on `device`; to a GPU through pinned memory, queued behind the step's kernels.
+torch::Tensor to_device(const torch::Tensor& host, torch::Device device) {
+  return device.is_cpu() ? host : host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 // Module parameter names may not contain '.', HF names are dotted.
 std::string module_name(const std::string& hf_name) {
   std::string s = hf_name;
@@ -90,8 +95,6 @@ struct Layer {
   const Linear& projection(Projection p) const { return *linears()[static_cast<std::size_t>(p)]; }
 };
 
-// What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
-// many positions it held before this forward).
 // Rows [row0, row0 + rows) of a decoding step of several batches (Transformer::decode_step): one batch of
 // sequences, with its own model's adapters (`layers`, `lm_head`: the base weights are every group's) and its cache.
 struct RowGroup {
@@ -102,6 +105,8 @@ struct RowGroup {
   std::int64_t past;  // positions its cache held before this step
 };
 
+// What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
+// many positions it held before this forward).
 struct LayerInputs {
   torch::Tensor cos, sin;
   double scale;
@@ -111,15 +116,49 @@ struct LayerInputs {
   // sit where one sequence's positions would: RoPE's cos / sin rows are the rows' own positions), and each
   // group's rows attend over its own cache. Empty otherwise.
   std::span<const RowGroup> groups = {};
+  // With groups, for the adapters' batched products (add_stacked_adapters): group g's rows padded to the largest
+  // group's count, rows_max (padded_rows[g * rows_max + i] = the step row of its row i, its last row where it has
+  // fewer), where each step row lands among them (unpadded_rows), and each group's LoRA scale (lora_scales [G],
+  // float64); all on the model's device.
+  torch::Tensor padded_rows, unpadded_rows, lora_scales;
+  std::int64_t rows_max = 0;
 };
+
+// With two or more groups that all adapt this linear at one rank and dtype, their low-rank products run as two
+// batched products over the groups' rows (padded to the largest group's count) instead of two products per group,
+// so the operators of a step do not grow with its groups (Punica's SGMV, in ATen operators). Adds them to y [1, R,
+// out] and returns true; false (nothing done) where it does not apply.
+template <class Of>
+bool add_stacked_adapters(torch::Tensor& y, const torch::Tensor& h, const LayerInputs& in, Of&& of) {
+  if (in.groups.size() < 2) return false;
+  const torch::Tensor& first = of(in.groups.front()).lora_a;
+  if (!first.defined()) return false;
+  std::vector<torch::Tensor> a, b;
+  for (const RowGroup& g : in.groups) {
+    const Linear& adapted = of(g);
+    if (!adapted.lora_a.defined() || adapted.lora_a.size(0) != first.size(0) ||
+        adapted.lora_a.scalar_type() != first.scalar_type())
+      return false;
+    a.push_back(adapted.lora_a);
+    b.push_back(adapted.lora_b);
+  }
+  const auto G = static_cast<std::int64_t>(in.groups.size());
+  const torch::Tensor x =
+      h[0].to(first.scalar_type()).index_select(0, in.padded_rows).view({G, in.rows_max, h.size(2)});
+  torch::Tensor d = torch::bmm(torch::bmm(x, torch::stack(a).transpose(1, 2)), torch::stack(b).transpose(1, 2));
+  d = d * in.lora_scales.to(d.scalar_type()).view({G, 1, 1});  // [G, rows_max, out]
+  y[0].add_(d.view({G * in.rows_max, d.size(2)}).index_select(0, in.unpadded_rows).to(y.scalar_type()));
+  return true;
+}
 
 // The linear `of` picks out of a layer (a projection) or of the model (lm_head) applied to h: with row groups,
 // the base product once over every row and each group's adapter over its own rows; otherwise the model's own.
 template <class Of>
-torch::Tensor project(const Linear& own, const torch::Tensor& h, std::span<const RowGroup> groups, Of&& of) {
-  if (groups.empty()) return own.apply(h);
+torch::Tensor project(const Linear& own, const torch::Tensor& h, const LayerInputs& in, Of&& of) {
+  if (in.groups.empty()) return own.apply(h);
   torch::Tensor y = own.apply_base(h);
-  for (const RowGroup& g : groups) {
+  if (add_stacked_adapters(y, h, in, of)) return y;
+  for (const RowGroup& g : in.groups) {
     const Linear& adapted = of(g);
     if (!adapted.lora_a.defined()) continue;
     torch::Tensor rows = y.narrow(1, g.row0, g.rows);
@@ -453,7 +492,7 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
   const std::int64_t B = x.size(0), T = x.size(1);
   const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   auto proj = [&](Projection p, const torch::Tensor& h) {
-    return project(layer.projection(p), h, in.groups, [&](const RowGroup& g) -> const Linear& {
+    return project(layer.projection(p), h, in, [&](const RowGroup& g) -> const Linear& {
       return (*g.layers)[li].projection(p);
     });
   };
@@ -634,16 +673,30 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
   }
   // The rows as the positions of one sequence ([1, R]): norms, products and RoPE run over all of them at once.
   const torch::Tensor ids = torch::cat(tokens).view({1, R});
-  torch::Tensor pos = torch::tensor(positions, torch::kLong);
-  if (!device.is_cpu()) pos = pos.pin_memory().to(device, /*non_blocking=*/true);
+  const torch::Tensor pos = to_device(torch::tensor(positions, torch::kLong), device);
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
-  const LayerInputs in{cos_table.index_select(0, pos), sin_table.index_select(0, pos),
-                       1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), nullptr, 0, rows};
+  LayerInputs in{cos_table.index_select(0, pos), sin_table.index_select(0, pos),
+                 1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), nullptr, 0, rows};
+  if (rows.size() >= 2) {  // the layout of add_stacked_adapters
+    std::vector<std::int64_t> padded, unpadded;
+    std::vector<double> scales;
+    for (const RowGroup& g : rows) in.rows_max = std::max(in.rows_max, g.rows);
+    for (std::size_t gi = 0; gi < rows.size(); ++gi) {
+      const RowGroup& g = rows[gi];
+      for (std::int64_t i = 0; i < in.rows_max; ++i) padded.push_back(g.row0 + std::min(i, g.rows - 1));
+      for (std::int64_t i = 0; i < g.rows; ++i) unpadded.push_back(static_cast<std::int64_t>(gi) * in.rows_max + i);
+      const auto& lora = groups[gi].model->impl_->lora;
+      scales.push_back(lora ? static_cast<double>(lora->alpha) / lora->rank : 0.0);
+    }
+    in.padded_rows = to_device(torch::tensor(padded, torch::kLong), device);
+    in.unpadded_rows = to_device(torch::tensor(unpadded, torch::kLong), device);
+    in.lora_scales = to_device(torch::tensor(scales, torch::kFloat64), device);
+  }
   torch::Tensor x = impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
   for (const DecodeGroup& g : groups) ++g.cache->length;
   const torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
-  return project(impl_->lm_head, h, in.groups, [](const RowGroup& g) -> const Linear& { return *g.lm_head; })[0];
+  return project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return *g.lm_head; })[0];
 }
 
 // ------------------------------------------------------------------------------------------ state dicts

@@ -97,6 +97,33 @@ TEST(DecodeStep, GroupsSteppedTogetherEqualEachSteppedAloneThroughForward) {
   EXPECT_GT(max_difference(base->decode_step(one_plain), base->decode_step(one_lora)), 1e-3);
 }
 
+// Sessions whose adapters share a rank run them as batched products (add_stacked_adapters: rows gathered and padded
+// per group): the same numbers as each group alone, with groups of 1, 3 and 2 rows (padding in two of them) and
+// other scales.
+TEST(DecodeStep, AdaptersOfOneRankBatchedAcrossGroupsEqualEachGroupAlone) {
+  c10::InferenceMode inference;
+  auto base = random_base();
+  std::vector<Group> groups;
+  groups.push_back(prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1));
+  groups.push_back(prefilled(adapted(*base, {4, 2, {"all-linear", "lm_head"}}, 2), 7, 3, 2));
+  groups.push_back(prefilled(adapted(*base, {4, 16, {"all-linear", "lm_head"}}, 3), 2, 2, 3));
+  std::vector<torch::Tensor> alone;
+  std::vector<KVCache> alone_caches;
+  for (Group& g : groups) {
+    alone_caches.push_back(deep_copy(g.cache));
+    alone.push_back(g.model->forward(g.tokens.unsqueeze(1), &alone_caches.back()).squeeze(1));
+  }
+  std::vector<DecodeGroup> together;
+  for (Group& g : groups) together.push_back({g.model.get(), &g.tokens, &g.cache});
+  const torch::Tensor logits = base->decode_step(together);
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const std::int64_t n = groups[i].tokens.size(0);
+    EXPECT_LT(max_difference(logits.narrow(0, row, n), alone[i]), 1e-5) << "group " << i;
+    row += n;
+  }
+}
+
 TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
   c10::InferenceMode inference;
   auto base = random_base();

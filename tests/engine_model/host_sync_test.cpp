@@ -155,19 +155,20 @@ TEST(HostSync, AnAtenDecodeStepCopiesTheTokensBackOnceAndNothingElse) {
 
 // Requests of several sessions decoding together (Transformer::decode_step): the base products run once over the
 // rows of every group, so 3 groups of 2 rows make as many products as 1 group of 6 (one per projection per layer,
-// and the unembedding). Each group's attention over its own cache is still an operator of its own, and so is each
-// adapter's product (these groups have none).
-TEST(HostSync, AGroupedDecodeStepRunsEachBaseProductOnceForAnyNumberOfGroups) {
+// and the unembedding); and sessions whose adapters have one rank run theirs as batched products, as many for 3
+// groups as for 2. Each group's attention over its own cache is still an operator of its own.
+TEST(HostSync, AGroupedDecodeStepRunsEachProductOnceForAnyNumberOfGroups) {
   const torch::Device device(test_device::device());
   const ModelConfig cfg = test_models::tiny_config("qwen3");
   auto base = init_model(cfg, 5, device, torch::kBFloat16);
-  auto linears_of_a_step = [&](int groups, std::int64_t rows_each) {
+  auto count_a_step = [&](int groups, std::int64_t rows_each, bool lora) {
     c10::InferenceMode inference;
     std::vector<std::shared_ptr<Transformer>> models;
     std::vector<KVCache> caches;
     std::vector<torch::Tensor> tokens;
     for (int g = 0; g < groups; ++g) {
       models.push_back(Transformer::sharing_base(*base));
+      if (lora) models.back()->enable_lora(LoraOptions{4, 8, {"all-linear", "lm_head"}}, g);
       caches.push_back(KVCache::allocate(cfg, 1, 8, device, torch::kBFloat16));
       models.back()->hidden_states(torch::full({1, 3 + g}, 7, torch::TensorOptions(device).dtype(torch::kLong)),
                                    &caches.back());
@@ -181,11 +182,23 @@ TEST(HostSync, AGroupedDecodeStepRunsEachBaseProductOnceForAnyNumberOfGroups) {
     const OpCounts counts = OpRecorder::take();
     EXPECT_TRUE(counts.host_syncs.empty()) << counts.host_syncs.begin()->first << " waits for the device";
     EXPECT_EQ(counts.device_to_host, 0) << counts.describe();
-    return counts.by_name.count("aten::linear") ? counts.by_name.at("aten::linear") : 0;
+    return counts;
   };
-  const int one = linears_of_a_step(1, 6);
-  EXPECT_EQ(one, 7 * cfg.num_hidden_layers + 1);
-  EXPECT_EQ(linears_of_a_step(3, 2), one);
+  auto count = [](const OpCounts& c, const std::string& name) {
+    return c.by_name.count(name) ? c.by_name.at(name) : 0;
+  };
+  const std::int64_t linears = 7 * cfg.num_hidden_layers + 1;
+  const OpCounts one = count_a_step(1, 6, false);
+  EXPECT_EQ(count(one, "aten::linear"), linears);
+  EXPECT_EQ(count(count_a_step(3, 2, false), "aten::linear"), linears);
+  const OpCounts two_adapted = count_a_step(2, 3, true), three_adapted = count_a_step(3, 2, true);
+  EXPECT_EQ(count(two_adapted, "aten::linear"), linears) << "the adapters' products are not per group";
+  EXPECT_EQ(count(three_adapted, "aten::linear"), linears);
+  // Two batched products per adapted linear, whatever the groups (attention may use bmm too, per group: the base
+  // models' steps with as many groups take that out).
+  const OpCounts two_plain = count_a_step(2, 3, false), three_plain = count_a_step(3, 2, false);
+  EXPECT_EQ(count(two_adapted, "aten::bmm") - count(two_plain, "aten::bmm"), 2 * linears) << two_adapted.describe();
+  EXPECT_EQ(count(three_adapted, "aten::bmm") - count(three_plain, "aten::bmm"), 2 * linears);
 }
 
 // The CPU's fp32 decoder (CpuDecoder: its own kernels, a few ATen operators around them) holds the same rule.
