@@ -62,6 +62,10 @@ torch::Tensor to_host(const torch::Tensor& t) {
   return t.cpu();
 }
 
+torch::Tensor to_device(const torch::Tensor& host, torch::Device device) {
+  return device.is_cpu() ? host : host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 double peak_flops(const torch::Device& device, torch::ScalarType dtype) {
   if (const char* env = std::getenv("RLLOOP_PEAK_TFLOPS")) {
     char* end = nullptr;

@@ -38,6 +38,9 @@ std::string device_name(const torch::Device& d);
 // on CUDA no device-to-host copy outside one.
 inline constexpr const char* kToHostScope = "rlloop::to_host";
 torch::Tensor to_host(const torch::Tensor& t);
+// A (small) host tensor on `device` without making the host wait: to a GPU through pinned memory, so the copy is
+// queued behind the kernels before it instead of synchronising with them; on the CPU `host` itself.
+torch::Tensor to_device(const torch::Tensor& host, torch::Device device);
 
 // The peak FLOP/s of one such device for products in `dtype`: RLLOOP_PEAK_TFLOPS (in TFLOP/s) when set, else
 // measured once per process and device as the best rate of a few square matrix products through the library the

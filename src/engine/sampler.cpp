@@ -19,13 +19,6 @@
 namespace rlloop::engine {
 namespace {
 
-// A host tensor moved to `device` without making the host wait: on a GPU through pinned memory, so the copy is
-// queued behind the step's kernels instead of synchronising with them.
-torch::Tensor to_device(const torch::Tensor& host, torch::Device device) {
-  if (device.is_cpu()) return host;
-  return host.pin_memory().to(device, /*non_blocking=*/true);
-}
-
 // RLLOOP_DECODER=aten: the ATen decoding step (Transformer::decode_step, the one CUDA and bf16 take) on the CPU too,
 // to test and measure it there; auto (or unset): the CPU decoder wherever it applies.
 bool aten_decoder_forced() {
@@ -235,40 +228,29 @@ void decode_step(std::span<DecodeRun* const> runs) {
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (stepped[i]) continue;
     DecodeRun& lead = *runs[i];
+    // This run and every later one that decodes over the same base weights with the same kind of step: the CPU
+    // decoder's, or the ATen one (CUDA, bf16, RLLOOP_DECODER=aten). One step for all their rows.
     CpuDecoder* decoder = lead.cpu_decoder();
-    if (!decoder) {
-      // The ATen path (CUDA, bf16, RLLOOP_DECODER=aten): this run and every later one over the same base weights
-      // in one Transformer::decode_step.
-      std::vector<DecodeRun*> members;
-      std::vector<DecodeGroup> groups;
-      for (std::size_t j = i; j < runs.size(); ++j) {
-        DecodeRun& run = *runs[j];
-        if (stepped[j] || (j != i && (run.cpu_decoder() || !lead.model_.shares_base(run.model_)))) continue;
-        members.push_back(&run);
-        groups.push_back({&run.model_, &run.next_, &run.cache_});
-        stepped[j] = true;
-      }
-      const torch::Tensor logits = lead.model_.decode_step(groups);
-      std::int64_t row = 0;
-      for (DecodeRun* run : members) {
-        const std::int64_t n = run->rows();
-        run->absorb(logits.narrow(0, row, n));
-        row += n;
-      }
-      continue;
-    }
-    // This run and every later one decoding over the same base weights: one step for all their rows.
     std::vector<DecodeRun*> members;
-    std::vector<CpuDecoder::Group> groups;
     for (std::size_t j = i; j < runs.size(); ++j) {
       if (stepped[j]) continue;
-      CpuDecoder* other = j == i ? decoder : runs[j]->cpu_decoder();
-      if (!other || !decoder->shares_base(*other)) continue;
+      CpuDecoder* other = runs[j]->cpu_decoder();
+      const bool joins = decoder ? other && decoder->shares_base(*other)
+                                 : !other && lead.model_.shares_base(runs[j]->model_);
+      if (!joins) continue;
       members.push_back(runs[j]);
-      groups.push_back({&other->weights(), &runs[j]->next_, &runs[j]->cache_});
       stepped[j] = true;
     }
-    const torch::Tensor logits = decoder->step(groups);
+    torch::Tensor logits;
+    if (decoder) {
+      std::vector<CpuDecoder::Group> groups;
+      for (DecodeRun* run : members) groups.push_back({&run->cpu_decoder()->weights(), &run->next_, &run->cache_});
+      logits = decoder->step(groups);
+    } else {
+      std::vector<DecodeGroup> groups;
+      for (DecodeRun* run : members) groups.push_back({&run->model_, &run->next_, &run->cache_});
+      logits = lead.model_.decode_step(groups);
+    }
     std::int64_t row = 0;
     for (DecodeRun* run : members) {
       const std::int64_t n = run->rows();

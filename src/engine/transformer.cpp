@@ -14,6 +14,7 @@
 #include <rlloop/error.hpp>
 
 #include "attention.hpp"
+#include "device.hpp"
 #include "fused_ops.hpp"
 
 namespace rlloop::engine {
@@ -25,11 +26,6 @@ std::string shape_string(at::IntArrayRef s) {
   for (std::size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
   os << "]";
   return os.str();
-}
-
-// A small host tensor on `device`; to a GPU through pinned memory, queued behind the step's kernels.
-torch::Tensor to_device(const torch::Tensor& host, torch::Device device) {
-  return device.is_cpu() ? host : host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 // Module parameter names may not contain '.', HF names are dotted.
@@ -96,13 +92,13 @@ struct Layer {
 };
 
 // Rows [row0, row0 + rows) of a decoding step of several batches (Transformer::decode_step): one batch of
-// sequences, with its own model's adapters (`layers`, `lm_head`: the base weights are every group's) and its cache.
+// sequences, with its own model's adapters (`layers`, `lm_head`: the base weights are every group's) and its cache
+// (whose length is the rows' position: decode_step advances it after the last layer).
 struct RowGroup {
   const std::vector<Layer>* layers;
   const Linear* lm_head;
   KVCache* cache;
   std::int64_t row0, rows;
-  std::int64_t past;  // positions its cache held before this step
 };
 
 // What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
@@ -533,9 +529,9 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
     // The group's rows of [1, heads, R, D] as its batch: [rows, heads, 1, D].
     auto own = [&](const torch::Tensor& t) { return t[0].narrow(1, g.row0, g.rows).transpose(0, 1).unsqueeze(2); };
     KVCache& cache = *g.cache;
-    cache.keys[li].narrow(2, g.past, 1).copy_(own(k));
-    cache.values[li].narrow(2, g.past, 1).copy_(own(v));
-    const std::int64_t S = g.past + 1;
+    cache.keys[li].narrow(2, cache.length, 1).copy_(own(k));
+    cache.values[li].narrow(2, cache.length, 1).copy_(own(v));
+    const std::int64_t S = cache.length + 1;
     out.push_back(causal_attention(own(q).contiguous(), cache.keys[li].narrow(2, 0, S),
                                    cache.values[li].narrow(2, 0, S), in.scale));  // [rows, 1, nh * D]
   }
@@ -666,7 +662,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
                              std::string(c10::toString(c.keys[0].scalar_type())) + ", the model " +
                              std::string(c10::toString(impl_->dtype())));
     const Impl& own = *g.model->impl_;
-    rows.push_back({&own.layers, &own.lm_head, &c, R, n, c.length});
+    rows.push_back({&own.layers, &own.lm_head, &c, R, n});
     tokens.push_back(*g.tokens);
     positions.insert(positions.end(), static_cast<std::size_t>(n), c.length);
     R += n;

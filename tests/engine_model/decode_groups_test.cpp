@@ -48,6 +48,41 @@ Group prefilled(std::shared_ptr<Transformer> model, std::int64_t prompt_length, 
 
 double max_difference(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
+// One decode_step of every group together against each group through its model's forward with a copy of its cache:
+// the same logits and the same caches afterwards. Then every row feeds its most likely token next.
+void step_together_and_compare(std::vector<Group>& groups, const std::string& what) {
+  std::vector<torch::Tensor> alone;
+  std::vector<KVCache> alone_caches;
+  for (Group& g : groups) {
+    alone_caches.push_back(deep_copy(g.cache));
+    alone.push_back(g.model->forward(g.tokens.unsqueeze(1), &alone_caches.back()).squeeze(1));
+  }
+  std::vector<DecodeGroup> together;
+  std::int64_t rows = 0;
+  for (Group& g : groups) {
+    together.push_back({g.model.get(), &g.tokens, &g.cache});
+    rows += g.tokens.size(0);
+  }
+  const torch::Tensor logits = groups[0].model->decode_step(together);
+  ASSERT_EQ(logits.sizes(), (std::vector<std::int64_t>{rows, 64})) << what;
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const std::int64_t n = groups[i].tokens.size(0);
+    EXPECT_LT(max_difference(logits.narrow(0, row, n), alone[i]), 1e-5) << what << ", group " << i;
+    // Each cache grew by the same position, holding what the model's own forward wrote there.
+    const KVCache& c = groups[i].cache;
+    ASSERT_EQ(c.length, alone_caches[i].length) << what;
+    for (std::size_t l = 0; l < c.keys.size(); ++l) {
+      EXPECT_LT(max_difference(c.keys[l].narrow(2, 0, c.length), alone_caches[i].keys[l].narrow(2, 0, c.length)),
+                1e-5) << what << ", group " << i << ", layer " << l;
+      EXPECT_LT(max_difference(c.values[l].narrow(2, 0, c.length), alone_caches[i].values[l].narrow(2, 0, c.length)),
+                1e-5) << what << ", group " << i << ", layer " << l;
+    }
+    groups[i].tokens = alone[i].argmax(-1);
+    row += n;
+  }
+}
+
 }  // namespace
 
 TEST(DecodeStep, GroupsSteppedTogetherEqualEachSteppedAloneThroughForward) {
@@ -59,36 +94,7 @@ TEST(DecodeStep, GroupsSteppedTogetherEqualEachSteppedAloneThroughForward) {
   groups.push_back(prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1));
   groups.push_back(prefilled(adapted(*base, {2, 4, {"q_proj", "down_proj"}}, 2), 9, 2, 2));
   groups.push_back(prefilled(Transformer::sharing_base(*base), 3, 3, 3));
-  for (int step = 0; step < 2; ++step) {
-    std::vector<torch::Tensor> alone;
-    std::vector<KVCache> alone_caches;
-    for (Group& g : groups) {
-      alone_caches.push_back(deep_copy(g.cache));
-      alone.push_back(g.model->forward(g.tokens.unsqueeze(1), &alone_caches.back()).squeeze(1));
-    }
-    std::vector<DecodeGroup> together;
-    for (Group& g : groups) together.push_back({g.model.get(), &g.tokens, &g.cache});
-    const torch::Tensor logits = groups[0].model->decode_step(together);
-    ASSERT_EQ(logits.sizes(), (std::vector<std::int64_t>{6, 64}));
-    std::int64_t row = 0;
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      const std::int64_t n = groups[i].tokens.size(0);
-      EXPECT_LT(max_difference(logits.narrow(0, row, n), alone[i]), 1e-5) << "group " << i << ", step " << step;
-      // Each cache grew by the same position, holding what the model's own forward wrote there.
-      const KVCache& c = groups[i].cache;
-      ASSERT_EQ(c.length, alone_caches[i].length);
-      for (std::size_t l = 0; l < c.keys.size(); ++l) {
-        EXPECT_LT(max_difference(c.keys[l].narrow(2, 0, c.length), alone_caches[i].keys[l].narrow(2, 0, c.length)),
-                  1e-5);
-        EXPECT_LT(max_difference(c.values[l].narrow(2, 0, c.length),
-                                 alone_caches[i].values[l].narrow(2, 0, c.length)),
-                  1e-5);
-      }
-      // The next step feeds each row's most likely token.
-      groups[i].tokens = alone[i].argmax(-1);
-      row += n;
-    }
-  }
+  for (int step = 0; step < 2; ++step) step_together_and_compare(groups, "step " + std::to_string(step));
   // The adapters change the numbers: the same tokens through the base alone differ.
   Group plain = prefilled(Transformer::sharing_base(*base), 5, 1, 1);
   Group lora = prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1);
@@ -107,21 +113,7 @@ TEST(DecodeStep, AdaptersOfOneRankBatchedAcrossGroupsEqualEachGroupAlone) {
   groups.push_back(prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1));
   groups.push_back(prefilled(adapted(*base, {4, 2, {"all-linear", "lm_head"}}, 2), 7, 3, 2));
   groups.push_back(prefilled(adapted(*base, {4, 16, {"all-linear", "lm_head"}}, 3), 2, 2, 3));
-  std::vector<torch::Tensor> alone;
-  std::vector<KVCache> alone_caches;
-  for (Group& g : groups) {
-    alone_caches.push_back(deep_copy(g.cache));
-    alone.push_back(g.model->forward(g.tokens.unsqueeze(1), &alone_caches.back()).squeeze(1));
-  }
-  std::vector<DecodeGroup> together;
-  for (Group& g : groups) together.push_back({g.model.get(), &g.tokens, &g.cache});
-  const torch::Tensor logits = base->decode_step(together);
-  std::int64_t row = 0;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const std::int64_t n = groups[i].tokens.size(0);
-    EXPECT_LT(max_difference(logits.narrow(0, row, n), alone[i]), 1e-5) << "group " << i;
-    row += n;
-  }
+  for (int step = 0; step < 2; ++step) step_together_and_compare(groups, "step " + std::to_string(step));
 }
 
 TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
