@@ -73,6 +73,11 @@ struct LocalServiceOptions {
   // requests beyond it wait their turn (a larger single request runs alone). Up to 64 a row's tokens do not
   // depend on the rows beside it and its logprobs only in the last digits (within 1e-5; docs/engine.md).
   int max_batch_rows = 64;
+  // The KV cache memory of a base model's decoding requests together, in MiB: a request is admitted when the most
+  // its samples can take (its prompt's blocks once, each sample's own up to max_tokens; docs/engine.md, "The paged
+  // KV cache") fits beside what the decoding ones may take; otherwise it waits, oldest first, and a request larger
+  // than the whole budget runs alone. 0: no limit but max_batch_rows.
+  std::int64_t kv_cache_mb = 4096;
   // LoRA sessions on a GGUF base (CPU, fp32) share its matrices in their quantized blocks, dequantized where each
   // product uses them: the base then takes its file's size in memory instead of 4 bytes per weight (SmolLM2-135M:
   // 0.1 GB instead of 0.5), at a cost in speed (bench/README.md). false: dequantized to fp32 once, at load. Full
@@ -97,6 +102,8 @@ struct BaseModelStats {
   int queued_operations = 0;    // operations waiting in sessions' queues
   int peak_batch_rows = 0;      // the largest batch decoded so far
   int peak_batch_requests = 0;  // the most requests in one decoding step so far
+  std::int64_t kv_reserved_bytes = 0;       // KV memory the decoding requests may take (kv_cache_mb)
+  std::int64_t peak_kv_reserved_bytes = 0;  // its largest value so far
   std::uint64_t decode_steps = 0;
 };
 

@@ -43,6 +43,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   double dp_timeout_s = 60;
   std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
+  std::int64_t kv_cache_mb = rlloop::LocalServiceOptions{}.kv_cache_mb;
   rlloop::server::Options defaults;
   std::size_t io_threads = defaults.io_threads, max_connections = defaults.max_connections;
   long long idle_timeout_ms = defaults.idle_timeout.count();
@@ -97,6 +98,10 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
          "--max-batch-rows", max_batch_rows,
          "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--kv-cache-mb", kv_cache_mb,
+                 "KV cache memory per base model, all sessions' sampling requests together (each counted at the most "
+                 "its samples can take); more wait their turn; 0 = no limit but --max-batch-rows")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
   app.add_option("--stats-interval-s", stats_interval_s,
                  "Print an {\"event\":\"engine\"} line per base model this often while it changes (0 = never)")
       ->check(CLI::Range(0, 24 * 3600));
@@ -162,6 +167,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   local.dtype = dtype;
   local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
   local.max_batch_rows = max_batch_rows;
+  local.kv_cache_mb = kv_cache_mb;
   local.quantized_base = !dequantize_base;
   local.activation_checkpointing = activation_checkpointing;
   local.base_models = rlloop::cli::parse_base_models(base_models);
@@ -188,6 +194,8 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
                               {"queuedOperations", b.queued_operations},
                               {"peakBatchRows", b.peak_batch_rows},
                               {"peakBatchRequests", b.peak_batch_requests},
+                              {"kvReservedBytes", b.kv_reserved_bytes},
+                              {"peakKvReservedBytes", b.peak_kv_reserved_bytes},
                               {"decodeSteps", b.decode_steps}}
                    .dump() +
                "\n";
@@ -203,6 +211,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   (void)dtype;
   (void)threads;
   (void)max_batch_rows;
+  (void)kv_cache_mb;
   auto report_stats = [] {};
   std::function<std::string()> group_failure = [] { return std::string(); };
   throw rlloop::unsupported(

@@ -31,6 +31,9 @@ int run_worker(int argc, char** argv) {
   app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR, as rank 0's (repeatable)");
   app.add_option("--max-batch-rows", options.service.max_batch_rows,
                  "Most sample rows this rank decodes in one batched step (as rank 0's --max-batch-rows)");
+  app.add_option("--kv-cache-mb", options.service.kv_cache_mb,
+                 "KV cache memory of this rank's sampling requests (as rank 0's --kv-cache-mb)")
+      ->check(CLI::NonNegativeNumber);
   bool dequantize_base = false;
   app.add_flag("--dequantize-base", dequantize_base, "As rank 0's --dequantize-base");
   app.add_flag("--activation-checkpointing", options.service.activation_checkpointing,

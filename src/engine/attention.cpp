@@ -230,4 +230,26 @@ torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Te
       .reshape({d.B, d.T, d.nh * d.D});
 }
 
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& lengths, double scale) {
+  const std::int64_t R = q.size(0), nh = q.size(1), D = q.size(3), nkv = keys.size(1), S = keys.size(2);
+  const torch::Tensor visible =
+      torch::arange(S, lengths.options()).view({1, S}) < lengths.view({R, 1});  // [R, S]
+  // The `rep` query heads of a KV head as the query rows of that head: [R, nkv, rep, D] against [R, nkv, S, D], so the
+  // keys are never repeated (query head h reads KV head h / rep).
+  const std::int64_t rep = nh / nkv;
+#if RLLOOP_HAVE_SDPA
+  // A mask and no grouped-query flag: the memory-efficient kernel takes that combination (flash takes no mask).
+  return at::scaled_dot_product_attention(q.reshape({R, nkv, rep, D}), keys, values, visible.view({R, 1, 1, S}),
+                                          /*dropout_p=*/0.0, /*is_causal=*/false, scale)
+      .reshape({R, 1, nh * D});
+#else
+  torch::Tensor scores = torch::matmul(q.reshape({R, nkv, rep, D}), keys.transpose(-1, -2)) * scale;
+  scores.masked_fill_(visible.logical_not().view({R, 1, 1, S}), -std::numeric_limits<double>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
+  if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());
+  return torch::matmul(probs, values).reshape({R, 1, nh * D});
+#endif
+}
+
 }  // namespace rlloop::engine

@@ -31,4 +31,11 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                          double scale);
 
+// One decoded query per row over keys padded to a common length: q [R, heads, 1, D]; keys, values [R, kv_heads, S,
+// D]; row r sees keys [0, lengths[r]) (lengths: [R] int64 on q's device, each in [1, S]). Returns [R, 1, heads * D].
+// The paged cache's decoding step on devices without the CPU kernel: scaled_dot_product_attention with a mask where
+// LibTorch has it, else ATen operators with the softmax in fp32.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& lengths, double scale);
+
 }  // namespace rlloop::engine

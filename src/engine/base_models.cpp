@@ -42,6 +42,8 @@ std::vector<BaseModelStats> BaseModelRegistry::stats() const {
     b.active_rows = s.active_rows;
     b.queued_operations = s.queued_operations;
     b.peak_batch_rows = s.peak_batch_rows;
+    b.kv_reserved_bytes = s.kv_reserved_bytes;
+    b.peak_kv_reserved_bytes = s.peak_kv_reserved_bytes;
     b.peak_batch_requests = s.peak_batch_requests;
     b.decode_steps = s.decode_steps;
     out.push_back(b);

@@ -32,9 +32,8 @@ const LinearWeights& pick(const InferenceWeights& w, Which which) {
 // Consecutive rows of a step from one group (one cache, one position, one model's adapters).
 struct Segment {
   const InferenceWeights* adapters;
-  std::int64_t begin, count;  // rows of the step's row range
-  KVCache* cache;
-  std::int64_t cache_row, pos;
+  std::int64_t begin, count;  // rows of this range (decode_rows' r0 is row 0)
+  std::int64_t pos;
 };
 
 // One projection of a decoding step: y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with each
@@ -103,29 +102,23 @@ void project(const InferenceWeights& base, std::span<const Segment> segments, co
 void store_row(const float* x, float* out, std::int64_t n) { std::copy_n(x, n, out); }
 void store_row(const float* x, std::uint16_t* out, std::int64_t n) { to_bf16(x, out, n); }
 
-// Appends the new keys and values of cache rows [r0, r0 + A) (k, v: [A, kv heads, D]) at position `pos` and
-// attends every query head (q: [A, heads, D]) over positions [0, pos] into attn [A, heads, D]. T is how the
-// cache [rows, kv heads, capacity, D] stores values: float, or bf16 bits.
+// Stores the new keys and values (k, v: [A, kv heads, D]) of step rows [r0, r0 + A) at their slots of the pool, then
+// attends every query head (q: [A, heads, D]) over each row's positions into attn [A, heads, D]. T is how the pool
+// stores values: float, or bf16 bits.
 template <class T>
-void append_and_attend(const torch::Tensor& keys, const torch::Tensor& values, std::int64_t r0, std::int64_t A,
-                       const float* k, const float* v, const float* q, std::int64_t nh, std::int64_t pos, float scale,
+void append_and_attend(const KVBlockPool& pool, std::size_t layer, const DecodeSlots& step, std::int64_t r0,
+                       std::int64_t A, const float* k, const float* v, const float* q, std::int64_t nh, float scale,
                        float* attn) {
-  const std::int64_t nkv = keys.size(1), cap = keys.size(2), D = keys.size(3), rep = nh / nkv, S = pos + 1;
-  T* kc = static_cast<T*>(keys.data_ptr()) + r0 * nkv * cap * D;  // row r of this range = (sequence, kv head)
-  T* vc = static_cast<T*>(values.data_ptr()) + r0 * nkv * cap * D;
-  for (std::int64_t r = 0; r < A * nkv; ++r) {
-    store_row(k + r * D, kc + (r * cap + pos) * D, D);
-    store_row(v + r * D, vc + (r * cap + pos) * D, D);
+  const std::int64_t nkv = pool.kv_heads(), D = pool.head_dim(), row = nkv * D;
+  T* keys = static_cast<T*>(pool.keys(layer).data_ptr());
+  T* values = static_cast<T*>(pool.values(layer).data_ptr());
+  for (std::int64_t r = 0; r < A; ++r) {
+    const std::int64_t slot = step.slots[r0 + r];
+    store_row(k + r * row, keys + slot * row, row);
+    store_row(v + r * row, values + slot * row, row);
   }
-  // In parallel only with enough work: a parallel region costs more than a small model's whole attention.
-  const std::int64_t per_chunk = std::max<std::int64_t>(1, (1 << 18) / (S * D));
-  at::parallel_for(0, A * nh, per_chunk, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> p(S);
-    for (std::int64_t item = begin; item < end; ++item) {
-      const std::int64_t a = item / nh, kv = a * nkv + (item % nh) / rep;
-      attend_row(q + item * D, kc + kv * cap * D, vc + kv * cap * D, S, D, scale, p.data(), attn + item * D);
-    }
-  });
+  const PagedRows rows{step.tables.data() + r0 * step.max_blocks, step.max_blocks, step.lengths.data() + r0, A};
+  attend_paged(q, static_cast<const T*>(keys), static_cast<const T*>(values), rows, nh, nkv, D, scale, attn);
 }
 
 void rms_norm_rows(const float* x, const torch::Tensor& weight, float* y, std::int64_t rows, std::int64_t width,
@@ -229,6 +222,7 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
   const std::int64_t V = cfg_.vocab_size;
   const torch::ScalarType dtype = cache_dtype(precision_);
   std::vector<Row> rows;
+  std::vector<KVCache*> caches;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const torch::Tensor& tokens = *groups[g].tokens;
     KVCache& cache = *groups[g].cache;
@@ -237,19 +231,24 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
       throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
     if (cache.length + 1 > cache.capacity)
       throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
-    for (std::size_t l = 0; l < cache.keys.size(); ++l)
-      if (!cache.keys[l].is_contiguous() || !cache.values[l].is_contiguous() || cache.keys[l].scalar_type() != dtype ||
-          cache.values[l].scalar_type() != dtype)
-        throw invalid_argument(std::string("CpuDecoder::step: the KV cache must be contiguous ") +
-                               (dtype == torch::kBFloat16 ? "bf16 (KVCache::convert)" : "fp32") +
-                               " for this decoder's precision");
+    if (cache.layers() != w_.layers.size() || cache.pool().kv_heads() != cfg_.num_key_value_heads ||
+        cache.pool().head_dim() != cfg_.head_dim || !cache.device().is_cpu())
+      throw invalid_argument("CpuDecoder::step: the KV cache does not fit this model (layers, KV heads, head_dim) "
+                             "or is not on the CPU");
+    if (cache.dtype() != dtype)
+      throw invalid_argument(std::string("CpuDecoder::step: the KV cache must hold ") +
+                             (dtype == torch::kBFloat16 ? "bf16 (KVCache::convert)" : "fp32") +
+                             " for this decoder's precision, not " + c10::toString(cache.dtype()));
     const auto* ids = tokens.data_ptr<std::int64_t>();
     for (std::int64_t r = 0; r < A; ++r) {
       if (ids[r] < 0 || ids[r] >= V)
         throw invalid_argument("CpuDecoder::step: token id " + std::to_string(ids[r]) + " is outside the vocabulary");
-      rows.push_back({g, r, ids[r], cache.length});
+      rows.push_back({g, ids[r], cache.length});
     }
+    caches.push_back(&cache);
   }
+  // Every row's slot for its new key and value and its block table, laid out in `rows`' order.
+  const DecodeSlots step = prepare_decode_step(caches, "CpuDecoder::step");
   const auto A = static_cast<std::int64_t>(rows.size());
   auto logits = torch::empty({A, V}, torch::kFloat32);
   const int threads = at::get_num_threads();
@@ -257,17 +256,17 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
     // Sequences are independent: split the rows across threads once per step (one parallel region), not every
     // operation; each thread reads all the weights, which is cheap only while they stay in the caches.
     at::parallel_for(0, A, (A + threads - 1) / threads, [&](std::int64_t begin, std::int64_t end) {
-      decode_rows(rows, groups, begin, end, logits.data_ptr<float>());
+      decode_rows(rows, groups, step, begin, end, logits.data_ptr<float>());
     });
   } else if (A > 0) {
-    decode_rows(rows, groups, 0, A, logits.data_ptr<float>());  // the operations split their own work
+    decode_rows(rows, groups, step, 0, A, logits.data_ptr<float>());  // the operations split their own work
   }
-  for (const Group& g : groups) g.cache->length += 1;
+  for (KVCache* cache : caches) cache->length += 1;
   return logits;
 }
 
-void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> groups, std::int64_t r0, std::int64_t r1,
-                             float* logits) const {
+void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> groups, const DecodeSlots& step,
+                             std::int64_t r0, std::int64_t r1, float* logits) const {
   const std::int64_t A = r1 - r0, H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   const double eps = cfg_.rms_norm_eps;
@@ -277,7 +276,7 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
   for (std::int64_t r = r0; r < r1; ++r) {
     const Row& row = rows[r];
     if (segments.empty() || rows[r - 1].group != row.group)
-      segments.push_back({groups[row.group].adapters, r - r0, 0, groups[row.group].cache, row.cache_row, row.pos});
+      segments.push_back({groups[row.group].adapters, r - r0, 0, row.pos});
     ++segments.back().count;
   }
 
@@ -292,6 +291,7 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
   }
 
   const bool bf16 = precision_ != DecodePrecision::fp32, int8 = precision_ == DecodePrecision::int8;
+  const KVBlockPool* pool = &groups[rows[r0].group].cache->pool();  // every group's (prepare_decode_step)
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
     const RoundedWeights::Layer* R = bf16 ? &rounded_->layers()[li] : nullptr;
@@ -310,9 +310,8 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
       rope_rows(q.data() + s.begin * nh * D, s.count * nh, D, cos, sin);
       rope_rows(k.data() + s.begin * nkv * D, s.count * nkv, D, cos, sin);
       const auto attend = bf16 ? append_and_attend<std::uint16_t> : append_and_attend<float>;
-      attend(s.cache->keys[li], s.cache->values[li], s.cache_row, s.count, k.data() + s.begin * nkv * D,
-             v.data() + s.begin * nkv * D, q.data() + s.begin * nh * D, nh, s.pos, scale,
-             attn.data() + s.begin * nh * D);
+      attend(*pool, li, step, r0 + s.begin, s.count, k.data() + s.begin * nkv * D, v.data() + s.begin * nkv * D,
+             q.data() + s.begin * nh * D, nh, scale, attn.data() + s.begin * nh * D);
     }
     project(w_, segments, attn.data(), A, int8, {{{li, &LayerWeights::o}, R ? &R->o : nullptr, x.data(), true}});
 

@@ -58,8 +58,8 @@ class CpuDecoder {
  public:
   // CPU and fp32 weights (adapters included).
   static bool supports(Transformer& model);
-  // What the KV cache passed to step() holds: fp32, or bf16 for the bf16 precision (KVCache::convert after
-  // the prefill, which writes fp32).
+  // What the KV cache passed to step() holds: fp32, or bf16 for the bf16 precision (a cache of that dtype from the
+  // start, whose prefill stores rounded keys and values; KVCache::convert moves another).
   static torch::ScalarType cache_dtype(DecodePrecision precision);
 
   // Holds views of the model's weights (LoRA adapters applied unmerged, so no copy is made); the model must
@@ -96,16 +96,16 @@ class CpuDecoder {
   const std::shared_ptr<const RoundedWeights>& rounded() const { return rounded_; }
 
  private:
-  // Where one row of a step comes from: its group, its row in the group's cache, its token and position.
+  // Where one row of a step comes from: its group, its token and position (its cache row is its place among the
+  // group's rows, its slot and block table the step's, DecodeSlots).
   struct Row {
     std::size_t group;
-    std::int64_t cache_row;
     std::int64_t id;
     std::int64_t pos;
   };
   // Rows [r0, r1) of one step: writes their keys/values into their caches and their rows of `logits`.
-  void decode_rows(std::span<const Row> rows, std::span<const Group> groups, std::int64_t r0, std::int64_t r1,
-                   float* logits) const;
+  void decode_rows(std::span<const Row> rows, std::span<const Group> groups, const DecodeSlots& step, std::int64_t r0,
+                   std::int64_t r1, float* logits) const;
 
   const ModelConfig& cfg_;
   DecodePrecision precision_;

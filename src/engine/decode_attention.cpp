@@ -1,14 +1,30 @@
 #include "decode_attention.hpp"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "bf16.hpp"
 #include "simd.hpp"
 
 namespace rlloop::engine {
 namespace {
+
+// Where the keys (or values) of one (sequence, KV head) lie: position j's row of D values at row(j). Contiguous
+// (`blocks` null: row j at base + j * stride) or paged (row j in block blocks[j / kKVBlockTokens], at offset
+// j % kKVBlockTokens, rows `stride` apart in a block).
+template <class T>
+struct KVRows {
+  const T* base;
+  const std::int64_t* blocks;
+  std::int64_t stride;
+  const T* row(std::int64_t j) const {
+    return base + (blocks ? blocks[j / kKVBlockTokens] * kKVBlockTokens + j % kKVBlockTokens : j) * stride;
+  }
+};
 
 // The cached keys and values are fp32 or bf16 (the bf16 sampling precision); arithmetic is fp32 either way.
 inline float widen(float v) { return v; }
@@ -27,16 +43,17 @@ float dot(const float* a, const T* b, std::int64_t n) {
 }
 
 template <class T>
-void attend_portable(const float* q, const T* K, const T* V, std::int64_t S, std::int64_t D, float scale, float* p,
+void attend_portable(const float* q, KVRows<T> K, KVRows<T> V, std::int64_t S, std::int64_t D, float scale, float* p,
                      float* out) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(q, K + j * D, D) * scale);
+  for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(q, K.row(j), D) * scale);
   float sum = 0;
   for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
   std::fill_n(out, D, 0.0f);
   for (std::int64_t j = 0; j < S; ++j) {
     const float pj = p[j] / sum;
-    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * widen(V[j * D + d]);
+    const T* v = V.row(j);
+    for (std::int64_t d = 0; d < D; ++d) out[d] += pj * widen(v[d]);
   }
 }
 
@@ -49,12 +66,13 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const std::uint16_t* p) 
 
 // D a multiple of 8 (every head_dim in practice).
 template <class T>
-__attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const T* K, const T* V, std::int64_t S,
+__attribute__((target("avx2,fma"))) void attend_avx2(const float* q, KVRows<T> K, KVRows<T> V, std::int64_t S,
                                                      std::int64_t D, float scale, float* p, float* out) {
-  // Scores, four keys per pass: one load of q feeds four FMAs; the four sums are reduced together.
+  // Scores, four keys per pass: one load of q feeds four FMAs; the four sums are reduced together. Four keys from
+  // a multiple of 4 lie in one block (kKVBlockTokens is a multiple of 4), so they are `stride` apart.
   std::int64_t j = 0;
   for (; j + 4 <= S; j += 4) {
-    const T *k0 = K + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+    const T *k0 = K.row(j), *k1 = k0 + K.stride, *k2 = k1 + K.stride, *k3 = k2 + K.stride;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (std::int64_t d = 0; d < D; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
@@ -68,7 +86,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const T* K,
   }
   for (; j < S; ++j) {
     __m256 a = _mm256_setzero_ps();
-    for (std::int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(load8(K + j * D + d), _mm256_loadu_ps(q + d), a);
+    for (std::int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(load8(K.row(j) + d), _mm256_loadu_ps(q + d), a);
     p[j] = hsum(a) * scale;
   }
   float mx = -std::numeric_limits<float>::infinity();
@@ -92,7 +110,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const T* K,
     for (__m256& acc : o) acc = _mm256_setzero_ps();
     for (std::int64_t jj = 0; jj < S; ++jj) {
       const __m256 pj = _mm256_set1_ps(p[jj]);
-      const T* v = V + jj * D + d0;
+      const T* v = V.row(jj) + d0;
       for (std::int64_t c = 0; c < width / 8; ++c) o[c] = _mm256_fmadd_ps(pj, load8(v + 8 * c), o[c]);
     }
     for (std::int64_t c = 0; c < width / 8; ++c) _mm256_storeu_ps(out + d0 + 8 * c, _mm256_mul_ps(o[c], inv));
@@ -101,7 +119,8 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const float* q, const T* K,
 #endif  // RLLOOP_SIMD_X86
 
 template <class T>
-void attend(const float* q, const T* K, const T* V, std::int64_t S, std::int64_t D, float scale, float* p, float* out) {
+void attend(const float* q, KVRows<T> K, KVRows<T> V, std::int64_t S, std::int64_t D, float scale, float* p,
+            float* out) {
 #if RLLOOP_SIMD_X86
   if (D % 8 == 0 && simd::has_avx2_fma()) return attend_avx2(q, K, V, S, D, scale, p, out);
 #endif
@@ -112,12 +131,35 @@ void attend(const float* q, const T* K, const T* V, std::int64_t S, std::int64_t
 
 void attend_row(const float* q, const float* K, const float* V, std::int64_t S, std::int64_t D, float scale, float* p,
                 float* out) {
-  attend(q, K, V, S, D, scale, p, out);
+  attend(q, KVRows<float>{K, nullptr, D}, KVRows<float>{V, nullptr, D}, S, D, scale, p, out);
 }
 
 void attend_row(const float* q, const std::uint16_t* K, const std::uint16_t* V, std::int64_t S, std::int64_t D,
                 float scale, float* p, float* out) {
-  attend(q, K, V, S, D, scale, p, out);
+  attend(q, KVRows<std::uint16_t>{K, nullptr, D}, KVRows<std::uint16_t>{V, nullptr, D}, S, D, scale, p, out);
 }
+
+template <class T>
+void attend_paged(const float* q, const T* keys, const T* values, const PagedRows& rows, std::int64_t nh,
+                  std::int64_t nkv, std::int64_t D, float scale, float* out) {
+  const std::int64_t rep = nh / nkv, row_stride = nkv * D;
+  std::int64_t longest = 1;
+  for (std::int64_t r = 0; r < rows.rows; ++r) longest = std::max(longest, rows.lengths[r]);
+  // In parallel only with enough work: a parallel region costs more than a small model's whole attention.
+  const std::int64_t per_chunk = std::max<std::int64_t>(1, (1 << 18) / (longest * D));
+  at::parallel_for(0, rows.rows * nh, per_chunk, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> p(static_cast<std::size_t>(longest));
+    for (std::int64_t item = begin; item < end; ++item) {
+      const std::int64_t r = item / nh, kv = (item % nh) / rep;
+      const std::int64_t* blocks = rows.tables + r * rows.table_stride;
+      attend(q + item * D, KVRows<T>{keys + kv * D, blocks, row_stride}, KVRows<T>{values + kv * D, blocks, row_stride},
+             rows.lengths[r], D, scale, p.data(), out + item * D);
+    }
+  });
+}
+template void attend_paged(const float*, const float*, const float*, const PagedRows&, std::int64_t, std::int64_t,
+                           std::int64_t, float, float*);
+template void attend_paged(const float*, const std::uint16_t*, const std::uint16_t*, const PagedRows&, std::int64_t,
+                           std::int64_t, std::int64_t, float, float*);
 
 }  // namespace rlloop::engine

@@ -11,6 +11,9 @@ EngineLoop::EngineLoop(EngineLoopOptions options) : options_(options) {
   if (options_.max_batch_rows < 1)
     throw invalid_argument("EngineLoopOptions.max_batch_rows must be at least 1, got " +
                            std::to_string(options_.max_batch_rows));
+  if (options_.kv_cache_bytes < 0)
+    throw invalid_argument("EngineLoopOptions.kv_cache_bytes must not be negative, got " +
+                           std::to_string(options_.kv_cache_bytes));
   worker_ = std::thread([this] { run(); });
 }
 
@@ -54,12 +57,14 @@ void EngineLoop::Lane::enqueue(std::function<void()> run) {
   loop_->push(state_, std::move(job));
 }
 
-Future<SampleResponse> EngineLoop::Lane::submit_sample(int rows, std::function<std::unique_ptr<DecodeRun>()> start,
+Future<SampleResponse> EngineLoop::Lane::submit_sample(int rows, std::int64_t kv_bytes,
+                                                       std::function<std::unique_ptr<DecodeRun>()> start,
                                                        std::function<SampleResponse(DecodeRun&)> finish,
                                                        std::function<bool()> ready,
                                                        std::function<void(std::exception_ptr)> on_error) {
   Job job;
   job.rows = std::max(rows, 1);
+  job.kv_bytes = std::max<std::int64_t>(kv_bytes, 0);
   job.start = std::move(start);
   job.finish = std::move(finish);
   job.ready = std::move(ready);
@@ -137,8 +142,12 @@ void EngineLoop::admit(std::unique_lock<std::mutex>& lock) {
   for (;;) {
     std::shared_ptr<LaneState> lane = oldest_head(/*sampling=*/true);
     if (!lane) return;
-    // The oldest request waits for room (and so do younger ones: none overtakes it); alone it always fits.
-    if (active_rows_ > 0 && active_rows_ + lane->jobs.front().rows > options_.max_batch_rows) return;
+    // The oldest request waits for room, rows and KV memory (and so do younger ones: none overtakes it); alone it
+    // always fits.
+    const Job& next = lane->jobs.front();
+    const bool rows_full = active_rows_ + next.rows > options_.max_batch_rows;
+    const bool kv_full = options_.kv_cache_bytes > 0 && active_kv_bytes_ + next.kv_bytes > options_.kv_cache_bytes;
+    if (active_rows_ > 0 && (rows_full || kv_full)) return;
     Job job = pop_head(*lane);
     lock.unlock();
     std::unique_ptr<DecodeRun> run;
@@ -156,6 +165,9 @@ void EngineLoop::admit(std::unique_lock<std::mutex>& lock) {
       continue;
     }
     active_rows_ += static_cast<int>(run->rows());
+    active_kv_bytes_ += job.kv_bytes;
+    stats_.kv_reserved_bytes = active_kv_bytes_;
+    stats_.peak_kv_reserved_bytes = std::max(stats_.peak_kv_reserved_bytes, active_kv_bytes_);
     active_.push_back({std::move(lane), std::move(run), std::move(job)});
   }
 }
@@ -192,7 +204,12 @@ void EngineLoop::step_active() {
   stats_.peak_batch_rows = std::max(stats_.peak_batch_rows, rows);
   stats_.peak_batch_requests = std::max(stats_.peak_batch_requests, static_cast<int>(runs.size()));
   active_rows_ = 0;
-  for (const auto& a : active_) active_rows_ += static_cast<int>(a.run->rows());
+  active_kv_bytes_ = 0;
+  for (const auto& a : active_) {
+    active_rows_ += static_cast<int>(a.run->rows());
+    active_kv_bytes_ += a.job.kv_bytes;
+  }
+  stats_.kv_reserved_bytes = active_kv_bytes_;
   stats_.active_requests = static_cast<int>(active_.size());
   stats_.active_rows = active_rows_;
   for (auto& lane : completed) finish_job(*lane, /*sampling=*/true);

@@ -9,7 +9,8 @@
 // the batch has room, advances every admitted request by one token in one batched step (decode_step), and
 // runs one other operation (training, logprobs, checkpoints) of the lane that has waited longest. A request
 // that does not fit waits, and younger requests wait behind it, so none starves; a request larger than the
-// whole budget runs alone.
+// whole budget runs alone. The budget is the rows of a step and the KV memory (each request counted at the
+// most it can take, so that a request admitted always has the blocks it needs: nothing is preempted).
 //
 // With data parallelism part of an operation runs on other ranks: a sampling request's other samples, a
 // compute_logprobs prompt. Such an operation leaves its lane busy until the other ranks' results are in; the
@@ -37,6 +38,9 @@ struct EngineLoopOptions {
   // Most sample rows (sequences) decoded in one step. Within the few-row product kernels' limit (64) a row's
   // numbers depend on the rows beside it only in the last digits (docs/engine.md).
   int max_batch_rows = 64;
+  // The KV cache memory the decoding requests may take together, in bytes, each counted at the most it can take
+  // (kv_bytes_needed); 0: no limit but the rows.
+  std::int64_t kv_cache_bytes = 0;
 };
 
 // What the loop is doing, for `rlloop info`-style reporting and tests.
@@ -47,6 +51,8 @@ struct EngineLoopStats {
   int queued_operations = 0;       // operations waiting in lanes
   int peak_batch_rows = 0;         // the largest batch decoded so far
   int peak_batch_requests = 0;     // the most requests in one step so far
+  std::int64_t kv_reserved_bytes = 0;       // KV memory the decoding requests may take (kv_bytes_needed)
+  std::int64_t peak_kv_reserved_bytes = 0;  // its largest value so far
   std::uint64_t decode_steps = 0;  // batched steps run
 };
 
@@ -108,10 +114,12 @@ class EngineLoop {
     // A sampling request: `start` runs on the loop when the request's turn comes and returns its run (validation
     // and prefill happen there; an exception fails this request alone); the run then decodes beside the other
     // sessions' requests; `finish` turns the finished run into the response (billing happens there). `rows`:
-    // the rows the request occupies in the batch (its num_samples). Optional: `ready`, polled once the run is
+    // the rows the request occupies in the batch (its num_samples); `kv_bytes`: the KV cache it may take at most
+    // (kv_bytes_needed). Optional: `ready`, polled once the run is
     // done (or failed), holds the request back until the rest of its samples have arrived from other ranks;
     // `on_error` hears of a failure (of `start` or of a step) that the returned future carries.
-    Future<SampleResponse> submit_sample(int rows, std::function<std::unique_ptr<DecodeRun>()> start,
+    Future<SampleResponse> submit_sample(int rows, std::int64_t kv_bytes,
+                                         std::function<std::unique_ptr<DecodeRun>()> start,
                                          std::function<SampleResponse(DecodeRun&)> finish,
                                          std::function<bool()> ready = nullptr,
                                          std::function<void(std::exception_ptr)> on_error = nullptr);
@@ -141,6 +149,7 @@ class EngineLoop {
     std::function<void()> run;       // an operation run to completion
     std::function<Pending()> defer;  // or one that finishes elsewhere (submit_deferred)
     int rows = 0;                    // or a sampling request: the batch rows it needs
+    std::int64_t kv_bytes = 0;       // and the KV cache it may take
     std::function<std::unique_ptr<DecodeRun>()> start;
     std::function<SampleResponse(DecodeRun&)> finish;
     std::function<bool()> ready;
@@ -193,6 +202,7 @@ class EngineLoop {
   std::vector<Active> active_;    // touched by the loop thread only (active_rows_ mirrors it under mu_)
   std::vector<Pending> pending_;  // touched by the loop thread only
   int active_rows_ = 0;
+  std::int64_t active_kv_bytes_ = 0;  // the active requests' kv_bytes (under mu_)
   std::uint64_t clock_ = 0;
   EngineLoopStats stats_;
   bool stopping_ = false;

@@ -41,7 +41,10 @@ engine::EngineLoopOptions loop_options(const LocalServiceOptions& service) {
   if (service.max_batch_rows < 1)
     throw invalid_argument("LocalServiceOptions.max_batch_rows must be at least 1, got " +
                            std::to_string(service.max_batch_rows));
-  return {service.max_batch_rows};
+  if (service.kv_cache_mb < 0)
+    throw invalid_argument("LocalServiceOptions.kv_cache_mb must not be negative, got " +
+                           std::to_string(service.kv_cache_mb));
+  return {service.max_batch_rows, service.kv_cache_mb << 20};
 }
 
 // The base models of one service, and with data parallelism the group its sessions train on (formed here: the
@@ -521,8 +524,12 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     }
     return run;
   };
+  // The KV cache this rank's samples may take (the session's model stands for its sampler models: one shape).
+  SampleRequest mine = request;
+  mine.num_samples = placement.count[0];
+  const std::int64_t kv_bytes = kv_bytes_needed(*impl_->model, mine, impl_->decode_precision);
   return impl_->lane->submit_sample(
-      placement.count[0], std::move(start),
+      placement.count[0], kv_bytes, std::move(start),
       [finish, done_reading](DecodeRun& run) {
         done_reading();
         return finish(run.take());

@@ -31,6 +31,12 @@ bool aten_decoder_forced() {
   return false;
 }
 
+// The dtype a run's cache holds: the CPU decoder's (fp32, or bf16 at the bf16 precisions) where it decodes,
+// the model's own elsewhere.
+torch::ScalarType run_cache_dtype(Transformer& model, DecodePrecision precision, bool use_cpu_decoder) {
+  return use_cpu_decoder ? CpuDecoder::cache_dtype(precision) : model.parameters().front().scalar_type();
+}
+
 torch::Tensor to_ids(std::span<const token_id> tokens, torch::Device device) {
   std::vector<std::int64_t> v(tokens.begin(), tokens.end());
   return to_device(torch::tensor(v, torch::kLong), device).unsqueeze(0);
@@ -112,8 +118,14 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   const int max_new = params_.max_tokens;
 
   c10::InferenceMode inference;
-  // The last generated token is never fed back, so the cache needs room for P + max_new - 1 positions.
-  cache_ = KVCache::allocate(cfg, 1, P + std::max(max_new - 1, 0), device_, model.parameters().front().scalar_type());
+  // The dispatch-free decoding step, where it applies (built at the first step: one with bf16 rounds the whole
+  // model, wasted when every sample stops at its first token). Its cache's dtype is the decoder's from the start:
+  // the prefill stores the prompt's keys and values rounded (its own attention reads them unrounded).
+  use_cpu_decoder_ = !aten_decoder_forced() && CpuDecoder::supports(model);
+  const torch::ScalarType cache_dtype = run_cache_dtype(model, precision_, use_cpu_decoder_);
+  // The last generated token is never fed back, so the cache needs room for P + max_new - 1 positions. Its blocks
+  // come from the base model's pool, so that runs of sessions sharing the base decode in one step.
+  cache_ = KVCache(model.kv_pools(), cache_dtype, 1, P + std::max(max_new - 1, 0));
   torch::Tensor hidden = model.hidden_states(to_ids(prompt, device_), &cache_);
 
   SampleResponse& resp = response_;
@@ -153,11 +165,8 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   }
   if (max_new == 0) return;  // stop_reason stays "length"; no rows to decode
 
-  // The dispatch-free decoding step, where it applies; built at the first step (one with bf16 rounds the
-  // whole model, wasted when every sample stops at its first token). Its cache is converted before the
-  // prompt's is repeated, which copies one row instead of n.
-  use_cpu_decoder_ = !aten_decoder_forced() && CpuDecoder::supports(model);
-  if (use_cpu_decoder_) cache_.convert(CpuDecoder::cache_dtype(precision_));
+  // The samples share the prompt's blocks; each copies only the prompt's last block, if partly filled, when it
+  // writes its first token's keys there.
   cache_.repeat_batch(n);
   active_.resize(n);
   for (int i = 0; i < n; ++i) active_[i] = i;
@@ -200,11 +209,13 @@ void DecodeRun::absorb(const torch::Tensor& logits) {
       keep.push_back(static_cast<std::int64_t>(r));
     }
   }
-  if (keep.size() < active_.size() && !keep.empty()) {
-    // Finished samples leave the batch so later steps compute only live rows.
-    torch::Tensor idx = to_device(torch::tensor(keep, torch::kLong), device_);
-    cache_.select_batch(idx);
-    next = next.index_select(0, idx);
+  if (keep.empty()) {
+    cache_ = KVCache();  // every sample has stopped: the blocks go back now, not when the run is dropped
+  } else if (keep.size() < active_.size()) {
+    // Finished samples leave the batch so later steps compute only live rows; their blocks return to the pool.
+    const torch::Tensor rows = torch::tensor(keep, torch::kLong);  // the cache's tables are on the host
+    cache_.select_batch(rows);
+    next = next.index_select(0, to_device(rows, device_));
   }
   std::vector<int> still;
   for (auto r : keep) still.push_back(active_[r]);
@@ -220,6 +231,16 @@ CpuDecoder* DecodeRun::cpu_decoder() {
     if (rounded_) *rounded_ = decoder_->rounded();
   }
   return decoder_ ? &*decoder_ : nullptr;
+}
+
+std::int64_t kv_bytes_needed(Transformer& model, const SampleRequest& req, DecodePrecision precision) {
+  const auto P = static_cast<std::int64_t>(req.prompt.length());
+  const std::int64_t last = P + std::max(req.params.max_tokens - 1, 0);  // positions a sample fills, at most
+  const std::int64_t shared = P / kKVBlockTokens;                        // the prompt's full blocks
+  const std::int64_t own = (last + kKVBlockTokens - 1) / kKVBlockTokens - shared;
+  const bool cpu_decoder = !aten_decoder_forced() && CpuDecoder::supports(model);
+  const torch::ScalarType dtype = run_cache_dtype(model, precision, cpu_decoder);
+  return (shared + req.num_samples * own) * model.kv_pools()->pool(dtype).bytes_per_block();
 }
 
 void decode_step(std::span<DecodeRun* const> runs) {

@@ -80,6 +80,11 @@ class DecodeRun {
   SampleResponse response_;
 };
 
+// The KV cache a sample request can take at most from its model's pool, in bytes: its prompt's full blocks once,
+// and each sample's own blocks from the prompt's last, partly filled one to its max_tokens (kv_cache.hpp), at the
+// dtype its run keeps the cache in. What the engine loop admits requests by (EngineLoopOptions::kv_cache_bytes).
+std::int64_t kv_bytes_needed(Transformer& model, const SampleRequest& req, DecodePrecision precision);
+
 // Advances every run by one token. Runs over the same base weights (sessions with their own LoRA adapters over one
 // base model, or one session's several requests) decode in one batched step: CpuDecoder::step(groups) where the CPU
 // decoder applies (CpuDecoder::shares_base), Transformer::decode_step(groups) elsewhere (CUDA, bf16,

@@ -14,6 +14,7 @@
 #include <rlloop/error.hpp>
 
 #include "attention.hpp"
+#include "decode_attention.hpp"
 #include "device.hpp"
 #include "fused_ops.hpp"
 
@@ -108,10 +109,18 @@ struct LayerInputs {
   double scale;
   KVCache* cache;
   std::int64_t past;
+  // With a cache: the pool slots this forward's keys and values go to ([B * T], row-major, on the model's device)
+  // and, when the cache held positions before (past > 0), every row's block table [B, blocks] to read them back.
+  torch::Tensor slots, tables;
   // A decoding step of several batches: x is [1, rows of every group, H], one new token per row (so the rows
   // sit where one sequence's positions would: RoPE's cos / sin rows are the rows' own positions), and each
   // group's rows attend over its own cache. Empty otherwise.
   std::span<const RowGroup> groups = {};
+  // With groups: the step's layout over the caches' one pool (on the host), and its block tables [R, blocks] and key
+  // counts [R] on the model's device (slots above are the rows' new positions).
+  const DecodeSlots* step = nullptr;
+  KVBlockPool* pool = nullptr;
+  torch::Tensor lengths;
   // With groups, for the adapters' batched products (add_stacked_adapters): group g's rows padded to the largest
   // group's count, rows_max (padded_rows[g * rows_max + i] = the step row of its row i, its last row where it has
   // fewer), where each step row lands among them (unpadded_rows), and each group's LoRA scale (lora_scales [G],
@@ -119,6 +128,25 @@ struct LayerInputs {
   torch::Tensor padded_rows, unpadded_rows, lora_scales;
   std::int64_t rows_max = 0;
 };
+
+// Stores keys or values [N, kv_heads, D] at `slots` [N] of a pool's storage, in the storage's dtype.
+void store_slots(const torch::Tensor& storage, const torch::Tensor& slots, const torch::Tensor& rows) {
+  torch::NoGradGuard no_grad;  // a cache is state, not part of a graph (the pool's tensors never require grad)
+  storage.index_copy_(0, slots, rows.detach().to(storage.scalar_type()));
+}
+
+// The first `S` positions of rows whose block tables are `tables` [B, blocks], from a pool's storage [slots, kv_heads,
+// D]: [B, kv_heads, S, D] in `dtype` (the layout causal_attention reads; the last dimension contiguous).
+torch::Tensor gather_positions(const torch::Tensor& storage, const torch::Tensor& tables, std::int64_t S,
+                               torch::ScalarType dtype) {
+  const std::int64_t B = tables.size(0), blocks = tables.size(1), nkv = storage.size(1), D = storage.size(2);
+  torch::Tensor rows = storage.view({-1, kKVBlockTokens, nkv, D})
+                           .index_select(0, tables.reshape({B * blocks}))
+                           .view({B, blocks * kKVBlockTokens, nkv, D})
+                           .narrow(1, 0, S)
+                           .transpose(1, 2);
+  return rows.scalar_type() == dtype ? rows : rows.to(dtype);
+}
 
 // With two or more groups that all adapt this linear at one rank and dtype, their low-rank products run as two
 // batched products over the groups' rows (padded to the largest group's count) instead of two products per group,
@@ -177,6 +205,7 @@ struct Transformer::Impl {
   std::optional<LoraOptions> lora;
   Linear value_head;  // undefined weight without a value head
   bool checkpoint_layers = false;  // set_activation_checkpointing
+  std::shared_ptr<KVPools> kv_pools;  // the base's: every model sharing it draws its caches' blocks from them
 
   torch::Device device() const { return options.device(); }
   torch::ScalarType dtype() const { return c10::typeMetaToScalarType(options.dtype()); }
@@ -269,58 +298,6 @@ struct Transformer::Impl {
   }
 };
 
-// ---------------------------------------------------------------------------------------------- KVCache
-
-KVCache KVCache::allocate(const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity, torch::Device device,
-                          torch::ScalarType dtype) {
-  if (batch <= 0 || capacity <= 0)
-    throw invalid_argument("KVCache::allocate: batch and capacity must be positive, got batch " +
-                           std::to_string(batch) + ", capacity " + std::to_string(capacity));
-  KVCache c;
-  c.capacity = capacity;
-  auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    // Unfilled positions are never read (attention only looks at [0, length)), so no need to zero them.
-    c.keys.push_back(torch::empty({batch, cfg.num_key_value_heads, capacity, cfg.head_dim}, opts));
-    c.values.push_back(torch::empty({batch, cfg.num_key_value_heads, capacity, cfg.head_dim}, opts));
-  }
-  return c;
-}
-
-void KVCache::repeat_batch(std::int64_t times) {
-  if (times <= 0) throw invalid_argument("KVCache::repeat_batch: times must be positive");
-  if (times == 1) return;
-  auto repeat = [&](torch::Tensor& t) {
-    const auto b = t.size(0);
-    auto fresh = torch::empty({b, times, t.size(1), capacity, t.size(3)}, t.options());
-    // Copies only the filled positions; copies of one sequence are adjacent (sequence i -> rows i*times...).
-    fresh.narrow(3, 0, length).copy_(t.narrow(2, 0, length).unsqueeze(1));
-    t = fresh.view({b * times, t.size(1), capacity, t.size(3)});
-  };
-  for (auto& k : keys) repeat(k);
-  for (auto& v : values) repeat(v);
-}
-
-void KVCache::select_batch(const torch::Tensor& index) {
-  for (auto* list : {&keys, &values})
-    for (auto& t : *list) {
-      auto idx = index.to(t.device(), torch::kLong);
-      auto fresh = torch::empty({idx.size(0), t.size(1), capacity, t.size(3)}, t.options());
-      fresh.narrow(2, 0, length).copy_(t.narrow(2, 0, length).index_select(0, idx));
-      t = fresh;
-    }
-}
-
-void KVCache::convert(torch::ScalarType dtype) {
-  for (auto* list : {&keys, &values})
-    for (auto& t : *list) {
-      if (t.scalar_type() == dtype) continue;
-      auto fresh = torch::empty(t.sizes(), t.options().dtype(dtype));
-      fresh.narrow(2, 0, length).copy_(t.narrow(2, 0, length));
-      t = fresh;
-    }
-}
-
 // ------------------------------------------------------------------------------------------ Transformer
 
 Transformer::Transformer() : impl_(std::make_shared<Impl>()) {}
@@ -338,6 +315,7 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
     throw invalid_argument("Transformer: quantized weights need an fp32 model on the CPU");
   impl_->cfg = cfg;
   impl_->options = options;
+  impl_->kv_pools = std::make_shared<KVPools>(cfg, options.device());
   const std::int64_t H = cfg.hidden_size, I = cfg.intermediate_size, D = cfg.head_dim;
   const std::int64_t q_dim = cfg.num_attention_heads * D, kv_dim = cfg.num_key_value_heads * D;
 
@@ -412,6 +390,8 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
 
 const ModelConfig& Transformer::config() const { return impl_->cfg; }
 
+const std::shared_ptr<KVPools>& Transformer::kv_pools() const { return impl_->kv_pools; }
+
 std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   const Impl& from = *base.impl_;
   if (from.lora || base.has_value_head())
@@ -428,6 +408,7 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   to.final_norm = from.final_norm;
   to.layers = from.layers;
   to.lm_head = from.lm_head;
+  to.kv_pools = from.kv_pools;
   to.for_each_base([&](const std::string& name, const torch::Tensor& t) {
     shared->register_parameter(module_name(name), t, /*requires_grad=*/false);
   });
@@ -507,10 +488,16 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
   if (!in.groups.empty()) {
     attn = attend_groups(li, q, k, v, in);
   } else if (in.cache) {
-    const std::int64_t S = in.past + T;
-    in.cache->keys[li].narrow(2, in.past, T).copy_(k);
-    in.cache->values[li].narrow(2, in.past, T).copy_(v);
-    attn = causal_attention(q, in.cache->keys[li].narrow(2, 0, S), in.cache->values[li].narrow(2, 0, S), in.scale);
+    const KVBlockPool& pool = in.cache->pool();
+    store_slots(pool.keys(li), in.slots, k.transpose(1, 2).reshape({B * T, nkv, D}));
+    store_slots(pool.values(li), in.slots, v.transpose(1, 2).reshape({B * T, nkv, D}));
+    if (in.past == 0) {  // nothing cached before: the new keys and values are all there is, at the model's dtype
+      attn = causal_attention(q, k, v, in.scale);
+    } else {  // read back from the pool, so no gradient reaches them: a forward with a cache is inference only
+      const std::int64_t S = in.past + T;
+      attn = causal_attention(q, gather_positions(pool.keys(li), in.tables, S, q.scalar_type()),
+                              gather_positions(pool.values(li), in.tables, S, q.scalar_type()), in.scale);
+    }
   } else {
     attn = causal_attention(q, k, v, in.scale);
   }
@@ -522,21 +509,36 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
 
 torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k,
                                                const torch::Tensor& v, const LayerInputs& in) const {
-  // q [1, nh, R, D], k and v [1, nkv, R, D]: row r of a group is its sequence r's new position.
-  std::vector<torch::Tensor> out;
-  out.reserve(in.groups.size());
-  for (const RowGroup& g : in.groups) {
-    // The group's rows of [1, heads, R, D] as its batch: [rows, heads, 1, D].
-    auto own = [&](const torch::Tensor& t) { return t[0].narrow(1, g.row0, g.rows).transpose(0, 1).unsqueeze(2); };
-    KVCache& cache = *g.cache;
-    cache.keys[li].narrow(2, cache.length, 1).copy_(own(k));
-    cache.values[li].narrow(2, cache.length, 1).copy_(own(v));
-    const std::int64_t S = cache.length + 1;
-    out.push_back(causal_attention(own(q).contiguous(), cache.keys[li].narrow(2, 0, S),
-                                   cache.values[li].narrow(2, 0, S), in.scale));  // [rows, 1, nh * D]
+  // q [1, nh, R, D], k and v [1, nkv, R, D]: row r is its sequence's new position. Every row's key and value go to
+  // its slot, then every row attends over its own blocks: a fixed number of operators for any number of groups.
+  const std::int64_t R = q.size(2), nh = q.size(1), nkv = k.size(1), D = q.size(3);
+  KVBlockPool& pool = *in.pool;
+  store_slots(pool.keys(li), in.slots, k[0].transpose(0, 1));
+  store_slots(pool.values(li), in.slots, v[0].transpose(0, 1));
+  const torch::ScalarType cache = pool.dtype();
+  if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
+      (cache == torch::kFloat32 || cache == torch::kBFloat16)) {
+    // The CPU decoder's attention kernel over the blocks in place (one definition of decode attention on the CPU).
+    const torch::Tensor rows = q[0].transpose(0, 1).contiguous();  // [R, nh, D]
+    torch::Tensor out = torch::empty({R, nh * D}, q.options());
+    const DecodeSlots& step = *in.step;
+    const PagedRows paged{step.tables.data(), step.max_blocks, step.lengths.data(), R};
+    const auto scale = static_cast<float>(in.scale);
+    if (cache == torch::kFloat32)
+      attend_paged(rows.data_ptr<float>(), pool.keys(li).data_ptr<float>(), pool.values(li).data_ptr<float>(), paged,
+                   nh, nkv, D, scale, out.data_ptr<float>());
+    else
+      attend_paged(rows.data_ptr<float>(), static_cast<const std::uint16_t*>(pool.keys(li).data_ptr()),
+                   static_cast<const std::uint16_t*>(pool.values(li).data_ptr()), paged, nh, nkv, D, scale,
+                   out.data_ptr<float>());
+    return out.view({1, R, nh * D});
   }
-  const torch::Tensor rows = torch::cat(out, 0);  // [R, 1, nh * D]
-  return rows.view({1, rows.size(0), rows.size(2)});
+  // Elsewhere (CUDA, bf16): every row's blocks gathered (padded to the longest table) and masked past its length.
+  const std::int64_t S = in.tables.size(1) * kKVBlockTokens;
+  const torch::Tensor keys = gather_positions(pool.keys(li), in.tables, S, q.scalar_type());
+  const torch::Tensor values = gather_positions(pool.values(li), in.tables, S, q.scalar_type());
+  return decode_attention(q[0].transpose(0, 1).unsqueeze(2), keys, values, in.lengths, in.scale)
+      .view({1, R, nh * D});
 }
 
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
@@ -561,19 +563,21 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   }
   const std::int64_t past = cache ? cache->length : 0;
   if (cache) {
-    if (static_cast<std::int64_t>(cache->keys.size()) != cfg.num_hidden_layers || cache->batch() != B)
-      throw invalid_argument("Transformer::hidden_states: the KV cache has " + std::to_string(cache->keys.size()) +
-                             " layers and batch " + std::to_string(cache->batch()) + ", the model " +
-                             std::to_string(cfg.num_hidden_layers) + " layers and the input batch " +
-                             std::to_string(B));
+    if (cache->layers() != static_cast<std::size_t>(cfg.num_hidden_layers) || cache->batch() != B ||
+        cache->pool().kv_heads() != cfg.num_key_value_heads || cache->pool().head_dim() != cfg.head_dim)
+      throw invalid_argument("Transformer::hidden_states: the KV cache has " + std::to_string(cache->layers()) +
+                             " layers, batch " + std::to_string(cache->batch()) + " and " +
+                             std::to_string(cache->pool().kv_heads()) + " KV heads of " +
+                             std::to_string(cache->pool().head_dim()) + ", the model " +
+                             std::to_string(cfg.num_hidden_layers) + " layers and " +
+                             std::to_string(cfg.num_key_value_heads) + " of " + std::to_string(cfg.head_dim) +
+                             ", the input batch " + std::to_string(B));
+    if (cache->device() != impl_->device())
+      throw invalid_argument("Transformer::hidden_states: the KV cache is on " + cache->device().str() +
+                             ", the model on " + impl_->device().str());
     if (past + T > cache->capacity)
       throw invalid_argument("Transformer::hidden_states: KV cache capacity " + std::to_string(cache->capacity) +
                              " exceeded (" + std::to_string(past) + " cached + " + std::to_string(T) + " new tokens)");
-    const auto model_dtype = impl_->dtype();
-    if (!cache->keys.empty() && cache->keys[0].scalar_type() != model_dtype)
-      throw invalid_argument("Transformer::hidden_states: the KV cache holds " +
-                             std::string(c10::toString(cache->keys[0].scalar_type())) +
-                             " (KVCache::convert), the model " + std::string(c10::toString(model_dtype)));
   }
   const std::int64_t S = past + T;  // key length
   const std::int64_t D = cfg.head_dim;
@@ -589,7 +593,19 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
 
   torch::Tensor x =
       impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
-  const LayerInputs in{cos, sin, scale, cache, past};
+  LayerInputs in{cos, sin, scale, cache, past};
+  if (cache) {
+    cache->prepare_append(T);
+    std::vector<std::int64_t> slots, tables;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < T; ++t) slots.push_back(cache->slot(b, past + t));
+    in.slots = to_device(torch::tensor(slots, torch::kLong), device);
+    if (past > 0) {
+      for (std::int64_t b = 0; b < B; ++b)
+        tables.insert(tables.end(), cache->blocks(b).begin(), cache->blocks(b).end());
+      in.tables = to_device(torch::tensor(tables, torch::kLong), device).view({B, -1});
+    }
+  }
   // Checkpointed layers keep only their input for backward and recompute the rest there (training, no cache).
   const bool checkpoint = impl_->checkpoint_layers && !cache && torch::GradMode::is_enabled();
   for (std::size_t li = 0; li < impl_->layers.size(); ++li)
@@ -628,11 +644,11 @@ bool Transformer::shares_base(const Transformer& other) const {
 torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
   const ModelConfig& cfg = impl_->cfg;
   if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
-  c10::InferenceMode inference;  // the caches are inference tensors (filled by a prefill in inference mode)
+  c10::InferenceMode inference;
   const auto device = impl_->device();
   std::vector<RowGroup> rows;
   std::vector<torch::Tensor> tokens;
-  std::vector<std::int64_t> positions;  // each row's position: its cache's length
+  std::vector<KVCache*> caches;
   std::int64_t R = 0;
   for (const DecodeGroup& g : groups) {
     if (!g.model || !g.tokens || !g.cache) throw invalid_argument("Transformer::decode_step: a group lacks a member");
@@ -640,14 +656,16 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
       throw invalid_argument("Transformer::decode_step: a group's model does not share this model's base weights");
     KVCache& c = *g.cache;
     const std::int64_t n = g.tokens->numel();
-    if (static_cast<std::int64_t>(c.keys.size()) != cfg.num_hidden_layers)
-      throw invalid_argument("Transformer::decode_step: a group's KV cache has " + std::to_string(c.keys.size()) +
-                             " layers, the model " + std::to_string(cfg.num_hidden_layers));
+    if (c.layers() != static_cast<std::size_t>(cfg.num_hidden_layers) ||
+        c.pool().kv_heads() != cfg.num_key_value_heads || c.pool().head_dim() != cfg.head_dim)
+      throw invalid_argument("Transformer::decode_step: a group's KV cache has " + std::to_string(c.layers()) +
+                             " layers of " + std::to_string(c.pool().kv_heads()) + " KV heads, the model " +
+                             std::to_string(cfg.num_hidden_layers) + " of " + std::to_string(cfg.num_key_value_heads));
     if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 || c.batch() != n)
       throw invalid_argument("Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row "
                              "each, got " + shape_string(g.tokens->sizes()) + " for a cache of batch " +
                              std::to_string(c.batch()));
-    if (g.tokens->device() != device || c.keys[0].device() != device)
+    if (g.tokens->device() != device || c.device() != device)
       throw invalid_argument("Transformer::decode_step: a group's tokens and cache must be on the model's device (" +
                              device.str() + ")");
     // The RoPE tables end there (and an index past them would be a device-side assert on CUDA).
@@ -657,22 +675,31 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
                              std::to_string(cfg.max_position_embeddings) + ")");
     if (c.length >= c.capacity)
       throw invalid_argument("Transformer::decode_step: KV cache capacity " + std::to_string(c.capacity) + " is full");
-    if (c.keys[0].scalar_type() != impl_->dtype())
-      throw invalid_argument("Transformer::decode_step: the KV cache holds " +
-                             std::string(c10::toString(c.keys[0].scalar_type())) + ", the model " +
-                             std::string(c10::toString(impl_->dtype())));
     const Impl& own = *g.model->impl_;
     rows.push_back({&own.layers, &own.lm_head, &c, R, n});
     tokens.push_back(*g.tokens);
-    positions.insert(positions.end(), static_cast<std::size_t>(n), c.length);
+    caches.push_back(&c);
     R += n;
   }
+  const DecodeSlots step = prepare_decode_step(caches, "Transformer::decode_step");
+  // The step's layout in one copy to the device: every row's slot, key count and block table.
+  std::vector<std::int64_t> layout(step.slots);
+  layout.insert(layout.end(), step.lengths.begin(), step.lengths.end());
+  layout.insert(layout.end(), step.tables.begin(), step.tables.end());
+  const torch::Tensor on_device = to_device(torch::tensor(layout, torch::kLong), device);
   // The rows as the positions of one sequence ([1, R]): norms, products and RoPE run over all of them at once.
   const torch::Tensor ids = torch::cat(tokens).view({1, R});
-  const torch::Tensor pos = to_device(torch::tensor(positions, torch::kLong), device);
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
-  LayerInputs in{cos_table.index_select(0, pos), sin_table.index_select(0, pos),
-                 1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), nullptr, 0, rows};
+  LayerInputs in{{}, {}, 1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), nullptr, 0};
+  in.groups = rows;
+  in.step = &step;
+  in.pool = &caches.front()->pool();
+  in.slots = on_device.narrow(0, 0, R);
+  in.lengths = on_device.narrow(0, R, R);
+  in.tables = on_device.narrow(0, 2 * R, R * step.max_blocks).view({R, step.max_blocks});
+  const torch::Tensor positions = in.lengths - 1;
+  in.cos = cos_table.index_select(0, positions);
+  in.sin = sin_table.index_select(0, positions);
   if (rows.size() >= 2) {  // the layout of add_stacked_adapters
     std::vector<std::int64_t> padded, unpadded;
     std::vector<double> scales;
@@ -690,7 +717,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
   }
   torch::Tensor x = impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
-  for (const DecodeGroup& g : groups) ++g.cache->length;
+  for (KVCache* c : caches) ++c->length;
   const torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
   return project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return *g.lm_head; })[0];
 }

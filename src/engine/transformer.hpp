@@ -13,31 +13,13 @@
 
 #include <rlloop/types.hpp>
 
+#include "kv_cache.hpp"
 #include "model_config.hpp"
 #include "quantized_matrix.hpp"
 
 namespace rlloop::engine {
 
 using TensorMap = std::map<std::string, torch::Tensor>;
-
-// Per-layer key/value cache for incremental decoding. Shapes [batch, kv_heads, capacity, head_dim];
-// `length` positions are filled.
-struct KVCache {
-  std::vector<torch::Tensor> keys;
-  std::vector<torch::Tensor> values;
-  std::int64_t length = 0;
-  std::int64_t capacity = 0;
-  // Allocates an empty cache for `batch` sequences of up to `capacity` tokens.
-  static KVCache allocate(const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity, torch::Device device,
-                          torch::ScalarType dtype);
-  // Repeats every sequence `times` times along the batch (prefill once, then decode num_samples copies).
-  void repeat_batch(std::int64_t times);
-  // Keeps only the sequences at `index` (int64, on any device), in that order: drops finished samples.
-  void select_batch(const torch::Tensor& index);
-  // Stores the keys and values as `dtype` from now on (the filled positions converted, rounding to nearest).
-  void convert(torch::ScalarType dtype);
-  std::int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
-};
 
 // What an inference kernel reads: the parameters themselves as plain tensors (no autograd, no copies).
 struct LinearWeights {
@@ -85,6 +67,9 @@ class Transformer : public torch::nn::Module {
   Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized);
 
   const ModelConfig& config() const;
+  // The KV block pools of this model's base (kv_cache.hpp): shared by every model over the same base weights
+  // (sharing_base), so that their requests' caches can decode in one step.
+  const std::shared_ptr<KVPools>& kv_pools() const;
 
   // A model over `base`'s weights (the same tensors, not copies) for sessions that share one base model and
   // train only their own LoRA adapters (enable_lora) and value head. `base` must have neither; its weights are

@@ -316,10 +316,46 @@ TEST(SharedBase, TheRowBudgetIsKeptAndNoRequestStarves) {
   EXPECT_EQ(s.peak_batch_requests, 2);
 }
 
+// The KV budget (kv_cache_mb): each request counts at the most its samples can take. rlloop-tiny's fp32 blocks are
+// 4 KiB (2 layers x keys and values x 16 positions x 2 KV heads x 8 values x 4 bytes); 3 samples of up to 1,000
+// tokens after a 3-token prompt may fill 1,002 positions each, 63 blocks: 189 blocks, 756 KiB a request. With 2 MiB
+// two requests decode at once (6 of the 64 rows), the third waits.
+TEST(SharedBase, TheKvBudgetIsKeptAndNoRequestStarves) {
+  auto dir = temp_dir("kv-budget");
+  LocalServiceOptions options = service_in(dir.string());
+  options.kv_cache_mb = 2;
+  LocalService service(options);
+  std::vector<std::shared_ptr<LocalSession>> sessions;
+  for (int i = 0; i < 4; ++i) sessions.push_back(service.create_session(tiny(lora(4), i)));
+  SampleRequest request;
+  request.prompt = ModelInput::from_tokens(bytes("go="));
+  request.num_samples = 3;
+  request.params.max_tokens = 1000;
+  request.params.seed = 5;
+
+  LoopGate gate(*sessions[0]);
+  std::vector<Future<SampleResponse>> futures;
+  for (int round = 0; round < 2; ++round)
+    for (auto& session : sessions) futures.push_back(session->sample(request));
+  gate.release();
+  for (auto& f : futures) EXPECT_EQ(f.get().sequences.size(), 3u);
+  // A result arrives before the loop has counted its request out; an operation after it runs after that.
+  sessions[0]->compute_logprobs({ModelInput::from_tokens(bytes("x=")), {}}).get();
+  const BaseModelStats s = only_base(service);
+  const std::int64_t per_request = 189 * 4096;
+  EXPECT_EQ(s.peak_kv_reserved_bytes, 2 * per_request);
+  EXPECT_EQ(s.peak_batch_requests, 2) << "the KV budget, not the rows (64), bounds the batch";
+  EXPECT_EQ(s.kv_reserved_bytes, 0) << "every finished request gave its reservation back";
+}
+
 TEST(SharedBase, ABadBudgetIsAClearError) {
   LocalServiceOptions options = service_in(temp_dir("bad-budget").string());
   options.max_batch_rows = 0;
   EXPECT_NE(error_of([&] { LocalService service(options); }).find("max_batch_rows must be at least 1, got 0"),
+            std::string::npos);
+  options.max_batch_rows = 4;
+  options.kv_cache_mb = -1;
+  EXPECT_NE(error_of([&] { LocalService service(options); }).find("kv_cache_mb must not be negative, got -1"),
             std::string::npos);
 }
 

@@ -40,7 +40,7 @@ Group prefilled(std::shared_ptr<Transformer> model, std::int64_t prompt_length, 
   torch::manual_seed(seed);
   const ModelConfig& cfg = model->config();
   Group g{std::move(model), {}, torch::randint(cfg.vocab_size, {rows}, torch::kLong)};
-  g.cache = KVCache::allocate(cfg, 1, prompt_length + 4, torch::kCPU, torch::kFloat32);
+  g.cache = KVCache(g.model->kv_pools(), torch::kFloat32, 1, prompt_length + 4);
   g.model->hidden_states(torch::randint(cfg.vocab_size, {1, prompt_length}, torch::kLong), &g.cache);
   g.cache.repeat_batch(rows);
   return g;
@@ -54,7 +54,7 @@ void step_together_and_compare(std::vector<Group>& groups, const std::string& wh
   std::vector<torch::Tensor> alone;
   std::vector<KVCache> alone_caches;
   for (Group& g : groups) {
-    alone_caches.push_back(deep_copy(g.cache));
+    alone_caches.push_back(g.cache);  // copy on write: as independent as a deep copy
     alone.push_back(g.model->forward(g.tokens.unsqueeze(1), &alone_caches.back()).squeeze(1));
   }
   std::vector<DecodeGroup> together;
@@ -72,11 +72,10 @@ void step_together_and_compare(std::vector<Group>& groups, const std::string& wh
     // Each cache grew by the same position, holding what the model's own forward wrote there.
     const KVCache& c = groups[i].cache;
     ASSERT_EQ(c.length, alone_caches[i].length) << what;
-    for (std::size_t l = 0; l < c.keys.size(); ++l) {
-      EXPECT_LT(max_difference(c.keys[l].narrow(2, 0, c.length), alone_caches[i].keys[l].narrow(2, 0, c.length)),
-                1e-5) << what << ", group " << i << ", layer " << l;
-      EXPECT_LT(max_difference(c.values[l].narrow(2, 0, c.length), alone_caches[i].values[l].narrow(2, 0, c.length)),
-                1e-5) << what << ", group " << i << ", layer " << l;
+    for (std::size_t l = 0; l < c.layers(); ++l) {
+      EXPECT_LT(max_difference(c.keys(l), alone_caches[i].keys(l)), 1e-5) << what << ", group " << i << ", layer " << l;
+      EXPECT_LT(max_difference(c.values(l), alone_caches[i].values(l)), 1e-5)
+          << what << ", group " << i << ", layer " << l;
     }
     groups[i].tokens = alone[i].argmax(-1);
     row += n;
@@ -144,13 +143,21 @@ TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
   EXPECT_EQ(message({mine_group}), "Transformer::decode_step: KV cache capacity 8 is full");
   // A cache longer than the model's context (its RoPE tables end there).
   Group beyond = prefilled(Transformer::sharing_base(*base), 4, 1, 3);
-  beyond.cache = KVCache::allocate(base->config(), 1, 300, torch::kCPU, torch::kFloat32);
+  beyond.cache = KVCache(beyond.model->kv_pools(), torch::kFloat32, 1, 300);
   beyond.cache.length = 256;
   EXPECT_EQ(message({{beyond.model.get(), &beyond.tokens, &beyond.cache}}),
             "Transformer::decode_step: position 256 is past the model's context (max_position_embeddings 256)");
-  KVCache one_layer = KVCache::allocate(base->config(), 2, 8, torch::kCPU, torch::kFloat32);
-  one_layer.keys.resize(1);
-  one_layer.values.resize(1);
+  ModelConfig one_layer_config = base->config();
+  one_layer_config.num_hidden_layers = 1;
+  KVCache one_layer = KVCache::allocate(one_layer_config, 2, 8, torch::kCPU, torch::kFloat32);
   EXPECT_EQ(message({{mine.model.get(), &mine.tokens, &one_layer}}),
-            "Transformer::decode_step: a group's KV cache has 1 layers, the model 2");
+            "Transformer::decode_step: a group's KV cache has 1 layers of 2 KV heads, the model 2 of 2");
+  // Caches of one step must share a pool (the model's), so that one step reads them all.
+  mine.cache.length = 4;
+  KVCache own_pool = KVCache::allocate(base->config(), 1, 8, torch::kCPU, torch::kFloat32);
+  base->hidden_states(torch::zeros({1, 4}, torch::kLong), &own_pool);
+  const torch::Tensor one = torch::zeros({1}, torch::kLong);
+  EXPECT_EQ(message({mine_group, {mine.model.get(), &one, &own_pool}}),
+            "Transformer::decode_step: the groups' KV caches must share one block pool (the model's kv_pools() at "
+            "one dtype)");
 }

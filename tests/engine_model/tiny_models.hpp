@@ -25,14 +25,4 @@ inline ModelConfig tiny_config(const std::string& model_type, bool tied = false,
   return ModelConfig::from_json(j);
 }
 
-// A copy of `cache` with its own key/value tensors (copying a KVCache shares them).
-inline KVCache deep_copy(const KVCache& cache) {
-  KVCache copy = cache;
-  for (std::size_t l = 0; l < cache.keys.size(); ++l) {
-    copy.keys[l] = cache.keys[l].clone();
-    copy.values[l] = cache.values[l].clone();
-  }
-  return copy;
-}
-
 }  // namespace rlloop::engine::test_models

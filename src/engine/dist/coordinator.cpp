@@ -137,7 +137,8 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, const 
                                   "--dtype",          dev.dtype == torch::kBFloat16 ? "bf16" : "fp32",
                                   "--backend",        backend_,
                                   "--threads",        std::to_string(at::get_num_threads()),
-                                  "--max-batch-rows", std::to_string(service.max_batch_rows)};
+                                  "--max-batch-rows", std::to_string(service.max_batch_rows),
+                                  "--kv-cache-mb",    std::to_string(service.kv_cache_mb)};
     // The options every rank's models must share with rank 0's. (Flags copied from named strings: GCC 12 reports
     // a std::string built from a literal inside push_back as out of bounds, a false -Warray-bounds at -O3.)
     static const std::string dequantize = "--dequantize-base", checkpointing = "--activation-checkpointing";

@@ -56,7 +56,7 @@ class Worker {
       : options_(options),
         dev_(dev),
         group_(std::move(group)),
-        bases_(engine::EngineLoopOptions{options.service.max_batch_rows}) {}
+        bases_(engine::EngineLoopOptions{options.service.max_batch_rows, options.service.kv_cache_mb << 20}) {}
 
   // Runs commands until the shutdown command.
   void run() {
@@ -168,7 +168,8 @@ class Worker {
       group_->post_reply(tag, engine::dist::ok_reply(w.take()));
       return SampleResponse{};
     };
-    rep.lane->submit_sample(share.num_samples, start, finish, nullptr, reply_failure);
+    rep.lane->submit_sample(share.num_samples, engine::kv_bytes_needed(*target.model, share, precision), start, finish,
+                            nullptr, reply_failure);
   }
 
   void logprobs(std::uint64_t id, engine::dist::ByteReader& r) {
