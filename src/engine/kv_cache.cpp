@@ -46,7 +46,8 @@ void KVBlockPool::grow(std::int64_t blocks) {
 
 std::int64_t KVBlockPool::allocate() {
   std::lock_guard lock(mutex_);
-  if (free_.empty()) grow(std::max<std::int64_t>(16, 2 * static_cast<std::int64_t>(references_.size())));
+  if (free_.empty())
+    grow(std::max({std::int64_t{16}, 2 * static_cast<std::int64_t>(references_.size()), capacity_blocks_}));
   const std::int64_t block = free_.back();
   free_.pop_back();
   references_[block] = 1;
@@ -105,6 +106,11 @@ std::int64_t KVBlockPool::blocks_allocated() const {
   return static_cast<std::int64_t>(references_.size());
 }
 
+void KVBlockPool::set_capacity_blocks(std::int64_t blocks) {
+  std::lock_guard lock(mutex_);
+  capacity_blocks_ = std::max<std::int64_t>(blocks, 0);
+}
+
 std::int64_t KVBlockPool::bytes_per_block() const {
   return 2 * layers_ * kKVBlockTokens * kv_heads_ * head_dim_ * static_cast<std::int64_t>(c10::elementSize(dtype_));
 }
@@ -116,8 +122,17 @@ KVPools::KVPools(const ModelConfig& cfg, torch::Device device) : cfg_(cfg), devi
 KVBlockPool& KVPools::pool(torch::ScalarType dtype) {
   std::lock_guard lock(mutex_);
   auto& slot = pools_[dtype];
-  if (!slot) slot = std::make_unique<KVBlockPool>(cfg_, device_, dtype);
+  if (!slot) {
+    slot = std::make_unique<KVBlockPool>(cfg_, device_, dtype);
+    slot->set_capacity_blocks(capacity_bytes_ / slot->bytes_per_block());
+  }
   return *slot;
+}
+
+void KVPools::set_capacity_bytes(std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  capacity_bytes_ = std::max<std::int64_t>(bytes, 0);
+  for (auto& [dtype, pool] : pools_) pool->set_capacity_blocks(capacity_bytes_ / pool->bytes_per_block());
 }
 
 std::int64_t KVPools::bytes_in_use() const {

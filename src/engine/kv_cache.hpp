@@ -20,9 +20,11 @@ namespace rlloop::engine {
 
 // The blocks of one (base model, device, dtype): per layer a key and a value tensor of [blocks * kKVBlockTokens,
 // kv_heads, head_dim], so a position's keys for every KV head are one contiguous row ("slot" = block *
-// kKVBlockTokens + offset). Blocks are reference counted; the storage grows (doubling, contents copied) when no
-// block is free, so the tensors returned by keys()/values() are valid until the next allocate(), and is freed when
-// the last block is released (an idle pool holds no memory). A pool serves one thread at a time (the engine loop of
+// kKVBlockTokens + offset). Blocks are reference counted. The storage is allocated at the first block, for the
+// pool's capacity (KVPools::set_capacity_bytes: the KV budget, so a pool never grows while its requests fit), and
+// grows (doubling, contents copied) only when no block is free, so the tensors returned by keys()/values() are valid
+// until the next allocate(). It is freed when the last block is released (an idle pool holds no memory). On the CPU
+// only the blocks written take memory: untouched pages of the storage are never faulted in. A pool serves one thread at a time (the engine loop of
 // its base); its bookkeeping is locked all the same.
 class KVBlockPool {
  public:
@@ -50,6 +52,8 @@ class KVBlockPool {
 
   std::int64_t blocks_in_use() const;
   std::int64_t blocks_allocated() const;  // the storage's size in blocks
+  // The blocks the storage is allocated for at once (0: grow from 16, doubling).
+  void set_capacity_blocks(std::int64_t blocks);
   // Bytes of one block over every layer, keys and values.
   std::int64_t bytes_per_block() const;
 
@@ -60,6 +64,7 @@ class KVBlockPool {
   torch::Device device_;
   torch::ScalarType dtype_;
   std::vector<torch::Tensor> keys_, values_;
+  std::int64_t capacity_blocks_ = 0;
   std::vector<int> references_;   // per block
   std::vector<std::int64_t> free_;  // blocks with no reference, the next one last
   mutable std::mutex mutex_;
@@ -71,12 +76,16 @@ class KVPools {
  public:
   KVPools(const ModelConfig& cfg, torch::Device device);
   KVBlockPool& pool(torch::ScalarType dtype);
+  // Each pool's storage is allocated for this many bytes at its first block (LocalServiceOptions::kv_cache_mb);
+  // 0: grown as needed.
+  void set_capacity_bytes(std::int64_t bytes);
   std::int64_t bytes_in_use() const;
 
  private:
   ModelConfig cfg_;
   torch::Device device_;
   std::map<torch::ScalarType, std::unique_ptr<KVBlockPool>> pools_;
+  std::int64_t capacity_bytes_ = 0;
   mutable std::mutex mutex_;
 };
 

@@ -148,6 +148,9 @@ struct LocalSession::Impl {
     resolved_base = resolve_base_model(service, options.base_model);
     key = base_key(resolved_base, dev);
     model = make_model();
+    // The KV pool is allocated for the whole budget at its first request (shared with the base's other sessions),
+    // so that it does not grow step by step leaving each smaller storage behind.
+    model->kv_pools()->set_capacity_bytes(service.kv_cache_mb << 20);
     live.model = model;
     build_optimizer();
     generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(options.seed));
