@@ -304,15 +304,16 @@ void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> g
       rms_norm_rows(q.data(), L.q_norm, q.data(), A * nh, D, eps);
       rms_norm_rows(k.data(), L.k_norm, k.data(), A * nkv, D, eps);
     }
-    for (const Segment& s : segments) {
+    for (const Segment& s : segments) {  // RoPE at each group's own position
       const float* cos = data(w_.rope_cos) + s.pos * D;
       const float* sin = data(w_.rope_sin) + s.pos * D;
       rope_rows(q.data() + s.begin * nh * D, s.count * nh, D, cos, sin);
       rope_rows(k.data() + s.begin * nkv * D, s.count * nkv, D, cos, sin);
-      const auto attend = bf16 ? append_and_attend<std::uint16_t> : append_and_attend<float>;
-      attend(*pool, li, step, r0 + s.begin, s.count, k.data() + s.begin * nkv * D, v.data() + s.begin * nkv * D,
-             q.data() + s.begin * nh * D, nh, scale, attn.data() + s.begin * nh * D);
     }
+    // Attention of every row of the range at once, each over its own blocks: one parallel region per layer for any
+    // number of groups.
+    const auto attend = bf16 ? append_and_attend<std::uint16_t> : append_and_attend<float>;
+    attend(*pool, li, step, r0, A, k.data(), v.data(), q.data(), nh, scale, attn.data());
     project(w_, segments, attn.data(), A, int8, {{{li, &LayerWeights::o}, R ? &R->o : nullptr, x.data(), true}});
 
     rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);

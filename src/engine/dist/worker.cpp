@@ -124,6 +124,7 @@ class Worker {
     try {
       rep.resolved_base = resolve_base_model(options_.service, options.base_model);
       rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options);
+      rep.model.model->kv_pools()->set_capacity_bytes(options_.service.kv_cache_mb << 20);  // as rank 0's sessions
       rep.optimizer = engine::make_optimizer(*rep.model.model);
     } catch (const std::exception& e) {
       error = e.what();
