@@ -230,11 +230,15 @@ torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Te
       .reshape({d.B, d.T, d.nh * d.D});
 }
 
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                               const torch::Tensor& lengths, double scale) {
-  const std::int64_t R = q.size(0), nh = q.size(1), D = q.size(3), nkv = keys.size(1), S = keys.size(2);
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys_padded,
+                               const torch::Tensor& values_padded, const torch::Tensor& lengths, double scale) {
+  const std::int64_t R = q.size(0), nh = q.size(1), D = q.size(3), nkv = keys_padded.size(1), S = keys_padded.size(2);
   const torch::Tensor visible =
       torch::arange(S, lengths.options()).view({1, S}) < lengths.view({R, 1});  // [R, S]
+  // Keys and values past a row's length are whatever its blocks held (a pool's slots are never cleared): zeroed
+  // first, since a masked score is 0 only when finite (NaN + -inf is NaN, and 0 x NaN too).
+  const torch::Tensor hidden = visible.logical_not().view({R, 1, S, 1});
+  const torch::Tensor keys = keys_padded.masked_fill(hidden, 0), values = values_padded.masked_fill(hidden, 0);
   // The `rep` query heads of a KV head as the query rows of that head: [R, nkv, rep, D] against [R, nkv, S, D], so the
   // keys are never repeated (query head h reads KV head h / rep).
   const std::int64_t rep = nh / nkv;
@@ -245,7 +249,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
       .reshape({R, 1, nh * D});
 #else
   torch::Tensor scores = torch::matmul(q.reshape({R, nkv, rep, D}), keys.transpose(-1, -2)) * scale;
-  scores.masked_fill_(visible.logical_not().view({R, 1, 1, S}), -std::numeric_limits<double>::infinity());
+  scores.masked_fill_(hidden.view({R, 1, 1, S}), -std::numeric_limits<double>::infinity());
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
   if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());
   return torch::matmul(probs, values).reshape({R, 1, nh * D});

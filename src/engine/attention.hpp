@@ -32,7 +32,8 @@ torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Te
                                          double scale);
 
 // One decoded query per row over keys padded to a common length: q [R, heads, 1, D]; keys, values [R, kv_heads, S,
-// D]; row r sees keys [0, lengths[r]) (lengths: [R] int64 on q's device, each in [1, S]). Returns [R, 1, heads * D].
+// D]; row r sees keys [0, lengths[r]) (lengths: [R] int64 on q's device, each in [1, S]); what lies past a row's
+// length may be anything, NaN included (a pool's unwritten slots). Returns [R, 1, heads * D].
 // The paged cache's decoding step on devices without the CPU kernel: scaled_dot_product_attention with a mask where
 // LibTorch has it, else ATen operators with the softmax in fp32.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,

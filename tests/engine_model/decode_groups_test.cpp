@@ -14,8 +14,8 @@ using namespace rlloop::engine::test_models;
 namespace {
 
 // Weights far from init_model's, and adapters whose B is not zero, so every product matters.
-std::shared_ptr<Transformer> random_base() {
-  auto model = init_model(tiny_config("qwen3"), 7, torch::kCPU, torch::kFloat32);
+std::shared_ptr<Transformer> random_base(torch::ScalarType dtype = torch::kFloat32) {
+  auto model = init_model(tiny_config("qwen3"), 7, torch::kCPU, dtype);
   torch::NoGradGuard no_grad;
   for (auto& p : model->parameters()) p.uniform_(p.dim() == 1 ? 0.7 : -0.4, p.dim() == 1 ? 1.3 : 0.4);
   return model;
@@ -40,7 +40,7 @@ Group prefilled(std::shared_ptr<Transformer> model, std::int64_t prompt_length, 
   torch::manual_seed(seed);
   const ModelConfig& cfg = model->config();
   Group g{std::move(model), {}, torch::randint(cfg.vocab_size, {rows}, torch::kLong)};
-  g.cache = KVCache(g.model->kv_pools(), torch::kFloat32, 1, prompt_length + 4);
+  g.cache = KVCache(g.model->kv_pools(), g.model->parameters().front().scalar_type(), 1, prompt_length + 4);
   g.model->hidden_states(torch::randint(cfg.vocab_size, {1, prompt_length}, torch::kLong), &g.cache);
   g.cache.repeat_batch(rows);
   return g;
@@ -50,7 +50,7 @@ double max_difference(const torch::Tensor& a, const torch::Tensor& b) { return (
 
 // One decode_step of every group together against each group through its model's forward with a copy of its cache:
 // the same logits and the same caches afterwards. Then every row feeds its most likely token next.
-void step_together_and_compare(std::vector<Group>& groups, const std::string& what) {
+void step_together_and_compare(std::vector<Group>& groups, const std::string& what, double tolerance = 1e-5) {
   std::vector<torch::Tensor> alone;
   std::vector<KVCache> alone_caches;
   for (Group& g : groups) {
@@ -68,14 +68,15 @@ void step_together_and_compare(std::vector<Group>& groups, const std::string& wh
   std::int64_t row = 0;
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const std::int64_t n = groups[i].tokens.size(0);
-    EXPECT_LT(max_difference(logits.narrow(0, row, n), alone[i]), 1e-5) << what << ", group " << i;
+    EXPECT_LT(max_difference(logits.narrow(0, row, n).to(torch::kFloat32), alone[i].to(torch::kFloat32)), tolerance)
+        << what << ", group " << i;
     // Each cache grew by the same position, holding what the model's own forward wrote there.
     const KVCache& c = groups[i].cache;
     ASSERT_EQ(c.length, alone_caches[i].length) << what;
     for (std::size_t l = 0; l < c.layers(); ++l) {
-      EXPECT_LT(max_difference(c.keys(l), alone_caches[i].keys(l)), 1e-5) << what << ", group " << i << ", layer " << l;
-      EXPECT_LT(max_difference(c.values(l), alone_caches[i].values(l)), 1e-5)
-          << what << ", group " << i << ", layer " << l;
+      for (auto [together, own] : {std::pair{c.keys(l), alone_caches[i].keys(l)}, {c.values(l), alone_caches[i].values(l)}})
+        EXPECT_LT(max_difference(together.to(torch::kFloat32), own.to(torch::kFloat32)), tolerance)
+            << what << ", group " << i << ", layer " << l;
     }
     groups[i].tokens = alone[i].argmax(-1);
     row += n;
@@ -100,6 +101,21 @@ TEST(DecodeStep, GroupsSteppedTogetherEqualEachSteppedAloneThroughForward) {
   const DecodeGroup one_plain[] = {{plain.model.get(), &plain.tokens, &plain.cache}};
   const DecodeGroup one_lora[] = {{lora.model.get(), &lora.tokens, &lora.cache}};
   EXPECT_GT(max_difference(base->decode_step(one_plain), base->decode_step(one_lora)), 1e-3);
+}
+
+// A bf16 model takes the ATen attention of the step (every row's blocks gathered, padded to the longest and masked):
+// groups at other lengths (5, 21 and 3 positions: two blocks for one of them) give what each gives alone through
+// the model's forward, within bf16's rounding of products batched otherwise (measured: up to 0.047 with LibTorch
+// 1.13's operators, 0.039 with 2.x's scaled_dot_product_attention, on logits that spread over several units). It
+// also found that a pool's unwritten slots must not reach the masked attention (NaN there made every row NaN).
+TEST(DecodeStep, Bf16GroupsGatheredAndMaskedEqualEachAlone) {
+  c10::InferenceMode inference;
+  auto base = random_base(torch::kBFloat16);
+  std::vector<Group> groups;
+  groups.push_back(prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1));
+  groups.push_back(prefilled(Transformer::sharing_base(*base), 21, 2, 2));
+  groups.push_back(prefilled(adapted(*base, {4, 8, {"q_proj", "v_proj"}}, 3), 3, 3, 3));
+  for (int step = 0; step < 2; ++step) step_together_and_compare(groups, "step " + std::to_string(step), 0.1);
 }
 
 // Sessions whose adapters share a rank run them as batched products (add_stacked_adapters: rows gathered and padded

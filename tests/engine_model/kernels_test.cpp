@@ -4,6 +4,8 @@
 // Transformer::forward on the same cache (Llama, Qwen2 biases, Qwen3 q/k norms, LoRA).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "attention.hpp"
 #include "cpu_decoder.hpp"
 #include "decode_attention.hpp"
@@ -93,6 +95,63 @@ TEST(CausalAttention, ChecksShapes) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of the KV heads"), std::string::npos) << e.what();
   }
+}
+
+// The ATen decoding step's attention (CUDA, bf16): rows of different lengths padded to one, each equal to its own
+// attention over its own keys (the reference, one row at a time), whatever lies past a row's length (NaN here: a
+// pool's unwritten slots hold anything).
+TEST(DecodeAttention, PaddedRowsEqualEachRowAlone) {
+  torch::manual_seed(12);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const std::int64_t R = 3, nh = 4, nkv = 2, S = 20, D = 8;
+    const auto opts = torch::TensorOptions().dtype(dtype);
+    const torch::Tensor q = torch::randn({R, nh, 1, D}, opts), k = torch::randn({R, nkv, S, D}, opts),
+                        v = torch::randn({R, nkv, S, D}, opts);
+    const std::vector<std::int64_t> lengths = {20, 7, 1};
+    for (std::int64_t r = 0; r < R; ++r) {
+      k[r].narrow(1, lengths[r], S - lengths[r]).fill_(std::numeric_limits<double>::quiet_NaN());
+      v[r].narrow(1, lengths[r], S - lengths[r]).fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+    const torch::Tensor out = decode_attention(q, k, v, torch::tensor(lengths, torch::kLong), 0.35);
+    ASSERT_EQ(out.sizes(), (std::vector<std::int64_t>{R, 1, nh * D}));
+    for (std::int64_t r = 0; r < R; ++r) {
+      const auto keys = [&](const torch::Tensor& t) { return t.narrow(0, r, 1).narrow(2, 0, lengths[r]); };
+      const torch::Tensor alone = causal_attention_reference(q.narrow(0, r, 1), keys(k), keys(v), 0.35);
+      EXPECT_LT(max_abs_diff(out.narrow(0, r, 1).to(torch::kFloat32), alone.to(torch::kFloat32)),
+                dtype == torch::kFloat32 ? 1e-5 : 2e-2)
+          << "row " << r;
+    }
+  }
+}
+
+// The CPU kernel over paged keys (blocks in any order, rows nkv * D apart) computes exactly what it computes over the
+// same keys stored contiguously: a block holds a multiple of its four-key passes.
+TEST(DecodeAttention, PagedKernelEqualsContiguousBitForBit) {
+  torch::manual_seed(13);
+  const std::int64_t nh = 4, nkv = 2, D = 16, blocks = 6;
+  const torch::Tensor keys = torch::randn({blocks * kKVBlockTokens, nkv, D}),
+                      values = torch::randn({blocks * kKVBlockTokens, nkv, D});
+  // Two rows: 37 positions in blocks 4, 1, 5 (the last one partly filled), and 16 in block 2.
+  const std::vector<std::int64_t> tables = {4, 1, 5, 2, 2, 2}, lengths = {37, 16};
+  const torch::Tensor q = torch::randn({2, nh, D});
+  torch::Tensor out = torch::empty({2, nh, D});
+  attend_paged(q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(),
+               PagedRows{tables.data(), 3, lengths.data(), 2}, nh, nkv, D, 0.25f, out.data_ptr<float>());
+  for (std::int64_t r = 0; r < 2; ++r)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      std::vector<std::int64_t> slots;
+      for (std::int64_t p = 0; p < lengths[r]; ++p)
+        slots.push_back(tables[r * 3 + p / kKVBlockTokens] * kKVBlockTokens + p % kKVBlockTokens);
+      const torch::Tensor index = torch::tensor(slots, torch::kLong);
+      const torch::Tensor K = keys.index_select(0, index).select(1, h / 2).contiguous();  // [S, D]
+      const torch::Tensor V = values.index_select(0, index).select(1, h / 2).contiguous();
+      std::vector<float> p(static_cast<std::size_t>(lengths[r])), want(D);
+      attend_row(q[r][h].contiguous().data_ptr<float>(), K.data_ptr<float>(), V.data_ptr<float>(), lengths[r], D,
+                 0.25f, p.data(), want.data());
+      const float* got = out[r][h].data_ptr<float>();
+      for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(got[d], want[d]) << "row " << r << ", head " << h << ", " << d;
+    }
 }
 
 TEST(FusedOps, RmsNormMatchesFormulaWithGradients) {
