@@ -238,8 +238,14 @@ std::int64_t kv_bytes_needed(Transformer& model, const SampleRequest& req, Decod
   const std::int64_t last = P + std::max(req.params.max_tokens - 1, 0);  // positions a sample fills, at most
   const std::int64_t shared = P / kKVBlockTokens;                        // the prompt's full blocks
   const std::int64_t own = (last + kKVBlockTokens - 1) / kKVBlockTokens - shared;
-  const bool cpu_decoder = !aten_decoder_forced() && CpuDecoder::supports(model);
-  const torch::ScalarType dtype = run_cache_dtype(model, precision, cpu_decoder);
+  // Called where the request is submitted, which must not throw for what the run itself reports (through the
+  // request's future): an unreadable RLLOOP_DECODER counts as unset here.
+  bool forced = false;
+  try {
+    forced = aten_decoder_forced();
+  } catch (const invalid_argument&) {
+  }
+  const torch::ScalarType dtype = run_cache_dtype(model, precision, !forced && CpuDecoder::supports(model));
   return (shared + req.num_samples * own) * model.kv_pools()->pool(dtype).bytes_per_block();
 }
 
