@@ -231,8 +231,7 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
       throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
     if (cache.length + 1 > cache.capacity)
       throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
-    if (cache.layers() != w_.layers.size() || cache.pool().kv_heads() != cfg_.num_key_value_heads ||
-        cache.pool().head_dim() != cfg_.head_dim || !cache.device().is_cpu())
+    if (!cache.fits(cfg_) || !cache.device().is_cpu())
       throw invalid_argument("CpuDecoder::step: the KV cache does not fit this model (layers, KV heads, head_dim) "
                              "or is not on the CPU");
     if (cache.dtype() != dtype)

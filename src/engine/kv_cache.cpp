@@ -1,7 +1,6 @@
 #include "kv_cache.hpp"
 
 #include <algorithm>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -101,14 +100,13 @@ std::int64_t KVBlockPool::blocks_in_use() const {
   return static_cast<std::int64_t>(references_.size() - free_.size());
 }
 
-std::int64_t KVBlockPool::blocks_allocated() const {
-  std::lock_guard lock(mutex_);
-  return static_cast<std::int64_t>(references_.size());
-}
-
 void KVBlockPool::set_capacity_blocks(std::int64_t blocks) {
   std::lock_guard lock(mutex_);
   capacity_blocks_ = std::max<std::int64_t>(blocks, 0);
+}
+
+bool KVBlockPool::fits(const ModelConfig& cfg) const {
+  return layers_ == cfg.num_hidden_layers && kv_heads_ == cfg.num_key_value_heads && head_dim_ == cfg.head_dim;
 }
 
 std::int64_t KVBlockPool::bytes_per_block() const {
@@ -133,13 +131,6 @@ void KVPools::set_capacity_bytes(std::int64_t bytes) {
   std::lock_guard lock(mutex_);
   capacity_bytes_ = std::max<std::int64_t>(bytes, 0);
   for (auto& [dtype, pool] : pools_) pool->set_capacity_blocks(capacity_bytes_ / pool->bytes_per_block());
-}
-
-std::int64_t KVPools::bytes_in_use() const {
-  std::lock_guard lock(mutex_);
-  std::int64_t bytes = 0;
-  for (const auto& [dtype, pool] : pools_) bytes += pool->blocks_in_use() * pool->bytes_per_block();
-  return bytes;
 }
 
 // ---------------------------------------------------------------------------------------------- KVCache
@@ -303,12 +294,6 @@ torch::Tensor KVCache::gather(const torch::Tensor& storage) const {
 
 torch::Tensor KVCache::keys(std::size_t layer) const { return gather(pool_->keys(layer)); }
 torch::Tensor KVCache::values(std::size_t layer) const { return gather(pool_->values(layer)); }
-
-std::int64_t KVCache::distinct_blocks() const {
-  std::set<std::int64_t> blocks;
-  for (const auto& table : tables_) blocks.insert(table.begin(), table.end());
-  return static_cast<std::int64_t>(blocks.size());
-}
 
 // ------------------------------------------------------------------------------------------ DecodeSlots
 

@@ -24,8 +24,8 @@ namespace rlloop::engine {
 // pool's capacity (KVPools::set_capacity_bytes: the KV budget, so a pool never grows while its requests fit), and
 // grows (doubling, contents copied) only when no block is free, so the tensors returned by keys()/values() are valid
 // until the next allocate(). It is freed when the last block is released (an idle pool holds no memory). On the CPU
-// only the blocks written take memory: untouched pages of the storage are never faulted in. A pool serves one thread at a time (the engine loop of
-// its base); its bookkeeping is locked all the same.
+// only the blocks written take memory: untouched pages of the storage are never faulted in. A pool serves one thread
+// at a time (the engine loop of its base); its bookkeeping is locked all the same.
 class KVBlockPool {
  public:
   KVBlockPool(const ModelConfig& cfg, torch::Device device, torch::ScalarType dtype);
@@ -46,12 +46,13 @@ class KVBlockPool {
   const torch::Tensor& values(std::size_t layer) const { return values_[layer]; }
   std::size_t layers() const { return keys_.size(); }
   std::int64_t kv_heads() const { return kv_heads_; }
+  // True when a model of `cfg` can keep its keys and values here (layers, KV heads, head_dim).
+  bool fits(const ModelConfig& cfg) const;
   std::int64_t head_dim() const { return head_dim_; }
   torch::Device device() const { return device_; }
   torch::ScalarType dtype() const { return dtype_; }
 
   std::int64_t blocks_in_use() const;
-  std::int64_t blocks_allocated() const;  // the storage's size in blocks
   // The blocks the storage is allocated for at once (0: grow from 16, doubling).
   void set_capacity_blocks(std::int64_t blocks);
   // Bytes of one block over every layer, keys and values.
@@ -79,7 +80,6 @@ class KVPools {
   // Each pool's storage is allocated for this many bytes at its first block (LocalServiceOptions::kv_cache_mb);
   // 0: grown as needed.
   void set_capacity_bytes(std::int64_t bytes);
-  std::int64_t bytes_in_use() const;
 
  private:
   ModelConfig cfg_;
@@ -112,6 +112,10 @@ class KVCache {
 
   std::int64_t batch() const { return static_cast<std::int64_t>(tables_.size()); }
   std::size_t layers() const { return pool_ ? pool_->layers() : 0; }
+  std::int64_t kv_heads() const { return pool_ ? pool_->kv_heads() : 0; }
+  std::int64_t head_dim() const { return pool_ ? pool_->head_dim() : 0; }
+  // True when a model of `cfg` can keep its keys and values here (false for a default-constructed cache).
+  bool fits(const ModelConfig& cfg) const { return pool_ && pool_->fits(cfg); }
   torch::ScalarType dtype() const;
   torch::Device device() const;
   KVBlockPool& pool() const { return *pool_; }
@@ -139,8 +143,6 @@ class KVCache {
   // Layer `layer`'s keys / values of every row as one tensor [batch, kv_heads, length, head_dim] (a copy).
   torch::Tensor keys(std::size_t layer) const;
   torch::Tensor values(std::size_t layer) const;
-  // Distinct blocks this cache references.
-  std::int64_t distinct_blocks() const;
 
  private:
   void release_all();

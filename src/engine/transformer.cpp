@@ -93,12 +93,11 @@ struct Layer {
 };
 
 // Rows [row0, row0 + rows) of a decoding step of several batches (Transformer::decode_step): one batch of
-// sequences, with its own model's adapters (`layers`, `lm_head`: the base weights are every group's) and its cache
-// (whose length is the rows' position: decode_step advances it after the last layer).
+// sequences, with its own model's adapters (`layers`, `lm_head`: the base weights are every group's); its cache's
+// slots and blocks are in the step's layout (LayerInputs::step).
 struct RowGroup {
   const std::vector<Layer>* layers;
   const Linear* lm_head;
-  KVCache* cache;
   std::int64_t row0, rows;
 };
 
@@ -563,12 +562,11 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   }
   const std::int64_t past = cache ? cache->length : 0;
   if (cache) {
-    if (cache->layers() != static_cast<std::size_t>(cfg.num_hidden_layers) || cache->batch() != B ||
-        cache->pool().kv_heads() != cfg.num_key_value_heads || cache->pool().head_dim() != cfg.head_dim)
+    if (!cache->fits(cfg) || cache->batch() != B)
       throw invalid_argument("Transformer::hidden_states: the KV cache has " + std::to_string(cache->layers()) +
                              " layers, batch " + std::to_string(cache->batch()) + " and " +
-                             std::to_string(cache->pool().kv_heads()) + " KV heads of " +
-                             std::to_string(cache->pool().head_dim()) + ", the model " +
+                             std::to_string(cache->kv_heads()) + " KV heads of " +
+                             std::to_string(cache->head_dim()) + ", the model " +
                              std::to_string(cfg.num_hidden_layers) + " layers and " +
                              std::to_string(cfg.num_key_value_heads) + " of " + std::to_string(cfg.head_dim) +
                              ", the input batch " + std::to_string(B));
@@ -656,10 +654,9 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
       throw invalid_argument("Transformer::decode_step: a group's model does not share this model's base weights");
     KVCache& c = *g.cache;
     const std::int64_t n = g.tokens->numel();
-    if (c.layers() != static_cast<std::size_t>(cfg.num_hidden_layers) ||
-        c.pool().kv_heads() != cfg.num_key_value_heads || c.pool().head_dim() != cfg.head_dim)
+    if (!c.fits(cfg))
       throw invalid_argument("Transformer::decode_step: a group's KV cache has " + std::to_string(c.layers()) +
-                             " layers of " + std::to_string(c.pool().kv_heads()) + " KV heads, the model " +
+                             " layers of " + std::to_string(c.kv_heads()) + " KV heads, the model " +
                              std::to_string(cfg.num_hidden_layers) + " of " + std::to_string(cfg.num_key_value_heads));
     if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 || c.batch() != n)
       throw invalid_argument("Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row "
@@ -676,7 +673,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
     if (c.length >= c.capacity)
       throw invalid_argument("Transformer::decode_step: KV cache capacity " + std::to_string(c.capacity) + " is full");
     const Impl& own = *g.model->impl_;
-    rows.push_back({&own.layers, &own.lm_head, &c, R, n});
+    rows.push_back({&own.layers, &own.lm_head, R, n});
     tokens.push_back(*g.tokens);
     caches.push_back(&c);
     R += n;

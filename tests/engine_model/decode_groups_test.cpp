@@ -74,7 +74,8 @@ void step_together_and_compare(std::vector<Group>& groups, const std::string& wh
     const KVCache& c = groups[i].cache;
     ASSERT_EQ(c.length, alone_caches[i].length) << what;
     for (std::size_t l = 0; l < c.layers(); ++l) {
-      for (auto [together, own] : {std::pair{c.keys(l), alone_caches[i].keys(l)}, {c.values(l), alone_caches[i].values(l)}})
+      for (auto [together, own] :
+           {std::pair{c.keys(l), alone_caches[i].keys(l)}, {c.values(l), alone_caches[i].values(l)}})
         EXPECT_LT(max_difference(together.to(torch::kFloat32), own.to(torch::kFloat32)), tolerance)
             << what << ", group " << i << ", layer " << l;
     }
@@ -168,6 +169,9 @@ TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
   KVCache one_layer = KVCache::allocate(one_layer_config, 2, 8, torch::kCPU, torch::kFloat32);
   EXPECT_EQ(message({{mine.model.get(), &mine.tokens, &one_layer}}),
             "Transformer::decode_step: a group's KV cache has 1 layers of 2 KV heads, the model 2 of 2");
+  KVCache none;  // default-constructed: no pool at all
+  EXPECT_EQ(message({{mine.model.get(), &mine.tokens, &none}}),
+            "Transformer::decode_step: a group's KV cache has 0 layers of 0 KV heads, the model 2 of 2");
   // Caches of one step must share a pool (the model's), so that one step reads them all.
   mine.cache.length = 4;
   KVCache own_pool = KVCache::allocate(base->config(), 1, 8, torch::kCPU, torch::kFloat32);
