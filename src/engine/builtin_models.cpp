@@ -37,9 +37,22 @@ std::optional<ModelConfig> builtin_model(const std::string& name) {
     c.vocab_size = 32000;
     return c;
   }
+  if (name == "rlloop-tiny-moe") {
+    // rlloop-tiny's attention with Qwen3-MoE's sparse layers: 8 experts of width 16, two per token.
+    ModelConfig c = byte_level(32, 2, 4, 2, 64, 1024);
+    c.model_type = "qwen3_moe";
+    c.qk_norm = true;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 16;
+    c.norm_topk_prob = true;
+    return c;
+  }
   return std::nullopt;
 }
 
-std::vector<std::string> builtin_model_names() { return {"rlloop-tiny", "rlloop-small", "rlloop-100m"}; }
+std::vector<std::string> builtin_model_names() {
+  return {"rlloop-tiny", "rlloop-small", "rlloop-100m", "rlloop-tiny-moe"};
+}
 
 }  // namespace rlloop::engine

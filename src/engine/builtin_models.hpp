@@ -9,7 +9,8 @@
 
 namespace rlloop::engine {
 
-// "rlloop-tiny" (tests), "rlloop-small" (the CPU demo's default), "rlloop-100m" (benchmarks). All byte-level.
+// "rlloop-tiny" (tests), "rlloop-small" (the CPU demo's default), "rlloop-100m" (benchmarks), "rlloop-tiny-moe"
+// (tests of the sparse layers: qwen3_moe). All byte-level.
 std::optional<ModelConfig> builtin_model(const std::string& name);
 std::vector<std::string> builtin_model_names();
 

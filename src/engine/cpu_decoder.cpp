@@ -133,6 +133,7 @@ void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, co
 }  // namespace
 
 bool CpuDecoder::supports(Transformer& model) {
+  if (model.config().num_experts > 0) return false;  // its layer is the dense one; experts decode through the model
   for (const auto& p : model.parameters())  // base weights and adapters alike
     if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat32) return false;
   return true;

@@ -86,6 +86,24 @@ double read_rope_theta(const json& j) {
   return theta.value_or(10000.0);
 }
 
+// The expert keys of a family with experts (Qwen2-MoE's names, which Qwen3-MoE and OLMoE share).
+void read_expert_keys(const json& j, ModelConfig& c) {
+  // transformers 5 writes num_local_experts (its attribute map's name for num_experts); 4.x wrote num_experts.
+  const bool local = j.contains("num_local_experts") && !j.contains("num_experts");
+  c.num_experts = required_int(j, local ? "num_local_experts" : "num_experts");
+  if (!local && j.contains("num_local_experts") && j["num_local_experts"] != j["num_experts"])
+    throw invalid_argument("model config: num_experts " + j["num_experts"].dump() + " and num_local_experts " +
+                           j["num_local_experts"].dump() + " disagree; remove one of them");
+  c.num_experts_per_tok = required_int(j, "num_experts_per_tok");
+  c.moe_intermediate_size = required_int(j, "moe_intermediate_size");
+  c.norm_topk_prob = optional_value<bool>(j, "norm_topk_prob", false);
+  c.decoder_sparse_step = optional_value<std::int64_t>(j, "decoder_sparse_step", 1);
+  c.mlp_only_layers = optional_value<std::vector<std::int64_t>>(j, "mlp_only_layers", {});
+  // Qwen2-MoE's shared expert (beside the routed ones) is a layer part of its own: refused rather than dropped.
+  if (optional_value<std::int64_t>(j, "shared_expert_intermediate_size", 0) > 0)
+    throw unsupported("model config: shared experts (shared_expert_intermediate_size) are not supported");
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
@@ -119,6 +137,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   if (optional_value<bool>(j, "mlp_bias", false)) throw unsupported("model config: mlp_bias=true is not supported");
   if (optional_value<bool>(j, "use_sliding_window", false))
     throw unsupported("model config: use_sliding_window=true is not supported");
+  if (family.experts) read_expert_keys(j, c);
   if (family.read_config) family.read_config(j, c);
   c.validate();
   return c;
@@ -162,6 +181,14 @@ nlohmann::json ModelConfig::to_json() const {
   j["bos_token_id"] = bos_token_id ? json(*bos_token_id) : json(nullptr);
   j["eos_token_id"] = eos_token_id ? json(*eos_token_id) : json(nullptr);
   if (!tokenizer.empty()) j["rlloop_tokenizer"] = tokenizer;
+  if (num_experts > 0) {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+  }
   return j;
 }
 
@@ -194,23 +221,58 @@ void ModelConfig::validate() const {
   if (!(rope_theta > 0)) throw invalid_argument("model config: rope_theta must be positive");
   if (qk_norm && !family().qk_norm)
     throw invalid_argument("model config: qk_norm is not part of model_type " + model_type);
+  if (num_experts > 0 && !family().experts)
+    throw invalid_argument("model config: model_type " + model_type + " has no experts (num_experts " +
+                           std::to_string(num_experts) + ")");
+  if (family().experts) {
+    positive("num_experts", num_experts);
+    positive("moe_intermediate_size", moe_intermediate_size);
+    positive("decoder_sparse_step", decoder_sparse_step);
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
+      throw invalid_argument("model config: num_experts_per_tok must be in [1, num_experts = " +
+                             std::to_string(num_experts) + "], got " + std::to_string(num_experts_per_tok));
+    for (std::int64_t layer : mlp_only_layers)
+      if (layer < 0 || layer >= num_hidden_layers)
+        throw invalid_argument("model config: mlp_only_layers names layer " + std::to_string(layer) + " of " +
+                               std::to_string(num_hidden_layers));
+  }
   for (auto [name, id] : {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id}})
     if (id && (*id < 0 || *id >= vocab_size))
       throw invalid_argument(std::string("model config: ") + name + " " + std::to_string(*id) +
                              " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
 }
 
-std::int64_t ModelConfig::num_parameters() const {
-  const std::int64_t q_dim = num_attention_heads * head_dim;
-  const std::int64_t kv_dim = num_key_value_heads * head_dim;
-  std::int64_t layer = hidden_size * q_dim + 2 * hidden_size * kv_dim + q_dim * hidden_size  // q, k, v, o
-                       + 3 * hidden_size * intermediate_size                                 // gate, up, down
-                       + 2 * hidden_size;                                                    // two norms
-  if (attention_bias) layer += q_dim + 2 * kv_dim + (family().o_proj_bias ? hidden_size : 0);
-  if (qk_norm) layer += 2 * head_dim;
-  std::int64_t total = vocab_size * hidden_size + num_hidden_layers * layer + hidden_size;
-  if (!tie_word_embeddings) total += vocab_size * hidden_size;
+bool ModelConfig::sparse_layer(std::int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (std::int64_t dense : mlp_only_layers)
+    if (dense == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+namespace {
+// The parameters of `c` when each sparse layer holds `experts` of its experts (all of them, or those a token uses).
+std::int64_t parameters_with(const ModelConfig& c, std::int64_t experts) {
+  const std::int64_t H = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim;
+  const std::int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  std::int64_t attention = H * q_dim + 2 * H * kv_dim + q_dim * H  // q, k, v, o
+                           + 2 * H;                                // two norms
+  if (c.attention_bias) attention += q_dim + 2 * kv_dim + (c.family().o_proj_bias ? H : 0);
+  if (c.qk_norm) attention += 2 * c.head_dim;
+  std::int64_t total = c.vocab_size * H + H;
+  if (!c.tie_word_embeddings) total += c.vocab_size * H;
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    total += attention;
+    if (c.sparse_layer(i))
+      total += c.num_experts * H + experts * 3 * H * c.moe_intermediate_size;  // router, experts' gate, up, down
+    else
+      total += 3 * H * c.intermediate_size;  // gate, up, down
+  }
   return total;
 }
+}  // namespace
+
+std::int64_t ModelConfig::num_parameters() const { return parameters_with(*this, num_experts); }
+
+std::int64_t ModelConfig::active_parameters() const { return parameters_with(*this, num_experts_per_tok); }
 
 }  // namespace rlloop::engine

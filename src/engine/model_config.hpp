@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -25,6 +26,15 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // QKV bias: true for qwen2 unless config says otherwise
   bool qk_norm = false;         // per-head RMSNorm on q and k: qwen3
+  // Mixture of experts (families with `experts`, e.g. qwen3_moe): in a sparse layer (sparse_layer) a router picks
+  // num_experts_per_tok of num_experts SwiGLU experts of width moe_intermediate_size for each token, weighted by its
+  // softmax probabilities (renormalised over the chosen ones with norm_topk_prob). num_experts 0: every layer dense.
+  std::int64_t num_experts = 0;
+  std::int64_t num_experts_per_tok = 0;
+  std::int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  std::int64_t decoder_sparse_step = 1;      // every step-th layer is sparse (HF: (layer + 1) % step == 0)
+  std::vector<std::int64_t> mlp_only_layers;  // layers kept dense whatever the step
   std::optional<std::int64_t> bos_token_id;
   std::optional<std::int64_t> eos_token_id;
   // rlloop extension key "rlloop_tokenizer": "byte" for byte-level models; empty = tokenizer.json beside config.
@@ -36,6 +46,10 @@ struct ModelConfig {
   nlohmann::json to_json() const;
   void validate() const;
   std::int64_t num_parameters() const;  // without LoRA
+  // Parameters a token computes with: num_parameters less the experts it is not routed to.
+  std::int64_t active_parameters() const;
+  // Whether layer `layer` has a router and experts in place of the dense MLP.
+  bool sparse_layer(std::int64_t layer) const;
   // The family of model_type (model_family.hpp); invalid_argument naming the supported ones for another.
   const ModelFamily& family() const;
   // HF puts a bias on o_proj too when attention_bias is set, except Qwen2 (q/k/v biases only).

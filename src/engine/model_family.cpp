@@ -12,7 +12,9 @@ namespace rlloop::engine {
 namespace {
 
 // The families compiled in, one line each (their files are in families/).
-std::vector<ModelFamily> builtin_families() { return {families::llama(), families::qwen2(), families::qwen3()}; }
+std::vector<ModelFamily> builtin_families() {
+  return {families::llama(), families::qwen2(), families::qwen3(), families::qwen3_moe()};
+}
 
 // A deque keeps every entry at its address while later ones are added: find_model_family's pointers stay valid.
 struct Registry {
@@ -37,7 +39,7 @@ void check_family(const ModelFamily& f, const std::deque<ModelFamily>& registere
     throw invalid_argument(what + "a tensor name is empty");
   // Within a layer every tensor has a name of its own (two roles under one name would alias one tensor).
   std::set<std::string> in_layer;
-  for (const std::string* name : {&n.input_norm, &n.post_norm, &n.q_norm, &n.k_norm})
+  for (const std::string* name : {&n.input_norm, &n.post_norm, &n.q_norm, &n.k_norm, &n.router, &n.experts})
     if (name->empty() || !in_layer.insert(*name).second)
       throw invalid_argument(what + "layer tensor name '" + *name + "' is empty or used twice");
   std::set<std::string> targets;
@@ -68,6 +70,10 @@ Registry& registry() {
 
 std::string ModelFamily::projection_module(std::int64_t layer, Projection p) const {
   return layer_tensor(layer, names.projections[static_cast<std::size_t>(p)]);
+}
+
+std::string ModelFamily::expert_module(std::int64_t layer, std::int64_t expert, Projection p) const {
+  return layer_tensor(layer, names.experts + "." + std::to_string(expert) + "." + target_module(p));
 }
 
 std::string ModelFamily::layer_tensor(std::int64_t layer, const std::string& name) const {

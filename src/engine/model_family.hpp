@@ -44,6 +44,10 @@ struct WeightNames {
   std::array<std::string, kNumProjections> projections = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                                           "mlp.down_proj"};
+  // A sparse layer's (families with experts): the router's linear and the experts' list; expert e's gate, up and
+  // down projections are experts + "." + e + "." + the dense MLP's module names ("mlp.experts.3.gate_proj").
+  std::string router = "mlp.gate";
+  std::string experts = "mlp.experts";
 };
 
 struct ModelFamily {
@@ -54,6 +58,9 @@ struct ModelFamily {
   bool o_proj_bias = true;              // with attention biases, o_proj has one too (Llama's attention_bias)
   bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool gguf_reorders_qk = false;        // llama.cpp's converter reorders the q/k rows of each head (llama)
+  // Sparse layers (mixture of experts): the family's read_config fills ModelConfig's expert keys, and layers
+  // ModelConfig::sparse_layer names have a router and experts in place of the dense MLP.
+  bool experts = false;
   // make_chat_renderer's name for the family's instruct format, used when the tokenizer carries no chat template
   // rlloop recognises (default_chat_renderer).
   std::string chat_renderer = "role_colon";
@@ -64,6 +71,8 @@ struct ModelFamily {
 
   // "model.layers.3.self_attn.q_proj": the module of a layer's projection.
   std::string projection_module(std::int64_t layer, Projection p) const;
+  // "model.layers.3.mlp.experts.5.gate_proj": expert e's gate, up or down projection in a sparse layer.
+  std::string expert_module(std::int64_t layer, std::int64_t expert, Projection p) const;
   // "model.layers.3.input_layernorm": a layer tensor's name without ".weight".
   std::string layer_tensor(std::int64_t layer, const std::string& name) const;
   // "q_proj": the projection's name in LoRA's target_modules.

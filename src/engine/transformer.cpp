@@ -10,13 +10,18 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include <rlloop/error.hpp>
 
 #include "attention.hpp"
 #include "decode_attention.hpp"
 #include "device.hpp"
+#include "experts.hpp"
 #include "fused_ops.hpp"
+#include "linear.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -37,59 +42,40 @@ std::string module_name(const std::string& hf_name) {
   return s;
 }
 
-// A linear layer y = x W^T + b, plus (alpha / rank) * B(A x) when an adapter is attached.
-struct Linear {
-  std::string name;        // HF module, e.g. "model.layers.0.self_attn.q_proj" (the family's names)
-  std::string short_name;  // its name in LoRA's target_modules: "q_proj", ..., "lm_head"
-  torch::Tensor weight;    // [out, in]; undefined when quantized
-  std::shared_ptr<const QuantizedMatrix> quantized;  // the weight in its GGUF blocks (a frozen base), or null
-  torch::Tensor bias;      // undefined without bias
-  torch::Tensor lora_a;    // [rank, in]; undefined without LoRA
-  torch::Tensor lora_b;    // [out, rank]
-  double lora_scale = 0.0;
-
-  std::int64_t out_features() const { return quantized ? quantized->rows() : weight.size(0); }
-  std::int64_t in_features() const { return quantized ? quantized->cols() : weight.size(1); }
-  // The weight's values as a tensor: the parameter, or the quantized blocks dequantized to fp32.
-  torch::Tensor dense_weight() const { return quantized ? quantized->dequantize() : weight; }
-
-  torch::Tensor apply(const torch::Tensor& x) const {
-    torch::Tensor y = apply_base(x);
-    if (!lora_a.defined()) return y;
-    // With B = 0 the delta is an exact zero and y + 0 == y: an untrained adapter reproduces the base bit for bit.
-    return torch::add(y, adapter_delta(x, y.scalar_type()), lora_scale);
-  }
-  // x W^T + b: the product without the adapter.
-  torch::Tensor apply_base(const torch::Tensor& x) const {
-    if (!quantized) return torch::linear(x, weight, bias);
-    torch::Tensor y = quantized_linear(x, quantized);
-    return bias.defined() ? y + bias : y;
-  }
-  // (x A^T) B^T as `dtype`, unscaled (an adapter must be attached).
-  torch::Tensor adapter_delta(const torch::Tensor& x, torch::ScalarType dtype) const {
-    // Adapters may be kept in a wider dtype than the base (fp32 adapters over bf16 weights, as PEFT does).
-    const auto& xa = x.scalar_type() == lora_a.scalar_type() ? x : x.to(lora_a.scalar_type());
-    torch::Tensor delta = torch::linear(torch::linear(xa, lora_a), lora_b);
-    return delta.scalar_type() == dtype ? delta : delta.to(dtype);
-  }
-
-  // W + scale * B A (with an adapter), accumulated in fp32 (at least) and stored in W's dtype.
-  torch::Tensor merged_weight() const {
-    torch::NoGradGuard no_grad;
-    auto acc = lora_a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    const torch::Tensor w = dense_weight();
-    return (w.to(acc) + lora_scale * torch::matmul(lora_b.to(acc), lora_a.to(acc))).to(w.scalar_type());
-  }
-};
-
 struct Layer {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;
-  Linear q, k, v, o, gate, up, down;
-  // In kProjections' order.
-  std::vector<Linear*> linears() { return {&q, &k, &v, &o, &gate, &up, &down}; }
-  std::vector<const Linear*> linears() const { return {&q, &k, &v, &o, &gate, &up, &down}; }
-  Linear& projection(Projection p) { return *linears()[static_cast<std::size_t>(p)]; }
-  const Linear& projection(Projection p) const { return *linears()[static_cast<std::size_t>(p)]; }
+  Linear q, k, v, o, gate, up, down;  // a sparse layer has no gate, up and down (not present())
+  Linear router;                      // a sparse layer's: [experts, H]
+  std::vector<Expert> experts;        // a sparse layer's
+  bool sparse() const { return !experts.empty(); }
+
+  // Every linear the layer has, in a fixed order: the projections present (kProjections' order), then the router
+  // and each expert's gate, up and down.
+  template <class Self, class L = std::conditional_t<std::is_const_v<Self>, const Linear, Linear>>
+  static std::vector<L*> linears_of(Self& self) {
+    std::vector<L*> out;
+    for (L* lin : {&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down})
+      if (lin->present()) out.push_back(lin);
+    if (self.router.present()) out.push_back(&self.router);
+    for (auto& e : self.experts)
+      for (L* lin : {&e.gate, &e.up, &e.down}) out.push_back(lin);
+    return out;
+  }
+  std::vector<Linear*> linears() { return linears_of(*this); }
+  std::vector<const Linear*> linears() const { return linears_of(*this); }
+  Linear& projection(Projection p) { return const_cast<Linear&>(std::as_const(*this).projection(p)); }
+  const Linear& projection(Projection p) const {
+    switch (p) {
+      case Projection::q: return q;
+      case Projection::k: return k;
+      case Projection::v: return v;
+      case Projection::o: return o;
+      case Projection::gate: return gate;
+      case Projection::up: return up;
+      case Projection::down: return down;
+    }
+    throw std::logic_error("Layer::projection: not a projection");
+  }
 };
 
 // Rows [row0, row0 + rows) of a decoding step of several batches (Transformer::decode_step): one batch of
@@ -359,10 +345,25 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
     const std::int64_t ins[] = {H, H, H, q_dim, H, H, I};
     const bool biases[] = {cfg.attention_bias, cfg.attention_bias, cfg.attention_bias, cfg.o_proj_bias(),
                            false, false, false};
+    const bool sparse = cfg.sparse_layer(i);
     for (Projection proj : kProjections) {
       const auto j = static_cast<std::size_t>(proj);
+      if (sparse && j >= static_cast<std::size_t>(Projection::gate)) break;  // the experts replace the dense MLP
       l.projection(proj) =
           linear(family.projection_module(i, proj), family.target_module(proj), outs[j], ins[j], biases[j]);
+    }
+    if (sparse) {
+      // The router and the experts are no LoRA target (an empty short name): transformers 5 keeps the experts in
+      // stacked parameters, which PEFT's target_modules do not reach.
+      l.router = linear(family.layer_tensor(i, names.router), "", cfg.num_experts, H, false);
+      const std::int64_t E_I = cfg.moe_intermediate_size;
+      for (std::int64_t e = 0; e < cfg.num_experts; ++e) {
+        Expert x;
+        x.gate = linear(family.expert_module(i, e, Projection::gate), "", E_I, H, false);
+        x.up = linear(family.expert_module(i, e, Projection::up), "", E_I, H, false);
+        x.down = linear(family.expert_module(i, e, Projection::down), "", H, E_I, false);
+        l.experts.push_back(std::move(x));
+      }
     }
     if (cfg.qk_norm) {
       l.q_norm = param(family.layer_tensor(i, names.q_norm) + ".weight", {D}, true);
@@ -503,6 +504,12 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
   x = x + proj(Projection::o, attn);
 
   h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
+  if (layer.sparse()) {  // the base's router and experts (they take no adapters), over every row at once
+    const torch::Tensor rows = h.reshape({-1, h.size(2)});
+    const Routes routes =
+        route_top_k(layer.router.apply(rows), cfg.num_experts_per_tok, cfg.norm_topk_prob, rows.scalar_type());
+    return x + run_experts(rows, routes, layer.experts).view(x.sizes());
+  }
   return x + proj(Projection::down, swiglu(proj(Projection::gate, h), proj(Projection::up, h)));
 }
 
@@ -633,8 +640,10 @@ bool Transformer::shares_base(const Transformer& other) const {
     if (!same(x.input_norm, y.input_norm) || !same(x.post_norm, y.post_norm) || !same(x.q_norm, y.q_norm) ||
         !same(x.k_norm, y.k_norm))
       return false;
-    for (Projection p : kProjections)
-      if (!same_linear(x.projection(p), y.projection(p))) return false;
+    const auto xs = x.linears(), ys = y.linears();
+    if (xs.size() != ys.size()) return false;
+    for (std::size_t j = 0; j < xs.size(); ++j)
+      if (!same_linear(*xs[j], *ys[j])) return false;
   }
   return true;
 }
@@ -777,6 +786,16 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
   const std::vector<std::string> known = family.lora_target_modules();
   std::set<std::string> targets;
   for (const auto& m : options.target_modules) {
+    // PEFT turns an MLP target of a model with experts into adapters on the experts' stacked weights
+    // (target_parameters gate_up_proj, down_proj), and its all-linear into who knows what: refused until rlloop has
+    // those adapters, rather than trained as something PEFT would load differently.
+    const bool mlp = m == family.target_module(Projection::gate) || m == family.target_module(Projection::up) ||
+                     m == family.target_module(Projection::down) || m == "all-linear";
+    if (impl_->cfg.num_experts > 0 && mlp)
+      throw invalid_argument("LoraOptions.target_modules: '" + m + "' is not supported on " + family.model_type +
+                             " models yet (LoRA on experts); target " + family.target_module(Projection::q) + ", " +
+                             family.target_module(Projection::k) + ", " + family.target_module(Projection::v) +
+                             ", " + family.target_module(Projection::o) + " or lm_head");
     if (m == "all-linear") {
       for (Projection p : kProjections) targets.insert(family.target_module(p));
     } else if (std::find(known.begin(), known.end(), m) != known.end()) {

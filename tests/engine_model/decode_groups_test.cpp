@@ -14,8 +14,9 @@ using namespace rlloop::engine::test_models;
 namespace {
 
 // Weights far from init_model's, and adapters whose B is not zero, so every product matters.
-std::shared_ptr<Transformer> random_base(torch::ScalarType dtype = torch::kFloat32) {
-  auto model = init_model(tiny_config("qwen3"), 7, torch::kCPU, dtype);
+std::shared_ptr<Transformer> random_base(torch::ScalarType dtype = torch::kFloat32,
+                                         const ModelConfig& cfg = tiny_config("qwen3")) {
+  auto model = init_model(cfg, 7, torch::kCPU, dtype);
   torch::NoGradGuard no_grad;
   for (auto& p : model->parameters()) p.uniform_(p.dim() == 1 ? 0.7 : -0.4, p.dim() == 1 ? 1.3 : 0.4);
   return model;
@@ -180,4 +181,15 @@ TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
   EXPECT_EQ(message({mine_group, {mine.model.get(), &one, &own_pool}}),
             "Transformer::decode_step: the groups' KV caches must share one block pool (the model's kv_pools() at "
             "one dtype)");
+}
+
+// A model with experts: the routed rows of every group go through the base's experts together (the experts take no
+// adapters; the groups' attention adapters still differ), and each group gets what it gets alone.
+TEST(DecodeStep, ExpertLayersOfGroupsSteppedTogetherEqualEachAlone) {
+  c10::InferenceMode inference;
+  auto base = random_base(torch::kFloat32, tiny_moe_config());
+  std::vector<Group> groups;
+  groups.push_back(prefilled(adapted(*base, {4, 8, {"q_proj", "o_proj", "lm_head"}}, 1), 5, 2, 1));
+  groups.push_back(prefilled(Transformer::sharing_base(*base), 19, 3, 2));
+  for (int step = 0; step < 3; ++step) step_together_and_compare(groups, "step " + std::to_string(step));
 }

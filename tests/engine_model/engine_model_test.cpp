@@ -131,12 +131,14 @@ TEST(ModelConfig, FamilyDefaultsAndExtensions) {
 // The families the engine runs (model_family.hpp): each model_type's entry, the names derived from it, the list
 // errors name, and a config of another model_type refused by that list.
 TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
-  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3");
-  ASSERT_EQ(model_families().size(), 3u);
+  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe");
+  ASSERT_EQ(model_families().size(), 4u);
   for (const ModelFamily* f : model_families()) {
     EXPECT_EQ(find_model_family(f->model_type), f);
-    EXPECT_EQ(find_gguf_family(f->gguf_architecture), f);
-    EXPECT_EQ(tiny_config(f->model_type).to_json()["architectures"][0], f->hf_architecture);
+    // qwen3_moe's GGUF files are not read yet (the family names no GGUF architecture).
+    EXPECT_EQ(find_gguf_family(f->gguf_architecture), f->gguf_architecture.empty() ? nullptr : f);
+    const ModelConfig tiny = f->experts ? tiny_moe_config() : tiny_config(f->model_type);
+    EXPECT_EQ(tiny.to_json()["architectures"][0], f->hf_architecture);
     EXPECT_EQ(f->projection_module(3, Projection::q), "model.layers.3.self_attn.q_proj");
     EXPECT_EQ(f->projection_module(0, Projection::down), "model.layers.0.mlp.down_proj");
     EXPECT_EQ(f->layer_tensor(1, f->names.post_norm), "model.layers.1.post_attention_layernorm");
@@ -149,12 +151,14 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(find_model_family("llama")->chat_renderer, "llama3");
   EXPECT_EQ(find_model_family("qwen2")->chat_renderer, "chatml");
   EXPECT_EQ(find_model_family("qwen3")->chat_renderer, "qwen3_no_thinking");
+  EXPECT_TRUE(find_model_family("qwen3_moe")->experts && find_model_family("qwen3_moe")->qk_norm);
+  EXPECT_EQ(find_model_family("qwen3_moe")->expert_module(2, 5, Projection::up), "model.layers.2.mlp.experts.5.up_proj");
   EXPECT_EQ(find_model_family("mixtral"), nullptr);
   EXPECT_EQ(find_gguf_family(""), nullptr);
   json j = tiny_config("llama").to_json();
   j["model_type"] = "mixtral";
   EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
-            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3)");
+            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3, qwen3_moe)");
   // A second entry for a registered model_type, and one whose projections share a module name, are refused.
   ModelFamily again = *find_model_family("qwen2");
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
@@ -176,7 +180,7 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): projection module 'q_proj' is used twice or reserved (lm_head, "
             "all-linear)");
-  EXPECT_EQ(model_families().size(), 3u);
+  EXPECT_EQ(model_families().size(), 4u);
 }
 
 TEST(ModelConfig, ValidationNamesTheField) {

@@ -25,4 +25,15 @@ inline ModelConfig tiny_config(const std::string& model_type, bool tied = false,
   return ModelConfig::from_json(j);
 }
 
+// tiny_config's Qwen3-MoE: both layers sparse, 6 experts of width 24, two per token, weights renormalised.
+inline ModelConfig tiny_moe_config() {
+  nlohmann::json j = tiny_config("qwen3").to_json();
+  j["model_type"] = "qwen3_moe";
+  j["num_experts"] = 6;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 24;
+  j["norm_topk_prob"] = true;
+  return ModelConfig::from_json(j);
+}
+
 }  // namespace rlloop::engine::test_models

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tiny random-weight Llama / Qwen2 / Qwen3 models made by Hugging Face `transformers`, random LoRA adapters made
-by `peft`, and the fp32 logits both compute for fixed token ids: the reference rlloop's engine must match.
+"""Tiny random-weight Llama / Qwen2 / Qwen3 / Qwen3-MoE models made by Hugging Face `transformers`, random LoRA
+adapters made by `peft`, and the fp32 logits both compute for fixed token ids: the reference rlloop's engine must
+match.
 
   make_models.py OUT_DIR [--seed N]
 
@@ -27,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 # Both ends of the 300-token vocabulary (0, 299) and a repeat (7, 7), whose two logits rows differ by position only.
 TOKENS = [1, 5, 9, 299, 0, 17, 42, 7, 7, 130, 255, 64]
 
-# Shared by every model: all six are made in ~2 s; grouped-query attention (4 query heads over 2 key/value heads).
+# Shared by every model: all eight are made in ~3 s; grouped-query attention (4 query heads over 2 key/value heads).
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, hidden_act="silu", bos_token_id=1, eos_token_id=2)
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -40,6 +41,7 @@ class Spec:
     model_type: str
     config: dict  # on top of COMMON
     lora_targets: list
+    gguf: bool = True  # whether gguf_parity_test writes it as llama.cpp's converter would (rlloop reads the GGUF)
 
 
 MODELS = [
@@ -60,12 +62,25 @@ MODELS = [
                                 use_sliding_window=False), ALL_LINEAR),
     Spec("qwen3-tied", "qwen3", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                      head_dim=32, use_sliding_window=False), ["gate_proj", "up_proj", "down_proj"]),
+    # Qwen3-MoE: every layer sparse, 8 experts of width 48, two per token with renormalised weights (as the
+    # released models route); adapters on attention (rlloop has no LoRA on experts yet).
+    Spec("qwen3-moe", "qwen3_moe", dict(tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                        head_dim=32, use_sliding_window=False, num_experts=8, num_experts_per_tok=2,
+                                        moe_intermediate_size=48, norm_topk_prob=True),
+         ["q_proj", "k_proj", "v_proj", "o_proj"], gguf=False),
+    # Plain top-k probabilities (no renormalisation), three of four experts, layer 1 dense (mlp_only_layers), tied.
+    Spec("qwen3-moe-mixed", "qwen3_moe", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                              head_dim=32, use_sliding_window=False, num_experts=4,
+                                              num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False,
+                                              mlp_only_layers=[1]), ["q_proj", "v_proj"], gguf=False),
 ]
 
 
 def load(path, dtype=torch.float32):
-    # Eager attention: the plain softmax(QK^T)V, so the reference does not depend on which SDPA kernel ran.
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    # Eager attention: the plain softmax(QK^T)V, so the reference does not depend on which SDPA kernel ran. Eager
+    # experts too (one product per expert hit): the default grouped_mm takes no fp64.
+    extra = {"experts_implementation": "eager"} if hasattr(AutoConfig.from_pretrained(path), "num_experts") else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **extra).eval()
 
 
 def forward_logits(model, tokens=TOKENS):
@@ -129,6 +144,7 @@ def make(out_dir, seed=0):
 
         reference["models"][spec.name] = {
             "model_type": spec.model_type,
+            "gguf": spec.gguf,
             "logits": as_rows(logits),
             "lora_logits": as_rows(lora_logits),
             "merged_logits": as_rows(merged_logits),

@@ -7,5 +7,6 @@ namespace rlloop::engine::families {
 ModelFamily llama();
 ModelFamily qwen2();
 ModelFamily qwen3();
+ModelFamily qwen3_moe();
 
 }  // namespace rlloop::engine::families

@@ -1,0 +1,180 @@
+// Mixture-of-experts layers (experts.hpp, the qwen3_moe family): routing as transformers computes it, the grouped
+// products against a plain per-token sum (values and gradients), the config keys and their errors, and the
+// parameter counts. tests/hf checks whole models against transformers itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+#include "experts.hpp"
+#include "model_io.hpp"
+#include "tiny_models.hpp"
+#include "transformer.hpp"
+
+using namespace rlloop;
+using namespace rlloop::engine;
+using namespace rlloop::engine::test_models;
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+Linear random_linear(std::int64_t out, std::int64_t in) {
+  Linear l;
+  l.weight = (0.3 * torch::randn({out, in})).requires_grad_();
+  return l;
+}
+
+std::vector<Expert> random_experts(std::int64_t count, std::int64_t hidden, std::int64_t width) {
+  std::vector<Expert> experts;
+  for (std::int64_t e = 0; e < count; ++e)
+    experts.push_back({random_linear(width, hidden), random_linear(width, hidden), random_linear(hidden, width)});
+  return experts;
+}
+
+}  // namespace
+
+// Softmax over every expert, the two most probable, their probabilities renormalised or not.
+TEST(Experts, RoutingTakesTheTopKOfTheSoftmax) {
+  const torch::Tensor logits = torch::tensor({{1.0f, 3.0f, 2.0f, 0.0f}, {0.5f, -1.0f, 0.5f, 4.0f}});
+  const double z0 = std::exp(1.0) + std::exp(3.0) + std::exp(2.0) + 1.0;
+  const Routes plain = route_top_k(logits, 2, /*normalize=*/false, torch::kFloat32);
+  EXPECT_EQ(plain.experts[0][0].item<std::int64_t>(), 1);
+  EXPECT_EQ(plain.experts[0][1].item<std::int64_t>(), 2);
+  EXPECT_EQ(plain.experts[1][0].item<std::int64_t>(), 3);
+  EXPECT_NEAR(plain.weights[0][0].item<double>(), std::exp(3.0) / z0, 1e-7);
+  EXPECT_NEAR(plain.weights[0][1].item<double>(), std::exp(2.0) / z0, 1e-7);
+  const Routes renormalised = route_top_k(logits, 2, /*normalize=*/true, torch::kBFloat16);
+  EXPECT_EQ(renormalised.weights.scalar_type(), torch::kBFloat16);
+  EXPECT_NEAR(renormalised.weights[0][0].item<double>(), std::exp(3.0) / (std::exp(3.0) + std::exp(2.0)), 4e-3);
+  EXPECT_NEAR((renormalised.weights.to(torch::kFloat32).sum(-1) - 1).abs().max().item<double>(), 0.0, 8e-3);
+}
+
+// The grouped products (rows sorted by expert, one product per expert) equal each token's routes summed one by one,
+// and so do the gradients of the input, of every expert's weights and of the router's logits. Expert 4 gets no
+// rows at all.
+TEST(Experts, GroupedProductsEqualAPerTokenSumWithGradients) {
+  torch::manual_seed(3);
+  const std::int64_t N = 13, H = 16, I = 8, E = 5, k = 2;
+  const torch::Tensor x = torch::randn({N, H}).requires_grad_();
+  torch::Tensor logits_in = torch::randn({N, E});
+  logits_in.select(1, 4).fill_(-30.0);
+  const torch::Tensor logits = logits_in.requires_grad_();
+  const std::vector<Expert> experts = random_experts(E, H, I);
+
+  const Routes routes = route_top_k(logits, k, true, torch::kFloat32);
+  ASSERT_EQ((routes.experts == 4).sum().item<std::int64_t>(), 0);
+  const torch::Tensor grouped = run_experts(x, routes, experts);
+
+  std::vector<torch::Tensor> rows;
+  for (std::int64_t n = 0; n < N; ++n) {
+    torch::Tensor sum = torch::zeros({H});
+    for (std::int64_t j = 0; j < k; ++j) {
+      const Expert& e = experts[static_cast<std::size_t>(routes.experts[n][j].item<std::int64_t>())];
+      const torch::Tensor row = x[n].unsqueeze(0);
+      const torch::Tensor out = e.down.apply(torch::silu(e.gate.apply(row)) * e.up.apply(row))[0];
+      sum = sum + routes.weights[n][j] * out;
+    }
+    rows.push_back(sum);
+  }
+  const torch::Tensor reference = torch::stack(rows);
+  EXPECT_LT((grouped - reference).abs().max().item<double>(), 1e-6);
+
+  const torch::Tensor upstream = torch::randn({N, H});
+  std::vector<torch::Tensor> inputs = {x, logits};
+  for (const Expert& e : experts)
+    for (const Linear* l : {&e.gate, &e.up, &e.down}) inputs.push_back(l->weight);
+  const auto want = torch::autograd::grad({(reference * upstream).sum()}, inputs, {}, true, false, true);
+  const auto got = torch::autograd::grad({(grouped * upstream).sum()}, inputs, {}, true, false, true);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const torch::Tensor expected = want[i].defined() ? want[i] : torch::zeros_like(inputs[i]);
+    const torch::Tensor actual = got[i].defined() ? got[i] : torch::zeros_like(inputs[i]);
+    EXPECT_LT((actual - expected).abs().max().item<double>(), 1e-5) << "gradient of input " << i;
+  }
+  // The unused expert gets no gradient; the router's logits do.
+  EXPECT_EQ(got[2 + 3 * 4].defined() ? got[2 + 3 * 4].abs().max().item<double>() : 0.0, 0.0);
+  EXPECT_GT(got[1].abs().max().item<double>(), 1e-3);
+}
+
+TEST(Experts, ConfigKeysRoundTripAndBadValuesAreRefusedByName) {
+  const ModelConfig cfg = tiny_moe_config();
+  EXPECT_EQ(cfg.num_experts, 6);
+  EXPECT_TRUE(cfg.sparse_layer(0) && cfg.sparse_layer(1));
+  const nlohmann::json j = cfg.to_json();
+  EXPECT_EQ(j["architectures"][0], "Qwen3MoeForCausalLM");
+  const ModelConfig again = ModelConfig::from_json(j);
+  EXPECT_EQ(again.to_json(), j);
+
+  // transformers 5 writes num_local_experts; layer 0 kept dense; every second layer sparse.
+  nlohmann::json hf5 = j;
+  hf5.erase("num_experts");
+  hf5["num_local_experts"] = 4;
+  hf5["mlp_only_layers"] = {0};
+  EXPECT_EQ(ModelConfig::from_json(hf5).num_experts, 4);
+  EXPECT_FALSE(ModelConfig::from_json(hf5).sparse_layer(0));
+  EXPECT_TRUE(ModelConfig::from_json(hf5).sparse_layer(1));
+  nlohmann::json step = j;
+  step["decoder_sparse_step"] = 2;
+  EXPECT_FALSE(ModelConfig::from_json(step).sparse_layer(0));
+  EXPECT_TRUE(ModelConfig::from_json(step).sparse_layer(1));
+
+  auto refused = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json bad = j;
+    if (value.is_null())
+      bad.erase(key);
+    else
+      bad[key] = value;
+    return error_of([&] { ModelConfig::from_json(bad); });
+  };
+  EXPECT_EQ(refused("num_experts_per_tok", 7), "model config: num_experts_per_tok must be in [1, num_experts = 6], got 7");
+  EXPECT_EQ(refused("moe_intermediate_size", nullptr), "model config: missing required field 'moe_intermediate_size'");
+  EXPECT_EQ(refused("mlp_only_layers", {5}), "model config: mlp_only_layers names layer 5 of 2");
+  EXPECT_EQ(refused("num_local_experts", 8),
+            "model config: num_experts 6 and num_local_experts 8 disagree; remove one of them");
+  EXPECT_EQ(refused("shared_expert_intermediate_size", 32),
+            "model config: shared experts (shared_expert_intermediate_size) are not supported");
+  nlohmann::json dense = j;
+  dense["model_type"] = "qwen3";
+  ModelConfig with_experts = ModelConfig::from_json(dense);
+  with_experts.num_experts = 4;
+  EXPECT_EQ(error_of([&] { with_experts.validate(); }), "model config: model_type qwen3 has no experts (num_experts 4)");
+}
+
+// num_parameters counts what the model holds; active_parameters leaves out the experts a token is not routed to.
+TEST(Experts, ParameterCountsMatchTheModel) {
+  const ModelConfig cfg = tiny_moe_config();
+  Transformer model(cfg);
+  std::int64_t held = 0;
+  for (const auto& [name, t] : model.hf_state_dict()) held += t.numel();
+  EXPECT_EQ(cfg.num_parameters(), held);
+  EXPECT_TRUE(model.hf_state_dict().count("model.layers.1.mlp.experts.5.down_proj.weight"));
+  EXPECT_TRUE(model.hf_state_dict().count("model.layers.0.mlp.gate.weight"));
+  EXPECT_FALSE(model.hf_state_dict().count("model.layers.0.mlp.gate_proj.weight"));
+  const std::int64_t unrouted = 2 * (6 - 2) * 3 * 32 * 24;  // layers x experts not taken x gate/up/down x H x width
+  EXPECT_EQ(cfg.active_parameters(), held - unrouted);
+}
+
+// The experts take no LoRA adapters yet: the MLP's targets and all-linear are refused naming what can be adapted.
+TEST(Experts, LoraOnTheMlpOfAModelWithExpertsIsRefused) {
+  for (const char* target : {"gate_proj", "down_proj", "all-linear"}) {
+    Transformer model(tiny_moe_config());
+    EXPECT_EQ(error_of([&] { model.enable_lora({4, 8, {"q_proj", target}}, 1); }),
+              std::string("LoraOptions.target_modules: '") + target +
+                  "' is not supported on qwen3_moe models yet (LoRA on experts); target q_proj, k_proj, v_proj, "
+                  "o_proj or lm_head");
+    EXPECT_FALSE(model.has_lora());
+  }
+  Transformer model(tiny_moe_config());
+  model.enable_lora({4, 8, {"q_proj", "o_proj", "lm_head"}}, 1);
+  EXPECT_EQ(model.peft_state_dict().size(), 2u * (2 * 2 + 1));
+}
