@@ -4,6 +4,7 @@
 // (never a loop over tokens), in ATen operators, so the one definition trains, prefills and decodes on any device.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -17,6 +18,22 @@ struct Expert {
   Linear gate, up, down;
 };
 
+// A sparse layer's LoRA adapters on its experts, in PEFT's layout for stacked expert weights (its ParamWrapper over
+// transformers 5's gate_up_proj [E, 2I, H] and down_proj [E, H, I]): A is [E * r, in] with expert e's rows at
+// [e * r, (e + 1) * r), B is [out, E * r] read as [out, r, E], expert e's columns strided by E. The gate and up
+// projections share one adapter (rank 2 * LoRA's rank, alpha doubled too, as PEFT maps the per-projection targets
+// onto the fused weight): its output's first I rows adapt gate, the last I up.
+struct ExpertAdapters {
+  torch::Tensor gate_up_a, gate_up_b;  // [E * r2, H], [2I, E * r2]; undefined unless gate/up are targets
+  torch::Tensor down_a, down_b;        // [E * r, I], [H, E * r]; undefined unless down_proj is a target
+  double scale = 0.0;                  // alpha / rank, the same for both (PEFT doubles both for gate_up)
+
+  bool any() const { return gate_up_a.defined() || down_a.defined(); }
+  // Expert e of E's factors of a stacked pair: A [r, in], B [out, r] (views).
+  static std::pair<torch::Tensor, torch::Tensor> factors(const torch::Tensor& a, const torch::Tensor& b,
+                                                         std::int64_t e, std::int64_t E);
+};
+
 // Where each of N tokens goes: its k experts and the weight of each one's output.
 struct Routes {
   torch::Tensor experts;  // [N, k] int64
@@ -28,7 +45,9 @@ struct Routes {
 Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype);
 
 // For each row of x [N, H]: the sum over its routes of weight * expert(row), in expert order (as transformers
-// accumulates it). One host read per call: how many rows each expert got.
-torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts);
+// accumulates it), each expert adapted by `adapters` when given. One host read per call: how many rows each expert
+// got.
+torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
+                          const ExpertAdapters* adapters = nullptr);
 
 }  // namespace rlloop::engine

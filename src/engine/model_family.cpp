@@ -89,9 +89,12 @@ std::string ModelFamily::target_module(Projection p) const {
   return path.substr(path.rfind('.') + 1);  // npos + 1 == 0: a path without a dot is its own name
 }
 
+std::string ModelFamily::router_target_module() const { return names.router.substr(names.router.rfind('.') + 1); }
+
 std::vector<std::string> ModelFamily::lora_target_modules() const {
   std::vector<std::string> out;
   for (Projection p : kProjections) out.push_back(target_module(p));
+  if (experts) out.push_back(router_target_module());
   out.push_back("lm_head");
   out.push_back("all-linear");
   return out;

@@ -77,7 +77,10 @@ struct ModelFamily {
   std::string layer_tensor(std::int64_t layer, const std::string& name) const;
   // "q_proj": the projection's name in LoRA's target_modules.
   std::string target_module(Projection p) const;
-  // Every name target_modules takes: the projections', "lm_head" and "all-linear" (every projection).
+  // "gate": the router's name in LoRA's target_modules (families with experts).
+  std::string router_target_module() const;
+  // Every name target_modules takes: the projections', the router's (families with experts), "lm_head" and
+  // "all-linear" (every projection, and the router).
   std::vector<std::string> lora_target_modules() const;
 };
 

@@ -368,6 +368,36 @@ void save_model(const Transformer& model, const std::string& dir, std::int64_t m
 
 // ------------------------------------------------------------------------------------------ PEFT dirs
 
+namespace {
+
+// The targets of a model with experts as PEFT writes them for transformers 5's stacked experts: attention (and
+// lm_head) in target_modules, the experts' stacked weights and the router's weight in target_parameters, and the
+// fused gate_up's doubled rank and alpha in rank_pattern / alpha_pattern (Transformer::peft_state_dict names the
+// tensors to match).
+void peft_expert_targets(const ModelConfig& config, const LoraOptions& lora, json& cfg) {
+  const ModelFamily& family = config.family();
+  std::set<std::string> targets(lora.target_modules.begin(), lora.target_modules.end());
+  if (targets.erase("all-linear")) {
+    for (Projection p : kProjections) targets.insert(family.target_module(p));
+    targets.insert(family.router_target_module());
+  }
+  json modules = json::array(), parameters = json::array();
+  for (Projection p : {Projection::q, Projection::k, Projection::v, Projection::o})
+    if (targets.count(family.target_module(p))) modules.push_back(family.target_module(p));
+  if (targets.count("lm_head")) modules.push_back("lm_head");
+  if (targets.count(family.target_module(Projection::gate))) {
+    parameters.push_back("gate_up_proj");
+    cfg["rank_pattern"] = {{".*\\.gate_up_proj", 2 * lora.rank}};
+    cfg["alpha_pattern"] = {{".*\\.gate_up_proj", 2 * lora.alpha}};
+  }
+  if (targets.count(family.target_module(Projection::down))) parameters.push_back("down_proj");
+  if (targets.count(family.router_target_module())) parameters.push_back(family.router_target_module() + ".weight");
+  cfg["target_modules"] = modules;
+  cfg["target_parameters"] = parameters;
+}
+
+}  // namespace
+
 void save_peft_adapter(const Transformer& model, const std::string& dir, const std::string& base_model_name) {
   if (!model.has_lora()) throw conflict("save_peft_adapter: the model has no LoRA adapters");
   const fs::path d(dir);
@@ -378,11 +408,13 @@ void save_peft_adapter(const Transformer& model, const std::string& dir, const s
   json cfg = {{"peft_type", "LORA"},      {"task_type", "CAUSAL_LM"}, {"r", lora.rank},
               {"lora_alpha", lora.alpha}, {"lora_dropout", 0.0},      {"bias", "none"},
               {"fan_in_fan_out", false},  {"inference_mode", true},   {"base_model_name_or_path", base_model_name}};
-  // PEFT accepts the literal "all-linear" as a string, and a list of module names otherwise.
-  if (lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear")
-    cfg["target_modules"] = "all-linear";
-  else
+  if (model.config().num_experts > 0) {
+    peft_expert_targets(model.config(), lora, cfg);
+  } else if (lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear") {
+    cfg["target_modules"] = "all-linear";  // PEFT accepts the literal as a string, and a list of names otherwise
+  } else {
     cfg["target_modules"] = lora.target_modules;
+  }
   TensorMap tensors = model.peft_state_dict();
   for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, torch::kFloat32);
   write_safetensors((d / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});

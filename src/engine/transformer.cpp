@@ -47,6 +47,7 @@ struct Layer {
   Linear q, k, v, o, gate, up, down;  // a sparse layer has no gate, up and down (not present())
   Linear router;                      // a sparse layer's: [experts, H]
   std::vector<Expert> experts;        // a sparse layer's
+  ExpertAdapters expert_lora;         // a sparse layer's adapters on its experts (LoRA)
   bool sparse() const { return !experts.empty(); }
 
   // Every linear the layer has, in a fixed order: the projections present (kProjections' order), then the router
@@ -197,6 +198,10 @@ struct Transformer::Impl {
 
   // Layer `li` over x [B, T, H]: attention (extending in.cache when given), then the MLP, each with its residual.
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const;
+  // The experts of sparse layer `li` over h [B, T, H] (rows [B * T, H] out): routed by the router, each row through
+  // its experts. In a step of several groups whose adapters reach the router or the experts, each group's rows
+  // run through its own (its own routes too); otherwise every row through the base's at once.
+  torch::Tensor sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const;
   // The attention of a step of several groups (LayerInputs::groups): each group's rows extend and read its cache.
   torch::Tensor attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const LayerInputs& in) const;
@@ -208,6 +213,9 @@ struct Transformer::Impl {
     for (const Linear* lin : l.linears())
       for (const torch::Tensor* t : {&lin->weight, &lin->bias, &lin->lora_a, &lin->lora_b})
         if (t->defined() && t->requires_grad()) return true;
+    const ExpertAdapters& e = l.expert_lora;
+    for (const torch::Tensor* t : {&e.gate_up_a, &e.gate_up_b, &e.down_a, &e.down_b})
+      if (t->defined() && t->requires_grad()) return true;
     return false;
   }
   class CheckpointedLayer;
@@ -259,6 +267,32 @@ struct Transformer::Impl {
   }
 
   static std::string peft_prefix(const Linear& lin) { return "base_model.model." + lin.name; }
+
+  // Every adapter tensor under its PEFT name, with whether it is an A: the linears' adapters, then each sparse
+  // layer's stacked expert adapters, named as PEFT names its ParamWrappers on the experts: gate_up_proj's wrapper
+  // inside down_proj's, so gate_up's tensors are under "experts.base_layer" when both are there.
+  template <class F>
+  void for_each_adapter(F&& f) const {
+    for_each_linear([&](const Linear& lin) {
+      if (!lin.lora_a.defined()) return;
+      f(peft_prefix(lin) + ".lora_A.weight", lin.lora_a, true);
+      f(peft_prefix(lin) + ".lora_B.weight", lin.lora_b, false);
+    });
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const ExpertAdapters& e = layers[i].expert_lora;
+      const std::string prefix =
+          "base_model.model." + family->layer_tensor(static_cast<std::int64_t>(i), family->names.experts);
+      if (e.gate_up_a.defined()) {
+        const std::string inner = prefix + (e.down_a.defined() ? ".base_layer" : "");
+        f(inner + ".lora_A.weight", e.gate_up_a, true);
+        f(inner + ".lora_B.weight", e.gate_up_b, false);
+      }
+      if (e.down_a.defined()) {
+        f(prefix + ".lora_A.weight", e.down_a, true);
+        f(prefix + ".lora_B.weight", e.down_b, false);
+      }
+    }
+  }
 
   // RoPE cos/sin for every position, computed once (per device and dtype) instead of on every forward call;
   // rows are what HF computes for those positions: inv_freq and angles in fp32, then cast.
@@ -348,14 +382,18 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
     const bool sparse = cfg.sparse_layer(i);
     for (Projection proj : kProjections) {
       const auto j = static_cast<std::size_t>(proj);
-      if (sparse && j >= static_cast<std::size_t>(Projection::gate)) break;  // the experts replace the dense MLP
-      l.projection(proj) =
-          linear(family.projection_module(i, proj), family.target_module(proj), outs[j], ins[j], biases[j]);
+      const bool mlp = j >= static_cast<std::size_t>(Projection::gate);
+      if (sparse && mlp) break;  // the experts replace the dense MLP
+      // In a model with experts PEFT takes the MLP's names for the experts' (ExpertAdapters): the dense MLP of its
+      // mlp_only_layers is no LoRA target (an empty short name).
+      const std::string target = cfg.num_experts > 0 && mlp ? "" : family.target_module(proj);
+      l.projection(proj) = linear(family.projection_module(i, proj), target, outs[j], ins[j], biases[j]);
     }
     if (sparse) {
-      // The router and the experts are no LoRA target (an empty short name): transformers 5 keeps the experts in
-      // stacked parameters, which PEFT's target_modules do not reach.
-      l.router = linear(family.layer_tensor(i, names.router), "", cfg.num_experts, H, false);
+      // The experts' linears take no adapter of their own (an empty short name): their adapters are the layer's
+      // stacked ones (expert_lora).
+      l.router = linear(family.layer_tensor(i, names.router), family.router_target_module(), cfg.num_experts, H,
+                        false);
       const std::int64_t E_I = cfg.moe_intermediate_size;
       for (std::int64_t e = 0; e < cfg.num_experts; ++e) {
         Expert x;
@@ -504,13 +542,27 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
   x = x + proj(Projection::o, attn);
 
   h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
-  if (layer.sparse()) {  // the base's router and experts (they take no adapters), over every row at once
-    const torch::Tensor rows = h.reshape({-1, h.size(2)});
-    const Routes routes =
-        route_top_k(layer.router.apply(rows), cfg.num_experts_per_tok, cfg.norm_topk_prob, rows.scalar_type());
-    return x + run_experts(rows, routes, layer.experts).view(x.sizes());
-  }
+  if (layer.sparse()) return x + sparse_mlp(li, h, in).view(x.sizes());
   return x + proj(Projection::down, swiglu(proj(Projection::gate, h), proj(Projection::up, h)));
+}
+
+torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const {
+  const torch::Tensor rows = h.reshape({-1, h.size(2)});
+  auto through = [&](const Layer& layer, const torch::Tensor& x) {
+    const Routes routes =
+        route_top_k(layer.router.apply(x), cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
+    return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr);
+  };
+  bool adapted = false;
+  for (const RowGroup& g : in.groups) {
+    const Layer& own = (*g.layers)[li];
+    adapted = adapted || own.expert_lora.any() || own.router.lora_a.defined();
+  }
+  // Without adapters anywhere: any group's layer is the base's (this model's own may have adapters of its own).
+  if (!adapted) return through(in.groups.empty() ? layers[li] : (*in.groups.front().layers)[li], rows);
+  std::vector<torch::Tensor> out;
+  for (const RowGroup& g : in.groups) out.push_back(through((*g.layers)[li], rows.narrow(0, g.row0, g.rows)));
+  return torch::cat(out);
 }
 
 torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k,
@@ -783,21 +835,13 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
   if (options.alpha <= 0)
     throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
   const ModelFamily& family = *impl_->family;
+  const bool has_experts = impl_->cfg.num_experts > 0;
   const std::vector<std::string> known = family.lora_target_modules();
   std::set<std::string> targets;
   for (const auto& m : options.target_modules) {
-    // PEFT turns an MLP target of a model with experts into adapters on the experts' stacked weights
-    // (target_parameters gate_up_proj, down_proj), and its all-linear into who knows what: refused until rlloop has
-    // those adapters, rather than trained as something PEFT would load differently.
-    const bool mlp = m == family.target_module(Projection::gate) || m == family.target_module(Projection::up) ||
-                     m == family.target_module(Projection::down) || m == "all-linear";
-    if (impl_->cfg.num_experts > 0 && mlp)
-      throw invalid_argument("LoraOptions.target_modules: '" + m + "' is not supported on " + family.model_type +
-                             " models yet (LoRA on experts); target " + family.target_module(Projection::q) + ", " +
-                             family.target_module(Projection::k) + ", " + family.target_module(Projection::v) +
-                             ", " + family.target_module(Projection::o) + " or lm_head");
     if (m == "all-linear") {
       for (Projection p : kProjections) targets.insert(family.target_module(p));
+      if (has_experts) targets.insert(family.router_target_module());  // PEFT's all-linear reaches the router too
     } else if (std::find(known.begin(), known.end(), m) != known.end()) {
       targets.insert(m);
     } else {
@@ -808,6 +852,14 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
     }
   }
   if (targets.empty()) throw invalid_argument("LoraOptions.target_modules is empty");
+  // The experts' gate and up projections are one stacked weight in transformers (gate_up_proj), adapted as one.
+  const std::string gate = family.target_module(Projection::gate), up = family.target_module(Projection::up);
+  const bool gate_up = targets.count(gate) && targets.count(up);
+  if (has_experts && targets.count(gate) != targets.count(up))
+    throw invalid_argument("LoraOptions.target_modules: '" + (targets.count(gate) ? gate : up) + "' needs '" +
+                           (targets.count(gate) ? up : gate) + "' too on " + family.model_type +
+                           " models: the experts' gate and up projections are one stacked weight, adapted as one");
+  const bool down = targets.count(family.target_module(Projection::down)) > 0;
 
   for (auto& p : parameters()) p.set_requires_grad(false);
   // A is drawn on the CPU in fp32 from its own generator so the init is the same on every device.
@@ -817,18 +869,30 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
   // Adapters stay fp32 unless the base is fp64 (PEFT keeps adapters in fp32 over bf16 weights).
   const auto lora_dtype = base_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   const auto device = impl_->device();
+  // A [rows, in] as PEFT initialises it (kaiming_uniform_(a=sqrt(5)) => U(-1/sqrt(in), 1/sqrt(in))), B zero.
+  auto pair = [&](const std::string& name, std::int64_t rows, std::int64_t in, std::int64_t out) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    auto a = torch::empty({rows, in}, torch::kFloat32).uniform_(-bound, bound, gen);
+    return std::pair{
+        register_parameter(module_name(name) + "_lora_A", a.to(device, lora_dtype), true),
+        register_parameter(module_name(name) + "_lora_B",
+                           torch::zeros({out, rows}, torch::TensorOptions().device(device).dtype(lora_dtype)), true)};
+  };
   impl_->for_each_linear([&](Linear& lin) {
     if (!targets.count(lin.short_name)) return;
-    const std::int64_t out = lin.out_features(), in = lin.in_features();
-    // PEFT: kaiming_uniform_(a=sqrt(5)) => U(-1/sqrt(in), 1/sqrt(in)).
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    auto a = torch::empty({options.rank, in}, torch::kFloat32).uniform_(-bound, bound, gen);
-    lin.lora_a = register_parameter(module_name(lin.name) + "_lora_A", a.to(device, lora_dtype), true);
-    lin.lora_b = register_parameter(
-        module_name(lin.name) + "_lora_B",
-        torch::zeros({out, options.rank}, torch::TensorOptions().device(device).dtype(lora_dtype)), true);
+    std::tie(lin.lora_a, lin.lora_b) = pair(lin.name, options.rank, lin.in_features(), lin.out_features());
     lin.lora_scale = scale;
   });
+  const std::int64_t E = impl_->cfg.num_experts, I = impl_->cfg.moe_intermediate_size, H = impl_->cfg.hidden_size;
+  for (std::size_t i = 0; i < impl_->layers.size(); ++i) {
+    Layer& l = impl_->layers[i];
+    if (!l.sparse() || !(gate_up || down)) continue;
+    const std::string experts = family.layer_tensor(static_cast<std::int64_t>(i), family.names.experts);
+    // PEFT doubles the fused gate_up's rank and alpha: the same scale, the capacity of the two adapters it replaces.
+    if (gate_up) std::tie(l.expert_lora.gate_up_a, l.expert_lora.gate_up_b) = pair(experts + ".gate_up", E * 2 * options.rank, H, 2 * I);
+    if (down) std::tie(l.expert_lora.down_a, l.expert_lora.down_b) = pair(experts + ".down", E * options.rank, I, H);
+    l.expert_lora.scale = scale;
+  }
   impl_->lora = options;
 }
 
@@ -838,16 +902,16 @@ const std::optional<LoraOptions>& Transformer::lora_options() const { return imp
 
 std::vector<torch::Tensor> Transformer::lora_a_parameters() {
   std::vector<torch::Tensor> out;
-  impl_->for_each_linear([&](Linear& lin) {
-    if (lin.lora_a.defined()) out.push_back(lin.lora_a);
+  impl_->for_each_adapter([&](const std::string&, const torch::Tensor& t, bool a) {
+    if (a) out.push_back(t);
   });
   return out;
 }
 
 std::vector<torch::Tensor> Transformer::lora_b_parameters() {
   std::vector<torch::Tensor> out;
-  impl_->for_each_linear([&](Linear& lin) {
-    if (lin.lora_b.defined()) out.push_back(lin.lora_b);
+  impl_->for_each_adapter([&](const std::string&, const torch::Tensor& t, bool a) {
+    if (!a) out.push_back(t);
   });
   return out;
 }
@@ -855,11 +919,7 @@ std::vector<torch::Tensor> Transformer::lora_b_parameters() {
 TensorMap Transformer::peft_state_dict() const {
   if (!impl_->lora) throw conflict("Transformer::peft_state_dict: the model has no LoRA adapters");
   TensorMap out;
-  impl_->for_each_linear([&](const Linear& lin) {
-    if (!lin.lora_a.defined()) return;
-    out[Impl::peft_prefix(lin) + ".lora_A.weight"] = lin.lora_a.detach();
-    out[Impl::peft_prefix(lin) + ".lora_B.weight"] = lin.lora_b.detach();
-  });
+  impl_->for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) { out[name] = t.detach(); });
   return out;
 }
 
@@ -867,11 +927,7 @@ void Transformer::load_peft_state_dict(const TensorMap& tensors) {
   if (!impl_->lora)
     throw conflict("Transformer::load_peft_state_dict: the model has no LoRA adapters (enable_lora first)");
   std::map<std::string, torch::Tensor> expected;
-  impl_->for_each_linear([&](Linear& lin) {
-    if (!lin.lora_a.defined()) return;
-    expected[Impl::peft_prefix(lin) + ".lora_A.weight"] = lin.lora_a;
-    expected[Impl::peft_prefix(lin) + ".lora_B.weight"] = lin.lora_b;
-  });
+  impl_->for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) { expected[name] = t; });
   for (const auto& [name, t] : tensors)
     if (!expected.count(name))
       throw invalid_argument("load_peft_state_dict: unexpected adapter tensor '" + name +
@@ -896,6 +952,30 @@ TensorMap Transformer::merged_hf_state_dict() const {
     // A tied model with an lm_head adapter gets an untied lm_head.weight (save_model unties the config).
     out[lin.name + ".weight"] = lin.merged_weight();
   });
+  // Each expert's weights with its share of the stacked adapters, accumulated in fp32 as merged_weight does.
+  for (const Layer& l : impl_->layers) {
+    const ExpertAdapters& adapters = l.expert_lora;
+    const auto E = static_cast<std::int64_t>(l.experts.size());
+    auto merge = [&](const Linear& lin, const torch::Tensor& a, const torch::Tensor& b) {
+      const torch::Tensor w = lin.dense_weight();
+      out[lin.name + ".weight"] =
+          (w.to(torch::kFloat32) + adapters.scale * torch::matmul(b.to(torch::kFloat32), a.to(torch::kFloat32)))
+              .to(w.scalar_type());
+    };
+    for (std::int64_t e = 0; e < E; ++e) {
+      const Expert& expert = l.experts[static_cast<std::size_t>(e)];
+      if (adapters.gate_up_a.defined()) {
+        const auto [a, b] = ExpertAdapters::factors(adapters.gate_up_a, adapters.gate_up_b, e, E);
+        const std::int64_t I = b.size(0) / 2;
+        merge(expert.gate, a, b.narrow(0, 0, I));
+        merge(expert.up, a, b.narrow(0, I, I));
+      }
+      if (adapters.down_a.defined()) {
+        const auto [a, b] = ExpertAdapters::factors(adapters.down_a, adapters.down_b, e, E);
+        merge(expert.down, a, b);
+      }
+    }
+  }
   return out;
 }
 
@@ -949,11 +1029,7 @@ std::int64_t Transformer::quantized_values() const {
 std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   if (impl_->lora) {
-    impl_->for_each_linear([&](Linear& lin) {
-      if (!lin.lora_a.defined()) return;
-      out.emplace_back(Impl::peft_prefix(lin) + ".lora_A.weight", lin.lora_a);
-      out.emplace_back(Impl::peft_prefix(lin) + ".lora_B.weight", lin.lora_b);
-    });
+    impl_->for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) { out.emplace_back(name, t); });
   } else {
     if (quantized_bytes() > 0)
       throw conflict("full fine-tuning needs dense weights: this model keeps its base quantized (train LoRA adapters, "

@@ -1,5 +1,5 @@
 // The built-in mixture-of-experts model (rlloop-tiny-moe, qwen3_moe) through the session API: full fine-tuning
-// and LoRA on attention train, sampling (the model's own decoding step, with its KV cache) gives the logprobs the
+// and LoRA on attention, router and experts train, sampling (the model's own decoding step, with its KV cache) gives the logprobs the
 // training forward computes, and a checkpoint restores the same numbers.
 #include <gtest/gtest.h>
 
@@ -53,15 +53,15 @@ TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
   auto restored = service.create_training_client_from_state(saved.path, {.base_model = "rlloop-tiny-moe"});
   EXPECT_EQ(restored.live_sampling_client().compute_logprobs(prompt).get(), before);
 
-  // LoRA on attention (the experts take none yet: their targets are refused by name).
+  // LoRA on attention, the router and the experts (all-linear, as PEFT reads it on a model with experts).
   EXPECT_EQ(error_of([&] {
               service.create_lora_training_client("rlloop-tiny-moe", {.rank = 4, .alpha = 8,
-                                                                      .target_modules = {"all-linear"}});
+                                                                      .target_modules = {"up_proj"}});
             }),
-            "LoraOptions.target_modules: 'all-linear' is not supported on qwen3_moe models yet (LoRA on experts); "
-            "target q_proj, k_proj, v_proj, o_proj or lm_head");
+            "LoraOptions.target_modules: 'up_proj' needs 'gate_proj' too on qwen3_moe models: the experts' gate and "
+            "up projections are one stacked weight, adapted as one");
   auto lora = service.create_lora_training_client(
-      "rlloop-tiny-moe", {.rank = 4, .alpha = 8, .target_modules = {"q_proj", "v_proj", "o_proj"}, .seed = 2});
+      "rlloop-tiny-moe", {.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .seed = 2});
   first = last = 0;
   for (int step = 0; step < 6; ++step) {
     const double loss = lora.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");

@@ -183,13 +183,19 @@ TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
             "one dtype)");
 }
 
-// A model with experts: the routed rows of every group go through the base's experts together (the experts take no
-// adapters; the groups' attention adapters still differ), and each group gets what it gets alone.
+// A model with experts: with adapters on attention only, the routed rows of every group go through the base's
+// experts together; with adapters on the router or the experts, each group's rows through its own. Either way each
+// group gets what it gets alone.
 TEST(DecodeStep, ExpertLayersOfGroupsSteppedTogetherEqualEachAlone) {
   c10::InferenceMode inference;
   auto base = random_base(torch::kFloat32, tiny_moe_config());
-  std::vector<Group> groups;
-  groups.push_back(prefilled(adapted(*base, {4, 8, {"q_proj", "o_proj", "lm_head"}}, 1), 5, 2, 1));
-  groups.push_back(prefilled(Transformer::sharing_base(*base), 19, 3, 2));
-  for (int step = 0; step < 3; ++step) step_together_and_compare(groups, "step " + std::to_string(step));
+  std::vector<Group> attention_only;
+  attention_only.push_back(prefilled(adapted(*base, {4, 8, {"q_proj", "o_proj", "lm_head"}}, 1), 5, 2, 1));
+  attention_only.push_back(prefilled(Transformer::sharing_base(*base), 19, 3, 2));
+  for (int step = 0; step < 3; ++step) step_together_and_compare(attention_only, "step " + std::to_string(step));
+  std::vector<Group> experts;
+  experts.push_back(prefilled(adapted(*base, {4, 8, {"all-linear"}}, 3), 7, 2, 3));
+  experts.push_back(prefilled(Transformer::sharing_base(*base), 4, 1, 4));
+  experts.push_back(prefilled(adapted(*base, {2, 4, {"down_proj"}}, 5), 11, 2, 5));
+  for (int step = 0; step < 3; ++step) step_together_and_compare(experts, "experts, step " + std::to_string(step));
 }

@@ -164,17 +164,51 @@ TEST(Experts, ParameterCountsMatchTheModel) {
   EXPECT_EQ(cfg.active_parameters(), held - unrouted);
 }
 
-// The experts take no LoRA adapters yet: the MLP's targets and all-linear are refused naming what can be adapted.
-TEST(Experts, LoraOnTheMlpOfAModelWithExpertsIsRefused) {
-  for (const char* target : {"gate_proj", "down_proj", "all-linear"}) {
+// LoRA on a model with experts takes PEFT's layout: the MLP's names adapt the experts' stacked weights (gate and up
+// together, as one adapter of twice the rank), "gate" the router, all-linear all of them with attention. Gate without
+// up is refused; the merged weights give the adapted model's logits.
+TEST(Experts, LoraAdaptsTheExpertsInPeftsLayout) {
+  {
     Transformer model(tiny_moe_config());
-    EXPECT_EQ(error_of([&] { model.enable_lora({4, 8, {"q_proj", target}}, 1); }),
-              std::string("LoraOptions.target_modules: '") + target +
-                  "' is not supported on qwen3_moe models yet (LoRA on experts); target q_proj, k_proj, v_proj, "
-                  "o_proj or lm_head");
+    EXPECT_EQ(error_of([&] { model.enable_lora({4, 8, {"q_proj", "gate_proj"}}, 1); }),
+              "LoraOptions.target_modules: 'gate_proj' needs 'up_proj' too on qwen3_moe models: the experts' gate and "
+              "up projections are one stacked weight, adapted as one");
     EXPECT_FALSE(model.has_lora());
   }
-  Transformer model(tiny_moe_config());
-  model.enable_lora({4, 8, {"q_proj", "o_proj", "lm_head"}}, 1);
-  EXPECT_EQ(model.peft_state_dict().size(), 2u * (2 * 2 + 1));
+  torch::manual_seed(1);
+  auto model = init_model(tiny_moe_config(), 3, torch::kCPU, torch::kFloat32);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.uniform_(p.dim() == 1 ? 0.7 : -0.4, p.dim() == 1 ? 1.3 : 0.4);
+  }
+  const torch::Tensor ids = torch::randint(64, {2, 9}, torch::kLong);
+  const torch::Tensor base = model->forward(ids).detach();
+  model->enable_lora({4, 8, {"all-linear"}}, 1);
+  const TensorMap adapters = model->peft_state_dict();
+  const std::string experts = "base_model.model.model.layers.1.mlp.experts.";
+  EXPECT_EQ(adapters.at(experts + "base_layer.lora_A.weight").sizes(), (std::vector<std::int64_t>{6 * 8, 32}));
+  EXPECT_EQ(adapters.at(experts + "base_layer.lora_B.weight").sizes(), (std::vector<std::int64_t>{2 * 24, 6 * 8}));
+  EXPECT_EQ(adapters.at(experts + "lora_A.weight").sizes(), (std::vector<std::int64_t>{6 * 4, 24}));
+  EXPECT_EQ(adapters.at(experts + "lora_B.weight").sizes(), (std::vector<std::int64_t>{32, 6 * 4}));
+  EXPECT_EQ(adapters.at("base_model.model.model.layers.0.mlp.gate.lora_B.weight").sizes(),
+            (std::vector<std::int64_t>{6, 4}));
+  EXPECT_EQ(adapters.size(), 2u * 2 * (4 + 1 + 2));  // layers x (A, B) x (q, k, v, o, router, gate_up, down)
+  EXPECT_EQ(model->lora_b_parameters().size(), 2u * (4 + 1 + 2));
+  // B = 0: the adapted model is the base; with B drawn, the experts' adapters move the logits, and the merged weights
+  // reproduce them.
+  EXPECT_TRUE(torch::equal(model->forward(ids).detach(), base));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& b : model->lora_b_parameters()) b.uniform_(-0.3, 0.3);
+  }
+  const torch::Tensor adapted = model->forward(ids).detach();
+  EXPECT_GT((adapted - base).abs().max().item<double>(), 0.1);
+  Transformer merged(tiny_moe_config());
+  merged.load_hf_state_dict(model->merged_hf_state_dict());
+  EXPECT_LT((merged.forward(ids) - adapted).abs().max().item<double>(), 1e-5);
+  // Only the experts' down adapters: the one wrapper's tensors are not under base_layer.
+  Transformer down_only(tiny_moe_config());
+  down_only.enable_lora({4, 8, {"down_proj"}}, 1);
+  EXPECT_EQ(down_only.peft_state_dict().count(experts + "lora_A.weight"), 1u);
+  EXPECT_EQ(down_only.peft_state_dict().size(), 2u * 2);
 }

@@ -156,10 +156,25 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
   if (cfg.value("peft_type", "LORA") != "LORA" || cfg.value("use_dora", false) || cfg.value("use_rslora", false))
     throw std::runtime_error(dir + ": not a plain LoRA adapter");
   const auto& modules = cfg.at("target_modules");
-  model.enable_lora({.rank = cfg.at("r").get<int>(),
-                     .alpha = cfg.at("lora_alpha").get<int>(),
-                     .target_modules = modules.is_string() ? std::vector<std::string>{modules.get<std::string>()}
-                                                           : modules.get<std::vector<std::string>>()},
+  const int rank = cfg.at("r").get<int>(), alpha = cfg.at("lora_alpha").get<int>();
+  std::vector<std::string> targets = modules.is_string() ? std::vector<std::string>{modules.get<std::string>()}
+                                                         : modules.get<std::vector<std::string>>();
+  // A model with experts: PEFT's stacked-expert targets back to the module names rlloop takes (save_peft_adapter
+  // writes them so); the fused gate_up must carry PEFT's doubled rank and alpha, the one layout rlloop has.
+  for (const auto& p : cfg.value("target_parameters", nlohmann::json::array())) {
+    const std::string name = p.get<std::string>();
+    if (name == "gate_up_proj") {
+      const nlohmann::json ranks = {{".*\\.gate_up_proj", 2 * rank}}, alphas = {{".*\\.gate_up_proj", 2 * alpha}};
+      if (cfg.value("rank_pattern", nlohmann::json()) != ranks || cfg.value("alpha_pattern", nlohmann::json()) != alphas)
+        throw std::runtime_error(dir + ": gate_up_proj's rank and alpha are not twice r and lora_alpha");
+      targets.insert(targets.end(), {"gate_proj", "up_proj"});
+    } else if (name == "down_proj" || name == "gate.weight") {
+      targets.push_back(name == "down_proj" ? "down_proj" : "gate");
+    } else {
+      throw std::runtime_error(dir + ": target parameter '" + name + "' is not one rlloop adapts");
+    }
+  }
+  model.enable_lora({.rank = rank, .alpha = alpha, .target_modules = targets},
                     /*seed=*/0);  // every adapter tensor is replaced next
   model.load_peft_state_dict(read_safetensors((d / "adapter_model.safetensors").string()));
 }

@@ -40,7 +40,7 @@ class Spec:
     name: str
     model_type: str
     config: dict  # on top of COMMON
-    lora_targets: list
+    lora_targets: list | str  # a list of module names, or PEFT's "all-linear"
     gguf: bool = True  # whether gguf_parity_test writes it as llama.cpp's converter would (rlloop reads the GGUF)
 
 
@@ -63,16 +63,17 @@ MODELS = [
     Spec("qwen3-tied", "qwen3", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                      head_dim=32, use_sliding_window=False), ["gate_proj", "up_proj", "down_proj"]),
     # Qwen3-MoE: every layer sparse, 8 experts of width 48, two per token with renormalised weights (as the
-    # released models route); adapters on attention (rlloop has no LoRA on experts yet).
+    # released models route). PEFT puts the MLP's targets on the stacked experts (gate_up_proj at twice the rank).
     Spec("qwen3-moe", "qwen3_moe", dict(tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                         head_dim=32, use_sliding_window=False, num_experts=8, num_experts_per_tok=2,
                                         moe_intermediate_size=48, norm_topk_prob=True),
-         ["q_proj", "k_proj", "v_proj", "o_proj"], gguf=False),
-    # Plain top-k probabilities (no renormalisation), three of four experts, layer 1 dense (mlp_only_layers), tied.
+         ALL_LINEAR, gguf=False),
+    # Plain top-k probabilities (no renormalisation), three of four experts, layer 1 dense (mlp_only_layers), tied;
+    # PEFT's all-linear: attention, the router and the experts (not layer 1's dense MLP).
     Spec("qwen3-moe-mixed", "qwen3_moe", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                               head_dim=32, use_sliding_window=False, num_experts=4,
                                               num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False,
-                                              mlp_only_layers=[1]), ["q_proj", "v_proj"], gguf=False),
+                                              mlp_only_layers=[1]), "all-linear", gguf=False),
 ]
 
 
