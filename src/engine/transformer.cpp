@@ -889,9 +889,11 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
     if (!l.sparse() || !(gate_up || down)) continue;
     const std::string experts = family.layer_tensor(static_cast<std::int64_t>(i), family.names.experts);
     // PEFT doubles the fused gate_up's rank and alpha: the same scale, the capacity of the two adapters it replaces.
-    if (gate_up) std::tie(l.expert_lora.gate_up_a, l.expert_lora.gate_up_b) = pair(experts + ".gate_up", E * 2 * options.rank, H, 2 * I);
-    if (down) std::tie(l.expert_lora.down_a, l.expert_lora.down_b) = pair(experts + ".down", E * options.rank, I, H);
-    l.expert_lora.scale = scale;
+    ExpertAdapters& adapters = l.expert_lora;
+    const std::int64_t r = options.rank;
+    if (gate_up) std::tie(adapters.gate_up_a, adapters.gate_up_b) = pair(experts + ".gate_up", E * 2 * r, H, 2 * I);
+    if (down) std::tie(adapters.down_a, adapters.down_b) = pair(experts + ".down", E * r, I, H);
+    adapters.scale = scale;
   }
   impl_->lora = options;
 }

@@ -142,8 +142,10 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
     EXPECT_EQ(f->projection_module(3, Projection::q), "model.layers.3.self_attn.q_proj");
     EXPECT_EQ(f->projection_module(0, Projection::down), "model.layers.0.mlp.down_proj");
     EXPECT_EQ(f->layer_tensor(1, f->names.post_norm), "model.layers.1.post_attention_layernorm");
-    EXPECT_EQ(f->lora_target_modules(), (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                                   "up_proj", "down_proj", "lm_head", "all-linear"}));
+    std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    if (f->experts) targets.push_back("gate");  // the router
+    targets.insert(targets.end(), {"lm_head", "all-linear"});
+    EXPECT_EQ(f->lora_target_modules(), targets);
   }
   EXPECT_TRUE(find_model_family("llama")->gguf_reorders_qk);
   EXPECT_FALSE(find_model_family("qwen2")->o_proj_bias);
@@ -152,7 +154,8 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(find_model_family("qwen2")->chat_renderer, "chatml");
   EXPECT_EQ(find_model_family("qwen3")->chat_renderer, "qwen3_no_thinking");
   EXPECT_TRUE(find_model_family("qwen3_moe")->experts && find_model_family("qwen3_moe")->qk_norm);
-  EXPECT_EQ(find_model_family("qwen3_moe")->expert_module(2, 5, Projection::up), "model.layers.2.mlp.experts.5.up_proj");
+  EXPECT_EQ(find_model_family("qwen3_moe")->expert_module(2, 5, Projection::up),
+            "model.layers.2.mlp.experts.5.up_proj");
   EXPECT_EQ(find_model_family("mixtral"), nullptr);
   EXPECT_EQ(find_gguf_family(""), nullptr);
   json j = tiny_config("llama").to_json();

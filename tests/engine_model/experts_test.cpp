@@ -136,7 +136,8 @@ TEST(Experts, ConfigKeysRoundTripAndBadValuesAreRefusedByName) {
       bad[key] = value;
     return error_of([&] { ModelConfig::from_json(bad); });
   };
-  EXPECT_EQ(refused("num_experts_per_tok", 7), "model config: num_experts_per_tok must be in [1, num_experts = 6], got 7");
+  EXPECT_EQ(refused("num_experts_per_tok", 7),
+            "model config: num_experts_per_tok must be in [1, num_experts = 6], got 7");
   EXPECT_EQ(refused("moe_intermediate_size", nullptr), "model config: missing required field 'moe_intermediate_size'");
   EXPECT_EQ(refused("mlp_only_layers", {5}), "model config: mlp_only_layers names layer 5 of 2");
   EXPECT_EQ(refused("num_local_experts", 8),
@@ -147,7 +148,8 @@ TEST(Experts, ConfigKeysRoundTripAndBadValuesAreRefusedByName) {
   dense["model_type"] = "qwen3";
   ModelConfig with_experts = ModelConfig::from_json(dense);
   with_experts.num_experts = 4;
-  EXPECT_EQ(error_of([&] { with_experts.validate(); }), "model config: model_type qwen3 has no experts (num_experts 4)");
+  EXPECT_EQ(error_of([&] { with_experts.validate(); }),
+            "model config: model_type qwen3 has no experts (num_experts 4)");
 }
 
 // num_parameters counts what the model holds; active_parameters leaves out the experts a token is not routed to.
