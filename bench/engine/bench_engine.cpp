@@ -8,6 +8,11 @@
 //                          precision; AVX512_BF16 dot products where the CPU has them)
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
 //   BM_SampleBf16/M        the same with bf16 decoding steps (LocalServiceOptions::sampling_precision = bf16)
+//   BM_DecodeExperts/K/S   a mixture of experts against a dense model of the same active parameters (rlloop-100m's
+//                          attention; 8 experts of width 1024 with top 2 against one MLP of width 2048): S samples x
+//                          32 new tokens; K 0 dense (CPU decoder), 1 dense on the ATen step, 2 the experts (which
+//                          take the ATen step). Counters: ms per step, and the weight bytes a step must read (at 16
+//                          rows every expert is hit) with the bandwidth that makes
 // Counters: tokens_per_s, GFLOPs (achieved), peak_frac (achieved / BM_MatmulPeak of the same run).
 // FLOPs: forward_backward 6 * params * tokens, sampling 2 * params * new tokens; params = every parameter
 // (the tied embedding counted once: it is the unembedding matmul). Attention score/value FLOPs not counted.
@@ -157,6 +162,63 @@ void run_sample(benchmark::State& state, rlloop::engine::DecodePrecision precisi
 }
 
 void BM_Sample(benchmark::State& state) { run_sample(state, rlloop::engine::DecodePrecision::fp32); }
+
+// rlloop-100m's shape with 8 experts of width 1024, two per token: the MLP a token runs is as wide as the dense one
+// (2 x 1024 = 2048), so both models have the same active parameters (the router's 8 x 768 per layer aside).
+std::shared_ptr<rlloop::engine::Transformer> experts_model(bool experts) {
+  static std::map<bool, std::shared_ptr<rlloop::engine::Transformer>> models;
+  auto& m = models[experts];
+  if (m) return m;
+  rlloop::engine::ModelConfig cfg = *rlloop::engine::builtin_model("rlloop-100m");
+  if (experts) {
+    cfg.model_type = "qwen3_moe";
+    cfg.qk_norm = true;
+    cfg.num_experts = 8;
+    cfg.num_experts_per_tok = 2;
+    cfg.moe_intermediate_size = 1024;
+    cfg.norm_topk_prob = true;
+  } else {
+    cfg.model_type = "qwen3";  // the same attention (q/k norms) as the experts' family
+    cfg.qk_norm = true;
+  }
+  m = rlloop::engine::init_model(cfg, 0, torch::kCPU, torch::kFloat32);
+  return m;
+}
+
+void BM_DecodeExperts(benchmark::State& state) {
+  configure_process();
+  const int kind = static_cast<int>(state.range(0));
+  const int samples = static_cast<int>(state.range(1));
+  constexpr int kSteps = 32;
+  auto model = experts_model(kind == 2);
+  const auto& cfg = model->config();
+  if (kind == 1) setenv("RLLOOP_DECODER", "aten", 1);
+  rlloop::SampleRequest req;
+  req.prompt = rlloop::ModelInput::from_tokens(tokens(kPromptTokens, 3));
+  req.num_samples = samples;
+  req.params.max_tokens = kSteps;
+  req.params.temperature = 1.0;
+  const rlloop::engine::SampleStream gen(1234);
+  rlloop::engine::sample(*model, req, {}, gen);  // warm-up
+  double seconds = 0.0, steps = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    auto out = rlloop::engine::sample(*model, req, {}, gen);
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    std::size_t longest = 0;
+    for (const auto& seq : out.sequences) longest = std::max(longest, seq.tokens.size());
+    steps += static_cast<double>(longest);
+  }
+  unsetenv("RLLOOP_DECODER");
+  // One row reads its two experts per layer; 16 rows hit all 8 (the chance that one expert gets none of 32 routes
+  // is (6/8)^16 ~ 1% per layer).
+  const double read = static_cast<double>(samples == 1 ? cfg.active_parameters() : cfg.num_parameters()) * 4.0;
+  state.counters["ms_per_step"] = 1e3 * seconds / steps;
+  state.counters["weight_MB_per_step"] = read / 1e6;
+  state.counters["GBps"] = read * steps / seconds / 1e9;
+  state.SetLabel(std::string(kind == 0 ? "dense, CPU decoder" : kind == 1 ? "dense, ATen step" : "8 experts top 2") +
+                 ", " + std::to_string(samples) + " x " + std::to_string(kSteps));
+}
 void BM_SampleBf16(benchmark::State& state) { run_sample(state, rlloop::engine::DecodePrecision::bf16); }
 
 // 16 rows times [2048, 768] weights, cycling through 96 distinct matrices (600 MB, far beyond the caches, like
@@ -227,6 +289,11 @@ BENCHMARK(BM_DecodeProductBf16)->Iterations(10)->Unit(benchmark::kMillisecond)->
 BENCHMARK(BM_Sample)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Sample)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_SampleBf16)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeExperts)
+    ->ArgsProduct({{0, 1, 2}, {1, 16}})
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_SampleBf16)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -45,9 +45,9 @@ struct Routes {
 Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype);
 
 // For each row of x [N, H]: the sum over its routes of weight * expert(row), in expert order (as transformers
-// accumulates it), each expert adapted by `adapters` when given. One host read per call: how many rows each expert
-// got.
+// accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). One
+// host read per call: how many rows each expert got.
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
-                          const ExpertAdapters* adapters = nullptr);
+                          const ExpertAdapters* adapters = nullptr, bool few_rows = false);
 
 }  // namespace rlloop::engine

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "few_rows_linear.hpp"
 #include "quantized_matrix.hpp"
 
 namespace rlloop::engine {
@@ -30,15 +31,19 @@ struct Linear {
   // The weight's values as a tensor: the parameter, or the quantized blocks dequantized to fp32.
   torch::Tensor dense_weight() const { return quantized ? quantized->dequantize() : weight; }
 
-  torch::Tensor apply(const torch::Tensor& x) const {
-    torch::Tensor y = apply_base(x);
+  // few_rows: a decoding step's product (one new token per row), which takes rlloop's few-row kernel on the CPU
+  // (few_rows_linear.hpp) where it applies; other forwards keep torch::linear.
+  torch::Tensor apply(const torch::Tensor& x, bool few_rows = false) const {
+    torch::Tensor y = apply_base(x, few_rows);
     if (!lora_a.defined()) return y;
     // With B = 0 the delta is an exact zero and y + 0 == y: an untrained adapter reproduces the base bit for bit.
     return torch::add(y, adapter_delta(x, y.scalar_type()), lora_scale);
   }
   // x W^T + b: the product without the adapter.
-  torch::Tensor apply_base(const torch::Tensor& x) const {
-    if (!quantized) return torch::linear(x, weight, bias);
+  torch::Tensor apply_base(const torch::Tensor& x, bool few_rows = false) const {
+    if (!quantized)
+      return few_rows && few_rows_linear_applies(x, weight) ? few_rows_linear(x, weight, bias)
+                                                            : torch::linear(x, weight, bias);
     torch::Tensor y = quantized_linear(x, quantized);
     return bias.defined() ? y + bias : y;
   }

@@ -123,4 +123,26 @@ void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span
 #endif
 }
 
+void linear_rows_each(std::int64_t K, std::span<const OwnRowsProduct> products) {
+  std::int64_t rows = 0;
+  for (const OwnRowsProduct& p : products) rows = std::max(rows, p.M);
+  if (!small_gemm_applies(rows, K)) {
+    for (const OwnRowsProduct& p : products)
+      blas::gemm<float>(false, true, p.M, p.N, K, 1.0f, p.X, K, p.W, K, p.accumulate ? 1.0f : 0.0f, p.Y, p.N);
+    return;
+  }
+#if RLLOOP_SIMD_X86
+  const auto blocks_of = [](const OwnRowsProduct& p) { return (p.N + kWRows - 1) / kWRows; };
+  std::int64_t blocks = 0;
+  for (const OwnRowsProduct& p : products) blocks += blocks_of(p);
+  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, rows * K * kWRows));
+  product_blocks::parallel(blocks, grain, [&](std::int64_t begin, std::int64_t end) {
+    product_blocks::visit(products, begin, end, blocks_of,
+                          [&](const OwnRowsProduct& p, std::int64_t b0, std::int64_t b1) {
+                            kernel(p.X, p.M, p.W, b0 * kWRows, std::min(p.N, b1 * kWRows), K, p.Y, p.N, p.accumulate);
+                          });
+  });
+#endif
+}
+
 }  // namespace rlloop::engine

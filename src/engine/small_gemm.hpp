@@ -38,4 +38,18 @@ struct RowProduct {
 // kernel does not take go to BLAS, one call per product.)
 void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span<const RowProduct> products);
 
+// A product with an input of its own: Y (row-major [M, N]) = X (row-major [M, K]) W^T, or += with `accumulate`.
+struct OwnRowsProduct {
+  const float* X;
+  std::int64_t M;
+  const float* W;
+  std::int64_t N;
+  float* Y;
+  bool accumulate;
+};
+// Several products of the same K, each over its own rows (the experts of a decoding step, each over the rows routed
+// to it), in one parallel region as linear_rows_group runs its products. (Shapes the kernel does not take go to
+// BLAS, one call per product.)
+void linear_rows_each(std::int64_t K, std::span<const OwnRowsProduct> products);
+
 }  // namespace rlloop::engine

@@ -166,7 +166,7 @@ bool add_stacked_adapters(torch::Tensor& y, const torch::Tensor& h, const LayerI
 template <class Of>
 torch::Tensor project(const Linear& own, const torch::Tensor& h, const LayerInputs& in, Of&& of) {
   if (in.groups.empty()) return own.apply(h);
-  torch::Tensor y = own.apply_base(h);
+  torch::Tensor y = own.apply_base(h, /*few_rows=*/true);
   if (add_stacked_adapters(y, h, in, of)) return y;
   for (const RowGroup& g : in.groups) {
     const Linear& adapted = of(g);
@@ -548,10 +548,11 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
 
 torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const {
   const torch::Tensor rows = h.reshape({-1, h.size(2)});
+  const bool step = !in.groups.empty();  // a decoding step: few rows
   auto through = [&](const Layer& layer, const torch::Tensor& x) {
     const Routes routes =
-        route_top_k(layer.router.apply(x), cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
-    return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr);
+        route_top_k(layer.router.apply(x, step), cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
+    return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step);
   };
   bool adapted = false;
   for (const RowGroup& g : in.groups) {

@@ -106,6 +106,24 @@ TEST(Experts, GroupedProductsEqualAPerTokenSumWithGradients) {
   EXPECT_GT(got[1].abs().max().item<double>(), 1e-3);
 }
 
+// A decoding step's experts on the CPU (the routes grouped on the host, every expert's products in two parallel
+// regions of the few-row kernel) equal the grouped ATen products, for one row and for a step's worth.
+TEST(Experts, TheDecodingStepsCpuKernelsEqualTheAtenProducts) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(4);
+  const std::int64_t H = 32, I = 24, E = 6;
+  const std::vector<Expert> experts = random_experts(E, H, I);
+  for (std::int64_t N : {1, 5, 16}) {
+    const torch::Tensor x = torch::randn({N, H});
+    torch::Tensor logits = torch::randn({N, E});
+    logits.select(1, 2).fill_(-30.0);  // expert 2 gets no rows
+    const Routes routes = route_top_k(logits, 2, false, torch::kFloat32);
+    const torch::Tensor aten = run_experts(x, routes, experts, nullptr, /*few_rows=*/false);
+    const torch::Tensor step = run_experts(x, routes, experts, nullptr, /*few_rows=*/true);
+    EXPECT_LT((step - aten).abs().max().item<double>(), 1e-5 * aten.abs().max().item<double>()) << N << " rows";
+  }
+}
+
 TEST(Experts, ConfigKeysRoundTripAndBadValuesAreRefusedByName) {
   const ModelConfig cfg = tiny_moe_config();
   EXPECT_EQ(cfg.num_experts, 6);
