@@ -158,6 +158,8 @@ void for_each_rounded_source(const InferenceWeights& w, Visit visit) {
 }  // namespace
 
 RoundedWeights::RoundedWeights(Transformer& model) {
+  if (model.config().num_experts > 0)
+    throw invalid_argument("RoundedWeights: the model has experts (it decodes through the model, not the CPU decoder)");
   const InferenceWeights w = model.inference_weights();
   auto round = [](const LinearWeights& lw) {
     return lw.quantized ? Bf16Weight() : Bf16Weight(data(lw.weight), lw.weight.size(0), lw.weight.size(1));
@@ -181,7 +183,7 @@ bool RoundedWeights::current(Transformer& model) const {
 
 CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::shared_ptr<const RoundedWeights> rounded)
     : cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
-  if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not an fp32 model on the CPU");
+  if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not a dense fp32 model on the CPU");
   std::int64_t bytes = model.quantized_bytes();
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);

@@ -86,7 +86,7 @@ double read_rope_theta(const json& j) {
   return theta.value_or(10000.0);
 }
 
-// The expert keys of a family with experts (Qwen2-MoE's names, which Qwen3-MoE and OLMoE share).
+// The expert keys of a family with experts (Qwen2-MoE's names, which Qwen3-MoE shares).
 void read_expert_keys(const json& j, ModelConfig& c) {
   // transformers 5 writes num_local_experts (its attribute map's name for num_experts); 4.x wrote num_experts.
   const bool local = j.contains("num_local_experts") && !j.contains("num_experts");

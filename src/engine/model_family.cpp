@@ -52,6 +52,11 @@ void check_family(const ModelFamily& f, const std::deque<ModelFamily>& registere
       throw invalid_argument(what + "projection module '" + t +
                              "' is used twice or reserved (lm_head, all-linear)");
   }
+  if (f.experts) {  // the router is a LoRA target of its own
+    const std::string r = f.router_target_module();
+    if (r.empty() || r == "lm_head" || r == "all-linear" || targets.count(r))
+      throw invalid_argument(what + "router module '" + r + "' is empty, a projection's or reserved");
+  }
 }
 
 Registry& registry() {

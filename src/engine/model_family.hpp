@@ -58,8 +58,9 @@ struct ModelFamily {
   bool o_proj_bias = true;              // with attention biases, o_proj has one too (Llama's attention_bias)
   bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool gguf_reorders_qk = false;        // llama.cpp's converter reorders the q/k rows of each head (llama)
-  // Sparse layers (mixture of experts): the family's read_config fills ModelConfig's expert keys, and layers
-  // ModelConfig::sparse_layer names have a router and experts in place of the dense MLP.
+  // Sparse layers (mixture of experts): ModelConfig::from_json reads the expert keys (Qwen-MoE's names; a family's
+  // read_config may read others), and the layers ModelConfig::sparse_layer names have a router and experts in place
+  // of the dense MLP.
   bool experts = false;
   // make_chat_renderer's name for the family's instruct format, used when the tokenizer carries no chat template
   // rlloop recognises (default_chat_renderer).

@@ -31,10 +31,15 @@ double forward_flops(const ModelConfig& cfg, const std::vector<std::int64_t>& le
   const auto q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim);
   const auto kv_width = static_cast<double>(cfg.num_key_value_heads * cfg.head_dim);
   const auto layers = static_cast<double>(cfg.num_hidden_layers);
-  // Multiply-adds per token: q, k, v and o; gate, up and down.
-  const auto ffn = static_cast<double>(cfg.intermediate_size);
-  const double per_layer = h * (q_width + 2 * kv_width) + q_width * h + 3 * h * ffn;
-  const double per_token = 2 * (layers * per_layer + h * static_cast<double>(cfg.vocab_size));
+  // Multiply-adds per token: q, k, v and o in every layer; gate, up and down of the dense MLP, or in a sparse
+  // layer the router's and those of the experts the token is routed to.
+  double mlp = 0;
+  for (std::int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    mlp += cfg.sparse_layer(i) ? h * static_cast<double>(cfg.num_experts +
+                                                           3 * cfg.num_experts_per_tok * cfg.moe_intermediate_size)
+                               : 3 * h * static_cast<double>(cfg.intermediate_size);
+  const double per_layer = h * (q_width + 2 * kv_width) + q_width * h;
+  const double per_token = 2 * (layers * per_layer + mlp + h * static_cast<double>(cfg.vocab_size));
   double tokens = 0, attention_pairs = 0;
   for (auto s : lengths) {
     tokens += static_cast<double>(s);

@@ -955,15 +955,15 @@ TensorMap Transformer::merged_hf_state_dict() const {
     // A tied model with an lm_head adapter gets an untied lm_head.weight (save_model unties the config).
     out[lin.name + ".weight"] = lin.merged_weight();
   });
-  // Each expert's weights with its share of the stacked adapters, accumulated in fp32 as merged_weight does.
+  // Each expert's weights with its share of the stacked adapters, accumulated as merged_weight accumulates.
   for (const Layer& l : impl_->layers) {
     const ExpertAdapters& adapters = l.expert_lora;
     const auto E = static_cast<std::int64_t>(l.experts.size());
     auto merge = [&](const Linear& lin, const torch::Tensor& a, const torch::Tensor& b) {
       const torch::Tensor w = lin.dense_weight();
+      const auto acc = a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
       out[lin.name + ".weight"] =
-          (w.to(torch::kFloat32) + adapters.scale * torch::matmul(b.to(torch::kFloat32), a.to(torch::kFloat32)))
-              .to(w.scalar_type());
+          (w.to(acc) + adapters.scale * torch::matmul(b.to(acc), a.to(acc))).to(w.scalar_type());
     };
     for (std::int64_t e = 0; e < E; ++e) {
       const Expert& expert = l.experts[static_cast<std::size_t>(e)];

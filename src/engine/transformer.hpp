@@ -130,7 +130,8 @@ class Transformer : public torch::nn::Module {
   std::int64_t quantized_bytes() const;
   std::int64_t quantized_values() const;
 
-  // Views of the current weights for inference kernels (see InferenceWeights).
+  // Views of the current weights for inference kernels (see InferenceWeights): the dense layer's. A sparse layer's
+  // gate, up and down are empty and its router and experts are not there (the CPU decoder takes dense models only).
   InferenceWeights inference_weights();
 
   // What the optimizer updates: the adapters with LoRA, every weight without, plus the value head if any.

@@ -1,6 +1,6 @@
-// The built-in mixture-of-experts model (rlloop-tiny-moe, qwen3_moe) through the session API: full fine-tuning
-// and LoRA on attention, router and experts train, sampling (the model's own decoding step, with its KV cache) gives the logprobs the
-// training forward computes, and a checkpoint restores the same numbers.
+// The built-in mixture-of-experts model (rlloop-tiny-moe, qwen3_moe) through the session API: full fine-tuning and
+// LoRA on attention, router and experts train, sampling (the model's own decoding step, with its KV cache) gives the
+// logprobs the training forward computes, and a checkpoint restores the same numbers.
 #include <gtest/gtest.h>
 
 #include "session_util.hpp"

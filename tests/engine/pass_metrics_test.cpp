@@ -63,6 +63,11 @@ TEST(PassMetrics, ForwardFlopsCountEveryProductOnce) {
   EXPECT_DOUBLE_EQ(engine::forward_flops(cfg, {3}), 3 * per_token + 2 * 2 * 4 * 6 * 2);
   EXPECT_DOUBLE_EQ(engine::forward_flops(cfg, {3, 1}),
                    4 * per_token + 2 * 2 * 4 * (6 + 1) * 2);  // the lengths attend apart
+  // With experts in layer 1 (3 of width 5, 2 per token; layer 0 kept dense): its MLP is the router's 4x3 and two
+  // experts' 3 x 4x5, 12 + 120 = 132 multiply-adds in place of 72.
+  cfg.model_type = "qwen3_moe";
+  cfg.num_experts = 3, cfg.num_experts_per_tok = 2, cfg.moe_intermediate_size = 5, cfg.mlp_only_layers = {0};
+  EXPECT_DOUBLE_EQ(engine::forward_flops(cfg, {3}), 3 * 2 * (120 + (48 + 132) + 40) + 2 * 2 * 4 * 6 * 2);
 }
 
 TEST(PassMetrics, ValuesAndTheirDefinitions) {

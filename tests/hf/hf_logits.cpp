@@ -165,7 +165,8 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
     const std::string name = p.get<std::string>();
     if (name == "gate_up_proj") {
       const nlohmann::json ranks = {{".*\\.gate_up_proj", 2 * rank}}, alphas = {{".*\\.gate_up_proj", 2 * alpha}};
-      if (cfg.value("rank_pattern", nlohmann::json()) != ranks || cfg.value("alpha_pattern", nlohmann::json()) != alphas)
+      const nlohmann::json none;
+      if (cfg.value("rank_pattern", none) != ranks || cfg.value("alpha_pattern", none) != alphas)
         throw std::runtime_error(dir + ": gate_up_proj's rank and alpha are not twice r and lora_alpha");
       targets.insert(targets.end(), {"gate_proj", "up_proj"});
     } else if (name == "down_proj" || name == "gate.weight") {
