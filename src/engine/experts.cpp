@@ -98,6 +98,12 @@ Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, 
   return {experts, weights.to(dtype)};
 }
 
+Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype) {
+  torch::Tensor weights = torch::softmax(logits, -1, torch::kFloat32).gather(1, experts);
+  if (normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return {experts, weights.to(dtype)};
+}
+
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
                           const ExpertAdapters* adapters, bool few_rows) {
   if (few_rows && !adapters && step_kernels_apply(x, experts)) return step_experts(x, routes, experts);

@@ -44,6 +44,21 @@ struct Routes {
 // renormalised to sum to one when `normalize` (norm_topk_prob), cast to `dtype`, as transformers computes it.
 Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype);
 
+// Routes given from elsewhere (routing replay): the tokens go to `experts` [N, k], weighted by the router's current
+// probabilities there (softmax of `logits` [N, E] in fp32, renormalised over the k when `normalize`), so gradients
+// still reach the router. With the experts route_top_k would pick, the weights are route_top_k's bit for bit.
+Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype);
+
+// Routing replay over one forward (Transformer::hidden_states): the experts each token took in each sparse layer,
+// [tokens, sparse layers, k] int64 with tokens in the input's row-major [B, T] order. `replay`, when defined, is
+// routed by (route_given); `recorded` receives what every sparse layer routed by, in the same layout. A sampler's
+// recorded routes given to the trainer's forward make it route as the sampler did: the importance ratio then
+// compares two sets of weights, not two routings.
+struct ExpertRouting {
+  torch::Tensor replay;
+  torch::Tensor recorded;
+};
+
 // For each row of x [N, H]: the sum over its routes of weight * expert(row), in expert order (as transformers
 // accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). One
 // host read per call: how many rows each expert got.

@@ -113,6 +113,8 @@ struct LayerInputs {
   // float64); all on the model's device.
   torch::Tensor padded_rows, unpadded_rows, lora_scales;
   std::int64_t rows_max = 0;
+  // Routing replay and recording (hidden_states' `routing`), or null.
+  ExpertRouting* routing = nullptr;
 };
 
 // Stores keys or values [N, kv_heads, D] at `slots` [N] of a pool's storage, in the storage's dtype.
@@ -205,6 +207,30 @@ struct Transformer::Impl {
   // The attention of a step of several groups (LayerInputs::groups): each group's rows extend and read its cache.
   torch::Tensor attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const LayerInputs& in) const;
+  std::int64_t sparse_layers() const {
+    std::int64_t n = 0;
+    for (const Layer& l : layers) n += l.sparse() ? 1 : 0;
+    return n;
+  }
+  // hidden_states' routing for `tokens` tokens: a model with experts, no activation checkpointing (its recompute
+  // would route afresh), and a replay of [tokens, sparse layers, k] int64 expert ids in [0, num_experts).
+  void check_routing(const ExpertRouting& routing, std::int64_t tokens, bool checkpoint) const {
+    const std::string what = "Transformer::hidden_states: routing replay: ";
+    if (cfg.num_experts == 0) throw invalid_argument(what + "this " + cfg.model_type + " model has no experts");
+    if (checkpoint) throw invalid_argument(what + "not supported with activation checkpointing");
+    const torch::Tensor& r = routing.replay;
+    if (!r.defined()) return;
+    const std::vector<std::int64_t> want = {tokens, sparse_layers(), cfg.num_experts_per_tok};
+    if (r.scalar_type() != torch::kLong || r.sizes() != want)
+      throw invalid_argument(what + "the routes must be an int64 [tokens, sparse layers, experts per token] = " +
+                             shape_string(want) + " tensor, got " + std::string(c10::toString(r.scalar_type())) +
+                             " " + shape_string(r.sizes()));
+    auto [lo, hi] = torch::aminmax(r);
+    const auto lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
+    if (lo_v < 0 || hi_v >= cfg.num_experts)
+      throw invalid_argument(what + "expert id " + std::to_string(lo_v < 0 ? lo_v : hi_v) + " is outside [0, " +
+                             std::to_string(cfg.num_experts) + ")");
+  }
   // Whether any weight, norm or adapter of layer `li` requires grad.
   bool layer_trains(std::size_t li) const {
     const Layer& l = layers[li];
@@ -549,9 +575,16 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
 torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const {
   const torch::Tensor rows = h.reshape({-1, h.size(2)});
   const bool step = !in.groups.empty();  // a decoding step: few rows
+  // This layer's place among the sparse ones: its slice of the routing's [tokens, sparse layers, k].
+  std::int64_t sparse_index = 0;
+  for (std::size_t i = 0; i < li; ++i) sparse_index += layers[i].sparse() ? 1 : 0;
   auto through = [&](const Layer& layer, const torch::Tensor& x) {
+    const torch::Tensor logits = layer.router.apply(x, step);
     const Routes routes =
-        route_top_k(layer.router.apply(x, step), cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
+        in.routing && in.routing->replay.defined()
+            ? route_given(logits, in.routing->replay.select(1, sparse_index), cfg.norm_topk_prob, x.scalar_type())
+            : route_top_k(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
+    if (in.routing) in.routing->recorded.select(1, sparse_index).copy_(routes.experts);
     return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step);
   };
   bool adapted = false;
@@ -603,7 +636,7 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
 bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
-torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache) {
+torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache, ExpertRouting* routing) {
   const ModelConfig& cfg = impl_->cfg;
   if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong)
     throw invalid_argument("Transformer::hidden_states: input_ids must be an int64 [batch, tokens] tensor, got " +
@@ -666,6 +699,13 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   }
   // Checkpointed layers keep only their input for backward and recompute the rest there (training, no cache).
   const bool checkpoint = impl_->checkpoint_layers && !cache && torch::GradMode::is_enabled();
+  if (routing) {
+    impl_->check_routing(*routing, B * T, checkpoint);
+    if (routing->replay.defined() && routing->replay.device() != device) routing->replay = routing->replay.to(device);
+    routing->recorded = torch::empty({B * T, impl_->sparse_layers(), cfg.num_experts_per_tok},
+                                     torch::TensorOptions().dtype(torch::kLong).device(device));
+    in.routing = routing;
+  }
   for (std::size_t li = 0; li < impl_->layers.size(); ++li)
     x = checkpoint ? Impl::CheckpointedLayer::run(*impl_, li, x, in) : impl_->layer_forward(li, x, in);
   if (cache) cache->length = S;

@@ -13,6 +13,7 @@
 
 #include <rlloop/types.hpp>
 
+#include "experts.hpp"
 #include "kv_cache.hpp"
 #include "model_config.hpp"
 #include "quantized_matrix.hpp"
@@ -78,7 +79,10 @@ class Transformer : public torch::nn::Module {
 
   // input_ids: [B, T] int64. Without a cache, positions are 0..T-1 with a causal mask. With a cache, the
   // tokens continue the cached positions and the cache is extended. Returns the final-norm hidden states [B, T, H].
-  torch::Tensor hidden_states(const torch::Tensor& input_ids, KVCache* cache = nullptr);
+  // `routing` (models with experts, experts.hpp): records the experts every sparse layer routed each token to, and
+  // routes by given ones where routing->replay is defined (invalid_argument when its shape or ids do not fit).
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, KVCache* cache = nullptr,
+                              ExpertRouting* routing = nullptr);
   // Activation checkpointing (off by default): a forward that builds a graph keeps only each layer's input and
   // recomputes the layer in backward, trading one more forward for activation memory that no longer grows with the
   // number of layers times the MLP's width. Values and gradients are those of the plain graph.

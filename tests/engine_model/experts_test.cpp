@@ -232,3 +232,46 @@ TEST(Experts, LoraAdaptsTheExpertsInPeftsLayout) {
   EXPECT_EQ(down_only.peft_state_dict().count(experts + "lora_A.weight"), 1u);
   EXPECT_EQ(down_only.peft_state_dict().size(), 2u * 2);
 }
+
+// Routing replay (issue 27, must-show 2): routes recorded from one forward, given to a forward after an update that
+// flips some of them, make it route exactly as the first did; without them it routes otherwise. With the model
+// unchanged, replaying its own routes changes nothing, bit for bit. Bad routes are refused by name.
+TEST(Experts, ReplayedRoutesReproduceTheRecordedOnesAfterAnUpdate) {
+  torch::NoGradGuard no_grad;
+  auto model = init_model(tiny_moe_config(), 5, torch::kCPU, torch::kFloat32);
+  for (auto& p : model->parameters()) p.uniform_(p.dim() == 1 ? 0.7 : -0.4, p.dim() == 1 ? 1.3 : 0.4);
+  torch::manual_seed(6);
+  const torch::Tensor ids = torch::randint(64, {2, 12}, torch::kLong);
+
+  ExpertRouting sampled;  // as the sampler's weights routed
+  const torch::Tensor before = model->hidden_states(ids, nullptr, &sampled);
+  ASSERT_EQ(sampled.recorded.sizes(), (std::vector<std::int64_t>{24, 2, 2}));
+  ExpertRouting same{sampled.recorded.clone(), {}};
+  EXPECT_TRUE(torch::equal(model->hidden_states(ids, nullptr, &same), before));
+  EXPECT_TRUE(torch::equal(same.recorded, sampled.recorded));
+
+  // An update of the routers (as an optimizer step moves them) flips some routes.
+  for (auto& [name, t] : model->named_trainable_parameters())
+    if (name.ends_with("mlp.gate.weight")) t.add_(0.3 * torch::randn_like(t));
+  ExpertRouting fresh;
+  model->hidden_states(ids, nullptr, &fresh);
+  const auto flipped = (fresh.recorded != sampled.recorded).sum().item<std::int64_t>();
+  EXPECT_GT(flipped, 0);
+  ExpertRouting replayed{sampled.recorded.clone(), {}};
+  const torch::Tensor with_replay = model->hidden_states(ids, nullptr, &replayed);
+  EXPECT_TRUE(torch::equal(replayed.recorded, sampled.recorded));
+  EXPECT_GT((with_replay - model->hidden_states(ids)).abs().max().item<double>(), 1e-4);
+
+  ExpertRouting short_routes{sampled.recorded.narrow(0, 0, 23).clone(), {}};
+  EXPECT_EQ(error_of([&] { model->hidden_states(ids, nullptr, &short_routes); }),
+            "Transformer::hidden_states: routing replay: the routes must be an int64 [tokens, sparse layers, experts "
+            "per token] = [24, 2, 2] tensor, got Long [23, 2, 2]");
+  ExpertRouting bad_id{sampled.recorded.clone(), {}};
+  bad_id.replay[3][1][0] = 6;
+  EXPECT_EQ(error_of([&] { model->hidden_states(ids, nullptr, &bad_id); }),
+            "Transformer::hidden_states: routing replay: expert id 6 is outside [0, 6)");
+  Transformer dense(tiny_config("qwen3"));
+  ExpertRouting none;
+  EXPECT_EQ(error_of([&] { dense.hidden_states(ids, nullptr, &none); }),
+            "Transformer::hidden_states: routing replay: this qwen3 model has no experts");
+}
