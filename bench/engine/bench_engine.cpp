@@ -139,16 +139,22 @@ void BM_ForwardBackward(benchmark::State& state) {
   state.SetLabel(std::string(shape.model) + " " + std::to_string(shape.batch) + "x" + std::to_string(shape.seq));
 }
 
+// `samples` samples of up to `max_tokens` new tokens from the benchmarks' 16-token prompt, temperature 1.
+rlloop::SampleRequest sample_request(int samples, int max_tokens) {
+  rlloop::SampleRequest req;
+  req.prompt = rlloop::ModelInput::from_tokens(tokens(kPromptTokens, 3));
+  req.num_samples = samples;
+  req.params.max_tokens = max_tokens;
+  req.params.temperature = 1.0;
+  return req;
+}
+
 void run_sample(benchmark::State& state, rlloop::engine::DecodePrecision precision) {
   const Shape& shape = kShapes[state.range(0)];
   configure_process();
   auto model = sampler_model(shape.model);
   const double params = static_cast<double>(count_params(*model));
-  rlloop::SampleRequest req;
-  req.prompt = rlloop::ModelInput::from_tokens(tokens(kPromptTokens, 3));
-  req.num_samples = kSamples;
-  req.params.max_tokens = kNewTokens;
-  req.params.temperature = 1.0;
+  const rlloop::SampleRequest req = sample_request(kSamples, kNewTokens);
   const rlloop::engine::SampleStream gen(1234);
   rlloop::engine::sample(*model, req, {}, gen, precision);  // warm-up
   double seconds = 0.0, generated = 0.0;
@@ -174,12 +180,7 @@ std::shared_ptr<rlloop::engine::Transformer> experts_model(bool experts) {
   if (m) return m;
   rlloop::engine::ModelConfig cfg = *rlloop::engine::builtin_model("rlloop-100m");
   if (experts) {
-    cfg.model_type = "qwen3_moe";
-    cfg.qk_norm = true;
-    cfg.num_experts = 8;
-    cfg.num_experts_per_tok = 2;
-    cfg.moe_intermediate_size = 1024;
-    cfg.norm_topk_prob = true;
+    cfg = rlloop::engine::with_experts(cfg, 8, 2, 1024);
   } else {
     cfg.model_type = "qwen3";  // the same attention (q/k norms) as the experts' family
     cfg.qk_norm = true;
@@ -203,11 +204,7 @@ void BM_DecodeExperts(benchmark::State& state) {
     setenv("RLLOOP_DECODER", "aten", 1);
   else
     unsetenv("RLLOOP_DECODER");
-  rlloop::SampleRequest req;
-  req.prompt = rlloop::ModelInput::from_tokens(tokens(kPromptTokens, 3));
-  req.num_samples = samples;
-  req.params.max_tokens = kSteps;
-  req.params.temperature = 1.0;
+  const rlloop::SampleRequest req = sample_request(samples, kSteps);
   const rlloop::engine::SampleStream gen(1234);
   rlloop::engine::sample(*model, req, {}, gen);  // warm-up
   double seconds = 0.0, steps = 0.0;

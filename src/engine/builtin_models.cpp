@@ -37,18 +37,19 @@ std::optional<ModelConfig> builtin_model(const std::string& name) {
     c.vocab_size = 32000;
     return c;
   }
-  if (name == "rlloop-tiny-moe") {
-    // rlloop-tiny's attention with Qwen3-MoE's sparse layers: 8 experts of width 16, two per token.
-    ModelConfig c = byte_level(32, 2, 4, 2, 64, 1024);
-    c.model_type = "qwen3_moe";
-    c.qk_norm = true;
-    c.num_experts = 8;
-    c.num_experts_per_tok = 2;
-    c.moe_intermediate_size = 16;
-    c.norm_topk_prob = true;
-    return c;
-  }
+  // rlloop-tiny's attention with Qwen3-MoE's sparse layers: 8 experts of width 16, two per token.
+  if (name == "rlloop-tiny-moe") return with_experts(byte_level(32, 2, 4, 2, 64, 1024), 8, 2, 16);
   return std::nullopt;
+}
+
+ModelConfig with_experts(ModelConfig c, std::int64_t experts, std::int64_t per_token, std::int64_t width) {
+  c.model_type = "qwen3_moe";
+  c.qk_norm = true;
+  c.num_experts = experts;
+  c.num_experts_per_tok = per_token;
+  c.moe_intermediate_size = width;
+  c.norm_topk_prob = true;
+  return c;
 }
 
 std::vector<std::string> builtin_model_names() {

@@ -14,4 +14,8 @@ namespace rlloop::engine {
 std::optional<ModelConfig> builtin_model(const std::string& name);
 std::vector<std::string> builtin_model_names();
 
+// `dense` as Qwen3-MoE (qwen3_moe): its attention with q/k norms, every layer sparse with `experts` SwiGLU experts of
+// width `width`, `per_token` of them per token, their weights renormalised (as the released models route).
+ModelConfig with_experts(ModelConfig dense, std::int64_t experts, std::int64_t per_token, std::int64_t width);
+
 }  // namespace rlloop::engine

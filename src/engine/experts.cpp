@@ -10,12 +10,11 @@ namespace rlloop::engine {
 
 namespace {
 
-// (x A^T) B^T * scale in x's dtype (the adapters may be kept wider than the base, as PEFT keeps them fp32).
-torch::Tensor low_rank(const torch::Tensor& x, const std::pair<torch::Tensor, torch::Tensor>& ab, double scale) {
-  const auto& [a, b] = ab;
-  const torch::Tensor xa = x.scalar_type() == a.scalar_type() ? x : x.to(a.scalar_type());
-  const torch::Tensor delta = torch::linear(torch::linear(xa, a), b) * scale;
-  return delta.scalar_type() == x.scalar_type() ? delta : delta.to(x.scalar_type());
+// Expert e's share of a stacked adapter applied to x: scale * (x A_e^T) B_e^T in x's dtype.
+torch::Tensor expert_delta(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b, std::int64_t e,
+                           std::int64_t E, double scale) {
+  const auto [a_e, b_e] = ExpertAdapters::factors(a, b, e, E);
+  return low_rank_product(x, a_e, b_e, x.scalar_type()) * scale;
 }
 
 // Whether a decoding step's experts take the CPU kernels below: fp32 on the CPU, no graph, at most kFewRows tokens,
@@ -125,8 +124,7 @@ torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const st
     const torch::Tensor in = rows.narrow(0, start, count[e]);
     torch::Tensor gate = expert.gate.apply(in, few_rows), up = expert.up.apply(in, few_rows);
     if (adapters && adapters->gate_up_a.defined()) {
-      const torch::Tensor delta =
-          low_rank(in, ExpertAdapters::factors(adapters->gate_up_a, adapters->gate_up_b, e, E), adapters->scale);
+      const torch::Tensor delta = expert_delta(in, adapters->gate_up_a, adapters->gate_up_b, e, E, adapters->scale);
       const std::int64_t I = gate.size(1);
       gate = gate + delta.narrow(1, 0, I);
       up = up + delta.narrow(1, I, I);
@@ -134,7 +132,7 @@ torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const st
     const torch::Tensor hidden = swiglu(gate, up);
     torch::Tensor out = expert.down.apply(hidden, few_rows);
     if (adapters && adapters->down_a.defined())
-      out = out + low_rank(hidden, ExpertAdapters::factors(adapters->down_a, adapters->down_b, e, E), adapters->scale);
+      out = out + expert_delta(hidden, adapters->down_a, adapters->down_b, e, E, adapters->scale);
     outputs.push_back(out);
   }
   const torch::Tensor weights = routes.weights.reshape({N * k}).index_select(0, order).unsqueeze(1);

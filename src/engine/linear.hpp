@@ -13,6 +13,15 @@
 
 namespace rlloop::engine {
 
+// (x A^T) B^T as `dtype`, unscaled: an adapter's product. Adapters may be kept in a wider dtype than the base (fp32
+// adapters over bf16 weights, as PEFT does): x goes to A's dtype first.
+inline torch::Tensor low_rank_product(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                                      torch::ScalarType dtype) {
+  const torch::Tensor& xa = x.scalar_type() == a.scalar_type() ? x : x.to(a.scalar_type());
+  torch::Tensor delta = torch::linear(torch::linear(xa, a), b);
+  return delta.scalar_type() == dtype ? delta : delta.to(dtype);
+}
+
 // A linear layer y = x W^T + b, plus (alpha / rank) * B(A x) when an adapter is attached.
 struct Linear {
   std::string name;        // HF module, e.g. "model.layers.0.self_attn.q_proj" (the family's names)
@@ -49,10 +58,7 @@ struct Linear {
   }
   // (x A^T) B^T as `dtype`, unscaled (an adapter must be attached).
   torch::Tensor adapter_delta(const torch::Tensor& x, torch::ScalarType dtype) const {
-    // Adapters may be kept in a wider dtype than the base (fp32 adapters over bf16 weights, as PEFT does).
-    const auto& xa = x.scalar_type() == lora_a.scalar_type() ? x : x.to(lora_a.scalar_type());
-    torch::Tensor delta = torch::linear(torch::linear(xa, lora_a), lora_b);
-    return delta.scalar_type() == dtype ? delta : delta.to(dtype);
+    return low_rank_product(x, lora_a, lora_b, dtype);
   }
 
   // W + scale * B A (with an adapter), accumulated in fp32 (at least) and stored in W's dtype.

@@ -1,6 +1,7 @@
 #include "small_gemm.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "blas.hpp"
 #include "product_blocks.hpp"
@@ -103,24 +104,10 @@ void linear_rows_serial(const float* X, std::int64_t M, const float* W, std::int
 }
 
 void linear_rows_group(const float* X, std::int64_t M, std::int64_t K, std::span<const RowProduct> products) {
-  if (!small_gemm_applies(M, K)) {
-    for (const RowProduct& p : products)
-      blas::gemm<float>(false, true, M, p.N, K, 1.0f, X, K, p.W, K, p.accumulate ? 1.0f : 0.0f, p.Y, p.N);
-    return;
-  }
-#if RLLOOP_SIMD_X86
-  // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
-  // multiply-adds.
-  const auto blocks_of = [](const RowProduct& p) { return (p.N + kWRows - 1) / kWRows; };
-  std::int64_t blocks = 0;
-  for (const RowProduct& p : products) blocks += blocks_of(p);
-  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, M * K * kWRows));
-  product_blocks::parallel(blocks, grain, [&](std::int64_t begin, std::int64_t end) {
-    product_blocks::visit(products, begin, end, blocks_of, [&](const RowProduct& p, std::int64_t b0, std::int64_t b1) {
-      kernel(X, M, p.W, b0 * kWRows, std::min(p.N, b1 * kWRows), K, p.Y, p.N, p.accumulate);
-    });
-  });
-#endif
+  std::vector<OwnRowsProduct> each;
+  each.reserve(products.size());
+  for (const RowProduct& p : products) each.push_back({X, M, p.W, p.N, p.Y, p.accumulate});
+  linear_rows_each(K, each);
 }
 
 void linear_rows_each(std::int64_t K, std::span<const OwnRowsProduct> products) {
@@ -132,6 +119,8 @@ void linear_rows_each(std::int64_t K, std::span<const OwnRowsProduct> products) 
     return;
   }
 #if RLLOOP_SIMD_X86
+  // Blocks of kWRows columns shared between the threads as product_blocks.hpp says; the grain is ~1M
+  // multiply-adds.
   const auto blocks_of = [](const OwnRowsProduct& p) { return (p.N + kWRows - 1) / kWRows; };
   std::int64_t blocks = 0;
   for (const OwnRowsProduct& p : products) blocks += blocks_of(p);
