@@ -45,6 +45,8 @@ struct PolicyGradientOptions {
                                     // (a critic's baseline still learns from it: never dropped there)
   double kl_coef = 0.0;             // > 0 needs set_reference(): per-token penalty kl_coef * (logp - logp_ref)
   int max_staleness = 1;            // off-policy mode: a batch may be learned at most this many steps after sampling
+  bool replay_routes = false;       // models with experts: train with the routes each token took when sampled
+                                    // (routing replay: the ratio then compares weights, not routings)
   AdamParams adam{.learning_rate = 1e-5};
 
   void validate() const {
@@ -177,8 +179,9 @@ class PolicyGradient {
       // ahead never repeats the draws of the one before it.
       if (params.seed)
         params.seed = *params.seed + state_.batches_submitted * seed_stride + static_cast<std::int64_t>(i);
-      batch.samples.push_back(
-          sampler.sample(ModelInput::from_tokens(batch.prompts.back()), options_.group_size, params));
+      SampleRequest request{ModelInput::from_tokens(batch.prompts.back()), options_.group_size, params};
+      request.include_routed_experts = options_.replay_routes;
+      batch.samples.push_back(sampler.sample(std::move(request)));
     }
     ++state_.batches_submitted;
     return batch;
@@ -261,9 +264,11 @@ class PolicyGradient {
       }
       ++stats.groups_used;
       const std::vector<double> adv = advantage_(group);
-      for (std::size_t j = 0; j < seqs.size(); ++j)
+      for (std::size_t j = 0; j < seqs.size(); ++j) {
         rollouts.push_back(
             {prompts[i], seqs[j].tokens, seqs[j].logprobs, std::vector<double>(seqs[j].tokens.size(), adv[j])});
+        rollouts.back().routed_experts = seqs[j].routed_experts;
+      }
     }
     return rollouts;
   }
@@ -278,8 +283,10 @@ class PolicyGradient {
     std::size_t k = 0;
     for (std::size_t i = 0; i < responses.size(); ++i) {
       ++stats.groups_used;
-      for (const auto& seq : responses[i].sequences)
+      for (const auto& seq : responses[i].sequences) {
         rollouts.push_back({prompts[i], seq.tokens, seq.logprobs, terminal_rewards(seq.tokens.size(), rewards[k++])});
+        rollouts.back().routed_experts = seq.routed_experts;
+      }
     }
     return rollouts;
   }

@@ -1,6 +1,7 @@
 // A sampled completion on its way to training, and the datums the policy-gradient loop builds from it: the
 // policy's (rollout_datum, for ppo / importance_sampling / cispo) and the critic's (value_datum, for `value`).
 #pragma once
+#include <optional>
 #include <vector>
 
 #include <rlloop/error.hpp>
@@ -17,6 +18,9 @@ struct Rollout {
   // the returns it regresses on.
   std::vector<double> values;
   std::vector<double> returns;
+  // The sampler's routes (SampledSequence::routed_experts) when sampled with them: the datums carry them, so that
+  // training routes every token as sampling did (routing replay, models with experts).
+  std::optional<TensorData> routed_experts;
 };
 
 // Sequence-level reward as per-token rewards: zero everywhere except the last token (the usual LLM setting,
@@ -45,6 +49,7 @@ inline Datum rollout_datum(const Rollout& r, double weight) {
   d.loss_fn_inputs["weights"] = TensorData::from_floats(std::move(w));
   d.loss_fn_inputs["advantages"] = TensorData::from_floats(std::move(adv));
   d.loss_fn_inputs["logprobs"] = TensorData::from_floats(std::move(q));
+  if (r.routed_experts) d.loss_fn_inputs["routed_experts"] = *r.routed_experts;
   return d;
 }
 
@@ -66,6 +71,7 @@ inline Datum value_datum(const Rollout& r, double weight) {
   d.loss_fn_inputs["weights"] = TensorData::from_floats(std::move(w));
   d.loss_fn_inputs["returns"] = TensorData::from_floats(std::move(returns));
   d.loss_fn_inputs["old_values"] = TensorData::from_floats(std::move(old));
+  if (r.routed_experts) d.loss_fn_inputs["routed_experts"] = *r.routed_experts;
   return d;
 }
 

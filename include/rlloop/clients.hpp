@@ -30,6 +30,12 @@ class SamplingClient {
     SampleRequest req{prompt, num_samples, params, prompt_logprobs.include, prompt_logprobs.top_k, model_path_};
     return session_->sample(req);
   }
+  // The whole request, for what the short form does not set (SampleRequest::include_routed_experts); its
+  // model_path is this client's.
+  Future<SampleResponse> sample(SampleRequest req) const {
+    req.model_path = model_path_;
+    return session_->sample(req);
+  }
   // Logprob of every prompt token given the ones before it (the first gets 0.0).
   Future<std::vector<double>> compute_logprobs(const ModelInput& prompt) const {
     return session_->compute_logprobs(ComputeLogprobsRequest{prompt, model_path_});

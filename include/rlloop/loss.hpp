@@ -1,6 +1,7 @@
 // Loss specifications and the validation every backend applies before touching a model, so a bad datum is
 // rejected with the same message locally, in the remote client and in the server.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -155,10 +156,11 @@ struct LossSpec {
   bool operator==(const LossSpec&) const = default;
 };
 
-// Every loss input key the wire protocol accepts.
+// Every loss input key the wire protocol accepts. All are per token ([tokens]) but "routed_experts", the experts
+// each token is routed to for routing replay: int64 [tokens, sparse layers, experts per token].
 inline bool is_known_loss_input(std::string_view key) {
-  for (std::string_view k :
-       {"target_tokens", "weights", "advantages", "logprobs", "ref_log_prob", "temperature", "returns", "old_values"})
+  for (std::string_view k : {"target_tokens", "weights", "advantages", "logprobs", "ref_log_prob", "temperature",
+                             "returns", "old_values", "routed_experts"})
     if (key == k) return true;
   return false;
 }
@@ -180,10 +182,59 @@ inline void validate_model_input(const ModelInput& input, std::int64_t vocab_siz
     }
 }
 
-// Checks a batch before anything runs: shapes, the required loss-input keys, ids and finite values.
+// Checks the routes of a batch (loss input "routed_experts", routing replay): every datum carries them or none
+// does (a forward routes all its tokens one way), each int64 [tokens, sparse layers, k] with k distinct expert ids
+// per token and layer. `experts` is the model's shape when known (nullopt: not checked against it; a dense model
+// takes no routes).
+inline void validate_routes(std::span<const Datum> data, const std::optional<ExpertShape>& experts) {
+  const std::string key = "routed_experts";
+  const bool first = data.front().loss_fn_inputs.count(key) > 0;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const std::string where = detail::datum_where(i);
+    auto it = data[i].loss_fn_inputs.find(key);
+    if ((it != data[i].loss_fn_inputs.end()) != first)
+      throw invalid_argument(where + "loss input 'routed_experts' is " + (first ? "missing" : "given") +
+                             " but datum 0's is " + (first ? "given" : "missing") +
+                             " (routing replay routes every datum of a batch or none)");
+    if (it == data[i].loss_fn_inputs.end()) continue;
+    if (experts && !experts->any())
+      throw invalid_argument(where + "loss input 'routed_experts': the model has no experts to route to");
+    const TensorData& t = it->second;
+    const auto n = static_cast<std::int64_t>(data[i].model_input.length());
+    std::string shape;
+    for (std::int64_t s : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
+    if (t.dtype != DType::int64 || t.shape.size() != 3 || t.shape[0] != n)
+      throw invalid_argument(where + "loss input 'routed_experts' must be int64 [tokens = " + std::to_string(n) +
+                             ", sparse layers, experts per token], got " + to_string(t.dtype) + " [" + shape + "]");
+    const std::int64_t layers = t.shape[1], k = t.shape[2];
+    if (experts && (layers != experts->sparse_layers || k != experts->experts_per_token))
+      throw invalid_argument(where + "loss input 'routed_experts' is [" + shape + "] but the model routes each token " +
+                             "to " + std::to_string(experts->experts_per_token) + " experts in " +
+                             std::to_string(experts->sparse_layers) + " sparse layers");
+    for (std::int64_t row = 0; row < n * layers; ++row) {
+      const std::int64_t* ids = t.int_data.data() + row * k;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::string at = " at token " + std::to_string(row / layers) + ", sparse layer " +
+                               std::to_string(row % layers);
+        if (ids[j] < 0 || (experts && ids[j] >= experts->num_experts))
+          throw invalid_argument(where + "loss input 'routed_experts': expert id " + std::to_string(ids[j]) + at +
+                                 " is out of range [0, " +
+                                 (experts ? std::to_string(experts->num_experts) : std::string("experts")) + ")");
+        if (std::find(ids, ids + j, ids[j]) != ids + j)
+          throw invalid_argument(where + "loss input 'routed_experts': expert " + std::to_string(ids[j]) +
+                                 " is given twice" + at);
+      }
+    }
+  }
+}
+
+// Checks a batch before anything runs: shapes, the required loss-input keys, ids and finite values; routes against
+// the model's experts when `experts` is given.
 inline void validate_batch(std::span<const Datum> data, const std::vector<std::string>& required_inputs,
-                           const std::string& loss_name, std::int64_t vocab_size) {
+                           const std::string& loss_name, std::int64_t vocab_size,
+                           const std::optional<ExpertShape>& experts = std::nullopt) {
   if (data.empty()) throw invalid_argument("the batch holds no datum");
+  validate_routes(data, experts);
   for (std::size_t i = 0; i < data.size(); ++i) {
     const Datum& d = data[i];
     const std::string where = detail::datum_where(i);
@@ -191,6 +242,7 @@ inline void validate_batch(std::span<const Datum> data, const std::vector<std::s
     const std::size_t n = d.model_input.length();
     for (const auto& [key, tensor] : d.loss_fn_inputs) {
       if (!is_known_loss_input(key)) throw invalid_argument(where + "unknown loss input '" + key + "'");
+      if (key == "routed_experts") continue;  // validate_routes
       if (tensor.size() != n)
         throw invalid_argument(where + "loss input '" + key + "' has " + std::to_string(tensor.size()) +
                                " values but the model input has " + std::to_string(n) + " tokens");
@@ -215,13 +267,15 @@ inline void validate_batch(std::span<const Datum> data, const std::vector<std::s
 }
 
 // Checks a batch against a built-in loss.
-inline void validate_batch(std::span<const Datum> data, LossFn loss, std::int64_t vocab_size) {
-  validate_batch(data, LossSpec::required_inputs(loss), to_string(loss), vocab_size);
+inline void validate_batch(std::span<const Datum> data, LossFn loss, std::int64_t vocab_size,
+                           const std::optional<ExpertShape>& experts = std::nullopt) {
+  validate_batch(data, LossSpec::required_inputs(loss), to_string(loss), vocab_size, experts);
 }
 
 // Checks a batch for forward_backward_custom: only target_tokens are required.
-inline void validate_custom_batch(std::span<const Datum> data, std::int64_t vocab_size) {
-  validate_batch(data, {"target_tokens"}, "custom", vocab_size);
+inline void validate_custom_batch(std::span<const Datum> data, std::int64_t vocab_size,
+                                  const std::optional<ExpertShape>& experts = std::nullopt) {
+  validate_batch(data, {"target_tokens"}, "custom", vocab_size, experts);
 }
 
 }  // namespace rlloop

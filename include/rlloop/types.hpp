@@ -177,6 +177,11 @@ struct SampledSequence {
   std::vector<double> logprobs;
   std::int64_t prefill_tokens = 0;
   std::int64_t decode_tokens = 0;
+  // With SampleRequest::include_routed_experts (models with experts): the experts each token the model read was
+  // routed to, int64 [prompt + tokens - 1, sparse layers, experts per token]: the prompt's, then every generated
+  // token's but the last (never fed back). A datum over the same tokens (model_input = prompt + tokens[:-1]) takes
+  // it as loss input "routed_experts" to be routed the same way in training (routing replay).
+  std::optional<TensorData> routed_experts;
 };
 
 struct TokenLogprob {
@@ -200,6 +205,7 @@ struct SampleRequest {
   bool include_prompt_logprobs = false;
   int topk_prompt_logprobs = 0;
   std::optional<std::string> model_path;
+  bool include_routed_experts = false;  // return each sequence's routes (SampledSequence::routed_experts)
 };
 
 struct ComputeLogprobsRequest {
@@ -234,6 +240,16 @@ struct SessionOptions {
   bool value_head = false;          // add a trainable scalar head on the final hidden state (PPO critic)
 };
 
+// The experts of a model's sparse layers (all zero for a dense model): what routes (the loss input
+// "routed_experts", SampledSequence::routed_experts) must fit.
+struct ExpertShape {
+  std::int64_t num_experts = 0;
+  std::int64_t experts_per_token = 0;  // k: the experts each token is routed to
+  std::int64_t sparse_layers = 0;      // the layers with experts
+  bool any() const { return num_experts > 0; }
+  bool operator==(const ExpertShape&) const = default;
+};
+
 struct SessionInfo {
   std::string name;
   std::string base_model;
@@ -249,6 +265,7 @@ struct SessionInfo {
   std::string device;     // "cpu", "cuda:0"
   std::int64_t step = 0;  // optimizer steps taken
   bool value_head = false;
+  ExpertShape experts;  // zero for a dense model
 };
 
 struct ServerCapabilities {

@@ -16,6 +16,9 @@ struct PaddedBatch {
   torch::Tensor ids, targets, mask;  // [B, T]
   std::vector<std::int64_t> lengths;
   std::int64_t total_tokens = 0;
+  // The datums' loss input "routed_experts" in the ids' layout, [B * T, sparse layers, k] int64 (padding routed to
+  // experts 0..k-1, its outputs masked out everywhere); undefined when the batch carries no routes.
+  torch::Tensor routes;
 };
 
 // Right-pads every datum to the longest one. With causal attention, padding at the end cannot change the
@@ -57,6 +60,15 @@ PaddedBatch pad_batch(const std::vector<Datum>& data, const ModelConfig& cfg) {
       mask[i][j] = 1.0f;
     }
   }
+  if (data.front().loss_fn_inputs.count("routed_experts")) {  // every datum has them (validate_routes)
+    const std::int64_t layers = data.front().loss_fn_inputs.at("routed_experts").shape[1];
+    const std::int64_t k = cfg.num_experts_per_tok;
+    b.routes = torch::arange(k, torch::kInt64).repeat({B * T, layers, 1});
+    for (std::int64_t i = 0; i < B; ++i) {
+      const std::vector<std::int64_t>& ids = data[i].loss_fn_inputs.at("routed_experts").int_data;
+      std::copy(ids.begin(), ids.end(), b.routes.data_ptr<std::int64_t>() + i * T * layers * k);
+    }
+  }
   return b;
 }
 
@@ -77,10 +89,22 @@ torch::Tensor padded_input(const std::vector<Datum>& data, const std::string& ke
   return out;
 }
 
+// The final hidden states of the batch. A model with experts routes by the batch's routes when it carries them
+// (routing replay), and its router's metrics over the real tokens go to `router` (router_metrics).
+torch::Tensor batch_hidden_states(Transformer& model, const PaddedBatch& b, torch::Device device, Metrics& router) {
+  const torch::Tensor ids = b.ids.to(device);
+  if (model.config().num_experts == 0) return model.hidden_states(ids);
+  RouterTotals totals;
+  ExpertRouting routing{b.routes, {}, b.mask.reshape({-1}), &totals};
+  torch::Tensor hidden = model.hidden_states(ids, nullptr, &routing);
+  for (const auto& [name, value] : router_metrics(totals)) router[name] = value;
+  return hidden;
+}
+
 // Logprob of each target token, [B, T] fp32, with the graph unless grad is off; the logits a chunk at a time
 // (target_logprobs.hpp).
-torch::Tensor target_logprobs(Transformer& model, const PaddedBatch& b, torch::Device device) {
-  return engine::target_logprobs(model, model.hidden_states(b.ids.to(device)), b.targets.to(device));
+torch::Tensor target_logprobs(Transformer& model, const PaddedBatch& b, torch::Device device, Metrics& router) {
+  return engine::target_logprobs(model, batch_hidden_states(model, b, device, router), b.targets.to(device));
 }
 
 torch::Device model_device(Transformer& model) { return model.parameters().front().device(); }
@@ -108,7 +132,8 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
     throw invalid_argument("loss 'value' needs a session created with a value head (SessionOptions::value_head)");
   const auto device = model_device(model);
   const std::int64_t T = b.ids.size(1);
-  auto v = model.values(model.hidden_states(b.ids.to(device)));
+  Metrics router;
+  auto v = model.values(batch_hidden_states(model, b, device, router));
   bool has_old = true;
   for (const auto& d : data) has_old = has_old && d.loss_fn_inputs.count("old_values");
   torch::Tensor old_values;
@@ -126,6 +151,7 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
   out.training_tokens = b.total_tokens;
   out.metrics["loss:sum"] = value.loss.item<double>();
   out.metrics["value_clip_fraction"] = value.clip_fraction();
+  out.metrics.insert(router.begin(), router.end());
   if (counts) *counts = value.counts();
   return out;
 }
@@ -133,12 +159,12 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
 
 void validate_builtin_batch(const ModelConfig& cfg, const std::vector<Datum>& data, const LossSpec& loss) {
   loss.validate();
-  validate_batch(data, loss.fn, cfg.vocab_size);
+  validate_batch(data, loss.fn, cfg.vocab_size, cfg.expert_shape());
   check_lengths(data, cfg);
 }
 
 void validate_custom_input(const ModelConfig& cfg, const std::vector<Datum>& data) {
-  validate_custom_batch(data, cfg.vocab_size);
+  validate_custom_batch(data, cfg.vocab_size, cfg.expert_shape());
   check_lengths(data, cfg);
 }
 
@@ -152,7 +178,8 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   if (!backward) no_grad.emplace();
   if (loss.fn == LossFn::value) return run_value_loss(model, data, loss, b, backward, counts);
 
-  auto lp = target_logprobs(model, b, device);
+  Metrics router;
+  auto lp = target_logprobs(model, b, device, router);
   LossTensors in;
   in.mask = b.mask.to(device);
   in.weights = padded_input(data, "weights", T, 1.0f).to(device);
@@ -164,6 +191,7 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   auto out = make_output(lp, b);
   out.metrics["loss:sum"] = value.loss.item<double>();
   if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo) out.metrics["clip_fraction"] = value.clip_fraction();
+  out.metrics.insert(router.begin(), router.end());
   if (counts) *counts = value.counts();
   return out;
 }
@@ -185,9 +213,11 @@ CustomLossPass custom_loss_forward(Transformer& model, const std::vector<Datum>&
   CustomLossPass pass;
   pass.graph = std::make_unique<CustomLossPass::Graph>();
   pass.graph->device = model_device(model);
-  pass.graph->lp = target_logprobs(model, b, pass.graph->device);
+  pass.graph->lp = target_logprobs(model, b, pass.graph->device, pass.output.metrics);
   pass.graph->mask = b.mask;
+  Metrics router = std::move(pass.output.metrics);
   pass.output = make_output(pass.graph->lp, b);
+  pass.output.metrics = std::move(router);
   for (std::size_t i = 0; i < data.size(); ++i) pass.logprobs.push_back(pass.output.logprobs(i));
   return pass;
 }
@@ -226,7 +256,9 @@ ForwardBackwardOutput run_custom_loss(Transformer& model, const std::vector<Datu
   check_custom_gradients(result, pass.logprobs);
   custom_loss_backward(pass, result.grad_logprobs);
   ForwardBackwardOutput out = std::move(pass.output);
+  Metrics router = std::move(out.metrics);
   out.metrics = result.metrics;
+  out.metrics.insert(router.begin(), router.end());  // the loss function's own metrics win a clash
   out.metrics["loss:sum"] = result.loss;
   return out;
 }

@@ -103,6 +103,51 @@ Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bo
   return {experts, weights.to(dtype)};
 }
 
+void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const Routes& routes,
+                       const torch::Tensor& mask, bool replayed) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor z = logits.detach().to(torch::kFloat64);  // [N, E]
+  const std::int64_t N = z.size(0), E = z.size(1), k = routes.experts.size(1);
+  const torch::Tensor real = mask.defined() ? mask.to(z.device(), torch::kFloat64) : torch::ones({N}, z.options());
+  const torch::Tensor probabilities = torch::softmax(z, -1);
+  const torch::Tensor routed = torch::zeros({E}, z.options())
+                                   .index_add_(0, routes.experts.reshape({N * k}), real.repeat_interleave(k));
+  const torch::Tensor probability = (probabilities * real.unsqueeze(1)).sum(0);
+  const torch::Tensor squared = (torch::logsumexp(z, -1).square() * real).sum();
+  if (!totals.rows.defined()) {
+    totals.routed = routed;
+    totals.probability = probability;
+    totals.z = squared;
+    totals.rows = real.sum();
+  } else {
+    totals.routed += routed;
+    totals.probability += probability;
+    totals.z += squared;
+    totals.rows += real.sum();
+  }
+  if (!replayed) return;
+  // Sets, not orders: the router's own top k and the replayed experts, both sorted, differ somewhere.
+  const torch::Tensor own = std::get<0>(std::get<1>(torch::topk(z, k, -1)).sort(-1));
+  const torch::Tensor given = std::get<0>(routes.experts.sort(-1));
+  const torch::Tensor differ = ((own != given).any(-1).to(torch::kFloat64) * real).sum();
+  totals.mismatched = totals.mismatched.defined() ? totals.mismatched + differ : differ;
+  totals.replayed = true;
+}
+
+std::map<std::string, double> router_metrics(const RouterTotals& totals) {
+  std::map<std::string, double> out;
+  if (!totals.rows.defined()) return out;
+  const double rows = totals.rows.item<double>();
+  if (rows == 0) return out;
+  const auto E = static_cast<double>(totals.routed.size(0));
+  // transformers' tokens_per_expert is [k, E] (the share of tokens whose i-th choice is e); summed over i it is
+  // the routes an expert took over the tokens counted, as here.
+  out["router/aux_loss"] = E * (totals.routed / rows * (totals.probability / rows)).sum().item<double>();
+  out["router/z_loss"] = totals.z.item<double>() / rows;
+  if (totals.replayed) out["router/replay_mismatch"] = totals.mismatched.item<double>() / rows;
+  return out;
+}
+
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
                           const ExpertAdapters* adapters, bool few_rows) {
   if (few_rows && !adapters && step_kernels_apply(x, experts)) return step_experts(x, routes, experts);

@@ -4,6 +4,8 @@
 // (never a loop over tokens), in ATen operators, so the one definition trains, prefills and decodes on any device.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +51,16 @@ Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, 
 // still reach the router. With the experts route_top_k would pick, the weights are route_top_k's bit for bit.
 Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype);
 
+// What router_metrics reports, summed over the sparse layers of one forward and its real tokens: the routes each
+// expert took ([E], each token counts its k) and the router's probabilities summed per expert ([E]), both float64;
+// the squared log-sum-exp of the router's logits; with replay, the tokens whose replayed experts are not the ones
+// the router itself would pick. `rows`: the (token, sparse layer) pairs counted. Tensors on the model's device.
+struct RouterTotals {
+  torch::Tensor routed, probability, z, mismatched;
+  torch::Tensor rows;
+  bool replayed = false;
+};
+
 // Routing replay over one forward (Transformer::hidden_states): the experts each token took in each sparse layer,
 // [tokens, sparse layers, k] int64 with tokens in the input's row-major [B, T] order. `replay`, when defined, is
 // routed by (route_given); `recorded` receives what every sparse layer routed by, in the same layout. A sampler's
@@ -57,7 +69,25 @@ Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bo
 struct ExpertRouting {
   torch::Tensor replay;
   torch::Tensor recorded;
+  // Router diagnostics over the forward's real tokens (`mask` [tokens], 1 for a real token, 0 for padding; undefined:
+  // all real), summed over its sparse layers by add_router_totals when `totals` is set. No graph.
+  torch::Tensor mask;
+  RouterTotals* totals = nullptr;
 };
+
+// Adds one sparse layer's routing of N tokens (router logits [N, E], the routes taken) to `totals`.
+void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const Routes& routes,
+                       const torch::Tensor& mask, bool replayed);
+
+// The router's metrics of a forward, from its totals (none when nothing was counted):
+// - "router/aux_loss": the load-balancing loss of Switch / Qwen-MoE as transformers computes it
+//   (load_balancing_loss_func over every sparse layer's logits at once, padding excluded): E * sum over experts of
+//   (the share of routes it took) * (its mean probability): k when the load is uniform; what a trainer would add
+//   with a small coefficient (router_aux_loss_coef); reported, not added to the loss.
+// - "router/z_loss": the mean squared log-sum-exp of the router's logits (ST-MoE's router z-loss; large logits).
+// - "router/replay_mismatch" (replayed forwards): the share of (token, sparse layer) pairs whose replayed experts
+//   differ from the router's own top k: the routing flips replay kept out of the importance ratio.
+std::map<std::string, double> router_metrics(const RouterTotals& totals);
 
 // For each row of x [N, H]: the sum over its routes of weight * expert(row), in expert order (as transformers
 // accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). One

@@ -592,6 +592,7 @@ SessionInfo LocalSession::info() {
         i.device = device_name(impl_->dev.device);
         i.step = impl_->optimizer->step_count();
         i.value_head = impl_->options.value_head;
+        i.experts = cfg.expert_shape();
         return i;
       })
       .get();

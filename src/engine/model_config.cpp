@@ -249,6 +249,15 @@ bool ModelConfig::sparse_layer(std::int64_t layer) const {
   return (layer + 1) % decoder_sparse_step == 0;
 }
 
+ExpertShape ModelConfig::expert_shape() const {
+  ExpertShape e;
+  if (num_experts <= 0) return e;
+  e.num_experts = num_experts;
+  e.experts_per_token = num_experts_per_tok;
+  for (std::int64_t i = 0; i < num_hidden_layers; ++i) e.sparse_layers += sparse_layer(i) ? 1 : 0;
+  return e;
+}
+
 namespace {
 // The parameters of `c` when each sparse layer holds `experts` of its experts (all of them, or those a token uses).
 std::int64_t parameters_with(const ModelConfig& c, std::int64_t experts) {

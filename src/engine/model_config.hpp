@@ -7,6 +7,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <rlloop/types.hpp>
+
 #include "model_family.hpp"
 
 namespace rlloop::engine {
@@ -50,6 +52,8 @@ struct ModelConfig {
   std::int64_t active_parameters() const;
   // Whether layer `layer` has a router and experts in place of the dense MLP.
   bool sparse_layer(std::int64_t layer) const;
+  // What routes must fit (all zero for a dense model).
+  ExpertShape expert_shape() const;
   // The family of model_type (model_family.hpp); invalid_argument naming the supported ones for another.
   const ModelFamily& family() const;
   // HF puts a bias on o_proj too when attention_bias is set, except Qwen2 (q/k/v biases only).

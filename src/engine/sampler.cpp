@@ -126,7 +126,13 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   // The last generated token is never fed back, so the cache needs room for P + max_new - 1 positions. Its blocks
   // come from the base model's pool, so that runs of sessions sharing the base decode in one step.
   cache_ = KVCache(model.kv_pools(), cache_dtype, 1, P + std::max(max_new - 1, 0));
-  torch::Tensor hidden = model.hidden_states(to_ids(prompt, device_), &cache_);
+  if (req.include_routed_experts && cfg.num_experts == 0)
+    throw invalid_argument("SampleRequest.include_routed_experts: this " + cfg.model_type + " model has no experts");
+  std::optional<ExpertRouting> prompt_routing;
+  if (req.include_routed_experts) prompt_routing.emplace();
+  torch::Tensor hidden =
+      model.hidden_states(to_ids(prompt, device_), &cache_, prompt_routing ? &*prompt_routing : nullptr);
+  if (prompt_routing) prompt_routes_ = to_host(prompt_routing->recorded);  // [P, sparse layers, k]
 
   SampleResponse& resp = response_;
   // Only the last row's unembedding is needed to sample; the prompt's own logprobs take the others, a chunk of
@@ -158,6 +164,7 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   }
 
   resp.sequences.resize(n);
+  if (prompt_routing) fed_routes_.resize(n);
   for (auto& s : resp.sequences) {
     s.prefill_tokens = P;  // every sample conditions on the whole prompt (computed once, shared)
     s.tokens.reserve(max_new);
@@ -224,6 +231,35 @@ void DecodeRun::absorb(const torch::Tensor& logits) {
   if (on_step) on_step(response_);
 }
 
+void DecodeRun::record_routes(const torch::Tensor& routes) {
+  // Row r fed the last token of sequence active_[r].
+  const std::int64_t per_row = routes.numel() / std::max<std::int64_t>(routes.size(0), 1);
+  const std::int64_t* ids = routes.data_ptr<std::int64_t>();
+  for (std::size_t r = 0; r < active_.size(); ++r) {
+    std::vector<std::int64_t>& own = fed_routes_[active_[r]];
+    own.insert(own.end(), ids + r * per_row, ids + (r + 1) * per_row);
+  }
+}
+
+SampleResponse DecodeRun::take() {
+  if (prompt_routes_.defined()) {
+    // Each sequence's routes: the prompt's, then those of every generated token fed back (all but the last).
+    const std::int64_t P = prompt_routes_.size(0), layers = prompt_routes_.size(1), k = prompt_routes_.size(2);
+    const std::int64_t* prompt = prompt_routes_.data_ptr<std::int64_t>();
+    for (std::size_t i = 0; i < response_.sequences.size(); ++i) {
+      const std::vector<std::int64_t>& fed = fed_routes_[i];
+      TensorData t;
+      t.dtype = DType::int64;
+      t.int_data.reserve(static_cast<std::size_t>(P * layers * k) + fed.size());
+      t.int_data.assign(prompt, prompt + P * layers * k);
+      t.int_data.insert(t.int_data.end(), fed.begin(), fed.end());
+      t.shape = {static_cast<std::int64_t>(t.int_data.size()) / (layers * k), layers, k};
+      response_.sequences[i].routed_experts = std::move(t);
+    }
+  }
+  return std::move(response_);
+}
+
 CpuDecoder* DecodeRun::cpu_decoder() {
   if (use_cpu_decoder_ && !decoder_) {
     // The caller's snapshot moves in (a stale one is freed before the new one is made) and back out.
@@ -268,7 +304,9 @@ void decode_step(std::span<DecodeRun* const> runs) {
       members.push_back(runs[j]);
       stepped[j] = true;
     }
-    torch::Tensor logits;
+    torch::Tensor logits, routes;
+    bool want_routes = false;  // only models with experts are asked (DecodeRun's constructor), never the CPU decoder
+    for (DecodeRun* run : members) want_routes = want_routes || run->prompt_routes_.defined();
     if (decoder) {
       std::vector<CpuDecoder::Group> groups;
       for (DecodeRun* run : members) groups.push_back({&run->cpu_decoder()->weights(), &run->next_, &run->cache_});
@@ -276,11 +314,13 @@ void decode_step(std::span<DecodeRun* const> runs) {
     } else {
       std::vector<DecodeGroup> groups;
       for (DecodeRun* run : members) groups.push_back({&run->model_, &run->next_, &run->cache_});
-      logits = lead.model_.decode_step(groups);
+      logits = lead.model_.decode_step(groups, want_routes ? &routes : nullptr);
+      if (want_routes) routes = to_host(routes);  // the step's one more copy to the host, only when asked for
     }
     std::int64_t row = 0;
     for (DecodeRun* run : members) {
       const std::int64_t n = run->rows();
+      if (run->prompt_routes_.defined()) run->record_routes(routes.narrow(0, row, n));
       run->absorb(logits.narrow(0, row, n));
       row += n;
     }

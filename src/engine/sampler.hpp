@@ -51,8 +51,8 @@ class DecodeRun {
   bool done() const { return active_.empty(); }
   // Rows the next step decodes (samples not yet stopped).
   std::int64_t rows() const { return static_cast<std::int64_t>(active_.size()); }
-  // The finished response (call once done()).
-  SampleResponse take() { return std::move(response_); }
+  // The finished response (call once done()), with each sequence's routes when the request asked for them.
+  SampleResponse take();
   // The response so far: every sample's tokens and logprobs up to the last step.
   const SampleResponse& progress() const { return response_; }
   // Called after every step with the tokens each sample has so far (streaming); optional.
@@ -64,6 +64,8 @@ class DecodeRun {
   void absorb(const torch::Tensor& logits);
   // The dispatch-free decoder of this run's model (built at the first step), or null where it does not apply.
   CpuDecoder* cpu_decoder();
+  // Appends a step's routes (on the host, [rows, sparse layers, k]) to the routes of the sequences its rows fed.
+  void record_routes(const torch::Tensor& routes);
 
   Transformer& model_;
   SamplingParams params_;
@@ -78,6 +80,10 @@ class DecodeRun {
   torch::Tensor next_;       // [rows]: the tokens the next step feeds
   std::vector<int> active_;  // row -> sequence index
   SampleResponse response_;
+  // SampleRequest::include_routed_experts: the prompt's routes [P, sparse layers, k] on the host (undefined when
+  // not asked for) and, per sequence, those of the generated tokens fed back so far (flat, in feeding order).
+  torch::Tensor prompt_routes_;
+  std::vector<std::vector<std::int64_t>> fed_routes_;
 };
 
 // The KV cache a sample request can take at most from its model's pool, in bytes: its prompt's full blocks once,

@@ -212,12 +212,15 @@ struct Transformer::Impl {
     for (const Layer& l : layers) n += l.sparse() ? 1 : 0;
     return n;
   }
-  // hidden_states' routing for `tokens` tokens: a model with experts, no activation checkpointing (its recompute
-  // would route afresh), and a replay of [tokens, sparse layers, k] int64 expert ids in [0, num_experts).
-  void check_routing(const ExpertRouting& routing, std::int64_t tokens, bool checkpoint) const {
+  // hidden_states' routing for `tokens` tokens: a model with experts, a mask of [tokens] and a replay of
+  // [tokens, sparse layers, k] int64 expert ids in [0, num_experts) when given.
+  void check_routing(const ExpertRouting& routing, std::int64_t tokens) const {
     const std::string what = "Transformer::hidden_states: routing replay: ";
     if (cfg.num_experts == 0) throw invalid_argument(what + "this " + cfg.model_type + " model has no experts");
-    if (checkpoint) throw invalid_argument(what + "not supported with activation checkpointing");
+    const torch::Tensor& m = routing.mask;
+    if (m.defined() && (m.dim() != 1 || m.size(0) != tokens))
+      throw invalid_argument(what + "the token mask must be [" + std::to_string(tokens) + "], got " +
+                             shape_string(m.sizes()));
     const torch::Tensor& r = routing.replay;
     if (!r.defined()) return;
     const std::vector<std::int64_t> want = {tokens, sparse_layers(), cfg.num_experts_per_tok};
@@ -486,26 +489,33 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
 // compute. The layer's parameters are not inputs: the inner backward accumulates their gradients itself. `anchor`
 // is a 0-element tensor that requires grad, so that the layer is part of the graph when its adapters train but its
 // input does not (the first layer of a LoRA model); a layer with neither runs plainly. The model must outlive the
-// graph, as for target_logprobs.
+// graph, as for target_logprobs. A sparse layer's recompute replays the routes its forward took (hidden_states
+// always records them under checkpointing), so that the gradients are those of the forward's routing even where
+// the recompute's arithmetic could differ in the last bits.
 class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::Tensor run(const Impl& impl, std::size_t li, const torch::Tensor& x, const LayerInputs& in) {
     // Nothing to differentiate (a frozen layer whose input needs no gradient): the plain forward, no graph.
     if (!x.requires_grad() && !impl.layer_trains(li)) return impl.layer_forward(li, x, in);
     const torch::Tensor anchor = torch::empty({0}, x.options()).requires_grad_(!x.requires_grad());
-    return apply(x, in.cos, in.sin, anchor, &impl, static_cast<std::int64_t>(li), in.scale);
+    return apply(x, in.cos, in.sin, anchor, &impl, static_cast<std::int64_t>(li), in.scale, in.routing);
   }
 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor cos,
                                torch::Tensor sin, torch::Tensor anchor, const Impl* impl, std::int64_t li,
-                               double scale) {
+                               double scale, ExpertRouting* routing) {
     (void)anchor;
     ctx->save_for_backward({x, cos, sin});
-    // saved_data holds IValues: the model's address (see above), the layer and the scale.
+    // saved_data holds IValues: the model's address (see above), the layer and the scale; the forward's routes
+    // (every layer's, filled in as the forward goes on: kept here by reference, not as a saved variable, whose
+    // version autograd would check).
     ctx->saved_data["impl"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(impl));
     ctx->saved_data["layer"] = li;
     ctx->saved_data["scale"] = scale;
-    return impl->layer_forward(static_cast<std::size_t>(li), x, LayerInputs{cos, sin, scale, nullptr, 0});
+    if (routing) ctx->saved_data["routes"] = routing->recorded;
+    LayerInputs in{cos, sin, scale, nullptr, 0};
+    in.routing = routing;
+    return impl->layer_forward(static_cast<std::size_t>(li), x, in);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -513,7 +523,13 @@ class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<Ch
     const auto saved = ctx->get_saved_variables();
     const auto* impl = reinterpret_cast<const Impl*>(static_cast<std::intptr_t>(ctx->saved_data["impl"].toInt()));
     const auto li = static_cast<std::size_t>(ctx->saved_data["layer"].toInt());
-    const LayerInputs in{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0};
+    LayerInputs in{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0};
+    ExpertRouting replay;
+    if (ctx->saved_data.count("routes")) {
+      replay.replay = ctx->saved_data["routes"].toTensor();
+      replay.recorded = torch::empty_like(replay.replay);
+      in.routing = &replay;
+    }
     const bool x_needs_grad = ctx->needs_input_grad(0);
     torch::AutoGradMode enable(true);
     const torch::Tensor x = saved[0].detach().requires_grad_(x_needs_grad);
@@ -523,8 +539,8 @@ class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<Ch
       torch::autograd::backward({out}, {grads[0]});
       if (x_needs_grad) grad_x = x.grad();
     }
-    return {grad_x, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    return {grad_x,          torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -578,13 +594,18 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
   // This layer's place among the sparse ones: its slice of the routing's [tokens, sparse layers, k].
   std::int64_t sparse_index = 0;
   for (std::size_t i = 0; i < li; ++i) sparse_index += layers[i].sparse() ? 1 : 0;
-  auto through = [&](const Layer& layer, const torch::Tensor& x) {
+  ExpertRouting* routing = in.routing;
+  const bool replay = routing && routing->replay.defined();
+  // Rows [row0, row0 + x's rows) through `layer`'s router and experts.
+  auto through = [&](const Layer& layer, const torch::Tensor& x, std::int64_t row0) {
     const torch::Tensor logits = layer.router.apply(x, step);
     const Routes routes =
-        in.routing && in.routing->replay.defined()
-            ? route_given(logits, in.routing->replay.select(1, sparse_index), cfg.norm_topk_prob, x.scalar_type())
-            : route_top_k(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
-    if (in.routing) in.routing->recorded.select(1, sparse_index).copy_(routes.experts);
+        replay ? route_given(logits, routing->replay.select(1, sparse_index), cfg.norm_topk_prob, x.scalar_type())
+               : route_top_k(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
+    if (routing) {
+      routing->recorded.select(1, sparse_index).narrow(0, row0, x.size(0)).copy_(routes.experts);
+      if (routing->totals) add_router_totals(*routing->totals, logits, routes, routing->mask, replay);
+    }
     return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step);
   };
   bool adapted = false;
@@ -593,9 +614,10 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
     adapted = adapted || own.expert_lora.any() || own.router.lora_a.defined();
   }
   // Without adapters anywhere: any group's layer is the base's (this model's own may have adapters of its own).
-  if (!adapted) return through(in.groups.empty() ? layers[li] : (*in.groups.front().layers)[li], rows);
+  if (!adapted) return through(in.groups.empty() ? layers[li] : (*in.groups.front().layers)[li], rows, 0);
   std::vector<torch::Tensor> out;
-  for (const RowGroup& g : in.groups) out.push_back(through((*g.layers)[li], rows.narrow(0, g.row0, g.rows)));
+  for (const RowGroup& g : in.groups)
+    out.push_back(through((*g.layers)[li], rows.narrow(0, g.row0, g.rows), g.row0));
   return torch::cat(out);
 }
 
@@ -699,9 +721,14 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   }
   // Checkpointed layers keep only their input for backward and recompute the rest there (training, no cache).
   const bool checkpoint = impl_->checkpoint_layers && !cache && torch::GradMode::is_enabled();
+  // Under checkpointing a sparse layer's recompute replays its forward's routes (CheckpointedLayer): they are
+  // recorded even when the caller asked for none.
+  ExpertRouting own_routing;
+  if (!routing && checkpoint && cfg.num_experts > 0) routing = &own_routing;
   if (routing) {
-    impl_->check_routing(*routing, B * T, checkpoint);
+    impl_->check_routing(*routing, B * T);
     if (routing->replay.defined() && routing->replay.device() != device) routing->replay = routing->replay.to(device);
+    if (routing->mask.defined() && routing->mask.device() != device) routing->mask = routing->mask.to(device);
     routing->recorded = torch::empty({B * T, impl_->sparse_layers(), cfg.num_experts_per_tok},
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
     in.routing = routing;
@@ -741,9 +768,11 @@ bool Transformer::shares_base(const Transformer& other) const {
   return true;
 }
 
-torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
+torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes) {
   const ModelConfig& cfg = impl_->cfg;
   if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
+  if (routes && cfg.num_experts == 0)
+    throw invalid_argument("Transformer::decode_step: routes asked of a " + cfg.model_type + " model without experts");
   c10::InferenceMode inference;
   const auto device = impl_->device();
   std::vector<RowGroup> rows;
@@ -814,9 +843,16 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups) {
     in.unpadded_rows = to_device(torch::tensor(unpadded, torch::kLong), device);
     in.lora_scales = to_device(torch::tensor(scales, torch::kFloat64), device);
   }
+  ExpertRouting routing;
+  if (routes) {
+    routing.recorded = torch::empty({R, impl_->sparse_layers(), cfg.num_experts_per_tok},
+                                    torch::TensorOptions().dtype(torch::kLong).device(device));
+    in.routing = &routing;
+  }
   torch::Tensor x = impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
   for (KVCache* c : caches) ++c->length;
+  if (routes) *routes = routing.recorded;
   const torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
   return project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return *g.lm_head; })[0];
 }

@@ -98,8 +98,9 @@ class Transformer : public torch::nn::Module {
   // own model over this model's base weights (shares_base: sessions with their own adapters on one base): the base
   // products run once over the rows of every group, each group's adapters over its rows, and each group's rows
   // attend over its own cache, which grows by one position. The layers are hidden_states' (one definition).
-  // Returns the logits [sum of rows, V], the groups' rows in order.
-  torch::Tensor decode_step(std::span<const DecodeGroup> groups);
+  // Returns the logits [sum of rows, V], the groups' rows in order. `routes`, when given (models with experts),
+  // receives the experts each row was routed to in each sparse layer: [sum of rows, sparse layers, k] int64.
+  torch::Tensor decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes = nullptr);
   // True when `other` computes with the same base weights (the same tensors: models of one shared base).
   bool shares_base(const Transformer& other) const;
 

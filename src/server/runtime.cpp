@@ -241,15 +241,19 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
     // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
     try {
       if (const auto* t_op = std::get_if<wire::TrainingOperation>(&op->op)) {
-        if (const auto* b = std::get_if<wire::ForwardOp>(t_op)) validate_batch(b->data, b->loss.fn, s->vocab_size);
+        if (const auto* b = std::get_if<wire::ForwardOp>(t_op))
+          validate_batch(b->data, b->loss.fn, s->vocab_size, s->info.experts);
         if (const auto* b = std::get_if<wire::ForwardBackwardOp>(t_op))
-          validate_batch(b->data, b->loss.fn, s->vocab_size);
+          validate_batch(b->data, b->loss.fn, s->vocab_size, s->info.experts);
       } else {
         const auto& s_op = std::get<wire::SamplingOperation>(op->op);
         // The bounds were checked by the wire reader; the model's vocabulary and context are known here.
-        if (const auto* r = std::get_if<SampleRequest>(&s_op))
+        if (const auto* r = std::get_if<SampleRequest>(&s_op)) {
           validate(*r, Naming::sagemaker_at("operationConfig.sample"),
                    ModelShape{s->info.max_position_embeddings, s->vocab_size});
+          if (r->include_routed_experts && !s->info.experts.any())
+            throw invalid_argument("operationConfig.sample.includeRoutedExperts: the model has no experts");
+        }
         if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s_op))
           validate_model_input(r->prompt, s->vocab_size, "prompt: ");
       }

@@ -170,7 +170,8 @@ Datum datum_from_json(const json& j, const std::string& path) {
     for (auto it = inputs->begin(); it != inputs->end(); ++it) {
       if (!is_known_loss_input(it.key()))
         fail(join(ipath, it.key()),
-             "unknown loss input (expected target_tokens, weights, advantages, logprobs, ref_log_prob or temperature)");
+             "unknown loss input (expected target_tokens, weights, advantages, logprobs, ref_log_prob, temperature, "
+             "returns, old_values or routed_experts)");
       d.loss_fn_inputs[it.key()] = tensor_from_json(it.value(), join(ipath, it.key()));
     }
   }
@@ -388,6 +389,7 @@ json to_json(const SampleRequest& r) {
   if (r.include_prompt_logprobs) j["includePromptLogprobs"] = true;
   if (r.topk_prompt_logprobs > 0) j["topkPromptLogprobs"] = r.topk_prompt_logprobs;
   if (r.model_path) j["modelPackageArn"] = *r.model_path;
+  if (r.include_routed_experts) j["includeRoutedExperts"] = true;
   return j;
 }
 
@@ -427,7 +429,8 @@ SamplingOperation sampling_operation_from_json(const json& j, const std::string&
   if (member == "sample") {
     only_keys(
         c, p,
-        {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn"});
+        {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn",
+         "includeRoutedExperts"});
     SampleRequest r;
     r.prompt = model_input_from_json(need(c, p, "prompt"), join(p, "prompt"));
     constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
@@ -439,6 +442,8 @@ SamplingOperation sampling_operation_from_json(const json& j, const std::string&
     if (const json* v = find(c, "topkPromptLogprobs"))
       r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), int32_min, int32_max));
     r.model_path = arn(false);
+    if (const json* v = find(c, "includeRoutedExperts"))
+      r.include_routed_experts = boolean(*v, join(p, "includeRoutedExperts"));
     validate(r, Naming::sagemaker_at(p));  // the bounds; the model's context and vocabulary at submission
     return r;
   }
@@ -550,10 +555,12 @@ TrainingResult training_result_from_json(const json& j, const std::string& path)
 }
 
 json to_json(const SampledSequence& s) {
-  return {{"stopReason", to_string(s.stop_reason)},
-          {"tokens", s.tokens},
-          {"logprobs", wire_numbers(s.logprobs)},
-          {"tokenUsage", {{"prefill", s.prefill_tokens}, {"decode", s.decode_tokens}}}};
+  json j{{"stopReason", to_string(s.stop_reason)},
+         {"tokens", s.tokens},
+         {"logprobs", wire_numbers(s.logprobs)},
+         {"tokenUsage", {{"prefill", s.prefill_tokens}, {"decode", s.decode_tokens}}}};
+  if (s.routed_experts) j["routedExperts"] = to_json(*s.routed_experts);
+  return j;
 }
 
 json to_json(const SampleResponse& r) {
@@ -627,6 +634,8 @@ SampleResponse sample_response_from_json(const json& j, const std::string& path)
       s.prefill_tokens = integer(need(*u, upath, "prefill"), join(upath, "prefill"), 0);
       s.decode_tokens = integer(need(*u, upath, "decode"), join(upath, "decode"), 0);
     }
+    if (const json* e = find(seqs[i], "routedExperts"))
+      s.routed_experts = tensor_from_json(*e, join(p, "routedExperts"));
     r.sequences.push_back(std::move(s));
   }
   if (const json* pl = find(j, "promptLogprobs")) r.prompt_logprobs = doubles(*pl, join(path, "promptLogprobs"));
@@ -793,6 +802,10 @@ json to_json(const SessionInfo& s) {
          {"step", s.step}};
   if (s.lora) j["lora"] = to_json(*s.lora);
   if (s.eos_token_id) j["eosTokenId"] = *s.eos_token_id;
+  if (s.experts.any())
+    j["experts"] = {{"numExperts", s.experts.num_experts},
+                    {"expertsPerToken", s.experts.experts_per_token},
+                    {"sparseLayers", s.experts.sparse_layers}};
   return j;
 }
 
@@ -819,6 +832,13 @@ SessionInfo session_info_from_json(const json& j, const std::string& path) {
   if (const json* l = find(j, "lora")) s.lora = lora_from_json(*l, join(path, "lora"));
   if (const json* e = find(j, "eosTokenId"))
     s.eos_token_id = static_cast<token_id>(integer(*e, join(path, "eosTokenId"), 0));
+  if (const json* e = find(j, "experts")) {
+    const std::string epath = join(path, "experts");
+    object(*e, epath);
+    s.experts.num_experts = integer(need(*e, epath, "numExperts"), join(epath, "numExperts"), 1);
+    s.experts.experts_per_token = integer(need(*e, epath, "expertsPerToken"), join(epath, "expertsPerToken"), 1);
+    s.experts.sparse_layers = integer(need(*e, epath, "sparseLayers"), join(epath, "sparseLayers"), 1);
+  }
   return s;
 }
 

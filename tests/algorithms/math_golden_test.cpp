@@ -179,6 +179,17 @@ TEST(Layout, RolloutDatum) {
   expect_all_near(floats(d, "weights"), {0, 0, 0.5, 0.5}, 0);
   expect_all_near(floats(d, "advantages"), {0, 0, 2, 3}, 0);
   expect_all_near(floats(d, "logprobs"), {0, 0, -0.5, -0.25}, 0);
+  EXPECT_FALSE(d.loss_fn_inputs.count("routed_experts"));
+
+  // Sampled with routes (routing replay): the sampler's [prompt + completion - 1 = 4, layers, k] go along as they
+  // are, one row per input token, to the policy's datum and the critic's alike.
+  Rollout routed = r;
+  routed.routed_experts = TensorData::from_ints({0, 1, 2, 3, 4, 5, 6, 7});
+  routed.routed_experts->shape = {4, 1, 2};
+  EXPECT_EQ(rollout_datum(routed, 0.5).loss_fn_inputs.at("routed_experts"), *routed.routed_experts);
+  routed.values = {0.25, 0.5};
+  routed.returns = {1.0, 1.5};
+  EXPECT_EQ(value_datum(routed, 0.5).loss_fn_inputs.at("routed_experts"), *routed.routed_experts);
 }
 
 // The critic's datum of the same rollout: the value before completion token j is read at position 2 + j, so the

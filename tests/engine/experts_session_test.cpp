@@ -72,3 +72,153 @@ TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
   auto lora_sampler = lora.live_sampling_client();
   expect_sampled_logprobs_are_computed_ones(lora_sampler, prompt);
 }
+
+namespace {
+// The datum a trainer builds from a sample: the prompt and every generated token but the last as input, the
+// generated tokens as targets (the prompt's own positions weigh 0), the sampler's routes when `replay`.
+Datum datum_of(const ModelInput& prompt, const SampledSequence& seq, bool replay) {
+  std::vector<token_id> input = prompt.tokens(), targets(input.begin() + 1, input.end());
+  input.insert(input.end(), seq.tokens.begin(), seq.tokens.end() - 1);
+  targets.insert(targets.end(), seq.tokens.begin(), seq.tokens.end());
+  std::vector<float> weights(input.size(), 0.0f);
+  std::fill(weights.begin() + static_cast<std::ptrdiff_t>(prompt.length()) - 1, weights.end(), 1.0f);
+  Datum d;
+  d.model_input = ModelInput::from_tokens(input);
+  d.loss_fn_inputs["target_tokens"] = TensorData::from_tokens(targets);
+  d.loss_fn_inputs["weights"] = TensorData::from_floats(weights);
+  if (replay) d.loss_fn_inputs["routed_experts"] = *seq.routed_experts;
+  return d;
+}
+
+std::vector<double> forward_logprobs(TrainingClient<LocalSession>& client, const std::vector<Datum>& data,
+                                     Metrics* metrics = nullptr) {
+  const auto out = client.forward(data, LossSpec::cross_entropy()).get();
+  if (metrics) *metrics = out.metrics;
+  std::vector<double> all;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const auto lp = out.logprobs(i);
+    all.insert(all.end(), lp.begin(), lp.end());
+  }
+  return all;
+}
+}  // namespace
+
+// Routing replay through the session API (issue 27, must-show 2). sample() returns every sequence's routes when
+// asked; a datum carrying them makes forward route exactly so. Before any update the trainer's own routing agrees
+// with the sampler's and replay changes nothing; after an optimizer step that moves the routers the trainer would
+// route otherwise (router/replay_mismatch > 0) and its logprobs with the sampler's routes are not those without.
+TEST(ExpertsSession, SampledRoutesReplayInTraining) {
+  const auto dir = temp_dir("experts-session", "replay");
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  auto trainer = service.create_full_training_client("rlloop-tiny-moe", 3);
+  const SessionInfo info = trainer.get_info();
+  EXPECT_EQ(info.experts, (ExpertShape{8, 2, 2}));
+  auto sampler = trainer.live_sampling_client();
+
+  const auto prompt = ModelInput::from_tokens(bytes("route me: "));
+  SampleRequest req{prompt, 3, {.max_tokens = 9, .temperature = 1.0, .seed = 4}};
+  req.include_routed_experts = true;
+  const auto sampled = sampler.sample(req).get();
+  const auto P = static_cast<std::int64_t>(prompt.length());
+  for (const auto& seq : sampled.sequences) {
+    ASSERT_TRUE(seq.routed_experts);
+    const auto n = static_cast<std::int64_t>(seq.tokens.size());
+    EXPECT_EQ(seq.routed_experts->shape, (std::vector<std::int64_t>{P + n - 1, 2, 2}));
+    // The prompt is prefilled once for every sample: its routes are the same in each.
+    const auto& first = sampled.sequences.front().routed_experts->int_data;
+    EXPECT_TRUE(std::equal(first.begin(), first.begin() + P * 4, seq.routed_experts->int_data.begin()));
+  }
+  EXPECT_FALSE(sampler.sample(prompt, 1, {.max_tokens = 3}).get().sequences[0].routed_experts);
+
+  std::vector<Datum> replayed, free;
+  for (const auto& seq : sampled.sequences) {
+    replayed.push_back(datum_of(prompt, seq, true));
+    free.push_back(datum_of(prompt, seq, false));
+  }
+  Metrics metrics;
+  const auto before = forward_logprobs(trainer, replayed, &metrics);
+  // The decoding steps' arithmetic is not the training forward's, so a near tie could route otherwise; replay
+  // takes the sampler's routes wherever that happens.
+  EXPECT_LE(metrics.at("router/replay_mismatch"), 0.02);
+  const double aux = metrics.at("router/aux_loss");
+  EXPECT_GT(aux, 1.0);  // k = 2 for a uniform load, more the less even it is (at most k * E)
+  EXPECT_LT(aux, 16.0);
+  EXPECT_EQ(forward_logprobs(trainer, free, &metrics).size(), before.size());
+  EXPECT_FALSE(metrics.count("router/replay_mismatch"));  // nothing replayed
+  EXPECT_TRUE(metrics.count("router/aux_loss"));
+  // The sampler's logprobs are the replayed forward's.
+  std::size_t at = 0;
+  for (const auto& seq : sampled.sequences) {
+    for (std::size_t i = 0; i < seq.tokens.size(); ++i)
+      EXPECT_NEAR(seq.logprobs[i], before[at + static_cast<std::size_t>(P) - 1 + i], lp_tol());
+    at += static_cast<std::size_t>(P) + seq.tokens.size() - 1;
+  }
+
+  // A large step on other text moves the routers: some tokens now go elsewhere.
+  trainer.forward_backward({sft_datum("the routers move"), sft_datum("experts trade tokens")},
+                           LossSpec::cross_entropy());
+  trainer.optim_step({.learning_rate = 5e-2}).get();
+  const auto after_replayed = forward_logprobs(trainer, replayed, &metrics);
+  const double mismatch = metrics.at("router/replay_mismatch");
+  EXPECT_GT(mismatch, 0.0);
+  const auto after_free = forward_logprobs(trainer, free);
+  double differ = 0;
+  for (std::size_t i = 0; i < after_free.size(); ++i)
+    differ = std::max(differ, std::abs(after_free[i] - after_replayed[i]));
+  EXPECT_GT(differ, 1e-4);
+  EXPECT_NE(after_replayed, before);  // the weights moved too
+}
+
+// Routes that do not fit the datum or the model are refused by name, at submission, and the session goes on.
+TEST(ExpertsSession, RoutesThatDoNotFitAreRefusedByName) {
+  const auto dir = temp_dir("experts-session", "bad-routes");
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  auto trainer = service.create_full_training_client("rlloop-tiny-moe", 3);
+  Datum d = sft_datum("four tokens");  // 10 input tokens
+  auto with_routes = [&](std::vector<std::int64_t> shape, std::int64_t fill) {
+    Datum out = d;
+    TensorData t;
+    t.dtype = DType::int64;
+    t.shape = shape;
+    std::int64_t n = 1;
+    for (auto s : shape) n *= s;
+    for (std::int64_t i = 0; i < n; ++i) t.int_data.push_back(i % 2 + fill);
+    out.loss_fn_inputs["routed_experts"] = t;
+    return out;
+  };
+  auto refusal = [&](std::vector<Datum> batch) {
+    return error_of([&] { trainer.forward(batch, LossSpec::cross_entropy()).get(); });
+  };
+  EXPECT_EQ(refusal({with_routes({9, 2, 2}, 0)}),
+            "datum 0: loss input 'routed_experts' must be int64 [tokens = 10, sparse layers, experts per token], got "
+            "int64 [9, 2, 2]");
+  EXPECT_EQ(refusal({with_routes({10, 3, 2}, 0)}),
+            "datum 0: loss input 'routed_experts' is [10, 3, 2] but the model routes each token to 2 experts in 2 "
+            "sparse layers");
+  EXPECT_EQ(refusal({with_routes({10, 2, 2}, 7)}),
+            "datum 0: loss input 'routed_experts': expert id 8 at token 0, sparse layer 0 is out of range [0, 8)");
+  Datum twice = with_routes({10, 2, 2}, 0);
+  twice.loss_fn_inputs["routed_experts"].int_data[3] = 0;  // token 0, sparse layer 1: experts 0 and 0
+  EXPECT_EQ(refusal({twice}),
+            "datum 0: loss input 'routed_experts': expert 0 is given twice at token 0, sparse layer 1");
+  EXPECT_EQ(refusal({with_routes({10, 2, 2}, 0), d}),
+            "datum 1: loss input 'routed_experts' is missing but datum 0's is given (routing replay routes every datum "
+            "of a batch or none)");
+  // The session is intact: the same batch with good routes runs.
+  EXPECT_EQ(trainer.forward({with_routes({10, 2, 2}, 0), with_routes({10, 2, 2}, 2)}, LossSpec::cross_entropy())
+                .get()
+                .loss_fn_outputs.size(),
+            2u);
+
+  auto dense = service.create_full_training_client("rlloop-tiny", 3);
+  const std::string type = dense.get_info().model_type;
+  EXPECT_EQ(error_of([&] { dense.forward({with_routes({10, 2, 2}, 0)}, LossSpec::cross_entropy()).get(); }),
+            "datum 0: loss input 'routed_experts': the model has no experts to route to");
+  SampleRequest req{ModelInput::from_tokens(bytes("x")), 1, {.max_tokens = 2}};
+  req.include_routed_experts = true;
+  EXPECT_EQ(error_of([&] { dense.live_sampling_client().sample(req).get(); }),
+            "SampleRequest.include_routed_experts: this " + type + " model has no experts");
+  EXPECT_EQ(dense.get_info().experts, ExpertShape{});
+}

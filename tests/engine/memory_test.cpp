@@ -75,9 +75,10 @@ double peak_mib(std::int64_t vocab, int rows, int tokens, torch::ScalarType dtyp
 
 // Every trainable parameter's gradient after backward of sum(w * logprobs).
 std::vector<torch::Tensor> gradients(Transformer& model, const torch::Tensor& ids, const torch::Tensor& targets,
-                                     std::int64_t chunk_values, torch::Tensor* logprobs) {
+                                     std::int64_t chunk_values, torch::Tensor* logprobs,
+                                     ExpertRouting* routing = nullptr) {
   for (auto& [name, p] : model.named_trainable_parameters()) p.mutable_grad().reset();
-  const auto lp = target_logprobs(model, model.hidden_states(ids), targets, chunk_values);
+  const auto lp = target_logprobs(model, model.hidden_states(ids, nullptr, routing), targets, chunk_values);
   const auto w = torch::linspace(-1.0, 2.0, lp.numel()).view(lp.sizes());
   (lp * w).sum().backward();
   *logprobs = lp.detach();
@@ -171,6 +172,40 @@ TEST(ActivationCheckpointing, GivesThePlainGraphsValuesAndGradients) {
   for (auto& p : frozen->parameters()) p.set_requires_grad(false);
   frozen->set_activation_checkpointing(true);
   EXPECT_FALSE(frozen->hidden_states(ids).requires_grad());
+}
+
+// With experts, a checkpointed layer's recompute routes by the routes its forward took (CheckpointedLayer), and a
+// forward given routes (routing replay) takes them under checkpointing too: the plain graph's values and gradients.
+TEST(ActivationCheckpointing, LayersWithExpertsRecomputeWithTheForwardsRoutes) {
+  const ModelConfig cfg = with_experts(qwen3_shaped(96), 4, 2, 16);
+  const torch::Tensor ids = torch::randint(0, 96, {3, 11}, torch::kLong);
+  const torch::Tensor targets = torch::randint(0, 96, {3, 11}, torch::kLong);
+  // Routes of other weights, to replay: not the ones the model would pick itself.
+  ExpertRouting theirs, own;
+  {
+    torch::NoGradGuard no_grad;
+    init_model(cfg, 9, torch::kCPU, torch::kFloat64)->hidden_states(ids, nullptr, &theirs);
+    fp64_model(cfg, {})->hidden_states(ids, nullptr, &own);
+  }
+  ASSERT_FALSE(torch::equal(theirs.recorded, own.recorded));
+  for (const bool lora : {false, true}) {
+    for (const bool replay : {false, true}) {
+      const std::string what = std::string(lora ? "lora" : "full") + (replay ? ", replayed" : "");
+      auto model = fp64_model(cfg, lora ? std::vector<std::string>{"all-linear"} : std::vector<std::string>{});
+      ExpertRouting plain_routing{replay ? theirs.recorded : torch::Tensor()};
+      ExpertRouting checkpointed_routing{replay ? theirs.recorded : torch::Tensor()};
+      torch::Tensor plain_lp, checkpointed_lp;
+      const auto plain = gradients(*model, ids, targets, kLogitChunkValues, &plain_lp, &plain_routing);
+      model->set_activation_checkpointing(true);
+      const auto checkpointed =
+          gradients(*model, ids, targets, kLogitChunkValues, &checkpointed_lp, &checkpointed_routing);
+      expect_same_gradients(plain, checkpointed, plain_lp, checkpointed_lp, what);
+      EXPECT_TRUE(torch::equal(checkpointed_routing.recorded, plain_routing.recorded)) << what;
+      if (replay) {
+        EXPECT_TRUE(torch::equal(plain_routing.recorded, theirs.recorded)) << what;
+      }
+    }
+  }
 }
 
 // Checkpointed layers keep one [tokens, hidden] input each instead of every activation of every layer: on a

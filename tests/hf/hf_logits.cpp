@@ -180,8 +180,16 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
   model.load_peft_state_dict(read_safetensors((d / "adapter_model.safetensors").string()));
 }
 
-// %.9g round-trips a float exactly, so the comparison sees the engine's own numbers.
-void print_logits(const torch::Tensor& logits) {
+// The logits of `tokens` and, for a model with experts, its router's metrics ("router": router_metrics' without
+// the "router/" prefix). %.9g round-trips a float exactly, so the comparison sees the engine's own numbers.
+void print_logits(Transformer& model, const std::vector<std::int64_t>& tokens) {
+  const torch::Tensor ids = torch::tensor(tokens).unsqueeze(0);
+  RouterTotals totals;
+  ExpertRouting routing;
+  routing.totals = &totals;
+  const bool experts = model.config().num_experts > 0;
+  const torch::Tensor logits =
+      model.logits(model.hidden_states(ids, nullptr, experts ? &routing : nullptr))[0].contiguous();
   const auto rows = logits.accessor<float, 2>();
   std::printf("{\"logits\":[");
   for (std::int64_t t = 0; t < rows.size(0); ++t) {
@@ -189,7 +197,17 @@ void print_logits(const torch::Tensor& logits) {
     for (std::int64_t v = 0; v < rows.size(1); ++v) std::printf(v ? ",%.9g" : "%.9g", rows[t][v]);
     std::printf("]");
   }
-  std::printf("]}\n");
+  std::printf("]");
+  if (experts) {
+    std::printf(",\"router\":{");
+    const char* sep = "";
+    for (const auto& [name, value] : router_metrics(totals)) {
+      std::printf("%s\"%s\":%.17g", sep, name.substr(name.find('/') + 1).c_str(), value);
+      sep = ",";
+    }
+    std::printf("}");
+  }
+  std::printf("}\n");
 }
 
 }  // namespace
@@ -213,7 +231,7 @@ int main(int argc, char** argv) {
         out.push_back(logprob_summary(model->forward(torch::tensor(tokens).unsqueeze(0))[0], tokens));
       std::printf("%s\n", out.dump().c_str());
     } else {
-      print_logits(model->forward(torch::tensor(args.sequences[0]).unsqueeze(0))[0].contiguous());
+      print_logits(*model, args.sequences[0]);
     }
     if (!args.peft_export_dir.empty()) save_peft_adapter(*model, args.peft_export_dir, args.model_dir);
     if (!args.merged_export_dir.empty()) save_model(*model, args.merged_export_dir);

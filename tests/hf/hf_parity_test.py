@@ -19,7 +19,7 @@ import tempfile
 import time
 
 TOLERANCE = 1e-5
-CHECKS = ["base", "lora", "merged", "peft", "export"]
+CHECKS = ["base", "lora", "merged", "peft", "export", "router"]
 
 sys.dont_write_bytecode = True  # importing make_models must not leave __pycache__ in the source tree
 try:
@@ -38,7 +38,7 @@ def hf_logits(tool, *args):
     run = subprocess.run([tool, args[0], tokens, *args[1:]], capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"hf_logits {' '.join(args)} failed ({run.returncode}): {run.stderr.strip()}")
-    return torch.tensor(json.loads(run.stdout)["logits"])
+    return json.loads(run.stdout)
 
 
 def max_diff(a, b):
@@ -53,20 +53,25 @@ def check_model(tool, root, name, ref):
     model_dir = os.path.join(root, name)
     peft_export, merged_export = model_dir + "-rlloop-peft", model_dir + "-rlloop-merged"
 
-    base = hf_logits(tool, model_dir)
-    adapted = hf_logits(tool, model_dir, "--adapter", model_dir + "-lora", "--export-peft", peft_export,
-                        "--export-merged", merged_export)
-    merged = hf_logits(tool, model_dir + "-merged")
+    base_out = hf_logits(tool, model_dir)
+    base = torch.tensor(base_out["logits"])
+    adapted = torch.tensor(hf_logits(tool, model_dir, "--adapter", model_dir + "-lora", "--export-peft", peft_export,
+                                     "--export-merged", merged_export)["logits"])
+    merged = torch.tensor(hf_logits(tool, model_dir + "-merged")["logits"])
     # PEFT reads rlloop's adapter onto transformers' base, transformers reads rlloop's merged model.
     peft_on_export = make_models.forward_logits(PeftModel.from_pretrained(make_models.load(model_dir), peft_export))
     hf_on_export = make_models.forward_logits(make_models.load(merged_export))
-    return {
+    diffs = {
         "base": max_diff(base, ref["logits"]),
         "lora": max_diff(adapted, ref["lora_logits"]),
         "merged": max_diff(merged, ref["merged_logits"]),
         "peft": max_diff(peft_on_export, adapted),
         "export": max_diff(hf_on_export, adapted),
     }
+    if "router" in ref:  # models with experts: the router's metrics against transformers' aux_loss
+        mine = base_out.get("router", {})
+        diffs["router"] = max(abs(mine.get(k, float("inf")) - v) for k, v in ref["router"].items())
+    return diffs
 
 
 def main():
@@ -87,7 +92,8 @@ def main():
         worst = dict.fromkeys(CHECKS, 0.0)
         for name, ref in reference["models"].items():
             diffs = check_model(tool, root, name, ref)
-            print(f"{name:16s}" + "".join(f"{diffs[c]:10.1e}" for c in CHECKS) + f"{ref['fp32_vs_fp64']:11.1e}")
+            print(f"{name:16s}" + "".join(f"{diffs[c]:10.1e}" if c in diffs else f"{'-':>10s}" for c in CHECKS)
+                  + f"{ref['fp32_vs_fp64']:11.1e}")
             for check, diff in diffs.items():
                 worst[check] = max(worst[check], diff)
                 if not diff <= TOLERANCE:

@@ -89,6 +89,16 @@ def forward_logits(model, tokens=TOKENS):
         return model(torch.tensor([tokens]), use_cache=False).logits[0]
 
 
+def router_metrics(model, tokens=TOKENS):
+    """A model with experts: transformers' load-balancing loss (aux_loss, unscaled) and the mean squared log-sum-exp
+    of its routers' logits over every sparse layer and token (ST-MoE's z-loss), what rlloop reports as
+    router/aux_loss and router/z_loss."""
+    with torch.no_grad():
+        out = model(torch.tensor([tokens]), use_cache=False, output_router_logits=True)
+    z = torch.stack([torch.logsumexp(l.double(), -1) for l in out.router_logits]).square().mean()
+    return {"aux_loss": out.aux_loss.item(), "z_loss": z.item()}
+
+
 def randomize(model, generator):
     """HF's init (std 0.02, norms 1, biases 0) would hide whole terms: zero biases, unit norms and near-zero
     logits let a mistake there pass. Linears, embeddings and biases get N(0, 0.1^2), norms 1 + N(0, 0.1^2);
@@ -154,6 +164,8 @@ def make(out_dir, seed=0):
             # How much the adapter moves the logits: a check that ignored the adapter would fail by this much.
             "lora_vs_base": (lora_logits - logits).abs().max().item(),
         }
+        if spec.model_type.endswith("_moe"):
+            reference["models"][spec.name]["router"] = router_metrics(load(model_dir))
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f)
     return reference

@@ -301,6 +301,26 @@ TEST(WireJson, SamplingRoundTripsAndResults) {
   EXPECT_EQ(back.params, req.params);
   EXPECT_EQ(back.num_samples, 3);
   EXPECT_FALSE(back.model_path);
+  EXPECT_FALSE(back.include_routed_experts);
+  EXPECT_FALSE(to_json(req).contains("includeRoutedExperts"));  // off by default, and then not sent
+
+  // Routing replay (models with experts): the request's flag and each sequence's routes, with their shape.
+  req.include_routed_experts = true;
+  EXPECT_TRUE(std::get<SampleRequest>(sampling_operation_from_json(to_json(SamplingOperation{req}), "c"))
+                  .include_routed_experts);
+  SampleResponse resp;
+  resp.sequences.resize(1);
+  resp.sequences[0].tokens = {1, 2};
+  resp.sequences[0].logprobs = {-0.5, -0.25};
+  TensorData routes = TensorData::from_ints({0, 3, 1, 2, 7, 4, 5, 6});
+  routes.shape = {2, 2, 2};
+  resp.sequences[0].routed_experts = routes;
+  const json rj = to_json(resp);
+  EXPECT_EQ(rj["sequences"][0]["routedExperts"]["shape"], json::parse("[2, 2, 2]"));
+  const SampleResponse rback = sample_response_from_json(json::parse(rj.dump()), "r");
+  EXPECT_EQ(rback.sequences[0].routed_experts, routes);
+  resp.sequences[0].routed_experts.reset();
+  EXPECT_FALSE(to_json(resp)["sequences"][0].contains("routedExperts"));
 
   SamplingOperationState st{OperationStatus::completed, SamplingResult{ComputeLogprobsResult{{0.0, -1.5}}},
                             std::nullopt, std::nullopt};
@@ -321,7 +341,10 @@ TEST(WireJson, SessionInfoAndUsageRoundTrip) {
   info.vocab_size = 260;
   info.eos_token_id = 256;
   info.step = 3;
+  EXPECT_FALSE(to_json(info).contains("experts"));  // a dense model
+  info.experts = {8, 2, 3};
   const SessionInfo back = session_info_from_json(to_json(info), "");
+  EXPECT_EQ(back.experts, (ExpertShape{8, 2, 3}));
   EXPECT_EQ(back.name, "s1");
   EXPECT_EQ(back.lora, info.lora);
   EXPECT_EQ(back.vocab_size, 260);

@@ -420,6 +420,22 @@ TEST_F(ServerFixture, BadRequestsAreValidationErrorsNamingTheField) {
             std::string::npos);
   r = c.send("POST", "/v1/training-sessions/val/operations", "{not json");
   EXPECT_EQ(r.error_type, "ValidationException");
+  // Routing replay asked of a model without experts, both ways: a 400 at submission.
+  body = fb_body(2);
+  body["operationConfig"]["forwardBackward"]["datumList"][0]["lossFnInputs"]["routed_experts"] = {
+      {"data", {{{0, 1}}, {{1, 2}}, {{2, 3}}}}, {"dtype", "int64"}};
+  r = c.post("/v1/training-sessions/val/operations", body);
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_EQ(r.json_body()["message"], "datum 0: loss input 'routed_experts': the model has no experts to route to");
+  r = c.post("/v1/training-sessions/val/sampling-operations",
+             {{"operationConfig",
+               {{"sample",
+                 {{"prompt", wire::to_json(ModelInput::from_tokens({1, 2}))},
+                  {"numSamples", 1},
+                  {"samplingParams", {{"maxTokens", 2}}},
+                  {"includeRoutedExperts", true}}}}}});
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_EQ(r.json_body()["message"], "operationConfig.sample.includeRoutedExperts: the model has no experts");
   EXPECT_EQ(c.post("/v1/training-sessions/nosuch/operations", fb_body(1)).status, 404u);
 }
 

@@ -63,12 +63,21 @@ std::vector<torch::Tensor> trainable_tensors(Transformer& model) {
   return out;
 }
 
-// Sums a shard's outputs into the batch's (in rank order: the caller's datum order).
+// Sums a shard's outputs into the batch's (in rank order: the caller's datum order). The router's metrics (means
+// over a shard's tokens) are summed weighted by the shard's tokens; mean_router_metrics divides once all are in.
 void append_output(ForwardBackwardOutput& total, ForwardBackwardOutput&& part) {
   for (auto& o : part.loss_fn_outputs) total.loss_fn_outputs.push_back(std::move(o));
   total.training_tokens += part.training_tokens;
   total.loss_fn_output_type = part.loss_fn_output_type;
-  for (const auto& [name, v] : part.metrics) total.metrics[name] += v;
+  for (const auto& [name, v] : part.metrics)
+    total.metrics[name] += name.starts_with("router/") ? v * static_cast<double>(part.training_tokens) : v;
+}
+
+// The router's metrics of the whole batch: the shards' token-weighted mean (exact for router/z_loss and
+// router/replay_mismatch; for router/aux_loss, a product of two means, the mean of the shards' values).
+void mean_router_metrics(ForwardBackwardOutput& total) {
+  for (auto& [name, v] : total.metrics)
+    if (name.starts_with("router/") && total.training_tokens > 0) v /= static_cast<double>(total.training_tokens);
 }
 
 }  // namespace
@@ -216,6 +225,7 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
   // Fractions do not add up: recompute them over the whole batch.
   for (const char* name : {"clip_fraction", "value_clip_fraction"})
     if (total.metrics.count(name)) total.metrics[name] = counts.fraction();
+  mean_router_metrics(total);
   return total;
 }
 
@@ -252,7 +262,10 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
       for (std::size_t i = 0; i < total.loss_fn_outputs.size(); ++i) logprobs.push_back(total.logprobs(i));
       CustomLossResult result = (*fn)(*all, logprobs);
       check_custom_gradients(result, logprobs);
+      mean_router_metrics(total);
+      Metrics router = std::move(total.metrics);
       total.metrics = result.metrics;
+      total.metrics.insert(router.begin(), router.end());  // the loss function's own metrics win a clash
       total.metrics["loss:sum"] = result.loss;
       w.put(Status::ok);
       w.put(static_cast<std::uint64_t>(result.grad_logprobs.size()));
