@@ -230,11 +230,52 @@ torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Te
       .reshape({d.B, d.T, d.nh * d.D});
 }
 
+namespace {
+// Softmax over the last dimension of scores [..., heads as nkv x rep, rows, S] in `dtype`, with each head's sink
+// logit (sinks [nh], when defined) as one more column that is dropped afterwards.
+torch::Tensor softmax_with_sinks(const torch::Tensor& scores, const torch::Tensor& sinks, torch::ScalarType dtype) {
+  if (!sinks.defined()) return torch::softmax(scores, -1, dtype);
+  std::vector<std::int64_t> shape(scores.sizes().begin(), scores.sizes().end());
+  shape.back() = 1;
+  std::vector<std::int64_t> per_head(shape.size(), 1);
+  per_head[per_head.size() - 4] = scores.size(-4);  // nkv
+  per_head[per_head.size() - 3] = scores.size(-3);  // rep
+  const torch::Tensor column = sinks.to(dtype).view(per_head).expand(shape);
+  const std::int64_t S = scores.size(-1);
+  return torch::softmax(torch::cat({scores.to(dtype), column}, -1), -1).narrow(-1, 0, S);
+}
+}  // namespace
+
+torch::Tensor windowed_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                 double scale, const torch::Tensor& sinks, std::int64_t window) {
+  const Dims d = dims_of(q, keys, values);
+  if (sinks.defined() && (sinks.dim() != 1 || sinks.size(0) != d.nh))
+    throw invalid_argument("windowed_attention: sinks must be [" + std::to_string(d.nh) + "]");
+  // [B, nkv, rep, T, S]: the `rep` query heads of a KV head stacked, as in the reference.
+  torch::Tensor scores = (torch::matmul(q.reshape({d.B, d.nkv, d.rep * d.T, d.D}), keys.transpose(-1, -2)) * scale)
+                             .view({d.B, d.nkv, d.rep, d.T, d.S});
+  auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
+  const torch::Tensor key = torch::arange(0, d.S, pos).unsqueeze(0);
+  const torch::Tensor query = torch::arange(d.past, d.S, pos).unsqueeze(1);
+  torch::Tensor hidden = key > query;  // [T, S]
+  if (window > 0) hidden = hidden.logical_or(key <= query - window);
+  scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+  const auto softmax_dtype = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  torch::Tensor probs = softmax_with_sinks(scores, sinks, softmax_dtype);
+  if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());
+  return torch::matmul(probs.view({d.B, d.nkv, d.rep * d.T, d.S}), values)
+      .view({d.B, d.nh, d.T, d.D})
+      .transpose(1, 2)
+      .reshape({d.B, d.T, d.nh * d.D});
+}
+
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys_padded,
-                               const torch::Tensor& values_padded, const torch::Tensor& lengths, double scale) {
+                               const torch::Tensor& values_padded, const torch::Tensor& lengths, double scale,
+                               const torch::Tensor& sinks, std::int64_t window) {
   const std::int64_t R = q.size(0), nh = q.size(1), D = q.size(3), nkv = keys_padded.size(1), S = keys_padded.size(2);
-  const torch::Tensor visible =
-      torch::arange(S, lengths.options()).view({1, S}) < lengths.view({R, 1});  // [R, S]
+  const torch::Tensor position = torch::arange(S, lengths.options()).view({1, S});
+  torch::Tensor visible = position < lengths.view({R, 1});  // [R, S]
+  if (window > 0) visible = visible.logical_and(position >= lengths.view({R, 1}) - window);
   // Keys and values past a row's length are whatever its blocks held (a pool's slots are never cleared): zeroed
   // first, since a masked score is 0 only when finite (NaN + -inf is NaN, and 0 x NaN too).
   const torch::Tensor hidden = visible.logical_not().view({R, 1, S, 1});
@@ -244,16 +285,17 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
   const std::int64_t rep = nh / nkv;
 #if RLLOOP_HAVE_SDPA
   // A mask and no grouped-query flag: the memory-efficient kernel takes that combination (flash takes no mask).
-  return at::scaled_dot_product_attention(q.reshape({R, nkv, rep, D}), keys, values, visible.view({R, 1, 1, S}),
-                                          /*dropout_p=*/0.0, /*is_causal=*/false, scale)
-      .reshape({R, 1, nh * D});
-#else
-  torch::Tensor scores = torch::matmul(q.reshape({R, nkv, rep, D}), keys.transpose(-1, -2)) * scale;
-  scores.masked_fill_(hidden.view({R, 1, 1, S}), -std::numeric_limits<double>::infinity());
-  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32);
+  if (!sinks.defined())
+    return at::scaled_dot_product_attention(q.reshape({R, nkv, rep, D}), keys, values, visible.view({R, 1, 1, S}),
+                                            /*dropout_p=*/0.0, /*is_causal=*/false, scale)
+        .reshape({R, 1, nh * D});
+#endif
+  // [R, nkv, rep, 1, S]: one query row per head, in the layout softmax_with_sinks reads.
+  torch::Tensor scores = (torch::matmul(q.reshape({R, nkv, rep, D}), keys.transpose(-1, -2)) * scale).unsqueeze(3);
+  scores = scores.masked_fill(visible.logical_not().view({R, 1, 1, 1, S}), -std::numeric_limits<double>::infinity());
+  torch::Tensor probs = softmax_with_sinks(scores, sinks, torch::kFloat32).squeeze(3);
   if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());
   return torch::matmul(probs, values).reshape({R, 1, nh * D});
-#endif
 }
 
 }  // namespace rlloop::engine

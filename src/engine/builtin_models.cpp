@@ -39,7 +39,31 @@ std::optional<ModelConfig> builtin_model(const std::string& name) {
   }
   // rlloop-tiny's attention with Qwen3-MoE's sparse layers: 8 experts of width 16, two per token.
   if (name == "rlloop-tiny-moe") return with_experts(byte_level(32, 2, 4, 2, 64, 1024), 8, 2, 16);
+  // rlloop-tiny's shapes as gpt-oss: 8 experts of width 16, two per token, a sliding window of 8 on layer 0.
+  if (name == "rlloop-tiny-gpt-oss") return as_gpt_oss(byte_level(32, 2, 4, 2, 64, 1024), 8, 2, 16, 8);
   return std::nullopt;
+}
+
+ModelConfig as_gpt_oss(ModelConfig c, std::int64_t experts, std::int64_t per_token, std::int64_t width,
+                       std::int64_t window) {
+  c.model_type = "gpt_oss";
+  c.attention_bias = true;
+  c.num_experts = experts;
+  c.num_experts_per_tok = per_token;
+  c.moe_intermediate_size = width;
+  c.intermediate_size = width;
+  c.sliding_window = window;
+  c.layer_types.clear();
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+    c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  c.rope_theta = 150000.0;
+  // gpt-oss's YaRN (factor 32 over 4096 positions), scaled down to this context.
+  c.yarn = ModelConfig::Yarn{.factor = 4.0,
+                             .beta_fast = 32.0,
+                             .beta_slow = 1.0,
+                             .original_max_position_embeddings = c.max_position_embeddings / 4,
+                             .truncate = false};
+  return c;
 }
 
 ModelConfig with_experts(ModelConfig c, std::int64_t experts, std::int64_t per_token, std::int64_t width) {
@@ -53,7 +77,7 @@ ModelConfig with_experts(ModelConfig c, std::int64_t experts, std::int64_t per_t
 }
 
 std::vector<std::string> builtin_model_names() {
-  return {"rlloop-tiny", "rlloop-small", "rlloop-100m", "rlloop-tiny-moe"};
+  return {"rlloop-tiny", "rlloop-small", "rlloop-100m", "rlloop-tiny-moe", "rlloop-tiny-gpt-oss"};
 }
 
 }  // namespace rlloop::engine

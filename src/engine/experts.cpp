@@ -17,6 +17,12 @@ torch::Tensor expert_delta(const torch::Tensor& x, const torch::Tensor& a, const
   return low_rank_product(x, a_e, b_e, x.scalar_type()) * scale;
 }
 
+// gpt-oss's activation (ExpertActivation), as transformers' GptOssExperts._apply_gate computes it.
+torch::Tensor clamped_swiglu(const torch::Tensor& gate, const torch::Tensor& up, const ExpertActivation& a) {
+  const torch::Tensor g = gate.clamp_max(a.limit);
+  return (up.clamp(-a.limit, a.limit) + 1) * (g * torch::sigmoid(g * a.alpha));
+}
+
 // Whether a decoding step's experts take the CPU kernels below: fp32 on the CPU, no graph, at most kFewRows tokens,
 // dense contiguous expert weights.
 bool step_kernels_apply(const torch::Tensor& x, const std::vector<Expert>& experts) {
@@ -90,14 +96,21 @@ std::pair<torch::Tensor, torch::Tensor> ExpertAdapters::factors(const torch::Ten
   return {a.narrow(0, e * r, r), b.view({b.size(0), r, E}).select(2, e)};
 }
 
-Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype) {
+Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype,
+                   bool softmax_after_top_k) {
+  if (softmax_after_top_k) {
+    auto [values, experts] = torch::topk(logits, k, -1);
+    return {experts, torch::softmax(values, -1).to(dtype)};
+  }
   const torch::Tensor probabilities = torch::softmax(logits, -1, torch::kFloat32);
   auto [weights, experts] = torch::topk(probabilities, k, -1);
   if (normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
   return {experts, weights.to(dtype)};
 }
 
-Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype) {
+Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype,
+                   bool softmax_after_top_k) {
+  if (softmax_after_top_k) return {experts, torch::softmax(logits.gather(1, experts), -1).to(dtype)};
   torch::Tensor weights = torch::softmax(logits, -1, torch::kFloat32).gather(1, experts);
   if (normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
   return {experts, weights.to(dtype)};
@@ -149,8 +162,9 @@ std::map<std::string, double> router_metrics(const RouterTotals& totals) {
 }
 
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
-                          const ExpertAdapters* adapters, bool few_rows) {
-  if (few_rows && !adapters && step_kernels_apply(x, experts)) return step_experts(x, routes, experts);
+                          const ExpertAdapters* adapters, bool few_rows, const ExpertActivation& activation) {
+  if (few_rows && !adapters && !activation.clamped && step_kernels_apply(x, experts))
+    return step_experts(x, routes, experts);
   const std::int64_t N = x.size(0), k = routes.experts.size(1);
   const auto E = static_cast<std::int64_t>(experts.size());
   // The N * k routes sorted by expert (stable: an expert's rows keep token order), each route's token, and how
@@ -174,7 +188,7 @@ torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const st
       gate = gate + delta.narrow(1, 0, I);
       up = up + delta.narrow(1, I, I);
     }
-    const torch::Tensor hidden = swiglu(gate, up);
+    const torch::Tensor hidden = activation.clamped ? clamped_swiglu(gate, up, activation) : swiglu(gate, up);
     torch::Tensor out = expert.down.apply(hidden, few_rows);
     if (adapters && adapters->down_a.defined())
       out = out + expert_delta(hidden, adapters->down_a, adapters->down_b, e, E, adapters->scale);

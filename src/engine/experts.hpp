@@ -42,14 +42,24 @@ struct Routes {
   torch::Tensor weights;  // [N, k], in the hidden states' dtype
 };
 
-// Qwen-MoE's routing of router logits [N, E]: softmax in fp32, the k most probable experts, their probabilities
-// renormalised to sum to one when `normalize` (norm_topk_prob), cast to `dtype`, as transformers computes it.
-Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype);
+// The routing of router logits [N, E], as transformers computes it. Qwen-MoE's: softmax in fp32, the k most probable
+// experts, their probabilities renormalised to sum to one when `normalize` (norm_topk_prob), cast to `dtype`.
+// gpt-oss's (`softmax_after_top_k`): the k largest logits, a softmax over them in the logits' dtype.
+Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype,
+                   bool softmax_after_top_k = false);
 
-// Routes given from elsewhere (routing replay): the tokens go to `experts` [N, k], weighted by the router's current
-// probabilities there (softmax of `logits` [N, E] in fp32, renormalised over the k when `normalize`), so gradients
-// still reach the router. With the experts route_top_k would pick, the weights are route_top_k's bit for bit.
-Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype);
+// Routes given from elsewhere (routing replay): the tokens go to `experts` [N, k], weighted as route_top_k weighs its
+// own choice (the router's current probabilities there, or the softmax over their logits), so gradients still reach
+// the router. With the experts route_top_k would pick, the weights are route_top_k's bit for bit.
+Routes route_given(const torch::Tensor& logits, const torch::Tensor& experts, bool normalize, torch::ScalarType dtype,
+                   bool softmax_after_top_k = false);
+
+// What an expert computes between its gate / up and down products: SwiGLU, silu(gate) * up, or gpt-oss's clamped
+// variant, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit).
+struct ExpertActivation {
+  bool clamped = false;
+  double limit = 7.0, alpha = 1.702;
+};
 
 // What router_metrics reports, summed over the sparse layers of one forward and its real tokens: the routes each
 // expert took ([E], each token counts its k) and the router's probabilities summed per expert ([E]), both float64;
@@ -93,6 +103,7 @@ std::map<std::string, double> router_metrics(const RouterTotals& totals);
 // accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). One
 // host read per call: how many rows each expert got.
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
-                          const ExpertAdapters* adapters = nullptr, bool few_rows = false);
+                          const ExpertAdapters* adapters = nullptr, bool few_rows = false,
+                          const ExpertActivation& activation = {});
 
 }  // namespace rlloop::engine

@@ -44,17 +44,37 @@ std::optional<std::int64_t> optional_token_id(const json& j, const char* key) {
                          it->dump());
 }
 
-// Refuses RoPE other than plain RoPE (llama3, yarn, linear, dynamic, ...) in `params`, the value of the key
-// `where` ("rope_scaling" or "rope_parameters"). A per-layer-type object ({"full_attention": {...}, ...}) is
-// refused too: its types and thetas sit one level down, out of sight of a plain reading.
-void check_plain_rope(const json& params, const std::string& where) {
+// Reads the RoPE scaling of `params`, the value of the key `where` ("rope_scaling" or "rope_parameters"): plain
+// RoPE, or YaRN into `yarn`; others (llama3, linear, dynamic, longrope, ...) are refused, as is a per-layer-type
+// object ({"full_attention": {...}, ...}), whose types and thetas sit one level down out of sight of a plain
+// reading, and DeepSeek's mscale variant of YaRN.
+void read_rope_scaling(const json& params, const std::string& where, std::optional<ModelConfig::Yarn>& yarn) {
   if (!params.is_object())
     throw invalid_argument("model config: field '" + where + "' must be an object, got " + params.dump());
   for (const auto& [key, value] : params.items())
     if (value.is_object())
       throw unsupported("model config: per-layer-type " + where + " ('" + key + "') is not supported");
   auto type = optional_value<std::string>(params, "rope_type", optional_value<std::string>(params, "type", "default"));
-  if (type != "default") throw unsupported("model config: " + where + " type '" + type + "' is not supported");
+  if (type == "default") return;
+  if (type != "yarn") throw unsupported("model config: " + where + " type '" + type + "' is not supported");
+  if (params.contains("mscale") || params.contains("mscale_all_dim"))
+    throw unsupported("model config: " + where + ": YaRN's mscale / mscale_all_dim are not supported");
+  ModelConfig::Yarn y;
+  y.factor = optional_value<double>(params, "factor", 0.0);
+  y.beta_fast = optional_value<double>(params, "beta_fast", 32.0);
+  y.beta_slow = optional_value<double>(params, "beta_slow", 1.0);
+  y.original_max_position_embeddings = optional_value<std::int64_t>(params, "original_max_position_embeddings", 0);
+  y.truncate = optional_value<bool>(params, "truncate", true);
+  if (auto it = params.find("attention_factor"); it != params.end() && !it->is_null())
+    y.attention_factor = optional_value<double>(params, "attention_factor", 1.0);
+  if (!(y.factor >= 1.0))
+    throw invalid_argument("model config: " + where + ".factor must be >= 1 for YaRN, got " +
+                           params.value("factor", json()).dump());
+  if (y.original_max_position_embeddings <= 0)
+    throw invalid_argument("model config: " + where + ".original_max_position_embeddings must be positive for YaRN");
+  if (!(y.beta_fast > 0 && y.beta_slow > 0))
+    throw invalid_argument("model config: " + where + ".beta_fast and beta_slow must be positive");
+  yarn = y;
 }
 
 std::optional<double> optional_rope_theta(const json& j, const std::string& where) {
@@ -68,11 +88,11 @@ std::optional<double> optional_rope_theta(const json& j, const std::string& wher
 // transformers 4.x writes the RoPE base as top-level "rope_theta" (scaled variants in "rope_scaling"); 5.x writes
 // "rope_parameters": {"rope_theta": ..., "rope_type": ...}. Either is read. A file stating two different thetas
 // is refused rather than resolved by guessing which one its writer meant.
-double read_rope_theta(const json& j) {
+double read_rope(const json& j, std::optional<ModelConfig::Yarn>& yarn) {
   std::optional<double> theta = optional_rope_theta(j, "rope_theta");
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) check_plain_rope(*it, "rope_scaling");
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) read_rope_scaling(*it, "rope_scaling", yarn);
   if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
-    check_plain_rope(*it, "rope_parameters");
+    read_rope_scaling(*it, "rope_parameters", yarn);
     std::optional<double> nested = optional_rope_theta(*it, "rope_parameters.rope_theta");
     if (theta && nested && *theta != *nested) {
       std::ostringstream msg;
@@ -86,8 +106,9 @@ double read_rope_theta(const json& j) {
   return theta.value_or(10000.0);
 }
 
-// The expert keys of a family with experts (Qwen2-MoE's names, which Qwen3-MoE shares).
-void read_expert_keys(const json& j, ModelConfig& c) {
+// The expert keys of a family with experts (Qwen2-MoE's names, which Qwen3-MoE shares; the width's key is the
+// family's).
+void read_expert_keys(const json& j, ModelConfig& c, const ExpertStyle& style) {
   // transformers 5 writes num_local_experts (its attribute map's name for num_experts); 4.x wrote num_experts.
   const bool local = j.contains("num_local_experts") && !j.contains("num_experts");
   c.num_experts = required_int(j, local ? "num_local_experts" : "num_experts");
@@ -95,7 +116,7 @@ void read_expert_keys(const json& j, ModelConfig& c) {
     throw invalid_argument("model config: num_experts " + j["num_experts"].dump() + " and num_local_experts " +
                            j["num_local_experts"].dump() + " disagree; remove one of them");
   c.num_experts_per_tok = required_int(j, "num_experts_per_tok");
-  c.moe_intermediate_size = required_int(j, "moe_intermediate_size");
+  c.moe_intermediate_size = required_int(j, style.width_key.c_str());
   c.norm_topk_prob = optional_value<bool>(j, "norm_topk_prob", false);
   c.decoder_sparse_step = optional_value<std::int64_t>(j, "decoder_sparse_step", 1);
   c.mlp_only_layers = optional_value<std::vector<std::int64_t>>(j, "mlp_only_layers", {});
@@ -121,7 +142,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.head_dim = optional_value<std::int64_t>(j, "head_dim",
                                             c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   c.rms_norm_eps = optional_value<double>(j, "rms_norm_eps", 1e-6);
-  c.rope_theta = read_rope_theta(j);  // refuses scaled RoPE variants as well
+  c.rope_theta = read_rope(j, c.yarn);  // refuses RoPE scalings other than YaRN
   c.max_position_embeddings = optional_value<std::int64_t>(j, "max_position_embeddings", 2048);
   c.tie_word_embeddings = optional_value<bool>(j, "tie_word_embeddings", false);
   // Qwen2 always has q/k/v biases (its config has no attention_bias key); Llama and Qwen3 default to none.
@@ -137,7 +158,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   if (optional_value<bool>(j, "mlp_bias", false)) throw unsupported("model config: mlp_bias=true is not supported");
   if (optional_value<bool>(j, "use_sliding_window", false))
     throw unsupported("model config: use_sliding_window=true is not supported");
-  if (family.experts) read_expert_keys(j, c);
+  if (family.experts) read_expert_keys(j, c, family.expert_style);
   if (family.read_config) family.read_config(j, c);
   c.validate();
   return c;
@@ -189,6 +210,18 @@ nlohmann::json ModelConfig::to_json() const {
     j["decoder_sparse_step"] = decoder_sparse_step;
     j["mlp_only_layers"] = mlp_only_layers;
   }
+  if (yarn) {
+    json r = {{"rope_type", "yarn"},
+              {"rope_theta", rope_theta},
+              {"factor", yarn->factor},
+              {"beta_fast", yarn->beta_fast},
+              {"beta_slow", yarn->beta_slow},
+              {"original_max_position_embeddings", yarn->original_max_position_embeddings},
+              {"truncate", yarn->truncate}};
+    if (yarn->attention_factor) r["attention_factor"] = *yarn->attention_factor;
+    j["rope_parameters"] = r;
+  }
+  if (family().write_config) family().write_config(*this, j);
   return j;
 }
 
@@ -236,10 +269,26 @@ void ModelConfig::validate() const {
         throw invalid_argument("model config: mlp_only_layers names layer " + std::to_string(layer) + " of " +
                                std::to_string(num_hidden_layers));
   }
+  if (!layer_types.empty()) {
+    if (static_cast<std::int64_t>(layer_types.size()) != num_hidden_layers)
+      throw invalid_argument("model config: layer_types lists " + std::to_string(layer_types.size()) +
+                             " layers, the model has " + std::to_string(num_hidden_layers));
+    for (const auto& t : layer_types) {
+      if (t != "sliding_attention" && t != "full_attention")
+        throw unsupported("model config: layer type '" + t + "' is not supported (sliding_attention, full_attention)");
+      if (t == "sliding_attention" && sliding_window <= 0)
+        throw invalid_argument("model config: a sliding_attention layer needs a positive sliding_window");
+    }
+  }
   for (auto [name, id] : {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id}})
     if (id && (*id < 0 || *id >= vocab_size))
       throw invalid_argument(std::string("model config: ") + name + " " + std::to_string(*id) +
                              " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+}
+
+std::int64_t ModelConfig::attention_window(std::int64_t layer) const {
+  const auto i = static_cast<std::size_t>(layer);
+  return i < layer_types.size() && layer_types[i] == "sliding_attention" ? sliding_window : 0;
 }
 
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
@@ -267,12 +316,18 @@ std::int64_t parameters_with(const ModelConfig& c, std::int64_t experts) {
                            + 2 * H;                                // two norms
   if (c.attention_bias) attention += q_dim + 2 * kv_dim + (c.family().o_proj_bias ? H : 0);
   if (c.qk_norm) attention += 2 * c.head_dim;
+  const ModelFamily& family = c.family();
+  if (family.attention_sinks) attention += c.num_attention_heads;
+  const std::int64_t I = c.moe_intermediate_size;
+  std::int64_t expert = 3 * H * I, router = c.num_experts * H;  // an expert's gate, up and down; the router
+  if (family.expert_style.biases) expert += 2 * I + H;
+  if (family.expert_style.router_bias) router += c.num_experts;
   std::int64_t total = c.vocab_size * H + H;
   if (!c.tie_word_embeddings) total += c.vocab_size * H;
   for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
     total += attention;
     if (c.sparse_layer(i))
-      total += c.num_experts * H + experts * 3 * H * c.moe_intermediate_size;  // router, experts' gate, up, down
+      total += router + experts * expert;
     else
       total += 3 * H * c.intermediate_size;  // gate, up, down
   }

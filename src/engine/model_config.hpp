@@ -37,6 +37,25 @@ struct ModelConfig {
   bool norm_topk_prob = false;
   std::int64_t decoder_sparse_step = 1;      // every step-th layer is sparse (HF: (layer + 1) % step == 0)
   std::vector<std::int64_t> mlp_only_layers;  // layers kept dense whatever the step
+  // gpt-oss's clamped SwiGLU (ExpertStyle::clamped_swiglu): the clamp and the sigmoid's gain.
+  double swiglu_limit = 7.0;
+  double swiglu_alpha = 1.702;
+  // Sliding-window attention: the layers layer_types names "sliding_attention" see the last sliding_window positions
+  // (their own included); the others all. Empty layer_types: every layer sees all.
+  std::int64_t sliding_window = 0;
+  std::vector<std::string> layer_types;
+  // YaRN's RoPE scaling (rope_type "yarn" in rope_parameters / rope_scaling), as transformers computes it:
+  // frequencies interpolated by `factor` below the correction range [beta_slow, beta_fast] rotations within
+  // original_max_position_embeddings, kept above it, ramped between; cos and sin scaled by attention_factor
+  // (default 0.1 ln(factor) + 1).
+  struct Yarn {
+    double factor = 1.0;
+    double beta_fast = 32.0, beta_slow = 1.0;
+    std::int64_t original_max_position_embeddings = 0;
+    bool truncate = true;
+    std::optional<double> attention_factor;
+  };
+  std::optional<Yarn> yarn;
   std::optional<std::int64_t> bos_token_id;
   std::optional<std::int64_t> eos_token_id;
   // rlloop extension key "rlloop_tokenizer": "byte" for byte-level models; empty = tokenizer.json beside config.
@@ -54,6 +73,8 @@ struct ModelConfig {
   bool sparse_layer(std::int64_t layer) const;
   // What routes must fit (all zero for a dense model).
   ExpertShape expert_shape() const;
+  // The attention window of layer `layer`: sliding_window for a "sliding_attention" layer, 0 (all) otherwise.
+  std::int64_t attention_window(std::int64_t layer) const;
   // The family of model_type (model_family.hpp); invalid_argument naming the supported ones for another.
   const ModelFamily& family() const;
   // HF puts a bias on o_proj too when attention_bias is set, except Qwen2 (q/k/v biases only).

@@ -48,6 +48,27 @@ struct WeightNames {
   // down projections are experts + "." + e + "." + the dense MLP's module names ("mlp.experts.3.gate_proj").
   std::string router = "mlp.gate";
   std::string experts = "mlp.experts";
+  // A family with attention sinks: the layer's learned logit per head.
+  std::string sinks = "self_attn.sinks";
+};
+
+// How a family's sparse layers route and compute (families with `experts`). The defaults are Qwen-MoE's.
+struct ExpertStyle {
+  // Qwen-MoE routes by the softmax over every expert's logit, top k (renormalised with norm_topk_prob); gpt-oss takes
+  // the top k logits and a softmax over those k.
+  bool softmax_after_top_k = false;
+  bool router_bias = false;  // the router's linear has a bias (gpt-oss)
+  bool biases = false;       // each expert's gate, up and down projections have biases (gpt-oss)
+  // gpt-oss's SwiGLU: the gate clamped above and up on both sides at ModelConfig::swiglu_limit, then
+  // (up + 1) * gate * sigmoid(swiglu_alpha * gate). Plain SwiGLU (silu(gate) * up) otherwise.
+  bool clamped_swiglu = false;
+  // Checkpoints hold a sparse layer's experts stacked, as transformers' GptOssExperts keeps them: experts.gate_up_proj
+  // [E, H, 2I] (x @ W, gate and up interleaved in the last dimension: gate even, up odd), experts.gate_up_proj_bias
+  // [E, 2I], experts.down_proj [E, I, H], experts.down_proj_bias [E, H]. rlloop keeps a Linear per expert and
+  // projection (expert_module's names) and converts where tensors are read and written (hf_state_dict).
+  bool stacked_interleaved = false;
+  // The config key of the experts' width.
+  std::string width_key = "moe_intermediate_size";
 };
 
 struct ModelFamily {
@@ -62,6 +83,10 @@ struct ModelFamily {
   // read_config may read others), and the layers ModelConfig::sparse_layer names have a router and experts in place
   // of the dense MLP.
   bool experts = false;
+  ExpertStyle expert_style;
+  // A learned logit per attention head that joins every query's softmax beside the keys' and takes its share of the
+  // probability without contributing a value (gpt-oss's sinks; names.sinks).
+  bool attention_sinks = false;
   // make_chat_renderer's name for the family's instruct format, used when the tokenizer carries no chat template
   // rlloop recognises (default_chat_renderer).
   std::string chat_renderer = "role_colon";
@@ -69,6 +94,8 @@ struct ModelFamily {
   // Reads the family's own config.json keys into the config after the keys every family shares (optional); throws
   // invalid_argument / unsupported naming the key for a value the family cannot take.
   std::function<void(const nlohmann::json&, ModelConfig&)> read_config;
+  // Writes those keys back (ModelConfig::to_json; optional).
+  std::function<void(const ModelConfig&, nlohmann::json&)> write_config;
 
   // "model.layers.3.self_attn.q_proj": the module of a layer's projection.
   std::string projection_module(std::int64_t layer, Projection p) const;

@@ -18,6 +18,7 @@
 
 #include <rlloop/error.hpp>
 
+#include "expert_layout.hpp"
 #include "gguf_model.hpp"
 
 namespace rlloop::engine {
@@ -291,6 +292,7 @@ std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device de
   } else {
     throw not_found("load_model: " + dir + " has neither model.safetensors nor model.safetensors.index.json");
   }
+  experts_to_model_layout(cfg, tensors);
   auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
   model->load_hf_state_dict(tensors);
   return model;
@@ -325,6 +327,7 @@ void save_model(const Transformer& model, const std::string& dir, std::int64_t m
   const auto dtype = storage_dtype(model);
   TensorMap tensors = model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict();
   for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, dtype);
+  experts_to_file_layout(model.config(), tensors);
   ModelConfig cfg = model.config();
   // An lm_head adapter on a tied model makes the merged unembedding differ from the embedding.
   if (cfg.tie_word_embeddings && tensors.count(cfg.family().names.lm_head + ".weight")) cfg.tie_word_embeddings = false;

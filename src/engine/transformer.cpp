@@ -44,6 +44,7 @@ std::string module_name(const std::string& hf_name) {
 
 struct Layer {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;
+  torch::Tensor sinks;  // [heads]: families with attention sinks
   Linear q, k, v, o, gate, up, down;  // a sparse layer has no gate, up and down (not present())
   Linear router;                      // a sparse layer's: [experts, H]
   std::vector<Expert> experts;        // a sparse layer's
@@ -204,6 +205,14 @@ struct Transformer::Impl {
   // its experts. In a step of several groups whose adapters reach the router or the experts, each group's rows
   // run through its own (its own routes too); otherwise every row through the base's at once.
   torch::Tensor sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const;
+  // Layer li's causal attention: with its sinks and window where the family has them (windowed_attention).
+  torch::Tensor attend(std::size_t li, const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                       double scale) const {
+    const std::int64_t window = cfg.attention_window(static_cast<std::int64_t>(li));
+    const torch::Tensor& sinks = layers[li].sinks;
+    if (sinks.defined() || window > 0) return windowed_attention(q, keys, values, scale, sinks, window);
+    return causal_attention(q, keys, values, scale);
+  }
   // The attention of a step of several groups (LayerInputs::groups): each group's rows extend and read its cache.
   torch::Tensor attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const LayerInputs& in) const;
@@ -237,7 +246,7 @@ struct Transformer::Impl {
   // Whether any weight, norm or adapter of layer `li` requires grad.
   bool layer_trains(std::size_t li) const {
     const Layer& l = layers[li];
-    for (const torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm})
+    for (const torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm, &l.sinks})
       if (t->defined() && t->requires_grad()) return true;
     for (const Linear* lin : l.linears())
       for (const torch::Tensor* t : {&lin->weight, &lin->bias, &lin->lora_a, &lin->lora_b})
@@ -267,6 +276,7 @@ struct Transformer::Impl {
         f(family->layer_tensor(li, n.q_norm) + ".weight", l.q_norm);
         f(family->layer_tensor(li, n.k_norm) + ".weight", l.k_norm);
       }
+      if (l.sinks.defined()) f(family->layer_tensor(li, n.sinks), l.sinks);
       f(family->layer_tensor(li, n.post_norm) + ".weight", l.post_norm);
     }
     f(n.final_norm + ".weight", final_norm);
@@ -336,13 +346,50 @@ struct Transformer::Impl {
     torch::NoGradGuard no_grad;
     const std::int64_t D = cfg.head_dim;
     auto i64 = torch::TensorOptions().device(device).dtype(torch::kLong);
-    torch::Tensor inv_freq =
-        torch::reciprocal(torch::pow(cfg.rope_theta, torch::arange(0, D, 2, i64).to(torch::kFloat32) / D));
+    const torch::Tensor wavelengths = torch::pow(cfg.rope_theta, torch::arange(0, D, 2, i64).to(torch::kFloat32) / D);
+    torch::Tensor inv_freq = torch::reciprocal(wavelengths);
+    double scaling = 1.0;
+    if (cfg.yarn) std::tie(inv_freq, scaling) = yarn_frequencies(wavelengths);
     torch::Tensor positions = torch::arange(0, cfg.max_position_embeddings, i64).to(torch::kFloat32);
     torch::Tensor angles = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
     torch::Tensor emb = torch::cat({angles, angles}, -1);
-    rope = {emb.cos().to(dtype), emb.sin().to(dtype)};
+    torch::Tensor cos = emb.cos(), sin = emb.sin();
+    if (scaling != 1.0) {
+      cos = cos * scaling;
+      sin = sin * scaling;
+    }
+    rope = {cos.to(dtype), sin.to(dtype)};
     return rope;
+  }
+
+  // YaRN's frequencies from RoPE's (`wavelengths` [D / 2] fp32: theta^(2i / D)) and the factor cos and sin are
+  // scaled by, step for step
+  // as transformers' _compute_yarn_parameters: the dimensions that turn fewer than beta_slow times over the original
+  // context are interpolated (divided by `factor`), those that turn more than beta_fast times kept, a linear ramp
+  // between.
+  std::pair<torch::Tensor, double> yarn_frequencies(const torch::Tensor& wavelengths) const {
+    const ModelConfig::Yarn& y = *cfg.yarn;
+    const double D = static_cast<double>(cfg.head_dim), base = cfg.rope_theta;
+    const double original = static_cast<double>(y.original_max_position_embeddings);
+    auto correction_dim = [&](double rotations) {
+      return D * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+    if (y.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, D - 1);
+    if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+    const torch::Tensor ramp =
+        ((torch::arange(wavelengths.size(0), wavelengths.options()) - low) / (high - low)).clamp(0, 1);
+    const torch::Tensor extrapolation = 1 - ramp;
+    const torch::Tensor interpolated = torch::reciprocal(wavelengths * y.factor);
+    const torch::Tensor frequencies = interpolated * (1 - extrapolation) + torch::reciprocal(wavelengths) * extrapolation;
+    const double scaling = y.attention_factor ? *y.attention_factor
+                                              : (y.factor <= 1 ? 1.0 : 0.1 * std::log(y.factor) + 1.0);
+    return {frequencies, scaling};
   }
 };
 
@@ -421,14 +468,15 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
     if (sparse) {
       // The experts' linears take no adapter of their own (an empty short name): their adapters are the layer's
       // stacked ones (expert_lora).
+      const ExpertStyle& style = family.expert_style;
       l.router = linear(family.layer_tensor(i, names.router), family.router_target_module(), cfg.num_experts, H,
-                        false);
+                        style.router_bias);
       const std::int64_t E_I = cfg.moe_intermediate_size;
       for (std::int64_t e = 0; e < cfg.num_experts; ++e) {
         Expert x;
-        x.gate = linear(family.expert_module(i, e, Projection::gate), "", E_I, H, false);
-        x.up = linear(family.expert_module(i, e, Projection::up), "", E_I, H, false);
-        x.down = linear(family.expert_module(i, e, Projection::down), "", H, E_I, false);
+        x.gate = linear(family.expert_module(i, e, Projection::gate), "", E_I, H, style.biases);
+        x.up = linear(family.expert_module(i, e, Projection::up), "", E_I, H, style.biases);
+        x.down = linear(family.expert_module(i, e, Projection::down), "", H, E_I, style.biases);
         l.experts.push_back(std::move(x));
       }
     }
@@ -436,6 +484,7 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
       l.q_norm = param(family.layer_tensor(i, names.q_norm) + ".weight", {D}, true);
       l.k_norm = param(family.layer_tensor(i, names.k_norm) + ".weight", {D}, true);
     }
+    if (family.attention_sinks) l.sinks = param(family.layer_tensor(i, names.sinks), {cfg.num_attention_heads}, false);
     l.post_norm = param(family.layer_tensor(i, names.post_norm) + ".weight", {H}, true);
     impl_->layers.push_back(std::move(l));
   }
@@ -572,14 +621,14 @@ torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, 
     store_slots(pool.keys(li), in.slots, k.transpose(1, 2).reshape({B * T, nkv, D}));
     store_slots(pool.values(li), in.slots, v.transpose(1, 2).reshape({B * T, nkv, D}));
     if (in.past == 0) {  // nothing cached before: the new keys and values are all there is, at the model's dtype
-      attn = causal_attention(q, k, v, in.scale);
+      attn = attend(li, q, k, v, in.scale);
     } else {  // read back from the pool, so no gradient reaches them: a forward with a cache is inference only
       const std::int64_t S = in.past + T;
-      attn = causal_attention(q, gather_positions(pool.keys(li), in.tables, S, q.scalar_type()),
-                              gather_positions(pool.values(li), in.tables, S, q.scalar_type()), in.scale);
+      attn = attend(li, q, gather_positions(pool.keys(li), in.tables, S, q.scalar_type()),
+                    gather_positions(pool.values(li), in.tables, S, q.scalar_type()), in.scale);
     }
   } else {
-    attn = causal_attention(q, k, v, in.scale);
+    attn = attend(li, q, k, v, in.scale);
   }
   x = x + proj(Projection::o, attn);
 
@@ -596,17 +645,21 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
   for (std::size_t i = 0; i < li; ++i) sparse_index += layers[i].sparse() ? 1 : 0;
   ExpertRouting* routing = in.routing;
   const bool replay = routing && routing->replay.defined();
+  const ExpertStyle& style = family->expert_style;
+  const ExpertActivation activation{style.clamped_swiglu, cfg.swiglu_limit, cfg.swiglu_alpha};
   // Rows [row0, row0 + x's rows) through `layer`'s router and experts.
   auto through = [&](const Layer& layer, const torch::Tensor& x, std::int64_t row0) {
     const torch::Tensor logits = layer.router.apply(x, step);
-    const Routes routes =
-        replay ? route_given(logits, routing->replay.select(1, sparse_index), cfg.norm_topk_prob, x.scalar_type())
-               : route_top_k(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type());
+    const Routes routes = replay ? route_given(logits, routing->replay.select(1, sparse_index), cfg.norm_topk_prob,
+                                               x.scalar_type(), style.softmax_after_top_k)
+                                 : route_top_k(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob, x.scalar_type(),
+                                               style.softmax_after_top_k);
     if (routing) {
       routing->recorded.select(1, sparse_index).narrow(0, row0, x.size(0)).copy_(routes.experts);
       if (routing->totals) add_router_totals(*routing->totals, logits, routes, routing->mask, replay);
     }
-    return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step);
+    return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step,
+                       activation);
   };
   bool adapted = false;
   for (const RowGroup& g : in.groups) {
@@ -630,7 +683,9 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
   store_slots(pool.keys(li), in.slots, k[0].transpose(0, 1));
   store_slots(pool.values(li), in.slots, v[0].transpose(0, 1));
   const torch::ScalarType cache = pool.dtype();
-  if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
+  const std::int64_t window = cfg.attention_window(static_cast<std::int64_t>(li));
+  const torch::Tensor& sinks = layers[li].sinks;
+  if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && !sinks.defined() && window == 0 &&
       (cache == torch::kFloat32 || cache == torch::kBFloat16)) {
     // The CPU decoder's attention kernel over the blocks in place (one definition of decode attention on the CPU).
     const torch::Tensor rows = q[0].transpose(0, 1).contiguous();  // [R, nh, D]
@@ -647,11 +702,12 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
                    out.data_ptr<float>());
     return out.view({1, R, nh * D});
   }
-  // Elsewhere (CUDA, bf16): every row's blocks gathered (padded to the longest table) and masked past its length.
+  // Elsewhere (CUDA, bf16, sinks or a window): every row's blocks gathered (padded to the longest table) and masked
+  // past its length (and before its window).
   const std::int64_t S = in.tables.size(1) * kKVBlockTokens;
   const torch::Tensor keys = gather_positions(pool.keys(li), in.tables, S, q.scalar_type());
   const torch::Tensor values = gather_positions(pool.values(li), in.tables, S, q.scalar_type());
-  return decode_attention(q[0].transpose(0, 1).unsqueeze(2), keys, values, in.lengths, in.scale)
+  return decode_attention(q[0].transpose(0, 1).unsqueeze(2), keys, values, in.lengths, in.scale, sinks, window)
       .view({1, R, nh * D});
 }
 
@@ -758,7 +814,7 @@ bool Transformer::shares_base(const Transformer& other) const {
     const Layer& x = a.layers[i];
     const Layer& y = b.layers[i];
     if (!same(x.input_norm, y.input_norm) || !same(x.post_norm, y.post_norm) || !same(x.q_norm, y.q_norm) ||
-        !same(x.k_norm, y.k_norm))
+        !same(x.k_norm, y.k_norm) || !same(x.sinks, y.sinks))
       return false;
     const auto xs = x.linears(), ys = y.linears();
     if (xs.size() != ys.size()) return false;
@@ -913,12 +969,23 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
     throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
   const ModelFamily& family = *impl_->family;
   const bool has_experts = impl_->cfg.num_experts > 0;
+  // Experts stacked and interleaved in the checkpoint (gpt-oss) take no adapters yet: PEFT lays those out otherwise,
+  // and its all-linear reaches only attention there (gpt-oss's router is no nn.Linear either).
+  const bool stacked = has_experts && family.expert_style.stacked_interleaved;
   const std::vector<std::string> known = family.lora_target_modules();
   std::set<std::string> targets;
   for (const auto& m : options.target_modules) {
     if (m == "all-linear") {
-      for (Projection p : kProjections) targets.insert(family.target_module(p));
-      if (has_experts) targets.insert(family.router_target_module());  // PEFT's all-linear reaches the router too
+      for (Projection p : kProjections)
+        if (!stacked || p < Projection::gate) targets.insert(family.target_module(p));
+      if (has_experts && !stacked) targets.insert(family.router_target_module());  // PEFT's all-linear: the router
+    } else if (stacked && (m == family.router_target_module() || m == family.target_module(Projection::gate) ||
+                           m == family.target_module(Projection::up) || m == family.target_module(Projection::down))) {
+      throw invalid_argument("LoraOptions.target_modules: '" + m + "' would adapt the router or the experts, which " +
+                             "take no adapters on " + family.model_type + " models yet; target attention (" +
+                             family.target_module(Projection::q) + ", " + family.target_module(Projection::k) + ", " +
+                             family.target_module(Projection::v) + ", " + family.target_module(Projection::o) +
+                             ") or all-linear");
     } else if (std::find(known.begin(), known.end(), m) != known.end()) {
       targets.insert(m);
     } else {

@@ -73,6 +73,57 @@ TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
   expect_sampled_logprobs_are_computed_ones(lora_sampler, prompt);
 }
 
+// gpt-oss's layer (rlloop-tiny-gpt-oss: sinks, a sliding window of 8 on layer 0, YaRN, clamped SwiGLU experts with
+// biases, softmax after top-k) through the session API: it trains, its decoding steps (the ATen step with sinks and
+// the window, past the window here) give the logprobs the training forward computes, with LoRA on attention too;
+// adapters on its experts or router are refused by name.
+TEST(ExpertsSession, TheTinyGptOssTrainsAndSamplesPastItsWindow) {
+  const auto dir = temp_dir("experts-session", "tiny-gpt-oss");
+  LocalService svc(service_in(dir.string()));
+  ServiceClient<LocalService> service(svc);
+  const std::vector<Datum> batch = {sft_datum("sinks take a share of attention"),
+                                    sft_datum("every other layer slides")};
+  const auto prompt = ModelInput::from_tokens(bytes("a window of eight: "));  // 19 tokens, and 12 more sampled
+
+  auto full = service.create_full_training_client("rlloop-tiny-gpt-oss", 1);
+  const SessionInfo info = full.get_info();
+  EXPECT_EQ(info.model_type, "gpt_oss");
+  EXPECT_EQ(info.experts, (ExpertShape{8, 2, 2}));
+  double first = 0, last = 0;
+  for (int step = 0; step < 6; ++step) {
+    const double loss = full.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
+    (step == 0 ? first : last) = loss;
+    full.optim_step({.learning_rate = 1e-2}).get();
+  }
+  EXPECT_LT(last, 0.9 * first);
+  auto full_sampler = full.live_sampling_client();
+  expect_sampled_logprobs_are_computed_ones(full_sampler, prompt);
+  // A checkpoint restores the sinks, biases and experts: the same numbers in a new session.
+  const auto saved = full.save_state("gpt-oss-step-6").get();
+  const auto before = full_sampler.compute_logprobs(prompt).get();
+  auto restored = service.create_training_client_from_state(saved.path, {.base_model = "rlloop-tiny-gpt-oss"});
+  EXPECT_EQ(restored.live_sampling_client().compute_logprobs(prompt).get(), before);
+
+  EXPECT_EQ(error_of([&] {
+              service.create_lora_training_client("rlloop-tiny-gpt-oss", {.rank = 4, .alpha = 8,
+                                                                          .target_modules = {"gate_proj", "up_proj"}});
+            }),
+            "LoraOptions.target_modules: 'gate_proj' would adapt the router or the experts, which take no adapters on "
+            "gpt_oss models yet; target attention (q_proj, k_proj, v_proj, o_proj) or all-linear");
+  auto lora = service.create_lora_training_client(
+      "rlloop-tiny-gpt-oss", {.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .seed = 2});
+  EXPECT_EQ(lora.get_info().num_trainable_parameters, 2 * (4 * (32 + 32) + 4 * (32 + 16) * 2 + 4 * (32 + 32)));
+  first = last = 0;
+  for (int step = 0; step < 6; ++step) {
+    const double loss = lora.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
+    (step == 0 ? first : last) = loss;
+    lora.optim_step({.learning_rate = 2e-2}).get();
+  }
+  EXPECT_LT(last, first);
+  auto lora_sampler = lora.live_sampling_client();
+  expect_sampled_logprobs_are_computed_ones(lora_sampler, prompt);
+}
+
 namespace {
 // The datum a trainer builds from a sample: the prompt and every generated token but the last as input, the
 // generated tokens as targets (the prompt's own positions weigh 0), the sampler's routes when `replay`.

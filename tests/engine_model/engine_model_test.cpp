@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "builtin_models.hpp"
 #include "model_config.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
@@ -131,19 +132,21 @@ TEST(ModelConfig, FamilyDefaultsAndExtensions) {
 // The families the engine runs (model_family.hpp): each model_type's entry, the names derived from it, the list
 // errors name, and a config of another model_type refused by that list.
 TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
-  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe");
-  ASSERT_EQ(model_families().size(), 4u);
+  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss");
+  ASSERT_EQ(model_families().size(), 5u);
   for (const ModelFamily* f : model_families()) {
     EXPECT_EQ(find_model_family(f->model_type), f);
     // qwen3_moe's GGUF files are not read yet (the family names no GGUF architecture).
     EXPECT_EQ(find_gguf_family(f->gguf_architecture), f->gguf_architecture.empty() ? nullptr : f);
-    const ModelConfig tiny = f->experts ? tiny_moe_config() : tiny_config(f->model_type);
+    const ModelConfig tiny = f->model_type == "gpt_oss" ? *builtin_model("rlloop-tiny-gpt-oss")
+                             : f->experts              ? tiny_moe_config()
+                                                       : tiny_config(f->model_type);
     EXPECT_EQ(tiny.to_json()["architectures"][0], f->hf_architecture);
     EXPECT_EQ(f->projection_module(3, Projection::q), "model.layers.3.self_attn.q_proj");
     EXPECT_EQ(f->projection_module(0, Projection::down), "model.layers.0.mlp.down_proj");
     EXPECT_EQ(f->layer_tensor(1, f->names.post_norm), "model.layers.1.post_attention_layernorm");
     std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    if (f->experts) targets.push_back("gate");  // the router
+    if (f->experts) targets.push_back(f->router_target_module());  // "gate" (Qwen-MoE), "router" (gpt-oss)
     targets.insert(targets.end(), {"lm_head", "all-linear"});
     EXPECT_EQ(f->lora_target_modules(), targets);
   }
@@ -156,12 +159,17 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_TRUE(find_model_family("qwen3_moe")->experts && find_model_family("qwen3_moe")->qk_norm);
   EXPECT_EQ(find_model_family("qwen3_moe")->expert_module(2, 5, Projection::up),
             "model.layers.2.mlp.experts.5.up_proj");
+  const ModelFamily& gpt_oss = *find_model_family("gpt_oss");
+  EXPECT_TRUE(gpt_oss.attention_sinks && gpt_oss.expert_style.stacked_interleaved &&
+              gpt_oss.expert_style.softmax_after_top_k && gpt_oss.expert_style.clamped_swiglu);
+  EXPECT_EQ(gpt_oss.router_target_module(), "router");
+  EXPECT_EQ(gpt_oss.layer_tensor(0, gpt_oss.names.sinks), "model.layers.0.self_attn.sinks");
   EXPECT_EQ(find_model_family("mixtral"), nullptr);
   EXPECT_EQ(find_gguf_family(""), nullptr);
   json j = tiny_config("llama").to_json();
   j["model_type"] = "mixtral";
   EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
-            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3, qwen3_moe)");
+            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3, qwen3_moe, gpt_oss)");
   // A second entry for a registered model_type, and one whose projections share a module name, are refused.
   ModelFamily again = *find_model_family("qwen2");
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
@@ -183,7 +191,7 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): projection module 'q_proj' is used twice or reserved (lm_head, "
             "all-linear)");
-  EXPECT_EQ(model_families().size(), 4u);
+  EXPECT_EQ(model_families().size(), 5u);
 }
 
 TEST(ModelConfig, ValidationNamesTheField) {

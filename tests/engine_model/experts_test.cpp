@@ -3,6 +3,7 @@
 // parameter counts. tests/hf checks whole models against transformers itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +59,39 @@ TEST(Experts, RoutingTakesTheTopKOfTheSoftmax) {
   EXPECT_EQ(renormalised.weights.scalar_type(), torch::kBFloat16);
   EXPECT_NEAR(renormalised.weights[0][0].item<double>(), std::exp(3.0) / (std::exp(3.0) + std::exp(2.0)), 4e-3);
   EXPECT_NEAR((renormalised.weights.to(torch::kFloat32).sum(-1) - 1).abs().max().item<double>(), 0.0, 8e-3);
+
+  // gpt-oss: the two largest logits, then a softmax over just those two (plain top-k probabilities would differ).
+  const Routes after = route_top_k(logits, 2, false, torch::kFloat32, /*softmax_after_top_k=*/true);
+  EXPECT_TRUE(torch::equal(after.experts, plain.experts));
+  EXPECT_NEAR(after.weights[0][0].item<double>(), 1.0 / (1.0 + std::exp(-1.0)), 1e-7);
+  EXPECT_NEAR(after.weights[1][1].item<double>(), std::exp(0.5) / (std::exp(4.0) + std::exp(0.5)), 1e-7);
+  // Replaying a router's own choice gives its weights bit for bit, either way of routing.
+  for (const bool softmax_after : {false, true}) {
+    const Routes own = route_top_k(logits, 2, true, torch::kFloat32, softmax_after);
+    EXPECT_TRUE(torch::equal(route_given(logits, own.experts, true, torch::kFloat32, softmax_after).weights,
+                             own.weights));
+  }
+}
+
+// gpt-oss's clamped SwiGLU (ExpertActivation): (clamp(up, -l, l) + 1) * g * sigmoid(alpha g), g = min(gate, l), as
+// transformers' GptOssExperts computes it, here with the clamps biting on both sides; one token, one expert of
+// width 3 whose gate and up products are the rows of the identity, down the identity, biases 0.
+TEST(Experts, ClampedSwigluClampsGateAboveAndUpOnBothSides) {
+  Expert e;
+  e.gate.weight = torch::eye(3);
+  e.up.weight = torch::eye(3);
+  e.down.weight = torch::eye(3);
+  for (Linear* l : {&e.gate, &e.up, &e.down}) l->bias = torch::zeros({3});
+  const torch::Tensor x = torch::tensor({{2.5f, -3.0f, 0.5f}});
+  const Routes routes{torch::zeros({1, 1}, torch::kLong), torch::ones({1, 1})};
+  const ExpertActivation act{true, 1.0, 1.702};
+  const torch::Tensor out = run_experts(x, routes, {e}, nullptr, false, act);
+  auto expected = [&](double v) {
+    const double g = std::min(v, 1.0), u = std::clamp(v, -1.0, 1.0);
+    return (u + 1) * g / (1 + std::exp(-1.702 * g));
+  };
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(out[0][i].item<double>(), expected(x[0][i].item<double>()), 1e-6) << "column " << i;
 }
 
 // The grouped products (rows sorted by expert, one product per expert) equal each token's routes summed one by one,

@@ -125,6 +125,49 @@ TEST(DecodeAttention, PaddedRowsEqualEachRowAlone) {
   }
 }
 
+// gpt-oss's attention (windowed_attention): with no sinks and a window wider than the keys it is causal attention;
+// with a window, each query is plain attention over its last `window` keys; with sinks, each head's sink logit joins
+// the softmax and takes its share of the probability (the formula, written out); gradients reach the sinks. The
+// decoding step's form (decode_attention with sinks and a window) is the last query's row.
+TEST(WindowedAttention, WindowsAndSinksFollowTheirDefinitions) {
+  torch::manual_seed(21);
+  const std::int64_t B = 2, nh = 4, nkv = 2, T = 9, D = 8, window = 3;
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const torch::Tensor q = torch::randn({B, nh, T, D}, f64), k = torch::randn({B, nkv, T, D}, f64),
+                      v = torch::randn({B, nkv, T, D}, f64);
+  const double scale = 0.3;
+  EXPECT_LT(max_abs_diff(windowed_attention(q, k, v, scale, {}, T), causal_attention_reference(q, k, v, scale)),
+            1e-12);
+
+  const torch::Tensor windowed = windowed_attention(q, k, v, scale, {}, window);
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t first = std::max<std::int64_t>(0, t - window + 1), n = t - first + 1;
+    // Query t alone over keys [first, t]: the last query of a causal attention over those keys.
+    const torch::Tensor alone = causal_attention_reference(q.narrow(2, t, 1), k.narrow(2, first, n),
+                                                           v.narrow(2, first, n), scale);
+    EXPECT_LT(max_abs_diff(windowed.narrow(1, t, 1), alone), 1e-12) << "query " << t;
+  }
+
+  const torch::Tensor sinks = torch::randn({nh}, f64).requires_grad_(true);
+  const torch::Tensor with_sinks = windowed_attention(q, k, v, scale, sinks, window);
+  for (std::int64_t h = 0; h < nh; ++h) {
+    const std::int64_t t = T - 1, first = t - window + 1;
+    const torch::Tensor keys = k[0][h / 2].narrow(0, first, window), values = v[0][h / 2].narrow(0, first, window);
+    const torch::Tensor logits = torch::cat({torch::mv(keys, q[0][h][t]) * scale, sinks.detach()[h].view({1})});
+    const torch::Tensor p = torch::softmax(logits, 0).narrow(0, 0, window);
+    EXPECT_LT(max_abs_diff(with_sinks[0][t].narrow(0, h * D, D), torch::mv(values.t(), p)), 1e-12) << "head " << h;
+  }
+  with_sinks.sum().backward();
+  ASSERT_TRUE(sinks.grad().defined());
+  EXPECT_GT(sinks.grad().abs().min().item<double>(), 0.0);
+
+  // One decoded query per row over padded keys, as the ATen decoding step calls it.
+  const torch::Tensor lengths = torch::tensor(std::vector<std::int64_t>{T, T}, torch::kLong);
+  const torch::Tensor decoded = decode_attention(q.narrow(2, T - 1, 1), k, v, lengths, scale, sinks.detach(), window);
+  // (Its softmax is fp32's whatever the inputs' dtype, as the decoding step's on every device.)
+  EXPECT_LT(max_abs_diff(decoded.squeeze(1), with_sinks.detach().select(1, T - 1)), 1e-6);
+}
+
 // The CPU kernel over paged keys (blocks in any order, rows nkv * D apart) computes exactly what it computes over the
 // same keys stored contiguously: a block holds a multiple of its four-key passes.
 TEST(DecodeAttention, PagedKernelEqualsContiguousBitForBit) {

@@ -86,9 +86,14 @@ TEST(ModelConfigRope, ScaledVariantsAreUnsupported) {
 
   // The legacy spellings: rope_scaling with "rope_type" or the older "type".
   j = base_config();
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
   msg = error_message<unsupported>(j);
-  EXPECT_TRUE(contains(msg, "rope_scaling type 'yarn'")) << msg;
+  EXPECT_TRUE(contains(msg, "rope_scaling type 'dynamic'")) << msg;
+  // YaRN is read, but not DeepSeek's mscale variant of it.
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
+                       {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  msg = error_message<unsupported>(j);
+  EXPECT_TRUE(contains(msg, "YaRN's mscale / mscale_all_dim are not supported")) << msg;
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   msg = error_message<unsupported>(j);
   EXPECT_TRUE(contains(msg, "rope_scaling type 'linear'")) << msg;
@@ -104,6 +109,33 @@ TEST(ModelConfigRope, ScaledVariantsAreUnsupported) {
   j["rope_parameters"] = 500000.0;
   msg = error_message<invalid_argument>(j);
   EXPECT_TRUE(contains(msg, "'rope_parameters' must be an object")) << msg;
+}
+
+// YaRN (rope_type "yarn", as gpt-oss and long-context Qwen3 state it): its keys read, written back by to_json, and
+// bad values refused by name.
+TEST(ModelConfigRope, ReadsYarnAndWritesItBack) {
+  json j = base_config();
+  j["rope_parameters"] = {{"rope_theta", 150000.0}, {"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0},
+                          {"beta_slow", 1.0}, {"original_max_position_embeddings", 4096}, {"truncate", false}};
+  const ModelConfig c = ModelConfig::from_json(j);
+  ASSERT_TRUE(c.yarn);
+  EXPECT_EQ(c.rope_theta, 150000.0);
+  EXPECT_EQ(c.yarn->factor, 32.0);
+  EXPECT_EQ(c.yarn->original_max_position_embeddings, 4096);
+  EXPECT_FALSE(c.yarn->truncate);
+  EXPECT_FALSE(c.yarn->attention_factor);
+  const ModelConfig back = ModelConfig::from_json(c.to_json());
+  ASSERT_TRUE(back.yarn);
+  EXPECT_EQ(back.yarn->factor, 32.0);
+  EXPECT_EQ(back.yarn->beta_fast, 32.0);
+  EXPECT_FALSE(back.yarn->truncate);
+  EXPECT_EQ(back.rope_theta, 150000.0);
+  j["rope_parameters"]["factor"] = 0.5;
+  EXPECT_TRUE(contains(error_message<invalid_argument>(j), "rope_parameters.factor must be >= 1 for YaRN, got 0.5"));
+  j["rope_parameters"]["factor"] = 4.0;
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_TRUE(contains(error_message<invalid_argument>(j),
+                       "rope_parameters.original_max_position_embeddings must be positive for YaRN"));
 }
 
 TEST(ModelConfigRope, ToJsonKeepsTheLegacyKey) {

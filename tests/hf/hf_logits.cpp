@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -159,6 +160,11 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
   const int rank = cfg.at("r").get<int>(), alpha = cfg.at("lora_alpha").get<int>();
   std::vector<std::string> targets = modules.is_string() ? std::vector<std::string>{modules.get<std::string>()}
                                                          : modules.get<std::vector<std::string>>();
+  // PEFT may list full module paths ("model.layers.0.self_attn.v_proj"; it does for gpt-oss's all-linear): the
+  // module names are their last components.
+  std::set<std::string> names;
+  for (const auto& t : targets) names.insert(t.substr(t.rfind('.') + 1));
+  targets.assign(names.begin(), names.end());
   // A model with experts: PEFT's stacked-expert targets back to the module names rlloop takes (save_peft_adapter
   // writes them so); the fused gate_up must carry PEFT's doubled rank and alpha, the one layout rlloop has.
   for (const auto& p : cfg.value("target_parameters", nlohmann::json::array())) {

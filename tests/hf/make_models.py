@@ -74,6 +74,16 @@ MODELS = [
                                               head_dim=32, use_sliding_window=False, num_experts=4,
                                               num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False,
                                               mlp_only_layers=[1]), "all-linear", gguf=False),
+    # gpt-oss: attention biases and sinks, layer 0 sliding (a window of 4 of the 12 tokens), layer 1 full; YaRN RoPE
+    # scaled so that these 12 positions span its ramp; a router with a bias, softmax over the top 2 of 4 logits;
+    # experts with biases and the clamped SwiGLU, clamped at 1 so that the clamps bite. Adapters on attention
+    # (PEFT's all-linear there: the router is no nn.Linear, the experts are stacked parameters).
+    Spec("gpt-oss", "gpt_oss", dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=4, swiglu_limit=1.0, rms_norm_eps=1e-5,
+                                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
+                                                         beta_fast=8.0, beta_slow=1.0, truncate=False,
+                                                         original_max_position_embeddings=8)),
+         "all-linear", gguf=False),
 ]
 
 
@@ -164,7 +174,7 @@ def make(out_dir, seed=0):
             # How much the adapter moves the logits: a check that ignored the adapter would fail by this much.
             "lora_vs_base": (lora_logits - logits).abs().max().item(),
         }
-        if spec.model_type.endswith("_moe"):
+        if getattr(config, "num_experts", None):  # gpt-oss's num_local_experts answers to it too
             reference["models"][spec.name]["router"] = router_metrics(load(model_dir))
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f)

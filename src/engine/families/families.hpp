@@ -8,5 +8,6 @@ ModelFamily llama();
 ModelFamily qwen2();
 ModelFamily qwen3();
 ModelFamily qwen3_moe();
+ModelFamily gpt_oss();
 
 }  // namespace rlloop::engine::families

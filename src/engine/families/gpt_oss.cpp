@@ -1,0 +1,66 @@
+// gpt-oss (gpt-oss-20b, gpt-oss-120b): every layer sparse, with
+//   - attention with q/k/v/o biases, a learned sink logit per head (self_attn.sinks) in every softmax, and
+//     alternating sliding-window ("sliding_attention", the last sliding_window positions) and full layers
+//     (layer_types);
+//   - YaRN RoPE (rope_parameters; read by every family, gpt-oss's checkpoints always carry it);
+//   - a router with a bias ("mlp.router") whose top num_experts_per_tok logits are softmaxed into the weights;
+//   - experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate), both clamped at 7), stored
+//     stacked and interleaved in the checkpoint (ExpertStyle::stacked_interleaved).
+// OpenAI's own checkpoints store the experts in MXFP4 (gate_up_proj_blocks / _scales): not read here; a dequantized
+// (bf16) checkpoint, as transformers saves it, is. Chat format: harmony (not yet rendered by rlloop; role_colon
+// stands in).
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+#include "../model_config.hpp"
+#include "families.hpp"
+
+namespace rlloop::engine::families {
+
+ModelFamily gpt_oss() {
+  ModelFamily f;
+  f.model_type = "gpt_oss";
+  f.hf_architecture = "GptOssForCausalLM";
+  f.attention_bias_default = true;
+  f.o_proj_bias = true;
+  f.experts = true;
+  f.attention_sinks = true;
+  f.expert_style.softmax_after_top_k = true;
+  f.expert_style.router_bias = true;
+  f.expert_style.biases = true;
+  f.expert_style.clamped_swiglu = true;
+  f.expert_style.stacked_interleaved = true;
+  f.expert_style.width_key = "intermediate_size";
+  f.names.router = "mlp.router";
+  f.chat_renderer = "role_colon";
+  f.read_config = [](const nlohmann::json& j, ModelConfig& c) {
+    c.swiglu_limit = j.value("swiglu_limit", 7.0);
+    c.swiglu_alpha = j.value("swiglu_alpha", 1.702);
+    c.sliding_window = j.contains("sliding_window") && !j["sliding_window"].is_null()
+                           ? j["sliding_window"].get<std::int64_t>()
+                           : 0;
+    if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+      c.layer_types = it->get<std::vector<std::string>>();
+    } else {  // transformers' default: sliding, full, sliding, ...
+      for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+        c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+    if (!(c.swiglu_limit > 0)) throw invalid_argument("model config: swiglu_limit must be positive");
+  };
+  f.write_config = [](const ModelConfig& c, nlohmann::json& j) {
+    j["num_local_experts"] = c.num_experts;
+    j.erase("num_experts");
+    j.erase("moe_intermediate_size");
+    j.erase("norm_topk_prob");
+    j.erase("decoder_sparse_step");
+    j.erase("mlp_only_layers");
+    j["swiglu_limit"] = c.swiglu_limit;
+    j["swiglu_alpha"] = c.swiglu_alpha;
+    j["sliding_window"] = c.sliding_window;
+    j["layer_types"] = c.layer_types;
+  };
+  return f;
+}
+
+}  // namespace rlloop::engine::families
