@@ -36,7 +36,46 @@ torch::Tensor take(TensorMap& tensors, const std::string& name, const std::vecto
 
 bool applies(const ModelConfig& cfg) { return cfg.num_experts > 0 && cfg.family().expert_style.stacked_interleaved; }
 
+// The stacked tensor `name` [E, in, out] from its MXFP4 form when the checkpoint holds that instead (OpenAI's gpt-oss
+// releases): name_blocks [E, out, in / 32, 16] and name_scales [E, out, in / 32] (dequantize_mxfp4), as transformers'
+// convert_moe_packed_tensors reads them. Undefined when neither form is there.
+torch::Tensor take_stacked(TensorMap& tensors, const std::string& name, std::int64_t E, std::int64_t in,
+                           std::int64_t out) {
+  torch::Tensor t = take(tensors, name, {E, in, out});
+  if (t.defined() || !tensors.count(name + "_blocks")) return t;
+  if (in % 32 != 0)
+    throw invalid_argument("load_model: '" + name + "_blocks': MXFP4 needs an input width divisible by 32, got " +
+                           std::to_string(in));
+  const torch::Tensor blocks = take(tensors, name + "_blocks", {E, out, in / 32, 16});
+  const torch::Tensor scales = take(tensors, name + "_scales", {E, out, in / 32});
+  if (!scales.defined())
+    throw invalid_argument("load_model: '" + name + "_blocks' comes without '" + name + "_scales'");
+  return dequantize_mxfp4(blocks, scales).transpose(1, 2);
+}
+
 }  // namespace
+
+torch::Tensor dequantize_mxfp4(const torch::Tensor& blocks, const torch::Tensor& scales) {
+  if (blocks.scalar_type() != torch::kUInt8 || scales.scalar_type() != torch::kUInt8)
+    throw invalid_argument("dequantize_mxfp4: blocks and scales must be uint8");
+  if (blocks.dim() < 2 || blocks.size(-1) != 16 || !scales.sizes().equals(blocks.sizes().slice(0, blocks.dim() - 1)))
+    throw invalid_argument("dequantize_mxfp4: blocks must be [..., G, 16] and scales [..., G], got " +
+                           shape_of(blocks) + " and " + shape_of(scales));
+  // FP4 E2M1: sign, two exponent bits, one mantissa bit; code c is the value FP4[c].
+  static const std::vector<float> fp4 = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const torch::Tensor lut = torch::tensor(fp4);
+  const torch::Tensor codes = blocks.to(torch::kLong);
+  const torch::Tensor low = lut.index({codes.bitwise_and(15)}), high = lut.index({torch::div(codes, 16, "floor")});
+  std::vector<std::int64_t> shape(scales.sizes().begin(), scales.sizes().end());
+  shape.push_back(32);
+  const torch::Tensor values = torch::stack({low, high}, -1).reshape(shape);  // the low nibble first
+  // A block's scale is 2^(byte - 127): exact in fp32 (denormal at the low end, as ldexp gives it).
+  const torch::Tensor scale = torch::pow(2.0, scales.to(torch::kFloat64) - 127).to(torch::kFloat32);
+  shape.pop_back();
+  shape.back() *= 32;
+  return (values * scale.unsqueeze(-1)).reshape(shape);
+}
 
 void experts_to_model_layout(const ModelConfig& cfg, TensorMap& tensors) {
   if (!applies(cfg)) return;
@@ -46,9 +85,9 @@ void experts_to_model_layout(const ModelConfig& cfg, TensorMap& tensors) {
   using torch::indexing::Slice;
   for (std::int64_t layer = 0; layer < cfg.num_hidden_layers; ++layer) {
     if (!cfg.sparse_layer(layer)) continue;
-    const torch::Tensor gate_up = take(tensors, stacked(f, layer, "gate_up_proj"), {E, H, 2 * I});
+    const torch::Tensor gate_up = take_stacked(tensors, stacked(f, layer, "gate_up_proj"), E, H, 2 * I);
     const torch::Tensor gate_up_bias = take(tensors, stacked(f, layer, "gate_up_proj_bias"), {E, 2 * I});
-    const torch::Tensor down = take(tensors, stacked(f, layer, "down_proj"), {E, I, H});
+    const torch::Tensor down = take_stacked(tensors, stacked(f, layer, "down_proj"), E, I, H);
     const torch::Tensor down_bias = take(tensors, stacked(f, layer, "down_proj_bias"), {E, H});
     for (std::int64_t e = 0; e < E; ++e) {
       const std::string gate = f.expert_module(layer, e, Projection::gate);

@@ -386,7 +386,8 @@ struct Transformer::Impl {
         ((torch::arange(wavelengths.size(0), wavelengths.options()) - low) / (high - low)).clamp(0, 1);
     const torch::Tensor extrapolation = 1 - ramp;
     const torch::Tensor interpolated = torch::reciprocal(wavelengths * y.factor);
-    const torch::Tensor frequencies = interpolated * (1 - extrapolation) + torch::reciprocal(wavelengths) * extrapolation;
+    const torch::Tensor frequencies =
+        interpolated * (1 - extrapolation) + torch::reciprocal(wavelengths) * extrapolation;
     const double scaling = y.attention_factor ? *y.attention_factor
                                               : (y.factor <= 1 ? 1.0 : 0.1 * std::log(y.factor) + 1.0);
     return {frequencies, scaling};

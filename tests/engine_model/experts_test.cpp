@@ -10,6 +10,7 @@
 
 #include <rlloop/error.hpp>
 
+#include "expert_layout.hpp"
 #include "experts.hpp"
 #include "model_io.hpp"
 #include "tiny_models.hpp"
@@ -71,6 +72,24 @@ TEST(Experts, RoutingTakesTheTopKOfTheSoftmax) {
     EXPECT_TRUE(torch::equal(route_given(logits, own.experts, true, torch::kFloat32, softmax_after).weights,
                              own.weights));
   }
+}
+
+// MXFP4 as OpenAI ships gpt-oss's experts: a byte's low nibble is the first value; codes are FP4 E2M1 (0x2 = 1.0,
+// 0xF = -6); each 32 values share 2^(scale - 127).
+TEST(Experts, Mxfp4DequantizesTheLowNibbleFirst) {
+  torch::Tensor blocks = torch::zeros({1, 2, 16}, torch::kUInt8);
+  blocks[0][0][0] = 0x2F;  // values 0, 1: -6 then 1.0
+  blocks[0][1][15] = 0x71;  // values 62, 63 (of block 1): 0.5 then 6
+  const torch::Tensor scales = torch::tensor({{126, 129}}, torch::kUInt8);  // x 1/2, x 4
+  const torch::Tensor values = dequantize_mxfp4(blocks, scales);
+  ASSERT_EQ(values.sizes(), (std::vector<std::int64_t>{1, 64}));
+  EXPECT_EQ(values[0][0].item<float>(), -3.0f);
+  EXPECT_EQ(values[0][1].item<float>(), 0.5f);
+  EXPECT_EQ(values[0][62].item<float>(), 2.0f);
+  EXPECT_EQ(values[0][63].item<float>(), 24.0f);
+  EXPECT_EQ(values.abs().sum().item<float>(), 29.5f);  // every other code is 0
+  EXPECT_EQ(error_of([&] { dequantize_mxfp4(blocks.to(torch::kInt32), scales); }),
+            "dequantize_mxfp4: blocks and scales must be uint8");
 }
 
 // gpt-oss's clamped SwiGLU (ExpertActivation): (clamp(up, -l, l) + 1) * g * sigmoid(alpha g), g = min(gate, l), as

@@ -131,6 +131,38 @@ def random_adapter(base, targets, generator):
     return model.eval()
 
 
+def make_mxfp4(out_dir, base_dir, generator):
+    """gpt-oss as OpenAI ships it: the experts' matrices in MXFP4 (..._blocks with two FP4 codes a byte, ..._scales
+    with a power of two per 32 values), config.json's quantization_config saying so. Random codes and scales (2^-6 to
+    2^-3, so the values are O(0.1) as randomize's); the reference is the model with transformers' own dequantization
+    (convert_moe_packed_tensors) in place of its experts. Returns its logits."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    tensors = load_file(os.path.join(base_dir, "model.safetensors"))
+    model = load(base_dir)
+    with torch.no_grad():
+        for name in sorted(tensors):
+            if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                continue
+            experts, n_in, n_out = tensors.pop(name).shape
+            blocks = torch.randint(0, 256, (experts, n_out, n_in // 32, 16), generator=generator, dtype=torch.uint8)
+            scales = torch.randint(121, 125, (experts, n_out, n_in // 32), generator=generator, dtype=torch.uint8)
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+            model.get_parameter(name).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    mxfp4_dir = os.path.join(out_dir, "gpt-oss-mxfp4")
+    os.makedirs(mxfp4_dir, exist_ok=True)
+    save_file(tensors, os.path.join(mxfp4_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(base_dir, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(mxfp4_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    return forward_logits(model)
+
+
 def as_rows(logits):
     return logits.tolist()  # float32 -> Python float is exact
 
@@ -176,6 +208,8 @@ def make(out_dir, seed=0):
         }
         if getattr(config, "num_experts", None):  # gpt-oss's num_local_experts answers to it too
             reference["models"][spec.name]["router"] = router_metrics(load(model_dir))
+        if spec.name == "gpt-oss":
+            reference["mxfp4_logits"] = as_rows(make_mxfp4(out_dir, model_dir, generator))
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f)
     return reference
