@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny random-weight Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss models made by Hugging Face `transformers`, random LoRA
-adapters made by `peft`, and the fp32 logits both compute for fixed token ids: the reference rlloop's engine must
+"""Tiny random-weight Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss models made by Hugging Face `transformers`, random
+LoRA adapters made by `peft`, and the fp32 logits both compute for fixed token ids: the reference rlloop's engine must
 match.
 
   make_models.py OUT_DIR [--seed N]
