@@ -187,6 +187,7 @@ inline void validate_model_input(const ModelInput& input, std::int64_t vocab_siz
 // per token and layer. `experts` is the model's shape when known (nullopt: not checked against it; a dense model
 // takes no routes).
 inline void validate_routes(std::span<const Datum> data, const std::optional<ExpertShape>& experts) {
+  if (data.empty()) return;
   const std::string key = "routed_experts";
   const bool first = data.front().loss_fn_inputs.count(key) > 0;
   for (std::size_t i = 0; i < data.size(); ++i) {
@@ -207,22 +208,32 @@ inline void validate_routes(std::span<const Datum> data, const std::optional<Exp
       throw invalid_argument(where + "loss input 'routed_experts' must be int64 [tokens = " + std::to_string(n) +
                              ", sparse layers, experts per token], got " + to_string(t.dtype) + " [" + shape + "]");
     const std::int64_t layers = t.shape[1], k = t.shape[2];
+    if (layers < 1 || k < 1)
+      throw invalid_argument(where + "loss input 'routed_experts' is [" + shape + "]: no sparse layer or expert");
     if (experts && (layers != experts->sparse_layers || k != experts->experts_per_token))
       throw invalid_argument(where + "loss input 'routed_experts' is [" + shape + "] but the model routes each token " +
                              "to " + std::to_string(experts->experts_per_token) + " experts in " +
                              std::to_string(experts->sparse_layers) + " sparse layers");
+    // A TensorData made in C++ need not hold what its shape says (the wire reader checks that itself).
+    std::int64_t rows = 0, count = 0;
+    if (__builtin_mul_overflow(n, layers, &rows) || __builtin_mul_overflow(rows, k, &count) ||
+        static_cast<std::int64_t>(t.int_data.size()) != count)
+      throw invalid_argument(where + "loss input 'routed_experts' holds " + std::to_string(t.int_data.size()) +
+                             " values, not the product of its shape [" + shape + "]");
     for (std::int64_t row = 0; row < n * layers; ++row) {
       const std::int64_t* ids = t.int_data.data() + row * k;
       for (std::int64_t j = 0; j < k; ++j) {
-        const std::string at = " at token " + std::to_string(row / layers) + ", sparse layer " +
-                               std::to_string(row % layers);
-        if (ids[j] < 0 || (experts && ids[j] >= experts->num_experts))
+        const bool out_of_range = ids[j] < 0 || (experts && ids[j] >= experts->num_experts);
+        const bool twice = !out_of_range && std::find(ids, ids + j, ids[j]) != ids + j;
+        if (!out_of_range && !twice) continue;
+        const std::string at =
+            " at token " + std::to_string(row / layers) + ", sparse layer " + std::to_string(row % layers);
+        if (out_of_range)
           throw invalid_argument(where + "loss input 'routed_experts': expert id " + std::to_string(ids[j]) + at +
                                  " is out of range [0, " +
                                  (experts ? std::to_string(experts->num_experts) : std::string("experts")) + ")");
-        if (std::find(ids, ids + j, ids[j]) != ids + j)
-          throw invalid_argument(where + "loss input 'routed_experts': expert " + std::to_string(ids[j]) +
-                                 " is given twice" + at);
+        throw invalid_argument(where + "loss input 'routed_experts': expert " + std::to_string(ids[j]) +
+                               " is given twice" + at);
       }
     }
   }

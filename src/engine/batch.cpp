@@ -64,9 +64,9 @@ PaddedBatch pad_batch(const std::vector<Datum>& data, const ModelConfig& cfg) {
     const std::int64_t layers = data.front().loss_fn_inputs.at("routed_experts").shape[1];
     const std::int64_t k = cfg.num_experts_per_tok;
     b.routes = torch::arange(k, torch::kInt64).repeat({B * T, layers, 1});
-    for (std::int64_t i = 0; i < B; ++i) {
-      const std::vector<std::int64_t>& ids = data[i].loss_fn_inputs.at("routed_experts").int_data;
-      std::copy(ids.begin(), ids.end(), b.routes.data_ptr<std::int64_t>() + i * T * layers * k);
+    for (std::int64_t i = 0; i < B; ++i) {  // exactly the datum's tokens' routes (validate_routes checked the size)
+      const std::int64_t* ids = data[i].loss_fn_inputs.at("routed_experts").int_data.data();
+      std::copy(ids, ids + b.lengths[i] * layers * k, b.routes.data_ptr<std::int64_t>() + i * T * layers * k);
     }
   }
   return b;

@@ -93,7 +93,8 @@ void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const 
 // - "router/aux_loss": the load-balancing loss of Switch / Qwen-MoE as transformers computes it
 //   (load_balancing_loss_func over every sparse layer's logits at once, padding excluded): E * sum over experts of
 //   (the share of routes it took) * (its mean probability): k when the load is uniform; what a trainer would add
-//   with a small coefficient (router_aux_loss_coef); reported, not added to the loss.
+//   with a small coefficient (router_aux_loss_coef); reported, not added to the loss. Under replay the routes
+//   counted are the replayed ones (the load the forward carried), where transformers would count the router's own.
 // - "router/z_loss": the mean squared log-sum-exp of the router's logits (ST-MoE's router z-loss; large logits).
 // - "router/replay_mismatch" (replayed forwards): the share of (token, sparse layer) pairs whose replayed experts
 //   differ from the router's own top k: the routing flips replay kept out of the importance ratio.

@@ -17,7 +17,8 @@ std::string gguf_architecture(const ModelConfig& config, const std::string& what
   return arch;
 }
 
-// A [rows, cols] (or [n]) tensor as GGUF stores it: its values in `type`, its shape fastest dimension first.
+// A [rows, cols] (or [n], or [experts, rows, cols]) tensor as GGUF stores it: its values in `type`, its shape fastest
+// dimension first.
 gguf::TensorData tensor_data(const std::string& name, const torch::Tensor& t, gguf::TensorType type) {
   const auto values = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
   std::vector<std::int64_t> shape(values.sizes().rbegin(), values.sizes().rend());
@@ -66,6 +67,40 @@ std::map<std::string, gguf::Value> architecture_metadata(const ModelConfig& c) {
   };
 }
 
+// A model with experts: the keys of its experts (as llama.cpp's converter writes them for qwen3moe).
+void add_expert_metadata(const ModelConfig& c, std::map<std::string, gguf::Value>& metadata) {
+  if (c.num_experts == 0) return;
+  const std::string a = c.family().gguf_architecture + ".";
+  auto u32 = [](std::int64_t v) { return gguf::Value{static_cast<std::uint32_t>(v)}; };
+  metadata[a + "expert_count"] = u32(c.num_experts);
+  metadata[a + "expert_used_count"] = u32(c.num_experts_per_tok);
+  metadata[a + "expert_feed_forward_length"] = u32(c.moe_intermediate_size);
+}
+
+// Each sparse layer's experts as llama.cpp stacks them, one [E, out, in] tensor per projection
+// ("blk.N.ffn_gate_exps.weight"), taken out of `tensors` (the per-expert Hugging Face names).
+std::vector<std::pair<std::string, torch::Tensor>> take_expert_stacks(const ModelConfig& c, TensorMap& tensors) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const ModelFamily& f = c.family();
+  const std::pair<const char*, Projection> stacks[] = {
+      {"ffn_gate_exps.weight", Projection::gate}, {"ffn_up_exps.weight", Projection::up},
+      {"ffn_down_exps.weight", Projection::down}};
+  for (std::int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    if (!c.sparse_layer(layer)) continue;
+    for (const auto& [name, p] : stacks) {
+      std::vector<torch::Tensor> experts;
+      for (std::int64_t e = 0; e < c.num_experts; ++e) {
+        auto it = tensors.find(f.expert_module(layer, e, p) + ".weight");
+        if (it == tensors.end()) throw std::logic_error("GGUF export: an expert's tensor is missing");
+        experts.push_back(it->second);
+        tensors.erase(it);
+      }
+      out.emplace_back("blk." + std::to_string(layer) + "." + name, torch::stack(experts));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 gguf::TensorType gguf_export_type(const std::string& name) {
@@ -88,6 +123,9 @@ void save_gguf_adapter(const Transformer& model, const std::string& path) {
   for (const auto& [name, a] : adapters) {
     if (!name.ends_with(a_suffix)) continue;
     const std::string module = name.substr(prefix.size(), name.size() - prefix.size() - a_suffix.size());
+    if (module.find("." + config.family().names.experts) != std::string::npos)
+      throw unsupported(what + ": adapters on the experts (" + module + ") have no llama.cpp layout rlloop writes; "
+                        "export the merged model instead");
     if (module == config.family().names.lm_head && config.tie_word_embeddings)
       throw unsupported(what + ": an lm_head adapter on a model with tied embeddings (llama.cpp's model has no "
                         "output matrix to adapt; export the merged model instead)");
@@ -111,6 +149,7 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
   const ModelConfig& config = model.config();
   const std::string arch = gguf_architecture(config, what);
   auto metadata = architecture_metadata(config);
+  add_expert_metadata(config, metadata);
   metadata["general.file_type"] = gguf::Value{file_type(type)};
   if (type == gguf::TensorType::q8_0) metadata["general.quantization_version"] = gguf::Value{std::uint32_t{2}};
   // The base's keys for what this file does not describe otherwise (the tokenizer, the chat template, names);
@@ -121,12 +160,14 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
       metadata.emplace(key, value);
 
   std::vector<gguf::TensorData> tensors;
-  for (const auto& [hf, t] : model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict()) {
-    const std::string name = gguf_name_of(config, hf, what);
+  auto add = [&](const std::string& name, const torch::Tensor& t) {
     gguf::TensorType stored = t.dim() == 1 ? gguf::TensorType::f32 : type;
     if (stored == gguf::TensorType::q8_0 && t.size(-1) % 32 != 0) stored = gguf::TensorType::f16;
     tensors.push_back(tensor_data(name, to_gguf_layout(config, name, t), stored));
-  }
+  };
+  TensorMap weights = model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict();
+  for (const auto& [name, t] : take_expert_stacks(config, weights)) add(name, t);
+  for (const auto& [hf, t] : weights) add(gguf_name_of(config, hf, what), t);
   gguf::write(path, metadata, tensors);
 }
 

@@ -29,7 +29,35 @@ NamePairs block_tensors(const ModelFamily& family) {
     for (const char* kind : {".weight", ".bias"})
       out.emplace_back(std::string(gguf_projections[j]) + kind, n.projections[j] + kind);
   }
+  if (family.experts) out.emplace_back("ffn_gate_inp.weight", n.router + ".weight");
   return out;
+}
+
+// A sparse block's experts, stacked in one tensor per projection: "blk.N.ffn_gate_exps.weight" [E, out, in].
+struct ExpertStack {
+  std::int64_t layer;
+  Projection projection;
+};
+constexpr std::pair<const char*, Projection> kExpertStacks[] = {
+    {"ffn_gate_exps.weight", Projection::gate}, {"ffn_up_exps.weight", Projection::up},
+    {"ffn_down_exps.weight", Projection::down}};
+
+// The block index of "blk.N.<rest>" and its rest, or nullopt.
+std::optional<std::pair<std::int64_t, std::string>> block_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return std::nullopt;
+  const auto dot = name.find('.', 4);
+  if (dot == std::string::npos || dot == 4 || dot >= 4 + 9 || name.find_first_not_of("0123456789", 4) != dot)
+    return std::nullopt;
+  return std::pair{std::stoll(name.substr(4, dot - 4)), name.substr(dot + 1)};
+}
+
+std::optional<ExpertStack> expert_stack(const ModelFamily& family, const std::string& name) {
+  if (!family.experts) return std::nullopt;
+  const auto block = block_of(name);
+  if (!block) return std::nullopt;
+  for (const auto& [g, p] : kExpertStacks)
+    if (block->second == g) return ExpertStack{block->first, p};
+  return std::nullopt;
 }
 
 NamePairs model_tensors(const ModelFamily& family) {
@@ -42,14 +70,9 @@ NamePairs model_tensors(const ModelFamily& family) {
 std::string hf_name(const gguf::File& file, const ModelFamily& family, const std::string& name) {
   for (const auto& [g, hf] : model_tensors(family))
     if (name == g) return hf;
-  if (name.rfind("blk.", 0) == 0) {
-    const auto dot = name.find('.', 4);
-    if (dot != std::string::npos && dot > 4 && dot < 4 + 9 && name.find_first_not_of("0123456789", 4) == dot) {
-      const std::string rest = name.substr(dot + 1);
-      for (const auto& [g, hf] : block_tensors(family))
-        if (rest == g) return family.layer_tensor(std::stoll(name.substr(4, dot - 4)), hf);
-    }
-  }
+  if (const auto block = block_of(name))
+    for (const auto& [g, hf] : block_tensors(family))
+      if (block->second == g) return family.layer_tensor(block->first, hf);
   throw unsupported("GGUF file '" + file.path() + "': tensor '" + name + "' has no counterpart in rlloop's " +
                     family.model_type + " models");
 }
@@ -113,6 +136,8 @@ ModelConfig gguf_model_config(const gguf::File& file) {
                       ")");
   }
   auto key = [&](const char* k) { return arch + "." + k; };
+  if (family->experts && !file.find(key("expert_count")))
+    throw invalid_argument("GGUF file '" + file.path() + "': " + key("expert_count") + " is missing");
   if (const auto* scaling = file.find(key("rope.scaling.type"))) {
     const auto* type = std::get_if<std::string>(&scaling->v);
     if (!type || *type != "none")
@@ -137,6 +162,17 @@ ModelConfig gguf_model_config(const gguf::File& file) {
   j["attention_bias"] = file.find_tensor("blk.0.attn_q.bias") != nullptr;
   if (file.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = file.integer("tokenizer.ggml.bos_token_id");
   if (file.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = file.integer("tokenizer.ggml.eos_token_id");
+  if (family->experts) {
+    // llama.cpp's qwen3moe: its router weights renormalised over the chosen experts (norm_topk_prob), a block
+    // without a router a dense one (transformers' mlp_only_layers).
+    j["num_experts"] = file.integer(key("expert_count"));
+    j["num_experts_per_tok"] = file.integer(key("expert_used_count"));
+    j["moe_intermediate_size"] = file.integer(key("expert_feed_forward_length"));
+    j["norm_topk_prob"] = true;
+    j["mlp_only_layers"] = nlohmann::json::array();
+    for (std::int64_t i = 0; i < j["num_hidden_layers"].get<std::int64_t>(); ++i)
+      if (!file.find_tensor("blk." + std::to_string(i) + ".ffn_gate_inp.weight")) j["mlp_only_layers"].push_back(i);
+  }
   try {
     return ModelConfig::from_json(j);
   } catch (const error& e) {
@@ -173,10 +209,23 @@ std::shared_ptr<const QuantizedMatrix> quantized_tensor(const gguf::File& file, 
 
 }  // namespace
 
+namespace {
+// Adds tensor `t` to `out` under Hugging Face's names: an expert stack as each expert's projection.
+void add_dense(const gguf::File& file, const ModelConfig& config, const gguf::TensorInfo& t, TensorMap& out) {
+  const ModelFamily& family = config.family();
+  if (const auto stack = expert_stack(family, t.name)) {
+    const torch::Tensor values = dequantized_tensor(file, config, t);  // [E, out, in]
+    for (std::int64_t e = 0; e < values.size(0); ++e)
+      out.emplace(family.expert_module(stack->layer, e, stack->projection) + ".weight", values[e]);
+    return;
+  }
+  out.emplace(hf_name(file, family, t.name), dequantized_tensor(file, config, t));
+}
+}  // namespace
+
 TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
   TensorMap out;
-  for (const auto& t : file.tensors())
-    out.emplace(hf_name(file, config.family(), t.name), dequantized_tensor(file, config, t));
+  for (const auto& t : file.tensors()) add_dense(file, config, t, out);
   return out;
 }
 
@@ -189,11 +238,11 @@ std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Dev
   TensorMap dense;
   try {
     for (const auto& t : file.tensors()) {
-      const std::string name = hf_name(file, config.family(), t.name);
+      // Expert stacks are read dense (a quantized base holds 2-D matrices only).
       if (keep_quantized && t.shape.size() == 2 && t.type != gguf::TensorType::f32)
-        quantized.emplace(name, quantized_tensor(file, config, t));
+        quantized.emplace(hf_name(file, config.family(), t.name), quantized_tensor(file, config, t));
       else
-        dense.emplace(name, dequantized_tensor(file, config, t));
+        add_dense(file, config, t, dense);
     }
     auto model = std::make_shared<Transformer>(config, torch::TensorOptions().device(device).dtype(dtype), quantized);
     model->load_hf_state_dict(dense);

@@ -65,7 +65,8 @@ struct ExpertStyle {
   // Checkpoints hold a sparse layer's experts stacked, as transformers' GptOssExperts keeps them: experts.gate_up_proj
   // [E, H, 2I] (x @ W, gate and up interleaved in the last dimension: gate even, up odd), experts.gate_up_proj_bias
   // [E, 2I], experts.down_proj [E, I, H], experts.down_proj_bias [E, H]. rlloop keeps a Linear per expert and
-  // projection (expert_module's names) and converts where tensors are read and written (hf_state_dict).
+  // projection (expert_module's names) and converts where model files are read and written (load_model, save_model:
+  // expert_layout.hpp).
   bool stacked_interleaved = false;
   // The config key of the experts' width.
   std::string width_key = "moe_intermediate_size";

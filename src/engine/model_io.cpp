@@ -305,14 +305,15 @@ std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t see
   // every device and dtype (up to the final cast).
   auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
   torch::NoGradGuard no_grad;
+  const std::string sinks = "." + cfg.family().names.sinks;
   for (auto& [name, t] : model->hf_state_dict()) {
     const bool bias = name.ends_with(".bias");
-    if (t.dim() == 1 && !bias) {  // a norm's weight, whatever the family calls it
+    if (t.dim() == 1 && !bias && !name.ends_with(sinks)) {  // a norm's weight, whatever the family calls it
       t.fill_(1.0);
     } else if (bias) {
       t.zero_();
     } else {
-      t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen));
+      t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen));  // matrices, and attention sinks
     }
   }
   return model;

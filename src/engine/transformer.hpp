@@ -105,7 +105,8 @@ class Transformer : public torch::nn::Module {
   bool shares_base(const Transformer& other) const;
 
   // Base weights under HF names ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
-  // "lm_head.weight" unless tied), quantized ones dequantized to fp32. Loading checks every name and shape and
+  // "lm_head.weight" unless tied; each expert's projections by expert_module's names even where checkpoints stack
+  // them: expert_layout.hpp converts), quantized ones dequantized to fp32. Loading checks every name and shape and
   // copies in place; it takes the dense weights only (a quantized model's matrices are fixed at construction).
   TensorMap hf_state_dict() const;
   void load_hf_state_dict(const TensorMap& tensors);

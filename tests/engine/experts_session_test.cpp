@@ -254,6 +254,10 @@ TEST(ExpertsSession, RoutesThatDoNotFitAreRefusedByName) {
   twice.loss_fn_inputs["routed_experts"].int_data[3] = 0;  // token 0, sparse layer 1: experts 0 and 0
   EXPECT_EQ(refusal({twice}),
             "datum 0: loss input 'routed_experts': expert 0 is given twice at token 0, sparse layer 1");
+  Datum short_data = with_routes({10, 2, 2}, 0);
+  short_data.loss_fn_inputs["routed_experts"].int_data.pop_back();  // a C++ TensorData need not fill its shape
+  EXPECT_EQ(refusal({short_data}),
+            "datum 0: loss input 'routed_experts' holds 39 values, not the product of its shape [10, 2, 2]");
   EXPECT_EQ(refusal({with_routes({10, 2, 2}, 0), d}),
             "datum 1: loss input 'routed_experts' is missing but datum 0's is given (routing replay routes every datum "
             "of a batch or none)");

@@ -136,7 +136,7 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   ASSERT_EQ(model_families().size(), 5u);
   for (const ModelFamily* f : model_families()) {
     EXPECT_EQ(find_model_family(f->model_type), f);
-    // qwen3_moe's GGUF files are not read yet (the family names no GGUF architecture).
+    // gpt_oss's GGUF files are not read (the family names no GGUF architecture).
     EXPECT_EQ(find_gguf_family(f->gguf_architecture), f->gguf_architecture.empty() ? nullptr : f);
     const ModelConfig tiny = f->model_type == "gpt_oss" ? *builtin_model("rlloop-tiny-gpt-oss")
                              : f->experts              ? tiny_moe_config()

@@ -138,6 +138,28 @@ TEST(ModelConfigRope, ReadsYarnAndWritesItBack) {
                        "rope_parameters.original_max_position_embeddings must be positive for YaRN"));
 }
 
+// A gpt_oss config.json that states no window or RoPE takes transformers' GptOssConfig defaults: a window of 128 on
+// the even layers, theta 150000 with YaRN x32 over 4096 positions.
+TEST(ModelConfigRope, GptOssTakesTransformersDefaults) {
+  json j = base_config();
+  j.erase("rope_theta");
+  j.erase("rope_parameters");
+  j["model_type"] = "gpt_oss";
+  j["num_local_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  const ModelConfig c = ModelConfig::from_json(j);
+  EXPECT_EQ(c.rope_theta, 150000.0);
+  ASSERT_TRUE(c.yarn);
+  EXPECT_EQ(c.yarn->factor, 32.0);
+  EXPECT_EQ(c.yarn->original_max_position_embeddings, 4096);
+  EXPECT_FALSE(c.yarn->truncate);
+  EXPECT_EQ(c.attention_window(0), 128);
+  EXPECT_EQ(c.attention_window(1), 0);
+  EXPECT_EQ(c.moe_intermediate_size, c.intermediate_size);
+  j["sliding_window"] = "wide";
+  EXPECT_TRUE(contains(error_message<invalid_argument>(j), "model config: a gpt_oss key has the wrong type"));
+}
+
 TEST(ModelConfigRope, ToJsonKeepsTheLegacyKey) {
   // to_json writes top-level rope_theta only: transformers 4.x reads nothing else and 5.x reads it too.
   json j = base_config();

@@ -65,7 +65,7 @@ BLOCK_NAMES = {
     "self_attn.o_proj.bias": "attn_output.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
 }
 MODEL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                "lm_head.weight": "output.weight"}
@@ -103,10 +103,12 @@ def refused(tool, path, label, expected, failures):
 
 
 def write_gguf(model_dir, path, change=lambda name, a: a):
-    """A Hugging Face Llama / Qwen2 / Qwen3 directory as llama.cpp's converter writes it, in F32; `change(name, a)`
-    may replace a tensor (by its GGUF name) before it is written."""
+    """A Hugging Face Llama / Qwen2 / Qwen3 / Qwen3-MoE directory as llama.cpp's converter writes it, in F32;
+    `change(name, a)` may replace a tensor (by its GGUF name) before it is written. Qwen3-MoE's experts go stacked,
+    one [experts, out, in] tensor per projection (ffn_gate_exps, ffn_up_exps, ffn_down_exps), its router as
+    ffn_gate_inp, with the converter's expert keys."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    arch = cfg["model_type"]
+    arch = {"qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
     theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
@@ -123,8 +125,18 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
     if cfg.get("head_dim"):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    stacks = {}  # (layer, projection) -> {expert: array}
     for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        if ".mlp.experts." in name:  # model.layers.L.mlp.experts.E.gate_proj.weight
+            layer, _, _, expert, proj, _ = name[len("model.layers."):].split(".")
+            stacks.setdefault((layer, proj), {})[int(expert)] = t.float().numpy()
             continue
         if name.startswith("model.layers."):
             layer, rest = name[len("model.layers."):].split(".", 1)
@@ -137,6 +149,9 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
         if arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
             a = permute(a, heads, kv)
         w.add_tensor(gname, np.ascontiguousarray(change(gname, a)))
+    for (layer, proj), by_expert in sorted(stacks.items()):
+        gname = f"blk.{layer}.ffn_{proj[:-len('_proj')]}_exps.weight"
+        w.add_tensor(gname, np.ascontiguousarray(change(gname, np.stack([by_expert[e] for e in range(experts)]))))
     finish(w)
 
 
@@ -149,11 +164,16 @@ def gguf_tensors(path):
 def check_exports(tool, root, name, failures):
     """rlloop's GGUF exports of a tiny model with peft's adapter against what llama.cpp's converters make of the
     same weights: the merged F32 model against write_gguf on peft's merged model, the LoRA adapter against peft's
-    tensors under convert_lora_to_gguf.py's names and layout (the llama family's B rows permuted as q/k are)."""
+    tensors under convert_lora_to_gguf.py's names and layout (the llama family's B rows permuted as q/k are).
+    A model with experts: the merged model only (its experts stacked as the converter stacks them); an adapter with
+    expert adapters is refused."""
     model_dir, lora_dir = os.path.join(root, name), os.path.join(root, name + "-lora")
     merged, adapter = os.path.join(root, name + "-export.gguf"), os.path.join(root, name + "-adapter.gguf")
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    adapter_flags = [] if experts else ["--export-gguf-adapter", adapter]
     run = subprocess.run([tool, model_dir, "1,2", "--adapter", lora_dir, "--export-gguf-model", merged,
-                          "--gguf-type", "F32", "--export-gguf-adapter", adapter], capture_output=True, text=True)
+                          "--gguf-type", "F32", *adapter_flags], capture_output=True, text=True)
     if run.returncode != 0:
         failures.append(f"tiny {name}: GGUF export failed: {run.stderr.strip()}")
         return
@@ -174,7 +194,14 @@ def check_exports(tool, root, name, failures):
         if not (got == want or (isinstance(want, float) and got is not None and abs(got - want) <= 1e-6 * abs(want))):
             failures.append(f"tiny {name}: merged GGUF export's {key} is {got!r}, the converter writes {want!r}")
 
-    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    if experts:
+        # Adapters on the experts have no llama.cpp layout rlloop writes: refused, naming the module.
+        run = subprocess.run([tool, model_dir, "1,2", "--adapter", lora_dir, "--export-gguf-adapter", adapter],
+                             capture_output=True, text=True)
+        if run.returncode == 0 or "adapters on the experts" not in run.stderr:
+            failures.append(f"tiny {name}: a GGUF adapter with expert adapters was not refused: {run.stderr.strip()}")
+        print(f"tiny {name:16s} GGUF exports: merged model as the converter writes it, expert adapters refused")
+        return
     lora_cfg = json.load(open(os.path.join(lora_dir, "adapter_config.json")))
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     expected = {}
@@ -265,7 +292,7 @@ def main():
             check_exports(tool, root, name, failures)
         # Files rlloop cannot run are refused naming the file and what is missing.
         bad = {
-            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3)", lambda w: None),
+            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3, qwen3moe)", lambda w: None),
             "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's llama models",
                       lambda w: w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32), np.float32))),
             # Only an embedding and a final norm: the first block's tensors are missing.

@@ -67,7 +67,7 @@ MODELS = [
     Spec("qwen3-moe", "qwen3_moe", dict(tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                         head_dim=32, use_sliding_window=False, num_experts=8, num_experts_per_tok=2,
                                         moe_intermediate_size=48, norm_topk_prob=True),
-         ALL_LINEAR, gguf=False),
+         ALL_LINEAR),
     # Plain top-k probabilities (no renormalisation), three of four experts, layer 1 dense (mlp_only_layers), tied;
     # PEFT's all-linear: attention, the router and the experts (not layer 1's dense MLP).
     Spec("qwen3-moe-mixed", "qwen3_moe", dict(tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,

@@ -74,7 +74,7 @@ void append_output(ForwardBackwardOutput& total, ForwardBackwardOutput&& part) {
 }
 
 // The router's metrics of the whole batch: the shards' token-weighted mean (exact for router/z_loss and
-// router/replay_mismatch; for router/aux_loss, a product of two means, the mean of the shards' values).
+// router/replay_mismatch; router/aux_loss, a product of two means, is approximated by its shards' weighted mean).
 void mean_router_metrics(ForwardBackwardOutput& total) {
   for (auto& [name, v] : total.metrics)
     if (name.starts_with("router/") && total.training_tokens > 0) v /= static_cast<double>(total.training_tokens);

@@ -6,9 +6,10 @@
 //   - a router with a bias ("mlp.router") whose top num_experts_per_tok logits are softmaxed into the weights;
 //   - experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate), both clamped at 7), stored
 //     stacked and interleaved in the checkpoint (ExpertStyle::stacked_interleaved).
-// OpenAI's own checkpoints store the experts in MXFP4 (gate_up_proj_blocks / _scales): not read here; a dequantized
-// (bf16) checkpoint, as transformers saves it, is. Chat format: harmony (not yet rendered by rlloop; role_colon
-// stands in).
+// Checkpoints as transformers saves them and OpenAI's own, whose experts are MXFP4 (gate_up_proj_blocks / _scales,
+// expert_layout.cpp), load. A config.json without the sliding window or RoPE keys takes transformers' defaults
+// (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (not yet
+// rendered by rlloop; role_colon stands in).
 #include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
@@ -35,16 +36,25 @@ ModelFamily gpt_oss() {
   f.names.router = "mlp.router";
   f.chat_renderer = "role_colon";
   f.read_config = [](const nlohmann::json& j, ModelConfig& c) {
-    c.swiglu_limit = j.value("swiglu_limit", 7.0);
-    c.swiglu_alpha = j.value("swiglu_alpha", 1.702);
-    c.sliding_window = j.contains("sliding_window") && !j["sliding_window"].is_null()
-                           ? j["sliding_window"].get<std::int64_t>()
-                           : 0;
-    if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
-      c.layer_types = it->get<std::vector<std::string>>();
-    } else {  // transformers' default: sliding, full, sliding, ...
-      for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
-        c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    try {
+      c.swiglu_limit = j.value("swiglu_limit", 7.0);
+      c.swiglu_alpha = j.value("swiglu_alpha", 1.702);
+      c.sliding_window = j.contains("sliding_window") && !j["sliding_window"].is_null()
+                             ? j["sliding_window"].get<std::int64_t>()
+                             : 128;
+      if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+        c.layer_types = it->get<std::vector<std::string>>();
+      } else {  // transformers' default: sliding, full, sliding, ...
+        for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+          c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw invalid_argument(std::string("model config: a gpt_oss key has the wrong type: ") + e.what());
+    }
+    const bool rope_stated = j.contains("rope_parameters") || j.contains("rope_scaling") || j.contains("rope_theta");
+    if (!rope_stated) {  // GptOssConfig's defaults
+      c.rope_theta = 150000.0;
+      c.yarn = ModelConfig::Yarn{.factor = 32.0, .original_max_position_embeddings = 4096, .truncate = false};
     }
     if (!(c.swiglu_limit > 0)) throw invalid_argument("model config: swiglu_limit must be positive");
   };

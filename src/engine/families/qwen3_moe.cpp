@@ -2,7 +2,8 @@
 // linear router ("mlp.gate") whose softmax picks num_experts_per_tok SwiGLU experts per token, their outputs
 // weighted by those probabilities (renormalised when norm_topk_prob). Checkpoints list each expert's projections
 // ("mlp.experts.E.gate_proj.weight"), which transformers 5 fuses on load and splits again on save. llama.cpp's
-// "qwen3moe" GGUF files stack the experts in one tensor per projection: not read here yet (no gguf_architecture).
+// "qwen3moe" GGUF files stack the experts in one tensor per projection ("blk.N.ffn_gate_exps.weight" [E, I, H]) and
+// name the router "ffn_gate_inp" (gguf_model.cpp, gguf_export.cpp).
 #include "families.hpp"
 
 namespace rlloop::engine::families {
@@ -16,6 +17,7 @@ ModelFamily qwen3_moe() {
   f.qk_norm = true;
   f.experts = true;
   f.chat_renderer = "qwen3_no_thinking";
+  f.gguf_architecture = "qwen3moe";
   return f;
 }
 
