@@ -161,20 +161,10 @@ std::map<std::string, double> router_metrics(const RouterTotals& totals) {
   return out;
 }
 
-torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
-                          const ExpertAdapters* adapters, bool few_rows, const ExpertActivation& activation) {
-  if (few_rows && !adapters && !activation.clamped && step_kernels_apply(x, experts))
-    return step_experts(x, routes, experts);
-  const std::int64_t N = x.size(0), k = routes.experts.size(1);
+torch::Tensor expert_products(const torch::Tensor& rows, const torch::Tensor& counts,
+                              const std::vector<Expert>& experts, const ExpertAdapters* adapters, bool few_rows,
+                              const ExpertActivation& activation) {
   const auto E = static_cast<std::int64_t>(experts.size());
-  // The N * k routes sorted by expert (stable: an expert's rows keep token order), each route's token, and how
-  // many routes each expert has: the sizes of the grouped products, the one value the host must know.
-  const torch::Tensor flat = routes.experts.reshape({N * k});
-  const torch::Tensor order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const torch::Tensor token = torch::div(order, k, "floor");
-  const torch::Tensor counts = torch::bincount(flat, {}, E).cpu();
-  const torch::Tensor rows = x.index_select(0, token);  // [N * k, H], expert by expert
-
   std::vector<torch::Tensor> outputs;
   const std::int64_t* count = counts.data_ptr<std::int64_t>();
   for (std::int64_t e = 0, start = 0; e < E; start += count[e], ++e) {
@@ -194,9 +184,27 @@ torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const st
       out = out + expert_delta(hidden, adapters->down_a, adapters->down_b, e, E, adapters->scale);
     outputs.push_back(out);
   }
+  if (outputs.empty()) return torch::empty({0, rows.size(1)}, rows.options());  // no rows at all
+  return torch::cat(outputs);
+}
+
+torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
+                          const ExpertAdapters* adapters, bool few_rows, const ExpertActivation& activation) {
+  if (few_rows && !adapters && !activation.clamped && step_kernels_apply(x, experts))
+    return step_experts(x, routes, experts);
+  const std::int64_t N = x.size(0), k = routes.experts.size(1);
+  const auto E = static_cast<std::int64_t>(experts.size());
+  // The N * k routes sorted by expert (stable: an expert's rows keep token order), each route's token, and how
+  // many routes each expert has: the sizes of the grouped products, the one value the host must know.
+  const torch::Tensor flat = routes.experts.reshape({N * k});
+  const torch::Tensor order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const torch::Tensor token = torch::div(order, k, "floor");
+  const torch::Tensor counts = torch::bincount(flat, {}, E).cpu();
+  const torch::Tensor rows = x.index_select(0, token);  // [N * k, H], expert by expert
+  const torch::Tensor outputs = expert_products(rows, counts, experts, adapters, few_rows, activation);
   const torch::Tensor weights = routes.weights.reshape({N * k}).index_select(0, order).unsqueeze(1);
   // Added token by token in expert order: a token's outputs sum as transformers' per-expert index_add_ sums them.
-  return torch::zeros_like(x).index_add(0, token, torch::cat(outputs) * weights);
+  return torch::zeros_like(x).index_add(0, token, outputs * weights);
 }
 
 }  // namespace rlloop::engine

@@ -100,6 +100,12 @@ void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const 
 //   differ from the router's own top k: the routing flips replay kept out of the importance ratio.
 std::map<std::string, double> router_metrics(const RouterTotals& totals);
 
+// The grouped products of rows sorted by expert ([R, H]; `counts` [E] on the host: how many rows each expert has,
+// in order): each expert's rows through it (adapted by `adapters` when given), [R, H] in the same order.
+torch::Tensor expert_products(const torch::Tensor& rows, const torch::Tensor& counts,
+                              const std::vector<Expert>& experts, const ExpertAdapters* adapters, bool few_rows,
+                              const ExpertActivation& activation);
+
 // For each row of x [N, H]: the sum over its routes of weight * expert(row), in expert order (as transformers
 // accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). One
 // host read per call: how many rows each expert got.

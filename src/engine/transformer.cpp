@@ -19,6 +19,7 @@
 #include "attention.hpp"
 #include "decode_attention.hpp"
 #include "device.hpp"
+#include "expert_parallel.hpp"
 #include "experts.hpp"
 #include "fused_ops.hpp"
 #include "linear.hpp"
@@ -335,6 +336,9 @@ struct Transformer::Impl {
 
   // RoPE cos/sin for every position, computed once (per device and dtype) instead of on every forward call;
   // rows are what HF computes for those positions: inv_freq and angles in fp32, then cast.
+  // Expert parallelism (set_expert_parallel): the group and this rank's slice of the experts; no group: none.
+  ExpertShard expert_shard;
+
   std::mutex rope_mutex;
   std::pair<torch::Tensor, torch::Tensor> rope;
 
@@ -403,9 +407,15 @@ Transformer::Transformer(const ModelConfig& cfg) : Transformer(cfg, torch::Tenso
 Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options)
     : Transformer(cfg, options, QuantizedTensors{}) {}
 
-Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized)
+Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized,
+                         ExpertRange experts)
     : impl_(std::make_shared<Impl>()) {
   cfg.validate();
+  if (experts.count < 0) experts = {0, cfg.num_experts};
+  if (experts.first < 0 || experts.first + experts.count > cfg.num_experts)
+    throw invalid_argument("Transformer: experts [" + std::to_string(experts.first) + ", " +
+                           std::to_string(experts.first + experts.count) + ") are not within the model's " +
+                           std::to_string(cfg.num_experts));
   const bool cpu_fp32 = options.device().is_cpu() && c10::typeMetaToScalarType(options.dtype()) == torch::kFloat32;
   if (!quantized.empty() && !cpu_fp32)
     throw invalid_argument("Transformer: quantized weights need an fp32 model on the CPU");
@@ -473,7 +483,7 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
       l.router = linear(family.layer_tensor(i, names.router), family.router_target_module(), cfg.num_experts, H,
                         style.router_bias);
       const std::int64_t E_I = cfg.moe_intermediate_size;
-      for (std::int64_t e = 0; e < cfg.num_experts; ++e) {
+      for (std::int64_t e = experts.first; e < experts.first + experts.count; ++e) {
         Expert x;
         x.gate = linear(family.expert_module(i, e, Projection::gate), "", E_I, H, style.biases);
         x.up = linear(family.expert_module(i, e, Projection::up), "", E_I, H, style.biases);
@@ -644,6 +654,8 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
   // This layer's place among the sparse ones: its slice of the routing's [tokens, sparse layers, k].
   std::int64_t sparse_index = 0;
   for (std::size_t i = 0; i < li; ++i) sparse_index += layers[i].sparse() ? 1 : 0;
+  if (step && expert_shard.group)
+    throw invalid_argument("Transformer::decode_step: an expert-parallel model does not decode (yet)");
   ExpertRouting* routing = in.routing;
   const bool replay = routing && routing->replay.defined();
   const ExpertStyle& style = family->expert_style;
@@ -659,6 +671,7 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
       routing->recorded.select(1, sparse_index).narrow(0, row0, x.size(0)).copy_(routes.experts);
       if (routing->totals) add_router_totals(*routing->totals, logits, routes, routing->mask, replay);
     }
+    if (expert_shard.group) return run_experts_parallel(x, routes, layer.experts, expert_shard, activation);
     return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step,
                        activation);
   };
@@ -713,6 +726,27 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
 }
 
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
+
+void Transformer::set_expert_parallel(dist::Group& group) {
+  const ModelConfig& cfg = impl_->cfg;
+  if (cfg.num_experts == 0)
+    throw invalid_argument("expert parallelism: this " + cfg.model_type + " model has no experts");
+  const ExpertShard shard = ExpertShard::of(group, cfg.num_experts);
+  for (std::size_t i = 0; i < impl_->layers.size(); ++i) {
+    const Layer& l = impl_->layers[i];
+    if (!l.sparse()) continue;
+    const std::string first = impl_->family->expert_module(static_cast<std::int64_t>(i), shard.first, Projection::gate);
+    if (static_cast<std::int64_t>(l.experts.size()) != shard.per_rank || l.experts.front().gate.name != first)
+      throw invalid_argument("expert parallelism: rank " + std::to_string(shard.first / shard.per_rank) + " of " +
+                             std::to_string(cfg.num_experts / shard.per_rank) + " holds experts [" +
+                             std::to_string(shard.first) + ", " +
+                             std::to_string(shard.first + shard.per_rank) +
+                             "); build its model with that ExpertRange");
+    if (l.expert_lora.any())
+      throw invalid_argument("expert parallelism: adapters on the experts are not supported (yet)");
+  }
+  impl_->expert_shard = shard;
+}
 bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache, ExpertRouting* routing) {
@@ -1005,6 +1039,10 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
                            (targets.count(gate) ? up : gate) + "' too on " + family.model_type +
                            " models: the experts' gate and up projections are one stacked weight, adapted as one");
   const bool down = targets.count(family.target_module(Projection::down)) > 0;
+  for (const Layer& l : impl_->layers)
+    if ((gate_up || down) && l.sparse() && static_cast<std::int64_t>(l.experts.size()) != impl_->cfg.num_experts)
+      throw invalid_argument("LoraOptions.target_modules: adapters on the experts of a model that holds a slice of "
+                             "them (expert parallelism) are not supported (yet)");
 
   for (auto& p : parameters()) p.set_requires_grad(false);
   // A is drawn on the CPU in fp32 from its own generator so the init is the same on every device.

@@ -46,6 +46,16 @@ struct InferenceWeights {
 };
 
 class Transformer;
+namespace dist {
+class Group;
+}
+
+// The experts of every sparse layer a model holds: [first, first + count); count -1: all of them. A rank of an
+// expert-parallel group holds its slice (Transformer::set_expert_parallel).
+struct ExpertRange {
+  std::int64_t first = 0;
+  std::int64_t count = -1;
+};
 
 // One batch of sequences in a decoding step of several (Transformer::decode_step): the model whose adapters apply
 // to its rows, the token each row feeds, and its cache (one row per sequence, each batch at its own length).
@@ -65,7 +75,9 @@ class Transformer : public torch::nn::Module {
   // each of its shape) kept in their blocks instead of parameters: a frozen base for LoRA sessions
   // (quantized_matrix.hpp). CPU and fp32 only. Such a model trains adapters only: full fine-tuning, and loading
   // those matrices' values, need dense weights.
-  Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized);
+  // `experts`: the experts of each sparse layer it holds (all by default), under their global names.
+  Transformer(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized,
+              ExpertRange experts = {});
 
   const ModelConfig& config() const;
   // The KV block pools of this model's base (kv_cache.hpp): shared by every model over the same base weights
@@ -87,6 +99,12 @@ class Transformer : public torch::nn::Module {
   // recomputes the layer in backward, trading one more forward for activation memory that no longer grows with the
   // number of layers times the MLP's width. Values and gradients are those of the plain graph.
   void set_activation_checkpointing(bool on);
+  // Expert parallelism: this model (built with rank r's ExpertRange of `group`: the r-th of its size's equal slices
+  // of the experts) routes its tokens to every rank's experts through `group` in every forward that builds on
+  // hidden_states (training, scoring); every rank of the group must run the same forwards together. Decoding steps
+  // are refused. invalid_argument when the group's size does not divide the experts, the model holds another slice,
+  // or its experts have adapters.
+  void set_expert_parallel(dist::Group& group);
   bool activation_checkpointing() const;
   // Unembedding (lm_head, or the tied embedding), LoRA included when enabled: [B, T, H] -> [B, T, V].
   torch::Tensor logits(const torch::Tensor& hidden);

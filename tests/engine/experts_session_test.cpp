@@ -25,6 +25,18 @@ void expect_sampled_logprobs_are_computed_ones(Client& sampler, const ModelInput
   }
 }
 
+// Six SFT steps on `batch` at `lr`: the first step's loss and the last's.
+std::pair<double, double> train_six_steps(TrainingClient<LocalSession>& client, const std::vector<Datum>& batch,
+                                          double lr) {
+  double first = 0, last = 0;
+  for (int step = 0; step < 6; ++step) {
+    const double loss = client.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
+    (step == 0 ? first : last) = loss;
+    client.optim_step({.learning_rate = lr}).get();
+  }
+  return {first, last};
+}
+
 }  // namespace
 
 TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
@@ -37,13 +49,8 @@ TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
   // Full fine-tuning: the router and every expert train with the rest.
   auto full = service.create_full_training_client("rlloop-tiny-moe", 1);
   EXPECT_EQ(full.get_info().model_type, "qwen3_moe");
-  double first = 0, last = 0;
-  for (int step = 0; step < 6; ++step) {
-    const double loss = full.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
-    (step == 0 ? first : last) = loss;
-    full.optim_step({.learning_rate = 1e-2}).get();
-  }
-  EXPECT_LT(last, 0.9 * first);
+  auto [full_first, full_last] = train_six_steps(full, batch, 1e-2);
+  EXPECT_LT(full_last, 0.9 * full_first);
   auto full_sampler = full.live_sampling_client();
   expect_sampled_logprobs_are_computed_ones(full_sampler, prompt);
 
@@ -62,13 +69,8 @@ TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
             "up projections are one stacked weight, adapted as one");
   auto lora = service.create_lora_training_client(
       "rlloop-tiny-moe", {.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .seed = 2});
-  first = last = 0;
-  for (int step = 0; step < 6; ++step) {
-    const double loss = lora.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
-    (step == 0 ? first : last) = loss;
-    lora.optim_step({.learning_rate = 2e-2}).get();
-  }
-  EXPECT_LT(last, first);
+  auto [lora_first, lora_last] = train_six_steps(lora, batch, 2e-2);
+  EXPECT_LT(lora_last, lora_first);
   auto lora_sampler = lora.live_sampling_client();
   expect_sampled_logprobs_are_computed_ones(lora_sampler, prompt);
 }
@@ -89,13 +91,8 @@ TEST(ExpertsSession, TheTinyGptOssTrainsAndSamplesPastItsWindow) {
   const SessionInfo info = full.get_info();
   EXPECT_EQ(info.model_type, "gpt_oss");
   EXPECT_EQ(info.experts, (ExpertShape{8, 2, 2}));
-  double first = 0, last = 0;
-  for (int step = 0; step < 6; ++step) {
-    const double loss = full.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
-    (step == 0 ? first : last) = loss;
-    full.optim_step({.learning_rate = 1e-2}).get();
-  }
-  EXPECT_LT(last, 0.9 * first);
+  auto [full_first, full_last] = train_six_steps(full, batch, 1e-2);
+  EXPECT_LT(full_last, 0.9 * full_first);
   auto full_sampler = full.live_sampling_client();
   expect_sampled_logprobs_are_computed_ones(full_sampler, prompt);
   // A checkpoint restores the sinks, biases and experts: the same numbers in a new session.
@@ -113,13 +110,8 @@ TEST(ExpertsSession, TheTinyGptOssTrainsAndSamplesPastItsWindow) {
   auto lora = service.create_lora_training_client(
       "rlloop-tiny-gpt-oss", {.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .seed = 2});
   EXPECT_EQ(lora.get_info().num_trainable_parameters, 2 * (4 * (32 + 32) + 4 * (32 + 16) * 2 + 4 * (32 + 32)));
-  first = last = 0;
-  for (int step = 0; step < 6; ++step) {
-    const double loss = lora.forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum");
-    (step == 0 ? first : last) = loss;
-    lora.optim_step({.learning_rate = 2e-2}).get();
-  }
-  EXPECT_LT(last, first);
+  auto [lora_first, lora_last] = train_six_steps(lora, batch, 2e-2);
+  EXPECT_LT(lora_last, lora_first);
   auto lora_sampler = lora.live_sampling_client();
   expect_sampled_logprobs_are_computed_ones(lora_sampler, prompt);
 }

@@ -595,6 +595,28 @@ void Group::allreduce_sum(torch::Tensor& flat) {
   });
 }
 
+torch::Tensor Group::all_to_all(const torch::Tensor& rows, const std::vector<std::int64_t>& send,
+                                const std::vector<std::int64_t>& recv) {
+  Impl& g = *impl_;
+  const auto W = static_cast<std::size_t>(g.options.world_size);
+  std::int64_t sent = 0, received = 0;
+  for (std::int64_t n : send) sent += n;
+  for (std::int64_t n : recv) received += n;
+  if (send.size() != W || recv.size() != W || rows.dim() < 1 || rows.size(0) != sent)
+    throw std::logic_error("Group::all_to_all: counts do not match the ranks or the rows");
+  torch::Tensor in = rows.contiguous();
+  std::vector<std::int64_t> shape = rows.sizes().vec();
+  shape[0] = received;
+  torch::Tensor out = torch::empty(shape, rows.options());
+  g.collective("all-to-all of expert rows", [&] {
+    std::vector<std::int64_t> in_counts = send, out_counts = recv;
+    Impl::wait(g.tensors->alltoall_base(out, in, out_counts, in_counts));
+    g.stats.alltoall_calls += 1;
+    g.stats.alltoall_bytes += static_cast<std::uint64_t>(in.nbytes());
+  });
+  return out;
+}
+
 #else  // no c10d Gloo in this LibTorch
 
 struct Group::Impl {};
@@ -622,6 +644,10 @@ std::vector<std::string> Group::gather(const std::string&) { no_c10d(); }
 void Group::broadcast(std::string&) { no_c10d(); }
 void Group::broadcast(const std::vector<torch::Tensor>&) { no_c10d(); }
 void Group::allreduce_sum(torch::Tensor&) { no_c10d(); }
+torch::Tensor Group::all_to_all(const torch::Tensor&, const std::vector<std::int64_t>&,
+                                const std::vector<std::int64_t>&) {
+  no_c10d();
+}
 CollectiveStats Group::stats() const { return {}; }
 bool Group::failed() const { return false; }
 void Group::mark_failed(const std::string&) {}

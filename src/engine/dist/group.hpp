@@ -45,6 +45,8 @@ struct CollectiveStats {
   std::uint64_t allreduce_bytes = 0;
   double allreduce_seconds = 0;
   std::uint64_t broadcast_bytes = 0;
+  std::uint64_t alltoall_calls = 0;
+  std::uint64_t alltoall_bytes = 0;  // sent by this rank (expert parallelism's rows, and their gradients)
 };
 
 // Whether this LibTorch has c10d's NCCL backend (USE_C10D_NCCL).
@@ -89,6 +91,10 @@ class Group {
   void broadcast(std::string& bytes);                         // from rank 0
   void broadcast(const std::vector<torch::Tensor>& tensors);  // from rank 0, into every rank's tensors in place
   void allreduce_sum(torch::Tensor& flat);                    // in place
+  // Rank r sends rows [sum(send[..j]), + send[j]) of `rows` (dim 0) to rank j and returns what every rank sent it,
+  // recv[j] rows from rank j, in rank order. send and recv have one count per rank.
+  torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<std::int64_t>& send,
+                           const std::vector<std::int64_t>& recv);
 
   CollectiveStats stats() const;
   // Set when a collective failed, a rank stopped answering, or by mark_failed (the ranks' replicas went apart);
