@@ -1,6 +1,7 @@
 #include "expert_parallel.hpp"
 
 #include <string>
+#include <utility>
 
 #include <rlloop/error.hpp>
 
@@ -29,9 +30,26 @@ class RowExchange : public torch::autograd::Function<RowExchange> {
   }
 };
 
-std::vector<std::int64_t> as_vector(const torch::Tensor& t) {
-  const torch::Tensor c = t.to(torch::kCPU, torch::kLong).contiguous();
-  return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
+torch::Tensor as_host(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kLong).contiguous(); }
+
+// From `arriving` [W, per_rank] (rows from each rank for each local expert, ranks in order, each rank's rows sorted
+// by expert): the arrival positions expert by expert (each expert's rows from rank 0 first) and each expert's count.
+std::pair<torch::Tensor, torch::Tensor> expert_order(const torch::Tensor& arriving) {
+  const std::int64_t W = arriving.size(0), per_rank = arriving.size(1);
+  const std::int64_t* n = arriving.data_ptr<std::int64_t>();
+  std::vector<std::int64_t> start(static_cast<std::size_t>(W * per_rank));
+  for (std::int64_t i = 0, at = 0; i < W * per_rank; ++i) {
+    start[static_cast<std::size_t>(i)] = at;
+    at += n[i];
+  }
+  std::vector<std::int64_t> order, counts(static_cast<std::size_t>(per_rank), 0);
+  for (std::int64_t e = 0; e < per_rank; ++e)
+    for (std::int64_t j = 0; j < W; ++j) {
+      const std::int64_t i = j * per_rank + e;
+      for (std::int64_t r = 0; r < n[i]; ++r) order.push_back(start[static_cast<std::size_t>(i)] + r);
+      counts[static_cast<std::size_t>(e)] += n[i];
+    }
+  return {torch::tensor(order, torch::kLong), torch::tensor(counts, torch::kLong)};
 }
 
 }  // namespace
@@ -54,22 +72,29 @@ torch::Tensor run_experts_parallel(const torch::Tensor& x, const Routes& routes,
   const torch::Tensor flat = routes.experts.reshape({N * k});
   const torch::Tensor order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
   const torch::Tensor token = torch::div(order, k, "floor");
-  const torch::Tensor experts = flat.index_select(0, order);
-  const std::vector<std::int64_t> send =
-      as_vector(torch::bincount(flat, {}, E).view({W, shard.per_rank}).sum(1));  // routes to each rank
-  // How many rows each rank sends here, then which expert each of them is for.
+  // Routes per expert, as [W, per_rank]: row j is what this rank sends rank j, expert by expert. Exchanged, row j
+  // becomes what rank j sends here for each of this rank's experts: the arrival's layout (ranks in order, each
+  // one's rows sorted by expert), with no expert ids to send.
+  const torch::Tensor sending = torch::bincount(flat, {}, E).view({W, shard.per_rank});
   const std::vector<std::int64_t> ones(static_cast<std::size_t>(W), 1);
-  const std::vector<std::int64_t> recv =
-      as_vector(group.all_to_all(torch::tensor(send, torch::kLong), ones, ones));
-  const torch::Tensor arrived = group.all_to_all(experts.to(torch::kCPU), send, recv).to(x.device()) - shard.first;
+  const torch::Tensor arriving = as_host(group.all_to_all(sending, ones, ones));  // [W, per_rank]
+  const torch::Tensor sending_host = as_host(sending);
+  std::vector<std::int64_t> send(static_cast<std::size_t>(W)), recv(static_cast<std::size_t>(W));
+  for (std::int64_t j = 0; j < W; ++j) {
+    send[static_cast<std::size_t>(j)] = sending_host[j].sum().item<std::int64_t>();
+    recv[static_cast<std::size_t>(j)] = arriving[j].sum().item<std::int64_t>();
+  }
   const torch::Tensor rows = RowExchange::apply(x.index_select(0, token), &group, send, recv);
 
-  // The arrived rows through this rank's experts: sorted by expert, one product per expert, back in arrival order.
-  const torch::Tensor by_expert = std::get<1>(torch::sort(arrived, /*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const torch::Tensor counts = torch::bincount(arrived, {}, shard.per_rank).cpu();
-  const torch::Tensor outputs = expert_products(rows.index_select(0, by_expert), counts, local, nullptr, false,
-                                                activation);
-  const torch::Tensor in_arrival_order = outputs.index_select(0, torch::argsort(by_expert));
+  // The arrived rows through this rank's experts, expert by expert (each expert's rows from rank 0, then rank 1, ...),
+  // then back in arrival order.
+  const auto [by_expert, counts] = expert_order(arriving);
+  const torch::Tensor in_order = rows.index_select(0, by_expert.to(x.device()));
+  torch::Tensor outputs = expert_products(in_order, counts, local, nullptr, false, activation);
+  // No row for this rank's experts: an empty output still tied to the rows, so that backward runs both exchanges
+  // here as on every other rank (a rank that skipped them would leave the others waiting).
+  if (outputs.size(0) == 0) outputs = in_order.narrow(0, 0, 0) * 0;
+  const torch::Tensor in_arrival_order = outputs.index_select(0, torch::argsort(by_expert).to(x.device()));
   const torch::Tensor back = RowExchange::apply(in_arrival_order, &group, recv, send);  // [N k, H], as sent
   const torch::Tensor weights = routes.weights.reshape({N * k}).index_select(0, order).unsqueeze(1);
   return torch::zeros_like(x).index_add(0, token, back * weights);

@@ -1,8 +1,9 @@
 // Expert parallelism: the experts of every sparse layer spread over the ranks of a c10d group, rank r of W holding
 // experts [r E / W, (r + 1) E / W) (Transformer's ExpertRange), each rank routing its own tokens. A sparse layer
 // sends every routed row to the rank that holds its expert and gets the expert's output back, by two all-to-alls
-// (Gloo on the CPU, NCCL on GPUs), differentiable: backward sends the gradients back the way the rows came, so each
-// expert's weights get the gradient of every rank's tokens, as on one rank.
+// (Gloo on the CPU, NCCL on GPUs; the counts travel on the rows' device), differentiable: backward sends the
+// gradients back the way the rows came, so each expert's weights get the gradient of every rank's tokens, as on one
+// rank.
 #pragma once
 #include <cstdint>
 #include <vector>

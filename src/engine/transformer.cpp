@@ -334,11 +334,11 @@ struct Transformer::Impl {
     }
   }
 
-  // RoPE cos/sin for every position, computed once (per device and dtype) instead of on every forward call;
-  // rows are what HF computes for those positions: inv_freq and angles in fp32, then cast.
   // Expert parallelism (set_expert_parallel): the group and this rank's slice of the experts; no group: none.
   ExpertShard expert_shard;
 
+  // RoPE cos/sin for every position, computed once (per device and dtype) instead of on every forward call;
+  // rows are what HF computes for those positions: inv_freq and angles in fp32, then cast.
   std::mutex rope_mutex;
   std::pair<torch::Tensor, torch::Tensor> rope;
 
@@ -411,8 +411,9 @@ Transformer::Transformer(const ModelConfig& cfg, torch::TensorOptions options, c
                          ExpertRange experts)
     : impl_(std::make_shared<Impl>()) {
   cfg.validate();
-  if (experts.count < 0) experts = {0, cfg.num_experts};
-  if (experts.first < 0 || experts.first + experts.count > cfg.num_experts)
+  if (experts.count == -1 && experts.first == 0) experts.count = cfg.num_experts;  // the default: all of them
+  if (experts.first < 0 || experts.count < (cfg.num_experts > 0 ? 1 : 0) ||
+      experts.first + experts.count > cfg.num_experts)
     throw invalid_argument("Transformer: experts [" + std::to_string(experts.first) + ", " +
                            std::to_string(experts.first + experts.count) + ") are not within the model's " +
                            std::to_string(cfg.num_experts));
@@ -523,6 +524,8 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   const Impl& from = *base.impl_;
   if (from.lora || base.has_value_head())
     throw conflict("Transformer::sharing_base: the base model has adapters or a value head of its own");
+  if (from.expert_shard.group)
+    throw conflict("Transformer::sharing_base: the base model is expert-parallel (its sessions would not share it)");
   for (auto& p : base.parameters())
     if (p.requires_grad()) p.set_requires_grad(false);  // written once: later users only read the flag
   auto shared = std::shared_ptr<Transformer>(new Transformer());
@@ -654,8 +657,11 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
   // This layer's place among the sparse ones: its slice of the routing's [tokens, sparse layers, k].
   std::int64_t sparse_index = 0;
   for (std::size_t i = 0; i < li; ++i) sparse_index += layers[i].sparse() ? 1 : 0;
-  if (step && expert_shard.group)
-    throw invalid_argument("Transformer::decode_step: an expert-parallel model does not decode (yet)");
+  if (expert_shard.group && (step || in.cache))
+    throw invalid_argument("Transformer: an expert-parallel model does not sample or decode (yet)");
+  if (!expert_shard.group && static_cast<std::int64_t>(layers[li].experts.size()) != cfg.num_experts)
+    throw invalid_argument("Transformer: this model holds a slice of the experts; set_expert_parallel names the group "
+                           "that holds the others");
   ExpertRouting* routing = in.routing;
   const bool replay = routing && routing->replay.defined();
   const ExpertStyle& style = family->expert_style;
@@ -1040,7 +1046,8 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
                            " models: the experts' gate and up projections are one stacked weight, adapted as one");
   const bool down = targets.count(family.target_module(Projection::down)) > 0;
   for (const Layer& l : impl_->layers)
-    if ((gate_up || down) && l.sparse() && static_cast<std::int64_t>(l.experts.size()) != impl_->cfg.num_experts)
+    if ((gate_up || down) && l.sparse() &&
+        (impl_->expert_shard.group || static_cast<std::int64_t>(l.experts.size()) != impl_->cfg.num_experts))
       throw invalid_argument("LoraOptions.target_modules: adapters on the experts of a model that holds a slice of "
                              "them (expert parallelism) are not supported (yet)");
 

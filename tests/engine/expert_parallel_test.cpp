@@ -1,6 +1,6 @@
 // Expert parallelism (issue 27, must-show 3): two ranks in this process, each holding half of every sparse layer's
 // experts and half of the batch, exchange rows by all-to-all (Gloo); their losses and gradients equal one rank's
-// over the whole batch with every expert, and an optimizer step leaves equal weights.
+// over the whole batch with every expert.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -37,9 +37,13 @@ struct Pass {
   double loss = 0;
   std::map<std::string, torch::Tensor> grads;
 };
-Pass run_pass(Transformer& model, const torch::Tensor& ids, const torch::Tensor& targets) {
+// `replay`, when defined: the routes to take ([tokens, sparse layers, k], routing replay).
+Pass run_pass(Transformer& model, const torch::Tensor& ids, const torch::Tensor& targets,
+              const torch::Tensor& replay = {}) {
   for (auto& [name, p] : model.named_trainable_parameters()) p.mutable_grad().reset();
-  const torch::Tensor lp = target_logprobs(model, model.hidden_states(ids), targets);
+  ExpertRouting routing{replay};
+  const torch::Tensor hidden = model.hidden_states(ids, nullptr, replay.defined() ? &routing : nullptr);
+  const torch::Tensor lp = target_logprobs(model, hidden, targets);
   const torch::Tensor loss = -(lp * torch::linspace(0.5, 1.5, lp.size(1), lp.options())).sum();
   loss.backward();
   Pass out{loss.item<double>(), {}};
@@ -67,7 +71,10 @@ TensorMap slice_of(const Transformer& full, const ModelConfig& cfg, std::int64_t
 
 }  // namespace
 
-TEST(ExpertParallel, TwoRanksEqualOneRank) {
+namespace {
+// Two ranks against one, on the same weights and batch; with `replay`, every token routed to experts 0 and 1 (rank
+// 0's): rank 1's experts get no row, and it must still take part in every exchange of the backward.
+void expect_two_ranks_equal_one(bool replay) {
   const ModelConfig cfg = moe_config();
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
   auto full = init_model(cfg, 7, torch::kCPU, torch::kFloat64);
@@ -79,7 +86,10 @@ TEST(ExpertParallel, TwoRanksEqualOneRank) {
   torch::manual_seed(4);
   const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {4, 10}, torch::kLong);
   const torch::Tensor targets = torch::randint(0, cfg.vocab_size, {4, 10}, torch::kLong);
-  const Pass one = run_pass(*full, ids, targets);
+  torch::Tensor routes;  // [4 x 10 tokens, sparse layers, k]: experts 0 and 1 everywhere
+  if (replay)
+    routes = torch::arange(2, torch::kLong).repeat({40, cfg.expert_shape().sparse_layers, 1});
+  const Pass one = run_pass(*full, ids, targets, routes);
 
   const std::int64_t per_rank = cfg.num_experts / 2;
   Pass pass[2];
@@ -98,7 +108,8 @@ TEST(ExpertParallel, TwoRanksEqualOneRank) {
       Transformer model(cfg, f64, {}, ExpertRange{r * per_rank, per_rank});
       model.load_hf_state_dict(slice_of(*full, cfg, r * per_rank, per_rank));
       model.set_expert_parallel(*g);
-      pass[r] = run_pass(model, ids.narrow(0, 2 * r, 2), targets.narrow(0, 2 * r, 2));
+      pass[r] = run_pass(model, ids.narrow(0, 2 * r, 2), targets.narrow(0, 2 * r, 2),
+                         replay ? routes.narrow(0, 20 * r, 20) : torch::Tensor());
       // Data parallelism's part: the dense weights' gradients summed over the ranks (each expert's are whole).
       for (auto& [name, grad] : pass[r].grads)
         if (name.find("experts") == std::string::npos) g->allreduce_sum(grad);
@@ -122,12 +133,22 @@ TEST(ExpertParallel, TwoRanksEqualOneRank) {
       EXPECT_LT((grad - one.grads.at(name)).abs().max().item<double>(), 1e-10) << "rank " << r << " " << name;
       ++compared;
     }
-  // Every dense gradient on both ranks, every expert's on its owner.
-  EXPECT_EQ(compared, 2 * one.grads.size() - cfg.num_experts * 3 * 2);
+  // Every dense gradient on both ranks, every expert's on its owner (replayed: only experts 0 and 1 have one).
+  const std::size_t expert_grads = static_cast<std::size_t>((replay ? 2 : cfg.num_experts) * 3 *
+                                                            cfg.expert_shape().sparse_layers);
+  EXPECT_EQ(compared, 2 * (one.grads.size() - expert_grads) + expert_grads);
   EXPECT_GT(exchanged[0], 0u);
-  std::printf("all-to-all bytes of one forward and backward, rank 0: %llu\n",
+  std::printf("all-to-all bytes of one forward and backward%s, rank 0: %llu\n", replay ? " (replayed)" : "",
               static_cast<unsigned long long>(exchanged[0]));
 }
+}  // namespace
+
+TEST(ExpertParallel, TwoRanksEqualOneRank) { expect_two_ranks_equal_one(false); }
+
+// A rank whose experts get no row (routes replayed onto rank 0's) still runs every exchange: no rank waits forever.
+TEST(ExpertParallel, ARankWhoseExpertsGetNoRowsTakesPartInTheBackward) { expect_two_ranks_equal_one(true); }
+
+
 
 // A world size that does not divide the experts, and a model that holds other experts than the rank's, are refused.
 TEST(ExpertParallel, ShardsThatDoNotFitAreRefused) {
@@ -150,4 +171,11 @@ TEST(ExpertParallel, ShardsThatDoNotFitAreRefused) {
             "expert parallelism: 8 experts do not split evenly over 3 ranks");
   EXPECT_EQ(error_of([&] { Transformer(cfg, torch::TensorOptions(), {}, ExpertRange{4, 8}); }),
             "Transformer: experts [4, 12) are not within the model's 8");
+  EXPECT_EQ(error_of([&] { Transformer(cfg, torch::TensorOptions(), {}, ExpertRange{4, -1}); }),
+            "Transformer: experts [4, 3) are not within the model's 8");
+  // A slice without its group cannot route to the experts it lacks.
+  Transformer slice(cfg, torch::TensorOptions(), {}, ExpertRange{0, 4});
+  EXPECT_EQ(error_of([&] { slice.hidden_states(torch::zeros({1, 3}, torch::kLong)); }),
+            "Transformer: this model holds a slice of the experts; set_expert_parallel names the group that holds "
+            "the others");
 }

@@ -604,17 +604,19 @@ torch::Tensor Group::all_to_all(const torch::Tensor& rows, const std::vector<std
   for (std::int64_t n : recv) received += n;
   if (send.size() != W || recv.size() != W || rows.dim() < 1 || rows.size(0) != sent)
     throw std::logic_error("Group::all_to_all: counts do not match the ranks or the rows");
-  torch::Tensor in = rows.contiguous();
+  // bf16 and fp16 travel as fp32 (exactly) through Gloo, which has neither in LibTorch 1.13.
+  const bool widen = !rows.is_cuda() && (rows.scalar_type() == torch::kBFloat16 || rows.scalar_type() == torch::kHalf);
+  torch::Tensor in = widen ? rows.to(torch::kFloat32).contiguous() : rows.contiguous();
   std::vector<std::int64_t> shape = rows.sizes().vec();
   shape[0] = received;
-  torch::Tensor out = torch::empty(shape, rows.options());
+  torch::Tensor out = torch::empty(shape, in.options());
   g.collective("all-to-all of expert rows", [&] {
     std::vector<std::int64_t> in_counts = send, out_counts = recv;
     Impl::wait(g.tensors->alltoall_base(out, in, out_counts, in_counts));
     g.stats.alltoall_calls += 1;
     g.stats.alltoall_bytes += static_cast<std::uint64_t>(in.nbytes());
   });
-  return out;
+  return widen ? out.to(rows.scalar_type()) : out;
 }
 
 #else  // no c10d Gloo in this LibTorch
