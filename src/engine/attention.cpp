@@ -211,23 +211,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
 
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                          double scale) {
-  const Dims d = dims_of(q, keys, values);
-  // The `rep` query heads that share a KV head are stacked along the rows: [B, nkv, rep*T, D] x [B, nkv, D, S],
-  // so the repeated K/V are never materialised.
-  torch::Tensor scores = torch::matmul(q.reshape({d.B, d.nkv, d.rep * d.T, d.D}), keys.transpose(-1, -2)) * scale;
-  if (d.T > 1) {
-    auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
-    auto mask = torch::arange(0, d.S, pos).unsqueeze(0) > torch::arange(d.past, d.S, pos).unsqueeze(1);  // [T, S]
-    scores.view({d.B, d.nkv, d.rep, d.T, d.S}).masked_fill_(mask, -std::numeric_limits<double>::infinity());
-  }
-  // Softmax in fp32 as HF does (fp64 stays fp64: it is used to check gradients).
-  const auto softmax_dtype = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  torch::Tensor probs = torch::softmax(scores, -1, softmax_dtype);
-  if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());
-  return torch::matmul(probs, values)  // [B, nkv, rep*T, D] == [B, nh, T, D]
-      .view({d.B, d.nh, d.T, d.D})
-      .transpose(1, 2)
-      .reshape({d.B, d.T, d.nh * d.D});
+  return windowed_attention(q, keys, values, scale, /*sinks=*/{}, /*window=*/0);
 }
 
 namespace {
@@ -251,7 +235,8 @@ torch::Tensor windowed_attention(const torch::Tensor& q, const torch::Tensor& ke
   const Dims d = dims_of(q, keys, values);
   if (sinks.defined() && (sinks.dim() != 1 || sinks.size(0) != d.nh))
     throw invalid_argument("windowed_attention: sinks must be [" + std::to_string(d.nh) + "]");
-  // [B, nkv, rep, T, S]: the `rep` query heads of a KV head stacked, as in the reference.
+  // [B, nkv, rep, T, S]: the `rep` query heads that share a KV head stacked along the rows ([B, nkv, rep*T, D] x
+  // [B, nkv, D, S]), so the repeated K/V are never materialised.
   torch::Tensor scores = (torch::matmul(q.reshape({d.B, d.nkv, d.rep * d.T, d.D}), keys.transpose(-1, -2)) * scale)
                              .view({d.B, d.nkv, d.rep, d.T, d.S});
   auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
@@ -260,6 +245,7 @@ torch::Tensor windowed_attention(const torch::Tensor& q, const torch::Tensor& ke
   torch::Tensor hidden = key > query;  // [T, S]
   if (window > 0) hidden = hidden.logical_or(key <= query - window);
   scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+  // Softmax in fp32 as HF does (fp64 stays fp64: it is used to check gradients).
   const auto softmax_dtype = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   torch::Tensor probs = softmax_with_sinks(scores, sinks, softmax_dtype);
   if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());

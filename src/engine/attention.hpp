@@ -27,7 +27,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
                                double scale);
 
 // The same computation with plain ATen ops (matmul, masked_fill, softmax in fp32): the path for devices and
-// dtypes the kernel does not cover, and the reference the kernel is tested against.
+// dtypes the kernel does not cover, and the reference the kernel is tested against (windowed_attention without
+// sinks or a window).
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                          double scale);
 

@@ -111,36 +111,35 @@ void experts_to_model_layout(const ModelConfig& cfg, TensorMap& tensors) {
   }
 }
 
+torch::Tensor take_expert_stack(const ModelConfig& cfg, TensorMap& tensors, std::int64_t layer, Projection p,
+                                const std::string& suffix) {
+  const ModelFamily& f = cfg.family();
+  std::vector<torch::Tensor> experts;
+  for (std::int64_t e = 0; e < cfg.num_experts; ++e) {
+    const std::string name = f.expert_module(layer, e, p) + suffix;
+    auto it = tensors.find(name);
+    if (it == tensors.end()) throw std::logic_error("take_expert_stack: no tensor '" + name + "'");
+    experts.push_back(it->second);
+    tensors.erase(it);
+  }
+  return torch::stack(experts);
+}
+
 void experts_to_file_layout(const ModelConfig& cfg, TensorMap& tensors) {
   if (!applies(cfg)) return;
   const ModelFamily& f = cfg.family();
-  const std::int64_t E = cfg.num_experts;
-  // Takes expert e's tensor; every one must be there (the model wrote them).
-  auto own = [&](std::int64_t layer, std::int64_t e, Projection p, const char* suffix) {
-    const std::string name = f.expert_module(layer, e, p) + suffix;
-    auto it = tensors.find(name);
-    if (it == tensors.end()) throw std::logic_error("experts_to_file_layout: no tensor '" + name + "'");
-    torch::Tensor t = it->second;
-    tensors.erase(it);
-    return t;
-  };
   for (std::int64_t layer = 0; layer < cfg.num_hidden_layers; ++layer) {
     if (!cfg.sparse_layer(layer)) continue;
-    std::vector<torch::Tensor> gate_up, gate_up_bias, down, down_bias;
-    for (std::int64_t e = 0; e < E; ++e) {
-      const torch::Tensor gate = own(layer, e, Projection::gate, ".weight");
-      const torch::Tensor up = own(layer, e, Projection::up, ".weight");
-      // [I, H] twice -> [H, I, 2] -> [H, 2I]: gate at the even columns, up at the odd ones.
-      gate_up.push_back(torch::stack({gate.t(), up.t()}, -1).reshape({gate.size(1), 2 * gate.size(0)}));
-      const torch::Tensor gb = own(layer, e, Projection::gate, ".bias"), ub = own(layer, e, Projection::up, ".bias");
-      gate_up_bias.push_back(torch::stack({gb, ub}, -1).reshape({2 * gb.size(0)}));
-      down.push_back(own(layer, e, Projection::down, ".weight").t());
-      down_bias.push_back(own(layer, e, Projection::down, ".bias"));
-    }
-    tensors[stacked(f, layer, "gate_up_proj")] = torch::stack(gate_up);
-    tensors[stacked(f, layer, "gate_up_proj_bias")] = torch::stack(gate_up_bias);
-    tensors[stacked(f, layer, "down_proj")] = torch::stack(down).contiguous();
-    tensors[stacked(f, layer, "down_proj_bias")] = torch::stack(down_bias);
+    auto take = [&](Projection p, const char* suffix) { return take_expert_stack(cfg, tensors, layer, p, suffix); };
+    const torch::Tensor gate = take(Projection::gate, ".weight"), up = take(Projection::up, ".weight");  // [E, I, H]
+    const torch::Tensor gate_bias = take(Projection::gate, ".bias"), up_bias = take(Projection::up, ".bias");
+    const std::int64_t E = gate.size(0), I = gate.size(1), H = gate.size(2);
+    // [E, H, I] twice -> [E, H, I, 2] -> [E, H, 2I]: gate at the even columns, up at the odd ones.
+    tensors[stacked(f, layer, "gate_up_proj")] =
+        torch::stack({gate.transpose(1, 2), up.transpose(1, 2)}, -1).reshape({E, H, 2 * I});
+    tensors[stacked(f, layer, "gate_up_proj_bias")] = torch::stack({gate_bias, up_bias}, -1).reshape({E, 2 * I});
+    tensors[stacked(f, layer, "down_proj")] = take(Projection::down, ".weight").transpose(1, 2).contiguous();
+    tensors[stacked(f, layer, "down_proj_bias")] = take(Projection::down, ".bias");
   }
 }
 

@@ -19,6 +19,11 @@ void experts_to_model_layout(const ModelConfig& cfg, TensorMap& tensors);
 // `scales` [..., G] (E8M0). Returns [..., G * 32]. invalid_argument for other dtypes or shapes.
 torch::Tensor dequantize_mxfp4(const torch::Tensor& blocks, const torch::Tensor& scales);
 
+// Takes projection `p`'s `suffix` tensor (".weight", ".bias") of every expert of sparse layer `layer` out of
+// `tensors` (expert_module's names) and stacks them in expert order: [E, ...]. Each must be there (logic_error).
+torch::Tensor take_expert_stack(const ModelConfig& cfg, TensorMap& tensors, std::int64_t layer, Projection p,
+                                const std::string& suffix);
+
 // The inverse: each expert's projections stacked back into the checkpoint's tensors.
 void experts_to_file_layout(const ModelConfig& cfg, TensorMap& tensors);
 

@@ -32,6 +32,12 @@ class RowExchange : public torch::autograd::Function<RowExchange> {
 
 torch::Tensor as_host(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kLong).contiguous(); }
 
+// The row sums of a host [W, per_rank] count matrix: the rows going to (or coming from) each rank.
+std::vector<std::int64_t> rows_per_rank(const torch::Tensor& counts) {
+  const torch::Tensor sums = counts.sum(1);
+  return {sums.data_ptr<std::int64_t>(), sums.data_ptr<std::int64_t>() + sums.numel()};
+}
+
 // From `arriving` [W, per_rank] (rows from each rank for each local expert, ranks in order, each rank's rows sorted
 // by expert): the arrival positions expert by expert (each expert's rows from rank 0 first) and each expert's count.
 std::pair<torch::Tensor, torch::Tensor> expert_order(const torch::Tensor& arriving) {
@@ -78,12 +84,7 @@ torch::Tensor run_experts_parallel(const torch::Tensor& x, const Routes& routes,
   const torch::Tensor sending = torch::bincount(flat, {}, E).view({W, shard.per_rank});
   const std::vector<std::int64_t> ones(static_cast<std::size_t>(W), 1);
   const torch::Tensor arriving = as_host(group.all_to_all(sending, ones, ones));  // [W, per_rank]
-  const torch::Tensor sending_host = as_host(sending);
-  std::vector<std::int64_t> send(static_cast<std::size_t>(W)), recv(static_cast<std::size_t>(W));
-  for (std::int64_t j = 0; j < W; ++j) {
-    send[static_cast<std::size_t>(j)] = sending_host[j].sum().item<std::int64_t>();
-    recv[static_cast<std::size_t>(j)] = arriving[j].sum().item<std::int64_t>();
-  }
+  const std::vector<std::int64_t> send = rows_per_rank(as_host(sending)), recv = rows_per_rank(arriving);
   const torch::Tensor rows = RowExchange::apply(x.index_select(0, token), &group, send, recv);
 
   // The arrived rows through this rank's experts, expert by expert (each expert's rows from rank 0, then rank 1, ...),

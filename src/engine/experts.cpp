@@ -150,14 +150,19 @@ void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const 
 std::map<std::string, double> router_metrics(const RouterTotals& totals) {
   std::map<std::string, double> out;
   if (!totals.rows.defined()) return out;
-  const double rows = totals.rows.item<double>();
-  if (rows == 0) return out;
-  const auto E = static_cast<double>(totals.routed.size(0));
   // transformers' tokens_per_expert is [k, E] (the share of tokens whose i-th choice is e); summed over i it is
-  // the routes an expert took over the tokens counted, as here.
-  out["router/aux_loss"] = E * (totals.routed / rows * (totals.probability / rows)).sum().item<double>();
-  out["router/z_loss"] = totals.z.item<double>() / rows;
-  if (totals.replayed) out["router/replay_mismatch"] = totals.mismatched.item<double>() / rows;
+  // the routes an expert took over the tokens counted, as here. One copy to the host for every figure.
+  const auto E = static_cast<double>(totals.routed.size(0));
+  const torch::Tensor sums =
+      torch::stack({totals.rows, E * (totals.routed * totals.probability).sum(), totals.z,
+                    totals.replayed ? totals.mismatched : torch::zeros_like(totals.z)})
+          .cpu();
+  const double* v = sums.data_ptr<double>();
+  const double rows = v[0];
+  if (rows == 0) return out;
+  out["router/aux_loss"] = v[1] / (rows * rows);
+  out["router/z_loss"] = v[2] / rows;
+  if (totals.replayed) out["router/replay_mismatch"] = v[3] / rows;
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include <rlloop/error.hpp>
 
+#include "expert_layout.hpp"
 #include "gguf_model.hpp"
 
 namespace rlloop::engine {
@@ -81,23 +82,10 @@ void add_expert_metadata(const ModelConfig& c, std::map<std::string, gguf::Value
 // ("blk.N.ffn_gate_exps.weight"), taken out of `tensors` (the per-expert Hugging Face names).
 std::vector<std::pair<std::string, torch::Tensor>> take_expert_stacks(const ModelConfig& c, TensorMap& tensors) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  const ModelFamily& f = c.family();
-  const std::pair<const char*, Projection> stacks[] = {
-      {"ffn_gate_exps.weight", Projection::gate}, {"ffn_up_exps.weight", Projection::up},
-      {"ffn_down_exps.weight", Projection::down}};
-  for (std::int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    if (!c.sparse_layer(layer)) continue;
-    for (const auto& [name, p] : stacks) {
-      std::vector<torch::Tensor> experts;
-      for (std::int64_t e = 0; e < c.num_experts; ++e) {
-        auto it = tensors.find(f.expert_module(layer, e, p) + ".weight");
-        if (it == tensors.end()) throw std::logic_error("GGUF export: an expert's tensor is missing");
-        experts.push_back(it->second);
-        tensors.erase(it);
-      }
-      out.emplace_back("blk." + std::to_string(layer) + "." + name, torch::stack(experts));
-    }
-  }
+  for (std::int64_t layer = 0; layer < c.num_hidden_layers; ++layer)
+    if (c.sparse_layer(layer))
+      for (Projection p : {Projection::gate, Projection::up, Projection::down})
+        out.emplace_back(gguf_expert_stack_name(layer, p), take_expert_stack(c, tensors, layer, p, ".weight"));
   return out;
 }
 

@@ -99,6 +99,12 @@ std::int64_t reordered_heads(const ModelConfig& config, const std::string& gguf_
 
 }  // namespace
 
+std::string gguf_expert_stack_name(std::int64_t layer, Projection p) {
+  for (const auto& [g, projection] : kExpertStacks)
+    if (projection == p) return "blk." + std::to_string(layer) + "." + g;
+  throw std::logic_error("gguf_expert_stack_name: not an expert projection");
+}
+
 std::optional<std::string> gguf_tensor_name(const ModelFamily& family, const std::string& name) {
   for (const auto& [g, hf] : model_tensors(family))
     if (name == hf) return g;

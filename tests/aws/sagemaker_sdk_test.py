@@ -29,7 +29,10 @@ RLLOOP = None
 SFT_STEPS, GRPO_STEPS, SEED = 200, 20, 1
 
 
-class SdkSftThenGrpo(unittest.TestCase):
+class DemoServerTestCase(unittest.TestCase):
+    """A test class with the demo's `rlloop serve` (cls.server) and an SDK service client on it (cls.svc), started
+    once for the class; prints how long the class took."""
+
     @classmethod
     def setUpClass(cls):
         cls.t0 = time.time()
@@ -41,6 +44,9 @@ class SdkSftThenGrpo(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
         print(f"\n{cls.__name__}: {time.time() - cls.t0:.0f} s", file=sys.stderr)
+
+
+class SdkSftThenGrpo(DemoServerTestCase):
 
     def assert_sequences(self, sequences, n):
         self.assertEqual(len(sequences), n)
@@ -133,20 +139,10 @@ class SdkSftThenGrpo(unittest.TestCase):
         self.assertIn(getattr(summary.status, "value", summary.status), ("Stopping", "Stopped"))
 
 
-class SdkGrpoOnATinyMixtureOfExperts(unittest.TestCase):
+class SdkGrpoOnATinyMixtureOfExperts(DemoServerTestCase):
     """The demo's SFT-then-GRPO loop, shortened, on the built-in mixture of experts (rlloop-tiny-moe: qwen3_moe,
     8 experts, top 2) through the SDK: a smoke test that a model with experts takes the whole path (a LoRA session on
     attention, router and experts, forward_backward, optim_step, saved weights, sampling clients)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.server = demo.start_server(RLLOOP)
-        demo.configure_environment(cls.server.endpoint, rlloop_serve.ACCESS_KEY, rlloop_serve.SECRET_KEY)
-        cls.svc = demo.service_client(rlloop_serve.ACCOUNT, rlloop_serve.ROLE_ARN)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
 
     def test_sft_then_grpo(self):
         out = demo.run(self.server.endpoint, rlloop_serve.ACCESS_KEY, rlloop_serve.SECRET_KEY, rlloop_serve.ACCOUNT,

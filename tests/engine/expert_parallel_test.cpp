@@ -3,7 +3,6 @@
 // over the whole batch with every expert.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <thread>
 
 #include <rlloop/error.hpp>
@@ -11,22 +10,15 @@
 #include "builtin_models.hpp"
 #include "dist/group.hpp"
 #include "model_io.hpp"
+#include "session_util.hpp"
 #include "target_logprobs.hpp"
 #include "transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;
+using test_util::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Qwen3-MoE at rlloop-tiny's width: 8 experts of width 16, two per token, in fp64 (differences are then wrong
 // arithmetic, not rounding).

@@ -37,6 +37,25 @@ std::pair<double, double> train_six_steps(TrainingClient<LocalSession>& client, 
   return {first, last};
 }
 
+// Full fine-tuning of `model` (the router and every expert train with the rest): six steps cut the loss, sampled
+// tokens' logprobs are the computed ones, and a checkpoint restores into a new session with the same numbers.
+// Returns the session.
+TrainingClient<LocalSession> expect_full_fine_tuning_trains_samples_and_restores(ServiceClient<LocalService>& service,
+                                                                                 const std::string& model,
+                                                                                 const std::vector<Datum>& batch,
+                                                                                 const ModelInput& prompt) {
+  auto full = service.create_full_training_client(model, 1);
+  auto [first, last] = train_six_steps(full, batch, 1e-2);
+  EXPECT_LT(last, 0.9 * first) << model;
+  auto sampler = full.live_sampling_client();
+  expect_sampled_logprobs_are_computed_ones(sampler, prompt);
+  const auto saved = full.save_state(model + "-step-6").get();
+  const auto before = sampler.compute_logprobs(prompt).get();
+  auto restored = service.create_training_client_from_state(saved.path, {.base_model = model});
+  EXPECT_EQ(restored.live_sampling_client().compute_logprobs(prompt).get(), before) << model;
+  return full;
+}
+
 }  // namespace
 
 TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
@@ -46,19 +65,8 @@ TEST(ExpertsSession, TheTinyMoeTrainsSamplesAndRestores) {
   const std::vector<Datum> batch = {sft_datum("experts route every token"), sft_datum("two of eight per token")};
   const auto prompt = ModelInput::from_tokens(bytes("moe: "));
 
-  // Full fine-tuning: the router and every expert train with the rest.
-  auto full = service.create_full_training_client("rlloop-tiny-moe", 1);
+  auto full = expect_full_fine_tuning_trains_samples_and_restores(service, "rlloop-tiny-moe", batch, prompt);
   EXPECT_EQ(full.get_info().model_type, "qwen3_moe");
-  auto [full_first, full_last] = train_six_steps(full, batch, 1e-2);
-  EXPECT_LT(full_last, 0.9 * full_first);
-  auto full_sampler = full.live_sampling_client();
-  expect_sampled_logprobs_are_computed_ones(full_sampler, prompt);
-
-  // A checkpoint restores into a new session with the same numbers.
-  const auto saved = full.save_state("moe-step-6").get();
-  const auto before = full_sampler.compute_logprobs(prompt).get();
-  auto restored = service.create_training_client_from_state(saved.path, {.base_model = "rlloop-tiny-moe"});
-  EXPECT_EQ(restored.live_sampling_client().compute_logprobs(prompt).get(), before);
 
   // LoRA on attention, the router and the experts (all-linear, as PEFT reads it on a model with experts).
   EXPECT_EQ(error_of([&] {
@@ -87,19 +95,11 @@ TEST(ExpertsSession, TheTinyGptOssTrainsAndSamplesPastItsWindow) {
                                     sft_datum("every other layer slides")};
   const auto prompt = ModelInput::from_tokens(bytes("a window of eight: "));  // 19 tokens, and 12 more sampled
 
-  auto full = service.create_full_training_client("rlloop-tiny-gpt-oss", 1);
+  // (Its checkpoint restores the sinks, biases and experts.)
+  auto full = expect_full_fine_tuning_trains_samples_and_restores(service, "rlloop-tiny-gpt-oss", batch, prompt);
   const SessionInfo info = full.get_info();
   EXPECT_EQ(info.model_type, "gpt_oss");
   EXPECT_EQ(info.experts, (ExpertShape{8, 2, 2}));
-  auto [full_first, full_last] = train_six_steps(full, batch, 1e-2);
-  EXPECT_LT(full_last, 0.9 * full_first);
-  auto full_sampler = full.live_sampling_client();
-  expect_sampled_logprobs_are_computed_ones(full_sampler, prompt);
-  // A checkpoint restores the sinks, biases and experts: the same numbers in a new session.
-  const auto saved = full.save_state("gpt-oss-step-6").get();
-  const auto before = full_sampler.compute_logprobs(prompt).get();
-  auto restored = service.create_training_client_from_state(saved.path, {.base_model = "rlloop-tiny-gpt-oss"});
-  EXPECT_EQ(restored.live_sampling_client().compute_logprobs(prompt).get(), before);
 
   EXPECT_EQ(error_of([&] {
               service.create_lora_training_client("rlloop-tiny-gpt-oss", {.rank = 4, .alpha = 8,
