@@ -367,10 +367,9 @@ struct Transformer::Impl {
   }
 
   // YaRN's frequencies from RoPE's (`wavelengths` [D / 2] fp32: theta^(2i / D)) and the factor cos and sin are
-  // scaled by, step for step
-  // as transformers' _compute_yarn_parameters: the dimensions that turn fewer than beta_slow times over the original
-  // context are interpolated (divided by `factor`), those that turn more than beta_fast times kept, a linear ramp
-  // between.
+  // scaled by, step for step as transformers' _compute_yarn_parameters: the dimensions that turn fewer than
+  // beta_slow times over the original context are interpolated (divided by `factor`), those that turn more than
+  // beta_fast times kept, a linear ramp between.
   std::pair<torch::Tensor, double> yarn_frequencies(const torch::Tensor& wavelengths) const {
     const ModelConfig::Yarn& y = *cfg.yarn;
     const double D = static_cast<double>(cfg.head_dim), base = cfg.rope_theta;
@@ -733,6 +732,8 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
 
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
 
+bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
+
 void Transformer::set_expert_parallel(dist::Group& group) {
   const ModelConfig& cfg = impl_->cfg;
   if (cfg.num_experts == 0)
@@ -753,7 +754,6 @@ void Transformer::set_expert_parallel(dist::Group& group) {
   }
   impl_->expert_shard = shard;
 }
-bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache, ExpertRouting* routing) {
   const ModelConfig& cfg = impl_->cfg;
