@@ -1,16 +1,12 @@
 // `rlloop serve`: rlloop-server hosting LocalService sessions for the tenants of a tenants file.
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -30,7 +26,8 @@ volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
 // Serves until SIGINT/SIGTERM, or until the data-parallel group fails: then `restart` says why, and the caller
-// starts the server again (every object of this one gone, its workers reaped).
+// starts the server again (every object of this one gone, its workers reaped). `bound_port`: the port to listen
+// on instead of --port when not 0 (a restart), and on return the port this server bound.
 int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port) {
   CLI::App app{"Serve the training-session API (SageMaker shape) for the tenants of a tenants file", "rlloop serve"};
   std::string host = "127.0.0.1";
@@ -142,7 +139,7 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
 
   rlloop::server::Options options;
   options.host = host;
-  options.port = static_cast<std::uint16_t>(port);
+  options.port = bound_port != 0 ? bound_port : static_cast<std::uint16_t>(port);
   options.data_dir = data_dir;
   options.region = region;
   options.default_result_wait = std::chrono::milliseconds(result_wait_ms);
@@ -241,42 +238,19 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
 }
 
 // A failed data-parallel group cannot be mended in place (its peer vanished mid-collective): the server starts
-// again on the same port and data directory, and crash recovery brings every session back from its last
-// autosave plus the operations acknowledged since, with a new group. The operation that met the failure was
-// answered Failed with the error naming the rank; the client retries it.
-[[noreturn]] void restart_server(int argc, char** argv, std::uint16_t port, const std::string& reason) {
-  std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", reason}}.dump().c_str());
-  std::fflush(stdout);
-  std::vector<std::string> args{"/proc/self/exe", "serve"};
-  bool port_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--port" && i + 1 < argc) {
-      args.insert(args.end(), {"--port", std::to_string(port)});
-      ++i;
-      port_given = true;
-    } else if (a.rfind("--port=", 0) == 0) {
-      args.push_back("--port=" + std::to_string(port));
-      port_given = true;
-    } else {
-      args.push_back(a);
-    }
-  }
-  if (!port_given) args.insert(args.end(), {"--port", std::to_string(port)});
-  std::vector<char*> exec_argv;
-  for (auto& a : args) exec_argv.push_back(a.data());
-  exec_argv.push_back(nullptr);
-  ::execv(exec_argv[0], exec_argv.data());
-  throw rlloop::io_error(std::string("cannot restart the server after a data-parallel failure: ") +
-                         std::strerror(errno));
-}
-
+// again in this process, on the port it had bound and the same data directory, once serve() has returned and
+// every object of the old one is gone (its group closed, its workers reaped). Crash recovery brings every session
+// back from its last autosave plus the operations acknowledged since, with a new group. The operation that met the
+// failure was answered Failed with the error naming the rank; the client retries it.
 int run_serve(int argc, char** argv) {
-  std::string restart;
-  std::uint16_t port = 0;
-  const int rc = serve(argc, argv, restart, port);
-  if (!restart.empty()) restart_server(argc, argv, port, restart);
-  return rc;
+  std::uint16_t port = 0;  // 0: --port as given; after a restart, the port the first server bound
+  for (;;) {
+    std::string restart;
+    const int rc = serve(argc, argv, restart, port);
+    if (restart.empty()) return rc;
+    std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", restart}}.dump().c_str());
+    std::fflush(stdout);
+  }
 }
 
 const rlloop::cli::RegisterCommand registration{
