@@ -25,11 +25,8 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
-// Serves until SIGINT/SIGTERM, or until the data-parallel group fails: then `restart` says why, and the caller
-// starts the server again (every object of this one gone, its workers reaped). `bound_port`: the port to listen
-// on instead of --port when not 0 (a restart), and on return the port this server bound.
-int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port) {
-  CLI::App app{"Serve the training-session API (SageMaker shape) for the tenants of a tenants file", "rlloop serve"};
+// What `rlloop serve`'s flags say (add_flags binds each field to its flag).
+struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string data_dir = "rlloop-server-data";
@@ -41,201 +38,210 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
   std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
   std::int64_t kv_cache_mb = rlloop::LocalServiceOptions{}.kv_cache_mb;
-  rlloop::server::Options defaults;
-  std::size_t io_threads = defaults.io_threads, max_connections = defaults.max_connections;
-  long long idle_timeout_ms = defaults.idle_timeout.count();
-  std::size_t retain_results = defaults.retention.results, retain_client_tokens = defaults.retention.client_tokens;
-  long long result_retention_s = defaults.retention.result_age.count(),
-            client_token_retention_s = defaults.retention.client_token_age.count();
-  std::size_t compact_records = defaults.compact_after_records, compact_bytes = defaults.compact_after_bytes;
-  std::size_t autosave_operations = defaults.autosave_after_operations;
+  std::size_t io_threads = rlloop::server::Options{}.io_threads;
+  std::size_t max_connections = rlloop::server::Options{}.max_connections;
+  long long idle_timeout_ms = rlloop::server::Options{}.idle_timeout.count();
+  std::size_t retain_results = rlloop::server::Options{}.retention.results;
+  std::size_t retain_client_tokens = rlloop::server::Options{}.retention.client_tokens;
+  long long result_retention_s = rlloop::server::Options{}.retention.result_age.count();
+  long long client_token_retention_s = rlloop::server::Options{}.retention.client_token_age.count();
+  std::size_t compact_records = rlloop::server::Options{}.compact_after_records;
+  std::size_t compact_bytes = rlloop::server::Options{}.compact_after_bytes;
+  std::size_t autosave_operations = rlloop::server::Options{}.autosave_after_operations;
   bool bill_prompt_per_sample = false;
   bool dequantize_base = false, activation_checkpointing = false;
-  app.add_option("--host", host, "Address to listen on");
-  app.add_option("--port", port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
+};
+
+void add_flags(CLI::App& app, ServeFlags& f) {
+  app.add_option("--host", f.host, "Address to listen on");
+  app.add_option("--port", f.port, "Port to listen on (0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option(
-      "--data-dir", data_dir,
+      "--data-dir", f.data_dir,
       "Where checkpoints and the session journal are written; a restart on the same directory resumes its sessions");
-  app.add_option("--region", region, "AWS region named in the ARNs the server issues (clients sign for any region)");
+  app.add_option("--region", f.region, "AWS region named in the ARNs the server issues (clients sign for any region)");
   app.add_option(
-         "--result-wait-ms", result_wait_ms,
+         "--result-wait-ms", f.result_wait_ms,
          "Get*OperationResult without ?waitSeconds= waits up to this long for the operation (0 = answer at once)")
       ->check(CLI::Range(0, 20000));
-  app.add_option("--tenants", tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
-  app.add_option("--base-model", base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
-  app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
-  app.add_option("--dtype", dtype,
+  app.add_option("--tenants", f.tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
+  app.add_option("--base-model", f.base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--dtype", f.dtype,
                  "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the models' arithmetic (bf16 full fine-tuning "
                  "keeps fp32 master weights)");
-  app.add_option("--world-size", world_size,
+  app.add_option("--world-size", f.world_size,
                  "Ranks that train every session (data parallel): this process and world size - 1 workers")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--rendezvous", rendezvous, "HOST:PORT where the workers join (port 0: any free port)");
-  app.add_option("--dp-backend", dp_backend,
+  app.add_option("--rendezvous", f.rendezvous, "HOST:PORT where the workers join (port 0: any free port)");
+  app.add_option("--dp-backend", f.dp_backend,
                  "The tensors' collectives across ranks: auto (NCCL when every rank here has a GPU of its own), gloo "
                  "(also several ranks on one GPU) or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
-  app.add_option("--local-workers", local_workers,
+  app.add_option("--local-workers", f.local_workers,
                  "Workers started on this host (-1: all); the others run `rlloop worker` on other hosts");
-  app.add_option("--dp-timeout-s", dp_timeout_s,
+  app.add_option("--dp-timeout-s", f.dp_timeout_s,
                  "A rank that does not answer within this fails the operation, naming the rank");
-  app.add_option("--threads", threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
+  app.add_option("--threads", f.threads, "LibTorch threads per process (0 = all cores); fix it for bit-exact replays")
       ->check(CLI::Range(0, 1024));
-  app.add_option("--sampling-precision", sampling_precision,
+  app.add_option("--sampling-precision", f.sampling_precision,
                  "fp32, bf16 or int8: arithmetic of CPU sampling (bf16 is faster with AVX512_BF16, logprobs ~1e-2 off; "
                  "int8: a quantized base's 4/8-bit products in integers, logprobs ~0.05 off)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
-  app.add_flag("--dequantize-base", dequantize_base,
+  app.add_flag("--dequantize-base", f.dequantize_base,
                "LoRA sessions on a .gguf base share it dequantized to fp32 (faster, 4 bytes per weight) instead of "
                "in its quantized blocks");
-  app.add_flag("--activation-checkpointing", activation_checkpointing,
+  app.add_flag("--activation-checkpointing", f.activation_checkpointing,
                "Training passes keep each layer's input only and recompute the layer in backward: less activation "
                "memory for long sequences, about one more forward per step");
   app.add_option(
-         "--max-batch-rows", max_batch_rows,
+         "--max-batch-rows", f.max_batch_rows,
          "Sample rows decoded in one step per base model, all sessions' requests together; more wait their turn")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--kv-cache-mb", kv_cache_mb,
+  app.add_option("--kv-cache-mb", f.kv_cache_mb,
                  "KV cache memory per base model, all sessions' sampling requests together (each counted at the most "
                  "its samples can take); more wait their turn; 0 = no limit but --max-batch-rows")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-  app.add_option("--stats-interval-s", stats_interval_s,
+  app.add_option("--stats-interval-s", f.stats_interval_s,
                  "Print an {\"event\":\"engine\"} line per base model this often while it changes (0 = never)")
       ->check(CLI::Range(0, 24 * 3600));
-  app.add_option("--io-threads", io_threads,
+  app.add_option("--io-threads", f.io_threads,
                  "Threads serving every connection's sockets (they do not grow with clients)")
       ->check(CLI::Range(1, 256));
-  app.add_option("--max-connections", max_connections,
+  app.add_option("--max-connections", f.max_connections,
                  "Concurrent connections; one more is answered 503 ServiceUnavailableException and closed")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--idle-timeout-ms", idle_timeout_ms, "A keep-alive connection without a request is closed after this")
+  app.add_option("--idle-timeout-ms", f.idle_timeout_ms,
+                 "A keep-alive connection without a request is closed after this")
       ->check(CLI::Range(1LL, 24LL * 3600 * 1000));
-  app.add_option("--retain-results", retain_results,
+  app.add_option("--retain-results", f.retain_results,
                  "Finished operations per session whose results stay retrievable (the most recent ones)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30));
-  app.add_option("--result-retention-s", result_retention_s, "Seconds a finished operation's result stays retrievable")
+  app.add_option("--result-retention-s", f.result_retention_s,
+                 "Seconds a finished operation's result stays retrievable")
       ->check(CLI::Range(0LL, 366LL * 24 * 3600));
-  app.add_option("--retain-client-tokens", retain_client_tokens,
+  app.add_option("--retain-client-tokens", f.retain_client_tokens,
                  "clientToken / Idempotency-Key records kept per session (the most recent ones)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30));
-  app.add_option("--client-token-retention-s", client_token_retention_s,
+  app.add_option("--client-token-retention-s", f.client_token_retention_s,
                  "Seconds a clientToken / Idempotency-Key makes retries return the same operation")
       ->check(CLI::Range(0LL, 366LL * 24 * 3600));
-  app.add_option("--compact-records", compact_records,
+  app.add_option("--compact-records", f.compact_records,
                  "Compact the journal once its log holds this many records since the last snapshot (0 = no bound)");
-  app.add_option("--compact-bytes", compact_bytes,
+  app.add_option("--compact-bytes", f.compact_bytes,
                  "Compact the journal also once its log holds this many bytes and the snapshot's size (0 = no bound)");
-  app.add_option("--autosave-operations", autosave_operations,
+  app.add_option("--autosave-operations", f.autosave_operations,
                  "Autosave a session also once this many forwardBackward / loadState operations completed since its "
                  "last autosave (besides every optimizerStep): a restart runs fewer than this many again (0 = only "
                  "at optimizerSteps)");
-  app.add_flag("--bill-prompt-per-sample", bill_prompt_per_sample,
+  app.add_flag("--bill-prompt-per-sample", f.bill_prompt_per_sample,
                "Bill a sample call's prompt once per sample (numSamples / n times) instead of once per call");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+}
 
+// The HTTP server's options, listening on `port` (the flag's, or after a restart the port the first server bound).
+rlloop::server::Options server_options(const ServeFlags& f, std::uint16_t port) {
   rlloop::server::Options options;
-  options.host = host;
-  options.port = bound_port != 0 ? bound_port : static_cast<std::uint16_t>(port);
-  options.data_dir = data_dir;
-  options.region = region;
-  options.default_result_wait = std::chrono::milliseconds(result_wait_ms);
-  options.tenants = rlloop::server::load_tenants(tenants_file);
-  options.bill_prompt_per_sample = bill_prompt_per_sample;
-  options.io_threads = io_threads;
-  options.max_connections = max_connections;
-  options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
-  options.retention.results = retain_results;
-  options.retention.result_age = std::chrono::seconds(result_retention_s);
-  options.retention.client_tokens = retain_client_tokens;
-  options.retention.client_token_age = std::chrono::seconds(client_token_retention_s);
-  options.compact_after_records = compact_records;
-  options.compact_after_bytes = compact_bytes;
-  options.autosave_after_operations = autosave_operations;
+  options.host = f.host;
+  options.port = port;
+  options.data_dir = f.data_dir;
+  options.region = f.region;
+  options.default_result_wait = std::chrono::milliseconds(f.result_wait_ms);
+  options.tenants = rlloop::server::load_tenants(f.tenants_file);
+  options.bill_prompt_per_sample = f.bill_prompt_per_sample;
+  options.io_threads = f.io_threads;
+  options.max_connections = f.max_connections;
+  options.idle_timeout = std::chrono::milliseconds(f.idle_timeout_ms);
+  options.retention.results = f.retain_results;
+  options.retention.result_age = std::chrono::seconds(f.result_retention_s);
+  options.retention.client_tokens = f.retain_client_tokens;
+  options.retention.client_token_age = std::chrono::seconds(f.client_token_retention_s);
+  options.compact_after_records = f.compact_records;
+  options.compact_after_bytes = f.compact_bytes;
+  options.autosave_after_operations = f.autosave_operations;
+  return options;
+}
 
 #ifdef RLLOOP_HAVE_ENGINE
-  rlloop::configure_engine_process({.num_threads = threads});
+// The engine's options: checkpoints under the data directory, workers started from this executable.
+rlloop::LocalServiceOptions engine_options(const ServeFlags& f) {
   rlloop::LocalServiceOptions local;
-  local.checkpoint_dir = (std::filesystem::path(data_dir) / "checkpoints").string();
-  local.device = device;
-  local.dtype = dtype;
-  local.sampling_precision = rlloop::sampling_precision_from(sampling_precision);
-  local.max_batch_rows = max_batch_rows;
-  local.kv_cache_mb = kv_cache_mb;
-  local.quantized_base = !dequantize_base;
-  local.activation_checkpointing = activation_checkpointing;
-  local.base_models = rlloop::cli::parse_base_models(base_models);
-  local.data_parallel.world_size = world_size;
-  local.data_parallel.rendezvous = rendezvous;
-  local.data_parallel.backend = dp_backend;
-  local.data_parallel.local_workers = local_workers;
-  local.data_parallel.timeout_s = dp_timeout_s;
+  local.checkpoint_dir = (std::filesystem::path(f.data_dir) / "checkpoints").string();
+  local.device = f.device;
+  local.dtype = f.dtype;
+  local.sampling_precision = rlloop::sampling_precision_from(f.sampling_precision);
+  local.max_batch_rows = f.max_batch_rows;
+  local.kv_cache_mb = f.kv_cache_mb;
+  local.quantized_base = !f.dequantize_base;
+  local.activation_checkpointing = f.activation_checkpointing;
+  local.base_models = rlloop::cli::parse_base_models(f.base_models);
+  local.data_parallel.world_size = f.world_size;
+  local.data_parallel.rendezvous = f.rendezvous;
+  local.data_parallel.backend = f.dp_backend;
+  local.data_parallel.local_workers = f.local_workers;
+  local.data_parallel.timeout_s = f.dp_timeout_s;
   local.data_parallel.worker_program = "/proc/self/exe";
+  return local;
+}
+
+// One {"event":"engine"} line per base model, unless they say what the last call printed (`last`).
+void report_stats(const rlloop::LocalService& service, std::string& last) {
+  std::string lines;
+  for (const auto& b : service.base_model_stats())
+    lines += nlohmann::json{{"event", "engine"},
+                            {"base", b.base},
+                            {"sessions", b.sessions},
+                            {"sharedWeightUsers", b.shared_weight_users},
+                            {"sharedWeightBytes", b.shared_weight_bytes},
+                            {"activeRequests", b.active_requests},
+                            {"batchRows", b.active_rows},
+                            {"queuedOperations", b.queued_operations},
+                            {"peakBatchRows", b.peak_batch_rows},
+                            {"peakBatchRequests", b.peak_batch_requests},
+                            {"kvReservedBytes", b.kv_reserved_bytes},
+                            {"peakKvReservedBytes", b.peak_kv_reserved_bytes},
+                            {"decodeSteps", b.decode_steps}}
+                 .dump() +
+             "\n";
+  if (lines == last) return;
+  std::fputs(lines.c_str(), stdout);
+  std::fflush(stdout);
+  last = std::move(lines);
+}
+
+// Serves until SIGINT/SIGTERM (returns an empty string) or until the data-parallel group fails (returns why; the
+// caller starts a new server). Listens on `port`; on return it holds the port this server bound.
+std::string serve(const ServeFlags& f, std::uint16_t& port) {
+  const auto options = server_options(f, port);
+  rlloop::configure_engine_process({.num_threads = f.threads});
+  const auto local = engine_options(f);
   std::filesystem::create_directories(local.checkpoint_dir);
   auto service = std::make_shared<rlloop::LocalService>(local);
-  auto backend = rlloop::server::make_backend(service);
-  std::function<std::string()> group_failure = [service] { return service->data_parallel_failure(); };
-  auto report_stats = [service, last = std::string()]() mutable {
-    std::string lines;
-    for (const auto& b : service->base_model_stats())
-      lines += nlohmann::json{{"event", "engine"},
-                              {"base", b.base},
-                              {"sessions", b.sessions},
-                              {"sharedWeightUsers", b.shared_weight_users},
-                              {"sharedWeightBytes", b.shared_weight_bytes},
-                              {"activeRequests", b.active_requests},
-                              {"batchRows", b.active_rows},
-                              {"queuedOperations", b.queued_operations},
-                              {"peakBatchRows", b.peak_batch_rows},
-                              {"peakBatchRequests", b.peak_batch_requests},
-                              {"kvReservedBytes", b.kv_reserved_bytes},
-                              {"peakKvReservedBytes", b.peak_kv_reserved_bytes},
-                              {"decodeSteps", b.decode_steps}}
-                   .dump() +
-               "\n";
-    if (lines == last) return;
-    std::fputs(lines.c_str(), stdout);
-    std::fflush(stdout);
-    last = std::move(lines);
-  };
-#else
-  (void)base_models;
-  (void)world_size;
-  (void)device;
-  (void)dtype;
-  (void)threads;
-  (void)max_batch_rows;
-  (void)kv_cache_mb;
-  auto report_stats = [] {};
-  std::function<std::string()> group_failure = [] { return std::string(); };
-  throw rlloop::unsupported(
-      "this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
-  rlloop::server::Backend backend;
-#endif
-
-  rlloop::server::Server server(options, backend);
+  rlloop::server::Server server(options, rlloop::server::make_backend(service));
   server.start();
-  std::printf("{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u,\"tenants\":%zu}\n", host.c_str(), server.port(),
+  port = server.port();
+  std::printf("{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u,\"tenants\":%zu}\n", f.host.c_str(), port,
               options.tenants.size());
   std::fflush(stdout);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   auto next_report = std::chrono::steady_clock::now();
-  bound_port = server.port();
-  while (!g_stop) {
+  std::string last_report, failure;
+  while (!g_stop && failure.empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (stats_interval_s > 0 && std::chrono::steady_clock::now() >= next_report) {
-      report_stats();
-      next_report += std::chrono::seconds(stats_interval_s);
+    if (f.stats_interval_s > 0 && std::chrono::steady_clock::now() >= next_report) {
+      report_stats(*service, last_report);
+      next_report += std::chrono::seconds(f.stats_interval_s);
     }
-    if (restart = group_failure(); !restart.empty()) break;
+    failure = service->data_parallel_failure();
   }
   server.stop();
-  return 0;
+  return failure;
 }
+#else
+std::string serve(const ServeFlags&, std::uint16_t&) {
+  throw rlloop::unsupported(
+      "this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
+}
+#endif
 
 // A failed data-parallel group cannot be mended in place (its peer vanished mid-collective): the server starts
 // again in this process, on the port it had bound and the same data directory, once serve() has returned and
@@ -243,12 +249,19 @@ int serve(int argc, char** argv, std::string& restart, std::uint16_t& bound_port
 // back from its last autosave plus the operations acknowledged since, with a new group. The operation that met the
 // failure was answered Failed with the error naming the rank; the client retries it.
 int run_serve(int argc, char** argv) {
-  std::uint16_t port = 0;  // 0: --port as given; after a restart, the port the first server bound
+  CLI::App app{"Serve the training-session API (SageMaker shape) for the tenants of a tenants file", "rlloop serve"};
+  ServeFlags flags;
+  add_flags(app, flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto port = static_cast<std::uint16_t>(flags.port);
   for (;;) {
-    std::string restart;
-    const int rc = serve(argc, argv, restart, port);
-    if (restart.empty()) return rc;
-    std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", restart}}.dump().c_str());
+    const std::string failure = serve(flags, port);
+    if (failure.empty()) return 0;
+    std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", failure}}.dump().c_str());
     std::fflush(stdout);
   }
 }
