@@ -278,91 +278,150 @@ Response streamed_completion(const Request& r, const ModelText& m, const std::ve
                              std::shared_ptr<OperationRecord> op);
 }  // namespace
 
+namespace {
+
+bool takes_operations(SessionHost& s) {
+  std::lock_guard lock(s.mu);
+  return s.takes_operations_locked();
+}
+
+// GET /v1/models: the tenant's live sessions, and the checkpoints of each.
+Response list_models(Api::Impl& api, TenantState& t) {
+  std::vector<std::shared_ptr<SessionHost>> mine;
+  {
+    std::lock_guard lock(api.mu);
+    for (const auto& [key, s] : api.sessions)
+      if (key.first == t.config.id) mine.push_back(s);
+  }
+  json data = json::array();
+  std::set<std::string> names;
+  for (auto& s : mine) {
+    if (!takes_operations(*s)) continue;
+    names.insert(s->name);
+    data.push_back({{"id", s->name},
+                    {"object", "model"},
+                    {"created", static_cast<std::int64_t>(s->creation_time)},
+                    {"owned_by", t.config.id}});
+  }
+  std::lock_guard lock(t.mu);
+  for (const auto& [arn, p] : t.checkpoints) {
+    const auto session = checkpoint_session(arn);
+    if (session && names.count(*session))
+      data.push_back({{"id", arn}, {"object", "model"}, {"created", 0}, {"owned_by", t.config.id}});
+  }
+  return Response{200, "application/json", {}, dump({{"object", "list"}, {"data", data}})};
+}
+
+// What a sampling request names: the parsed body, the live session, and the checkpoint's weights when it names
+// one (a model-package ARN) instead of the session's own.
+struct SampleTarget {
+  Request request;
+  std::shared_ptr<SessionHost> session;
+  std::optional<std::string> model_path;
+};
+
+std::shared_ptr<SessionHost> find_live(Api::Impl& api, const TenantState& t, const std::string& name) {
+  std::lock_guard lock(api.mu);
+  auto it = api.sessions.find({t.config.id, name});
+  if (it == api.sessions.end())
+    throw api_error("model_not_found", 404,
+                    "The model '" + name + "' does not exist (no live training session of that name)");
+  return it->second;
+}
+
+// POST /training-sessions/{name}/sample[-with-response-stream]: the session by its path, a checkpoint by the
+// X-Amzn-SageMaker-Model-Package header; a body with `prompt` and no `messages` is a completion, else a chat.
+SampleTarget passthrough_target(Api::Impl& api, const sigv4::HttpRequest& req, const std::string& path,
+                                TenantState& t) {
+  const std::string rest = path.substr(std::string("/training-sessions/").size());
+  const std::string name = rest.substr(0, rest.find('/'));
+  try {
+    validate_session_name(name, "trainingSessionName");
+  } catch (const invalid_argument& e) {
+    throw api_error("ValidationException", 400, e.what());
+  }
+  if (rest != name + "/sample" && rest != name + "/sample-with-response-stream")
+    throw api_error("ResourceNotFoundException", 404, "no route for POST " + path);
+  SampleTarget target;
+  json peek = json::parse(req.body, nullptr, false);
+  const bool chat = !(peek.is_object() && peek.contains("prompt") && !peek.contains("messages"));
+  target.request = parse_request(req.body, chat, false);
+  if (path.ends_with("-with-response-stream")) target.request.stream = true;
+  target.session = find_live(api, t, name);
+  if (auto pkg = req.header("X-Amzn-SageMaker-Model-Package")) {
+    std::lock_guard lock(t.mu);
+    if (!t.checkpoints.count(*pkg))
+      throw api_error("ResourceNotFoundException", 404, "model package " + *pkg + " does not exist");
+    target.model_path = *pkg;
+  }
+  target.request.model = target.model_path.value_or(name);
+  return target;
+}
+
+// POST /v1/chat/completions or /v1/completions: `model` names a live session or one of its checkpoints.
+SampleTarget openai_target(Api::Impl& api, const sigv4::HttpRequest& req, const std::string& path, TenantState& t) {
+  SampleTarget target;
+  target.request = parse_request(req.body, path == "/v1/chat/completions", true);
+  const std::string& model = target.request.model;
+  if (model.rfind("arn:", 0) != 0) {
+    target.session = find_live(api, t, model);
+    return target;
+  }
+  {
+    std::lock_guard lock(t.mu);
+    if (!t.checkpoints.count(model))
+      throw api_error("model_not_found", 404, "The model '" + model + "' does not exist");
+  }
+  const auto session = checkpoint_session(model);
+  if (!session) throw api_error("model_not_found", 404, "The model '" + model + "' is not a checkpoint ARN");
+  target.session = find_live(api, t, *session);
+  target.model_path = model;
+  return target;
+}
+
+// The sampler's request for an OpenAI request: the rendered chat (or the prompt's tokens) and every way it
+// stops — the caller's strings, the chat format's end of turn, the tokenizer's and the model's end of text.
+struct PreparedSample {
+  SampleRequest request;
+  std::vector<token_id> stop_ids;
+};
+
+PreparedSample prepare_sample(const Request& r, const ModelText& m, const SessionInfo& info,
+                              const std::optional<std::string>& model_path) {
+  PreparedSample p;
+  SampleRequest& sreq = p.request;
+  sreq.num_samples = r.n;
+  sreq.params = r.params;
+  sreq.model_path = model_path;
+  if (r.chat) {
+    try {
+      sreq.prompt = m.renderer->build_generation_prompt(r.messages);
+    } catch (const invalid_argument& e) {
+      throw api_error("invalid_request_error", 400, std::string("messages: ") + e.what());
+    }
+    for (const auto& stop : m.renderer->stop_sequences()) sreq.params.stop.push_back(stop);
+    p.stop_ids = m.renderer->stop_token_ids();
+  } else {
+    sreq.prompt = ModelInput::from_tokens(r.prompt ? m.tokenizer->encode(*r.prompt, false) : r.prompt_tokens);
+    if (auto eos = m.tokenizer->eos_token_id()) p.stop_ids.push_back(*eos);
+  }
+  if (info.eos_token_id) p.stop_ids.push_back(*info.eos_token_id);
+  sreq.params.stop_token_ids = p.stop_ids;
+  return p;
+}
+
+}  // namespace
+
 Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
                           const Reply& reply) {
-  auto live = [&](const std::shared_ptr<SessionHost>& s) {
-    std::lock_guard lock(s->mu);
-    return s->takes_operations_locked();
-  };
   if (path == "/v1/models") {
     if (req.method != "GET") throw api_error("invalid_request_error", 405, "use GET /v1/models");
-    json data = json::array();
-    std::vector<std::shared_ptr<SessionHost>> mine;
-    {
-      std::lock_guard lock(mu);
-      for (const auto& [key, s] : sessions)
-        if (key.first == t->config.id) mine.push_back(s);
-    }
-    std::set<std::string> names;
-    for (auto& s : mine) {
-      if (!live(s)) continue;
-      names.insert(s->name);
-      data.push_back({{"id", s->name},
-                      {"object", "model"},
-                      {"created", static_cast<std::int64_t>(s->creation_time)},
-                      {"owned_by", t->config.id}});
-    }
-    std::lock_guard lock(t->mu);
-    for (const auto& [arn, p] : t->checkpoints) {
-      const auto session = checkpoint_session(arn);
-      if (session && names.count(*session))
-        data.push_back({{"id", arn}, {"object", "model"}, {"created", 0}, {"owned_by", t->config.id}});
-    }
-    return Response{200, "application/json", {}, dump({{"object", "list"}, {"data", data}})};
+    return list_models(*this, *t);
   }
   if (req.method != "POST") throw api_error("invalid_request_error", 405, "use POST " + path);
-
-  // Which session, and which weights.
   const bool passthrough = path.rfind("/training-sessions/", 0) == 0;
-  std::shared_ptr<SessionHost> s;
-  std::optional<std::string> model_path;
-  Request r;
-  auto find_live = [&](const std::string& name) {
-    std::lock_guard lock(mu);
-    auto it = sessions.find({t->config.id, name});
-    if (it == sessions.end())
-      throw api_error("model_not_found", 404,
-                      "The model '" + name + "' does not exist (no live training session of that name)");
-    return it->second;
-  };
-  if (passthrough) {
-    const std::string rest = path.substr(std::string("/training-sessions/").size());
-    const std::string name = rest.substr(0, rest.find('/'));
-    try {
-      validate_session_name(name, "trainingSessionName");
-    } catch (const invalid_argument& e) {
-      throw api_error("ValidationException", 400, e.what());
-    }
-    if (rest != name + "/sample" && rest != name + "/sample-with-response-stream")
-      throw api_error("ResourceNotFoundException", 404, "no route for POST " + path);
-    json peek = json::parse(req.body, nullptr, false);
-    const bool chat = !(peek.is_object() && peek.contains("prompt") && !peek.contains("messages"));
-    r = parse_request(req.body, chat, false);
-    if (path.ends_with("-with-response-stream")) r.stream = true;
-    s = find_live(name);
-    if (auto pkg = req.header("X-Amzn-SageMaker-Model-Package")) {
-      std::lock_guard lock(t->mu);
-      if (!t->checkpoints.count(*pkg))
-        throw api_error("ResourceNotFoundException", 404, "model package " + *pkg + " does not exist");
-      model_path = *pkg;
-    }
-    r.model = model_path.value_or(name);
-  } else {
-    r = parse_request(req.body, path == "/v1/chat/completions", true);
-    if (r.model.rfind("arn:", 0) == 0) {
-      {
-        std::lock_guard lock(t->mu);
-        if (!t->checkpoints.count(r.model))
-          throw api_error("model_not_found", 404, "The model '" + r.model + "' does not exist");
-      }
-      const auto session = checkpoint_session(r.model);
-      if (!session) throw api_error("model_not_found", 404, "The model '" + r.model + "' is not a checkpoint ARN");
-      s = find_live(*session);
-      model_path = r.model;
-    } else {
-      s = find_live(r.model);
-    }
-  }
+  SampleTarget target = passthrough ? passthrough_target(*this, req, path, *t) : openai_target(*this, req, path, *t);
+  const auto& s = target.session;
   SessionInfo info;
   {
     std::lock_guard lock(s->mu);
@@ -371,38 +430,22 @@ Handled Api::Impl::openai(const sigv4::HttpRequest& req, const std::string& path
   if (info.tokenizer.empty())
     throw api_error("ConflictException", 409, "Training session " + s->name + " is not running yet");
   const ModelText m = model_text(info);
-
-  // The prompt, and where sampling stops.
-  SampleRequest sreq;
-  sreq.num_samples = r.n;
-  sreq.params = r.params;
-  sreq.model_path = model_path;
-  std::vector<token_id> stop_ids;
-  if (r.chat) {
-    try {
-      sreq.prompt = m.renderer->build_generation_prompt(r.messages);
-    } catch (const invalid_argument& e) {
-      throw api_error("invalid_request_error", 400, std::string("messages: ") + e.what());
-    }
-    for (const auto& s2 : m.renderer->stop_sequences()) sreq.params.stop.push_back(s2);
-    stop_ids = m.renderer->stop_token_ids();
-  } else {
-    sreq.prompt = ModelInput::from_tokens(r.prompt ? m.tokenizer->encode(*r.prompt, false) : r.prompt_tokens);
-    if (auto eos = m.tokenizer->eos_token_id()) stop_ids.push_back(*eos);
-  }
-  if (info.eos_token_id) stop_ids.push_back(*info.eos_token_id);
-  sreq.params.stop_token_ids = stop_ids;
+  PreparedSample prepared = prepare_sample(target.request, m, info, target.model_path);
+  const Request& r = target.request;
+  const auto& stop_ids = prepared.stop_ids;
 
   if (r.stream) {
     // Tokens that a later one could still change (completing a stop string, a UTF-8 character or the chat
     // format's end of turn) are held back: a stop string of L bytes spans at most L tokens.
     std::size_t hold_back = 1;
-    for (const auto& stop : sreq.params.stop) hold_back = std::max(hold_back, stop.size() + 1);
-    stream_now(s, sreq, reply, [s, r, m, stop_ids, hold_back](const std::shared_ptr<OperationRecord>& op) {
-      return streamed_completion(r, m, stop_ids, hold_back, s, op);
-    });
+    for (const auto& stop : prepared.request.params.stop) hold_back = std::max(hold_back, stop.size() + 1);
+    stream_now(s, std::move(prepared.request), reply,
+               [s, r, m, stop_ids, hold_back](const std::shared_ptr<OperationRecord>& op) {
+                 return streamed_completion(r, m, stop_ids, hold_back, s, op);
+               });
   } else {
-    sample_now(s, sreq, reply, [r, m, stop_ids](const OperationRecord& op) { return completion(r, m, stop_ids, op); });
+    sample_now(s, std::move(prepared.request), reply,
+               [r, m, stop_ids](const OperationRecord& op) { return completion(r, m, stop_ids, op); });
   }
   return std::nullopt;
 }
