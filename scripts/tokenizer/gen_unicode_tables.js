@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Generates src/tokenizer/unicode_tables.inc: the character classes used by the pre-tokenizer scanners
-// (\p{L}, \p{N}, \s with ECMAScript semantics) and the tables NFC needs (canonical decompositions, the
-// canonical-ordering rank of combining marks, primary compositions).
+// (\p{L}, \p{N}, \s with ECMAScript semantics; the letter cases and marks of o200k's pattern) and the tables NFC
+// needs (canonical decompositions, the canonical-ordering rank of combining marks, primary compositions).
 //
 // Why from Node: the reference tokenizers we match token for token (gpt-3-encoder, transformers.js via
 // @lenml/tokenizers) run on V8's regex classes and ICU's String.prototype.normalize, so deriving every
@@ -26,6 +26,21 @@ for (let c = 0x80; c <= MAX; ++c) {
   }
   if (cur && cur[2] === k && cur[1] === c - 1) cur[1] = c;
   else if (k !== 0) classRanges.push((cur = [c, c, k]));
+  else cur = null;
+}
+
+// ---- letter cases for o200k's pattern: 1 = \p{Lu} or \p{Lt}, 2 = \p{Ll}, 3 = \p{Lm} or \p{Lo}, 4 = \p{M} ------
+const reUpper = /^[\p{Lu}\p{Lt}]$/u, reLower = /^\p{Ll}$/u, reCaseless = /^[\p{Lm}\p{Lo}]$/u, reMark = /^\p{M}$/u;
+const caseRanges = [];
+cur = null;
+for (let c = 0x80; c <= MAX; ++c) {
+  let k = 0;
+  if (!isSurrogate(c)) {
+    const s = ch(c);
+    k = reUpper.test(s) ? 1 : reLower.test(s) ? 2 : reCaseless.test(s) ? 3 : reMark.test(s) ? 4 : 0;
+  }
+  if (cur && cur[2] === k && cur[1] === c - 1) cur[1] = c;
+  else if (k !== 0) caseRanges.push((cur = [c, c, k]));
   else cur = null;
 }
 
@@ -78,6 +93,9 @@ out.push('// clang-format off');
 out.push(`inline constexpr ClassRange kClassRanges[] = {`);
 for (const [a, b, k] of classRanges) out.push(`{${hex(a)},${hex(b)},${k}},`);
 out.push('};');
+out.push(`inline constexpr ClassRange kCaseRanges[] = {`);
+for (const [a, b, k] of caseRanges) out.push(`{${hex(a)},${hex(b)},${k}},`);
+out.push('};');
 const flat = [];
 out.push('inline constexpr Decomposition kDecompositions[] = {');
 for (const [c, d] of decomp) { out.push(`{${hex(c)},${flat.length},${d.length}},`); flat.push(...d); }
@@ -93,4 +111,4 @@ for (const [a, b, p] of pairs) out.push(`{${hex(a)},${hex(b)},${hex(p)}},`);
 out.push('};');
 out.push('// clang-format on');
 process.stdout.write(out.join('\n') + '\n');
-process.stderr.write(`classes ${classRanges.length}, decompositions ${decomp.length}, marks ${marks.length} (ranks ${rank}), compositions ${pairs.length}\n`);
+process.stderr.write(`classes ${classRanges.length}, cases ${caseRanges.length}, decompositions ${decomp.length}, marks ${marks.length} (ranks ${rank}), compositions ${pairs.length}\n`);

@@ -23,7 +23,8 @@ void MergeTable::build(const std::vector<Entry>& entries) {
   }
 }
 
-BpeTokenizer::BpeTokenizer(BpeSpec spec) : source_(std::move(spec.source)), pattern_(spec.pattern), nfc_(spec.nfc) {
+BpeTokenizer::BpeTokenizer(BpeSpec spec)
+    : source_(std::move(spec.source)), pattern_(spec.pattern), nfc_(spec.nfc), merge_by_rank_(spec.merge_by_rank) {
   auto fail = [&](const std::string& what) { throw invalid_argument("load_tokenizer: '" + source_ + "': " + what); };
   token_id max_id = -1;
   for (const auto& [bytes, id] : spec.vocab) max_id = std::max(max_id, id);
@@ -125,6 +126,16 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<token_id>& o
       return;
     }
   }
+  std::vector<token_id> word = merge_by_rank_ ? merge_by_rank(piece) : merge_by_table(piece);
+  out.insert(out.end(), word.begin(), word.end());
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex_);
+    if (cache_.size() >= kCacheMaxEntries) cache_.clear();
+    cache_.emplace(std::string(piece), std::move(word));
+  }
+}
+
+std::vector<token_id> BpeTokenizer::merge_by_table(std::string_view piece) const {
   std::vector<token_id> word(piece.size());
   for (std::size_t k = 0; k < piece.size(); ++k) word[k] = byte_ids_[static_cast<unsigned char>(piece[k])];
   // Repeatedly apply the lowest-ranked merge present, to every non-overlapping occurrence left to right:
@@ -151,12 +162,39 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<token_id>& o
   }
   // A byte without a token yields nothing; it still kept its neighbours from merging across it, as in llama.cpp.
   std::erase(word, kNoToken);
-  out.insert(out.end(), word.begin(), word.end());
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() >= kCacheMaxEntries) cache_.clear();
-    cache_.emplace(std::string(piece), std::move(word));
+  return word;
+}
+
+std::vector<token_id> BpeTokenizer::merge_by_rank(std::string_view piece) const {
+  // parts[k] is where part k starts; rank[k] the rank (id) of the token that parts k and k + 1 make together, or
+  // kNone. As tiktoken does: after a merge only the ranks beside it change.
+  constexpr token_id kNone = std::numeric_limits<token_id>::max();
+  std::vector<std::size_t> parts(piece.size() + 1);
+  for (std::size_t k = 0; k <= piece.size(); ++k) parts[k] = k;
+  auto pair_rank = [&](std::size_t k) {
+    if (k + 2 >= parts.size()) return kNone;
+    auto it = bytes_to_id_.find(piece.substr(parts[k], parts[k + 2] - parts[k]));
+    return it == bytes_to_id_.end() ? kNone : it->second;
+  };
+  std::vector<token_id> rank(parts.size());
+  for (std::size_t k = 0; k < parts.size(); ++k) rank[k] = pair_rank(k);
+  for (;;) {
+    std::size_t best = 0;
+    for (std::size_t k = 1; k + 1 < parts.size(); ++k)
+      if (rank[k] < rank[best]) best = k;
+    if (parts.size() < 3 || rank[best] == kNone) break;
+    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    rank.erase(rank.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    rank[best] = pair_rank(best);
+    if (best > 0) rank[best - 1] = pair_rank(best - 1);
   }
+  std::vector<token_id> word;
+  word.reserve(parts.size() - 1);
+  for (std::size_t k = 0; k + 1 < parts.size(); ++k) {
+    auto it = bytes_to_id_.find(piece.substr(parts[k], parts[k + 1] - parts[k]));
+    if (it != bytes_to_id_.end()) word.push_back(it->second);  // every byte is a token of a tiktoken vocabulary
+  }
+  return word;
 }
 
 std::string BpeTokenizer::decode(std::span<const token_id> ids, bool skip_special) const {

@@ -35,6 +35,9 @@ struct BpeSpec {
   std::string source;  // the file(s) it came from, for error messages
   std::vector<std::pair<std::string, token_id>> vocab;
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
+  // tiktoken's rule instead of merges: of the adjacent pairs whose bytes together are a token, the one whose token
+  // has the lowest id (its rank) merges, leftmost first, one pair at a time.
+  bool merge_by_rank = false;
   std::vector<AddedToken> added_tokens;
   SplitPattern pattern = SplitPattern::gpt2;
   bool nfc = false;
@@ -84,12 +87,16 @@ class BpeTokenizer final : public Tokenizer {
 
   void encode_ordinary(std::string_view text, std::vector<token_id>& out) const;
   void encode_piece(std::string_view piece, std::vector<token_id>& out) const;
+  // The piece's tokens by the merges table (GPT-2's procedure) or by token rank (tiktoken's).
+  std::vector<token_id> merge_by_table(std::string_view piece) const;
+  std::vector<token_id> merge_by_rank(std::string_view piece) const;
   // Leftmost-longest added token starting at text[i], or nullptr.
   const AddedToken* match_added(std::string_view text, std::size_t i, bool allow_special) const;
 
   std::string source_;
   SplitPattern pattern_;
   bool nfc_;
+  bool merge_by_rank_;
   std::vector<std::string> id_to_bytes_;
   std::vector<std::uint8_t> id_kind_;  // 0 = unused id, 1 = BPE token, 2 = added token, 3 = special added token
   StringMap bytes_to_id_;

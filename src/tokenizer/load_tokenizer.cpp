@@ -24,6 +24,7 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec) {
   }
   if (!fs::exists(p)) throw not_found("load_tokenizer: no tokenizer at '" + p.string() + "'");
   if (p.extension() == ".gguf") return tokenizer_detail::load_gguf_tokenizer(p);
+  if (p.extension() == ".tiktoken") return std::make_shared<BpeTokenizer>(tokenizer_detail::read_tiktoken_file(p));
   if (p.filename() == "encoder.json" || p.filename() == "vocab.bpe")
     return std::make_shared<BpeTokenizer>(tokenizer_detail::read_gpt2_files(p.parent_path()));
   return tokenizer_detail::load_tokenizer_json(p);

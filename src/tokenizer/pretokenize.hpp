@@ -1,4 +1,4 @@
-// Hand-written scanners equivalent to the pre-tokenizer split regexes of GPT-2, Llama 3 and Qwen2/2.5/3.
+// Hand-written scanners equivalent to the pre-tokenizer split regexes of GPT-2, Llama 3, Qwen2/2.5/3 and o200k.
 // A std::regex cannot express \p{L}, \p{N} or the lookahead `\s+(?!\S)`, and a scanner is much faster.
 #pragma once
 #include <cstddef>
@@ -17,6 +17,11 @@ enum class SplitPattern {
   // Every \p{N} character a piece of its own first, then the GPT-2 pattern on the text between them: SmolLM and
   // SmolLM2 (tokenizer.json's Sequence [Digits(individual_digits), ByteLevel]; llama.cpp's pre-tokenizer "smollm").
   gpt2_digits,
+  // OpenAI's o200k (GPT-4o, gpt-oss), words split at case changes with their contractions attached:
+  // [^\r\n\p{L}\p{N}]?[U]*[W]+C?|[^\r\n\p{L}\p{N}]?[U]+[W]*C?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|
+  // \s*[\r\n]+|\s+(?!\S)|\s+
+  // with U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], W = [\p{Ll}\p{Lm}\p{Lo}\p{M}], C = (?i:'s|'t|'re|'ve|'m|'ll|'d).
+  o200k,
 };
 
 // The pattern a tokenizer.json regex string denotes, or nothing when it is not one we implement.

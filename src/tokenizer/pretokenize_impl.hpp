@@ -63,6 +63,19 @@ inline std::size_t trailing_space_rule(std::string_view s, std::size_t i) {
   return end;
 }
 
+// Whitespace at i in the Llama 3 / Qwen2 / o200k patterns: `\s*[\r\n]+` (the run up to and including its last
+// newline, if it has one), else `\s+(?!\S)|\s+`.
+inline std::size_t space_piece(std::string_view s, std::size_t i) {
+  std::size_t j = i, last_newline_end = 0;
+  while (j < s.size()) {
+    const Char w = at(s, j);
+    if (w.cls != CharClass::space) break;
+    j += w.len;
+    if (is_newline(w.cp)) last_newline_end = j;
+  }
+  return last_newline_end ? last_newline_end : trailing_space_rule(s, i);
+}
+
 // The single-regex patterns (all but gpt2_digits).
 template <class Emit>
 void split_regex_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
@@ -114,16 +127,88 @@ void split_regex_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
         end = scan::run(s, c.cp == ' ' ? i + 1 : i, other);
         end = scan::run(s, end, newline);
       } else {
-        // c is whitespace. `\s*[\r\n]+`: the run up to and including its last newline, if it has one.
-        std::size_t j = i, last_newline_end = 0;
-        while (j < s.size()) {
-          const scan::Char w = at(s, j);
-          if (w.cls != CharClass::space) break;
-          j += w.len;
-          if (scan::is_newline(w.cp)) last_newline_end = j;
-        }
-        end = last_newline_end ? last_newline_end : scan::trailing_space_rule(s, i);
+        end = scan::space_piece(s, i);  // c is whitespace
       }
+    }
+    emit(i, end);
+    i = end;
+  }
+}
+
+// o200k's word sets (SplitPattern::o200k): U = upper, title, modifier and other letters and marks; W = lower,
+// modifier and other letters and marks.
+inline bool in_upper_set(LetterCase c) {
+  return c == LetterCase::upper || c == LetterCase::caseless || c == LetterCase::mark;
+}
+inline bool in_lower_set(LetterCase c) {
+  return c == LetterCase::lower || c == LetterCase::caseless || c == LetterCase::mark;
+}
+inline LetterCase case_at(std::string_view s, std::size_t i) {
+  const Char c = at(s, i);
+  return c.cls == CharClass::invalid ? LetterCase::none : letter_case(c.cp);
+}
+// [^\r\n\p{L}\p{N}]: the character that may lead a word (a space, punctuation, a mark, an invalid byte).
+inline bool leads_word(const Char& c) {
+  return c.cls != CharClass::letter && c.cls != CharClass::number && !(c.cls == CharClass::space && is_newline(c.cp));
+}
+constexpr std::size_t kNoMatch = ~std::size_t{0};
+
+// `[U]*[W]+` at j: U* as far as it goes, then W+; when no W character follows, U* gives characters back until
+// the last one it took that is also in W, which then is W+'s only character. kNoMatch when nothing fits.
+inline std::size_t upper_then_lower(std::string_view s, std::size_t j) {
+  std::size_t k = j, last_lower = kNoMatch;
+  while (k < s.size()) {
+    const LetterCase c = case_at(s, k);
+    if (!in_upper_set(c)) break;
+    if (in_lower_set(c)) last_lower = k;
+    k += at(s, k).len;
+  }
+  if (k < s.size() && in_lower_set(case_at(s, k)))
+    return run(s, k, [&](const Char& c) { return c.cls != CharClass::invalid && in_lower_set(letter_case(c.cp)); });
+  return last_lower == kNoMatch ? kNoMatch : last_lower + at(s, last_lower).len;
+}
+
+// `[U]+[W]*` at j, or kNoMatch.
+inline std::size_t upper_run_then_lower(std::string_view s, std::size_t j) {
+  if (j >= s.size() || !in_upper_set(case_at(s, j))) return kNoMatch;
+  const auto in = [](auto set) {
+    return [set](const Char& c) { return c.cls != CharClass::invalid && set(letter_case(c.cp)); };
+  };
+  return run(s, run(s, j, in(in_upper_set)), in(in_lower_set));
+}
+
+// The two word alternatives of o200k at i, each tried with its optional leading character first, then
+// without; the end of the word and its contraction, or kNoMatch.
+inline std::size_t o200k_word(std::string_view s, std::size_t i) {
+  const Char c = at(s, i);
+  const bool lead = leads_word(c);
+  for (auto body : {upper_then_lower, upper_run_then_lower}) {
+    std::size_t end = lead && i + c.len < s.size() ? body(s, i + c.len) : kNoMatch;
+    if (end == kNoMatch) end = body(s, i);
+    if (end != kNoMatch) return end + contraction(s, end, true);
+  }
+  return kNoMatch;
+}
+
+// SplitPattern::o200k.
+template <class Emit>
+void split_o200k_pieces(std::string_view s, Emit&& emit) {
+  const auto number = [](const Char& c) { return c.cls == CharClass::number; };
+  const auto other = [](const Char& c) { return is_other(c.cls); };
+  const auto newline_or_slash = [](const Char& c) {
+    return (is_newline(c.cp) && c.cls == CharClass::space) || c.cp == '/';
+  };
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const Char c = at(s, i);
+    std::size_t end = o200k_word(s, i);
+    if (end == kNoMatch) {
+      if (c.cls == CharClass::number)
+        end = run(s, i, number, 3);
+      else if (is_other(c.cls) || (c.cp == ' ' && i + 1 < s.size() && is_other(at(s, i + 1).cls)))
+        end = run(s, run(s, c.cp == ' ' ? i + 1 : i, other), newline_or_slash);  // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+      else
+        end = space_piece(s, i);
     }
     emit(i, end);
     i = end;
@@ -134,6 +219,7 @@ void split_regex_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
 
 template <class Emit>
 void split_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
+  if (pattern == SplitPattern::o200k) return scan::split_o200k_pieces(s, emit);
   if (pattern != SplitPattern::gpt2_digits) return scan::split_regex_pieces(pattern, s, emit);
   // Each number character alone; the GPT-2 pattern sees the text between two of them as a whole text (so a space
   // before a digit is a piece of its own, as llama.cpp and the Digits pre-tokenizer make it).

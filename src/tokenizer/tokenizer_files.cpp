@@ -14,8 +14,6 @@ namespace rlloop::tokenizer_detail {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw io_error("load_tokenizer: cannot open '" + path.string() + "'");
@@ -24,6 +22,8 @@ std::string read_file(const fs::path& path) {
   if (in.bad()) throw io_error("load_tokenizer: cannot read '" + path.string() + "'");
   return std::move(ss).str();
 }
+
+namespace {
 
 json parse_json(const fs::path& path) {
   try {

@@ -1,5 +1,5 @@
-// Readers for tokenizer files on disk: Hugging Face tokenizer.json, GPT-2 encoder.json + vocab.bpe, and the
-// tokenizer in a GGUF file's metadata (byte-level BPE or SentencePiece).
+// Readers for tokenizer files on disk: Hugging Face tokenizer.json, GPT-2 encoder.json + vocab.bpe, tiktoken's
+// rank files, and the tokenizer in a GGUF file's metadata (byte-level BPE or SentencePiece).
 #pragma once
 #include <filesystem>
 #include <memory>
@@ -8,6 +8,9 @@
 
 namespace rlloop::tokenizer_detail {
 
+// A file's bytes; io_error naming it when it cannot be read.
+std::string read_file(const std::filesystem::path& path);
+
 // Reads a Hugging Face tokenizer.json (byte-level BPE). The eos token comes from a tokenizer_config.json
 // beside it when there is one. Throws invalid_argument (malformed file), unsupported (a model or component
 // rlloop does not implement), io_error (unreadable).
@@ -15,6 +18,12 @@ BpeSpec read_tokenizer_json(const std::filesystem::path& path);
 // The tokenizer a Hugging Face tokenizer.json describes: byte-level BPE (read_tokenizer_json), or SentencePiece-style
 // BPE with byte fallback (Llama 2, Mistral: model.byte_fallback, spm_tokenizer.hpp, merged by rank).
 std::shared_ptr<const Tokenizer> load_tokenizer_json(const std::filesystem::path& path);
+
+// Reads a tiktoken rank file (one "<base64 of the token's bytes> <rank>" line per token, OpenAI's published
+// o200k_base.tiktoken, o200k_harmony's and cl100k_base.tiktoken): the encoding is named by the file's stem, which
+// gives the split pattern and the special tokens. Tokens merge by tiktoken's rule (BpeSpec::merge_by_rank).
+// unsupported for another stem, invalid_argument naming the line for a malformed one.
+BpeSpec read_tiktoken_file(const std::filesystem::path& path);
 
 // Reads the GPT-2 pair encoder.json + vocab.bpe from a directory.
 BpeSpec read_gpt2_files(const std::filesystem::path& dir);

@@ -93,13 +93,27 @@ char32_t compose_pair(char32_t first, char32_t second) {
 
 }  // namespace
 
+namespace {
+// The value of the range holding cp in a sorted table of ranges, or 0.
+template <std::size_t N>
+std::uint8_t range_value(const ClassRange (&table)[N], char32_t cp) {
+  auto it = std::upper_bound(std::begin(table), std::end(table), cp,
+                             [](char32_t c, const ClassRange& r) { return c < r.first; });
+  if (it == std::begin(table)) return 0;
+  --it;
+  return cp <= it->last ? it->cls : 0;
+}
+}  // namespace
+
 CharClass char_class(char32_t cp) {
   if (cp < 0x80) return kAscii[cp];
-  auto it = std::upper_bound(std::begin(kClassRanges), std::end(kClassRanges), cp,
-                             [](char32_t c, const ClassRange& r) { return c < r.first; });
-  if (it == std::begin(kClassRanges)) return CharClass::other;
-  --it;
-  return cp <= it->last ? static_cast<CharClass>(it->cls) : CharClass::other;
+  return static_cast<CharClass>(range_value(kClassRanges, cp));
+}
+
+LetterCase letter_case(char32_t cp) {
+  if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? LetterCase::upper : cp >= 'a' && cp <= 'z' ? LetterCase::lower
+                                                                                            : LetterCase::none;
+  return static_cast<LetterCase>(range_value(kCaseRanges, cp));
 }
 
 bool trivially_nfc(std::string_view text) {

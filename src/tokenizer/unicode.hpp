@@ -1,5 +1,5 @@
 // UTF-8 decoding and the Unicode character facts the tokenizer needs: the class of a code point as the
-// pre-tokenizer regexes see it (\p{L}, \p{N}, \s) and NFC normalization.
+// pre-tokenizer regexes see it (\p{L}, \p{N}, \s, letter cases) and NFC normalization.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -63,6 +63,12 @@ inline void append_utf8(std::string& out, char32_t cp) {
 
 // Class of a valid code point, with ECMAScript's definition of \s (what the reference implementations use).
 CharClass char_class(char32_t cp);
+
+// What o200k's pattern asks of a letter or mark: its word sets are [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] (upper,
+// caseless, mark) and [\p{Ll}\p{Lm}\p{Lo}\p{M}] (lower, caseless, mark). A mark is not \p{L}: its CharClass is
+// other.
+enum class LetterCase : std::uint8_t { none = 0, upper = 1, lower = 2, caseless = 3, mark = 4 };
+LetterCase letter_case(char32_t cp);
 
 // Unicode Normalization Form C. Invalid UTF-8 bytes are kept as they are and block composition.
 std::string nfc(std::string_view text);

@@ -196,5 +196,56 @@ TEST(LoadTokenizer, UnknownModelTypeAndComponentsAreUnsupported) {
             std::string::npos);
 }
 
+// A tiktoken rank file of the 256 bytes and a few merged tokens, named for o200k_base (its split and specials).
+std::string tiny_tiktoken() {
+  auto base64 = [](const std::string& bytes) {
+    static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (std::size_t i = 0; i < bytes.size(); i += 3) {
+      std::uint32_t v = static_cast<unsigned char>(bytes[i]) << 16;
+      if (i + 1 < bytes.size()) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+      if (i + 2 < bytes.size()) v |= static_cast<unsigned char>(bytes[i + 2]);
+      for (std::size_t k = 0; k < 4; ++k)
+        out += k <= bytes.size() - i ? kAlphabet[(v >> (18 - 6 * k)) & 63] : '=';
+    }
+    return out;
+  };
+  std::string file;
+  for (int b = 0; b < 256; ++b) file += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
+  int rank = 256;
+  for (const char* t : {"ab", "bc", "abc", "aB", "Ba"}) file += base64(t) + " " + std::to_string(rank++) + "\n";
+  return file;
+}
+
+TEST(LoadTokenizer, TiktokenFilesMergeByRankAndSplitLikeO200k) {
+  test::TempDir dir;
+  const auto tok = load_tokenizer(dir.write("o200k_base.tiktoken", tiny_tiktoken()));
+  EXPECT_EQ(tok->encode("abc"), V{258});      // ab (256) before bc (257), then abc (258)
+  EXPECT_EQ(tok->encode("bca"), (V{257, 'a'}));
+  EXPECT_EQ(tok->encode("Ba"), V{260});       // an upper-case letter leads its lower-case word
+  EXPECT_EQ(tok->encode("aB"), (V{'a', 'B'}));  // a word ends where upper case begins: "aB" never merges
+  EXPECT_EQ(tok->encode("ab<|endoftext|>"), (V{256, 199999}));
+  EXPECT_EQ(tok->eos_token_id(), 199999);
+  EXPECT_EQ(tok->decode(V{258, 199999}), "abc<|endoftext|>");
+  const auto harmony = load_tokenizer(dir.write("o200k_harmony.tiktoken", tiny_tiktoken()));
+  EXPECT_EQ(harmony->token_to_id("<|start|>"), 200006);
+  EXPECT_EQ(harmony->token_to_id("<|reserved_200018|>"), 200018);  // o200k_base's <|endofprompt|> is not harmony's
+  EXPECT_EQ(harmony->eos_token_id(), 200002);                       // <|return|>
+}
+
+TEST(LoadTokenizer, BadTiktokenFilesNameTheLineOrTheEncoding) {
+  test::TempDir dir;
+  const auto bad = dir.write("cl100k_base.tiktoken", "IQ== 0\nnot-base64! 1\n");
+  EXPECT_THROW(load_tokenizer(bad), invalid_argument);
+  EXPECT_NE(message_of([&] { load_tokenizer(bad); }).find("line 2: expected '<base64 token> <rank>'"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { load_tokenizer(dir.write("o200k_base.tiktoken", "IQ== x\n")); }).find("line 1"),
+            std::string::npos);
+  const auto unknown = dir.write("p50k_base.tiktoken", "IQ== 0\n");
+  EXPECT_THROW(load_tokenizer(unknown), unsupported);
+  EXPECT_NE(message_of([&] { load_tokenizer(unknown); }).find("'p50k_base' is none of o200k_base, o200k_harmony"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace rlloop
