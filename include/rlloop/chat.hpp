@@ -1,7 +1,7 @@
 // Chat renderers: turn a conversation into tokens for generation or for supervised training, name the stop
 // sequences, and parse a sampled completion back into a message. Implementations (ChatML, Qwen3 with thinking
-// on and off, Llama 3, Llama 2, a plain "Role: content" format) live in rlloop::tokenizer; make_chat_renderer
-// picks one.
+// on and off, Llama 3, Llama 2, gpt-oss's harmony, a plain "Role: content" format) live in rlloop::tokenizer;
+// make_chat_renderer picks one.
 #pragma once
 #include <memory>
 #include <optional>
@@ -82,15 +82,17 @@ class ChatRenderer {
 //   "llama3"            Llama 3 Instruct headers and <|eot_id|>
 //   "llama2"            Llama 2 Chat: <s>[INST] <<SYS>>..<</SYS>> user [/INST] answer </s> (SentencePiece vocabularies)
 //   "role_colon"        "User: ...\n\nAssistant: ..." for base models and the byte-level tokenizer
+//   "harmony"           gpt-oss's harmony format (openai-harmony's rendering, o200k_harmony's special tokens): the
+//                       analysis channel carries reasoning_content, the final channel the content
 // Throws invalid_argument for an unknown name, or when the tokenizer lacks a special token the format needs.
 std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::shared_ptr<const Tokenizer> tokenizer);
 
 // The name of the renderer that writes what a model's own chat template writes. A GGUF tokenizer's template
 // (tokenizer.chat_template) decides when rlloop recognises it by its markers: SmolLM2-Instruct's -> "smollm2",
-// Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3", Llama 2's -> "llama2"; another SentencePiece GGUF gets
-// "role_colon". Otherwise `family_renderer`, the model family's format (SessionInfo::chat_renderer: "llama3" for
-// llama, "chatml" for qwen2, "qwen3_no_thinking" for qwen3), and "role_colon" for the byte tokenizer or when that
-// is empty. tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a
+// Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3", Llama 2's -> "llama2", gpt-oss's -> "harmony"; another
+// SentencePiece GGUF gets "role_colon". Otherwise `family_renderer`, the model family's format
+// (SessionInfo::chat_renderer: "llama3" for llama, "chatml" for qwen2, "qwen3_no_thinking" for qwen3, "harmony" for
+// gpt_oss), and "role_colon" for the byte tokenizer or when that is empty. tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a
 // bad GGUF, and invalid_argument when family_renderer is not a renderer name. (Before December 2026 the second
 // argument was the model_type; pass SessionInfo::chat_renderer instead: "qwen3" as a renderer means thinking on.)
 std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& family_renderer);

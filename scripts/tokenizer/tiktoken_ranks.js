@@ -27,3 +27,15 @@ function writeRankFile(ranks, file) {
 }
 
 module.exports = { jsTiktoken, writeRankFile };
+
+// node scripts/tokenizer/tiktoken_ranks.js ENCODING FILE [--npm DIR]: writes that encoding's rank file.
+if (require.main === module) {
+  const [name, file] = process.argv.slice(2);
+  const at = process.argv.indexOf('--npm');
+  const npmDir = at >= 0 ? process.argv[at + 1] : require('./corpus.js').DEFAULT_NPM;
+  if (!name || !file) {
+    console.error('usage: tiktoken_ranks.js ENCODING FILE [--npm DIR]');
+    process.exit(2);
+  }
+  writeRankFile(jsTiktoken(npmDir, name).ranks, file);
+}

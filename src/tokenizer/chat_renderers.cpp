@@ -5,7 +5,7 @@ namespace rlloop {
 
 const std::vector<std::string>& chat_renderer_names() {
   static const std::vector<std::string> names = {"chatml", "smollm2", "qwen3", "qwen3_no_thinking",
-                                                 "llama3", "llama2",  "role_colon"};
+                                                 "llama3", "llama2",  "role_colon", "harmony"};
   return names;
 }
 
@@ -18,6 +18,7 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
   if (name == "llama3") return make_llama3_renderer(std::move(tokenizer));
   if (name == "llama2") return make_llama2_renderer(std::move(tokenizer));
   if (name == "role_colon") return make_role_colon_renderer(std::move(tokenizer));
+  if (name == "harmony") return make_harmony_renderer(std::move(tokenizer));
   std::string known;
   for (const std::string& n : chat_renderer_names()) known += (known.empty() ? "" : ", ") + n;
   throw invalid_argument("make_chat_renderer: unknown renderer '" + name + "' (expected one of " + known + ")");

@@ -18,6 +18,7 @@ std::optional<std::string> renderer_for_template(std::string_view jinja) {
   if (has("<|im_start|>") && has("<think>")) return "qwen3_no_thinking";
   if (has("<|start_header_id|>") && has("<|eot_id|>")) return "llama3";
   if (has("[INST]") && has("<<SYS>>")) return "llama2";
+  if (has("<|start|>") && has("<|channel|>") && has("<|message|>")) return "harmony";
   return std::nullopt;
 }
 

@@ -3,6 +3,7 @@
 #include <functional>
 
 #include <gtest/gtest.h>
+#include <rlloop/chat.hpp>
 #include <rlloop/error.hpp>
 #include <rlloop/tokenizer.hpp>
 
@@ -231,6 +232,34 @@ TEST(LoadTokenizer, TiktokenFilesMergeByRankAndSplitLikeO200k) {
   EXPECT_EQ(harmony->token_to_id("<|start|>"), 200006);
   EXPECT_EQ(harmony->token_to_id("<|reserved_200018|>"), 200018);  // o200k_base's <|endofprompt|> is not harmony's
   EXPECT_EQ(harmony->eos_token_id(), 200002);                       // <|return|>
+}
+
+TEST(Harmony, ParsesTheAnalysisAndFinalChannelsOfASample) {
+  test::TempDir dir;
+  const auto tok = load_tokenizer(dir.write("o200k_harmony.tiktoken", tiny_tiktoken()));
+  const auto harmony = make_chat_renderer("harmony", tok);
+  EXPECT_EQ(harmony->stop_token_ids(), (V{200002, 200012}));  // <|return|>, <|call|>: <|end|> only ends a message
+  // What a model writes after <|start|>assistant.
+  auto parse = [&](const std::string& text) { return harmony->parse_response(tok->encode(text)); };
+  auto r = parse(
+      "<|channel|>analysis<|message|>2 plus 2.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>");
+  EXPECT_TRUE(r.complete);
+  EXPECT_EQ(r.message, (Message{"assistant", "4", "2 plus 2."}));
+  r = parse("<|channel|>analysis<|message|>still thinking");  // cut at max_tokens
+  EXPECT_FALSE(r.complete);
+  EXPECT_EQ(r.message, (Message{"assistant", "", "still thinking"}));
+  r = parse("<|channel|>final<|message|>ab<|end|>");  // a message ended, the turn not
+  EXPECT_FALSE(r.complete);
+  EXPECT_EQ(r.message.content, "ab");
+  // The conversation's checks: one system message, first; no tool messages yet; the format's tokens present.
+  const std::vector<Message> late_system{{"user", "a", {}}, {"system", "b", {}}};
+  EXPECT_NE(message_of([&] { harmony->build_generation_prompt(late_system); }).find("message 1 is a system message"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { harmony->build_generation_prompt(std::vector<Message>{{"tool", "x", {}}}); })
+                .find("tool message"),
+            std::string::npos);
+  EXPECT_THROW(make_chat_renderer("harmony", load_tokenizer(dir.write("o200k_base.tiktoken", tiny_tiktoken()))),
+               invalid_argument);  // o200k_base has no <|start|>
 }
 
 TEST(LoadTokenizer, BadTiktokenFilesNameTheLineOrTheEncoding) {

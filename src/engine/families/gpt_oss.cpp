@@ -8,8 +8,8 @@
 //     stacked and interleaved in the checkpoint (ExpertStyle::stacked_interleaved).
 // Checkpoints as transformers saves them and OpenAI's own, whose experts are MXFP4 (gate_up_proj_blocks / _scales,
 // expert_layout.cpp), load. A config.json without the sliding window or RoPE keys takes transformers' defaults
-// (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (not yet
-// rendered by rlloop; role_colon stands in).
+// (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (its
+// tokenizer: tokenizer.json with o200k's split, or o200k_harmony.tiktoken).
 #include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
@@ -34,7 +34,7 @@ ModelFamily gpt_oss() {
   f.expert_style.stacked_interleaved = true;
   f.expert_style.width_key = "intermediate_size";
   f.names.router = "mlp.router";
-  f.chat_renderer = "role_colon";
+  f.chat_renderer = "harmony";
   f.read_config = [](const nlohmann::json& j, ModelConfig& c) {
     try {
       c.swiglu_limit = j.value("swiglu_limit", 7.0);
