@@ -1010,8 +1010,9 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
     throw invalid_argument("LoraOptions.alpha must be positive, got " + std::to_string(options.alpha));
   const ModelFamily& family = *impl_->family;
   const bool has_experts = impl_->cfg.num_experts > 0;
-  // Experts stacked and interleaved in the checkpoint (gpt-oss) take no adapters yet: PEFT lays those out otherwise,
-  // and its all-linear reaches only attention there (gpt-oss's router is no nn.Linear either).
+  // PEFT's all-linear reaches only attention on a model whose experts are stacked parameters in every layer and
+  // whose router is no nn.Linear (gpt-oss); its experts and router are adapted when named (PEFT's
+  // target_parameters).
   const bool stacked = has_experts && family.expert_style.stacked_interleaved;
   const std::vector<std::string> known = family.lora_target_modules();
   std::set<std::string> targets;
@@ -1020,13 +1021,6 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
       for (Projection p : kProjections)
         if (!stacked || p < Projection::gate) targets.insert(family.target_module(p));
       if (has_experts && !stacked) targets.insert(family.router_target_module());  // PEFT's all-linear: the router
-    } else if (stacked && (m == family.router_target_module() || m == family.target_module(Projection::gate) ||
-                           m == family.target_module(Projection::up) || m == family.target_module(Projection::down))) {
-      throw invalid_argument("LoraOptions.target_modules: '" + m + "' would adapt the router or the experts, which " +
-                             "take no adapters on " + family.model_type + " models yet; target attention (" +
-                             family.target_module(Projection::q) + ", " + family.target_module(Projection::k) + ", " +
-                             family.target_module(Projection::v) + ", " + family.target_module(Projection::o) +
-                             ") or all-linear");
     } else if (std::find(known.begin(), known.end(), m) != known.end()) {
       targets.insert(m);
     } else {
@@ -1108,10 +1102,29 @@ std::vector<torch::Tensor> Transformer::lora_b_parameters() {
   return out;
 }
 
+namespace {
+// gpt-oss's checkpoint interleaves each expert's gate and up columns (gate_up_proj [E, H, 2I]: gate at even, up at
+// odd), and PEFT's B of the stacked adapter has its rows in that order; rlloop's gate_up B has the gate's I rows,
+// then the up's. Nothing else of the layout differs (PEFT reads the transposed stack as [E, in, out]).
+torch::Tensor interleave_gate_up_rows(const torch::Tensor& b) {
+  const std::int64_t I = b.size(0) / 2;
+  return torch::stack({b.narrow(0, 0, I), b.narrow(0, I, I)}, 1).reshape(b.sizes());
+}
+torch::Tensor deinterleave_gate_up_rows(const torch::Tensor& b) {
+  return torch::cat({b.slice(0, 0, b.size(0), 2), b.slice(0, 1, b.size(0), 2)});
+}
+}  // namespace
+
 TensorMap Transformer::peft_state_dict() const {
   if (!impl_->lora) throw conflict("Transformer::peft_state_dict: the model has no LoRA adapters");
+  std::set<const void*> interleaved;  // gpt-oss's gate_up Bs
+  if (impl_->family->expert_style.stacked_interleaved)
+    for (const Layer& l : impl_->layers)
+      if (l.expert_lora.gate_up_b.defined()) interleaved.insert(l.expert_lora.gate_up_b.unsafeGetTensorImpl());
   TensorMap out;
-  impl_->for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) { out[name] = t.detach(); });
+  impl_->for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) {
+    out[name] = interleaved.count(t.unsafeGetTensorImpl()) ? interleave_gate_up_rows(t.detach()) : t.detach();
+  });
   return out;
 }
 
@@ -1133,6 +1146,10 @@ void Transformer::load_peft_state_dict(const TensorMap& tensors) {
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : expected) param.copy_(tensors.at(name));
+  if (impl_->family->expert_style.stacked_interleaved)
+    for (Layer& l : impl_->layers)
+      if (l.expert_lora.gate_up_b.defined())
+        l.expert_lora.gate_up_b.copy_(deinterleave_gate_up_rows(l.expert_lora.gate_up_b));
 }
 
 TensorMap Transformer::merged_hf_state_dict() const {

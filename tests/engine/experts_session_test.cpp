@@ -101,12 +101,18 @@ TEST(ExpertsSession, TheTinyGptOssTrainsAndSamplesPastItsWindow) {
   EXPECT_EQ(info.model_type, "gpt_oss");
   EXPECT_EQ(info.experts, (ExpertShape{8, 2, 2}));
 
-  EXPECT_EQ(error_of([&] {
-              service.create_lora_training_client("rlloop-tiny-gpt-oss", {.rank = 4, .alpha = 8,
-                                                                          .target_modules = {"gate_proj", "up_proj"}});
-            }),
-            "LoraOptions.target_modules: 'gate_proj' would adapt the router or the experts, which take no adapters on "
-            "gpt_oss models yet; target attention (q_proj, k_proj, v_proj, o_proj) or all-linear");
+  // Adapters on its experts and router (PEFT's target_parameters layout): per layer gate_up's A [E 2r, H] and
+  // B [2I, E 2r], down's A [E r, I] and B [H, E r], the router's A [r, H] and B [E, r].
+  auto experts = service.create_lora_training_client(
+      "rlloop-tiny-gpt-oss",
+      {.rank = 4, .alpha = 8, .target_modules = {"gate_proj", "up_proj", "down_proj", "router"}, .seed = 3});
+  EXPECT_EQ(experts.get_info().num_trainable_parameters,
+            2 * (8 * 8 * (32 + 2 * 16) + 8 * 4 * (16 + 32) + 4 * (32 + 8)));
+  auto [experts_first, experts_last] = train_six_steps(experts, batch, 2e-2);
+  EXPECT_LT(experts_last, experts_first);
+  auto experts_sampler = experts.live_sampling_client();
+  expect_sampled_logprobs_are_computed_ones(experts_sampler, prompt);
+
   auto lora = service.create_lora_training_client(
       "rlloop-tiny-gpt-oss", {.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .seed = 2});
   EXPECT_EQ(lora.get_info().num_trainable_parameters, 2 * (4 * (32 + 32) + 4 * (32 + 16) * 2 + 4 * (32 + 32)));

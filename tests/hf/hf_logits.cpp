@@ -175,8 +175,8 @@ void load_peft_adapter(Transformer& model, const std::string& dir) {
       if (cfg.value("rank_pattern", none) != ranks || cfg.value("alpha_pattern", none) != alphas)
         throw std::runtime_error(dir + ": gate_up_proj's rank and alpha are not twice r and lora_alpha");
       targets.insert(targets.end(), {"gate_proj", "up_proj"});
-    } else if (name == "down_proj" || name == "gate.weight") {
-      targets.push_back(name == "down_proj" ? "down_proj" : "gate");
+    } else if (name == "down_proj" || name == "gate.weight" || name == "router.weight") {
+      targets.push_back(name == "down_proj" ? "down_proj" : name.substr(0, name.find('.')));  // Qwen's / gpt-oss's
     } else {
       throw std::runtime_error(dir + ": target parameter '" + name + "' is not one rlloop adapts");
     }

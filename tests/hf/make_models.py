@@ -41,6 +41,9 @@ class Spec:
     model_type: str
     config: dict  # on top of COMMON
     lora_targets: list | str  # a list of module names, or PEFT's "all-linear"
+    # PEFT's target_parameters (stacked experts, a router that is no nn.Linear): gate_up_proj at twice the rank and
+    # alpha, the layout rlloop writes
+    lora_parameters: list | None = None
     gguf: bool = True  # whether gguf_parity_test writes it as llama.cpp's converter would (rlloop reads the GGUF)
 
 
@@ -84,6 +87,14 @@ MODELS = [
                                                          beta_fast=8.0, beta_slow=1.0, truncate=False,
                                                          original_max_position_embeddings=8)),
          "all-linear", gguf=False),
+    # The same gpt-oss with adapters on its experts and router too (PEFT's target_parameters: its ParamWrapper reads
+    # the transposed stacks as [E, in, out]; the B of gate_up has its rows interleaved as the stack's columns are).
+    Spec("gpt-oss-experts", "gpt_oss", dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
+                                            sliding_window=4, swiglu_limit=1.0, rms_norm_eps=1e-5,
+                                            rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
+                                                                 beta_fast=8.0, beta_slow=1.0, truncate=False,
+                                                                 original_max_position_embeddings=8)),
+         ["q_proj", "o_proj"], gguf=False, lora_parameters=["gate_up_proj", "down_proj", "router.weight"]),
 ]
 
 
@@ -119,10 +130,14 @@ def randomize(model, generator):
             param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.1 * noise)
 
 
-def random_adapter(base, targets, generator):
+def random_adapter(base, targets, generator, parameters=None):
     """A LoRA adapter with random A and B: PEFT's own init sets B = 0, an adapter that changes nothing."""
+    extra = {}
+    if parameters:
+        extra = dict(target_parameters=parameters, rank_pattern={r".*\.gate_up_proj": 2 * LORA_RANK},
+                     alpha_pattern={r".*\.gate_up_proj": 2 * LORA_ALPHA})
     config = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=targets, lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM")
+                        task_type="CAUSAL_LM", **extra)
     model = get_peft_model(base, config)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -188,7 +203,7 @@ def make(out_dir, seed=0):
 
         # save_embedding_layers=False: with lm_head among the targets, peft would otherwise store the whole base
         # lm_head in the adapter too, which an adapter (and rlloop's loader) has no use for.
-        random_adapter(load(model_dir), spec.lora_targets, generator).save_pretrained(
+        random_adapter(load(model_dir), spec.lora_targets, generator, spec.lora_parameters).save_pretrained(
             adapter_dir, save_embedding_layers=False)
         adapted = PeftModel.from_pretrained(load(model_dir), adapter_dir).eval()
         lora_logits = forward_logits(adapted)
