@@ -31,6 +31,7 @@ enum class TensorType : std::uint32_t {
   q5_k = 13,
   q6_k = 14,
   bf16 = 30,
+  mxfp4 = 39,  // OpenAI's microscaling FP4 (gpt-oss's experts)
 };
 // "Q4_K", as llama.cpp names it; "type N" for a number rlloop does not read.
 std::string to_string(TensorType type);

@@ -1,6 +1,6 @@
 // ggml's block formats to fp32, element for element as ggml's dequantize_row_* computes them (the same products
 // and sums in fp32, in the same order; this file is compiled without floating-point contraction, so that no FMA
-// changes a rounding). Block layouts: ggml-common.h (block_q4_0, ..., block_q6_K); QK_K = 256.
+// changes a rounding). Block layouts: ggml-common.h (block_q4_0, ..., block_q6_K, block_mxfp4); QK_K = 256.
 #include <bit>
 #include <cstring>
 
@@ -145,6 +145,19 @@ void q6_k(const std::uint8_t* b, float* y) {
   }
 }
 
+// block_mxfp4 {uint8 e; uint8 qs[16]}: FP4 E2M1 codes, element j in qs[j]'s low nibble and j + 16 in its high one,
+// times the E8M0 scale 2^(e - 127). ggml keeps the codes' values doubled (kvalues_mxfp4) and halves the scale
+// (GGML_E8M0_TO_FP32_HALF), exactly.
+void mxfp4(const std::uint8_t* b, float* y) {
+  static constexpr std::int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const std::uint32_t e = b[0];
+  const float d = std::bit_cast<float>(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = static_cast<float>(kValues[b[1 + j] & 0x0F]) * d;
+    y[j + kQK / 2] = static_cast<float>(kValues[b[1 + j] >> 4]) * d;
+  }
+}
+
 using BlockFn = void (*)(const std::uint8_t*, float*);
 BlockFn block_fn(TensorType type) {
   switch (type) {
@@ -158,6 +171,7 @@ BlockFn block_fn(TensorType type) {
     case TensorType::q4_k: return q4_k;
     case TensorType::q5_k: return q5_k;
     case TensorType::q6_k: return q6_k;
+    case TensorType::mxfp4: return mxfp4;
     case TensorType::f32:
     case TensorType::f16:
     case TensorType::bf16: return nullptr;

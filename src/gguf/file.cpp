@@ -148,6 +148,7 @@ std::string to_string(TensorType type) {
     case TensorType::q5_k: return "Q5_K";
     case TensorType::q6_k: return "Q6_K";
     case TensorType::bf16: return "BF16";
+    case TensorType::mxfp4: return "MXFP4";
   }
   return "type " + std::to_string(static_cast<std::uint32_t>(type));
 }
@@ -167,6 +168,7 @@ std::optional<BlockLayout> block_layout(TensorType type) {
     case TensorType::q4_k: return BlockLayout{256, 144};
     case TensorType::q5_k: return BlockLayout{256, 176};
     case TensorType::q6_k: return BlockLayout{256, 210};
+    case TensorType::mxfp4: return BlockLayout{32, 17};
   }
   return std::nullopt;
 }

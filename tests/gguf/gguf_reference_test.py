@@ -24,7 +24,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 # The byte offsets of each block's f16 scale fields (ggml-common.h), set to finite random halves.
 HALF_FIELDS = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.Q2_K: [80, 82],
-               Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+               Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.MXFP4: []}
 
 
 def random_blocks(rng, qtype, rows, cols):
@@ -113,7 +113,7 @@ def main():
         w.add_array("t.nested", [[1, 2], [3]])
         expected = {}
         qtypes = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
-                  Q.Q6_K]
+                  Q.Q6_K, Q.MXFP4]
         for qtype in qtypes:
             name = f"w.{qtype.name}"
             rows, cols = 3, 512
