@@ -78,14 +78,31 @@ void add_expert_metadata(const ModelConfig& c, std::map<std::string, gguf::Value
   metadata[a + "expert_feed_forward_length"] = u32(c.moe_intermediate_size);
 }
 
+// YaRN RoPE, as llama.cpp's converter writes it (llama.cpp reads the type, factor and original context length; the
+// betas it takes when present).
+void add_rope_scaling_metadata(const ModelConfig& c, std::map<std::string, gguf::Value>& metadata) {
+  if (!c.yarn) return;
+  const std::string a = c.family().gguf_architecture + ".rope.scaling.";
+  metadata[a + "type"] = gguf::Value{std::string("yarn")};
+  metadata[a + "factor"] = gguf::Value{static_cast<float>(c.yarn->factor)};
+  metadata[a + "original_context_length"] =
+      gguf::Value{static_cast<std::uint32_t>(c.yarn->original_max_position_embeddings)};
+  metadata[a + "yarn_beta_fast"] = gguf::Value{static_cast<float>(c.yarn->beta_fast)};
+  metadata[a + "yarn_beta_slow"] = gguf::Value{static_cast<float>(c.yarn->beta_slow)};
+}
+
 // Each sparse layer's experts as llama.cpp stacks them, one [E, out, in] tensor per projection
-// ("blk.N.ffn_gate_exps.weight"), taken out of `tensors` (the per-expert Hugging Face names).
+// ("blk.N.ffn_gate_exps.weight"), and their biases' [E, out] (gpt-oss), taken out of `tensors` (the per-expert
+// Hugging Face names).
 std::vector<std::pair<std::string, torch::Tensor>> take_expert_stacks(const ModelConfig& c, TensorMap& tensors) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (std::int64_t layer = 0; layer < c.num_hidden_layers; ++layer)
     if (c.sparse_layer(layer))
-      for (Projection p : {Projection::gate, Projection::up, Projection::down})
+      for (Projection p : {Projection::gate, Projection::up, Projection::down}) {
         out.emplace_back(gguf_expert_stack_name(layer, p), take_expert_stack(c, tensors, layer, p, ".weight"));
+        if (c.family().expert_style.biases)
+          out.emplace_back(gguf_expert_stack_name(layer, p, ".bias"), take_expert_stack(c, tensors, layer, p, ".bias"));
+      }
   return out;
 }
 
@@ -138,6 +155,8 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
   const std::string arch = gguf_architecture(config, what);
   auto metadata = architecture_metadata(config);
   add_expert_metadata(config, metadata);
+  add_rope_scaling_metadata(config, metadata);
+  if (config.family().write_gguf_config) config.family().write_gguf_config(config, metadata);
   metadata["general.file_type"] = gguf::Value{file_type(type)};
   if (type == gguf::TensorType::q8_0) metadata["general.quantization_version"] = gguf::Value{std::uint32_t{2}};
   // The base's keys for what this file does not describe otherwise (the tokenizer, the chat template, names);

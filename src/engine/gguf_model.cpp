@@ -21,7 +21,7 @@ NamePairs block_tensors(const ModelFamily& family) {
   NamePairs out = {{"attn_norm.weight", n.input_norm + ".weight"},
                    {"attn_q_norm.weight", n.q_norm + ".weight"},
                    {"attn_k_norm.weight", n.k_norm + ".weight"},
-                   {"ffn_norm.weight", n.post_norm + ".weight"}};
+                   {family.gguf_post_norm + ".weight", n.post_norm + ".weight"}};
   const char* const gguf_projections[kNumProjections] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                          "ffn_gate", "ffn_up", "ffn_down"};
   for (Projection p : kProjections) {
@@ -30,17 +30,20 @@ NamePairs block_tensors(const ModelFamily& family) {
       out.emplace_back(std::string(gguf_projections[j]) + kind, n.projections[j] + kind);
   }
   if (family.experts) out.emplace_back("ffn_gate_inp.weight", n.router + ".weight");
+  if (family.experts && family.expert_style.router_bias) out.emplace_back("ffn_gate_inp.bias", n.router + ".bias");
+  if (family.attention_sinks) out.emplace_back("attn_sinks.weight", n.sinks);
   return out;
 }
 
-// A sparse block's experts, stacked in one tensor per projection: "blk.N.ffn_gate_exps.weight" [E, out, in].
+// A sparse block's experts, stacked in one tensor per projection: "blk.N.ffn_gate_exps.weight" [E, out, in], and
+// with biases (gpt-oss) "blk.N.ffn_gate_exps.bias" [E, out].
 struct ExpertStack {
   std::int64_t layer;
   Projection projection;
+  std::string suffix;  // ".weight" or ".bias"
 };
 constexpr std::pair<const char*, Projection> kExpertStacks[] = {
-    {"ffn_gate_exps.weight", Projection::gate}, {"ffn_up_exps.weight", Projection::up},
-    {"ffn_down_exps.weight", Projection::down}};
+    {"ffn_gate_exps", Projection::gate}, {"ffn_up_exps", Projection::up}, {"ffn_down_exps", Projection::down}};
 
 // The block index of "blk.N.<rest>" and its rest, or nullopt.
 std::optional<std::pair<std::int64_t, std::string>> block_of(const std::string& name) {
@@ -56,7 +59,8 @@ std::optional<ExpertStack> expert_stack(const ModelFamily& family, const std::st
   const auto block = block_of(name);
   if (!block) return std::nullopt;
   for (const auto& [g, p] : kExpertStacks)
-    if (block->second == g) return ExpertStack{block->first, p};
+    for (const char* suffix : {".weight", ".bias"})
+      if (block->second == std::string(g) + suffix) return ExpertStack{block->first, p, suffix};
   return std::nullopt;
 }
 
@@ -99,9 +103,9 @@ std::int64_t reordered_heads(const ModelConfig& config, const std::string& gguf_
 
 }  // namespace
 
-std::string gguf_expert_stack_name(std::int64_t layer, Projection p) {
+std::string gguf_expert_stack_name(std::int64_t layer, Projection p, const std::string& suffix) {
   for (const auto& [g, projection] : kExpertStacks)
-    if (projection == p) return "blk." + std::to_string(layer) + "." + g;
+    if (projection == p) return "blk." + std::to_string(layer) + "." + g + suffix;
   throw std::logic_error("gguf_expert_stack_name: not an expert projection");
 }
 
@@ -144,13 +148,25 @@ ModelConfig gguf_model_config(const gguf::File& file) {
   auto key = [&](const char* k) { return arch + "." + k; };
   if (family->experts && !file.find(key("expert_count")))
     throw invalid_argument("GGUF file '" + file.path() + "': " + key("expert_count") + " is missing");
+  nlohmann::json j;
   if (const auto* scaling = file.find(key("rope.scaling.type"))) {
     const auto* type = std::get_if<std::string>(&scaling->v);
-    if (!type || *type != "none")
+    if (type && *type == "yarn") {
+      // As llama.cpp reads it; beta_fast and beta_slow take its defaults when the converter did not write them.
+      j["rope_parameters"] = {
+          {"rope_type", "yarn"},
+          {"rope_theta", file.number(key("rope.freq_base"))},
+          {"factor", file.number(key("rope.scaling.factor"))},
+          {"original_max_position_embeddings", file.integer(key("rope.scaling.original_context_length"))},
+          {"beta_fast", file.find(key("rope.scaling.yarn_beta_fast")) ? file.number(key("rope.scaling.yarn_beta_fast"))
+                                                                      : 32.0},
+          {"beta_slow", file.find(key("rope.scaling.yarn_beta_slow")) ? file.number(key("rope.scaling.yarn_beta_slow"))
+                                                                      : 1.0}};
+    } else if (!type || *type != "none") {
       throw unsupported("GGUF file '" + file.path() + "': scaled RoPE (" + key("rope.scaling.type") +
-                        ") is not supported");
+                        ") other than yarn is not supported");
+    }
   }
-  nlohmann::json j;
   j["model_type"] = family->model_type;
   j["hidden_size"] = file.integer(key("embedding_length"));
   j["intermediate_size"] = file.integer(key("feed_forward_length"));
@@ -180,6 +196,7 @@ ModelConfig gguf_model_config(const gguf::File& file) {
       if (!file.find_tensor("blk." + std::to_string(i) + ".ffn_gate_inp.weight")) j["mlp_only_layers"].push_back(i);
   }
   try {
+    if (family->read_gguf_config) family->read_gguf_config(file, j);
     return ModelConfig::from_json(j);
   } catch (const error& e) {
     throw invalid_argument("GGUF file '" + file.path() + "': " + e.what());
@@ -220,9 +237,9 @@ namespace {
 void add_dense(const gguf::File& file, const ModelConfig& config, const gguf::TensorInfo& t, TensorMap& out) {
   const ModelFamily& family = config.family();
   if (const auto stack = expert_stack(family, t.name)) {
-    const torch::Tensor values = dequantized_tensor(file, config, t);  // [E, out, in]
+    const torch::Tensor values = dequantized_tensor(file, config, t);  // [E, out, in] or [E, out]
     for (std::int64_t e = 0; e < values.size(0); ++e)
-      out.emplace(family.expert_module(stack->layer, e, stack->projection) + ".weight", values[e]);
+      out.emplace(family.expert_module(stack->layer, e, stack->projection) + stack->suffix, values[e]);
     return;
   }
   out.emplace(hf_name(file, family, t.name), dequantized_tensor(file, config, t));

@@ -38,8 +38,9 @@ std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Dev
 // llama.cpp's name for one of the family's (Hugging Face) tensor names, "model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"; nullopt for a name that is not one of the decoder's tensors.
 std::optional<std::string> gguf_tensor_name(const ModelFamily& family, const std::string& hf_name);
-// llama.cpp's name of sparse layer `layer`'s experts' projection `p`, stacked ("blk.3.ffn_gate_exps.weight").
-std::string gguf_expert_stack_name(std::int64_t layer, Projection p);
+// llama.cpp's name of sparse layer `layer`'s experts' projection `p`, stacked ("blk.3.ffn_gate_exps.weight"; with
+// suffix ".bias" their biases, gpt-oss's).
+std::string gguf_expert_stack_name(std::int64_t layer, Projection p, const std::string& suffix = ".weight");
 // A tensor (or a LoRA B, whose rows are the weight's) in the row order llama.cpp's converter writes for
 // `gguf_name`: the llama family's q and k rows permuted for GGML's RoPE, everything else as it is.
 torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t);

@@ -12,10 +12,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
+
+namespace rlloop::gguf {
+class File;
+struct Value;
+}
 
 namespace rlloop::engine {
 
@@ -80,6 +86,7 @@ struct ModelFamily {
   bool o_proj_bias = true;              // with attention biases, o_proj has one too (Llama's attention_bias)
   bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool gguf_reorders_qk = false;        // llama.cpp's converter reorders the q/k rows of each head (llama)
+  std::string gguf_post_norm = "ffn_norm";  // llama.cpp's name of the norm before the MLP (names.post_norm)
   // Sparse layers (mixture of experts): ModelConfig::from_json reads the expert keys (Qwen-MoE's names; a family's
   // read_config may read others), and the layers ModelConfig::sparse_layer names have a router and experts in place
   // of the dense MLP.
@@ -97,6 +104,11 @@ struct ModelFamily {
   std::function<void(const nlohmann::json&, ModelConfig&)> read_config;
   // Writes those keys back (ModelConfig::to_json; optional).
   std::function<void(const ModelConfig&, nlohmann::json&)> write_config;
+  // A GGUF file's keys of the family's own ("<gguf_architecture>.*": sliding windows, ...) as config.json's, into
+  // the config that gguf_model_config builds from the keys every family shares (optional).
+  std::function<void(const gguf::File&, nlohmann::json&)> read_gguf_config;
+  // Writes those keys into a GGUF export's metadata (optional); throws unsupported for a config llama.cpp cannot run.
+  std::function<void(const ModelConfig&, std::map<std::string, gguf::Value>&)> write_gguf_config;
 
   // "model.layers.3.self_attn.q_proj": the module of a layer's projection.
   std::string projection_module(std::int64_t layer, Projection p) const;

@@ -69,6 +69,12 @@ BLOCK_NAMES = {
 }
 MODEL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                "lm_head.weight": "output.weight"}
+# gpt-oss's (llama.cpp's GptOssModel converter): its pre-MLP norm is post_attention_norm, its router ffn_gate_inp
+# with a bias, its sinks attn_sinks.
+GPT_OSS_BLOCK_NAMES = dict(BLOCK_NAMES, **{
+    "post_attention_layernorm.weight": "post_attention_norm.weight", "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias"})
+ARCHITECTURES = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def hf_logits(tool, model, tokens, *flags):
@@ -108,7 +114,7 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
     one [experts, out, in] tensor per projection (ffn_gate_exps, ffn_up_exps, ffn_down_exps), its router as
     ffn_gate_inp, with the converter's expert keys."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    arch = {"qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
+    arch = ARCHITECTURES.get(cfg["model_type"], cfg["model_type"])
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
     theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
@@ -129,9 +135,35 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_feed_forward_length(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    block_names = GPT_OSS_BLOCK_NAMES if arch == "gpt-oss" else BLOCK_NAMES
+    if arch == "gpt-oss":
+        w.add_sliding_window(cfg["sliding_window"])
+        rope = cfg["rope_parameters"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     stacks = {}  # (layer, projection) -> {expert: array}
-    for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
+    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+    for name in [n for n in tensors if ".mlp.experts." in n and "_proj" in n.rsplit(".", 1)[-1]]:
+        # gpt-oss's stacks (transformers' layout): gate_up_proj [E, H, 2I] with gate at even columns and up at odd
+        # ones, down_proj [E, I, H], each with a bias; the converter writes [E, out, in] stacks and [E, out] biases.
+        layer = name[len("model.layers."):].split(".")[0]
+        t = tensors.pop(name).float().numpy()
+        prefix = f"blk.{layer}."
+        if name.endswith("gate_up_proj"):
+            stacks[(prefix + "ffn_gate_exps.weight")] = t.transpose(0, 2, 1)[:, 0::2]
+            stacks[(prefix + "ffn_up_exps.weight")] = t.transpose(0, 2, 1)[:, 1::2]
+        elif name.endswith("gate_up_proj_bias"):
+            stacks[(prefix + "ffn_gate_exps.bias")] = t[:, 0::2]
+            stacks[(prefix + "ffn_up_exps.bias")] = t[:, 1::2]
+        elif name.endswith("down_proj"):
+            stacks[(prefix + "ffn_down_exps.weight")] = t.transpose(0, 2, 1)
+        else:
+            stacks[(prefix + "ffn_down_exps.bias")] = t
+    for name, t in tensors.items():
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
         if ".mlp.experts." in name:  # model.layers.L.mlp.experts.E.gate_proj.weight
@@ -140,7 +172,7 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
             continue
         if name.startswith("model.layers."):
             layer, rest = name[len("model.layers."):].split(".", 1)
-            gname = f"blk.{layer}.{BLOCK_NAMES[rest]}"
+            gname = f"blk.{layer}.{block_names[rest]}"
         else:
             gname = MODEL_NAMES[name]
         a = t.float().numpy()
@@ -149,9 +181,14 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
         if arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
             a = permute(a, heads, kv)
         w.add_tensor(gname, np.ascontiguousarray(change(gname, a)))
-    for (layer, proj), by_expert in sorted(stacks.items()):
-        gname = f"blk.{layer}.ffn_{proj[:-len('_proj')]}_exps.weight"
-        w.add_tensor(gname, np.ascontiguousarray(change(gname, np.stack([by_expert[e] for e in range(experts)]))))
+    for key, value in sorted(stacks.items(), key=lambda kv: str(kv[0])):
+        if isinstance(key, str):  # gpt-oss's, already stacked
+            gname, stack = key, value
+        else:
+            layer, proj = key
+            gname = f"blk.{layer}.ffn_{proj[:-len('_proj')]}_exps.weight"
+            stack = np.stack([value[e] for e in range(experts)])
+        w.add_tensor(gname, np.ascontiguousarray(change(gname, stack)))
     finish(w)
 
 
@@ -226,7 +263,8 @@ def check_exports(tool, root, name, failures):
     if set(got) != set(expected) or not worst == 0.0:
         failures.append(f"tiny {name}: GGUF adapter differs from peft's tensors under llama.cpp's names: names "
                         f"{sorted(set(got) ^ set(expected))}, max |difference| {worst:.1e}")
-    header = {"general.architecture": cfg["model_type"], "general.type": "adapter", "adapter.type": "lora",
+    header = {"general.architecture": ARCHITECTURES.get(cfg["model_type"], cfg["model_type"]),
+              "general.type": "adapter", "adapter.type": "lora",
               "adapter.lora.alpha": float(lora_cfg["lora_alpha"])}
     for key, want in header.items():
         if fields.get(key) != want:
@@ -292,7 +330,7 @@ def main():
             check_exports(tool, root, name, failures)
         # Files rlloop cannot run are refused naming the file and what is missing.
         bad = {
-            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3, qwen3moe)", lambda w: None),
+            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3, qwen3moe, gpt-oss)", lambda w: None),
             "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's llama models",
                       lambda w: w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32), np.float32))),
             # Only an embedding and a final norm: the first block's tensors are missing.

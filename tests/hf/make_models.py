@@ -87,14 +87,15 @@ MODELS = [
                                                          beta_fast=8.0, beta_slow=1.0, truncate=False,
                                                          original_max_position_embeddings=8)),
          "all-linear", gguf=False),
-    # The same gpt-oss with adapters on its experts and router too (PEFT's target_parameters: its ParamWrapper reads
-    # the transposed stacks as [E, in, out]; the B of gate_up has its rows interleaved as the stack's columns are).
+    # gpt-oss with adapters on its experts and router too (PEFT's target_parameters: its ParamWrapper reads the
+    # transposed stacks as [E, in, out]; the B of gate_up has its rows interleaved as the stack's columns are); its
+    # clamps at gpt-oss's 7, which llama.cpp's gpt-oss assumes (gguf_parity_test writes it as llama.cpp's converter).
     Spec("gpt-oss-experts", "gpt_oss", dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
-                                            sliding_window=4, swiglu_limit=1.0, rms_norm_eps=1e-5,
+                                            sliding_window=4, rms_norm_eps=1e-5,
                                             rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
                                                                  beta_fast=8.0, beta_slow=1.0, truncate=False,
                                                                  original_max_position_embeddings=8)),
-         ["q_proj", "o_proj"], gguf=False, lora_parameters=["gate_up_proj", "down_proj", "router.weight"]),
+         ["q_proj", "o_proj"], lora_parameters=["gate_up_proj", "down_proj", "router.weight"]),
 ]
 
 

@@ -7,12 +7,16 @@
 //   - experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate), both clamped at 7), stored
 //     stacked and interleaved in the checkpoint (ExpertStyle::stacked_interleaved).
 // Checkpoints as transformers saves them and OpenAI's own, whose experts are MXFP4 (gate_up_proj_blocks / _scales,
-// expert_layout.cpp), load. A config.json without the sliding window or RoPE keys takes transformers' defaults
+// expert_layout.cpp), load, and llama.cpp's GGUF files ("gpt-oss": attn_sinks, post_attention_norm, the router's
+// bias, stacked experts with biases, MXFP4 or not). A config.json without the sliding window or RoPE keys takes transformers' defaults
 // (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (its
 // tokenizer: tokenizer.json with o200k's split, or o200k_harmony.tiktoken).
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
+#include <rlloop/gguf.hpp>
 
 #include "../model_config.hpp"
 #include "families.hpp"
@@ -23,6 +27,8 @@ ModelFamily gpt_oss() {
   ModelFamily f;
   f.model_type = "gpt_oss";
   f.hf_architecture = "GptOssForCausalLM";
+  f.gguf_architecture = "gpt-oss";
+  f.gguf_post_norm = "post_attention_norm";
   f.attention_bias_default = true;
   f.o_proj_bias = true;
   f.experts = true;
@@ -57,6 +63,34 @@ ModelFamily gpt_oss() {
       c.yarn = ModelConfig::Yarn{.factor = 32.0, .original_max_position_embeddings = 4096, .truncate = false};
     }
     if (!(c.swiglu_limit > 0)) throw invalid_argument("model config: swiglu_limit must be positive");
+  };
+  // llama.cpp's gpt-oss files (arch "gpt-oss"): every other layer slides from layer 0 (set_swa_pattern(2): layer i
+  // slides when i % pattern < pattern - 1), the experts' width is expert_feed_forward_length.
+  f.read_gguf_config = [](const gguf::File& file, nlohmann::json& j) {
+    const std::string a = "gpt-oss.";
+    const std::int64_t pattern = file.find(a + "attention.sliding_window_pattern")
+                                     ? file.integer(a + "attention.sliding_window_pattern")
+                                     : 2;
+    if (pattern < 1)
+      throw invalid_argument(a + "attention.sliding_window_pattern must be at least 1, got " + std::to_string(pattern));
+    j["sliding_window"] = file.integer(a + "attention.sliding_window");
+    j["layer_types"] = nlohmann::json::array();
+    for (std::int64_t i = 0; i < j["num_hidden_layers"].get<std::int64_t>(); ++i)
+      j["layer_types"].push_back(i % pattern < pattern - 1 ? "sliding_attention" : "full_attention");
+    j["intermediate_size"] = file.integer(a + "expert_feed_forward_length");
+    // gpt-oss's YaRN as its config.json states it (truncate: false, the correction range not rounded to whole
+    // dimensions); llama.cpp rounds it (8 and 18 where gpt-oss-20b's are 8.09 and 17.4).
+    if (j.contains("rope_parameters")) j["rope_parameters"]["truncate"] = false;
+  };
+  f.write_gguf_config = [](const ModelConfig& c, std::map<std::string, gguf::Value>& metadata) {
+    if (c.swiglu_limit != 7.0 || c.swiglu_alpha != 1.702)
+      throw unsupported("GGUF export: llama.cpp's gpt-oss clamps its SwiGLU at 7 with alpha 1.702, this model at " +
+                        std::to_string(c.swiglu_limit) + " with " + std::to_string(c.swiglu_alpha));
+    for (std::size_t i = 0; i < c.layer_types.size(); ++i)
+      if (c.layer_types[i] != (i % 2 == 0 ? "sliding_attention" : "full_attention"))
+        throw unsupported("GGUF export: llama.cpp's gpt-oss slides every other layer from layer 0; layer " +
+                          std::to_string(i) + " is " + c.layer_types[i]);
+    metadata["gpt-oss.attention.sliding_window"] = gguf::Value{static_cast<std::uint32_t>(c.sliding_window)};
   };
   f.write_config = [](const ModelConfig& c, nlohmann::json& j) {
     j["num_local_experts"] = c.num_experts;
