@@ -21,7 +21,8 @@ const std::map<std::string, SplitPattern>& pre_tokenizers() {
                                                          {"smollm", SplitPattern::gpt2_digits},
                                                          {"llama-bpe", SplitPattern::llama3},
                                                          {"llama3", SplitPattern::llama3},
-                                                         {"qwen2", SplitPattern::qwen2}};
+                                                         {"qwen2", SplitPattern::qwen2},
+                                                         {"gpt-4o", SplitPattern::o200k}};  // gpt-4o, gpt-oss
   return names;
 }
 

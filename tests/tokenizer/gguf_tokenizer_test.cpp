@@ -163,6 +163,36 @@ TEST(GgufTokenizer, EqualsTheTokenizerJsonWithDigitsBeforeByteLevel) {
   EXPECT_EQ(from_gguf->encode(" 3"), (V{v.id(byte_level(' ')), v.id("3")}));
 }
 
+TEST(GgufTokenizer, Gpt4oSplitsAsTheO200kRegexOfATokenizerJson) {
+  test::TempDir dir;
+  const Vocab v = tiny_vocab();
+  std::string vocab = "{";
+  for (std::size_t i = 0; i + 2 < v.tokens.size(); ++i) {
+    const std::string& t = v.tokens[i];
+    vocab += (i ? ", \"" : "\"") + (t == "\"" ? "\\\"" : t == "\\" ? "\\\\" : t) + "\": " + std::to_string(i);
+  }
+  vocab += "}";
+  // gpt-oss's tokenizer.json pre-tokenizer: o200k's regex (JSON-escaped), then ByteLevel without its own regex.
+  const std::string o200k =
+      R"([^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+)"
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+)"
+      R"([\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|)"
+      R"(\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)";
+  const std::string json = R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": [")" + byte_level(' ') +
+                           R"( t"]}, "normalizer": null, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [)" +
+                           R"({"type": "Split", "pattern": {"Regex": ")" + o200k +
+                           R"("}, "behavior": "Isolated", "invert": false}, )" +
+                           R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})";
+  const auto from_json = load_tokenizer(dir.write("tokenizer.json", json));
+  GgufTokenizer gpt4o;
+  gpt4o.pre = "gpt-4o";
+  const auto from_gguf = load_tokenizer(gpt4o.write(dir, "gpt4o.gguf"));
+  for (const char* text : {"x 2024\n\n7 items, 3.5% off  9", "HELLOworld don't STOP'S t", "naïve Ǆemo 中文 t/\n"})
+    EXPECT_EQ(from_json->encode(text), from_gguf->encode(text)) << text;
+  EXPECT_EQ(from_gguf->encode("12345 t"), (V{v.id("1"), v.id("2"), v.id("3"), v.id("4"), v.id("5"),
+                                             v.id(byte_level(' ') + "t")}));
+}
+
 TEST(GgufTokenizer, TheChatTemplateChoosesTheRenderer) {
   test::TempDir dir;
   GgufTokenizer smollm2;
@@ -170,6 +200,9 @@ TEST(GgufTokenizer, TheChatTemplateChoosesTheRenderer) {
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
       "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}...";
   EXPECT_EQ(default_chat_renderer(smollm2.write(dir, "smollm2.gguf"), "llama3"), "smollm2");
+  GgufTokenizer gpt_oss;  // gpt-oss's template writes harmony's headers
+  gpt_oss.chat_template = "{{- '<|start|>' + message.role }}{{- '<|channel|>final<|message|>' + content + '<|end|>' }}";
+  EXPECT_EQ(default_chat_renderer(gpt_oss.write(dir, "gpt-oss.gguf"), "llama3"), "harmony");
   // Without a template it recognises, the family's format.
   EXPECT_EQ(default_chat_renderer(GgufTokenizer{}.write(dir, "plain.gguf"), "llama3"), "llama3");
   EXPECT_EQ(default_chat_renderer("byte", "llama3"), "role_colon");

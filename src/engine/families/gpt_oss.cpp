@@ -8,8 +8,8 @@
 //     stacked and interleaved in the checkpoint (ExpertStyle::stacked_interleaved).
 // Checkpoints as transformers saves them and OpenAI's own, whose experts are MXFP4 (gate_up_proj_blocks / _scales,
 // expert_layout.cpp), load, and llama.cpp's GGUF files ("gpt-oss": attn_sinks, post_attention_norm, the router's
-// bias, stacked experts with biases, MXFP4 or not). A config.json without the sliding window or RoPE keys takes transformers' defaults
-// (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (its
+// bias, stacked experts with biases, MXFP4 or not). A config.json without the sliding window or RoPE keys takes
+// transformers' defaults (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (its
 // tokenizer: tokenizer.json with o200k's split, or o200k_harmony.tiktoken).
 #include <map>
 
