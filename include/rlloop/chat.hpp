@@ -92,8 +92,9 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
 // Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3", Llama 2's -> "llama2", gpt-oss's -> "harmony"; another
 // SentencePiece GGUF gets "role_colon". Otherwise `family_renderer`, the model family's format
 // (SessionInfo::chat_renderer: "llama3" for llama, "chatml" for qwen2, "qwen3_no_thinking" for qwen3, "harmony" for
-// gpt_oss), and "role_colon" for the byte tokenizer or when that is empty. tokenizer_spec is what load_tokenizer takes (SessionInfo::tokenizer); throws as gguf::File::open for a
-// bad GGUF, and invalid_argument when family_renderer is not a renderer name. (Before December 2026 the second
+// gpt_oss), and "role_colon" for the byte tokenizer or when that is empty. tokenizer_spec is what load_tokenizer
+// takes (SessionInfo::tokenizer); throws as gguf::File::open for a bad GGUF, and invalid_argument when
+// family_renderer is not a renderer name. (Before December 2026 the second
 // argument was the model_type; pass SessionInfo::chat_renderer instead: "qwen3" as a renderer means thinking on.)
 std::string default_chat_renderer(const std::string& tokenizer_spec, const std::string& family_renderer);
 

@@ -136,8 +136,9 @@ class StreamDecoder {
 // Loads a tokenizer: "byte" (the byte-level tokenizer), a Hugging Face tokenizer.json path (byte-level BPE:
 // GPT-2, Llama 3, Qwen2/2.5/3, gpt-oss), a model directory that holds tokenizer.json, a directory (or the
 // encoder.json in it) with GPT-2's encoder.json + vocab.bpe, a tiktoken rank file named by its encoding
-// (o200k_base.tiktoken, o200k_harmony.tiktoken, cl100k_base.tiktoken) or a .gguf file. Throws rlloop::invalid_argument (malformed
-// file), unsupported (a model type or component rlloop does not implement), not_found, io_error.
+// (o200k_base.tiktoken, o200k_harmony.tiktoken, cl100k_base.tiktoken) or a .gguf file. Throws
+// rlloop::invalid_argument (malformed file), unsupported (a model type or component rlloop does not implement),
+// not_found, io_error.
 std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& spec);
 
 // The tokenizer of a training client's model (what its get_info().tokenizer names):

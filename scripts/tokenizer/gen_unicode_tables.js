@@ -111,4 +111,5 @@ for (const [a, b, p] of pairs) out.push(`{${hex(a)},${hex(b)},${hex(p)}},`);
 out.push('};');
 out.push('// clang-format on');
 process.stdout.write(out.join('\n') + '\n');
-process.stderr.write(`classes ${classRanges.length}, cases ${caseRanges.length}, decompositions ${decomp.length}, marks ${marks.length} (ranks ${rank}), compositions ${pairs.length}\n`);
+process.stderr.write(`classes ${classRanges.length}, cases ${caseRanges.length}, decompositions ${decomp.length}, ` +
+                     `marks ${marks.length} (ranks ${rank}), compositions ${pairs.length}\n`);

@@ -138,7 +138,7 @@ void add_flags(CLI::App& app, ServeFlags& f) {
 }
 
 // The HTTP server's options, listening on `port` (the flag's, or after a restart the port the first server bound).
-rlloop::server::Options server_options(const ServeFlags& f, std::uint16_t port) {
+[[maybe_unused]] rlloop::server::Options server_options(const ServeFlags& f, std::uint16_t port) {
   rlloop::server::Options options;
   options.host = f.host;
   options.port = port;
@@ -211,7 +211,6 @@ void report_stats(const rlloop::LocalService& service, std::string& last) {
 // caller starts a new server). Listens on `port`; on return it holds the port this server bound.
 std::string serve(const ServeFlags& f, std::uint16_t& port) {
   const auto options = server_options(f, port);
-  rlloop::configure_engine_process({.num_threads = f.threads});
   const auto local = engine_options(f);
   std::filesystem::create_directories(local.checkpoint_dir);
   auto service = std::make_shared<rlloop::LocalService>(local);
@@ -257,10 +256,13 @@ int run_serve(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+#ifdef RLLOOP_HAVE_ENGINE
+  rlloop::configure_engine_process({.num_threads = flags.threads});  // once per process
+#endif
   auto port = static_cast<std::uint16_t>(flags.port);
   for (;;) {
     const std::string failure = serve(flags, port);
-    if (failure.empty()) return 0;
+    if (failure.empty() || g_stop) return 0;  // a signal during the failed run ends the process instead
     std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", failure}}.dump().c_str());
     std::fflush(stdout);
   }

@@ -82,6 +82,8 @@ void add_expert_metadata(const ModelConfig& c, std::map<std::string, gguf::Value
 // betas it takes when present).
 void add_rope_scaling_metadata(const ModelConfig& c, std::map<std::string, gguf::Value>& metadata) {
   if (!c.yarn) return;
+  if (c.yarn->attention_factor)
+    throw unsupported("GGUF export: a YaRN attention_factor has no key llama.cpp reads as transformers does");
   const std::string a = c.family().gguf_architecture + ".rope.scaling.";
   metadata[a + "type"] = gguf::Value{std::string("yarn")};
   metadata[a + "factor"] = gguf::Value{static_cast<float>(c.yarn->factor)};
@@ -168,7 +170,10 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
 
   std::vector<gguf::TensorData> tensors;
   auto add = [&](const std::string& name, const torch::Tensor& t) {
-    gguf::TensorType stored = t.dim() == 1 ? gguf::TensorType::f32 : type;
+    // As llama.cpp's converter: vectors, whatever is not a ".weight" (gpt-oss's [E, out] expert biases, which
+    // llama.cpp adds as F32 only) and the router stay F32.
+    const bool f32 = t.dim() == 1 || !name.ends_with(".weight") || name.ends_with(".ffn_gate_inp.weight");
+    gguf::TensorType stored = f32 ? gguf::TensorType::f32 : type;
     if (stored == gguf::TensorType::q8_0 && t.size(-1) % 32 != 0) stored = gguf::TensorType::f16;
     tensors.push_back(tensor_data(name, to_gguf_layout(config, name, t), stored));
   };

@@ -155,7 +155,7 @@ ModelConfig gguf_model_config(const gguf::File& file) {
       // As llama.cpp reads it; beta_fast and beta_slow take its defaults when the converter did not write them.
       j["rope_parameters"] = {
           {"rope_type", "yarn"},
-          {"rope_theta", file.number(key("rope.freq_base"))},
+          {"rope_theta", file.find(key("rope.freq_base")) ? file.number(key("rope.freq_base")) : 10000.0},
           {"factor", file.number(key("rope.scaling.factor"))},
           {"original_max_position_embeddings", file.integer(key("rope.scaling.original_context_length"))},
           {"beta_fast", file.find(key("rope.scaling.yarn_beta_fast")) ? file.number(key("rope.scaling.yarn_beta_fast"))
@@ -261,8 +261,10 @@ std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Dev
   TensorMap dense;
   try {
     for (const auto& t : file.tensors()) {
-      // Expert stacks are read dense (a quantized base holds 2-D matrices only).
-      if (keep_quantized && t.shape.size() == 2 && t.type != gguf::TensorType::f32)
+      // Expert stacks (and gpt-oss's 2-D stacks of expert biases) are read dense (a quantized base holds the
+      // decoder's 2-D matrices only).
+      if (keep_quantized && t.shape.size() == 2 && t.type != gguf::TensorType::f32 &&
+          !expert_stack(config.family(), t.name))
         quantized.emplace(hf_name(file, config.family(), t.name), quantized_tensor(file, config, t));
       else
         add_dense(file, config, t, dense);

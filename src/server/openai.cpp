@@ -110,10 +110,12 @@ Choice make_choice(const SampledSequence& seq, const Request& r, const ModelText
   std::vector<std::string> raw;
   std::string all;
   for (token_id t : c.tokens) all += raw.emplace_back(m.tokenizer->decode(std::span<const token_id>(&t, 1)));
-  std::string visible = r.chat ? m.renderer->parse_response(seq.tokens).message.content : all;
+  const std::string content = r.chat ? m.renderer->parse_response(seq.tokens).message.content : all;
+  // The answer ends the turn (after a reasoning part, which may say the same words): found from the end.
+  std::size_t start = all.rfind(content);
+  std::string visible = content;
   const bool user_stop = cut_at_stop(visible, r.params.stop);
   c.finish_reason = seq.stop_reason == StopReason::stop || user_stop ? "stop" : "length";
-  std::size_t start = all.find(visible);
   if (start == std::string::npos) raw = {visible}, start = 0, all = visible;  // not a window: one piece
   const std::size_t end = start + visible.size();
   std::size_t pos = 0;

@@ -166,6 +166,8 @@ std::vector<token_id> BpeTokenizer::merge_by_table(std::string_view piece) const
 }
 
 std::vector<token_id> BpeTokenizer::merge_by_rank(std::string_view piece) const {
+  // A piece that is a token is that token, as tiktoken looks it up before merging (the merges need not reach it).
+  if (auto it = bytes_to_id_.find(piece); it != bytes_to_id_.end()) return {it->second};
   // parts[k] is where part k starts; rank[k] the rank (id) of the token that parts k and k + 1 make together, or
   // kNone. As tiktoken does: after a merge only the ranks beside it change.
   constexpr token_id kNone = std::numeric_limits<token_id>::max();

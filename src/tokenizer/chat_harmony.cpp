@@ -21,7 +21,7 @@ constexpr const char* kSystem =
 class Harmony final : public SegmentRenderer {
  public:
   explicit Harmony(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
-    require_token("<|channel|>");
+    channel_ = require_token("<|channel|>");
     start_ = require_token("<|start|>");
     message_ = require_token("<|message|>");
     end_ = require_token("<|end|>");
@@ -34,26 +34,37 @@ class Harmony final : public SegmentRenderer {
   std::vector<token_id> stop_token_ids() const override { return {return_, call_}; }
 
   // The sampled messages after <|start|>assistant: the analysis channel's text is the reasoning, the final
-  // channel's (or a message's without a channel) the content.
+  // channel's (or a message's without a header) the content; complete when <|return|> or <|call|> ended the turn (a
+  // tool call's arguments come back as content: rlloop renders no tool messages yet).
   ParsedResponse parse_response(std::span<const token_id> tokens) const override {
     ParsedResponse out{Message{"assistant", "", std::nullopt}, false};
+    const auto ends_message = [&](token_id t) { return t == end_ || t == return_ || t == call_ || t == start_; };
     std::size_t i = 0;
     while (i < tokens.size()) {
-      if (tokens[i] == start_) ++i;  // the next message's <|start|>assistant
+      if (tokens[i] == start_) {  // the next message's <|start|>: its role and channel follow in its header
+        ++i;
+        continue;
+      }
+      std::size_t body = i;  // the header (role, channel, recipient) runs to <|message|>, if the message has one
+      while (body < tokens.size() && tokens[body] != message_ && !ends_message(tokens[body])) ++body;
       std::string header;
-      while (i < tokens.size() && tokens[i] != message_) header += tok_->decode(tokens.subspan(i++, 1));
-      if (i == tokens.size()) break;
-      std::size_t end = ++i;
-      while (end < tokens.size() && tokens[end] != end_ && tokens[end] != return_ && tokens[end] != call_) ++end;
-      const std::string text = tok_->decode(tokens.subspan(i, end - i));
+      if (body < tokens.size() && tokens[body] == message_)
+        header = tok_->decode(tokens.subspan(i, body++ - i));
+      else
+        body = i;
+      std::size_t end = body;
+      while (end < tokens.size() && !ends_message(tokens[end])) ++end;
+      // A header that ended before its <|message|> carries no text.
+      const bool unfinished_header = body == i && tokens[i] == channel_;
+      const std::string text = unfinished_header ? "" : tok_->decode(tokens.subspan(body, end - body));
       if (channel_of(header) == "analysis")
         out.message.reasoning_content = out.message.reasoning_content.value_or("") + text;
       else
         out.message.content += text;
       if (end == tokens.size()) break;
-      out.complete = tokens[end] != end_;
+      out.complete = tokens[end] == return_ || tokens[end] == call_;
       if (out.complete) break;
-      i = end + 1;
+      i = tokens[end] == start_ ? end : end + 1;
     }
     return out;
   }
@@ -107,7 +118,7 @@ class Harmony final : public SegmentRenderer {
     return header.substr(from, to == std::string::npos ? std::string::npos : to - from);
   }
 
-  token_id start_, message_, end_, return_, call_;
+  token_id channel_, start_, message_, end_, return_, call_;
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Implementation of split_pieces (a template so the per-piece callback inlines into the encoder loop).
 #pragma once
+#include <algorithm>
+
 #include "unicode.hpp"
 
 namespace rlloop::tokenizer_detail {
@@ -25,7 +27,7 @@ inline bool is_newline(char32_t cp) { return cp == '\r' || cp == '\n'; }
 
 // Length of a contraction ('s 't 're 've 'm 'll 'd) at i, or 0.
 inline std::size_t contraction(std::string_view s, std::size_t i, bool ignore_case) {
-  if (s[i] != '\'' || i + 1 >= s.size()) return 0;
+  if (i + 1 >= s.size() || s[i] != '\'') return 0;
   auto low = [&](char c) { return ignore_case && c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
   const char a = low(s[i + 1]);
   if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
@@ -210,6 +212,7 @@ void split_o200k_pieces(std::string_view s, Emit&& emit) {
       else
         end = space_piece(s, i);
     }
+    end = std::max(end, i + c.len);  // never an empty piece, whatever the tables say of a character
     emit(i, end);
     i = end;
   }

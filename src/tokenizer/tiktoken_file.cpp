@@ -47,8 +47,9 @@ struct Encoding {
   std::string eos;
 };
 
-// o200k_harmony's special tokens (openai-harmony's HARMONY_GPT_OSS): every id from 199,998 to 201,088, the chat
-// format's by name and the others reserved (<|endofprompt|> is o200k_base's only).
+// o200k_harmony's special tokens (openai-harmony's HARMONY_GPT_OSS): every id from 199,998 to 201,087 (a vocabulary
+// of 201,088, gpt-oss's), the chat format's by name and the others reserved (openai-harmony names 200,018
+// <|reserved_200018|>, o200k_base's <|endofprompt|>).
 std::vector<AddedToken> harmony_specials() {
   const std::map<token_id, std::string> named{{199998, "<|startoftext|>"}, {199999, "<|endoftext|>"},
                                               {200002, "<|return|>"},      {200003, "<|constrain|>"},
@@ -56,7 +57,7 @@ std::vector<AddedToken> harmony_specials() {
                                               {200007, "<|end|>"},         {200008, "<|message|>"},
                                               {200012, "<|call|>"}};
   std::vector<AddedToken> specials;
-  for (token_id id = 199998; id <= 201088; ++id) {
+  for (token_id id = 199998; id < 201088; ++id) {
     auto it = named.find(id);
     specials.push_back({it != named.end() ? it->second : "<|reserved_" + std::to_string(id) + "|>", id});
   }

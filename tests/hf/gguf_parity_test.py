@@ -198,6 +198,30 @@ def gguf_tensors(path):
                 list(reversed([int(d) for d in t.shape]))) for t in gguf.GGUFReader(path).tensors}
 
 
+def check_gpt_oss_bf16_export(tool, root, name, failures):
+    """A BF16 export of gpt-oss keeps what llama.cpp adds as F32 in F32 (the experts' [E, out] biases, the router),
+    as the converter does, and reads back with the base kept quantized (its bias stacks dense)."""
+    model_dir, path = os.path.join(root, name), os.path.join(root, name + "-export-bf16.gguf")
+    run = subprocess.run([tool, model_dir, "1,2", "--export-gguf-model", path, "--gguf-type", "BF16"],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        failures.append(f"tiny {name}: BF16 GGUF export failed: {run.stderr.strip()}")
+        return
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    wrong = sorted(n for n, t in types.items()
+                   if (n.endswith(".bias") or ".ffn_gate_inp." in n or n.endswith("attn_sinks.weight"))
+                   and t != gguf.GGMLQuantizationType.F32)
+    if wrong or types.get("blk.0.ffn_gate_exps.weight") != gguf.GGMLQuantizationType.BF16:
+        failures.append(f"tiny {name}: BF16 GGUF export stores {wrong} other than F32, or its experts not in BF16")
+    tokens = make_models.TOKENS
+    f32 = hf_logits(tool, model_dir, tokens)
+    bf16 = hf_logits(tool, path, tokens, "--quantized-base")
+    diff = (bf16 - f32).abs().max().item()
+    print(f"tiny {name:16s} BF16 GGUF export read with the base quantized: max |difference| {diff:.1e} (bf16 weights)")
+    if not diff <= 0.05:
+        failures.append(f"tiny {name}: the BF16 export read back differs by {diff:.3e} > 0.05")
+
+
 def check_exports(tool, root, name, failures):
     """rlloop's GGUF exports of a tiny model with peft's adapter against what llama.cpp's converters make of the
     same weights: the merged F32 model against write_gguf on peft's merged model, the LoRA adapter against peft's
@@ -238,6 +262,8 @@ def check_exports(tool, root, name, failures):
         if run.returncode == 0 or "adapters on the experts" not in run.stderr:
             failures.append(f"tiny {name}: a GGUF adapter with expert adapters was not refused: {run.stderr.strip()}")
         print(f"tiny {name:16s} GGUF exports: merged model as the converter writes it, expert adapters refused")
+        if cfg["model_type"] == "gpt_oss":
+            check_gpt_oss_bf16_export(tool, root, name, failures)
         return
     lora_cfg = json.load(open(os.path.join(lora_dir, "adapter_config.json")))
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])

@@ -232,6 +232,7 @@ TEST(LoadTokenizer, TiktokenFilesMergeByRankAndSplitLikeO200k) {
   EXPECT_EQ(harmony->token_to_id("<|start|>"), 200006);
   EXPECT_EQ(harmony->token_to_id("<|reserved_200018|>"), 200018);  // o200k_base's <|endofprompt|> is not harmony's
   EXPECT_EQ(harmony->eos_token_id(), 200002);                       // <|return|>
+  EXPECT_EQ(harmony->vocab_size(), 201088);                         // gpt-oss's vocab_size
 }
 
 TEST(Harmony, ParsesTheAnalysisAndFinalChannelsOfASample) {
@@ -251,6 +252,13 @@ TEST(Harmony, ParsesTheAnalysisAndFinalChannelsOfASample) {
   r = parse("<|channel|>final<|message|>ab<|end|>");  // a message ended, the turn not
   EXPECT_FALSE(r.complete);
   EXPECT_EQ(r.message.content, "ab");
+  r = parse("bc<|return|>");  // no header at all: all content, and the turn ended
+  EXPECT_TRUE(r.complete);
+  EXPECT_EQ(r.message, (Message{"assistant", "bc", std::nullopt}));
+  // A header that never reached <|message|> does not swallow the next message's.
+  r = parse("<|channel|>analysis<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>");
+  EXPECT_TRUE(r.complete);
+  EXPECT_EQ(r.message, (Message{"assistant", "4", std::nullopt}));
   // The conversation's checks: one system message, first; no tool messages yet; the format's tokens present.
   const std::vector<Message> late_system{{"user", "a", {}}, {"system", "b", {}}};
   EXPECT_NE(message_of([&] { harmony->build_generation_prompt(late_system); }).find("message 1 is a system message"),
@@ -270,6 +278,11 @@ TEST(LoadTokenizer, BadTiktokenFilesNameTheLineOrTheEncoding) {
             std::string::npos);
   EXPECT_NE(message_of([&] { load_tokenizer(dir.write("o200k_base.tiktoken", "IQ== x\n")); }).find("line 1"),
             std::string::npos);
+  for (const char* token : {"A===", "AB=C", "*AAA", "AB==AB=="})  // padding where it cannot be, a foreign character
+    EXPECT_NE(message_of([&] { load_tokenizer(dir.write("o200k_base.tiktoken", std::string(token) + " 0\n")); })
+                  .find("line 1: expected '<base64 token> <rank>'"),
+              std::string::npos)
+        << token;
   const auto unknown = dir.write("p50k_base.tiktoken", "IQ== 0\n");
   EXPECT_THROW(load_tokenizer(unknown), unsupported);
   EXPECT_NE(message_of([&] { load_tokenizer(unknown); }).find("'p50k_base' is none of o200k_base, o200k_harmony"),

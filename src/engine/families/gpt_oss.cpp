@@ -9,8 +9,8 @@
 // Checkpoints as transformers saves them and OpenAI's own, whose experts are MXFP4 (gate_up_proj_blocks / _scales,
 // expert_layout.cpp), load, and llama.cpp's GGUF files ("gpt-oss": attn_sinks, post_attention_norm, the router's
 // bias, stacked experts with biases, MXFP4 or not). A config.json without the sliding window or RoPE keys takes
-// transformers' defaults (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat format: harmony (its
-// tokenizer: tokenizer.json with o200k's split, or o200k_harmony.tiktoken).
+// transformers' defaults (GptOssConfig: a window of 128, theta 150000 with YaRN x32 over 4096 positions). Chat
+// format: harmony (its tokenizer: tokenizer.json with o200k's split, or o200k_harmony.tiktoken).
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -86,6 +86,9 @@ ModelFamily gpt_oss() {
     if (c.swiglu_limit != 7.0 || c.swiglu_alpha != 1.702)
       throw unsupported("GGUF export: llama.cpp's gpt-oss clamps its SwiGLU at 7 with alpha 1.702, this model at " +
                         std::to_string(c.swiglu_limit) + " with " + std::to_string(c.swiglu_alpha));
+    if (static_cast<std::int64_t>(c.layer_types.size()) != c.num_hidden_layers)
+      throw unsupported("GGUF export: llama.cpp's gpt-oss needs a type for each of the " +
+                        std::to_string(c.num_hidden_layers) + " layers");
     for (std::size_t i = 0; i < c.layer_types.size(); ++i)
       if (c.layer_types[i] != (i % 2 == 0 ? "sliding_attention" : "full_attention"))
         throw unsupported("GGUF export: llama.cpp's gpt-oss slides every other layer from layer 0; layer " +
