@@ -103,6 +103,16 @@ Vocab tiny_vocab() {
   return v;
 }
 
+// The vocabulary's BPE tokens (its two added ones left out) as tokenizer.json's "vocab" object.
+std::string vocab_json(const Vocab& v) {
+  std::string vocab = "{";
+  for (std::size_t i = 0; i + 2 < v.tokens.size(); ++i) {
+    const std::string& t = v.tokens[i];
+    vocab += (i ? ", \"" : "\"") + (t == "\"" ? "\\\"" : t == "\\" ? "\\\\" : t) + "\": " + std::to_string(i);
+  }
+  return vocab + "}";
+}
+
 struct GgufTokenizer {
   std::string model = "gpt2", pre = "smollm", chat_template;
   bool with_types = true;
@@ -146,12 +156,7 @@ TEST(GgufTokenizer, SplitsDigitsFirstMatchesAddedTokensAndDropsBytesWithoutAToke
 TEST(GgufTokenizer, EqualsTheTokenizerJsonWithDigitsBeforeByteLevel) {
   test::TempDir dir;
   const Vocab v = tiny_vocab();
-  std::string vocab = "{";
-  for (std::size_t i = 0; i + 2 < v.tokens.size(); ++i) {
-    const std::string& t = v.tokens[i];
-    vocab += (i ? ", \"" : "\"") + (t == "\"" ? "\\\"" : t == "\\" ? "\\\\" : t) + "\": " + std::to_string(i);
-  }
-  vocab += "}";
+  const std::string vocab = vocab_json(v);
   const std::string json = R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": [")" + byte_level(' ') +
                            R"( t"]}, "normalizer": null, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [)" +
                            R"({"type": "Digits", "individual_digits": true}, )" +
@@ -166,12 +171,7 @@ TEST(GgufTokenizer, EqualsTheTokenizerJsonWithDigitsBeforeByteLevel) {
 TEST(GgufTokenizer, Gpt4oSplitsAsTheO200kRegexOfATokenizerJson) {
   test::TempDir dir;
   const Vocab v = tiny_vocab();
-  std::string vocab = "{";
-  for (std::size_t i = 0; i + 2 < v.tokens.size(); ++i) {
-    const std::string& t = v.tokens[i];
-    vocab += (i ? ", \"" : "\"") + (t == "\"" ? "\\\"" : t == "\\" ? "\\\\" : t) + "\": " + std::to_string(i);
-  }
-  vocab += "}";
+  const std::string vocab = vocab_json(v);
   // gpt-oss's tokenizer.json pre-tokenizer: o200k's regex (JSON-escaped), then ByteLevel without its own regex.
   const std::string o200k =
       R"([^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+)"
