@@ -38,7 +38,8 @@ int run(int argc, char** argv) {
   bool decode = false, no_special = false, skip_special = false, generation_prompt = false;
   std::string chat, train_on = "last";
   app.add_option("--tokenizer", spec,
-                 "\"byte\", a tokenizer.json, a model directory, a GPT-2 encoder.json directory, or a .gguf file")
+                 "\"byte\", a tokenizer.json, a model directory, a GPT-2 encoder.json directory, a tiktoken rank file "
+                 "(o200k_base.tiktoken, o200k_harmony.tiktoken, cl100k_base.tiktoken), or a .gguf file")
       ->required();
   app.add_flag("--decode", decode, "read JSON arrays of ids, write JSON strings");
   app.add_flag("--no-special", no_special, "encode special-token text as ordinary text");
