@@ -147,7 +147,9 @@ for (const name of ['o200k_base', 'cl100k_base']) {
   const file = path.join(dir, `${name}.tiktoken`);
   writeRankFile(ranks, file);
   const specials = Object.keys(ranks.special_tokens);
-  const inputs = texts.concat(specials.map((s) => `a${s}b ${s}`));
+  // Long pieces too (one run of a symbol is one piece, merged pair by pair).
+  const inputs = texts.concat(specials.map((s) => `a${s}b ${s}`),
+                              ['='.repeat(5000), '-'.repeat(777) + 'ab'.repeat(1500) + '\n'.repeat(300)]);
   const ids = runTokenize(file, [], inputs);
   compare(`${name} encode`, inputs, ids, inputs.map((t) => reference.encode(t, 'all')));
   const plain = runTokenize(file, ['--no-special'], inputs);

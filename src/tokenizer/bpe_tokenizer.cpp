@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <queue>
 
 #include "byte_level.hpp"
 #include "unicode.hpp"
@@ -168,32 +169,44 @@ std::vector<token_id> BpeTokenizer::merge_by_table(std::string_view piece) const
 std::vector<token_id> BpeTokenizer::merge_by_rank(std::string_view piece) const {
   // A piece that is a token is that token, as tiktoken looks it up before merging (the merges need not reach it).
   if (auto it = bytes_to_id_.find(piece); it != bytes_to_id_.end()) return {it->second};
-  // parts[k] is where part k starts; rank[k] the rank (id) of the token that parts k and k + 1 make together, or
-  // kNone. As tiktoken does: after a merge only the ranks beside it change.
+  // tiktoken's rule: the adjacent pair whose bytes are the token of the lowest rank merges, the leftmost of equal
+  // ones. The parts are a list over byte offsets (part k spans [k, next[k])) and the candidate pairs a heap of
+  // (rank, start): n log n where rescanning every pair after each merge would be n^2 (a long run of one symbol is
+  // one piece). A popped pair is current when its part still starts there and its rank is the pair's now (a rank
+  // names one token's bytes, so the same rank is the same pair).
   constexpr token_id kNone = std::numeric_limits<token_id>::max();
-  std::vector<std::size_t> parts(piece.size() + 1);
-  for (std::size_t k = 0; k <= piece.size(); ++k) parts[k] = k;
+  const std::size_t n = piece.size();
+  std::vector<std::size_t> next(n), prev(n);
+  for (std::size_t k = 0; k < n; ++k) next[k] = k + 1, prev[k] = k - 1;  // prev[0] wraps: no predecessor
+  std::vector<bool> starts(n, true);
   auto pair_rank = [&](std::size_t k) {
-    if (k + 2 >= parts.size()) return kNone;
-    auto it = bytes_to_id_.find(piece.substr(parts[k], parts[k + 2] - parts[k]));
+    if (next[k] >= n) return kNone;
+    const std::size_t end = next[next[k]];
+    auto it = bytes_to_id_.find(piece.substr(k, end - k));
     return it == bytes_to_id_.end() ? kNone : it->second;
   };
-  std::vector<token_id> rank(parts.size());
-  for (std::size_t k = 0; k < parts.size(); ++k) rank[k] = pair_rank(k);
-  for (;;) {
-    std::size_t best = 0;
-    for (std::size_t k = 1; k + 1 < parts.size(); ++k)
-      if (rank[k] < rank[best]) best = k;
-    if (parts.size() < 3 || rank[best] == kNone) break;
-    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
-    rank.erase(rank.begin() + static_cast<std::ptrdiff_t>(best) + 1);
-    rank[best] = pair_rank(best);
-    if (best > 0) rank[best - 1] = pair_rank(best - 1);
+  std::vector<token_id> rank(n);
+  using Candidate = std::pair<token_id, std::size_t>;
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto update = [&](std::size_t k) {
+    rank[k] = pair_rank(k);
+    if (rank[k] != kNone) heap.emplace(rank[k], k);
+  };
+  for (std::size_t k = 0; k < n; ++k) update(k);
+  while (!heap.empty()) {
+    const auto [r, k] = heap.top();
+    heap.pop();
+    if (!starts[k] || rank[k] != r) continue;  // a pair that changed since
+    const std::size_t q = next[k];
+    starts[q] = false;
+    next[k] = next[q];
+    if (next[k] < n) prev[next[k]] = k;
+    update(k);
+    if (k > 0) update(prev[k]);
   }
   std::vector<token_id> word;
-  word.reserve(parts.size() - 1);
-  for (std::size_t k = 0; k + 1 < parts.size(); ++k) {
-    auto it = bytes_to_id_.find(piece.substr(parts[k], parts[k + 1] - parts[k]));
+  for (std::size_t k = 0; k < n; k = next[k]) {
+    auto it = bytes_to_id_.find(piece.substr(k, next[k] - k));
     if (it != bytes_to_id_.end()) word.push_back(it->second);  // every byte is a token of a tiktoken vocabulary
   }
   return word;
