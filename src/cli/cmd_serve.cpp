@@ -38,16 +38,18 @@ struct ServeFlags {
   std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
   std::int64_t kv_cache_mb = rlloop::LocalServiceOptions{}.kv_cache_mb;
-  std::size_t io_threads = rlloop::server::Options{}.io_threads;
-  std::size_t max_connections = rlloop::server::Options{}.max_connections;
-  long long idle_timeout_ms = rlloop::server::Options{}.idle_timeout.count();
-  std::size_t retain_results = rlloop::server::Options{}.retention.results;
-  std::size_t retain_client_tokens = rlloop::server::Options{}.retention.client_tokens;
-  long long result_retention_s = rlloop::server::Options{}.retention.result_age.count();
-  long long client_token_retention_s = rlloop::server::Options{}.retention.client_token_age.count();
-  std::size_t compact_records = rlloop::server::Options{}.compact_after_records;
-  std::size_t compact_bytes = rlloop::server::Options{}.compact_after_bytes;
-  std::size_t autosave_operations = rlloop::server::Options{}.autosave_after_operations;
+  // The server's own defaults.
+  inline static const rlloop::server::Options kDefaults{};
+  std::size_t io_threads = kDefaults.io_threads;
+  std::size_t max_connections = kDefaults.max_connections;
+  long long idle_timeout_ms = kDefaults.idle_timeout.count();
+  std::size_t retain_results = kDefaults.retention.results;
+  std::size_t retain_client_tokens = kDefaults.retention.client_tokens;
+  long long result_retention_s = kDefaults.retention.result_age.count();
+  long long client_token_retention_s = kDefaults.retention.client_token_age.count();
+  std::size_t compact_records = kDefaults.compact_after_records;
+  std::size_t compact_bytes = kDefaults.compact_after_bytes;
+  std::size_t autosave_operations = kDefaults.autosave_after_operations;
   bool bill_prompt_per_sample = false;
   bool dequantize_base = false, activation_checkpointing = false;
 };

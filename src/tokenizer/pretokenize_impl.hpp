@@ -138,16 +138,15 @@ void split_regex_pieces(SplitPattern pattern, std::string_view s, Emit&& emit) {
 }
 
 // o200k's word sets (SplitPattern::o200k): U = upper, title, modifier and other letters and marks; W = lower,
-// modifier and other letters and marks.
-inline bool in_upper_set(LetterCase c) {
-  return c == LetterCase::upper || c == LetterCase::caseless || c == LetterCase::mark;
+// modifier and other letters and marks. An invalid byte is in neither.
+inline LetterCase case_of(const Char& c) { return c.cls == CharClass::invalid ? LetterCase::none : letter_case(c.cp); }
+inline bool in_upper_set(const Char& c) {
+  const LetterCase l = case_of(c);
+  return l == LetterCase::upper || l == LetterCase::caseless || l == LetterCase::mark;
 }
-inline bool in_lower_set(LetterCase c) {
-  return c == LetterCase::lower || c == LetterCase::caseless || c == LetterCase::mark;
-}
-inline LetterCase case_at(std::string_view s, std::size_t i) {
-  const Char c = at(s, i);
-  return c.cls == CharClass::invalid ? LetterCase::none : letter_case(c.cp);
+inline bool in_lower_set(const Char& c) {
+  const LetterCase l = case_of(c);
+  return l == LetterCase::lower || l == LetterCase::caseless || l == LetterCase::mark;
 }
 // [^\r\n\p{L}\p{N}]: the character that may lead a word (a space, punctuation, a mark, an invalid byte).
 inline bool leads_word(const Char& c) {
@@ -158,25 +157,21 @@ constexpr std::size_t kNoMatch = ~std::size_t{0};
 // `[U]*[W]+` at j: U* as far as it goes, then W+; when no W character follows, U* gives characters back until
 // the last one it took that is also in W, which then is W+'s only character. kNoMatch when nothing fits.
 inline std::size_t upper_then_lower(std::string_view s, std::size_t j) {
-  std::size_t k = j, last_lower = kNoMatch;
+  std::size_t k = j, last_lower_end = kNoMatch;
   while (k < s.size()) {
-    const LetterCase c = case_at(s, k);
+    const Char c = at(s, k);
     if (!in_upper_set(c)) break;
-    if (in_lower_set(c)) last_lower = k;
-    k += at(s, k).len;
+    k += c.len;
+    if (in_lower_set(c)) last_lower_end = k;
   }
-  if (k < s.size() && in_lower_set(case_at(s, k)))
-    return run(s, k, [&](const Char& c) { return c.cls != CharClass::invalid && in_lower_set(letter_case(c.cp)); });
-  return last_lower == kNoMatch ? kNoMatch : last_lower + at(s, last_lower).len;
+  if (k < s.size() && in_lower_set(at(s, k))) return run(s, k, in_lower_set);
+  return last_lower_end;
 }
 
 // `[U]+[W]*` at j, or kNoMatch.
 inline std::size_t upper_run_then_lower(std::string_view s, std::size_t j) {
-  if (j >= s.size() || !in_upper_set(case_at(s, j))) return kNoMatch;
-  const auto in = [](auto set) {
-    return [set](const Char& c) { return c.cls != CharClass::invalid && set(letter_case(c.cp)); };
-  };
-  return run(s, run(s, j, in(in_upper_set)), in(in_lower_set));
+  if (j >= s.size() || !in_upper_set(at(s, j))) return kNoMatch;
+  return run(s, run(s, j, in_upper_set), in_lower_set);
 }
 
 // The two word alternatives of o200k at i, each tried with its optional leading character first, then
