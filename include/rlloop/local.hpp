@@ -45,6 +45,14 @@ struct DataParallelOptions {
   // cuda:(N + r) mod GPUs); Gloo otherwise, which also takes CUDA tensors, so that the group runs with several
   // ranks on one GPU (tests, a one-GPU machine). The byte messages always go through Gloo.
   std::string backend = "auto";
+  // Expert parallelism inside the group: a session on a Mixture-of-Experts model holds on rank r of W only experts
+  // [r E / W, (r + 1) E / W) of every sparse layer, and each layer's routed rows travel by all-to-all to the rank
+  // that holds their expert (W must divide the experts). Training (forward, forward_backward, the custom loss,
+  // optim_step) and checkpoints (gathered on rank 0, in the layout of one rank's) work as without it, and give the
+  // same losses, gradients and weights; sampling, compute_logprobs and merged-model exports are refused (adapter exports work: rank 0
+  // holds every adapter). Dense models ignore it.
+  // Every rank must be started with the same setting (the rendezvous refuses a rank that differs).
+  bool expert_parallel = false;
 };
 
 struct LocalServiceOptions {
@@ -116,6 +124,10 @@ struct DataParallelStats {
   std::uint64_t broadcast_bytes = 0;  // weights sent at session open and load_state
   std::uint64_t worker_samples = 0;   // samples decoded by the workers (the rest by rank 0)
   std::uint64_t worker_logprobs = 0;  // compute_logprobs prompts run by the workers
+  // Expert parallelism: rank 0's all-to-alls (each sparse layer's counts, routed rows and expert outputs in a
+  // forward, their gradients in a backward) and the bytes it sent in them.
+  std::uint64_t alltoall_calls = 0;
+  std::uint64_t alltoall_bytes = 0;
 };
 
 namespace engine {

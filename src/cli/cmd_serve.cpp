@@ -51,7 +51,7 @@ struct ServeFlags {
   std::size_t compact_bytes = kDefaults.compact_after_bytes;
   std::size_t autosave_operations = kDefaults.autosave_after_operations;
   bool bill_prompt_per_sample = false;
-  bool dequantize_base = false, activation_checkpointing = false;
+  bool dequantize_base = false, activation_checkpointing = false, expert_parallel = false;
 };
 
 void add_flags(CLI::App& app, ServeFlags& f) {
@@ -79,6 +79,9 @@ void add_flags(CLI::App& app, ServeFlags& f) {
                  "The tensors' collectives across ranks: auto (NCCL when every rank here has a GPU of its own), gloo "
                  "(also several ranks on one GPU) or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  app.add_flag("--expert-parallel", f.expert_parallel,
+               "Mixture-of-Experts sessions hold 1/world-size of the experts on each rank, routed rows exchanged by "
+               "all-to-all; they train and save checkpoints (sampling and merged exports are refused)");
   app.add_option("--local-workers", f.local_workers,
                  "Workers started on this host (-1: all); the others run `rlloop worker` on other hosts");
   app.add_option("--dp-timeout-s", f.dp_timeout_s,
@@ -179,6 +182,7 @@ rlloop::LocalServiceOptions engine_options(const ServeFlags& f) {
   local.data_parallel.rendezvous = f.rendezvous;
   local.data_parallel.backend = f.dp_backend;
   local.data_parallel.local_workers = f.local_workers;
+  local.data_parallel.expert_parallel = f.expert_parallel;
   local.data_parallel.timeout_s = f.dp_timeout_s;
   local.data_parallel.worker_program = "/proc/self/exe";
   return local;

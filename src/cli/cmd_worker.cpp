@@ -38,6 +38,7 @@ int run_worker(int argc, char** argv) {
   app.add_flag("--dequantize-base", dequantize_base, "As rank 0's --dequantize-base");
   app.add_flag("--activation-checkpointing", options.service.activation_checkpointing,
                "As rank 0's --activation-checkpointing");
+  app.add_flag("--expert-parallel", options.service.data_parallel.expert_parallel, "As rank 0's --expert-parallel");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -147,6 +147,7 @@ struct LocalSession::Impl {
     dev.activation_checkpointing = service.activation_checkpointing;
     resolved_base = resolve_base_model(service, options.base_model);
     key = base_key(resolved_base, dev);
+    group = bases->data_parallel();
     model = make_model();
     // The KV pool is allocated for the whole budget at its first request (shared with the base's other sessions),
     // so that it does not grow step by step leaving each smaller storage behind.
@@ -159,7 +160,6 @@ struct LocalSession::Impl {
     } catch (const error&) {
       tokenizer = nullptr;  // stop strings then need a tokenizer: sample() says so
     }
-    group = bases->data_parallel();
     if (group) replica = group->open(options, {shared_base, model});
     lane = EngineLoop::open_lane(bases->loop(key));
   }
@@ -205,9 +205,20 @@ struct LocalSession::Impl {
 
   // The session's model as created (session_model.hpp). Sampler models from checkpoints are made the same way.
   std::shared_ptr<Transformer> make_model() {
-    SessionModel made = make_session_model(*bases, resolved_base, dev, options);
+    dist::Group* experts = group ? group->expert_group() : nullptr;
+    SessionModel made = make_session_model(*bases, resolved_base, dev, options, experts);
     if (made.shared_base) shared_base = made.shared_base;
     return made.model;
+  }
+
+  // An expert-parallel model holds this rank's experts only, and its forwards run on every rank at once (inside the
+  // group's commands): an operation that would run it on rank 0 alone, or needs every expert on one rank, is
+  // refused.
+  void refuse_if_expert_parallel(const std::string& operation) const {
+    if (model->expert_parallel())
+      throw unsupported(operation + ": this session's experts are spread over the data-parallel ranks (expert "
+                        "parallelism), where sessions train and save checkpoints only; load its checkpoint into a "
+                        "session without expert parallelism for this");
   }
 
   std::shared_ptr<const RoundedWeights>* rounded_slot(SamplingModel& target) {
@@ -314,7 +325,7 @@ struct LocalSession::Impl {
   TensorMap pending_gradients() {
     TensorMap out;
     if (!gradients_pending) return out;
-    if (group) group->fold_gradients(replica, *optimizer);
+    if (group) group->fold_gradients(replica, *model, *optimizer);
     const auto& ps = optimizer->parameters();
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (const torch::Tensor g = optimizer->gradient(i); g.defined())
@@ -345,6 +356,14 @@ struct LocalSession::Impl {
       for (auto& [k, v] : optimizer->state_tensors()) opt[k] = v;
       gradients = pending_gradients();
     }
+    if (model->expert_parallel()) {
+      // The other ranks' experts: the checkpoint holds the whole model, as one rank's would.
+      const bool with_gradients = with_optimizer && gradients_pending;
+      auto others = group->gather_experts(replica, *model, *optimizer, with_optimizer, with_gradients);
+      weights.merge(others.weights);
+      opt.merge(others.optimizer);
+      gradients.merge(others.gradients);
+    }
     write_state_dir(dir, weights, with_optimizer ? &opt : nullptr, meta(), gradients.empty() ? nullptr : &gradients);
     const std::string path = fs::absolute(dir).lexically_normal().string();
     // A model loaded from this path before holds the old weights; the next use reloads.
@@ -374,7 +393,11 @@ struct LocalSession::Impl {
     }
     optimizer->zero_grad();
     gradients_pending = false;
-    if (group) group->sync_state(replica, *model, optimizer, with_optimizer);
+    if (model->expert_parallel())
+      group->load_state(replica, *model, optimizer, with_optimizer, {state.weights, state.optimizer, state.gradients},
+                        m.step);
+    else if (group)
+      group->sync_state(replica, *model, optimizer, with_optimizer);
     // An accumulation saved between forward_backward and optim_step resumes (on rank 0, which the next step's
     // sum over the ranks includes).
     if (with_optimizer) restore_gradients(state.gradients);
@@ -413,7 +436,7 @@ Future<ForwardBackwardOutput> LocalSession::forward_backward_custom(const std::v
 Future<OptimStepOutput> LocalSession::optim_step(const AdamParams& params) {
   return impl_->lane->submit<OptimStepOutput>([this, params] {
     auto& optimizer = *impl_->optimizer;
-    OptimStepOutput out{impl_->group ? impl_->group->optim_step(impl_->replica, optimizer, params)
+    OptimStepOutput out{impl_->group ? impl_->group->optim_step(impl_->replica, *impl_->model, optimizer, params)
                                      : optimizer.step(params)};
     impl_->gradients_pending = false;
     return out;
@@ -438,6 +461,11 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
+  if (impl_->model->expert_parallel())
+    return impl_->lane->submit<SampleResponse>([this]() -> SampleResponse {
+      impl_->refuse_if_expert_parallel("sample");
+      return {};
+    });
   // With data parallelism the live model's samples are shared out over the ranks (place_samples; the ranks take
   // turns at the larger shares, so single samples go to each in turn), each rank decoding its own from the
   // request's streams: the tokens are those of one rank. Sampler weights from a checkpoint too: the workers hold
@@ -545,6 +573,11 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
 }
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
+  if (impl_->model->expert_parallel())
+    return impl_->lane->submit<std::vector<double>>([this]() -> std::vector<double> {
+      impl_->refuse_if_expert_parallel("compute_logprobs");
+      return {};
+    });
   // With data parallelism the prompts go to the ranks in turn (the workers hold the sampler models too).
   const auto& group = impl_->group;
   const int rank = group && group->failure().empty() ? group->next_turn() : 0;
@@ -605,6 +638,7 @@ TokenUsage LocalSession::usage() {
 
 Future<CheckpointRef> LocalSession::export_merged_model(const std::string& dir) {
   return impl_->lane->submit<CheckpointRef>([this, dir] {
+    impl_->refuse_if_expert_parallel("export_merged_model");
     save_model(*impl_->model, dir);
     return CheckpointRef{dir};
   });
@@ -626,6 +660,7 @@ Future<CheckpointRef> LocalSession::export_gguf_adapter(const std::string& path)
 
 Future<CheckpointRef> LocalSession::export_gguf_model(const std::string& path, const std::string& type) {
   return impl_->lane->submit<CheckpointRef>([this, path, type] {
+    impl_->refuse_if_expert_parallel("export_gguf_model");
     const auto stored = gguf_export_type(type);
     const std::string& base = impl_->resolved_base;
     if (!is_gguf_path(base))

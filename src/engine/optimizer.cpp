@@ -72,11 +72,13 @@ void AdamW::set_gradient(std::size_t i, const torch::Tensor& g) {
 }
 
 void AdamW::zero_grad() {
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i].tensor;
-    if (p.grad().defined()) p.mutable_grad().zero_();
-    grad32_[i].reset();
-  }
+  for (std::size_t i = 0; i < params_.size(); ++i) clear_gradient(i);
+}
+
+void AdamW::clear_gradient(std::size_t i) {
+  auto& p = params_[i].tensor;
+  if (p.grad().defined()) p.mutable_grad().zero_();
+  grad32_[i].reset();
 }
 
 double AdamW::grad_norm() {
@@ -94,8 +96,12 @@ double AdamW::grad_norm() {
 
 Metrics AdamW::step(const AdamParams& hp) {
   validate(hp);
+  return step(hp, grad_norm());
+}
+
+Metrics AdamW::step(const AdamParams& hp, double grad_norm) {
+  validate(hp);
   torch::NoGradGuard no_grad;
-  const double grad_norm = this->grad_norm();
   if (!std::isfinite(grad_norm)) {
     zero_grad();
     throw invalid_argument("optim_step: the gradient norm is not finite; the step was skipped and gradients cleared");

@@ -35,9 +35,13 @@ class AdamW {
   // One step on the accumulated gradient of every parameter, then zeroes them. Returns "grad_norm" (before
   // clipping), "lr" and "step".
   Metrics step(const AdamParams& p);
+  // The same with the gradients' norm given: expert parallelism's, over the experts of every rank.
+  Metrics step(const AdamParams& p, double grad_norm);
   // The L2 norm of the gradients accumulated so far, over every parameter (0 when none has one).
   double grad_norm();
   void zero_grad();
+  // zero_grad for parameter i alone.
+  void clear_gradient(std::size_t i);
   // Moves the .grad() of bf16/fp16 parameters into their fp32 accumulators (and clears it): call after every
   // backward pass, so that the next one does not add to a bf16 sum. Readers of gradients below call it too.
   void absorb_gradients();

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "builtin_models.hpp"
+#include "expert_parallel.hpp"
 #include "gguf_model.hpp"
 #include "model_io.hpp"
 
@@ -21,20 +22,46 @@ std::string base_key(const std::string& resolved, const DeviceChoice& dev) {
   return resolved + " on " + device_name(dev.device) + " as " + std::string(c10::toString(dev.dtype));
 }
 
+namespace {
+
+// `full` with only the experts of this rank of `group` (everything else as it is): what the rank holds under
+// expert parallelism. The whole model is read first and dropped once the slice is copied out of it.
+std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& group) {
+  const ModelConfig& cfg = full.config();
+  const ExpertShard shard = ExpertShard::of(group, cfg.num_experts);
+  const TensorMap all = full.hf_state_dict();
+  const torch::Tensor& any = all.begin()->second;
+  auto slice = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(any.device()).dtype(any.dtype()),
+                                             QuantizedTensors{}, ExpertRange{shard.first, shard.per_rank});
+  TensorMap mine;
+  for (const auto& [name, t] : slice->hf_state_dict()) mine[name] = all.at(name);
+  slice->load_hf_state_dict(mine);
+  return slice;
+}
+
+}  // namespace
+
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
-                                const SessionOptions& options) {
+                                const SessionOptions& options, dist::Group* expert_group) {
+  // A base of this rank's experts: dense (a slice is copied out of dense weights) and keyed apart from a whole one.
+  auto load = [&](bool shared) {
+    auto model = load_base(resolved, dev, shared && !expert_group);
+    return expert_group && model->config().num_experts > 0 ? expert_slice(*model, *expert_group) : model;
+  };
   SessionModel out;
   if (options.lora) {
-    out.shared_base = bases.base(base_key(resolved, dev), [&] {
-      auto base = load_base(resolved, dev, /*shared=*/true);
+    const std::string key = base_key(resolved, dev) + (expert_group ? " (expert-parallel slice)" : "");
+    out.shared_base = bases.base(key, [&] {
+      auto base = load(/*shared=*/true);
       for (auto& p : base->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
       return base;
     });
     out.model = Transformer::sharing_base(*out.shared_base->model);
     out.model->enable_lora(*options.lora, options.seed);
   } else {
-    out.model = load_base(resolved, dev, /*shared=*/false);
+    out.model = load(/*shared=*/false);
   }
+  if (expert_group && out.model->config().num_experts > 0) out.model->set_expert_parallel(*expert_group);
   if (options.value_head) out.model->enable_value_head(options.seed);
   out.model->set_activation_checkpointing(dev.activation_checkpointing);
   return out;

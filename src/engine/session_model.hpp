@@ -14,6 +14,10 @@
 
 namespace rlloop::engine {
 
+namespace dist {
+class Group;
+}
+
 // The base's weights as the session starts from them: a built-in model's fixed seeded initialisation (not the
 // session's seed: every session on "rlloop-small" starts from the same model, which is what lets them share
 // it) or a model directory's or GGUF file's. A `shared` base (frozen, for LoRA sessions) of a GGUF file keeps its
@@ -28,8 +32,11 @@ struct SessionModel {
   std::shared_ptr<Transformer> model;
 };
 
+// `expert_group`, when given (DataParallelOptions::expert_parallel): a model with experts holds only this rank's
+// slice of them (ExpertShard::of) and routes through the group (Transformer::set_expert_parallel); its base is then
+// dense, whatever DeviceChoice::quantized_base says. A model without experts is made as without it.
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
-                                const SessionOptions& options);
+                                const SessionOptions& options, dist::Group* expert_group = nullptr);
 
 // Where a model's tokenizer is (load_tokenizer's argument): the config's own, the byte tokenizer of a built-in
 // model, a GGUF file itself, or a model directory's tokenizer.json.

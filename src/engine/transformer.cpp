@@ -734,6 +734,17 @@ void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_laye
 
 bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
+bool Transformer::expert_parallel() const { return impl_->expert_shard.group != nullptr; }
+
+bool Transformer::is_expert_tensor(const std::string& name) const {
+  const ModelFamily& f = *impl_->family;
+  for (std::size_t i = 0; i < impl_->layers.size(); ++i) {
+    if (!impl_->layers[i].sparse()) continue;
+    if (name.starts_with(f.layer_tensor(static_cast<std::int64_t>(i), f.names.experts) + ".")) return true;
+  }
+  return false;
+}
+
 void Transformer::set_expert_parallel(dist::Group& group) {
   const ModelConfig& cfg = impl_->cfg;
   if (cfg.num_experts == 0)
@@ -761,11 +772,12 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     throw invalid_argument("Transformer::hidden_states: input_ids must be an int64 [batch, tokens] tensor, got " +
                            std::string(c10::toString(input_ids.scalar_type())) + " " + shape_string(input_ids.sizes()));
   const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
-  if (B == 0 || T == 0)
+  // No sequences at all only for an expert-parallel rank without datums: it still takes part in every exchange.
+  if ((B == 0 && !(impl_->expert_shard.group && !cache)) || T == 0)
     throw invalid_argument("Transformer::hidden_states: empty input " + shape_string(input_ids.sizes()));
   // One decoded token per step comes from the sampler itself, inside the vocabulary by construction; checking
   // it would cost a device sync per layer stack. Everything else is checked.
-  if (!(cache && T == 1)) {
+  if (!(cache && T == 1) && B > 0) {
     auto [lo, hi] = torch::aminmax(input_ids);
     const auto lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
     if (lo_v < 0 || hi_v >= cfg.vocab_size)

@@ -106,6 +106,12 @@ class Transformer : public torch::nn::Module {
   // or its experts have adapters.
   void set_expert_parallel(dist::Group& group);
   bool activation_checkpointing() const;
+  // Whether set_expert_parallel made this model route through a group.
+  bool expert_parallel() const;
+  // Whether `name` (a weight, a trainable parameter, or an optimizer state entry "<parameter>.exp_avg") belongs to
+  // an expert of a sparse layer: under expert parallelism such tensors are each rank's own, every other one is the
+  // same on every rank.
+  bool is_expert_tensor(const std::string& name) const;
   // Unembedding (lm_head, or the tied embedding), LoRA included when enabled: [B, T, H] -> [B, T, V].
   torch::Tensor logits(const torch::Tensor& hidden);
   torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) {

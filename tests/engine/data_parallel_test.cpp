@@ -46,6 +46,16 @@ LocalServiceOptions service(const fs::path& dir, int world_size, double timeout_
   return s;
 }
 
+LocalServiceOptions spreading_experts(LocalServiceOptions s, bool expert_parallel = true) {
+  s.data_parallel.expert_parallel = expert_parallel;
+  return s;
+}
+
+LocalServiceOptions checkpointing_layers(LocalServiceOptions s, bool on) {
+  s.activation_checkpointing = on;
+  return s;
+}
+
 // Datums of different lengths, so the split by tokens is uneven in count.
 std::vector<Datum> sft_batch() {
   std::vector<Datum> data;
@@ -148,10 +158,13 @@ struct Lockstep {
   std::shared_ptr<LocalSession> s1, s2;
   int steps = 0;
 
-  Lockstep(const std::string& name, const SessionOptions& opts)
+  // `expert_parallel`: the two ranks hold half of every sparse layer's experts each; `checkpointing`: both
+  // services recompute each layer in backward (activation checkpointing).
+  Lockstep(const std::string& name, const SessionOptions& opts, bool expert_parallel = false,
+           bool checkpointing = false)
       : dir(temp_dir(name)),
-        one(service(dir / "w1", 1)),
-        two(service(dir / "w2", 2)),
+        one(checkpointing_layers(service(dir / "w1", 1), checkpointing)),
+        two(checkpointing_layers(spreading_experts(service(dir / "w2", 2), expert_parallel), checkpointing)),
         s1(one.create_session(opts)),
         s2(two.create_session(opts)) {}
 
@@ -263,6 +276,82 @@ void expect_equivalent(bool lora, Recipe recipe, const std::string& name) {
   }
 }
 
+// Expert parallelism inside the group (issue 27, must-show 3): a Mixture-of-Experts session on two ranks, each
+// holding half of every sparse layer's experts, trains what one rank holding all of them trains — losses,
+// logprobs, grad norms, the weights each step leaves and the optimizer's moments (Lockstep compares checkpoints,
+// which gather every rank's experts, and loads them back, which sends each rank its own). Built-in and custom
+// losses; a batch of one datum leaves rank 1 without datums, and it must still take part in every exchange (with
+// `checkpointing`, also in the exchanges of each layer's recomputation in backward).
+void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool checkpointing, const std::string& name) {
+  SessionOptions opts = tiny(std::move(lora), 11);
+  opts.base_model = "rlloop-tiny-moe";
+  Lockstep run(name, opts, /*expert_parallel=*/true, checkpointing);
+  const CustomLossFn minus_logprobs = [](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+    CustomLossResult r;
+    for (const auto& row : lp) {
+      for (double v : row) r.loss -= v;
+      r.grad_logprobs.emplace_back(row.size(), -1.0);
+    }
+    return r;
+  };
+  const std::vector<Datum> batches[] = {sft_batch(), {sft_datum("a datum alone")}};
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<Datum>& data = batches[step % 2];
+    const bool custom = step >= 2;
+    ForwardBackwardOutput outs[2];
+    double grad_norms[2];
+    run.step(name, [&](LocalSession& s, int r) {
+      outs[r] = custom ? s.forward_backward_custom(data, minus_logprobs).get()
+                       : s.forward_backward(data, LossSpec{LossFn::cross_entropy}).get();
+      grad_norms[r] = s.optim_step(adam(2e-2, 1.0)).get().metrics.at("grad_norm");
+    });
+    const std::string at = " at step " + std::to_string(step);
+    expect_close(outs[0].metrics.at("loss:sum"), outs[1].metrics.at("loss:sum"), "loss" + at);
+    expect_close(grad_norms[0], grad_norms[1], "grad norm" + at);
+    ASSERT_EQ(outs[1].loss_fn_outputs.size(), data.size());
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      const auto a = outs[0].logprobs(i), b = outs[1].logprobs(i);
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t j = 0; j < a.size(); ++j) expect_close(a[j], b[j], "logprob of datum " + std::to_string(i) + at);
+    }
+  }
+
+  // Gradients pending at a save: the replicated parameters' are folded into rank 0's, each expert's read from its
+  // rank; loading the save gives each rank its experts' back, and the step after the load is the one a one-rank
+  // session takes from the same save.
+  run.s1->forward_backward(sft_batch(), LossSpec{}).get();
+  run.s2->forward_backward(sft_batch(), LossSpec{}).get();
+  const std::string pending = run.s2->save_state("pending").get().path;
+  const auto a = engine::read_state_dir(run.s1->save_state("pending").get().path, true);
+  const auto b = engine::read_state_dir(pending, true);
+  ASSERT_FALSE(a.gradients.empty());
+  expect_same_tensors(a.gradients, b.gradients, name + " pending gradients");
+  run.s2->optim_step(adam(2e-2)).get();  // away from the save
+  run.s2->load_state(pending, true).get();
+  run.s1->load_state(pending, true).get();
+  run.step(name + " after load", [&](LocalSession& s, int) { s.optim_step(adam(2e-2)).get(); });
+
+  const DataParallelStats two = run.two.data_parallel_stats();
+  EXPECT_GT(two.alltoall_calls, 0u);
+  EXPECT_GT(two.alltoall_bytes, 0u);
+  EXPECT_EQ(run.one.data_parallel_stats().alltoall_calls, 0u);
+  std::printf("%s: %llu all-to-alls, %llu bytes sent by rank 0\n", name.c_str(),
+              static_cast<unsigned long long>(two.alltoall_calls), static_cast<unsigned long long>(two.alltoall_bytes));
+
+  // What would run the model on rank 0 alone, or needs every expert there, is refused; the session trains on.
+  const std::string refused = ": this session's experts are spread over the data-parallel ranks (expert "
+                              "parallelism), where sessions train and save checkpoints only; load its checkpoint "
+                              "into a session without expert parallelism for this";
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(bytes("the "));
+  req.params.max_tokens = 4;
+  EXPECT_EQ(error_of([&] { run.s2->sample(req).get(); }), "sample" + refused);
+  EXPECT_EQ(error_of([&] { run.s2->compute_logprobs({req.prompt}).get(); }), "compute_logprobs" + refused);
+  EXPECT_EQ(error_of([&] { run.s2->export_merged_model((run.dir / "merged").string()).get(); }),
+            "export_merged_model" + refused);
+  EXPECT_EQ(error_of([&] { run.s2->forward_backward(sft_batch(), LossSpec{}).get(); }), "(no error)");
+}
+
 // A TCP port on the loopback, the kernel's choice, held (bound, not listening: a connection to it is refused)
 // until the end of the scope.
 struct ReservedPort {
@@ -314,6 +403,41 @@ TEST(DataParallel, SftWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true,
 TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::sft, "sft-full"); }
 TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
 TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
+
+TEST(DataParallel, ExpertParallelFullFineTuningOnTwoRanksEqualsOneRank) {
+  expect_expert_parallel_equivalent(std::nullopt, /*checkpointing=*/false, "experts-full");
+}
+TEST(DataParallel, ExpertParallelLoraWithActivationCheckpointingOnTwoRanksEqualsOneRank) {
+  expect_expert_parallel_equivalent(LoraOptions{4, 8, {"q_proj", "v_proj", "o_proj"}}, /*checkpointing=*/true,
+                                    "experts-lora");
+}
+
+// What expert parallelism cannot spread is refused at session creation, naming why; a dense model's session in
+// the same service is plain data parallelism (and samples).
+TEST(DataParallel, ExpertParallelRefusesWhatItCannotSpread) {
+  const auto dir = temp_dir("experts-refused");
+  {
+    LocalService svc(spreading_experts(service(dir / "w2", 2)));
+    SessionOptions opts = tiny(LoraOptions{4, 8, {"all-linear"}}, 1);
+    opts.base_model = "rlloop-tiny-moe";
+    EXPECT_EQ(error_of([&] { svc.create_session(opts); }),
+              "LoraOptions.target_modules: adapters on the experts of a model that holds a slice of them (expert "
+              "parallelism) are not supported (yet)");
+    auto dense = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+    dense->forward_backward(sft_batch(), LossSpec{}).get();
+    dense->optim_step(adam(1e-2)).get();
+    SampleRequest req;
+    req.prompt = ModelInput::from_tokens(bytes("the "));
+    req.params.max_tokens = 3;
+    EXPECT_EQ(dense->sample(req).get().sequences.size(), 1u);
+    EXPECT_EQ(svc.data_parallel_stats().alltoall_calls, 0u);
+  }
+  LocalService three(spreading_experts(service(dir / "w3", 3)));
+  SessionOptions opts = tiny(std::nullopt, 1);
+  opts.base_model = "rlloop-tiny-moe";
+  EXPECT_EQ(error_of([&] { three.create_session(opts); }),
+            "expert parallelism: 8 experts do not split evenly over 3 ranks");
+}
 
 // Which backend carries the tensors: NCCL only for CUDA weights with a GPU per rank on this host, Gloo otherwise
 // (several ranks on one GPU: the group logic testable on a one-GPU machine); impossible requests named.

@@ -45,9 +45,9 @@ constexpr auto kWorkerExitGrace = std::chrono::seconds(10);
 
 }  // namespace
 
-std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend) {
+std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, bool expert_parallel) {
   return std::string("libtorch ") + TORCH_VERSION + " on " + (dev.device.is_cuda() ? "cuda" : "cpu") + " as " +
-         c10::toString(dev.dtype) + " over " + backend;
+         c10::toString(dev.dtype) + " over " + backend + (expert_parallel ? ", expert-parallel" : "");
 }
 
 bool is_loopback(const std::string& host) {
@@ -100,7 +100,8 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.world_size = dp.world_size;
   go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
   backend_ = tensor_backend_here(dp.backend, dev, go.host, dp.world_size, local + 1);  // rank 0 and its workers
-  go.fingerprint = group_fingerprint(dev, backend_);
+  go.fingerprint = group_fingerprint(dev, backend_, dp.expert_parallel);
+  expert_parallel_ = dp.expert_parallel;
   go.nccl = backend_ == "nccl";
   group_ = Group::listen(go);
   start_local_workers(service, dev, local);
@@ -141,9 +142,11 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, const 
                                   "--kv-cache-mb",    std::to_string(service.kv_cache_mb)};
     // The options every rank's models must share with rank 0's. (Flags copied from named strings: GCC 12 reports
     // a std::string built from a literal inside push_back as out of bounds, a false -Warray-bounds at -O3.)
-    static const std::string dequantize = "--dequantize-base", checkpointing = "--activation-checkpointing";
+    static const std::string dequantize = "--dequantize-base", checkpointing = "--activation-checkpointing",
+                             expert_parallel = "--expert-parallel";
     if (!service.quantized_base) args.push_back(dequantize);
     if (service.activation_checkpointing) args.push_back(checkpointing);
+    if (dp.expert_parallel) args.push_back(expert_parallel);
     for (const auto& [name, dir] : service.base_models) {
       args.push_back("--base-model");
       args.push_back(name + "=" + dir);
@@ -227,14 +230,14 @@ ForwardBackwardOutput Coordinator::forward_custom(std::uint64_t id, Transformer&
   });
 }
 
-Metrics Coordinator::optim_step(std::uint64_t id, AdamW& optimizer, const AdamParams& params) {
+Metrics Coordinator::optim_step(std::uint64_t id, Transformer& model, AdamW& optimizer, const AdamParams& params) {
   validate(params);  // before the gradients are summed: a refused step must leave them as they were
   std::lock_guard lock(mu_);
   auto c = command(Command::optim_step, id);
   c.put(params);
   return noting_failure([&] {
     group_->post_command(c.take());
-    return optim_step_share(*group_, optimizer, params);
+    return optim_step_share(*group_, model, optimizer, params);
   });
 }
 
@@ -249,11 +252,34 @@ void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_p
   });
 }
 
-void Coordinator::fold_gradients(std::uint64_t id, AdamW& optimizer) {
+void Coordinator::fold_gradients(std::uint64_t id, Transformer& model, AdamW& optimizer) {
   std::lock_guard lock(mu_);
   noting_failure([&] {
     group_->post_command(command(Command::fold_gradients, id).take());
-    fold_gradients_share(*group_, optimizer);
+    fold_gradients_share(*group_, model, optimizer);
+  });
+}
+
+NamedState Coordinator::gather_experts(std::uint64_t id, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                                       bool with_gradients) {
+  std::lock_guard lock(mu_);
+  auto c = command(Command::gather_experts, id);
+  c.put(with_optimizer);
+  c.put(with_gradients);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return gather_experts_share(*group_, model, optimizer, with_optimizer, with_gradients);
+  });
+}
+
+void Coordinator::load_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer,
+                             bool with_optimizer, const NamedState& state, std::int64_t step) {
+  std::lock_guard lock(mu_);
+  auto c = command(Command::load_state, id);
+  c.put(with_optimizer);
+  noting_failure([&] {
+    group_->post_command(c.take());
+    load_state_share(*group_, model, optimizer, with_optimizer, &state, step);
   });
 }
 
@@ -376,7 +402,8 @@ DataParallelStats Coordinator::stats() const {
   std::lock_guard lock(mu_);
   const auto s = group_->stats();
   return {group_->size(),    s.allreduce_calls, s.allreduce_bytes, s.allreduce_seconds,
-          s.broadcast_bytes, remote_samples_,   remote_logprobs_};
+          s.broadcast_bytes, remote_samples_,   remote_logprobs_, s.alltoall_calls,
+          s.alltoall_bytes};
 }
 
 }  // namespace rlloop::engine::dist

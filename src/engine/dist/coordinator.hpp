@@ -24,9 +24,9 @@
 
 namespace rlloop::engine::dist {
 
-// What every rank must share to compute the same thing: LibTorch's version, the device kind, the dtype and the
-// tensors' collective backend.
-std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend);
+// What every rank must share to compute the same thing: LibTorch's version, the device kind, the dtype, the
+// tensors' collective backend and whether the experts are spread over the ranks.
+std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, bool expert_parallel);
 
 // Whether `host` is this machine's loopback address: a group that meets there has every rank on this host.
 bool is_loopback(const std::string& host);
@@ -72,6 +72,9 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   int world_size() const { return group_->size(); }
+  // The group a session model's experts are spread over (make_session_model's expert_group), null without expert
+  // parallelism. Its forwards run only inside this class's commands, on every rank together.
+  Group* expert_group() const { return expert_parallel_ ? group_.get() : nullptr; }
 
   // A session's replica on every rank, made from `options`; `made` is rank 0's (already made). Returns the
   // replica's id for the calls below.
@@ -81,11 +84,18 @@ class Coordinator {
                                 const LossSpec& loss, bool backward);
   ForwardBackwardOutput forward_custom(std::uint64_t id, Transformer& model, const std::vector<Datum>& data,
                                        const CustomLossFn& fn);
-  Metrics optim_step(std::uint64_t id, AdamW& optimizer, const AdamParams& params);
+  Metrics optim_step(std::uint64_t id, Transformer& model, AdamW& optimizer, const AdamParams& params);
   // After load_state on rank 0.
   void sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
-  // fold_gradients_share: rank 0 holds the gradients every rank accumulated (before saving them).
-  void fold_gradients(std::uint64_t id, AdamW& optimizer);
+  // fold_gradients_share: rank 0 holds the gradients every rank accumulated (before saving them), an
+  // expert-parallel model's experts' excepted.
+  void fold_gradients(std::uint64_t id, Transformer& model, AdamW& optimizer);
+  // An expert-parallel session's checkpoints (replica_ops.hpp): the other ranks' experts for save_state, and
+  // load_state's checkpoint (after rank 0 loaded its part) for every rank instead of sync_state.
+  NamedState gather_experts(std::uint64_t id, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                            bool with_gradients);
+  void load_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                  const NamedState& state, std::int64_t step);
 
   // Each worker's samples of `req` (as rank 0 decodes it: validated, its stop ids complete) to that worker,
   // drawn with the request's streams from `seed` (sample_stream.hpp) at `precision`, from the session's model or
@@ -118,6 +128,7 @@ class Coordinator {
   void stop_local_workers();
 
   std::string backend_;  // the tensors' collectives: "gloo" or "nccl" (resolve_tensor_backend)
+  bool expert_parallel_ = false;
 
   // Runs a command's share, noting a group failure where failure() can read it without waiting for mu_.
   template <class Fn>

@@ -29,11 +29,18 @@ std::string first_failure(const std::vector<std::string>& replies) {
   return {};
 }
 
-// FNV-1a over the bits of a base's weights, word by word; computed once per base (SharedBase::hashed).
-std::uint64_t frozen_weights_hash(SharedBase& base) {
+// Whether `name` is one of the tensors that differ from rank to rank: an expert's, under expert parallelism.
+bool rank_own(const Transformer& model, const std::string& name) {
+  return model.expert_parallel() && model.is_expert_tensor(name);
+}
+
+// FNV-1a over the bits of a base's weights, word by word; computed once per base (SharedBase::hashed). A base of
+// an expert-parallel session (`slice`) holds this rank's experts: they are left out.
+std::uint64_t frozen_weights_hash(SharedBase& base, bool slice) {
   std::call_once(base.hashed, [&] {
     std::uint64_t hash = 1469598103934665603ull;
     for (const auto& [name, t] : base.model->hf_state_dict()) {
+      if (slice && base.model->is_expert_tensor(name)) continue;
       auto cpu = t.detach().to(torch::kCPU).contiguous();
       const auto* bytes = static_cast<const std::uint8_t*>(cpu.data_ptr());
       for (std::size_t i = 0; i + 8 <= cpu.nbytes(); i += 8) {
@@ -48,19 +55,44 @@ std::uint64_t frozen_weights_hash(SharedBase& base) {
 }
 
 // The shape of a model and, over a shared frozen base, the bits of that base: equal on two ranks when they hold
-// the same model (a full fine-tuning copy gets rank 0's weights anyway).
+// the same model (a full fine-tuning copy gets rank 0's weights anyway). An expert-parallel model's experts are
+// each rank's own (other names on every rank): their count stands for them.
 std::string model_fingerprint(const SessionModel& made) {
+  const Transformer& model = *made.model;
   std::string shapes;
-  for (const auto& [name, t] : made.model->hf_state_dict()) shapes += name + c10::str(t.sizes()) + ";";
-  for (const auto& [name, t] : made.model->named_trainable_parameters()) shapes += name + c10::str(t.sizes()) + ";";
-  if (made.shared_base) shapes += " frozen-weights:" + std::to_string(frozen_weights_hash(*made.shared_base));
+  std::size_t own = 0;
+  auto add = [&](const std::string& name, const torch::Tensor& t) {
+    if (rank_own(model, name))
+      ++own;
+    else
+      shapes += name + c10::str(t.sizes()) + ";";
+  };
+  for (const auto& [name, t] : model.hf_state_dict()) add(name, t);
+  for (const auto& [name, t] : made.model->named_trainable_parameters()) add(name, t);
+  if (model.expert_parallel()) shapes += " expert tensors of this rank:" + std::to_string(own);
+  if (made.shared_base)
+    shapes += " frozen-weights:" + std::to_string(frozen_weights_hash(*made.shared_base, model.expert_parallel()));
   return shapes;
 }
 
-std::vector<torch::Tensor> trainable_tensors(Transformer& model) {
+// The trainable tensors every rank holds alike: all but an expert-parallel model's experts.
+std::vector<torch::Tensor> replicated_tensors(Transformer& model) {
   std::vector<torch::Tensor> out;
-  for (auto& [name, t] : model.named_trainable_parameters()) out.push_back(t);
+  for (auto& [name, t] : model.named_trainable_parameters())
+    if (!rank_own(model, name)) out.push_back(t);
   return out;
+}
+
+// A rank with no datums in an expert-parallel pass: its sparse layers still take part in every exchange of the
+// forward (and, with `backward`, of the backward), so it runs the model over no rows.
+torch::Tensor idle_forward(Transformer& model, bool backward) {
+  std::optional<torch::NoGradGuard> no_grad;
+  if (!backward) no_grad.emplace();
+  const auto device = model.parameters().front().device();
+  return model.hidden_states(torch::zeros({0, 1}, torch::TensorOptions().dtype(torch::kLong).device(device)));
+}
+void idle_backward(const torch::Tensor& hidden) {
+  if (hidden.requires_grad()) hidden.sum().backward();
 }
 
 // Sums a shard's outputs into the batch's (in rank order: the caller's datum order). The router's metrics (means
@@ -188,7 +220,7 @@ void open_replica(Group& group, const SessionModel* made, const std::string& err
   }
   group.broadcast(verdict);
   if (!verdict.empty()) throw invalid_argument("data-parallel session: " + verdict);
-  group.broadcast(trainable_tensors(*made->model));
+  group.broadcast(replicated_tensors(*made->model));
 }
 
 ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& mine,
@@ -198,7 +230,12 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
   try {
     ForwardBackwardOutput out;
     ClipCounts counts;
-    if (!mine.empty()) out = run_builtin_loss(model, mine, loss, backward, &counts);
+    if (!mine.empty())
+      out = run_builtin_loss(model, mine, loss, backward, &counts);
+    else if (model.expert_parallel() && backward)
+      idle_backward(idle_forward(model, /*backward=*/true));
+    else if (model.expert_parallel())
+      idle_forward(model, /*backward=*/false);
     w.put(Status::ok);
     w.put(out);
     w.put(counts.clipped);
@@ -232,9 +269,13 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
 ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share& mine, const std::vector<Datum>* all,
                                    const CustomLossFn* fn) {
   std::optional<CustomLossPass> pass;
+  torch::Tensor idle;  // an expert-parallel rank without datums: its pass over no rows
   std::string reply;
   try {
-    if (!mine.data.empty()) pass = custom_loss_forward(model, mine.data);
+    if (!mine.data.empty())
+      pass = custom_loss_forward(model, mine.data);
+    else if (model.expert_parallel())
+      idle = idle_forward(model, /*backward=*/true);
     ByteWriter w;
     w.put(Status::ok);
     w.put(pass ? pass->output : ForwardBackwardOutput{});
@@ -295,6 +336,8 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
         throw io_error("data-parallel forward_backward_custom: the gradients do not cover this rank's datums");
       custom_loss_backward(*pass,
                            std::span<const std::vector<double>>(grads_of_all).subspan(mine.first, mine.data.size()));
+    } else if (idle.defined()) {
+      idle_backward(idle);
     }
     ByteWriter w;
     w.put(Status::ok);
@@ -311,23 +354,33 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
 
 namespace {
 
-// Every rank's gradients replaced by their sum over the ranks.
-void sum_gradients(Group& group, AdamW& optimizer) {
+// The optimizer's parameters that every rank holds alike (all but an expert-parallel model's experts), by index.
+std::vector<std::size_t> replicated_parameters(const Transformer& model, const AdamW& optimizer) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < optimizer.parameters().size(); ++i)
+    if (!rank_own(model, optimizer.parameters()[i].name)) out.push_back(i);
+  return out;
+}
+
+// Every rank's gradients of the replicated parameters replaced by their sum over the ranks. (An expert's gradient
+// is whole on the rank that holds it: the all-to-all's backward brought every rank's rows' share there.)
+void sum_gradients(Group& group, const Transformer& model, AdamW& optimizer) {
   // One flat buffer: every gradient (zeros where a rank has none), then one flag per parameter that says how
   // many ranks had one, so a gradient no rank produced stays undefined as it would with one rank.
   // The buffer lives where the weights do (NCCL reduces CUDA tensors in place).
   const auto& ps = optimizer.parameters();
+  const std::vector<std::size_t> summed = replicated_parameters(model, optimizer);
   const auto on =
       torch::TensorOptions().dtype(torch::kFloat32).device(ps.empty() ? torch::kCPU : ps[0].tensor.device());
   std::vector<torch::Tensor> parts;
-  std::vector<float> defined(ps.size(), 0.0f);
-  for (std::size_t i = 0; i < ps.size(); ++i) {
-    const torch::Tensor grad = optimizer.gradient(i);
+  std::vector<float> defined(summed.size(), 0.0f);
+  for (std::size_t j = 0; j < summed.size(); ++j) {
+    const torch::Tensor grad = optimizer.gradient(summed[j]);
     if (grad.defined()) {
       parts.push_back(grad.detach().to(torch::kFloat32).reshape(-1));
-      defined[i] = 1.0f;
+      defined[j] = 1.0f;
     } else {
-      parts.push_back(torch::zeros({ps[i].tensor.numel()}, on));
+      parts.push_back(torch::zeros({ps[summed[j]].tensor.numel()}, on));
     }
   }
   parts.push_back(torch::tensor(defined, torch::kFloat32).to(on.device()));
@@ -336,31 +389,153 @@ void sum_gradients(Group& group, AdamW& optimizer) {
   {
     torch::NoGradGuard no_grad;
     std::int64_t at = 0;
-    const auto flags = flat.narrow(0, flat.numel() - static_cast<std::int64_t>(ps.size()), ps.size()).to(torch::kCPU);
+    const auto count = static_cast<std::int64_t>(summed.size());
+    const auto flags = flat.narrow(0, flat.numel() - count, count).to(torch::kCPU);
     const float* ranks_with_grad = flags.data_ptr<float>();
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      const auto& p = ps[i].tensor;
+    for (std::size_t j = 0; j < summed.size(); ++j) {
+      const auto& p = ps[summed[j]].tensor;
       const auto n = p.numel();
-      if (ranks_with_grad[i] > 0) optimizer.set_gradient(i, flat.narrow(0, at, n).view(p.sizes()));
+      if (ranks_with_grad[j] > 0) optimizer.set_gradient(summed[j], flat.narrow(0, at, n).view(p.sizes()));
       at += n;
     }
   }
 }
 
-}  // namespace
-
-Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params) {
-  sum_gradients(group, optimizer);
-  return optimizer.step(params);
+// After sum_gradients on an expert-parallel model: the norm of the whole model's gradient, as one rank holding
+// every expert would compute it. The replicated parameters' squares are alike on every rank, the experts' are
+// added over the ranks.
+double expert_parallel_grad_norm(Group& group, const Transformer& model, AdamW& optimizer) {
+  torch::NoGradGuard no_grad;
+  const auto& ps = optimizer.parameters();
+  const auto on = torch::TensorOptions().dtype(torch::kFloat64).device(ps[0].tensor.device());
+  torch::Tensor replicated = torch::zeros({1}, on), own = torch::zeros({1}, on);
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const torch::Tensor g = optimizer.gradient(i);
+    if (!g.defined()) continue;
+    (rank_own(model, ps[i].name) ? own : replicated).add_(g.to(torch::kFloat64).pow(2).sum());
+  }
+  group.allreduce_sum(own);
+  return std::sqrt((replicated + own).item<double>());
 }
 
-void fold_gradients_share(Group& group, AdamW& optimizer) {
-  sum_gradients(group, optimizer);
-  if (group.rank() != 0) optimizer.zero_grad();
+// A checkpoint's tensors by name, as bytes: name, dtype, shape and the CPU copy's bytes of each.
+void put_tensors(ByteWriter& w, const TensorMap& tensors) {
+  w.put(static_cast<std::uint64_t>(tensors.size()));
+  for (const auto& [name, t] : tensors) {
+    const torch::Tensor cpu = t.detach().to(torch::kCPU).contiguous();
+    w.put(name);
+    w.put(static_cast<std::int8_t>(cpu.scalar_type()));
+    w.put(cpu.sizes().vec());
+    w.put(std::string(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes()));
+  }
+}
+
+TensorMap get_tensors(ByteReader& r) {
+  TensorMap out;
+  for (std::size_t n = r.get_count(); n > 0; --n) {
+    std::string name = r.get_string();
+    const auto dtype = static_cast<torch::ScalarType>(r.get<std::int8_t>());
+    const auto shape = r.get_vector<std::int64_t>();
+    const std::string bytes = r.get_string();
+    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    if (static_cast<std::size_t>(t.nbytes()) != bytes.size())
+      throw io_error("data-parallel message: tensor '" + name + "' has " + std::to_string(bytes.size()) +
+                     " bytes for its shape's " + std::to_string(t.nbytes()));
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    out.emplace(std::move(name), std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, const AdamParams& params) {
+  sum_gradients(group, model, optimizer);
+  if (!model.expert_parallel()) return optimizer.step(params);
+  return optimizer.step(params, expert_parallel_grad_norm(group, model, optimizer));
+}
+
+void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer) {
+  sum_gradients(group, model, optimizer);
+  if (group.rank() == 0) return;
+  for (std::size_t i : replicated_parameters(model, optimizer)) optimizer.clear_gradient(i);
+}
+
+NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                                bool with_gradients) {
+  NamedState own;
+  for (auto& [name, t] : model.named_trainable_parameters())
+    if (rank_own(model, name)) own.weights[name] = t;
+  if (with_optimizer)
+    for (auto& [name, t] : optimizer.state_tensors())
+      if (rank_own(model, name)) own.optimizer[name] = t;
+  const auto& ps = optimizer.parameters();
+  for (std::size_t i = 0; with_gradients && i < ps.size(); ++i)
+    if (const torch::Tensor g = optimizer.gradient(i); g.defined() && rank_own(model, ps[i].name))
+      own.gradients[ps[i].name] = g.to(torch::kFloat32);
+  ByteWriter w;
+  put_tensors(w, own.weights);
+  put_tensors(w, own.optimizer);
+  put_tensors(w, own.gradients);
+  const auto replies = group.gather(w.take());
+  NamedState others;
+  for (std::size_t r = 1; r < replies.size(); ++r) {
+    ByteReader reader(replies[r]);
+    others.weights.merge(get_tensors(reader));
+    others.optimizer.merge(get_tensors(reader));
+    others.gradients.merge(get_tensors(reader));
+  }
+  return others;
+}
+
+void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                      const NamedState* state, std::int64_t step) {
+  std::string bytes;
+  if (group.rank() == 0) {
+    ByteWriter w;
+    put_tensors(w, state->weights);
+    put_tensors(w, with_optimizer ? state->optimizer : TensorMap{});
+    TensorMap experts;  // the replicated parameters' gradients stay on rank 0, as after fold_gradients
+    for (const auto& [name, g] : state->gradients)
+      if (rank_own(model, name)) experts.emplace(name, g);
+    put_tensors(w, experts);
+    w.put(step);
+    bytes = w.take();
+  }
+  group.broadcast(bytes);
+  std::string reply;
+  try {
+    if (group.rank() != 0) {
+      ByteReader r(bytes);
+      const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
+      const auto saved_step = r.get<std::int64_t>();
+      torch::NoGradGuard no_grad;
+      for (auto& [name, t] : model.named_trainable_parameters()) {
+        const auto it = weights.find(name);
+        if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
+        t.copy_(it->second);
+      }
+      optimizer = make_optimizer(model);
+      if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
+      optimizer->zero_grad();
+      const auto& ps = optimizer->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        if (auto it = gradients.find(ps[i].name); it != gradients.end()) optimizer->set_gradient(i, it->second);
+    }
+    ByteWriter w;
+    w.put(Status::ok);
+    reply = w.take();
+  } catch (const std::exception& e) {
+    reply = failure_reply(e);
+  }
+  const auto replies = group.gather(reply);
+  if (group.rank() == 0)
+    if (auto failure = first_failure(replies); !failure.empty())
+      throw group_failure("data-parallel load_state failed on " + failure);
 }
 
 void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer) {
-  group.broadcast(trainable_tensors(model));
+  group.broadcast(replicated_tensors(model));
   if (!with_optimizer) {
     optimizer = make_optimizer(model);
   } else {
@@ -379,7 +554,7 @@ void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
   optimizer->zero_grad();
 }
 
-void load_sampler_share(Group& group, Transformer& model) { group.broadcast(trainable_tensors(model)); }
+void load_sampler_share(Group& group, Transformer& model) { group.broadcast(replicated_tensors(model)); }
 
 void acknowledge(Group& group) { group.gather({}); }
 

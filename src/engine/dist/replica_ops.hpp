@@ -5,6 +5,7 @@
 // through them, so no rank is left waiting.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ enum class Command : std::uint8_t {
   // dropped (no answer), so the workers hold what rank 0's sampler cache holds.
   load_sampler,
   drop_sampler,
+  // Expert parallelism's checkpoints: every rank's experts to rank 0 (save_state), rank 0's checkpoint to every
+  // rank (load_state).
+  gather_experts,
+  load_state,
 };
 
 // A rank's reply to an asynchronous share (Group::post_reply): its result's bytes, or the error it met; rank 0
@@ -83,16 +88,34 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
                                    const CustomLossFn* fn);
 
 // optim_step: the gradients summed over the ranks (the losses are sums over tokens), then the same AdamW step
-// on every rank.
-Metrics optim_step_share(Group& group, AdamW& optimizer, const AdamParams& params);
+// on every rank. An expert-parallel model's experts are not summed (each is whole on its rank) and the step clips
+// by the norm over every rank's experts.
+Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, const AdamParams& params);
 
 // Before a save of the gradients accumulated since the last step (save_state between forward_backward and
 // optim_step): every rank's gradients summed into rank 0's, the others' zeroed, so that rank 0 holds and saves
-// the whole accumulation and the next optim_step's sum is the same.
-void fold_gradients_share(Group& group, AdamW& optimizer);
+// the whole accumulation and the next optim_step's sum is the same. (An expert's stays on the rank that holds it:
+// gather_experts_share reads it from there.)
+void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer);
 
-// After rank 0 changed its replica alone (load_state): its trainable weights, and with `with_optimizer` its
-// optimizer state, to every rank. Without, every rank starts a fresh optimizer (`optimizer` is replaced).
+// A checkpoint's contents by name: trainable weights, optimizer state entries, pending gradients.
+struct NamedState {
+  TensorMap weights, optimizer, gradients;
+};
+// save_state of an expert-parallel session: rank 0 gets the other ranks' experts — their weights and, with
+// `with_optimizer`, their optimizer state, with `with_gradients` their pending gradients (after fold_gradients).
+// Rank 0's own it reads itself; the others get an empty NamedState.
+NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                                bool with_gradients);
+// load_state of an expert-parallel session, after rank 0 loaded its own part of `state` (rank 0's checkpoint,
+// every expert's; null elsewhere): every other rank loads the weights it holds, by name, a fresh optimizer with
+// (`with_optimizer`) the state and `step` saved, and its experts' saved gradients. Throws group_failure on rank 0
+// naming a rank that could not.
+void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                      const NamedState* state, std::int64_t step);
+
+// After rank 0 changed its replica alone (load_state, without expert parallelism): its trainable weights, and with
+// `with_optimizer` its optimizer state, to every rank. Without, every rank starts a fresh optimizer (`optimizer` is replaced).
 void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
 
 // load_sampler: rank 0's trainable weights of a sampler model (loaded from a checkpoint) into every rank's copy,

@@ -87,17 +87,30 @@ class Worker {
                                      engine::dist::decode_share(group_->take_share()), nullptr, nullptr);
           replica(id).optimizer->absorb_gradients();
           break;
-        case Command::optim_step:
-          engine::dist::optim_step_share(*group_, *replica(id).optimizer, r.get_adam_params());
+        case Command::optim_step: {
+          Replica& rep = replica(id);
+          engine::dist::optim_step_share(*group_, *rep.model.model, *rep.optimizer, r.get_adam_params());
           break;
+        }
         case Command::sync_state: {
           Replica& rep = replica(id);
           engine::dist::sync_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>());
           break;
         }
         case Command::fold_gradients:
-          engine::dist::fold_gradients_share(*group_, *replica(id).optimizer);
+          engine::dist::fold_gradients_share(*group_, *replica(id).model.model, *replica(id).optimizer);
           break;
+        case Command::gather_experts: {
+          Replica& rep = replica(id);
+          const bool with_optimizer = r.get<bool>();
+          engine::dist::gather_experts_share(*group_, *rep.model.model, *rep.optimizer, with_optimizer, r.get<bool>());
+          break;
+        }
+        case Command::load_state: {
+          Replica& rep = replica(id);
+          engine::dist::load_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>(), nullptr, 0);
+          break;
+        }
         case Command::sample:
           sample(id, r);
           break;
@@ -123,7 +136,8 @@ class Worker {
     std::string error;
     try {
       rep.resolved_base = resolve_base_model(options_.service, options.base_model);
-      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options);
+      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options,
+                                             options_.service.data_parallel.expert_parallel ? group_.get() : nullptr);
       rep.model.model->kv_pools()->set_capacity_bytes(options_.service.kv_cache_mb << 20);  // as rank 0's sessions
       rep.optimizer = engine::make_optimizer(*rep.model.model);
     } catch (const std::exception& e) {
@@ -251,7 +265,7 @@ void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
   // alone. A choice other than rank 0's is refused at the rendezvous (the fingerprints name both).
   const std::string backend =
       engine::dist::tensor_backend_here(options.service.data_parallel.backend, dev, go.host, options.world_size, 1);
-  go.fingerprint = engine::dist::group_fingerprint(dev, backend);
+  go.fingerprint = engine::dist::group_fingerprint(dev, backend, options.service.data_parallel.expert_parallel);
   go.nccl = backend == "nccl";
   Worker worker(options, dev, engine::dist::Group::join(go));
   worker.run();
