@@ -81,7 +81,7 @@ void add_flags(CLI::App& app, ServeFlags& f) {
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
   app.add_flag("--expert-parallel", f.expert_parallel,
                "Mixture-of-Experts sessions hold 1/world-size of the experts on each rank, routed rows exchanged by "
-               "all-to-all; they train and save checkpoints (sampling and merged exports are refused)");
+               "all-to-all; they train, checkpoint and sample as on one rank (merged exports are refused)");
   app.add_option("--local-workers", f.local_workers,
                  "Workers started on this host (-1: all); the others run `rlloop worker` on other hosts");
   app.add_option("--dp-timeout-s", f.dp_timeout_s,

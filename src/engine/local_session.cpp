@@ -211,14 +211,51 @@ struct LocalSession::Impl {
     return made.model;
   }
 
-  // An expert-parallel model holds this rank's experts only, and its forwards run on every rank at once (inside the
-  // group's commands): an operation that would run it on rank 0 alone, or needs every expert on one rank, is
+  // An expert-parallel model holds this rank's experts only: an export, which needs every expert on one rank, is
   // refused.
   void refuse_if_expert_parallel(const std::string& operation) const {
     if (model->expert_parallel())
       throw unsupported(operation + ": this session's experts are spread over the data-parallel ranks (expert "
-                        "parallelism), where sessions train and save checkpoints only; load its checkpoint into a "
-                        "session without expert parallelism for this");
+                        "parallelism); save_state gathers them: load that checkpoint into a session without expert "
+                        "parallelism to export");
+  }
+
+  // An expert-parallel session's samples: every rank decodes its share in step with the others (its sparse layers
+  // exchange rows at every step), inside one command of the group, run on this session's lane (its base's engine
+  // loop waits meanwhile). The shares are placed as for any data-parallel request; streamed requests and prompt
+  // logprobs stay on rank 0, the others then taking part with no rows.
+  Future<SampleResponse> sample_in_lockstep(const SampleRequest& request, LocalSession::SampleProgress on_step) {
+    return lane->submit<SampleResponse>([this, request, on_step = std::move(on_step)] {
+      SamplingModel& target = sampling_model(request.model_path);
+      const ModelConfig& cfg = target.model->config();
+      validate_sample_request(request, cfg, tokenizer != nullptr);
+      SampleRequest req = request;
+      if (auto eos = cfg.eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
+      const std::uint64_t seed = req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : next_seed();
+      const int ranks = group->world_size();
+      const bool spread = !on_step && !req.include_prompt_logprobs && req.topk_prompt_logprobs == 0;
+      dist::SamplePlacement placement{std::vector<int>(ranks, 0), std::vector<int>(ranks, 0)};
+      if (spread)
+        placement = dist::place_samples(req.num_samples, ranks, group->next_turn());
+      else
+        placement.count[0] = req.num_samples;
+      dist::LockstepShare mine;
+      mine.model = target.model.get();
+      mine.req = req;
+      mine.req.num_samples = placement.count[0];
+      if (!req.params.stop.empty()) mine.stop_check = make_stop_string_check(*tokenizer, req.params.stop);
+      mine.stream = SampleStream(seed, placement.first[0]);
+      mine.precision = decode_precision;
+      mine.rounded = rounded_slot(target);
+      mine.on_step = on_step;
+      SampleResponse out = group->sample_in_lockstep(replica, sampler_key(request.model_path), req, seed, placement,
+                                                     mine);
+      TokenUsage u;  // the prompt once, every sample's new tokens
+      u.prefill = static_cast<std::int64_t>(request.prompt.length());
+      for (const auto& s : out.sequences) u.sample += s.decode_tokens;
+      add_usage(u);
+      return out;
+    });
   }
 
   std::shared_ptr<const RoundedWeights>* rounded_slot(SamplingModel& target) {
@@ -266,7 +303,7 @@ struct LocalSession::Impl {
       if (oldest != samplers.end()) drop_sampler(oldest);
     }
     // The workers hold what this cache holds, so that they can decode its models' samples too.
-    if (group && group->failure().empty()) group->load_sampler(replica, key, *m);
+    if (group && group->failure().empty()) group->load_sampler(replica, key, *m, state.weights);
     return samplers.emplace(key, SamplingModel{m, nullptr, ++sampler_clock}).first->second;
   }
 
@@ -461,11 +498,7 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
-  if (impl_->model->expert_parallel())
-    return impl_->lane->submit<SampleResponse>([this]() -> SampleResponse {
-      impl_->refuse_if_expert_parallel("sample");
-      return {};
-    });
+  if (impl_->model->expert_parallel()) return impl_->sample_in_lockstep(request, std::move(on_step));
   // With data parallelism the live model's samples are shared out over the ranks (place_samples; the ranks take
   // turns at the larger shares, so single samples go to each in turn), each rank decoding its own from the
   // request's streams: the tokens are those of one rank. Sampler weights from a checkpoint too: the workers hold
@@ -574,9 +607,13 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
 
 Future<std::vector<double>> LocalSession::compute_logprobs(const ComputeLogprobsRequest& request) {
   if (impl_->model->expert_parallel())
-    return impl_->lane->submit<std::vector<double>>([this]() -> std::vector<double> {
-      impl_->refuse_if_expert_parallel("compute_logprobs");
-      return {};
+    return impl_->lane->submit<std::vector<double>>([this, request] {
+      Transformer& m = *impl_->sampling_model(request.model_path).model;
+      validate_model_input(request.prompt, m.config().vocab_size, "compute_logprobs: ");
+      const auto tokens = request.prompt.tokens();
+      impl_->add_usage({static_cast<std::int64_t>(tokens.size()), 0, 0});
+      if (tokens.size() < 2) return engine::compute_logprobs(m, tokens);  // no forward: nothing to exchange
+      return impl_->group->logprobs_in_lockstep(impl_->replica, Impl::sampler_key(request.model_path), m, tokens);
     });
   // With data parallelism the prompts go to the ranks in turn (the workers hold the sampler models too).
   const auto& group = impl_->group;

@@ -656,8 +656,6 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
   // This layer's place among the sparse ones: its slice of the routing's [tokens, sparse layers, k].
   std::int64_t sparse_index = 0;
   for (std::size_t i = 0; i < li; ++i) sparse_index += layers[i].sparse() ? 1 : 0;
-  if (expert_shard.group && (step || in.cache))
-    throw invalid_argument("Transformer: an expert-parallel model does not sample or decode (yet)");
   if (!expert_shard.group && static_cast<std::int64_t>(layers[li].experts.size()) != cfg.num_experts)
     throw invalid_argument("Transformer: this model holds a slice of the experts; set_expert_parallel names the group "
                            "that holds the others");

@@ -101,9 +101,10 @@ class Transformer : public torch::nn::Module {
   void set_activation_checkpointing(bool on);
   // Expert parallelism: this model (built with rank r's ExpertRange of `group`: the r-th of its size's equal slices
   // of the experts) routes its tokens to every rank's experts through `group` in every forward that builds on
-  // hidden_states (training, scoring); every rank of the group must run the same forwards together. Decoding steps
-  // are refused. invalid_argument when the group's size does not divide the experts, the model holds another slice,
-  // or its experts have adapters.
+  // hidden_states or decode_step (training, scoring, prefill, decoding): every rank of the group must run its
+  // forwards together with the others' (a rank with nothing to compute runs hidden_states over [0, 1]), or they
+  // wait on each other until the group's timeout. invalid_argument when the group's size does not divide the
+  // experts, the model holds another slice, or its experts have adapters.
   void set_expert_parallel(dist::Group& group);
   bool activation_checkpointing() const;
   // Whether set_expert_parallel made this model route through a group.

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
@@ -338,17 +339,58 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
   std::printf("%s: %llu all-to-alls, %llu bytes sent by rank 0\n", name.c_str(),
               static_cast<unsigned long long>(two.alltoall_calls), static_cast<unsigned long long>(two.alltoall_bytes));
 
-  // What would run the model on rank 0 alone, or needs every expert there, is refused; the session trains on.
-  const std::string refused = ": this session's experts are spread over the data-parallel ranks (expert "
-                              "parallelism), where sessions train and save checkpoints only; load its checkpoint "
-                              "into a session without expert parallelism for this";
+  // Sampling and scoring from the same weights (the last step's, loaded into both): every rank decodes its share
+  // in step with the others, and the tokens are one rank's. 3 samples: one rank decodes two, the other one. Then 2
+  // samples, one per rank, with a stop string that ends sample 0 before sample 1 (chosen from the first request's
+  // tokens: each sample's stream is its own, so the second request's samples are prefixes of the first's): the rank
+  // done first runs the steps left over no rows.
+  run.s2->load_state(run.s1->save_state("final").get().path, true).get();
   SampleRequest req;
   req.prompt = ModelInput::from_tokens(bytes("the "));
-  req.params.max_tokens = 4;
-  EXPECT_EQ(error_of([&] { run.s2->sample(req).get(); }), "sample" + refused);
-  EXPECT_EQ(error_of([&] { run.s2->compute_logprobs({req.prompt}).get(); }), "compute_logprobs" + refused);
+  req.params.max_tokens = 12;
+  req.params.seed = 42;
+  auto expect_same_samples = [&](const SampleResponse& x, const SampleResponse& y, const std::string& what) {
+    ASSERT_EQ(x.sequences.size(), y.sequences.size()) << what;
+    for (std::size_t i = 0; i < x.sequences.size(); ++i) {
+      const auto &a = x.sequences[i], &b = y.sequences[i];
+      EXPECT_EQ(a.tokens, b.tokens) << what << " sample " << i;
+      EXPECT_EQ(a.stop_reason, b.stop_reason) << what << " sample " << i;
+      ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+      for (std::size_t j = 0; j < a.logprobs.size(); ++j) expect_close(a.logprobs[j], b.logprobs[j], what + " logprob");
+    }
+  };
+  req.num_samples = 3;
+  const SampleResponse three = run.s1->sample(req).get();
+  expect_same_samples(three, run.s2->sample(req).get(), "3 samples");
+  const auto &first = three.sequences.at(0).tokens, &second = three.sequences.at(1).tokens;
+  std::string stop;  // a printable byte of sample 0 that sample 1 does not have as early
+  for (std::size_t j = 0; j < first.size() && stop.empty(); ++j) {
+    const token_id t = first[j];
+    const auto seen_before = [&](const std::vector<token_id>& s, std::size_t n) {
+      return std::find(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(std::min(n, s.size())), t) !=
+             s.begin() + static_cast<std::ptrdiff_t>(std::min(n, s.size()));
+    };
+    if (t >= 32 && t < 127 && !seen_before(first, j) && !seen_before(second, j + 2)) stop = std::string(1, char(t));
+  }
+  ASSERT_FALSE(stop.empty());
+  req.num_samples = 2;
+  req.params.stop = {stop};
+  const SampleResponse two_samples = run.s1->sample(req).get();
+  expect_same_samples(two_samples, run.s2->sample(req).get(), "2 samples, stop '" + stop + "'");
+  EXPECT_LT(two_samples.sequences.at(0).tokens.size(), two_samples.sequences.at(1).tokens.size());
+  EXPECT_GT(run.two.data_parallel_stats().worker_samples, 0u);
+  for (const char* text : {"a cat", "the mat"}) {
+    const auto p = ModelInput::from_tokens(bytes(text));
+    const auto a = run.s1->compute_logprobs({p}).get(), b = run.s2->compute_logprobs({p}).get();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t j = 0; j < a.size(); ++j) expect_close(a[j], b[j], std::string("compute_logprobs of ") + text);
+  }
+
+  // A merged export needs every expert on rank 0: refused, and the session trains on.
   EXPECT_EQ(error_of([&] { run.s2->export_merged_model((run.dir / "merged").string()).get(); }),
-            "export_merged_model" + refused);
+            "export_merged_model: this session's experts are spread over the data-parallel ranks (expert "
+            "parallelism); save_state gathers them: load that checkpoint into a session without expert parallelism "
+            "to export");
   EXPECT_EQ(error_of([&] { run.s2->forward_backward(sft_batch(), LossSpec{}).get(); }), "(no error)");
 }
 

@@ -317,13 +317,44 @@ std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std:
   return std::make_shared<Replies>(*this, tag, std::vector<int>{rank});
 }
 
-void Coordinator::load_sampler(std::uint64_t id, const std::string& key, Transformer& model) {
+SampleResponse Coordinator::sample_in_lockstep(std::uint64_t id, const std::string& sampler, const SampleRequest& req,
+                                               std::uint64_t seed, const SamplePlacement& placement,
+                                               LockstepShare& mine) {
+  std::lock_guard lock(mu_);
+  auto c = command(Command::sample_lockstep, id);
+  c.put(sampler);
+  c.put(seed);
+  c.put(mine.precision);
+  c.put(placement.first);
+  c.put(placement.count);
+  c.put(req);
+  for (std::size_t r = 1; r < placement.count.size(); ++r)
+    remote_samples_ += static_cast<std::uint64_t>(placement.count[r]);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return sample_lockstep_share(*group_, mine, placement);
+  });
+}
+
+std::vector<double> Coordinator::logprobs_in_lockstep(std::uint64_t id, const std::string& sampler,
+                                                      Transformer& model, const std::vector<token_id>& tokens) {
+  std::lock_guard lock(mu_);
+  auto c = command(Command::logprobs_lockstep, id);
+  c.put(sampler);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return logprobs_lockstep_share(*group_, model, tokens);
+  });
+}
+
+void Coordinator::load_sampler(std::uint64_t id, const std::string& key, Transformer& model,
+                               const TensorMap& checkpoint) {
   std::lock_guard lock(mu_);
   auto c = command(Command::load_sampler, id);
   c.put(key);
   noting_failure([&] {
     group_->post_command(c.take());
-    load_sampler_share(*group_, model);
+    load_sampler_share(*group_, model, &checkpoint);
   });
 }
 

@@ -106,8 +106,18 @@ class Coordinator {
   // compute_logprobs of `tokens` (validated) on worker `rank`, with the session's model or a sampler model.
   std::shared_ptr<Replies> post_logprobs(std::uint64_t id, const std::string& sampler,
                                          const std::vector<token_id>& tokens, int rank);
-  // A sampler model rank 0 loaded from a checkpoint (`model`), to every worker under `key`; and one it dropped.
-  void load_sampler(std::uint64_t id, const std::string& key, Transformer& model);
+  // An expert-parallel session's sampling request (validated, its stop ids complete) decoded by every rank in step
+  // (sample_lockstep_share): rank 0's share is `mine`, the workers' are made as post_sample's are. Blocks until
+  // every rank's samples have stopped; the commands of other sessions wait meanwhile.
+  SampleResponse sample_in_lockstep(std::uint64_t id, const std::string& sampler, const SampleRequest& req,
+                                    std::uint64_t seed, const SamplePlacement& placement, LockstepShare& mine);
+  // An expert-parallel session's compute_logprobs of `tokens` (validated, at least 2) with `model` (the session's or
+  // the sampler model under `sampler`): rank 0 scores, the others take part in its exchanges.
+  std::vector<double> logprobs_in_lockstep(std::uint64_t id, const std::string& sampler, Transformer& model,
+                                           const std::vector<token_id>& tokens);
+  // A sampler model rank 0 loaded from a checkpoint (`model`, from the checkpoint's weights `checkpoint`), to every
+  // worker under `key`; and one it dropped.
+  void load_sampler(std::uint64_t id, const std::string& key, Transformer& model, const TensorMap& checkpoint);
   void drop_sampler(std::uint64_t id, const std::string& key);
   // The rank whose turn it is to take the next compute_logprobs prompt, or the larger shares of the next sampling
   // request (place_samples): the ranks take turns, in the order the requests were submitted.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <exception>
+#include <numeric>
 #include <optional>
 
 #include <torch/torch.h>
@@ -418,6 +419,16 @@ double expert_parallel_grad_norm(Group& group, const Transformer& model, AdamW& 
   return std::sqrt((replicated + own).item<double>());
 }
 
+// Every trainable tensor of `model` from `weights`, by name.
+void load_by_name(Transformer& model, const TensorMap& weights) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : model.named_trainable_parameters()) {
+    const auto it = weights.find(name);
+    if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
+    t.copy_(it->second);
+  }
+}
+
 // A checkpoint's tensors by name, as bytes: name, dtype, shape and the CPU copy's bytes of each.
 void put_tensors(ByteWriter& w, const TensorMap& tensors) {
   w.put(static_cast<std::uint64_t>(tensors.size()));
@@ -509,12 +520,7 @@ void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
       ByteReader r(bytes);
       const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
       const auto saved_step = r.get<std::int64_t>();
-      torch::NoGradGuard no_grad;
-      for (auto& [name, t] : model.named_trainable_parameters()) {
-        const auto it = weights.find(name);
-        if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
-        t.copy_(it->second);
-      }
+      load_by_name(model, weights);
       optimizer = make_optimizer(model);
       if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
       optimizer->zero_grad();
@@ -554,7 +560,98 @@ void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
   optimizer->zero_grad();
 }
 
-void load_sampler_share(Group& group, Transformer& model) { group.broadcast(replicated_tensors(model)); }
+void load_sampler_share(Group& group, Transformer& model, const TensorMap* checkpoint) {
+  if (!model.expert_parallel()) {
+    group.broadcast(replicated_tensors(model));
+    return;
+  }
+  std::string bytes;
+  if (group.rank() == 0) {
+    ByteWriter w;
+    put_tensors(w, *checkpoint);
+    bytes = w.take();
+  }
+  group.broadcast(bytes);
+  if (group.rank() == 0) return;
+  ByteReader r(bytes);
+  load_by_name(model, get_tensors(r));
+}
+
+SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const SamplePlacement& placement) {
+  Transformer& model = *mine.model;
+  std::unique_ptr<DecodeRun> run;
+  std::string& error = mine.error;
+  // Runs `fn` (this rank's prefill or step); an error ends this rank's run, and it goes on over no rows. (An error
+  // inside the forward, between two exchanges, leaves the others waiting: the group fails at its timeout.)
+  auto guarded = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+      run.reset();
+    }
+  };
+  auto idle = [&] { idle_forward(model, /*backward=*/false); };
+  if (error.empty() && mine.req.num_samples > 0)
+    guarded([&] {
+      run = std::make_unique<DecodeRun>(model, mine.req, mine.stop_check, mine.stream, mine.precision, mine.rounded);
+      if (mine.on_step) {
+        mine.on_step(run->progress());  // the first token of every sample, drawn from the prefill
+        run->on_step = mine.on_step;
+      }
+    });
+  else
+    idle();
+  const auto device = model.parameters().front().device();
+  for (;;) {
+    const bool decoding = run && !run->done();
+    torch::Tensor active = torch::full({1}, decoding ? 1.0f : 0.0f, torch::TensorOptions().device(device));
+    group.allreduce_sum(active);
+    if (active.item<float>() == 0.0f) break;
+    if (decoding)
+      guarded([&] {
+        DecodeRun* r = run.get();
+        decode_step(std::span<DecodeRun* const>(&r, 1));
+      });
+    else
+      idle();
+  }
+  SampleResponse own;
+  std::string reply;
+  if (error.empty()) {
+    if (run) own = run->take();
+    ByteWriter w;
+    w.put(Status::ok);
+    w.put(own.sequences);
+    reply = w.take();
+  } else {
+    reply = failure_reply(std::runtime_error(error));
+  }
+  const auto replies = group.gather(reply);
+  if (group.rank() != 0) return {};
+  if (auto failure = first_failure(replies); !failure.empty())
+    throw io_error("data-parallel sample failed on " + failure);
+  // Each rank decoded a contiguous run of the samples: every sequence goes to its index.
+  std::vector<SampledSequence> all(std::accumulate(placement.count.begin(), placement.count.end(), std::size_t{0}));
+  for (std::size_t rank = 0; rank < replies.size(); ++rank) {
+    ByteReader r(replies[rank]);
+    r.get<Status>();
+    auto sequences = r.get_sequences();
+    for (std::size_t i = 0; i < sequences.size(); ++i) all.at(placement.first[rank] + i) = std::move(sequences[i]);
+  }
+  own.sequences = std::move(all);
+  return own;
+}
+
+std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {
+  std::vector<double> out;
+  if (group.rank() == 0)
+    out = compute_logprobs(model, tokens);
+  else
+    idle_forward(model, /*backward=*/false);
+  acknowledge(group);  // rank 0 answers once every rank is through the forward
+  return out;
+}
 
 void acknowledge(Group& group) { group.gather({}); }
 

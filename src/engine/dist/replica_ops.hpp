@@ -13,6 +13,7 @@
 
 #include "dist/group.hpp"
 #include "optimizer.hpp"
+#include "sampler.hpp"
 #include "session_model.hpp"
 #include "transformer.hpp"
 
@@ -38,6 +39,9 @@ enum class Command : std::uint8_t {
   // rank (load_state).
   gather_experts,
   load_state,
+  // An expert-parallel session's samples and logprobs: every rank runs its forwards in step with the others'.
+  sample_lockstep,
+  logprobs_lockstep,
 };
 
 // A rank's reply to an asynchronous share (Group::post_reply): its result's bytes, or the error it met; rank 0
@@ -119,8 +123,33 @@ void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
 void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer);
 
 // load_sampler: rank 0's trainable weights of a sampler model (loaded from a checkpoint) into every rank's copy,
-// made as the session's model is.
-void load_sampler_share(Group& group, Transformer& model);
+// made as the session's model is. An expert-parallel model's come from `checkpoint` (rank 0's: the checkpoint's
+// weights, every expert's), which every rank loads by name.
+void load_sampler_share(Group& group, Transformer& model, const TensorMap* checkpoint);
+
+// What one rank decodes of an expert-parallel session's sampling request: its share of the samples (`req`'s
+// num_samples, 0 for none) from `model`, as DecodeRun takes them. `error`, when set, is why this rank could not
+// make its run: it then only takes part in the others' steps, and reports it.
+struct LockstepShare {
+  Transformer* model = nullptr;
+  SampleRequest req;
+  StopStringCheck stop_check;
+  SampleStream stream{0};
+  DecodePrecision precision = DecodePrecision::fp32;
+  std::shared_ptr<const RoundedWeights>* rounded = nullptr;
+  std::function<void(const SampleResponse&)> on_step;  // rank 0's streaming, when asked for
+  std::string error;
+};
+// sample of an expert-parallel session: every rank decodes its share in step with the others (a rank whose samples
+// have all stopped, or that has none, runs the model over no rows), one token per step, until every rank's samples
+// have stopped (one all-reduce of a flag per step says when). Rank 0 returns its response with every rank's
+// sequences in the order of the samples (`placement`), or throws io_error naming a rank whose share failed; the
+// others return nothing.
+SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const SamplePlacement& placement);
+
+// compute_logprobs of an expert-parallel session: rank 0 scores `tokens` (at least 2) while the others run the model
+// over no rows, so that the sparse layers' exchanges line up. Rank 0 returns the logprobs.
+std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens);
 
 // Close and shutdown: every rank has done it.
 void acknowledge(Group& group);

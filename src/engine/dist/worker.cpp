@@ -117,6 +117,12 @@ class Worker {
         case Command::logprobs:
           logprobs(id, r);
           break;
+        case Command::sample_lockstep:
+          sample_in_lockstep(id, r);
+          break;
+        case Command::logprobs_lockstep:
+          engine::dist::logprobs_lockstep_share(*group_, *sampling_model(replica(id), r.get_string()).model, {});
+          break;
         case Command::load_sampler:
           load_sampler(id, r.get_string());
           break;
@@ -187,6 +193,32 @@ class Worker {
                             nullptr, reply_failure);
   }
 
+  // This rank's samples of an expert-parallel session's request, decoded in step with every other rank's (in this
+  // command, not on the lane: the sparse layers exchange rows at every step); they go to rank 0 in the command's
+  // gather.
+  void sample_in_lockstep(std::uint64_t id, engine::dist::ByteReader& r) {
+    Replica& rep = replica(id);
+    SamplingModel& target = sampling_model(rep, r.get_string());
+    const auto seed = r.get<std::uint64_t>();
+    engine::dist::LockstepShare mine;
+    mine.precision = r.get<engine::DecodePrecision>();
+    engine::dist::SamplePlacement placement{r.get_vector<int>(), r.get_vector<int>()};
+    mine.req = r.get_sample_request();
+    const auto rank = static_cast<std::size_t>(group_->rank());
+    const bool has_share = rank < placement.count.size() && rank < placement.first.size();
+    mine.req.num_samples = has_share ? placement.count[rank] : 0;
+    mine.model = target.model.get();
+    mine.stream = engine::SampleStream(seed, has_share ? placement.first[rank] : 0);
+    mine.rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &target.rounded;
+    try {
+      if (mine.req.num_samples > 0 && !mine.req.params.stop.empty())
+        mine.stop_check = engine::make_stop_string_check(tokenizer(rep), mine.req.params.stop);
+    } catch (const std::exception& e) {
+      mine.error = e.what();  // this rank still takes part in every step
+    }
+    engine::dist::sample_lockstep_share(*group_, mine, placement);
+  }
+
   void logprobs(std::uint64_t id, engine::dist::ByteReader& r) {
     const std::uint64_t tag = group_->command_number();
     const std::string sampler = r.get_string();
@@ -213,7 +245,7 @@ class Worker {
   void load_sampler(std::uint64_t id, const std::string& key) {
     Replica& rep = replica(id);
     SamplingModel loaded{engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options).model, nullptr};
-    engine::dist::load_sampler_share(*group_, *loaded.model);
+    engine::dist::load_sampler_share(*group_, *loaded.model, nullptr);
     rep.samplers[key] = std::move(loaded);
   }
 
