@@ -70,7 +70,8 @@ ExpertShard ExpertShard::of(dist::Group& group, std::int64_t num_experts) {
 }
 
 torch::Tensor run_experts_parallel(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& local,
-                                   const ExpertShard& shard, const ExpertActivation& activation) {
+                                   const ExpertAdapters* adapters, const ExpertShard& shard,
+                                   const ExpertActivation& activation) {
   dist::Group& group = *shard.group;
   const std::int64_t W = group.size(), N = x.size(0), k = routes.experts.size(1);
   const std::int64_t E = W * shard.per_rank;
@@ -91,7 +92,7 @@ torch::Tensor run_experts_parallel(const torch::Tensor& x, const Routes& routes,
   // then back in arrival order.
   const auto [by_expert, counts] = expert_order(arriving);
   const torch::Tensor in_order = rows.index_select(0, by_expert.to(x.device()));
-  torch::Tensor outputs = expert_products(in_order, counts, local, nullptr, false, activation);
+  torch::Tensor outputs = expert_products(in_order, counts, local, adapters, false, activation);
   // No row for this rank's experts: an empty output still tied to the rows, so that backward runs both exchanges
   // here as on every other rank (a rank that skipped them would leave the others waiting).
   if (outputs.size(0) == 0) outputs = in_order.narrow(0, 0, 0) * 0;

@@ -28,9 +28,11 @@ struct ExpertShard {
 };
 
 // run_experts with the experts spread over `shard`'s group: x [N, H] this rank's tokens (N may be 0), routes by
-// global expert id, `local` this rank's experts (shard.first onwards). Every rank of the group must call it for the
-// same layer at the same time. The outputs add up per token in expert order, as run_experts adds them.
+// global expert id, `local` this rank's experts (shard.first onwards) and `adapters` (null: none) theirs. Every rank
+// of the group must call it for the same layer at the same time. The outputs add up per token in expert order, as
+// run_experts adds them.
 torch::Tensor run_experts_parallel(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& local,
-                                   const ExpertShard& shard, const ExpertActivation& activation);
+                                   const ExpertAdapters* adapters, const ExpertShard& shard,
+                                   const ExpertActivation& activation);
 
 }  // namespace rlloop::engine

@@ -96,6 +96,21 @@ std::pair<torch::Tensor, torch::Tensor> ExpertAdapters::factors(const torch::Ten
   return {a.narrow(0, e * r, r), b.view({b.size(0), r, E}).select(2, e)};
 }
 
+ExpertAdapters ExpertAdapters::slice(std::int64_t first, std::int64_t count, std::int64_t E) const {
+  // A's rows are expert-major (expert e's r rows together); B's columns expert-minor (factors: [out, r, E]).
+  auto take = [&](const torch::Tensor& a, const torch::Tensor& b) -> std::pair<torch::Tensor, torch::Tensor> {
+    if (!a.defined()) return {};
+    const std::int64_t r = a.size(0) / E;
+    const torch::Tensor b_own = b.view({b.size(0), r, E}).narrow(2, first, count);
+    return {a.narrow(0, first * r, count * r), b_own.reshape({b.size(0), r * count})};
+  };
+  ExpertAdapters out;
+  std::tie(out.gate_up_a, out.gate_up_b) = take(gate_up_a, gate_up_b);
+  std::tie(out.down_a, out.down_b) = take(down_a, down_b);
+  out.scale = scale;
+  return out;
+}
+
 Routes route_top_k(const torch::Tensor& logits, std::int64_t k, bool normalize, torch::ScalarType dtype,
                    bool softmax_after_top_k) {
   if (softmax_after_top_k) {

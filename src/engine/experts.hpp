@@ -34,6 +34,9 @@ struct ExpertAdapters {
   // Expert e of E's factors of a stacked pair: A [r, in], B [out, r] (views).
   static std::pair<torch::Tensor, torch::Tensor> factors(const torch::Tensor& a, const torch::Tensor& b,
                                                          std::int64_t e, std::int64_t E);
+  // The adapters of experts [first, first + count) of these E, stacked as adapters of their own (expert
+  // parallelism: a rank's experts); differentiable, so their gradients reach these.
+  ExpertAdapters slice(std::int64_t first, std::int64_t count, std::int64_t E) const;
 };
 
 // Where each of N tokens goes: its k experts and the weight of each one's output.

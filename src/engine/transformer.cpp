@@ -674,7 +674,14 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
       routing->recorded.select(1, sparse_index).narrow(0, row0, x.size(0)).copy_(routes.experts);
       if (routing->totals) add_router_totals(*routing->totals, logits, routes, routing->mask, replay);
     }
-    if (expert_shard.group) return run_experts_parallel(x, routes, layer.experts, expert_shard, activation);
+    if (expert_shard.group) {
+      // Every rank holds every expert's adapters (they are small: replicated, summed and stepped like the dense
+      // weights) and applies those of its own experts.
+      const ExpertAdapters& all = layer.expert_lora;
+      const ExpertAdapters own =
+          all.any() ? all.slice(expert_shard.first, expert_shard.per_rank, cfg.num_experts) : ExpertAdapters{};
+      return run_experts_parallel(x, routes, layer.experts, own.any() ? &own : nullptr, expert_shard, activation);
+    }
     return run_experts(x, routes, layer.experts, layer.expert_lora.any() ? &layer.expert_lora : nullptr, step,
                        activation);
   };
@@ -758,8 +765,6 @@ void Transformer::set_expert_parallel(dist::Group& group) {
                              std::to_string(shard.first) + ", " +
                              std::to_string(shard.first + shard.per_rank) +
                              "); build its model with that ExpertRange");
-    if (l.expert_lora.any())
-      throw invalid_argument("expert parallelism: adapters on the experts are not supported (yet)");
   }
   impl_->expert_shard = shard;
 }
@@ -1049,11 +1054,6 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
                            (targets.count(gate) ? up : gate) + "' too on " + family.model_type +
                            " models: the experts' gate and up projections are one stacked weight, adapted as one");
   const bool down = targets.count(family.target_module(Projection::down)) > 0;
-  for (const Layer& l : impl_->layers)
-    if ((gate_up || down) && l.sparse() &&
-        (impl_->expert_shard.group || static_cast<std::int64_t>(l.experts.size()) != impl_->cfg.num_experts))
-      throw invalid_argument("LoraOptions.target_modules: adapters on the experts of a model that holds a slice of "
-                             "them (expert parallelism) are not supported (yet)");
 
   for (auto& p : parameters()) p.set_requires_grad(false);
   // A is drawn on the CPU in fp32 from its own generator so the init is the same on every device.

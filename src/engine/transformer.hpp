@@ -103,8 +103,9 @@ class Transformer : public torch::nn::Module {
   // of the experts) routes its tokens to every rank's experts through `group` in every forward that builds on
   // hidden_states or decode_step (training, scoring, prefill, decoding): every rank of the group must run its
   // forwards together with the others' (a rank with nothing to compute runs hidden_states over [0, 1]), or they
-  // wait on each other until the group's timeout. invalid_argument when the group's size does not divide the
-  // experts, the model holds another slice, or its experts have adapters.
+  // wait on each other until the group's timeout. Adapters on the experts (enable_lora, before or after) are every
+  // expert's on every rank, each rank applying its own experts'. invalid_argument when the group's size does not
+  // divide the experts or the model holds another slice.
   void set_expert_parallel(dist::Group& group);
   bool activation_checkpointing() const;
   // Whether set_expert_parallel made this model route through a group.
