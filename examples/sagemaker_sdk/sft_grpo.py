@@ -145,14 +145,15 @@ def find_rlloop():
     raise SystemExit("sft_grpo: no rlloop binary (build it, or pass --rlloop / set RLLOOP)")
 
 
-def start_server(rlloop, result_wait_ms=1500):
-    """`rlloop serve` on a free port with one SigV4 tenant (tests/aws/rlloop_serve.py)."""
+def start_server(rlloop, result_wait_ms=1500, extra_args=()):
+    """`rlloop serve` on a free port with one SigV4 tenant (tests/aws/rlloop_serve.py); `extra_args` go to serve."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "aws"))
     import rlloop_serve
 
     # The SDK polls an operation right away and then every 2 s: waiting on the server for up to 1.5 s makes the
     # first poll answer, so a 30 ms training step costs 30 ms, not 2 s.
-    return rlloop_serve.Server(rlloop, max_sessions=4, extra_args=("--result-wait-ms", str(result_wait_ms)))
+    return rlloop_serve.Server(rlloop, max_sessions=4,
+                               extra_args=("--result-wait-ms", str(result_wait_ms), *extra_args))
 
 
 # ---------------------------------------------------------------------------------------------------------------

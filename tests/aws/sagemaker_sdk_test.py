@@ -33,10 +33,12 @@ class DemoServerTestCase(unittest.TestCase):
     """A test class with the demo's `rlloop serve` (cls.server) and an SDK service client on it (cls.svc), started
     once for the class; prints how long the class took."""
 
+    SERVE_ARGS = ()  # more `rlloop serve` flags
+
     @classmethod
     def setUpClass(cls):
         cls.t0 = time.time()
-        cls.server = demo.start_server(RLLOOP)
+        cls.server = demo.start_server(RLLOOP, extra_args=cls.SERVE_ARGS)
         demo.configure_environment(cls.server.endpoint, rlloop_serve.ACCESS_KEY, rlloop_serve.SECRET_KEY)
         cls.svc = demo.service_client(rlloop_serve.ACCOUNT, rlloop_serve.ROLE_ARN)
 
@@ -180,6 +182,13 @@ class SdkGrpoOnATinyMixtureOfExperts(DemoServerTestCase):
             after = tc.save_weights_and_get_sampling_client()
             moved = max(abs(a - b) for a, b in zip(after.compute_logprobs(probe).result()[1:], before_lp[1:]))
             self.assertGreater(moved, 1e-4)
+
+
+class SdkGrpoOnExpertsSpreadOverTwoRanks(SdkGrpoOnATinyMixtureOfExperts):
+    """The same through `rlloop serve --world-size 2 --expert-parallel`: each rank holds half of every sparse
+    layer's experts (and every adapter); training, saved weights and sampling run on both ranks in step."""
+
+    SERVE_ARGS = ("--world-size", "2", "--expert-parallel")
 
 
 class SdkCallsBeyondTrainingSessions(unittest.TestCase):

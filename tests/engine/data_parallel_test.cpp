@@ -378,6 +378,13 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
   const SampleResponse two_samples = run.s1->sample(req).get();
   expect_same_samples(two_samples, run.s2->sample(req).get(), "2 samples, stop '" + stop + "'");
   EXPECT_LT(two_samples.sequences.at(0).tokens.size(), two_samples.sequences.at(1).tokens.size());
+  // From sampler weights saved by the two-rank session (every expert gathered into the file), loaded back by each
+  // rank (what it holds, by name): one rank's samples of the same weights.
+  req.model_path = run.s2->save_weights_for_sampler("sampler").get().path;
+  const SampleResponse from_file = run.s2->sample(req).get();
+  req.model_path = run.s1->save_weights_for_sampler("sampler").get().path;
+  expect_same_samples(run.s1->sample(req).get(), from_file, "samples of saved sampler weights");
+  req.model_path.reset();
   EXPECT_GT(run.two.data_parallel_stats().worker_samples, 0u);
   for (const char* text : {"a cat", "the mat"}) {
     const auto p = ModelInput::from_tokens(bytes(text));

@@ -142,8 +142,7 @@ class Worker {
     std::string error;
     try {
       rep.resolved_base = resolve_base_model(options_.service, options.base_model);
-      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options,
-                                             options_.service.data_parallel.expert_parallel ? group_.get() : nullptr);
+      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options, expert_group());
       rep.model.model->kv_pools()->set_capacity_bytes(options_.service.kv_cache_mb << 20);  // as rank 0's sessions
       rep.optimizer = engine::make_optimizer(*rep.model.model);
     } catch (const std::exception& e) {
@@ -244,7 +243,8 @@ class Worker {
   // A sampler model as rank 0 loaded it: made as the session's model is, with rank 0's trainable weights.
   void load_sampler(std::uint64_t id, const std::string& key) {
     Replica& rep = replica(id);
-    SamplingModel loaded{engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options).model, nullptr};
+    SamplingModel loaded{
+        engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options, expert_group()).model, nullptr};
     engine::dist::load_sampler_share(*group_, *loaded.model, nullptr);
     rep.samplers[key] = std::move(loaded);
   }
@@ -263,6 +263,12 @@ class Worker {
     if (!rep.tokenizer)
       rep.tokenizer = load_tokenizer(engine::tokenizer_spec(rep.model.model->config(), rep.resolved_base));
     return *rep.tokenizer;
+  }
+
+  // The group the models' experts are spread over (make_session_model's expert_group), null without expert
+  // parallelism: the replicas and sampler models are made as rank 0 makes them.
+  engine::dist::Group* expert_group() const {
+    return options_.service.data_parallel.expert_parallel ? group_.get() : nullptr;
   }
 
   // Rank 0 only sends commands for sessions it opened on every rank.
