@@ -128,8 +128,6 @@ namespace {
 // The critic: values from the value head, regressed on "returns". Outputs "values" per datum.
 ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
                                      const PaddedBatch& b, bool backward, ClipCounts* counts) {
-  if (!model.has_value_head())
-    throw invalid_argument("loss 'value' needs a session created with a value head (SessionOptions::value_head)");
   const auto device = model_device(model);
   const std::int64_t T = b.ids.size(1);
   Metrics router;
@@ -168,9 +166,15 @@ void validate_custom_input(const ModelConfig& cfg, const std::vector<Datum>& dat
   check_lengths(data, cfg);
 }
 
+void check_loss_fits_model(const Transformer& model, const LossSpec& loss) {
+  if (loss.fn == LossFn::value && !model.has_value_head())
+    throw invalid_argument("loss 'value' needs a session created with a value head (SessionOptions::value_head)");
+}
+
 ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
                                        bool backward, ClipCounts* counts) {
   validate_builtin_batch(model.config(), data, loss);
+  check_loss_fits_model(model, loss);
   auto b = pad_batch(data, model.config());
   const auto device = model_device(model);
   const std::int64_t T = b.ids.size(1);

@@ -18,6 +18,10 @@ namespace rlloop::engine {
 // inputs each datum needs, token ids, lengths); throws invalid_argument naming the datum and field.
 void validate_builtin_batch(const ModelConfig& cfg, const std::vector<Datum>& data, const LossSpec& loss);
 void validate_custom_input(const ModelConfig& cfg, const std::vector<Datum>& data);
+// What a built-in loss needs of the model beyond the batch: a value head for the value loss (invalid_argument
+// naming it). run_builtin_loss checks it; a data-parallel group also before it sends the batch out, so that no
+// rank starts a pass another refuses.
+void check_loss_fits_model(const Transformer& model, const LossSpec& loss);
 
 // forward (backward = false) or forward_backward with a built-in loss. Gradients accumulate in the model.
 // `counts`, if given, receives the clip counts behind clip_fraction (so shards of a batch can be combined).

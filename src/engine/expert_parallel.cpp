@@ -93,9 +93,16 @@ torch::Tensor run_experts_parallel(const torch::Tensor& x, const Routes& routes,
   const auto [by_expert, counts] = expert_order(arriving);
   const torch::Tensor in_order = rows.index_select(0, by_expert.to(x.device()));
   torch::Tensor outputs = expert_products(in_order, counts, local, adapters, false, activation);
-  // No row for this rank's experts: an empty output still tied to the rows, so that backward runs both exchanges
-  // here as on every other rank (a rank that skipped them would leave the others waiting).
-  if (outputs.size(0) == 0) outputs = in_order.narrow(0, 0, 0) * 0;
+  // No row for this rank's experts: an empty output still tied to the rows and to the experts' adapters, so that
+  // whether backward runs the exchanges here does not depend on the routes, only on what trains: with adapters on
+  // the experts alone (the rows then need no gradient) the return exchange is in every rank's graph, as it is on a
+  // rank whose experts got rows. (A rank that skipped an exchange would leave the others waiting.)
+  if (outputs.size(0) == 0) {
+    outputs = in_order.narrow(0, 0, 0) * 0;
+    if (adapters)
+      for (const torch::Tensor& a : {adapters->gate_up_a, adapters->down_a})
+        if (a.defined() && a.requires_grad()) outputs = outputs + a.sum() * 0;
+  }
   const torch::Tensor in_arrival_order = outputs.index_select(0, torch::argsort(by_expert).to(x.device()));
   const torch::Tensor back = RowExchange::apply(in_arrival_order, &group, recv, send);  // [N k, H], as sent
   const torch::Tensor weights = routes.weights.reshape({N * k}).index_select(0, order).unsqueeze(1);

@@ -43,10 +43,13 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
 
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
                                 const SessionOptions& options, dist::Group* expert_group) {
-  // A base of this rank's experts: dense (a slice is copied out of dense weights) and keyed apart from a whole one.
+  // A base of this rank's experts: dense (a slice is copied out of dense weights; a quantized one is read again,
+  // dequantized) and keyed apart from a whole one. A model without experts is loaded as it would be without.
   auto load = [&](bool shared) {
-    auto model = load_base(resolved, dev, shared && !expert_group);
-    return expert_group && model->config().num_experts > 0 ? expert_slice(*model, *expert_group) : model;
+    auto model = load_base(resolved, dev, shared);
+    if (!expert_group || model->config().num_experts == 0) return model;
+    if (model->quantized_bytes() > 0) model = load_base(resolved, dev, /*shared=*/false);
+    return expert_slice(*model, *expert_group);
   };
   SessionModel out;
   if (options.lora) {

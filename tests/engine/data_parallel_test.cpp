@@ -295,10 +295,20 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
     }
     return r;
   };
-  const std::vector<Datum> batches[] = {sft_batch(), {sft_datum("a datum alone")}};
-  for (int step = 0; step < 4; ++step) {
-    const std::vector<Datum>& data = batches[step % 2];
-    const bool custom = step >= 2;
+  // Step 4's batch routes every token to experts 0 and 1 (routing replay): rank 1's experts get no rows, and its
+  // exchanges must still match rank 0's, whatever trains.
+  std::vector<Datum> replayed = sft_batch();
+  for (Datum& d : replayed) {
+    const auto T = static_cast<std::int64_t>(d.model_input.length());
+    TensorData routes = TensorData::from_ints(std::vector<std::int64_t>(T * 2 * 2, 0));
+    for (std::size_t i = 1; i < routes.int_data.size(); i += 2) routes.int_data[i] = 1;
+    routes.shape = {T, 2, 2};  // [tokens, sparse layers, k]
+    d.loss_fn_inputs["routed_experts"] = routes;
+  }
+  const std::vector<Datum> batches[] = {sft_batch(), {sft_datum("a datum alone")}, replayed};
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<Datum>& data = batches[step < 4 ? step % 2 : 2];
+    const bool custom = step == 2 || step == 3;
     ForwardBackwardOutput outs[2];
     double grad_norms[2];
     run.step(name, [&](LocalSession& s, int r) {
@@ -461,6 +471,12 @@ TEST(DataParallel, ExpertParallelLoraWithActivationCheckpointingOnTwoRanksEquals
   // own experts').
   expect_expert_parallel_equivalent(LoraOptions{4, 8, {"all-linear"}}, /*checkpointing=*/true, "experts-lora");
 }
+// Adapters on the experts alone: the rows need no gradient, the experts' outputs do; a rank whose experts get no
+// rows must still run the backward's exchanges (and an idle rank its backward).
+TEST(DataParallel, ExpertParallelLoraOnTheExpertsAloneOnTwoRanksEqualsOneRank) {
+  expect_expert_parallel_equivalent(LoraOptions{4, 8, {"gate_proj", "up_proj", "down_proj"}}, /*checkpointing=*/false,
+                                    "experts-only-lora");
+}
 
 // Experts that do not split evenly over the ranks are refused at session creation, naming why; a dense model's
 // session in an expert-parallel service is plain data parallelism (and samples).
@@ -476,6 +492,17 @@ TEST(DataParallel, ExpertParallelRefusesWhatItCannotSpread) {
     req.params.max_tokens = 3;
     EXPECT_EQ(dense->sample(req).get().sequences.size(), 1u);
     EXPECT_EQ(svc.data_parallel_stats().alltoall_calls, 0u);
+
+    // A loss the model cannot compute is refused before any rank starts (rank 1, without datums, would otherwise
+    // wait in its exchanges for ranks that refused): the caller's error, and the group goes on.
+    SessionOptions opts = tiny(std::nullopt, 1);
+    opts.base_model = "rlloop-tiny-moe";
+    auto moe = svc.create_session(opts);
+    Datum d = sft_datum("one");
+    d.loss_fn_inputs["returns"] = TensorData::from_floats(std::vector<float>(d.model_input.length(), 0.0f));
+    EXPECT_EQ(error_of([&] { moe->forward_backward({d}, LossSpec::value(0.2)).get(); }),
+              "loss 'value' needs a session created with a value head (SessionOptions::value_head)");
+    EXPECT_EQ(error_of([&] { moe->forward_backward({d}, LossSpec{}).get(); }), "(no error)");
   }
   LocalService three(spreading_experts(service(dir / "w3", 3)));
   SessionOptions opts = tiny(std::nullopt, 1);

@@ -207,6 +207,7 @@ ForwardBackwardOutput Coordinator::forward(std::uint64_t id, Transformer& model,
   // Checked here, over the whole batch, so a bad datum is the caller's 400 naming it (as with one rank), not
   // a rank's failure.
   validate_builtin_batch(model.config(), data, loss);
+  check_loss_fits_model(model, loss);
   const auto shares = shares_of(data, world_size());
   std::lock_guard lock(mu_);
   auto c = command(Command::forward, id);

@@ -474,14 +474,14 @@ void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer) {
 
 NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
                                 bool with_gradients) {
-  NamedState own;
+  NamedState own;  // rank 0 reads its own in place: it sends nothing
   for (auto& [name, t] : model.named_trainable_parameters())
-    if (rank_own(model, name)) own.weights[name] = t;
-  if (with_optimizer)
+    if (group.rank() != 0 && rank_own(model, name)) own.weights[name] = t;
+  if (with_optimizer && group.rank() != 0)
     for (auto& [name, t] : optimizer.state_tensors())
       if (rank_own(model, name)) own.optimizer[name] = t;
   const auto& ps = optimizer.parameters();
-  for (std::size_t i = 0; with_gradients && i < ps.size(); ++i)
+  for (std::size_t i = 0; with_gradients && group.rank() != 0 && i < ps.size(); ++i)
     if (const torch::Tensor g = optimizer.gradient(i); g.defined() && rank_own(model, ps[i].name))
       own.gradients[ps[i].name] = g.to(torch::kFloat32);
   ByteWriter w;
@@ -581,17 +581,21 @@ SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const Sa
   Transformer& model = *mine.model;
   std::unique_ptr<DecodeRun> run;
   std::string& error = mine.error;
-  // Runs `fn` (this rank's prefill or step); an error ends this rank's run, and it goes on over no rows. (An error
-  // inside the forward, between two exchanges, leaves the others waiting: the group fails at its timeout.)
+  auto idle = [&] { idle_forward(model, /*backward=*/false); };
+  // Runs `fn` (this rank's prefill or step); an error ends this rank's run, and it goes on over no rows. One before
+  // the forward's first exchange (a KV block the pool cannot give) still owes the others that forward: it runs over
+  // no rows. (One inside the forward, between two exchanges, leaves the others waiting: the group fails at its
+  // timeout.)
   auto guarded = [&](auto&& fn) {
+    const std::uint64_t exchanges = group.stats().alltoall_calls;
     try {
       fn();
     } catch (const std::exception& e) {
       error = e.what();
       run.reset();
+      if (group.stats().alltoall_calls == exchanges) idle();
     }
   };
-  auto idle = [&] { idle_forward(model, /*backward=*/false); };
   if (error.empty() && mine.req.num_samples > 0)
     guarded([&] {
       run = std::make_unique<DecodeRun>(model, mine.req, mine.stop_check, mine.stream, mine.precision, mine.rounded);
@@ -645,11 +649,18 @@ SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const Sa
 
 std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {
   std::vector<double> out;
-  if (group.rank() == 0)
-    out = compute_logprobs(model, tokens);
-  else
+  std::exception_ptr error;  // rank 0's, thrown once the others are through: the group's next command lines up
+  if (group.rank() == 0) {
+    try {
+      out = compute_logprobs(model, tokens);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  } else {
     idle_forward(model, /*backward=*/false);
-  acknowledge(group);  // rank 0 answers once every rank is through the forward
+  }
+  acknowledge(group);
+  if (error) std::rethrow_exception(error);
   return out;
 }
 
