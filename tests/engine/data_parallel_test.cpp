@@ -336,7 +336,9 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
   const auto a = engine::read_state_dir(run.s1->save_state("pending").get().path, true);
   const auto b = engine::read_state_dir(pending, true);
   ASSERT_FALSE(a.gradients.empty());
-  expect_same_tensors(a.gradients, b.gradients, name + " pending gradients");
+  // (Within the moments' tolerance: a gradient whose terms nearly cancel, as attention's under a sparse layer's
+  // reordered sums do, is as accurate as the terms' rounding, not its own; measured up to 1.5e-5 of its norm.)
+  expect_same_tensors(a.gradients, b.gradients, name + " pending gradients", tolerances().moments);
   run.s2->optim_step(adam(2e-2)).get();  // away from the save
   run.s2->load_state(pending, true).get();
   run.s1->load_state(pending, true).get();
