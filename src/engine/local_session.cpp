@@ -657,6 +657,15 @@ SessionInfo LocalSession::info() {
         i.num_parameters = impl_->model->quantized_values();
         for (const auto& p : impl_->model->parameters()) i.num_parameters += p.numel();
         for (auto& [n, t] : impl_->model->named_trainable_parameters()) i.num_trainable_parameters += t.numel();
+        if (impl_->model->expert_parallel()) {
+          // This rank holds 1/W of the experts, every other rank as many: the model's counts have W times this
+          // rank's experts.
+          const std::int64_t others = impl_->group->world_size() - 1;
+          for (const auto& [n, t] : impl_->model->hf_state_dict())
+            if (impl_->model->is_expert_tensor(n)) i.num_parameters += others * t.numel();
+          for (auto& [n, t] : impl_->model->named_trainable_parameters())
+            if (impl_->model->is_expert_tensor(n)) i.num_trainable_parameters += others * t.numel();
+        }
         i.tokenizer = tokenizer_spec(cfg, impl_->resolved_base);
         if (cfg.eos_token_id) i.eos_token_id = static_cast<token_id>(*cfg.eos_token_id);
         i.device = device_name(impl_->dev.device);

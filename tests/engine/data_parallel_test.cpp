@@ -344,6 +344,11 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
   run.s1->load_state(pending, true).get();
   run.step(name + " after load", [&](LocalSession& s, int) { s.optim_step(adam(2e-2)).get(); });
 
+  // The whole model's counts, though each rank holds half of the experts.
+  const SessionInfo info[2] = {run.s1->info(), run.s2->info()};
+  EXPECT_EQ(info[0].num_parameters, info[1].num_parameters);
+  EXPECT_EQ(info[0].num_trainable_parameters, info[1].num_trainable_parameters);
+
   const DataParallelStats two = run.two.data_parallel_stats();
   EXPECT_GT(two.alltoall_calls, 0u);
   EXPECT_GT(two.alltoall_bytes, 0u);
