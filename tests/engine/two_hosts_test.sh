@@ -30,11 +30,18 @@ for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
 ip -n "$ns0" link set "veth-$$a" up
 ip -n "$ns1" link set "veth-$$b" up
 
-# Every two-rank service of the tests forms a new group: rank 1 joins each in turn.
-ip netns exec "$ns1" bash -c "while true; do '$rlloop' worker --rendezvous $addr0:$port --rank 1 --world-size 2 \
-  --threads 1 --device cpu --timeout-s 120 2>>/dev/null || sleep 0.5; done" &
-worker_loop=$!
-
-# (Not the expert-parallel ones: this worker has no --expert-parallel, which their rendezvous would refuse.)
-RLLOOP_DP_TEST_RENDEZVOUS="$addr0:$port" ip netns exec "$ns0" "$test_bin" \
-  --gtest_filter='DataParallel.*EqualsOneRank:-DataParallel.ExpertParallel*'
+# Every two-rank service of the tests forms a new group: rank 1 joins each in turn. `extra` are the worker's own
+# flags (the expert-parallel tests' rank 1 needs --expert-parallel, which the rendezvous checks).
+run_with_worker() {
+  local extra=$1 filter=$2
+  ip netns exec "$ns1" bash -c "while true; do '$rlloop' worker --rendezvous $addr0:$port --rank 1 --world-size 2 \
+    --threads 1 --device cpu --timeout-s 120 $extra 2>>/dev/null || sleep 0.5; done" &
+  worker_loop=$!
+  RLLOOP_DP_TEST_RENDEZVOUS="$addr0:$port" ip netns exec "$ns0" "$test_bin" --gtest_filter="$filter"
+  kill "$worker_loop" 2>/dev/null || true
+  ip netns pids "$ns1" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  worker_loop=""
+}
+run_with_worker "" 'DataParallel.*EqualsOneRank:-DataParallel.ExpertParallel*'
+run_with_worker --expert-parallel 'DataParallel.ExpertParallel*EqualsOneRank:-*ActivationCheckpointing*'
+run_with_worker "--expert-parallel --activation-checkpointing" 'DataParallel.ExpertParallel*ActivationCheckpointing*'

@@ -45,9 +45,12 @@ constexpr auto kWorkerExitGrace = std::chrono::seconds(10);
 
 }  // namespace
 
-std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, bool expert_parallel) {
+std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, const LocalServiceOptions& service) {
+  std::string experts;
+  if (service.data_parallel.expert_parallel)
+    experts = service.activation_checkpointing ? ", expert-parallel, activation checkpointing" : ", expert-parallel";
   return std::string("libtorch ") + TORCH_VERSION + " on " + (dev.device.is_cuda() ? "cuda" : "cpu") + " as " +
-         c10::toString(dev.dtype) + " over " + backend + (expert_parallel ? ", expert-parallel" : "");
+         c10::toString(dev.dtype) + " over " + backend + experts;
 }
 
 bool is_loopback(const std::string& host) {
@@ -100,7 +103,7 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.world_size = dp.world_size;
   go.timeout = timeout_of(dp.timeout_s, "data_parallel.timeout_s");
   backend_ = tensor_backend_here(dp.backend, dev, go.host, dp.world_size, local + 1);  // rank 0 and its workers
-  go.fingerprint = group_fingerprint(dev, backend_, dp.expert_parallel);
+  go.fingerprint = group_fingerprint(dev, backend_, service);
   expert_parallel_ = dp.expert_parallel;
   go.nccl = backend_ == "nccl";
   group_ = Group::listen(go);

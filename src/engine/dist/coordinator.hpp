@@ -25,8 +25,10 @@
 namespace rlloop::engine::dist {
 
 // What every rank must share to compute the same thing: LibTorch's version, the device kind, the dtype, the
-// tensors' collective backend and whether the experts are spread over the ranks.
-std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, bool expert_parallel);
+// tensors' collective backend, whether the experts are spread over the ranks and, if they are, whether layers are
+// recomputed in backward (activation checkpointing: its recomputation runs a sparse layer's exchanges again, so
+// every rank must do it alike).
+std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, const LocalServiceOptions& service);
 
 // Whether `host` is this machine's loopback address: a group that meets there has every rank on this host.
 bool is_loopback(const std::string& host);

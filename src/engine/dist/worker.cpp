@@ -303,7 +303,7 @@ void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
   // alone. A choice other than rank 0's is refused at the rendezvous (the fingerprints name both).
   const std::string backend =
       engine::dist::tensor_backend_here(options.service.data_parallel.backend, dev, go.host, options.world_size, 1);
-  go.fingerprint = engine::dist::group_fingerprint(dev, backend, options.service.data_parallel.expert_parallel);
+  go.fingerprint = engine::dist::group_fingerprint(dev, backend, options.service);
   go.nccl = backend == "nccl";
   Worker worker(options, dev, engine::dist::Group::join(go));
   worker.run();
