@@ -331,16 +331,6 @@ struct LocalSession::Impl {
                              "', this session's base model is '" + options.base_model + "'");
   }
 
-  static void load_trainable(Transformer& m, const TensorMap& weights) {
-    torch::NoGradGuard no_grad;
-    for (auto& [name, t] : m.named_trainable_parameters()) {
-      auto it = weights.find(name);
-      if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
-      if (it->second.sizes() != t.sizes()) throw io_error("checkpoint weight '" + name + "' has the wrong shape");
-      t.copy_(it->second);
-    }
-  }
-
   TensorMap trainable_weights() {
     TensorMap out;
     for (auto& [name, t] : model->named_trainable_parameters()) out[name] = t.detach().to(torch::kCPU).clone();

@@ -94,10 +94,7 @@ double AdamW::grad_norm() {
   return sq_sum.defined() ? std::sqrt(sq_sum.item<double>()) : 0.0;
 }
 
-Metrics AdamW::step(const AdamParams& hp) {
-  validate(hp);
-  return step(hp, grad_norm());
-}
+Metrics AdamW::step(const AdamParams& hp) { return step(hp, grad_norm()); }
 
 Metrics AdamW::step(const AdamParams& hp, double grad_norm) {
   validate(hp);

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include <rlloop/error.hpp>
+
 #include "builtin_models.hpp"
 #include "expert_parallel.hpp"
 #include "gguf_model.hpp"
@@ -30,9 +32,9 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
   const ModelConfig& cfg = full.config();
   const ExpertShard shard = ExpertShard::of(group, cfg.num_experts);
   const TensorMap all = full.hf_state_dict();
-  const torch::Tensor& any = all.begin()->second;
-  auto slice = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(any.device()).dtype(any.dtype()),
-                                             QuantizedTensors{}, ExpertRange{shard.first, shard.per_rank});
+  const torch::TensorOptions options = full.parameters().front().options();
+  auto slice =
+      std::make_shared<Transformer>(cfg, options, QuantizedTensors{}, ExpertRange{shard.first, shard.per_rank});
   TensorMap mine;
   for (const auto& [name, t] : slice->hf_state_dict()) mine[name] = all.at(name);
   slice->load_hf_state_dict(mine);
@@ -75,6 +77,16 @@ std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) 
   if (resolved.rfind("builtin:", 0) == 0) return "byte";
   if (is_gguf_path(resolved)) return resolved;  // the tokenizer in its metadata (tokenizer.ggml.*)
   return (std::filesystem::path(resolved) / "tokenizer.json").string();
+}
+
+void load_trainable(Transformer& model, const TensorMap& weights) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : model.named_trainable_parameters()) {
+    auto it = weights.find(name);
+    if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
+    if (it->second.sizes() != t.sizes()) throw io_error("checkpoint weight '" + name + "' has the wrong shape");
+    t.copy_(it->second);
+  }
 }
 
 std::unique_ptr<AdamW> make_optimizer(Transformer& model) {

@@ -42,6 +42,10 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
 // model, a GGUF file itself, or a model directory's tokenizer.json.
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved);
 
+// Every trainable tensor of `model` from a checkpoint's `weights`, by name (io_error naming one that is missing or
+// of another shape). Under expert parallelism each rank takes the experts it holds from a whole model's checkpoint.
+void load_trainable(Transformer& model, const TensorMap& weights);
+
 // AdamW over the model's trainable parameters (LoRA B matrices take the LoRA+ learning-rate ratio).
 std::unique_ptr<AdamW> make_optimizer(Transformer& model);
 

@@ -743,6 +743,8 @@ bool Transformer::expert_parallel() const { return impl_->expert_shard.group != 
 
 bool Transformer::is_expert_tensor(const std::string& name) const {
   const ModelFamily& f = *impl_->family;
+  // Most names are not an expert's: one search rejects them before the layers' prefixes are built.
+  if (name.find("." + f.names.experts + ".") == std::string::npos) return false;
   for (std::size_t i = 0; i < impl_->layers.size(); ++i) {
     if (!impl_->layers[i].sparse()) continue;
     if (name.starts_with(f.layer_tensor(static_cast<std::int64_t>(i), f.names.experts) + ".")) return true;

@@ -231,12 +231,12 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
   try {
     ForwardBackwardOutput out;
     ClipCounts counts;
-    if (!mine.empty())
+    if (!mine.empty()) {
       out = run_builtin_loss(model, mine, loss, backward, &counts);
-    else if (model.expert_parallel() && backward)
-      idle_backward(idle_forward(model, /*backward=*/true));
-    else if (model.expert_parallel())
-      idle_forward(model, /*backward=*/false);
+    } else if (model.expert_parallel()) {
+      const torch::Tensor hidden = idle_forward(model, backward);
+      if (backward) idle_backward(hidden);
+    }
     w.put(Status::ok);
     w.put(out);
     w.put(counts.clipped);
@@ -419,16 +419,6 @@ double expert_parallel_grad_norm(Group& group, const Transformer& model, AdamW& 
   return std::sqrt((replicated + own).item<double>());
 }
 
-// Every trainable tensor of `model` from `weights`, by name.
-void load_by_name(Transformer& model, const TensorMap& weights) {
-  torch::NoGradGuard no_grad;
-  for (auto& [name, t] : model.named_trainable_parameters()) {
-    const auto it = weights.find(name);
-    if (it == weights.end()) throw io_error("checkpoint lacks weight '" + name + "'");
-    t.copy_(it->second);
-  }
-}
-
 // A checkpoint's tensors by name, as bytes: name, dtype, shape and the CPU copy's bytes of each.
 void put_tensors(ByteWriter& w, const TensorMap& tensors) {
   w.put(static_cast<std::uint64_t>(tensors.size()));
@@ -475,15 +465,17 @@ void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer) {
 NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
                                 bool with_gradients) {
   NamedState own;  // rank 0 reads its own in place: it sends nothing
-  for (auto& [name, t] : model.named_trainable_parameters())
-    if (group.rank() != 0 && rank_own(model, name)) own.weights[name] = t;
-  if (with_optimizer && group.rank() != 0)
-    for (auto& [name, t] : optimizer.state_tensors())
-      if (rank_own(model, name)) own.optimizer[name] = t;
-  const auto& ps = optimizer.parameters();
-  for (std::size_t i = 0; with_gradients && group.rank() != 0 && i < ps.size(); ++i)
-    if (const torch::Tensor g = optimizer.gradient(i); g.defined() && rank_own(model, ps[i].name))
-      own.gradients[ps[i].name] = g.to(torch::kFloat32);
+  if (group.rank() != 0) {
+    for (auto& [name, t] : model.named_trainable_parameters())
+      if (rank_own(model, name)) own.weights[name] = t;
+    if (with_optimizer)
+      for (auto& [name, t] : optimizer.state_tensors())
+        if (rank_own(model, name)) own.optimizer[name] = t;
+    const auto& ps = optimizer.parameters();
+    for (std::size_t i = 0; with_gradients && i < ps.size(); ++i)
+      if (const torch::Tensor g = optimizer.gradient(i); g.defined() && rank_own(model, ps[i].name))
+        own.gradients[ps[i].name] = g.to(torch::kFloat32);
+  }
   ByteWriter w;
   put_tensors(w, own.weights);
   put_tensors(w, own.optimizer);
@@ -520,7 +512,7 @@ void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
       ByteReader r(bytes);
       const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
       const auto saved_step = r.get<std::int64_t>();
-      load_by_name(model, weights);
+      load_trainable(model, weights);
       optimizer = make_optimizer(model);
       if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
       optimizer->zero_grad();
@@ -574,7 +566,7 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
   group.broadcast(bytes);
   if (group.rank() == 0) return;
   ByteReader r(bytes);
-  load_by_name(model, get_tensors(r));
+  load_trainable(model, get_tensors(r));
 }
 
 SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const SamplePlacement& placement) {
