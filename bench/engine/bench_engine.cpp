@@ -8,6 +8,10 @@
 //                          precision; AVX512_BF16 dot products where the CPU has them)
 //   BM_Sample/M            engine::sample: 16 samples x 128 new tokens from one 16-token prompt, temperature 1
 //   BM_SampleBf16/M        the same with bf16 decoding steps (LocalServiceOptions::sampling_precision = bf16)
+//   BM_PrefillTogether/M/C 8 requests of 2 samples x 16 new tokens from their own 128-token prompts, admitted at
+//                          once and decoded together (decode_step), as the engine loop runs them: C 0 each prompt
+//                          prefilled alone as its run is made, C 1 the prompts prefilled as rows of the steps
+//                          (chunked prefill, 512 tokens per step). tokens_per_s counts prompt and new tokens.
 //   BM_DecodeExperts/K/S   a mixture of experts against a dense model of the same active parameters (rlloop-100m's
 //                          attention; 8 experts of width 1024 with top 2 against one MLP of width 2048): S samples x
 //                          32 new tokens; K 0 dense (CPU decoder), 1 dense on the ATen step, 2 the experts (which
@@ -172,6 +176,50 @@ void BM_Sample(benchmark::State& state) { run_sample(state, rlloop::engine::Deco
 
 void BM_SampleBf16(benchmark::State& state) { run_sample(state, rlloop::engine::DecodePrecision::bf16); }
 
+void BM_PrefillTogether(benchmark::State& state) {
+  const Shape& shape = kShapes[state.range(0)];
+  const auto prefill = state.range(1) == 0 ? rlloop::engine::Prefill::at_start : rlloop::engine::Prefill::in_steps;
+  constexpr int kRequests = 8, kPrompt = 128, kNew = 16;
+  configure_process();
+  auto model = sampler_model(shape.model);
+  const double params = static_cast<double>(count_params(*model));
+  std::vector<rlloop::SampleRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    rlloop::SampleRequest req = sample_request(2, kNew);
+    req.prompt = rlloop::ModelInput::from_tokens(tokens(kPrompt, 100 + i));
+    requests.push_back(req);
+  }
+  auto run_all = [&] {
+    std::vector<std::unique_ptr<rlloop::engine::DecodeRun>> runs;
+    for (int i = 0; i < kRequests; ++i)
+      runs.push_back(std::make_unique<rlloop::engine::DecodeRun>(*model, requests[i], nullptr,
+                                                                  rlloop::engine::SampleStream(i),
+                                                                  rlloop::engine::DecodePrecision::fp32, nullptr,
+                                                                  prefill));
+    double generated = 0.0;
+    for (;;) {
+      std::vector<rlloop::engine::DecodeRun*> live;
+      for (auto& r : runs)
+        if (!r->done()) live.push_back(r.get());
+      if (live.empty()) break;
+      rlloop::engine::decode_step(live);
+    }
+    for (auto& r : runs)
+      for (const auto& seq : r->take().sequences) generated += static_cast<double>(seq.tokens.size());
+    return generated;
+  };
+  run_all();  // warm-up
+  double seconds = 0.0, processed = 0.0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    const double generated = run_all();
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    processed += generated + kRequests * kPrompt;
+  }
+  report(state, seconds, processed, 2.0 * params * processed);
+  state.SetLabel(std::string(shape.model) + (state.range(1) == 0 ? ", prefills alone" : ", chunked prefill"));
+}
+
 // rlloop-100m's shape with 8 experts of width 1024, two per token: the MLP a token runs is as wide as the dense one
 // (2 x 1024 = 2048), so both models have the same active parameters (the router's 8 x 768 per layer aside).
 std::shared_ptr<rlloop::engine::Transformer> experts_model(bool experts) {
@@ -299,6 +347,12 @@ BENCHMARK(BM_Sample)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRe
 BENCHMARK(BM_Sample)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_SampleBf16)->Arg(0)->MinTime(2.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_SampleBf16)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PrefillTogether)
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_DecodeExperts)
     ->ArgsProduct({{0, 1, 2}, {1, 16}})
     ->Iterations(3)

@@ -87,6 +87,10 @@ struct LocalServiceOptions {
   // KV cache") fits beside what the decoding ones may take; otherwise it waits, oldest first, and a request larger
   // than the whole budget runs alone. 0: no limit but max_batch_rows.
   std::int64_t kv_cache_mb = 4096;
+  // Most prompt tokens a base model's engine loop prefills in one decoding step, across the requests just admitted
+  // (chunked prefill: prompts are rows of the steps that decode the others, a longer one over several steps;
+  // docs/engine.md). Larger: prompts start sooner; smaller: decoding requests wait less per step.
+  std::int64_t prefill_chunk_tokens = 512;
   // LoRA sessions on a GGUF base (CPU, fp32) share its matrices in their quantized blocks, dequantized where each
   // product uses them: the base then takes its file's size in memory instead of 4 bytes per weight (SmolLM2-135M:
   // 0.1 GB instead of 0.5), at a cost in speed (bench/README.md). false: dequantized to fp32 once, at load. Full

@@ -38,6 +38,7 @@ struct ServeFlags {
   std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
   std::int64_t kv_cache_mb = rlloop::LocalServiceOptions{}.kv_cache_mb;
+  std::int64_t prefill_chunk_tokens = rlloop::LocalServiceOptions{}.prefill_chunk_tokens;
   // The server's own defaults.
   inline static const rlloop::server::Options kDefaults{};
   std::size_t io_threads = kDefaults.io_threads;
@@ -106,6 +107,10 @@ void add_flags(CLI::App& app, ServeFlags& f) {
                  "KV cache memory per base model, all sessions' sampling requests together (each counted at the most "
                  "its samples can take); more wait their turn; 0 = no limit but --max-batch-rows")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  app.add_option("--prefill-chunk-tokens", f.prefill_chunk_tokens,
+                 "Most prompt tokens prefilled per decoding step per base model, across the requests just admitted "
+                 "(chunked prefill: a longer prompt takes several steps)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   app.add_option("--stats-interval-s", f.stats_interval_s,
                  "Print an {\"event\":\"engine\"} line per base model this often while it changes (0 = never)")
       ->check(CLI::Range(0, 24 * 3600));
@@ -175,6 +180,7 @@ rlloop::LocalServiceOptions engine_options(const ServeFlags& f) {
   local.sampling_precision = rlloop::sampling_precision_from(f.sampling_precision);
   local.max_batch_rows = f.max_batch_rows;
   local.kv_cache_mb = f.kv_cache_mb;
+  local.prefill_chunk_tokens = f.prefill_chunk_tokens;
   local.quantized_base = !f.dequantize_base;
   local.activation_checkpointing = f.activation_checkpointing;
   local.base_models = rlloop::cli::parse_base_models(f.base_models);

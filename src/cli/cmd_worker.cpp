@@ -34,6 +34,9 @@ int run_worker(int argc, char** argv) {
   app.add_option("--kv-cache-mb", options.service.kv_cache_mb,
                  "KV cache memory of this rank's sampling requests (as rank 0's --kv-cache-mb)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--prefill-chunk-tokens", options.service.prefill_chunk_tokens,
+                 "Most prompt tokens this rank prefills per decoding step (as rank 0's --prefill-chunk-tokens)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   bool dequantize_base = false;
   app.add_flag("--dequantize-base", dequantize_base, "As rank 0's --dequantize-base");
   app.add_flag("--activation-checkpointing", options.service.activation_checkpointing,

@@ -11,6 +11,7 @@
 
 #include "bf16.hpp"
 #include "decode_attention.hpp"
+#include "decoder_layer.hpp"
 #include "fused_ops.hpp"
 #include "small_gemm.hpp"
 
@@ -19,28 +20,28 @@ namespace {
 
 const float* data(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
-// Which projection of a layer (member of LayerWeights), or the unembedding (member null): names the same
-// LinearWeights in any model's weights, so each group of a step finds its own adapter.
+// Which projection of which layer, or the unembedding: names the same LinearWeights in any model's weights, so each
+// group of a step finds its own adapter.
 struct Which {
   std::size_t layer;
-  LinearWeights LayerWeights::*member;
+  Projection projection;
+  bool unembedding = false;
 };
 const LinearWeights& pick(const InferenceWeights& w, Which which) {
-  return which.member ? w.layers[which.layer].*which.member : w.lm_head;
+  return which.unembedding ? w.lm_head : w.layers[which.layer].projection(which.projection);
 }
 
-// Consecutive rows of a step from one group (one cache, one position, one model's adapters).
+// Consecutive rows of a step from one group (one cache, one model's adapters).
 struct Segment {
   const InferenceWeights* adapters;
   std::int64_t begin, count;  // rows of this range (decode_rows' r0 is row 0)
-  std::int64_t pos;
 };
 
 // One projection of a decoding step: y[rows, out] = x[rows, in] W^T + b (+ scale * (x A^T) B^T with each
 // segment's adapter); with `accumulate` the result is added to y (residual connections). `rounded` (bf16 and int8
 // precision: the decoder's snapshot of W) replaces W; a quantized W is read from its blocks whatever the
 // precision, in integer products at int8 precision where its format has them; adapters and biases stay fp32.
-struct Projection {
+struct StepProduct {
   Which which;
   const Bf16Weight* rounded;
   float* y;
@@ -69,13 +70,13 @@ void add_bias(std::int64_t rows, const LinearWeights& w, float* y) {
 // The projections of one input (q/k/v, gate/up): their base products over every row in one parallel region,
 // then each segment's adapters, then the bias (per row in that order, as when a group is stepped alone). The
 // base products run in one parallel region per kind of weight (int8, quantized, bf16 snapshot, fp32).
-void project(const InferenceWeights& base, std::span<const Segment> segments, const float* x, std::int64_t rows,
-             bool int8, std::initializer_list<Projection> group) {
+void project_rows(const InferenceWeights& base, std::span<const Segment> segments, const float* x, std::int64_t rows,
+             bool int8, std::initializer_list<StepProduct> group) {
   const std::int64_t in = pick(base, group.begin()->which).in_features();
   std::vector<QuantizedMatrix::Product> integer, quantized;
   std::vector<Bf16Product> rounded;
   std::vector<RowProduct> dense;
-  for (const Projection& p : group) {
+  for (const StepProduct& p : group) {
     const LinearWeights& w = pick(base, p.which);
     if (w.quantized && int8 && w.quantized->int8_products())
       integer.push_back({w.quantized.get(), p.y, p.accumulate});
@@ -90,7 +91,7 @@ void project(const InferenceWeights& base, std::span<const Segment> segments, co
   if (!quantized.empty()) QuantizedMatrix::multiply_group(x, rows, quantized);
   if (!rounded.empty()) Bf16Weight::multiply_group(x, rows, rounded);
   if (!dense.empty()) linear_rows_group(x, rows, in, dense);
-  for (const Projection& p : group) {
+  for (const StepProduct& p : group) {
     const std::int64_t out = pick(base, p.which).out_features();
     for (const Segment& s : segments)
       add_adapter(x + s.begin * in, s.count, pick(*s.adapters, p.which), p.y + s.begin * out);
@@ -132,12 +133,7 @@ void rope_rows(float* x, std::int64_t rows, std::int64_t D, const float* cos, co
 
 }  // namespace
 
-bool CpuDecoder::supports(Transformer& model) {
-  if (model.config().num_experts > 0) return false;  // its layer is the dense one; experts decode through the model
-  for (const auto& p : model.parameters())  // base weights and adapters alike
-    if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat32) return false;
-  return true;
-}
+bool CpuDecoder::supports(Transformer& model) { return model.cpu_kernels_decode(); }
 
 torch::ScalarType CpuDecoder::cache_dtype(DecodePrecision precision) {
   return precision == DecodePrecision::fp32 ? torch::kFloat32 : torch::kBFloat16;
@@ -182,7 +178,7 @@ bool RoundedWeights::current(Transformer& model) const {
 }
 
 CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::shared_ptr<const RoundedWeights> rounded)
-    : cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
+    : model_(model), cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
   if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not a dense fp32 model on the CPU");
   std::int64_t bytes = model.quantized_bytes();
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
@@ -198,27 +194,7 @@ torch::Tensor CpuDecoder::step(const torch::Tensor& tokens, KVCache& cache) {
 }
 
 bool CpuDecoder::shares_base(const CpuDecoder& other) const {
-  if (precision_ != other.precision_) return false;
-  auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return a.defined() == b.defined() && (!a.defined() || a.data_ptr() == b.data_ptr());
-  };
-  const InferenceWeights &a = w_, &b = other.w_;
-  if (a.layers.size() != b.layers.size() || !same(a.embed, b.embed) || a.quantized_embed != b.quantized_embed ||
-      !same(a.final_norm, b.final_norm) || !same(a.lm_head.weight, b.lm_head.weight) ||
-      a.lm_head.quantized != b.lm_head.quantized || !same(a.lm_head.bias, b.lm_head.bias))
-    return false;
-  for (std::size_t l = 0; l < a.layers.size(); ++l) {
-    const LayerWeights &x = a.layers[l], &y = b.layers[l];
-    if (!same(x.input_norm, y.input_norm) || !same(x.post_norm, y.post_norm) || !same(x.q_norm, y.q_norm) ||
-        !same(x.k_norm, y.k_norm))
-      return false;
-    for (auto m : {&LayerWeights::q, &LayerWeights::k, &LayerWeights::v, &LayerWeights::o, &LayerWeights::gate,
-                   &LayerWeights::up, &LayerWeights::down})
-      if (!same((x.*m).weight, (y.*m).weight) || (x.*m).quantized != (y.*m).quantized ||
-          !same((x.*m).bias, (y.*m).bias))
-        return false;
-  }
-  return true;
+  return precision_ == other.precision_ && model_.shares_base(other.model_);
 }
 
 torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
@@ -226,13 +202,19 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
   const torch::ScalarType dtype = cache_dtype(precision_);
   std::vector<Row> rows;
   std::vector<KVCache*> caches;
+  std::vector<std::int64_t> new_tokens;
+  std::int64_t logit_rows = 0;
+  bool chunks = false;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const torch::Tensor& tokens = *groups[g].tokens;
     KVCache& cache = *groups[g].cache;
     const std::int64_t A = tokens.size(0);
-    if (tokens.dim() != 1 || !tokens.device().is_cpu() || tokens.scalar_type() != torch::kLong || A != cache.batch())
-      throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row");
-    if (cache.length + 1 > cache.capacity)
+    if (tokens.dim() != 1 || !tokens.device().is_cpu() || tokens.scalar_type() != torch::kLong ||
+        (A != cache.batch() && cache.batch() != 1))
+      throw invalid_argument("CpuDecoder::step: tokens must be an int64 CPU vector with one token per cache row or a "
+                             "chunk of a cache of batch 1");
+    const bool chunk = A != cache.batch();
+    if (cache.length + (chunk ? A : 1) > cache.capacity)
       throw invalid_argument("CpuDecoder::step: KV cache capacity " + std::to_string(cache.capacity) + " exceeded");
     if (!cache.fits(cfg_) || !cache.device().is_cpu())
       throw invalid_argument("CpuDecoder::step: the KV cache does not fit this model (layers, KV heads, head_dim) "
@@ -245,91 +227,197 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
     for (std::int64_t r = 0; r < A; ++r) {
       if (ids[r] < 0 || ids[r] >= V)
         throw invalid_argument("CpuDecoder::step: token id " + std::to_string(ids[r]) + " is outside the vocabulary");
-      rows.push_back({g, ids[r], cache.length});
+      const bool logits = groups[g].logits && (!chunk || r == A - 1);
+      rows.push_back({g, ids[r], cache.length + (chunk ? r : 0), logits ? logit_rows++ : -1});
     }
     caches.push_back(&cache);
+    new_tokens.push_back(A);
+    chunks = chunks || chunk;
   }
   // Every row's slot for its new key and value and its block table, laid out in `rows`' order.
-  const DecodeSlots step = prepare_decode_step(caches, "CpuDecoder::step");
+  const DecodeSlots step = prepare_decode_step(caches, new_tokens, "CpuDecoder::step");
   const auto A = static_cast<std::int64_t>(rows.size());
-  auto logits = torch::empty({A, V}, torch::kFloat32);
+  auto logits = torch::empty({logit_rows, V}, torch::kFloat32);
   const int threads = at::get_num_threads();
-  if (threads > 1 && A > 1 && weights_fit_in_cache_) {
+  if (threads > 1 && A > 1 && weights_fit_in_cache_ && !chunks) {
     // Sequences are independent: split the rows across threads once per step (one parallel region), not every
-    // operation; each thread reads all the weights, which is cheap only while they stay in the caches.
+    // operation; each thread reads all the weights, which is cheap only while they stay in the caches. (Not with a
+    // chunk, whose rows read each other's keys within every layer.)
     at::parallel_for(0, A, (A + threads - 1) / threads, [&](std::int64_t begin, std::int64_t end) {
       decode_rows(rows, groups, step, begin, end, logits.data_ptr<float>());
     });
   } else if (A > 0) {
     decode_rows(rows, groups, step, 0, A, logits.data_ptr<float>());  // the operations split their own work
   }
-  for (KVCache* cache : caches) cache->length += 1;
+  for (std::size_t i = 0; i < caches.size(); ++i)
+    caches[i]->length += caches[i]->batch() == new_tokens[i] ? 1 : new_tokens[i];
   return logits;
 }
 
+namespace {
+
+// decoder_layer's operations over rows [r0, r0 + A) of a decoding step, in host buffers ([A, width] row-major):
+// the few-row products (base weights once over every row, each segment's adapters over its own), RMSNorm, RoPE
+// and SwiGLU row by row, and the paged attention kernel storing each row's key and value at its slot. Every
+// activation has a buffer of its own that the operations write in place (Rows names one).
+class CpuOps {
+ public:
+  struct Rows {
+    float* data;
+    std::int64_t width;
+  };
+  CpuOps(const ModelConfig& cfg, const InferenceWeights& w, const RoundedWeights* rounded, bool int8,
+         std::span<const Segment> segments, std::span<const std::int64_t> positions, const DecodeSlots& step,
+         const KVBlockPool& pool, std::int64_t r0, std::int64_t A)
+      : cfg_(cfg), w_(w), rounded_(rounded), int8_(int8), segments_(segments), positions_(positions), step_(step),
+        pool_(pool), r0_(r0),
+        A_(A), nh_(cfg.num_attention_heads), nkv_(cfg.num_key_value_heads), D_(cfg.head_dim),
+        scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)))),
+        x_(A * cfg.hidden_size), h_(A * cfg.hidden_size), q_(A * nh_ * D_), k_(A * nkv_ * D_), v_(A * nkv_ * D_),
+        attn_(A * nh_ * D_), gate_(A * cfg.intermediate_size), up_(A * cfg.intermediate_size) {}
+
+  // The residual stream, and the layer the next operations apply.
+  Rows residual() { return {x_.data(), cfg_.hidden_size}; }
+  void at_layer(std::size_t li) { li_ = li; }
+  Rows final_norm() {
+    rms_norm_rows(x_.data(), w_.final_norm, h_.data(), A_, cfg_.hidden_size, cfg_.rms_norm_eps);
+    return {h_.data(), cfg_.hidden_size};
+  }
+
+  bool qk_norm() const { return cfg_.qk_norm; }
+  bool sparse() const { return false; }  // CpuDecoder::supports: dense layers only
+  Rows norm(const Rows& x, LayerNormOf which) {
+    const LayerWeights& L = w_.layers[li_];
+    rms_norm_rows(x.data, which == LayerNormOf::input ? L.input_norm : L.post_norm, h_.data(), A_, x.width,
+                  cfg_.rms_norm_eps);
+    return {h_.data(), x.width};
+  }
+  Rows head_norm(const Rows& x, LayerNormOf which) {
+    const LayerWeights& L = w_.layers[li_];
+    rms_norm_rows(x.data, which == LayerNormOf::q ? L.q_norm : L.k_norm, x.data, A_ * (x.width / D_), D_,
+                  cfg_.rms_norm_eps);
+    return x;
+  }
+  template <class... P>
+  std::array<Rows, sizeof...(P)> project(const Rows& h, P... p) {
+    run(h, {product(p, buffer(p), false)...});
+    return {Rows{buffer(p), w_.layers[li_].projection(p).out_features()}...};
+  }
+  Rows rope(const Rows& x) {
+    const std::int64_t heads = x.width / D_;
+    for (std::int64_t r = 0; r < A_; ++r)  // each row at its own position
+      rope_rows(x.data + r * x.width, heads, D_, data(w_.rope_cos) + positions_[r] * D_,
+                data(w_.rope_sin) + positions_[r] * D_);
+    return x;
+  }
+  Rows attend(const Rows& q, const Rows& k, const Rows& v) {
+    // Every row of the range at once, each over its own blocks: one parallel region per layer for any number of
+    // groups.
+    const auto attend_rows = pool_.dtype() == torch::kBFloat16 ? append_and_attend<std::uint16_t>
+                                                                : append_and_attend<float>;
+    attend_rows(pool_, li_, step_, r0_, A_, k.data, v.data, q.data, nh_, scale_, attn_.data());
+    return {attn_.data(), nh_ * D_};
+  }
+  Rows add_projection(const Rows& x, Projection p, const Rows& h) {
+    run(h, {product(p, x.data, true)});
+    return x;
+  }
+  Rows swiglu(const Rows& gate, const Rows& up) {
+    // Row by row, so that no value's result depends on how the rows were split between threads (the tail of a row
+    // that is not a multiple of 8 takes the scalar path). Vectorised: tens of microseconds at 16 x 2048.
+    for (std::int64_t r = 0; r < A_; ++r)
+      swiglu_in_place(gate.data + r * gate.width, up.data + r * up.width, gate.width);
+    return gate;
+  }
+  Rows add_experts(const Rows&, const Rows&) { throw std::logic_error("CpuOps: a sparse layer (supports() is false)"); }
+
+  // The unembedding of the final norm's rows that `keep` marks into consecutive rows of `logits` [., vocab].
+  void unembed(const Rows& h, const std::vector<bool>& keep, float* logits) const {
+    const StepProduct head{{0, Projection::q, true}, rounded_ ? &rounded_->lm_head() : nullptr, logits, false};
+    if (std::find(keep.begin(), keep.end(), false) == keep.end()) {
+      run(h, {head});
+      return;
+    }
+    // Some rows are a prompt chunk's that predict tokens the prompt already has: only the others, gathered.
+    std::vector<float> kept;
+    std::vector<Segment> segments;
+    for (const Segment& s : segments_) {
+      Segment own{s.adapters, static_cast<std::int64_t>(kept.size()) / h.width, 0};
+      for (std::int64_t r = s.begin; r < s.begin + s.count; ++r)
+        if (keep[r]) kept.insert(kept.end(), h.data + r * h.width, h.data + (r + 1) * h.width);
+      own.count = static_cast<std::int64_t>(kept.size()) / h.width - own.begin;
+      if (own.count > 0) segments.push_back(own);
+    }
+    if (!kept.empty())
+      project_rows(w_, segments, kept.data(), static_cast<std::int64_t>(kept.size()) / h.width, int8_, {head});
+  }
+
+ private:
+  // The buffer each projection of project() writes.
+  float* buffer(Projection p) {
+    switch (p) {
+      case Projection::q: return q_.data();
+      case Projection::k: return k_.data();
+      case Projection::v: return v_.data();
+      case Projection::gate: return gate_.data();
+      case Projection::up: return up_.data();
+      default: throw std::logic_error("CpuOps::project: o and down add to the residual (add_projection)");
+    }
+  }
+  StepProduct product(Projection p, float* y, bool accumulate) const {
+    return {{li_, p}, rounded_ ? &rounded_->layers()[li_].projection(p) : nullptr, y, accumulate};
+  }
+  void run(const Rows& h, std::initializer_list<StepProduct> group) const {
+    project_rows(w_, segments_, h.data, A_, int8_, group);
+  }
+
+  const ModelConfig& cfg_;
+  const InferenceWeights& w_;
+  const RoundedWeights* rounded_;
+  bool int8_;
+  std::span<const Segment> segments_;
+  std::span<const std::int64_t> positions_;  // each row's
+  const DecodeSlots& step_;
+  const KVBlockPool& pool_;
+  std::int64_t r0_, A_, nh_, nkv_, D_;
+  float scale_;
+  std::size_t li_ = 0;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+};
+
+}  // namespace
+
 void CpuDecoder::decode_rows(std::span<const Row> rows, std::span<const Group> groups, const DecodeSlots& step,
                              std::int64_t r0, std::int64_t r1, float* logits) const {
-  const std::int64_t A = r1 - r0, H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const std::int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
-  const double eps = cfg_.rms_norm_eps;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-
+  const std::int64_t A = r1 - r0, H = cfg_.hidden_size;
   std::vector<Segment> segments;
+  std::vector<std::int64_t> positions;
+  std::vector<bool> keep;
+  std::int64_t first_logits = -1;
   for (std::int64_t r = r0; r < r1; ++r) {
     const Row& row = rows[r];
     if (segments.empty() || rows[r - 1].group != row.group)
-      segments.push_back({groups[row.group].adapters, r - r0, 0, row.pos});
+      segments.push_back({groups[row.group].adapters, r - r0, 0});
     ++segments.back().count;
+    positions.push_back(row.pos);
+    keep.push_back(row.logits >= 0);
+    if (first_logits < 0) first_logits = row.logits;
   }
-
-  std::vector<float> x(A * H), h(A * H), q(A * nh * D), k(A * nkv * D), v(A * nkv * D), attn(A * nh * D), gate(A * I),
-      up(A * I);
+  const KVBlockPool& pool = groups[rows[r0].group].cache->pool();  // every group's (prepare_decode_step)
+  CpuOps ops(cfg_, w_, rounded_.get(), precision_ == DecodePrecision::int8, segments, positions, step, pool, r0, A);
+  CpuOps::Rows x = ops.residual();
   for (std::int64_t r = 0; r < A; ++r) {
     const std::int64_t id = rows[r0 + r].id;
     if (w_.quantized_embed)
-      w_.quantized_embed->dequantize_rows(id, id + 1, x.data() + r * H);
+      w_.quantized_embed->dequantize_rows(id, id + 1, x.data + r * H);
     else
-      std::copy_n(data(w_.embed) + id * H, H, x.data() + r * H);
+      std::copy_n(data(w_.embed) + id * H, H, x.data + r * H);
   }
-
-  const bool bf16 = precision_ != DecodePrecision::fp32, int8 = precision_ == DecodePrecision::int8;
-  const KVBlockPool* pool = &groups[rows[r0].group].cache->pool();  // every group's (prepare_decode_step)
   for (std::size_t li = 0; li < w_.layers.size(); ++li) {
-    const LayerWeights& L = w_.layers[li];
-    const RoundedWeights::Layer* R = bf16 ? &rounded_->layers()[li] : nullptr;
-    rms_norm_rows(x.data(), L.input_norm, h.data(), A, H, eps);
-    project(w_, segments, h.data(), A, int8,
-            {{{li, &LayerWeights::q}, R ? &R->q : nullptr, q.data(), false},
-             {{li, &LayerWeights::k}, R ? &R->k : nullptr, k.data(), false},
-             {{li, &LayerWeights::v}, R ? &R->v : nullptr, v.data(), false}});
-    if (cfg_.qk_norm) {
-      rms_norm_rows(q.data(), L.q_norm, q.data(), A * nh, D, eps);
-      rms_norm_rows(k.data(), L.k_norm, k.data(), A * nkv, D, eps);
-    }
-    for (const Segment& s : segments) {  // RoPE at each group's own position
-      const float* cos = data(w_.rope_cos) + s.pos * D;
-      const float* sin = data(w_.rope_sin) + s.pos * D;
-      rope_rows(q.data() + s.begin * nh * D, s.count * nh, D, cos, sin);
-      rope_rows(k.data() + s.begin * nkv * D, s.count * nkv, D, cos, sin);
-    }
-    // Attention of every row of the range at once, each over its own blocks: one parallel region per layer for any
-    // number of groups.
-    const auto attend = bf16 ? append_and_attend<std::uint16_t> : append_and_attend<float>;
-    attend(*pool, li, step, r0, A, k.data(), v.data(), q.data(), nh, scale, attn.data());
-    project(w_, segments, attn.data(), A, int8, {{{li, &LayerWeights::o}, R ? &R->o : nullptr, x.data(), true}});
-
-    rms_norm_rows(x.data(), L.post_norm, h.data(), A, H, eps);
-    project(w_, segments, h.data(), A, int8,
-            {{{li, &LayerWeights::gate}, R ? &R->gate : nullptr, gate.data(), false},
-             {{li, &LayerWeights::up}, R ? &R->up : nullptr, up.data(), false}});
-    // Row by row, so that no value's result depends on how the rows were split between threads (the tail of
-    // a row that is not a multiple of 8 takes the scalar path). Vectorised: tens of microseconds at 16 x 2048.
-    for (std::int64_t r = 0; r < A; ++r) swiglu_in_place(gate.data() + r * I, up.data() + r * I, I);
-    project(w_, segments, gate.data(), A, int8, {{{li, &LayerWeights::down}, R ? &R->down : nullptr, x.data(), true}});
+    ops.at_layer(li);
+    x = decoder_layer(ops, x);
   }
-  rms_norm_rows(x.data(), w_.final_norm, h.data(), A, H, eps);
-  project(w_, segments, h.data(), A, int8,
-          {{{0, nullptr}, bf16 ? &rounded_->lm_head() : nullptr, logits + r0 * cfg_.vocab_size, false}});
+  if (first_logits >= 0) ops.unembed(ops.final_norm(), keep, logits + first_logits * cfg_.vocab_size);
 }
 
 }  // namespace rlloop::engine

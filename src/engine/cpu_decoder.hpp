@@ -1,11 +1,14 @@
-// One decoding step of the whole decoder on CPU fp32 without going through ATen: few-row matrix products for
-// the projections (small_gemm.hpp), plain loops for norms, RoPE and the SwiGLU gate, and a row kernel for
-// attention over the KV cache (decode_attention.hpp). Decoding a small model is dominated by per-op dispatch
-// (about 700 ATen ops per step for rlloop-small, most of its time), not by arithmetic; this does the same
-// step in ~30 product calls and a few passes over [rows, hidden] buffers.
+// The CPU backend of the decoding step: the model's one layer definition (decoder_layer.hpp) run over the rows of
+// a step in host buffers, with few-row matrix products for the projections (small_gemm.hpp), fused loops for
+// norms, RoPE and the SwiGLU gate, and a row kernel for attention over the paged KV cache (decode_attention.hpp).
+// Decoding a small model through ATen is dominated by per-op dispatch (about 700 operators per step for
+// rlloop-small, most of its time), not by arithmetic; this does the same step in ~30 product calls and a few
+// passes over [rows, hidden] buffers.
 //
-// The sampler prefills the prompt with Transformer::hidden_states (same cache layout) and uses this for the
-// token-by-token steps when supports() holds; elsewhere (CUDA, bf16) it keeps calling the model.
+// The sampler prefills the prompt with Transformer::hidden_states (same cache layout) and takes this backend for the
+// token-by-token steps where the model says its kernels implement every layer (supports(): CPU, fp32, dense layers
+// with plain causal attention); elsewhere (CUDA, bf16 models, experts, sinks, windows) Transformer::decode_step runs
+// the same layer over ATen tensors.
 #pragma once
 #include <memory>
 #include <span>
@@ -40,6 +43,19 @@ class RoundedWeights {
 
   struct Layer {
     Bf16Weight q, k, v, o, gate, up, down;
+
+    const Bf16Weight& projection(Projection p) const {
+      switch (p) {
+        case Projection::q: return q;
+        case Projection::k: return k;
+        case Projection::v: return v;
+        case Projection::o: return o;
+        case Projection::gate: return gate;
+        case Projection::up: return up;
+        case Projection::down: return down;
+      }
+      throw std::logic_error("RoundedWeights::Layer::projection: not a projection");
+    }
   };
   const std::vector<Layer>& layers() const { return layers_; }
   const Bf16Weight& lm_head() const { return lm_head_; }
@@ -56,7 +72,7 @@ class RoundedWeights {
 
 class CpuDecoder {
  public:
-  // CPU and fp32 weights (adapters included).
+  // Whether this backend implements every layer of the model as it is (Transformer::cpu_kernels_decode).
   static bool supports(Transformer& model);
   // What the KV cache passed to step() holds: fp32, or bf16 for the bf16 precision (a cache of that dtype from the
   // start, whose prefill stores rounded keys and values; KVCache::convert moves another).
@@ -78,11 +94,15 @@ class CpuDecoder {
   // model decode together. The base products run over the rows of every group in one pass; adapters,
   // attention and RoPE run per group. Each row's numbers are those of stepping its group alone up to the last
   // digits: the few-row product kernels compute every output row from its own input (small_gemm.hpp, up to its
-  // row limit), but reduce a row of a 4-row tile in another order than a tail row. Returns the logits [sum of rows, vocab], the groups' rows in order.
+  // row limit), but reduce a row of a 4-row tile in another order than a tail row. Returns the logits [sum of rows,
+  // vocab], the groups' rows in order.
+  // A group is one token per sequence of its cache or a chunk of a prompt, and asks for logits as a DecodeGroup
+  // does (Transformer::decode_step); the logits returned are those rows'.
   struct Group {
     const InferenceWeights* adapters;  // the group's model: only its LoRA adapters are read
     const torch::Tensor* tokens;       // [rows] int64 on the CPU
-    KVCache* cache;                    // rows == cache->batch()
+    KVCache* cache;                    // rows == cache->batch(), or batch 1 for a chunk
+    bool logits = true;
   };
   torch::Tensor step(std::span<const Group> groups);
 
@@ -97,16 +117,19 @@ class CpuDecoder {
 
  private:
   // Where one row of a step comes from: its group, its token and position (its cache row is its place among the
-  // group's rows, its slot and block table the step's, DecodeSlots).
+  // group's rows, its slot and block table the step's, DecodeSlots), and its row of the step's logits (-1: none).
   struct Row {
     std::size_t group;
     std::int64_t id;
     std::int64_t pos;
+    std::int64_t logits;
   };
-  // Rows [r0, r1) of one step: writes their keys/values into their caches and their rows of `logits`.
+  // Rows [r0, r1) of one step through decoder_layer: writes their keys/values into their caches and their rows of
+  // `logits`.
   void decode_rows(std::span<const Row> rows, std::span<const Group> groups, const DecodeSlots& step, std::int64_t r0,
                    std::int64_t r1, float* logits) const;
 
+  const Transformer& model_;
   const ModelConfig& cfg_;
   DecodePrecision precision_;
   InferenceWeights w_;

@@ -14,6 +14,9 @@ EngineLoop::EngineLoop(EngineLoopOptions options) : options_(options) {
   if (options_.kv_cache_bytes < 0)
     throw invalid_argument("EngineLoopOptions.kv_cache_bytes must not be negative, got " +
                            std::to_string(options_.kv_cache_bytes));
+  if (options_.prefill_chunk_tokens < 1)
+    throw invalid_argument("EngineLoopOptions.prefill_chunk_tokens must be at least 1, got " +
+                           std::to_string(options_.prefill_chunk_tokens));
   worker_ = std::thread([this] { run(); });
 }
 
@@ -181,7 +184,7 @@ void EngineLoop::step_active() {
   }
   std::exception_ptr error;
   try {
-    decode_step(runs);
+    decode_step(runs, options_.prefill_chunk_tokens);
   } catch (...) {
     // A step fails only for what no request could be checked for beforehand (memory, a device error): every
     // request in it gets the error, and the loop goes on.

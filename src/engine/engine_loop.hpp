@@ -6,7 +6,8 @@
 // sampling requests run side by side (they only read the session's model, so a session's own requests batch
 // together as other sessions' do); the operation after them waits until they are done. Across lanes the loop
 // interleaves: every turn it admits the sampling requests at the head of idle lanes (oldest first) while
-// the batch has room, advances every admitted request by one token in one batched step (decode_step), and
+// the batch has room, advances every admitted request by one token in one batched step (decode_step; the prompts
+// of requests just admitted are rows of the same step, a chunk at a time: chunked prefill), and
 // runs one other operation (training, logprobs, checkpoints) of the lane that has waited longest. A request
 // that does not fit waits, and younger requests wait behind it, so none starves; a request larger than the
 // whole budget runs alone. The budget is the rows of a step and the KV memory (each request counted at the
@@ -41,6 +42,8 @@ struct EngineLoopOptions {
   // The KV cache memory the decoding requests may take together, in bytes, each counted at the most it can take
   // (kv_bytes_needed); 0: no limit but the rows.
   std::int64_t kv_cache_bytes = 0;
+  // Most prompt tokens prefilled in one step, across the requests prefilling (decode_step's prefill_tokens).
+  std::int64_t prefill_chunk_tokens = kPrefillChunkTokens;
 };
 
 // What the loop is doing, for `rlloop info`-style reporting and tests.
@@ -112,7 +115,8 @@ class EngineLoop {
     }
 
     // A sampling request: `start` runs on the loop when the request's turn comes and returns its run (validation
-    // and prefill happen there; an exception fails this request alone); the run then decodes beside the other
+    // happens there, and the prefill of a run made with Prefill::at_start; an exception fails this request alone);
+    // the run then prefills (Prefill::in_steps) and decodes beside the other
     // sessions' requests; `finish` turns the finished run into the response (billing happens there). `rows`:
     // the rows the request occupies in the batch (its num_samples); `kv_bytes`: the KV cache it may take at most
     // (kv_bytes_needed). Optional: `ready`, polled once the run is
@@ -183,7 +187,7 @@ class EngineLoop {
   Job pop_head(LaneState& lane);
   // A started job of the lane (a sampling request or not) is done.
   void finish_job(LaneState& lane, bool sampling);
-  // Starts the sampling requests that fit; unlocks around each prefill.
+  // Starts the sampling requests that fit; unlocks around each start.
   void admit(std::unique_lock<std::mutex>& lock);
   // One batched decoding step of every active request; finishes those done. Runs unlocked.
   void step_active();

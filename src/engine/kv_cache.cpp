@@ -297,26 +297,42 @@ torch::Tensor KVCache::values(std::size_t layer) const { return gather(pool_->va
 
 // ------------------------------------------------------------------------------------------ DecodeSlots
 
-DecodeSlots prepare_decode_step(std::span<KVCache* const> caches, const char* who) {
+DecodeSlots prepare_decode_step(std::span<KVCache* const> caches, std::span<const std::int64_t> new_tokens,
+                                const char* who) {
   DecodeSlots out;
-  for (KVCache* cache : caches)
-    if (&cache->pool() != &caches.front()->pool())
+  if (!new_tokens.empty() && new_tokens.size() != caches.size())
+    throw std::logic_error("prepare_decode_step: one count of new tokens per cache");
+  auto count = [&](std::size_t c) { return new_tokens.empty() ? caches[c]->batch() : new_tokens[c]; };
+  for (std::size_t c = 0; c < caches.size(); ++c) {
+    const KVCache& cache = *caches[c];
+    if (&cache.pool() != &caches.front()->pool())
       throw invalid_argument(std::string(who) + ": the groups' KV caches must share one block pool (the model's "
                              "kv_pools() at one dtype)");
+    if (count(c) != cache.batch() && cache.batch() != 1)
+      throw invalid_argument(std::string(who) + ": " + std::to_string(count(c)) + " new tokens for a cache of " +
+                             std::to_string(cache.batch()) + " sequences (one each, or a chunk of one sequence)");
+  }
   std::vector<std::pair<std::int64_t, std::int64_t>> copies;
-  for (KVCache* cache : caches) {
-    cache->prepare_append(1, copies);
-    out.max_blocks = std::max(out.max_blocks, cache->length / kKVBlockTokens + 1);
+  for (std::size_t c = 0; c < caches.size(); ++c) {
+    KVCache& cache = *caches[c];
+    const std::int64_t positions = cache.batch() == count(c) ? 1 : count(c);
+    cache.prepare_append(positions, copies);
+    out.max_blocks = std::max(out.max_blocks, (cache.length + positions - 1) / kKVBlockTokens + 1);
   }
   if (!caches.empty()) caches.front()->pool().copy_blocks(copies);
-  for (KVCache* cache : caches)
-    for (std::int64_t r = 0; r < cache->batch(); ++r) {
-      const auto& table = cache->blocks(r);
-      for (std::int64_t b = 0; b < out.max_blocks; ++b)
-        out.tables.push_back(table[std::min<std::int64_t>(b, static_cast<std::int64_t>(table.size()) - 1)]);
-      out.lengths.push_back(cache->length + 1);
-      out.slots.push_back(cache->slot(r, cache->length));
+  for (std::size_t c = 0; c < caches.size(); ++c) {
+    const KVCache& cache = *caches[c];
+    const std::int64_t positions = cache.batch() == count(c) ? 1 : count(c);
+    for (std::int64_t r = 0; r < cache.batch(); ++r) {
+      const auto& table = cache.blocks(r);
+      for (std::int64_t p = cache.length; p < cache.length + positions; ++p) {
+        for (std::int64_t b = 0; b < out.max_blocks; ++b)
+          out.tables.push_back(table[std::min<std::int64_t>(b, static_cast<std::int64_t>(table.size()) - 1)]);
+        out.lengths.push_back(p + 1);
+        out.slots.push_back(cache.slot(r, p));
+      }
     }
+  }
   return out;
 }
 

@@ -153,9 +153,9 @@ class KVCache {
   std::vector<std::vector<std::int64_t>> tables_;
 };
 
-// One decoding step's view of several caches of one pool, a row per sequence: every row's block table padded to
+// One decoding step's view of several caches of one pool, a row per new token: every row's block table padded to
 // the longest ([rows, max_blocks], the padding repeating the row's last block), its key count after the step
-// (its new position + 1) and the slot its new key and value go to. Built after prepare_append(1) on every cache.
+// (its new position + 1) and the slot its new key and value go to.
 struct DecodeSlots {
   std::vector<std::int64_t> tables;
   std::int64_t max_blocks = 0;
@@ -163,7 +163,12 @@ struct DecodeSlots {
   std::vector<std::int64_t> slots;
   std::int64_t rows() const { return static_cast<std::int64_t>(lengths.size()); }
 };
-// Prepares every cache for one more position and lays out the step. All caches must share one pool.
-DecodeSlots prepare_decode_step(std::span<KVCache* const> caches, const char* who);
+// Prepares every cache for the step's new positions and lays out the step. All caches must share one pool.
+// new_tokens[c]: cache c's rows in the step, either one new token per sequence (its batch) or, with a batch of one,
+// that many consecutive positions of its sequence (a chunk of a prompt: a row attends over the keys up to its own
+// position, the chunk's earlier ones included). Empty: one token per sequence everywhere. The caches' lengths are
+// left as they were (the step advances them once their keys are stored).
+DecodeSlots prepare_decode_step(std::span<KVCache* const> caches, std::span<const std::int64_t> new_tokens,
+                                const char* who);
 
 }  // namespace rlloop::engine

@@ -44,7 +44,10 @@ engine::EngineLoopOptions loop_options(const LocalServiceOptions& service) {
   if (service.kv_cache_mb < 0)
     throw invalid_argument("LocalServiceOptions.kv_cache_mb must not be negative, got " +
                            std::to_string(service.kv_cache_mb));
-  return {service.max_batch_rows, service.kv_cache_mb << 20};
+  if (service.prefill_chunk_tokens < 1)
+    throw invalid_argument("LocalServiceOptions.prefill_chunk_tokens must be at least 1, got " +
+                           std::to_string(service.prefill_chunk_tokens));
+  return {service.max_batch_rows, service.kv_cache_mb << 20, service.prefill_chunk_tokens};
 }
 
 // The base models of one service, and with data parallelism the group its sessions train on (formed here: the
@@ -568,12 +571,14 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     Prepared p = prepare();
     // The run reads the model until it finishes: this session's later operations wait for it, and its sampling
     // requests, which run beside it, do not drop it from the sampler cache (`decoding`).
+    // The prompt prefills in the engine loop's steps, a chunk at a time beside the other requests' rows.
     auto run = std::make_unique<DecodeRun>(*p.target->model, p.mine, p.stop_check, p.stream, impl_->decode_precision,
-                                           impl_->rounded_slot(*p.target));
+                                           impl_->rounded_slot(*p.target), Prefill::in_steps);
     ++p.target->decoding;
     *reading = p.target;
     if (on_step) {
-      on_step(run->progress());  // the first token of every sample, drawn from the prefill
+      // Each step's tokens; the first token of every sample at once where the run prefilled as it was made.
+      if (!run->prefilling()) on_step(run->progress());
       run->on_step = on_step;
     }
     return run;

@@ -101,14 +101,15 @@ torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, const torch::Tensor& 
 }
 
 DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, SampleStream stream,
-                     DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded)
+                     DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded, Prefill prefill)
     : model_(model),
       params_(req.params),
       stop_check_(std::move(stop_check)),
       stream_(stream),
       precision_(precision),
       rounded_(rounded),
-      device_(model.parameters().front().device()) {
+      device_(model.parameters().front().device()),
+      num_samples_(req.num_samples) {
   const ModelConfig& cfg = model.config();
   const std::vector<token_id> prompt = req.prompt.tokens();
   // The same checks as every entry point's (rlloop/limits.hpp), against this model's vocabulary and context.
@@ -128,13 +129,24 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   cache_ = KVCache(model.kv_pools(), cache_dtype, 1, P + std::max(max_new - 1, 0));
   if (req.include_routed_experts && cfg.num_experts == 0)
     throw invalid_argument("SampleRequest.include_routed_experts: this " + cfg.model_type + " model has no experts");
+  SampleResponse& resp = response_;
+  resp.sequences.resize(n);
+  for (auto& s : resp.sequences) {
+    s.prefill_tokens = P;  // every sample conditions on the whole prompt (computed once, shared)
+    s.tokens.reserve(max_new);
+    s.logprobs.reserve(max_new);
+  }
+  const bool whole_prompt = req.include_prompt_logprobs || req.topk_prompt_logprobs > 0 || req.include_routed_experts;
+  if (prefill == Prefill::in_steps && !whole_prompt && max_new > 0) {
+    prompt_ids_ = to_ids(prompt, device_)[0];  // decode_step feeds it a chunk at a time
+    return;
+  }
   std::optional<ExpertRouting> prompt_routing;
   if (req.include_routed_experts) prompt_routing.emplace();
   torch::Tensor hidden =
       model.hidden_states(to_ids(prompt, device_), &cache_, prompt_routing ? &*prompt_routing : nullptr);
   if (prompt_routing) prompt_routes_ = to_host(prompt_routing->recorded);  // [P, sparse layers, k]
 
-  SampleResponse& resp = response_;
   // Only the last row's unembedding is needed to sample; the prompt's own logprobs take the others, a chunk of
   // rows at a time (at most kLogitChunkValues logits exist at once, as in training).
   const torch::Tensor last_logits = model.logits(hidden.narrow(1, P - 1, 1))[0][0];  // [V]
@@ -163,21 +175,19 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
     }
   }
 
-  resp.sequences.resize(n);
   if (prompt_routing) fed_routes_.resize(n);
-  for (auto& s : resp.sequences) {
-    s.prefill_tokens = P;  // every sample conditions on the whole prompt (computed once, shared)
-    s.tokens.reserve(max_new);
-    s.logprobs.reserve(max_new);
-  }
   if (max_new == 0) return;  // stop_reason stays "length"; no rows to decode
+  start_decoding(last_logits);
+}
 
+void DecodeRun::start_decoding(const torch::Tensor& last) {
   // The samples share the prompt's blocks; each copies only the prompt's last block, if partly filled, when it
   // writes its first token's keys there.
+  const int n = num_samples_;
   cache_.repeat_batch(n);
   active_.resize(n);
   for (int i = 0; i < n; ++i) active_[i] = i;
-  absorb(last_logits.unsqueeze(0).expand({n, last_logits.size(0)}));
+  absorb(last.unsqueeze(0).expand({n, last.size(0)}));
 }
 
 void DecodeRun::absorb(const torch::Tensor& logits) {
@@ -285,44 +295,85 @@ std::int64_t kv_bytes_needed(Transformer& model, const SampleRequest& req, Decod
   return (shared + req.num_samples * own) * model.kv_pools()->pool(dtype).bytes_per_block();
 }
 
-void decode_step(std::span<DecodeRun* const> runs) {
+void decode_step(std::span<DecodeRun* const> runs, std::int64_t prefill_tokens) {
+  if (prefill_tokens < 1)
+    throw invalid_argument("decode_step: prefill_tokens must be at least 1, got " + std::to_string(prefill_tokens));
   c10::InferenceMode inference;
+  // What each run feeds this step: its samples' last tokens, or the next chunk of its prompt (oldest first, within
+  // the budget; 0: the run sits this step out).
+  std::vector<std::int64_t> chunk(runs.size(), 0);
   std::vector<bool> stepped(runs.size(), false);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    DecodeRun& run = *runs[i];
+    if (!run.prefilling()) continue;
+    chunk[i] = std::min(prefill_tokens, run.prompt_ids_.size(0) - run.prefilled_);
+    prefill_tokens -= chunk[i];
+    stepped[i] = chunk[i] == 0;
+  }
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (stepped[i]) continue;
     DecodeRun& lead = *runs[i];
     // This run and every later one that decodes over the same base weights with the same kind of step: the CPU
     // decoder's, or the ATen one (CUDA, bf16, RLLOOP_DECODER=aten). One step for all their rows.
     CpuDecoder* decoder = lead.cpu_decoder();
-    std::vector<DecodeRun*> members;
+    std::vector<std::size_t> members;
     for (std::size_t j = i; j < runs.size(); ++j) {
       if (stepped[j]) continue;
       CpuDecoder* other = runs[j]->cpu_decoder();
       const bool joins = decoder ? other && decoder->shares_base(*other)
                                  : !other && lead.model_.shares_base(runs[j]->model_);
       if (!joins) continue;
-      members.push_back(runs[j]);
+      members.push_back(j);
       stepped[j] = true;
     }
+    // A member's tokens this step, and whether it wants logits: every row's, or a chunk's last when it ends the
+    // prompt.
+    std::vector<torch::Tensor> chunks(members.size());
+    std::vector<bool> completes(members.size(), true);
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      const DecodeRun& run = *runs[members[m]];
+      if (!run.prefilling()) continue;
+      chunks[m] = run.prompt_ids_.narrow(0, run.prefilled_, chunk[members[m]]);
+      completes[m] = run.prefilled_ + chunk[members[m]] == run.prompt_ids_.size(0);
+    }
+    auto tokens_of = [&](std::size_t m) -> const torch::Tensor& {
+      return chunks[m].defined() ? chunks[m] : runs[members[m]]->next_;
+    };
     torch::Tensor logits, routes;
     bool want_routes = false;  // only models with experts are asked (DecodeRun's constructor), never the CPU decoder
-    for (DecodeRun* run : members) want_routes = want_routes || run->prompt_routes_.defined();
+    for (std::size_t j : members) want_routes = want_routes || runs[j]->prompt_routes_.defined();
     if (decoder) {
       std::vector<CpuDecoder::Group> groups;
-      for (DecodeRun* run : members) groups.push_back({&run->cpu_decoder()->weights(), &run->next_, &run->cache_});
+      for (std::size_t m = 0; m < members.size(); ++m) {
+        DecodeRun& run = *runs[members[m]];
+        groups.push_back({&run.cpu_decoder()->weights(), &tokens_of(m), &run.cache_, completes[m]});
+      }
       logits = decoder->step(groups);
     } else {
       std::vector<DecodeGroup> groups;
-      for (DecodeRun* run : members) groups.push_back({&run->model_, &run->next_, &run->cache_});
+      for (std::size_t m = 0; m < members.size(); ++m) {
+        DecodeRun& run = *runs[members[m]];
+        groups.push_back({&run.model_, &tokens_of(m), &run.cache_, completes[m]});
+      }
       logits = lead.model_.decode_step(groups, want_routes ? &routes : nullptr);
       if (want_routes) routes = to_host(routes);  // the step's one more copy to the host, only when asked for
     }
-    std::int64_t row = 0;
-    for (DecodeRun* run : members) {
-      const std::int64_t n = run->rows();
-      if (run->prompt_routes_.defined()) run->record_routes(routes.narrow(0, row, n));
-      run->absorb(logits.narrow(0, row, n));
+    std::int64_t row = 0, logit_row = 0;  // the member's first row of the step, and of its logits
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      DecodeRun& run = *runs[members[m]];
+      if (chunks[m].defined()) {
+        row += chunks[m].size(0);
+        run.prefilled_ += chunks[m].size(0);
+        if (!completes[m]) continue;
+        run.prompt_ids_ = torch::Tensor();
+        run.start_decoding(logits[logit_row++]);
+        continue;
+      }
+      const std::int64_t n = run.rows();
+      if (run.prompt_routes_.defined()) run.record_routes(routes.narrow(0, row, n));
+      run.absorb(logits.narrow(0, logit_row, n));
       row += n;
+      logit_row += n;
     }
   }
 }

@@ -34,23 +34,35 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
                       SampleStream stream, DecodePrecision precision = DecodePrecision::fp32,
                       std::shared_ptr<const RoundedWeights>* rounded = nullptr);
 
-// One sample request in progress: the prompt prefilled at construction (and the first token of every sample
-// drawn), then one token per sample per decode_step until every sample has stopped. Rows that stop leave its
-// batch. It holds the model, the cache and the random streams of its samples only, so its tokens do not depend on
-// which other runs share its steps, and its logprobs only in the last digits (CpuDecoder::step(groups),
-// Transformer::decode_step). `rounded` as
-// for sample(); the model and *rounded must outlive the run and not change while it decodes (a session's operations
-// run in order).
+// How a run prefills its prompt: all at once when it is made (alone, with the model's own forward), or in the
+// decoding steps, a chunk at a time beside the other runs' rows (chunked prefill: decode_step's prefill_tokens).
+// A request that asks for what only the whole prompt's forward gives (prompt logprobs, top-k prompt logprobs, routes)
+// or for no tokens prefills at once whatever it is given.
+enum class Prefill { at_start, in_steps };
+
+// Tokens of prompts that one decode_step prefills at most (DecodeRun's Prefill::in_steps): a long prompt takes
+// several steps instead of holding every other request's next token back for its whole length.
+inline constexpr std::int64_t kPrefillChunkTokens = 512;
+
+// One sample request in progress: the prompt prefilled (at construction, or in decode_step's chunks) and the first
+// token of every sample drawn from it, then one token per sample per decode_step until every sample has stopped.
+// Rows that stop leave its batch. It holds the model, the cache and the random streams of its samples only, so its
+// tokens do not depend on which other runs share its steps, and its logprobs only in the last digits
+// (CpuDecoder::step(groups), Transformer::decode_step). `rounded` as for sample(); the model and *rounded must
+// outlive the run and not change while it decodes (a session's operations run in order).
 class DecodeRun {
  public:
   DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, SampleStream stream,
-            DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded);
+            DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded,
+            Prefill prefill = Prefill::at_start);
   DecodeRun(const DecodeRun&) = delete;
   DecodeRun& operator=(const DecodeRun&) = delete;
 
-  bool done() const { return active_.empty(); }
-  // Rows the next step decodes (samples not yet stopped).
-  std::int64_t rows() const { return static_cast<std::int64_t>(active_.size()); }
+  bool done() const { return !prefilling() && active_.empty(); }
+  // Whether part of its prompt is still to be prefilled (Prefill::in_steps): no token has been drawn yet.
+  bool prefilling() const { return prompt_ids_.defined(); }
+  // Rows the run decodes: its samples not yet stopped (all of them while its prompt prefills).
+  std::int64_t rows() const { return prefilling() ? num_samples_ : static_cast<std::int64_t>(active_.size()); }
   // The finished response (call once done()), with each sequence's routes when the request asked for them.
   SampleResponse take();
   // The response so far: every sample's tokens and logprobs up to the last step.
@@ -59,9 +71,11 @@ class DecodeRun {
   std::function<void(const SampleResponse&)> on_step;
 
  private:
-  friend void decode_step(std::span<DecodeRun* const> runs);
+  friend void decode_step(std::span<DecodeRun* const> runs, std::int64_t prefill_tokens);
   // Draws every active row's next token from `logits` [rows, V] and retires the rows that stopped.
   void absorb(const torch::Tensor& logits);
+  // The prompt is in the cache and `last` [V] are its last position's logits: every sample's first token.
+  void start_decoding(const torch::Tensor& last);
   // The dispatch-free decoder of this run's model (built at the first step), or null where it does not apply.
   CpuDecoder* cpu_decoder();
   // Appends a step's routes (on the host, [rows, sparse layers, k]) to the routes of the sequences its rows fed.
@@ -77,6 +91,9 @@ class DecodeRun {
   bool use_cpu_decoder_ = false;
   std::optional<CpuDecoder> decoder_;
   KVCache cache_;
+  int num_samples_;
+  torch::Tensor prompt_ids_;  // [P] int64 on the model's device while the prompt prefills in steps, else undefined
+  std::int64_t prefilled_ = 0;  // its positions in the cache so far
   torch::Tensor next_;       // [rows]: the tokens the next step feeds
   std::vector<int> active_;  // row -> sequence index
   SampleResponse response_;
@@ -91,11 +108,14 @@ class DecodeRun {
 // dtype its run keeps the cache in. What the engine loop admits requests by (EngineLoopOptions::kv_cache_bytes).
 std::int64_t kv_bytes_needed(Transformer& model, const SampleRequest& req, DecodePrecision precision);
 
-// Advances every run by one token. Runs over the same base weights (sessions with their own LoRA adapters over one
-// base model, or one session's several requests) decode in one batched step: CpuDecoder::step(groups) where the CPU
-// decoder applies (CpuDecoder::shares_base), Transformer::decode_step(groups) elsewhere (CUDA, bf16,
-// RLLOOP_DECODER=aten). Every run must have rows left.
-void decode_step(std::span<DecodeRun* const> runs);
+// Advances every run by one token, and the runs whose prompts prefill in steps by a chunk of their prompt: up to
+// `prefill_tokens` prompt tokens in all, oldest run first (the runs' order; one whose turn has not come sits the step
+// out), a run whose prompt is done drawing its samples' first tokens. Runs over the same base weights (sessions with
+// their own LoRA adapters over one base model, or one session's several requests) decode in one batched step, their
+// chunks as rows beside the others': CpuDecoder::step(groups) where the CPU decoder applies
+// (CpuDecoder::shares_base), Transformer::decode_step(groups) elsewhere (CUDA, bf16, RLLOOP_DECODER=aten). Every
+// run must have rows left.
+void decode_step(std::span<DecodeRun* const> runs, std::int64_t prefill_tokens = kPrefillChunkTokens);
 
 // One token per row of `probs` [A, V] (rows sum to 1) by inverting the CDF at the row's entry of `uniforms`
 // ([A] float64 on the CPU, in [0, 1)): the first token whose cumulative probability exceeds it. sample() uses it

@@ -18,6 +18,7 @@
 
 #include "attention.hpp"
 #include "decode_attention.hpp"
+#include "decoder_layer.hpp"
 #include "device.hpp"
 #include "expert_parallel.hpp"
 #include "experts.hpp"
@@ -51,6 +52,21 @@ struct Layer {
   std::vector<Expert> experts;        // a sparse layer's
   ExpertAdapters expert_lora;         // a sparse layer's adapters on its experts (LoRA)
   bool sparse() const { return !experts.empty(); }
+  // Whether the CPU's decoding kernels (cpu_decoder.hpp) implement this layer as it is: decoder_layer's dense form
+  // with plain causal attention (`window` 0: none), every tensor fp32 on the CPU (quantized matrices are read from
+  // their blocks).
+  bool cpu_kernels_apply(std::int64_t window) const {
+    if (sparse() || sinks.defined() || window > 0) return false;
+    auto fp32_cpu = [](const torch::Tensor& t) {
+      return !t.defined() || (t.device().is_cpu() && t.scalar_type() == torch::kFloat32);
+    };
+    for (const torch::Tensor* t : {&input_norm, &post_norm, &q_norm, &k_norm})
+      if (!fp32_cpu(*t)) return false;
+    for (const Linear* lin : {&q, &k, &v, &o, &gate, &up, &down})
+      for (const torch::Tensor* t : {&lin->weight, &lin->bias, &lin->lora_a, &lin->lora_b})
+        if (!fp32_cpu(*t)) return false;
+    return true;
+  }
 
   // Every linear the layer has, in a fixed order: the projections present (kProjections' order), then the router
   // and each expert's gate, up and down.
@@ -88,6 +104,7 @@ struct RowGroup {
   const std::vector<Layer>* layers;
   const Linear* lm_head;
   std::int64_t row0, rows;
+  bool chunk = false;  // rows are consecutive positions of one sequence (a prompt's chunk), not one per sequence
 };
 
 // What every layer of one forward shares: the RoPE rows of its positions, the attention scale, the cache (and how
@@ -258,6 +275,7 @@ struct Transformer::Impl {
     return false;
   }
   class CheckpointedLayer;
+  class AtenOps;  // decoder_layer's operations over ATen tensors
 
   // Every dense base weight (parameter) under its HF name, in a fixed order (init_model draws from one generator
   // in this order); quantized matrices are for_each_quantized's.
@@ -606,48 +624,72 @@ class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<Ch
   }
 };
 
-torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const {
-  const Layer& layer = layers[li];
-  const std::int64_t B = x.size(0), T = x.size(1);
-  const std::int64_t D = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  auto proj = [&](Projection p, const torch::Tensor& h) {
-    return project(layer.projection(p), h, in, [&](const RowGroup& g) -> const Linear& {
-      return (*g.layers)[li].projection(p);
+// decoder_layer's operations over ATen tensors ([B, T, width]): every device and dtype, autograd, the caches of a
+// prefill and the row groups of a decoding step (LayerInputs), sparse layers.
+class Transformer::Impl::AtenOps {
+ public:
+  using Rows = torch::Tensor;
+  AtenOps(const Impl& impl, std::size_t li, const LayerInputs& in, std::int64_t B, std::int64_t T)
+      : impl_(impl), cfg_(impl.cfg), layer_(impl.layers[li]), li_(li), in_(in), B_(B), T_(T) {}
+
+  bool qk_norm() const { return cfg_.qk_norm; }
+  bool sparse() const { return layer_.sparse(); }
+  Rows norm(const Rows& x, LayerNormOf which) const {
+    return rms_norm(x, which == LayerNormOf::input ? layer_.input_norm : layer_.post_norm, cfg_.rms_norm_eps);
+  }
+  Rows head_norm(const Rows& x, LayerNormOf which) const {  // [B, T, heads, D]
+    return rms_norm(heads(x), which == LayerNormOf::q ? layer_.q_norm : layer_.k_norm, cfg_.rms_norm_eps);
+  }
+  template <class... P>
+  std::array<Rows, sizeof...(P)> project(const Rows& h, P... p) const {
+    return {one_projection(p, h)...};
+  }
+  Rows rope(const Rows& x) const { return engine::rope(heads(x), in_.cos, in_.sin); }  // [B, heads, T, D]
+  Rows attend(const Rows& q, const Rows& k, const Rows& v) const;  // q, k as rope returns them; [B, T, nh * D]
+  Rows add_projection(const Rows& x, Projection p, const Rows& h) const { return x + one_projection(p, h); }
+  Rows swiglu(const Rows& gate, const Rows& up) const { return engine::swiglu(gate, up); }
+  Rows add_experts(const Rows& x, const Rows& h) const { return x + impl_.sparse_mlp(li_, h, in_).view(x.sizes()); }
+
+ private:
+  // [B, T, heads * D] (or already [B, T, heads, D]) -> [B, T, heads, D].
+  // (The head count is explicit: an expert-parallel rank's idle forward has B = 0, which a -1 cannot size.)
+  Rows heads(const Rows& x) const {
+    return x.dim() == 4 ? x : x.view({B_, T_, x.size(2) / cfg_.head_dim, cfg_.head_dim});
+  }
+  // The layer's own projection or, in a step of row groups, the base's over every row and each group's adapter.
+  Rows one_projection(Projection p, const Rows& h) const {
+    return engine::project(layer_.projection(p), h, in_, [&](const RowGroup& g) -> const Linear& {
+      return (*g.layers)[li_].projection(p);
     });
-  };
-  torch::Tensor h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps);
-  torch::Tensor q = proj(Projection::q, h).view({B, T, nh, D});
-  torch::Tensor k = proj(Projection::k, h).view({B, T, nkv, D});
-  torch::Tensor v = proj(Projection::v, h).view({B, T, nkv, D}).transpose(1, 2);
-  if (cfg.qk_norm) {  // Qwen3: per-head RMSNorm over head_dim, before RoPE
-    q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps);
-    k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps);
   }
-  q = engine::rope(q, in.cos, in.sin);  // [B, nh, T, D], contiguous
-  k = engine::rope(k, in.cos, in.sin);  // [B, nkv, T, D]
 
-  torch::Tensor attn;  // [B, T, nh * D]
-  if (!in.groups.empty()) {
-    attn = attend_groups(li, q, k, v, in);
-  } else if (in.cache) {
-    const KVBlockPool& pool = in.cache->pool();
-    store_slots(pool.keys(li), in.slots, k.transpose(1, 2).reshape({B * T, nkv, D}));
-    store_slots(pool.values(li), in.slots, v.transpose(1, 2).reshape({B * T, nkv, D}));
-    if (in.past == 0) {  // nothing cached before: the new keys and values are all there is, at the model's dtype
-      attn = attend(li, q, k, v, in.scale);
-    } else {  // read back from the pool, so no gradient reaches them: a forward with a cache is inference only
-      const std::int64_t S = in.past + T;
-      attn = attend(li, q, gather_positions(pool.keys(li), in.tables, S, q.scalar_type()),
-                    gather_positions(pool.values(li), in.tables, S, q.scalar_type()), in.scale);
-    }
-  } else {
-    attn = attend(li, q, k, v, in.scale);
-  }
-  x = x + proj(Projection::o, attn);
+  const Impl& impl_;
+  const ModelConfig& cfg_;
+  const Layer& layer_;
+  std::size_t li_;
+  const LayerInputs& in_;
+  std::int64_t B_, T_;
+};
 
-  h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps);
-  if (layer.sparse()) return x + sparse_mlp(li, h, in).view(x.sizes());
-  return x + proj(Projection::down, swiglu(proj(Projection::gate, h), proj(Projection::up, h)));
+torch::Tensor Transformer::Impl::AtenOps::attend(const Rows& q, const Rows& k, const Rows& v_rows) const {
+  const std::int64_t B = B_, T = T_, D = cfg_.head_dim, nkv = cfg_.num_key_value_heads;
+  const torch::Tensor v = heads(v_rows).transpose(1, 2);  // [B, nkv, T, D], as rope lays out q and k
+  if (!in_.groups.empty()) return impl_.attend_groups(li_, q, k, v, in_);
+  if (!in_.cache) return impl_.attend(li_, q, k, v, in_.scale);
+  const KVBlockPool& pool = in_.cache->pool();
+  store_slots(pool.keys(li_), in_.slots, k.transpose(1, 2).reshape({B * T, nkv, D}));
+  store_slots(pool.values(li_), in_.slots, v.transpose(1, 2).reshape({B * T, nkv, D}));
+  // Nothing cached before: the new keys and values are all there is, at the model's dtype.
+  if (in_.past == 0) return impl_.attend(li_, q, k, v, in_.scale);
+  // Read back from the pool, so no gradient reaches them: a forward with a cache is inference only.
+  const std::int64_t S = in_.past + T;
+  return impl_.attend(li_, q, gather_positions(pool.keys(li_), in_.tables, S, q.scalar_type()),
+                      gather_positions(pool.values(li_), in_.tables, S, q.scalar_type()), in_.scale);
+}
+
+torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const {
+  AtenOps ops(*this, li, in, x.size(0), x.size(1));
+  return decoder_layer(ops, std::move(x));
 }
 
 torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const {
@@ -728,11 +770,32 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
   }
   // Elsewhere (CUDA, bf16, sinks or a window): every row's blocks gathered (padded to the longest table) and masked
   // past its length (and before its window).
-  const std::int64_t S = in.tables.size(1) * kKVBlockTokens;
-  const torch::Tensor keys = gather_positions(pool.keys(li), in.tables, S, q.scalar_type());
-  const torch::Tensor values = gather_positions(pool.values(li), in.tables, S, q.scalar_type());
-  return decode_attention(q[0].transpose(0, 1).unsqueeze(2), keys, values, in.lengths, in.scale, sinks, window)
-      .view({1, R, nh * D});
+  auto one_token_rows = [&](std::int64_t row0, std::int64_t rows) {
+    const torch::Tensor tables = in.tables.narrow(0, row0, rows);
+    const std::int64_t S = tables.size(1) * kKVBlockTokens;
+    const torch::Tensor keys = gather_positions(pool.keys(li), tables, S, q.scalar_type());
+    const torch::Tensor values = gather_positions(pool.values(li), tables, S, q.scalar_type());
+    return decode_attention(q[0].narrow(1, row0, rows).transpose(0, 1).unsqueeze(2), keys, values,
+                            in.lengths.narrow(0, row0, rows), in.scale, sinks, window)
+        .view({1, rows, nh * D});
+  };
+  bool chunks = false;
+  for (const RowGroup& g : in.groups) chunks = chunks || g.chunk;
+  if (!chunks) return one_token_rows(0, R);
+  // A step with prompt chunks: a chunk's rows attend as a prefill does (causally over its sequence's blocks, so a
+  // chunk never holds [rows, keys] per row), the other groups as above, each group apart.
+  std::vector<torch::Tensor> parts;
+  for (const RowGroup& g : in.groups) {
+    if (!g.chunk) {
+      parts.push_back(one_token_rows(g.row0, g.rows));
+      continue;
+    }
+    const std::int64_t S = in.step->lengths[g.row0 + g.rows - 1];
+    const torch::Tensor table = in.tables.narrow(0, g.row0, 1);
+    parts.push_back(attend(li, q.narrow(2, g.row0, g.rows), gather_positions(pool.keys(li), table, S, q.scalar_type()),
+                           gather_positions(pool.values(li), table, S, q.scalar_type()), in.scale));
+  }
+  return torch::cat(parts, 1);
 }
 
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
@@ -882,6 +945,29 @@ bool Transformer::shares_base(const Transformer& other) const {
   return true;
 }
 
+namespace {
+
+// The layout add_stacked_adapters reads for a step's row groups (two or more): each group's rows padded to the largest
+// group's count, where each row lands among them, and each group's LoRA scale (`scales`), on `device`.
+void set_stacked_layout(LayerInputs& in, std::span<const RowGroup> rows, const std::vector<double>& scales,
+                        torch::Device device) {
+  in.groups = rows;
+  if (rows.size() < 2) return;
+  std::vector<std::int64_t> padded, unpadded;
+  in.rows_max = 0;
+  for (const RowGroup& g : rows) in.rows_max = std::max(in.rows_max, g.rows);
+  for (std::size_t gi = 0; gi < rows.size(); ++gi) {
+    const RowGroup& g = rows[gi];
+    for (std::int64_t i = 0; i < in.rows_max; ++i) padded.push_back(g.row0 + std::min(i, g.rows - 1));
+    for (std::int64_t i = 0; i < g.rows; ++i) unpadded.push_back(static_cast<std::int64_t>(gi) * in.rows_max + i);
+  }
+  in.padded_rows = to_device(torch::tensor(padded, torch::kLong), device);
+  in.unpadded_rows = to_device(torch::tensor(unpadded, torch::kLong), device);
+  in.lora_scales = to_device(torch::tensor(scales, torch::kFloat64), device);
+}
+
+}  // namespace
+
 torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes) {
   const ModelConfig& cfg = impl_->cfg;
   if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
@@ -892,6 +978,8 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   std::vector<RowGroup> rows;
   std::vector<torch::Tensor> tokens;
   std::vector<KVCache*> caches;
+  std::vector<std::int64_t> new_tokens;
+  std::vector<double> scales;  // each group's LoRA scale
   std::int64_t R = 0;
   for (const DecodeGroup& g : groups) {
     if (!g.model || !g.tokens || !g.cache) throw invalid_argument("Transformer::decode_step: a group lacks a member");
@@ -903,27 +991,35 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
       throw invalid_argument("Transformer::decode_step: a group's KV cache has " + std::to_string(c.layers()) +
                              " layers of " + std::to_string(c.kv_heads()) + " KV heads, the model " +
                              std::to_string(cfg.num_hidden_layers) + " of " + std::to_string(cfg.num_key_value_heads));
-    if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 || c.batch() != n)
-      throw invalid_argument("Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row "
-                             "each, got " + shape_string(g.tokens->sizes()) + " for a cache of batch " +
-                             std::to_string(c.batch()));
+    if (g.tokens->dim() != 1 || g.tokens->scalar_type() != torch::kLong || n == 0 ||
+        (c.batch() != n && c.batch() != 1))
+      throw invalid_argument("Transformer::decode_step: a group's tokens must be [rows] int64, one per cache row or a "
+                             "chunk of a cache of batch 1, got " + shape_string(g.tokens->sizes()) +
+                             " for a cache of batch " + std::to_string(c.batch()));
     if (g.tokens->device() != device || c.device() != device)
       throw invalid_argument("Transformer::decode_step: a group's tokens and cache must be on the model's device (" +
                              device.str() + ")");
+    const bool chunk = c.batch() != n;
+    const std::int64_t last = c.length + (chunk ? n : 1) - 1;  // the last position the group feeds
     // The RoPE tables end there (and an index past them would be a device-side assert on CUDA).
-    if (c.length >= cfg.max_position_embeddings)
-      throw invalid_argument("Transformer::decode_step: position " + std::to_string(c.length) +
+    if (last >= cfg.max_position_embeddings)
+      throw invalid_argument("Transformer::decode_step: position " + std::to_string(last) +
                              " is past the model's context (max_position_embeddings " +
                              std::to_string(cfg.max_position_embeddings) + ")");
-    if (c.length >= c.capacity)
-      throw invalid_argument("Transformer::decode_step: KV cache capacity " + std::to_string(c.capacity) + " is full");
+    if (last >= c.capacity)
+      throw invalid_argument("Transformer::decode_step: KV cache capacity " + std::to_string(c.capacity) +
+                             (chunk ? " exceeded (" + std::to_string(c.length) + " cached + " + std::to_string(n) +
+                                          " new tokens)"
+                                    : std::string(" is full")));
     const Impl& own = *g.model->impl_;
-    rows.push_back({&own.layers, &own.lm_head, R, n});
+    rows.push_back({&own.layers, &own.lm_head, R, n, chunk});
     tokens.push_back(*g.tokens);
     caches.push_back(&c);
+    new_tokens.push_back(n);
+    scales.push_back(own.lora ? static_cast<double>(own.lora->alpha) / own.lora->rank : 0.0);
     R += n;
   }
-  const DecodeSlots step = prepare_decode_step(caches, "Transformer::decode_step");
+  const DecodeSlots step = prepare_decode_step(caches, new_tokens, "Transformer::decode_step");
   // The step's layout in one copy to the device: every row's slot, key count and block table.
   std::vector<std::int64_t> layout(step.slots);
   layout.insert(layout.end(), step.lengths.begin(), step.lengths.end());
@@ -933,7 +1029,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   const torch::Tensor ids = torch::cat(tokens).view({1, R});
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
   LayerInputs in{{}, {}, 1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), nullptr, 0};
-  in.groups = rows;
+  set_stacked_layout(in, rows, scales, device);
   in.step = &step;
   in.pool = &caches.front()->pool();
   in.slots = on_device.narrow(0, 0, R);
@@ -942,21 +1038,6 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   const torch::Tensor positions = in.lengths - 1;
   in.cos = cos_table.index_select(0, positions);
   in.sin = sin_table.index_select(0, positions);
-  if (rows.size() >= 2) {  // the layout of add_stacked_adapters
-    std::vector<std::int64_t> padded, unpadded;
-    std::vector<double> scales;
-    for (const RowGroup& g : rows) in.rows_max = std::max(in.rows_max, g.rows);
-    for (std::size_t gi = 0; gi < rows.size(); ++gi) {
-      const RowGroup& g = rows[gi];
-      for (std::int64_t i = 0; i < in.rows_max; ++i) padded.push_back(g.row0 + std::min(i, g.rows - 1));
-      for (std::int64_t i = 0; i < g.rows; ++i) unpadded.push_back(static_cast<std::int64_t>(gi) * in.rows_max + i);
-      const auto& lora = groups[gi].model->impl_->lora;
-      scales.push_back(lora ? static_cast<double>(lora->alpha) / lora->rank : 0.0);
-    }
-    in.padded_rows = to_device(torch::tensor(padded, torch::kLong), device);
-    in.unpadded_rows = to_device(torch::tensor(unpadded, torch::kLong), device);
-    in.lora_scales = to_device(torch::tensor(scales, torch::kFloat64), device);
-  }
   ExpertRouting routing;
   if (routes) {
     routing.recorded = torch::empty({R, impl_->sparse_layers(), cfg.num_experts_per_tok},
@@ -965,9 +1046,27 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   }
   torch::Tensor x = impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
-  for (KVCache* c : caches) ++c->length;
+  for (std::size_t i = 0; i < caches.size(); ++i) caches[i]->length += rows[i].chunk ? rows[i].rows : 1;
   if (routes) *routes = routing.recorded;
-  const torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
+  torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
+
+  // The unembedding of the rows asked for only: a chunk's earlier rows predict tokens the prompt already has.
+  std::vector<RowGroup> wanted;
+  std::vector<std::int64_t> kept;
+  std::vector<double> wanted_scales;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (!groups[i].logits) continue;
+    const RowGroup& g = rows[i];
+    const std::int64_t first = g.chunk ? g.row0 + g.rows - 1 : g.row0;
+    wanted.push_back({g.layers, g.lm_head, static_cast<std::int64_t>(kept.size()), g.row0 + g.rows - first});
+    for (std::int64_t r = first; r < g.row0 + g.rows; ++r) kept.push_back(r);
+    wanted_scales.push_back(scales[i]);
+  }
+  if (kept.empty()) return torch::empty({0, cfg.vocab_size}, h.options());
+  if (static_cast<std::int64_t>(kept.size()) != R) {
+    h = h.index_select(1, to_device(torch::tensor(kept, torch::kLong), device));
+    set_stacked_layout(in, wanted, wanted_scales, device);
+  }
   return project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return *g.lm_head; })[0];
 }
 
@@ -1198,6 +1297,18 @@ TensorMap Transformer::merged_hf_state_dict() const {
     }
   }
   return out;
+}
+
+bool Transformer::cpu_kernels_decode() const {
+  const Impl& m = *impl_;
+  for (std::size_t i = 0; i < m.layers.size(); ++i)
+    if (!m.layers[i].cpu_kernels_apply(m.cfg.attention_window(static_cast<std::int64_t>(i)))) return false;
+  auto fp32_cpu = [](const torch::Tensor& t) {
+    return !t.defined() || (t.device().is_cpu() && t.scalar_type() == torch::kFloat32);
+  };
+  const Linear& head = m.lm_head;
+  return fp32_cpu(m.embed) && fp32_cpu(m.final_norm) && fp32_cpu(head.weight) && fp32_cpu(head.bias) &&
+         fp32_cpu(head.lora_a) && fp32_cpu(head.lora_b);
 }
 
 InferenceWeights Transformer::inference_weights() {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "experts.hpp"
 #include "kv_cache.hpp"
 #include "model_config.hpp"
+#include "model_family.hpp"
 #include "quantized_matrix.hpp"
 
 namespace rlloop::engine {
@@ -36,6 +38,19 @@ struct LinearWeights {
 struct LayerWeights {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;  // q_norm/k_norm only with qk_norm
   LinearWeights q, k, v, o, gate, up, down;
+
+  const LinearWeights& projection(Projection p) const {
+    switch (p) {
+      case Projection::q: return q;
+      case Projection::k: return k;
+      case Projection::v: return v;
+      case Projection::o: return o;
+      case Projection::gate: return gate;
+      case Projection::up: return up;
+      case Projection::down: return down;
+    }
+    throw std::logic_error("LayerWeights::projection: not a projection");
+  }
 };
 struct InferenceWeights {
   torch::Tensor embed, final_norm;  // embed undefined when quantized_embed holds it
@@ -58,11 +73,16 @@ struct ExpertRange {
 };
 
 // One batch of sequences in a decoding step of several (Transformer::decode_step): the model whose adapters apply
-// to its rows, the token each row feeds, and its cache (one row per sequence, each batch at its own length).
+// to its rows, the tokens its rows feed, and its cache (each batch at its own length). Either one new token per
+// sequence (rows == cache->batch()), or a chunk of a prompt: rows consecutive tokens of the one sequence of a cache
+// of batch 1 (chunked prefill: prompts prefill in the steps that decode other requests).
 struct DecodeGroup {
   Transformer* model;
   const torch::Tensor* tokens;  // [rows] int64
-  KVCache* cache;               // rows == cache->batch()
+  KVCache* cache;
+  // Whether the step returns logits for this group: every row's for one token per sequence, the last row's for a
+  // chunk (the one the next token is drawn from); none when false (a chunk that does not end its prompt).
+  bool logits = true;
 };
 
 class Transformer : public torch::nn::Module {
@@ -123,9 +143,10 @@ class Transformer : public torch::nn::Module {
   // One new token for every row of several batches at once, each with its own cache (so its own positions) and its
   // own model over this model's base weights (shares_base: sessions with their own adapters on one base): the base
   // products run once over the rows of every group, each group's adapters over its rows, and each group's rows
-  // attend over its own cache, which grows by one position. The layers are hidden_states' (one definition).
-  // Returns the logits [sum of rows, V], the groups' rows in order. `routes`, when given (models with experts),
-  // receives the experts each row was routed to in each sparse layer: [sum of rows, sparse layers, k] int64.
+  // attend over its own cache, which grows by one position (by the chunk's length for a chunk). The layers are
+  // hidden_states' (one definition). Returns the logits of the rows DecodeGroup::logits asks for, [those rows, V] in
+  // the groups' order. `routes`, when given (models with experts), receives the experts each row was routed to in
+  // each sparse layer: [sum of rows, sparse layers, k] int64.
   torch::Tensor decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes = nullptr);
   // True when `other` computes with the same base weights (the same tensors: models of one shared base).
   bool shares_base(const Transformer& other) const;
@@ -162,6 +183,11 @@ class Transformer : public torch::nn::Module {
   std::int64_t quantized_bytes() const;
   std::int64_t quantized_values() const;
 
+  // Whether the CPU's decoding kernels (cpu_decoder.hpp: decoder_layer over host buffers) implement this model as
+  // it is. Asked of each layer (dense, plain causal attention, fp32 tensors on the CPU), so that a layer they do not
+  // implement (experts, attention sinks, a window, another dtype or device) is decoded by decode_step, never as
+  // another layer.
+  bool cpu_kernels_decode() const;
   // Views of the current weights for inference kernels (see InferenceWeights): the dense layer's. A sparse layer's
   // gate, up and down are empty and its router and experts are not there (the CPU decoder takes dense models only).
   InferenceWeights inference_weights();

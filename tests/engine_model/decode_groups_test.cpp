@@ -155,8 +155,8 @@ TEST(DecodeStep, RefusesAnotherBaseAndCachesThatDoNotFit) {
             "Transformer::decode_step: a group's model does not share this model's base weights");
   const torch::Tensor three = torch::zeros({3}, torch::kLong);
   EXPECT_EQ(message({{mine.model.get(), &three, &mine.cache}}),
-            "Transformer::decode_step: a group's tokens must be [rows] int64 with one cache row each, got [3] for a "
-            "cache of batch 2");
+            "Transformer::decode_step: a group's tokens must be [rows] int64, one per cache row or a chunk of a "
+            "cache of batch 1, got [3] for a cache of batch 2");
   mine.cache.length = mine.cache.capacity;
   EXPECT_EQ(message({mine_group}), "Transformer::decode_step: KV cache capacity 8 is full");
   // A cache longer than the model's context (its RoPE tables end there).

@@ -230,6 +230,41 @@ TEST(HostSync, AGroupedDecodeStepRunsEachProductOnceForAnyNumberOfGroups) {
             << " for 2 or 3 adapted requests\n";
 }
 
+// Prompts prefilled in decoding steps (chunked prefill: DecodeGroup chunks) are rows of the step like the others':
+// a step holding 3 prompts' chunks beside a decoding request runs each base product once, as one holding 1 does,
+// and nothing waits for the device.
+TEST(HostSync, AStepPrefillingSeveralPromptsRunsEachProductOnce) {
+  const torch::Device device(test_device::device());
+  const ModelConfig cfg = test_models::tiny_config("qwen3");
+  auto base = init_model(cfg, 5, device, torch::kBFloat16);
+  const auto ids = torch::TensorOptions(device).dtype(torch::kLong);
+  auto count_a_step = [&](int prompts) {
+    c10::InferenceMode inference;
+    KVCache decoding(base->kv_pools(), torch::kBFloat16, 1, 8);
+    base->hidden_states(torch::full({1, 3}, 7, ids), &decoding);
+    decoding.repeat_batch(2);
+    const torch::Tensor next = torch::full({2}, 5, ids);
+    std::vector<KVCache> caches;
+    std::vector<torch::Tensor> chunks;
+    for (int p = 0; p < prompts; ++p) {
+      caches.emplace_back(base->kv_pools(), torch::kBFloat16, 1, 16);
+      chunks.push_back(torch::full({5 + p}, 9 + p, ids));
+    }
+    std::vector<DecodeGroup> step = {{base.get(), &next, &decoding}};
+    for (int p = 0; p < prompts; ++p) step.push_back({base.get(), &chunks[p], &caches[p]});
+    OpRecorder recorder;
+    const torch::Tensor logits = base->decode_step(step);
+    const OpCounts counts = OpRecorder::take();
+    EXPECT_EQ(logits.size(0), 2 + prompts) << "the decoding rows and each chunk's last";
+    EXPECT_TRUE(counts.host_syncs.empty()) << counts.host_syncs.begin()->first << " waits for the device";
+    EXPECT_EQ(counts.device_to_host, 0) << counts.describe();
+    return counts.by_name.count("aten::linear") ? counts.by_name.at("aten::linear") : 0;
+  };
+  const std::int64_t linears = 7 * cfg.num_hidden_layers + 1;
+  EXPECT_EQ(count_a_step(1), linears);
+  EXPECT_EQ(count_a_step(3), linears);
+}
+
 // The CPU's fp32 decoder (CpuDecoder: its own kernels, a few ATen operators around them) holds the same rule.
 TEST(HostSync, TheCpuDecoderStepCopiesTheTokensBackOnce) {
   if (test_device::on_cuda()) GTEST_SKIP() << "the CPU decoder runs on the CPU only";

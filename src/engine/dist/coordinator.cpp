@@ -142,7 +142,8 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, const 
                                   "--backend",        backend_,
                                   "--threads",        std::to_string(at::get_num_threads()),
                                   "--max-batch-rows", std::to_string(service.max_batch_rows),
-                                  "--kv-cache-mb",    std::to_string(service.kv_cache_mb)};
+                                  "--kv-cache-mb",    std::to_string(service.kv_cache_mb),
+                                  "--prefill-chunk-tokens", std::to_string(service.prefill_chunk_tokens)};
     // The options every rank's models must share with rank 0's. (Flags copied from named strings: GCC 12 reports
     // a std::string built from a literal inside push_back as out of bounds, a false -Warray-bounds at -O3.)
     static const std::string dequantize = "--dequantize-base", checkpointing = "--activation-checkpointing",

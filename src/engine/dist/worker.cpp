@@ -56,7 +56,8 @@ class Worker {
       : options_(options),
         dev_(dev),
         group_(std::move(group)),
-        bases_(engine::EngineLoopOptions{options.service.max_batch_rows, options.service.kv_cache_mb << 20}) {}
+        bases_(engine::EngineLoopOptions{options.service.max_batch_rows, options.service.kv_cache_mb << 20,
+                                         options.service.prefill_chunk_tokens}) {}
 
   // Runs commands until the shutdown command.
   void run() {
@@ -179,7 +180,7 @@ class Worker {
       if (!share.params.stop.empty()) stop_check = engine::make_stop_string_check(tokenizer(rep), share.params.stop);
       auto* rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &target.rounded;
       return std::make_unique<engine::DecodeRun>(*target.model, share, stop_check, engine::SampleStream(seed, first),
-                                                 precision, rounded);
+                                                 precision, rounded, engine::Prefill::in_steps);
     };
     auto finish = [this, tag](engine::DecodeRun& run) {
       SampleResponse out = run.take();
