@@ -5,10 +5,11 @@
 // rlloop-small, most of its time), not by arithmetic; this does the same step in ~30 product calls and a few
 // passes over [rows, hidden] buffers.
 //
-// The sampler prefills the prompt with Transformer::hidden_states (same cache layout) and takes this backend for the
-// token-by-token steps where the model says its kernels implement every layer (supports(): CPU, fp32, dense layers
-// with plain causal attention); elsewhere (CUDA, bf16 models, experts, sinks, windows) Transformer::decode_step runs
-// the same layer over ATen tensors.
+// The sampler takes this backend for the decoding steps (and the prompts' chunks they prefill, DecodeRun's
+// Prefill::in_steps; a prompt prefilled at once goes through Transformer::hidden_states, into the same cache layout)
+// where the model says its kernels implement every layer (supports(): CPU, fp32, dense layers with plain causal
+// attention); elsewhere (CUDA, bf16 models, experts, sinks, windows) Transformer::decode_step runs the same layer over
+// ATen tensors.
 #pragma once
 #include <memory>
 #include <span>
@@ -86,18 +87,19 @@ class CpuDecoder {
                       std::shared_ptr<const RoundedWeights> rounded = nullptr);
 
   // Feeds tokens[i] to row i of the cache at position cache.length, appends its keys and values and advances
-  // cache.length. tokens: [rows] int64 on the CPU, rows == cache.batch(). Returns the logits [rows, vocab].
+  // cache.length. tokens: [rows] int64 on the CPU, rows == cache.batch() (or, with a cache of batch 1, a chunk of its
+  // sequence, as for a Group). Returns the logits [rows, vocab] (a chunk's: [1, vocab], its last row's).
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
-  // One step of several batches at once, each with its own cache (so its own position) and its own LoRA
+  // One step of several batches at once, each with its own cache (so its own positions) and its own LoRA
   // adapters over this decoder's base weights (shares_base): the requests of different sessions on one base
-  // model decode together. The base products run over the rows of every group in one pass; adapters,
-  // attention and RoPE run per group. Each row's numbers are those of stepping its group alone up to the last
-  // digits: the few-row product kernels compute every output row from its own input (small_gemm.hpp, up to its
-  // row limit), but reduce a row of a 4-row tile in another order than a tail row. Returns the logits [sum of rows,
-  // vocab], the groups' rows in order.
-  // A group is one token per sequence of its cache or a chunk of a prompt, and asks for logits as a DecodeGroup
-  // does (Transformer::decode_step); the logits returned are those rows'.
+  // model decode together. A group is one token per sequence of its cache or a chunk of a prompt, as a
+  // DecodeGroup (Transformer::decode_step). The base products run over the rows of every group in one pass;
+  // adapters per group, RoPE and attention per row at its own position. Each row's numbers are those of stepping
+  // its group alone up to the last digits: the few-row product kernels compute every output row from its own input
+  // (small_gemm.hpp, up to its row limit), but reduce a row of a 4-row tile in another order than a tail row.
+  // Returns the logits of the rows the groups ask for (Group::logits: every row's, or a chunk's last), [those rows,
+  // vocab] in the groups' order.
   struct Group {
     const InferenceWeights* adapters;  // the group's model: only its LoRA adapters are read
     const torch::Tensor* tokens;       // [rows] int64 on the CPU

@@ -28,7 +28,8 @@ enum class LayerNormOf { input, post, q, k };
 //                                                      x + the projection of h (the residual connections)
 //   Rows swiglu(const Rows& gate, const Rows& up)      silu(gate) * up
 //   Rows add_experts(const Rows& x, const Rows& h)     x + the routed experts over h (sparse layers)
-// A backend may compute in place (its Rows naming buffers): the layer never reads a value after passing it on.
+// A backend may write a result over an operation's input (its Rows naming buffers) except norm's, which the layer
+// reads again for the residual connection.
 template <class Ops>
 typename Ops::Rows decoder_layer(Ops& ops, typename Ops::Rows x) {
   using Rows = typename Ops::Rows;

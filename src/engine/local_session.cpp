@@ -571,7 +571,8 @@ Future<SampleResponse> LocalSession::sample(const SampleRequest& request, Sample
     Prepared p = prepare();
     // The run reads the model until it finishes: this session's later operations wait for it, and its sampling
     // requests, which run beside it, do not drop it from the sampler cache (`decoding`).
-    // The prompt prefills in the engine loop's steps, a chunk at a time beside the other requests' rows.
+    // The prompt prefills in the engine loop's steps, a chunk at a time beside the other requests' rows (unless the
+    // request asks for what only a whole prompt's forward gives: DecodeRun's Prefill).
     auto run = std::make_unique<DecodeRun>(*p.target->model, p.mine, p.stop_check, p.stream, impl_->decode_precision,
                                            impl_->rounded_slot(*p.target), Prefill::in_steps);
     ++p.target->decoding;

@@ -119,9 +119,10 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
   const int max_new = params_.max_tokens;
 
   c10::InferenceMode inference;
-  // The dispatch-free decoding step, where it applies (built at the first step: one with bf16 rounds the whole
-  // model, wasted when every sample stops at its first token). Its cache's dtype is the decoder's from the start:
-  // the prefill stores the prompt's keys and values rounded (its own attention reads them unrounded).
+  // The CPU decoding backend, where it applies (built at the first step: one with bf16 rounds the whole model, which
+  // a prompt prefilled here and every sample stopping at its first token would waste). Its cache's dtype is the
+  // backend's from the start: a prefill here stores the prompt's keys and values rounded (its own attention reads
+  // them unrounded).
   use_cpu_decoder_ = !aten_decoder_forced() && CpuDecoder::supports(model);
   const torch::ScalarType cache_dtype = run_cache_dtype(model, precision_, use_cpu_decoder_);
   // The last generated token is never fed back, so the cache needs room for P + max_new - 1 positions. Its blocks

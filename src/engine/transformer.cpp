@@ -117,20 +117,22 @@ struct LayerInputs {
   // With a cache: the pool slots this forward's keys and values go to ([B * T], row-major, on the model's device)
   // and, when the cache held positions before (past > 0), every row's block table [B, blocks] to read them back.
   torch::Tensor slots, tables;
-  // A decoding step of several batches: x is [1, rows of every group, H], one new token per row (so the rows
-  // sit where one sequence's positions would: RoPE's cos / sin rows are the rows' own positions), and each
-  // group's rows attend over its own cache. Empty otherwise.
+  // A decoding step of several batches: x is [1, rows of every group, H], one new token per row (a new token of a
+  // sequence, or a position of a prompt's chunk; the rows sit where one sequence's positions would: RoPE's cos / sin
+  // rows are the rows' own positions), and each group's rows attend over its own cache. Empty otherwise.
   std::span<const RowGroup> groups = {};
   // With groups: the step's layout over the caches' one pool (on the host), and its block tables [R, blocks] and key
   // counts [R] on the model's device (slots above are the rows' new positions).
   const DecodeSlots* step = nullptr;
   KVBlockPool* pool = nullptr;
   torch::Tensor lengths;
-  // With groups, for the adapters' batched products (add_stacked_adapters): group g's rows padded to the largest
-  // group's count, rows_max (padded_rows[g * rows_max + i] = the step row of its row i, its last row where it has
-  // fewer), where each step row lands among them (unpadded_rows), and each group's LoRA scale (lora_scales [G],
-  // float64); all on the model's device.
-  torch::Tensor padded_rows, unpadded_rows, lora_scales;
+  // With two or more groups of one token per sequence, for their adapters' batched products (add_stacked_adapters;
+  // a prompt's chunk, many rows of one sequence, would pad every other group to its length, and runs its own):
+  // stacked group g's rows padded to the largest one's count, rows_max (padded_rows[g * rows_max + i] = the step row
+  // of its row i, its last row where it has fewer), where each of their rows lands among them (unpadded_rows), each
+  // one's LoRA scale (lora_scales [G], float64), and, in a step with chunks, the step rows they cover
+  // (stacked_rows; undefined: every row); all on the model's device. padded_rows undefined: nothing stacked.
+  torch::Tensor padded_rows, unpadded_rows, lora_scales, stacked_rows;
   std::int64_t rows_max = 0;
   // Routing replay and recording (hidden_states' `routing`), or null.
   ExpertRouting* routing = nullptr;
@@ -161,24 +163,28 @@ torch::Tensor gather_positions(const torch::Tensor& storage, const torch::Tensor
 // out] and returns true; false (nothing done) where it does not apply.
 template <class Of>
 bool add_stacked_adapters(torch::Tensor& y, const torch::Tensor& h, const LayerInputs& in, Of&& of) {
-  if (in.groups.size() < 2) return false;
-  const torch::Tensor& first = of(in.groups.front()).lora_a;
-  if (!first.defined()) return false;
+  if (!in.padded_rows.defined()) return false;
   std::vector<torch::Tensor> a, b;
   for (const RowGroup& g : in.groups) {
+    if (g.chunk) continue;  // not stacked (LayerInputs::padded_rows)
     const Linear& adapted = of(g);
+    const torch::Tensor& first = a.empty() ? adapted.lora_a : a.front();
     if (!adapted.lora_a.defined() || adapted.lora_a.size(0) != first.size(0) ||
         adapted.lora_a.scalar_type() != first.scalar_type())
       return false;
     a.push_back(adapted.lora_a);
     b.push_back(adapted.lora_b);
   }
-  const auto G = static_cast<std::int64_t>(in.groups.size());
+  const auto G = static_cast<std::int64_t>(a.size());
   const torch::Tensor x =
-      h[0].to(first.scalar_type()).index_select(0, in.padded_rows).view({G, in.rows_max, h.size(2)});
+      h[0].to(a.front().scalar_type()).index_select(0, in.padded_rows).view({G, in.rows_max, h.size(2)});
   torch::Tensor d = torch::bmm(torch::bmm(x, torch::stack(a).transpose(1, 2)), torch::stack(b).transpose(1, 2));
   d = d * in.lora_scales.to(d.scalar_type()).view({G, 1, 1});  // [G, rows_max, out]
-  y[0].add_(d.view({G * in.rows_max, d.size(2)}).index_select(0, in.unpadded_rows).to(y.scalar_type()));
+  const torch::Tensor rows = d.view({G * in.rows_max, d.size(2)}).index_select(0, in.unpadded_rows);
+  if (in.stacked_rows.defined())
+    y[0].index_add_(0, in.stacked_rows, rows.to(y.scalar_type()));
+  else
+    y[0].add_(rows.to(y.scalar_type()));
   return true;
 }
 
@@ -188,8 +194,9 @@ template <class Of>
 torch::Tensor project(const Linear& own, const torch::Tensor& h, const LayerInputs& in, Of&& of) {
   if (in.groups.empty()) return own.apply(h);
   torch::Tensor y = own.apply_base(h, /*few_rows=*/true);
-  if (add_stacked_adapters(y, h, in, of)) return y;
+  const bool stacked = add_stacked_adapters(y, h, in, of);
   for (const RowGroup& g : in.groups) {
+    if (stacked && !g.chunk) continue;
     const Linear& adapted = of(g);
     if (!adapted.lora_a.defined()) continue;
     torch::Tensor rows = y.narrow(1, g.row0, g.rows);
@@ -771,7 +778,11 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
   // Elsewhere (CUDA, bf16, sinks or a window): every row's blocks gathered (padded to the longest table) and masked
   // past its length (and before its window).
   auto one_token_rows = [&](std::int64_t row0, std::int64_t rows) {
-    const torch::Tensor tables = in.tables.narrow(0, row0, rows);
+    // The blocks these rows use (a chunk of the step may have made the tables longer).
+    std::int64_t longest = 0;
+    for (std::int64_t r = row0; r < row0 + rows; ++r) longest = std::max(longest, in.step->lengths[r]);
+    const torch::Tensor tables =
+        in.tables.narrow(0, row0, rows).narrow(1, 0, (longest + kKVBlockTokens - 1) / kKVBlockTokens);
     const std::int64_t S = tables.size(1) * kKVBlockTokens;
     const torch::Tensor keys = gather_positions(pool.keys(li), tables, S, q.scalar_type());
     const torch::Tensor values = gather_positions(pool.values(li), tables, S, q.scalar_type());
@@ -947,23 +958,33 @@ bool Transformer::shares_base(const Transformer& other) const {
 
 namespace {
 
-// The layout add_stacked_adapters reads for a step's row groups (two or more): each group's rows padded to the largest
-// group's count, where each row lands among them, and each group's LoRA scale (`scales`), on `device`.
+// The layout add_stacked_adapters reads for a step's row groups (LayerInputs::padded_rows): over the groups of one
+// token per sequence, when there are two or more; each group's LoRA scale in `scales`.
 void set_stacked_layout(LayerInputs& in, std::span<const RowGroup> rows, const std::vector<double>& scales,
                         torch::Device device) {
   in.groups = rows;
-  if (rows.size() < 2) return;
-  std::vector<std::int64_t> padded, unpadded;
+  in.padded_rows = in.unpadded_rows = in.lora_scales = in.stacked_rows = torch::Tensor();
   in.rows_max = 0;
-  for (const RowGroup& g : rows) in.rows_max = std::max(in.rows_max, g.rows);
-  for (std::size_t gi = 0; gi < rows.size(); ++gi) {
-    const RowGroup& g = rows[gi];
+  std::vector<std::size_t> stacked;
+  for (std::size_t gi = 0; gi < rows.size(); ++gi)
+    if (!rows[gi].chunk) stacked.push_back(gi);
+  if (stacked.size() < 2) return;
+  std::vector<std::int64_t> padded, unpadded, covered;
+  std::vector<double> stacked_scales;
+  for (std::size_t gi : stacked) in.rows_max = std::max(in.rows_max, rows[gi].rows);
+  for (std::size_t s = 0; s < stacked.size(); ++s) {
+    const RowGroup& g = rows[stacked[s]];
     for (std::int64_t i = 0; i < in.rows_max; ++i) padded.push_back(g.row0 + std::min(i, g.rows - 1));
-    for (std::int64_t i = 0; i < g.rows; ++i) unpadded.push_back(static_cast<std::int64_t>(gi) * in.rows_max + i);
+    for (std::int64_t i = 0; i < g.rows; ++i) {
+      unpadded.push_back(static_cast<std::int64_t>(s) * in.rows_max + i);
+      covered.push_back(g.row0 + i);
+    }
+    stacked_scales.push_back(scales[stacked[s]]);
   }
   in.padded_rows = to_device(torch::tensor(padded, torch::kLong), device);
   in.unpadded_rows = to_device(torch::tensor(unpadded, torch::kLong), device);
-  in.lora_scales = to_device(torch::tensor(scales, torch::kFloat64), device);
+  in.lora_scales = to_device(torch::tensor(stacked_scales, torch::kFloat64), device);
+  if (stacked.size() < rows.size()) in.stacked_rows = to_device(torch::tensor(covered, torch::kLong), device);
 }
 
 }  // namespace
