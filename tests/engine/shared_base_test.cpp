@@ -348,6 +348,53 @@ TEST(SharedBase, TheKvBudgetIsKeptAndNoRequestStarves) {
   EXPECT_EQ(s.kv_reserved_bytes, 0) << "every finished request gave its reservation back";
 }
 
+// Prompts prefilled three tokens per step (prefill_chunk_tokens 3: every prompt over several steps, beside the
+// others' chunks and decoding rows) give the samples that each gives alone in a service whose steps take a prompt
+// whole; a stream sees its first token when the prompt is done and one more per step after it.
+TEST(SharedBase, PromptsPrefilledInSmallChunksSampleWhatEachSamplesAlone) {
+  constexpr int kSessions = 6;
+  auto open = [&](const std::string& name, std::int64_t chunk) {
+    LocalServiceOptions options = service_in(temp_dir(name).string());
+    options.prefill_chunk_tokens = chunk;
+    auto service = std::make_unique<LocalService>(options);
+    std::vector<std::shared_ptr<LocalSession>> sessions;
+    for (int i = 0; i < kSessions; ++i) {
+      sessions.push_back(service->create_session(tiny(lora(4), 20 + i)));
+      train_apart(*sessions.back(), i);
+    }
+    return std::pair{std::move(service), sessions};
+  };
+  auto [whole_service, whole] = open("chunks-whole", 512);
+  std::vector<SampleResponse> alone;
+  for (int i = 0; i < kSessions; ++i) {
+    SampleRequest r = request_of(i);
+    r.include_prompt_logprobs = false;  // a request asking for them prefills whole, at admission
+    alone.push_back(whole[i]->sample(r).get());
+  }
+  auto [chunked_service, chunked] = open("chunks-three", 3);
+  std::vector<std::size_t> streamed;  // session 1's first sample's token count at each call
+  LoopGate gate(*chunked[0]);
+  std::vector<Future<SampleResponse>> together;
+  for (int i = 0; i < kSessions; ++i) {
+    SampleRequest r = request_of(i);
+    r.include_prompt_logprobs = false;
+    if (i == 1)
+      together.push_back(chunked[i]->sample(r, [&](const SampleResponse& so_far) {
+        streamed.push_back(so_far.sequences[0].tokens.size());
+      }));
+    else
+      together.push_back(chunked[i]->sample(r));
+  }
+  gate.release();
+  for (int i = 0; i < kSessions; ++i)
+    expect_same_samples(alone[i], together[i].get(), "session " + std::to_string(i));
+  ASSERT_FALSE(streamed.empty());
+  EXPECT_EQ(streamed.front(), 1u) << "the first call comes with the first token";
+  for (std::size_t c = 1; c < streamed.size(); ++c) EXPECT_LE(streamed[c] - streamed[c - 1], 1u) << "call " << c;
+  EXPECT_EQ(streamed.back(), alone[1].sequences[0].tokens.size());
+  EXPECT_EQ(only_base(*chunked_service).peak_batch_requests, kSessions);
+}
+
 TEST(SharedBase, ABadBudgetIsAClearError) {
   LocalServiceOptions options = service_in(temp_dir("bad-budget").string());
   options.max_batch_rows = 0;
@@ -356,6 +403,10 @@ TEST(SharedBase, ABadBudgetIsAClearError) {
   options.max_batch_rows = 4;
   options.kv_cache_mb = -1;
   EXPECT_NE(error_of([&] { LocalService service(options); }).find("kv_cache_mb must not be negative, got -1"),
+            std::string::npos);
+  options.kv_cache_mb = 16;
+  options.prefill_chunk_tokens = 0;
+  EXPECT_NE(error_of([&] { LocalService service(options); }).find("prefill_chunk_tokens must be at least 1, got 0"),
             std::string::npos);
 }
 
