@@ -45,18 +45,7 @@ class RoundedWeights {
   struct Layer {
     Bf16Weight q, k, v, o, gate, up, down;
 
-    const Bf16Weight& projection(Projection p) const {
-      switch (p) {
-        case Projection::q: return q;
-        case Projection::k: return k;
-        case Projection::v: return v;
-        case Projection::o: return o;
-        case Projection::gate: return gate;
-        case Projection::up: return up;
-        case Projection::down: return down;
-      }
-      throw std::logic_error("RoundedWeights::Layer::projection: not a projection");
-    }
+    const Bf16Weight& projection(Projection p) const { return projection_member(*this, p); }
   };
   const std::vector<Layer>& layers() const { return layers_; }
   const Bf16Weight& lm_head() const { return lm_head_; }

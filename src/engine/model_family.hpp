@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,22 @@ enum class Projection : std::uint8_t { q, k, v, o, gate, up, down };
 inline constexpr std::size_t kNumProjections = 7;
 inline constexpr std::array<Projection, kNumProjections> kProjections = {
     Projection::q, Projection::k, Projection::v, Projection::o, Projection::gate, Projection::up, Projection::down};
+
+// The member of `layer` that `p` names, in any type with members q, k, v, o, gate, up and down (a layer's linears,
+// their inference views, their bf16 snapshots); const when `layer` is.
+template <class Layer>
+auto& projection_member(Layer& layer, Projection p) {
+  switch (p) {
+    case Projection::q: return layer.q;
+    case Projection::k: return layer.k;
+    case Projection::v: return layer.v;
+    case Projection::o: return layer.o;
+    case Projection::gate: return layer.gate;
+    case Projection::up: return layer.up;
+    case Projection::down: return layer.down;
+  }
+  throw std::logic_error("projection_member: not a projection");
+}
 
 // A family's tensor names in Hugging Face's layout (without ".weight" / ".bias"). A layer's tensors are
 // layer_prefix + index + "." + name. The defaults are Llama's, which Qwen2 and Qwen3 share.

@@ -82,19 +82,8 @@ struct Layer {
   }
   std::vector<Linear*> linears() { return linears_of(*this); }
   std::vector<const Linear*> linears() const { return linears_of(*this); }
-  Linear& projection(Projection p) { return const_cast<Linear&>(std::as_const(*this).projection(p)); }
-  const Linear& projection(Projection p) const {
-    switch (p) {
-      case Projection::q: return q;
-      case Projection::k: return k;
-      case Projection::v: return v;
-      case Projection::o: return o;
-      case Projection::gate: return gate;
-      case Projection::up: return up;
-      case Projection::down: return down;
-    }
-    throw std::logic_error("Layer::projection: not a projection");
-  }
+  Linear& projection(Projection p) { return projection_member(*this, p); }
+  const Linear& projection(Projection p) const { return projection_member(*this, p); }
 };
 
 // Rows [row0, row0 + rows) of a decoding step of several batches (Transformer::decode_step): one batch of

@@ -6,7 +6,6 @@
 #include <map>
 #include <memory>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,18 +38,7 @@ struct LayerWeights {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;  // q_norm/k_norm only with qk_norm
   LinearWeights q, k, v, o, gate, up, down;
 
-  const LinearWeights& projection(Projection p) const {
-    switch (p) {
-      case Projection::q: return q;
-      case Projection::k: return k;
-      case Projection::v: return v;
-      case Projection::o: return o;
-      case Projection::gate: return gate;
-      case Projection::up: return up;
-      case Projection::down: return down;
-    }
-    throw std::logic_error("LayerWeights::projection: not a projection");
-  }
+  const LinearWeights& projection(Projection p) const { return projection_member(*this, p); }
 };
 struct InferenceWeights {
   torch::Tensor embed, final_norm;  // embed undefined when quantized_embed holds it
