@@ -27,6 +27,7 @@ struct Which {
   Projection projection;
   bool unembedding = false;
 };
+constexpr Which kUnembedding{0, Projection::q, true};
 const LinearWeights& pick(const InferenceWeights& w, Which which) {
   return which.unembedding ? w.lm_head : w.layers[which.layer].projection(which.projection);
 }
@@ -71,7 +72,7 @@ void add_bias(std::int64_t rows, const LinearWeights& w, float* y) {
 // then each segment's adapters, then the bias (per row in that order, as when a group is stepped alone). The
 // base products run in one parallel region per kind of weight (int8, quantized, bf16 snapshot, fp32).
 void project_rows(const InferenceWeights& base, std::span<const Segment> segments, const float* x, std::int64_t rows,
-             bool int8, std::initializer_list<StepProduct> group) {
+                  bool int8, std::initializer_list<StepProduct> group) {
   const std::int64_t in = pick(base, group.begin()->which).in_features();
   std::vector<QuantizedMatrix::Product> integer, quantized;
   std::vector<Bf16Product> rounded;
@@ -179,7 +180,9 @@ bool RoundedWeights::current(Transformer& model) const {
 
 CpuDecoder::CpuDecoder(Transformer& model, DecodePrecision precision, std::shared_ptr<const RoundedWeights> rounded)
     : model_(model), cfg_(model.config()), precision_(precision), w_(model.inference_weights()) {
-  if (!supports(model)) throw invalid_argument("CpuDecoder: the model is not a dense fp32 model on the CPU");
+  if (!supports(model))
+    throw invalid_argument("CpuDecoder: its kernels do not implement every layer of this model (they take dense fp32 "
+                           "layers on the CPU without attention sinks or a window)");
   std::int64_t bytes = model.quantized_bytes();
   for (const auto& p : model.parameters()) bytes += p.numel() * static_cast<std::int64_t>(sizeof(float));
   weights_fit_in_cache_ = bytes <= (16 << 20);
@@ -270,8 +273,7 @@ class CpuOps {
          std::span<const Segment> segments, std::span<const std::int64_t> positions, const DecodeSlots& step,
          const KVBlockPool& pool, std::int64_t r0, std::int64_t A)
       : cfg_(cfg), w_(w), rounded_(rounded), int8_(int8), segments_(segments), positions_(positions), step_(step),
-        pool_(pool), r0_(r0),
-        A_(A), nh_(cfg.num_attention_heads), nkv_(cfg.num_key_value_heads), D_(cfg.head_dim),
+        pool_(pool), r0_(r0), A_(A), nh_(cfg.num_attention_heads), nkv_(cfg.num_key_value_heads), D_(cfg.head_dim),
         scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)))),
         x_(A * cfg.hidden_size), h_(A * cfg.hidden_size), q_(A * nh_ * D_), k_(A * nkv_ * D_), v_(A * nkv_ * D_),
         attn_(A * nh_ * D_), gate_(A * cfg.intermediate_size), up_(A * cfg.intermediate_size) {}
@@ -333,7 +335,7 @@ class CpuOps {
 
   // The unembedding of the final norm's rows that `keep` marks into consecutive rows of `logits` [., vocab].
   void unembed(const Rows& h, const std::vector<bool>& keep, float* logits) const {
-    const StepProduct head{{0, Projection::q, true}, rounded_ ? &rounded_->lm_head() : nullptr, logits, false};
+    const StepProduct head{kUnembedding, rounded_ ? &rounded_->lm_head() : nullptr, logits, false};
     if (std::find(keep.begin(), keep.end(), false) == keep.end()) {
       run(h, {head});
       return;

@@ -128,13 +128,14 @@ class Transformer : public torch::nn::Module {
     return logits(hidden_states(input_ids, cache));
   }
 
-  // One new token for every row of several batches at once, each with its own cache (so its own positions) and its
-  // own model over this model's base weights (shares_base: sessions with their own adapters on one base): the base
-  // products run once over the rows of every group, each group's adapters over its rows, and each group's rows
-  // attend over its own cache, which grows by one position (by the chunk's length for a chunk). The layers are
-  // hidden_states' (one definition). Returns the logits of the rows DecodeGroup::logits asks for, [those rows, V] in
-  // the groups' order. `routes`, when given (models with experts), receives the experts each row was routed to in
-  // each sparse layer: [sum of rows, sparse layers, k] int64.
+  // One new token for every sequence of several batches at once (or a chunk of a prompt for a group that is one),
+  // each with its own cache (so its own positions) and its own model over this model's base weights (shares_base:
+  // sessions with their own adapters on one base): the base products run once over the rows of every group, each
+  // group's adapters over its rows, and each group's rows attend over its own cache, which grows by one position
+  // (by the chunk's length for a chunk). The layers are hidden_states' (one definition). Returns the logits of the
+  // rows DecodeGroup::logits asks for, [those rows, V] in the groups' order. `routes`, when given (models with
+  // experts), receives the experts each row was routed to in each sparse layer: [sum of rows, sparse layers, k]
+  // int64.
   torch::Tensor decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes = nullptr);
   // True when `other` computes with the same base weights (the same tensors: models of one shared base).
   bool shares_base(const Transformer& other) const;
