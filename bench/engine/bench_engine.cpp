@@ -12,6 +12,10 @@
 //                          once and decoded together (decode_step), as the engine loop runs them: C 0 each prompt
 //                          prefilled alone as its run is made, C 1 the prompts prefilled as rows of the steps
 //                          (chunked prefill, 512 tokens per step). tokens_per_s counts prompt and new tokens.
+//   BM_DecodeBesideLongPrompt/M/C  a request of 16 samples x 48 tokens decoding when another arrives with a 960-token
+//                          prompt (after its 8th step): C 0 that prompt prefilled whole as its run is made, C 1 in
+//                          chunks of 256 tokens as rows of the steps. Counters: the longest wait between two of the
+//                          decoding request's tokens (max_gap_ms) and its median (median_gap_ms).
 //   BM_DecodeExperts/K/S   a mixture of experts against a dense model of the same active parameters (rlloop-100m's
 //                          attention; 8 experts of width 1024 with top 2 against one MLP of width 2048): S samples x
 //                          32 new tokens; K 0 dense (CPU decoder), 1 dense on the ATen step, 2 the experts (which
@@ -24,6 +28,7 @@
 // Models start from init_model's seeded random weights (the engine's built-in starting point).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -220,6 +225,41 @@ void BM_PrefillTogether(benchmark::State& state) {
   state.SetLabel(std::string(shape.model) + (state.range(1) == 0 ? ", prefills alone" : ", chunked prefill"));
 }
 
+void BM_DecodeBesideLongPrompt(benchmark::State& state) {
+  const Shape& shape = kShapes[state.range(0)];
+  const bool chunked = state.range(1) == 1;
+  constexpr int kPrompt = 960, kChunk = 256;
+  configure_process();
+  auto model = sampler_model(shape.model);
+  rlloop::SampleRequest decoding = sample_request(kSamples, 48), arriving = sample_request(2, 8);
+  arriving.prompt = rlloop::ModelInput::from_tokens(tokens(kPrompt, 5));
+  std::vector<double> gaps;
+  for (auto _ : state) {
+    using rlloop::engine::DecodeRun;
+    std::vector<std::unique_ptr<DecodeRun>> runs;
+    runs.push_back(std::make_unique<DecodeRun>(*model, decoding, nullptr, rlloop::engine::SampleStream(1),
+                                               rlloop::engine::DecodePrecision::fp32, nullptr));
+    auto last = Clock::now();
+    for (int step = 0; !runs.front()->done(); ++step) {
+      if (step == 8)  // the engine loop makes an admitted request's run between two steps
+        runs.push_back(std::make_unique<DecodeRun>(
+            *model, arriving, nullptr, rlloop::engine::SampleStream(2), rlloop::engine::DecodePrecision::fp32,
+            nullptr, chunked ? rlloop::engine::Prefill::in_steps : rlloop::engine::Prefill::at_start));
+      std::vector<DecodeRun*> live;
+      for (auto& r : runs)
+        if (!r->done()) live.push_back(r.get());
+      rlloop::engine::decode_step(live, kChunk);
+      const auto now = Clock::now();
+      gaps.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+      last = now;
+    }
+  }
+  std::sort(gaps.begin(), gaps.end());
+  state.counters["max_gap_ms"] = gaps.back();
+  state.counters["median_gap_ms"] = gaps[gaps.size() / 2];
+  state.SetLabel(std::string(shape.model) + (chunked ? ", chunked prefill" : ", prompt prefilled whole"));
+}
+
 // rlloop-100m's shape with 8 experts of width 1024, two per token: the MLP a token runs is as wide as the dense one
 // (2 x 1024 = 2048), so both models have the same active parameters (the router's 8 x 768 per layer aside).
 std::shared_ptr<rlloop::engine::Transformer> experts_model(bool experts) {
@@ -351,6 +391,12 @@ BENCHMARK(BM_PrefillTogether)
     ->Args({1, 0})
     ->Args({1, 1})
     ->Iterations(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DecodeBesideLongPrompt)
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Iterations(1)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_DecodeExperts)
