@@ -122,6 +122,10 @@ struct LayerInputs {
   // one's LoRA scale (lora_scales [G], float64), and, in a step with chunks, the step rows they cover
   // (stacked_rows; undefined: every row); all on the model's device. padded_rows undefined: nothing stacked.
   torch::Tensor padded_rows, unpadded_rows, lora_scales, stacked_rows;
+  // In a step with prompt chunks, for the attention of its one-token groups in one call: their rows (on the model's
+  // device; undefined without chunks) and their longest key count.
+  torch::Tensor single_rows;
+  std::int64_t single_longest = 0;
   std::int64_t rows_max = 0;
   // Routing replay and recording (hidden_states' `routing`), or null.
   ExpertRouting* routing = nullptr;
@@ -766,36 +770,36 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
   }
   // Elsewhere (CUDA, bf16, sinks or a window): every row's blocks gathered (padded to the longest table) and masked
   // past its length (and before its window).
-  auto one_token_rows = [&](std::int64_t row0, std::int64_t rows) {
-    // The blocks these rows use (a chunk of the step may have made the tables longer).
-    std::int64_t longest = 0;
-    for (std::int64_t r = row0; r < row0 + rows; ++r) longest = std::max(longest, in.step->lengths[r]);
-    const torch::Tensor tables =
-        in.tables.narrow(0, row0, rows).narrow(1, 0, (longest + kKVBlockTokens - 1) / kKVBlockTokens);
+  // q_rows [rows, nh, 1, D] over the blocks of `tables` [rows, blocks], each up to its key count in `lengths`.
+  auto one_token_rows = [&](const torch::Tensor& q_rows, const torch::Tensor& tables, const torch::Tensor& lengths) {
     const std::int64_t S = tables.size(1) * kKVBlockTokens;
     const torch::Tensor keys = gather_positions(pool.keys(li), tables, S, q.scalar_type());
     const torch::Tensor values = gather_positions(pool.values(li), tables, S, q.scalar_type());
-    return decode_attention(q[0].narrow(1, row0, rows).transpose(0, 1).unsqueeze(2), keys, values,
-                            in.lengths.narrow(0, row0, rows), in.scale, sinks, window)
-        .view({1, rows, nh * D});
+    return decode_attention(q_rows, keys, values, lengths, in.scale, sinks, window).view({q_rows.size(0), nh * D});
   };
-  bool chunks = false;
-  for (const RowGroup& g : in.groups) chunks = chunks || g.chunk;
-  if (!chunks) return one_token_rows(0, R);
-  // A step with prompt chunks: a chunk's rows attend as a prefill does (causally over its sequence's blocks, so a
-  // chunk never holds [rows, keys] per row), the other groups as above, each group apart.
-  std::vector<torch::Tensor> parts;
+  if (!in.single_rows.defined()) return one_token_rows(q[0].transpose(0, 1).unsqueeze(2), in.tables, in.lengths)
+                                      .view({1, R, nh * D});
+  // A step with prompt chunks: its one-token rows as above, in one call over their own blocks (a chunk may have
+  // made the tables longer); a chunk's rows as a prefill attends (causally over its sequence's blocks, so a chunk
+  // never holds [rows, keys] per row).
+  torch::Tensor out = torch::empty({1, R, nh * D}, q.options());
+  if (in.single_rows.numel() > 0) {
+    const std::int64_t blocks = (in.single_longest + kKVBlockTokens - 1) / kKVBlockTokens;
+    const torch::Tensor& rows = in.single_rows;
+    out[0].index_copy_(0, rows,
+                       one_token_rows(q[0].index_select(1, rows).transpose(0, 1).unsqueeze(2),
+                                      in.tables.index_select(0, rows).narrow(1, 0, blocks),
+                                      in.lengths.index_select(0, rows)));
+  }
   for (const RowGroup& g : in.groups) {
-    if (!g.chunk) {
-      parts.push_back(one_token_rows(g.row0, g.rows));
-      continue;
-    }
+    if (!g.chunk) continue;
     const std::int64_t S = in.step->lengths[g.row0 + g.rows - 1];
     const torch::Tensor table = in.tables.narrow(0, g.row0, 1);
-    parts.push_back(attend(li, q.narrow(2, g.row0, g.rows), gather_positions(pool.keys(li), table, S, q.scalar_type()),
-                           gather_positions(pool.values(li), table, S, q.scalar_type()), in.scale));
+    out.narrow(1, g.row0, g.rows)
+        .copy_(attend(li, q.narrow(2, g.row0, g.rows), gather_positions(pool.keys(li), table, S, q.scalar_type()),
+                      gather_positions(pool.values(li), table, S, q.scalar_type()), in.scale));
   }
-  return torch::cat(parts, 1);
+  return out;
 }
 
 void Transformer::set_activation_checkpointing(bool on) { impl_->checkpoint_layers = on; }
@@ -1030,10 +1034,21 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
     R += n;
   }
   const DecodeSlots step = prepare_decode_step(caches, new_tokens, "Transformer::decode_step");
-  // The step's layout in one copy to the device: every row's slot, key count and block table.
+  // The rows of the one-token groups, in a step with prompt chunks (LayerInputs::single_rows).
+  std::vector<std::int64_t> single;
+  std::int64_t single_longest = 0;
+  bool chunks = false;
+  for (const RowGroup& g : rows) chunks = chunks || g.chunk;
+  for (const RowGroup& g : rows)
+    for (std::int64_t r = g.row0; chunks && !g.chunk && r < g.row0 + g.rows; ++r) {
+      single.push_back(r);
+      single_longest = std::max(single_longest, step.lengths[r]);
+    }
+  // The step's layout in one copy to the device: every row's slot, key count and block table (and those rows).
   std::vector<std::int64_t> layout(step.slots);
   layout.insert(layout.end(), step.lengths.begin(), step.lengths.end());
   layout.insert(layout.end(), step.tables.begin(), step.tables.end());
+  layout.insert(layout.end(), single.begin(), single.end());
   const torch::Tensor on_device = to_device(torch::tensor(layout, torch::kLong), device);
   // The rows as the positions of one sequence ([1, R]): norms, products and RoPE run over all of them at once.
   const torch::Tensor ids = torch::cat(tokens).view({1, R});
@@ -1045,6 +1060,10 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   in.slots = on_device.narrow(0, 0, R);
   in.lengths = on_device.narrow(0, R, R);
   in.tables = on_device.narrow(0, 2 * R, R * step.max_blocks).view({R, step.max_blocks});
+  if (chunks) {
+    in.single_rows = on_device.narrow(0, 2 * R + R * step.max_blocks, static_cast<std::int64_t>(single.size()));
+    in.single_longest = single_longest;
+  }
   const torch::Tensor positions = in.lengths - 1;
   in.cos = cos_table.index_select(0, positions);
   in.sin = sin_table.index_select(0, positions);
