@@ -1039,11 +1039,13 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   std::int64_t single_longest = 0;
   bool chunks = false;
   for (const RowGroup& g : rows) chunks = chunks || g.chunk;
-  for (const RowGroup& g : rows)
-    for (std::int64_t r = g.row0; chunks && !g.chunk && r < g.row0 + g.rows; ++r) {
+  for (const RowGroup& g : rows) {
+    if (!chunks || g.chunk) continue;
+    for (std::int64_t r = g.row0; r < g.row0 + g.rows; ++r) {
       single.push_back(r);
       single_longest = std::max(single_longest, step.lengths[r]);
     }
+  }
   // The step's layout in one copy to the device: every row's slot, key count and block table (and those rows).
   std::vector<std::int64_t> layout(step.slots);
   layout.insert(layout.end(), step.lengths.begin(), step.lengths.end());
