@@ -220,20 +220,26 @@ void decode_stage(const Settings& s) {
         {"ok", true}});
 }
 
-// 16 LoRA sessions on one base sampling at once (the requests of every session decode in one step:
-// Transformer::decode_step), against one of them asking for the same rows in one request, in the same run (issue 26:
-// the ratio should reach 0.75).
-void tenants_stage(const Settings& s) {
-  LocalService svc(service(s, "tenants"));
-  const int sessions = s.dry_run ? 2 : 16, new_tokens = s.dry_run ? 8 : 128, samples = 4;
+// `count` LoRA sessions (r16 on every linear, seeds 0, 1, ...) of the check's model on `svc`.
+std::vector<std::shared_ptr<LocalSession>> lora_sessions(LocalService& svc, const Settings& s, int count) {
   std::vector<std::shared_ptr<LocalSession>> all;
-  for (int i = 0; i < sessions; ++i) {
+  for (int i = 0; i < count; ++i) {
     SessionOptions o;
     o.base_model = s.model;
     o.seed = i;
     o.lora = LoraOptions{16, 32, {"all-linear"}};
     all.push_back(svc.create_session(o));
   }
+  return all;
+}
+
+// 16 LoRA sessions on one base sampling at once (the requests of every session decode in one step:
+// Transformer::decode_step), against one of them asking for the same rows in one request, in the same run (issue 26:
+// the ratio should reach 0.75).
+void tenants_stage(const Settings& s) {
+  LocalService svc(service(s, "tenants"));
+  const int sessions = s.dry_run ? 2 : 16, new_tokens = s.dry_run ? 8 : 128, samples = 4;
+  const std::vector<std::shared_ptr<LocalSession>> all = lora_sessions(svc, s, sessions);
   auto request = [&](int rows, int tokens) {
     SampleRequest req;
     req.prompt = ModelInput::from_tokens(std::vector<token_id>(32, 7));
@@ -274,14 +280,7 @@ void prefill_stage(const Settings& s) {
     LocalServiceOptions options = service(s, name);
     options.prefill_chunk_tokens = chunk_tokens;
     LocalService svc(options);
-    std::vector<std::shared_ptr<LocalSession>> all;
-    for (int i = 0; i < sessions; ++i) {
-      SessionOptions o;
-      o.base_model = s.model;
-      o.seed = i;
-      o.lora = LoraOptions{16, 32, {"all-linear"}};
-      all.push_back(svc.create_session(o));
-    }
+    const std::vector<std::shared_ptr<LocalSession>> all = lora_sessions(svc, s, sessions);
     auto request = [&](int i, int length, int max_tokens) {
       SampleRequest req;
       std::vector<token_id> ids(static_cast<std::size_t>(length));

@@ -252,8 +252,7 @@ torch::Tensor CpuDecoder::step(std::span<const Group> groups) {
   } else if (A > 0) {
     decode_rows(rows, groups, step, 0, A, logits.data_ptr<float>());  // the operations split their own work
   }
-  for (std::size_t i = 0; i < caches.size(); ++i)
-    caches[i]->length += caches[i]->batch() == new_tokens[i] ? 1 : new_tokens[i];
+  for (std::size_t i = 0; i < caches.size(); ++i) caches[i]->length += step.advance[i];
   return logits;
 }
 

@@ -315,17 +315,16 @@ DecodeSlots prepare_decode_step(std::span<KVCache* const> caches, std::span<cons
   std::vector<std::pair<std::int64_t, std::int64_t>> copies;
   for (std::size_t c = 0; c < caches.size(); ++c) {
     KVCache& cache = *caches[c];
-    const std::int64_t positions = cache.batch() == count(c) ? 1 : count(c);
-    cache.prepare_append(positions, copies);
-    out.max_blocks = std::max(out.max_blocks, (cache.length + positions - 1) / kKVBlockTokens + 1);
+    out.advance.push_back(cache.batch() == count(c) ? 1 : count(c));
+    cache.prepare_append(out.advance.back(), copies);
+    out.max_blocks = std::max(out.max_blocks, (cache.length + out.advance.back() - 1) / kKVBlockTokens + 1);
   }
   if (!caches.empty()) caches.front()->pool().copy_blocks(copies);
   for (std::size_t c = 0; c < caches.size(); ++c) {
     const KVCache& cache = *caches[c];
-    const std::int64_t positions = cache.batch() == count(c) ? 1 : count(c);
     for (std::int64_t r = 0; r < cache.batch(); ++r) {
       const auto& table = cache.blocks(r);
-      for (std::int64_t p = cache.length; p < cache.length + positions; ++p) {
+      for (std::int64_t p = cache.length; p < cache.length + out.advance[c]; ++p) {
         for (std::int64_t b = 0; b < out.max_blocks; ++b)
           out.tables.push_back(table[std::min<std::int64_t>(b, static_cast<std::int64_t>(table.size()) - 1)]);
         out.lengths.push_back(p + 1);

@@ -161,13 +161,14 @@ struct DecodeSlots {
   std::int64_t max_blocks = 0;
   std::vector<std::int64_t> lengths;
   std::vector<std::int64_t> slots;
+  std::vector<std::int64_t> advance;  // per cache: the positions the step adds (1, or its chunk's length)
   std::int64_t rows() const { return static_cast<std::int64_t>(lengths.size()); }
 };
 // Prepares every cache for the step's new positions and lays out the step. All caches must share one pool.
 // new_tokens[c]: cache c's rows in the step, either one new token per sequence (its batch) or, with a batch of one,
 // that many consecutive positions of its sequence (a chunk of a prompt: a row attends over the keys up to its own
 // position, the chunk's earlier ones included). Empty: one token per sequence everywhere. The caches' lengths are
-// left as they were (the step advances them once their keys are stored).
+// left as they were: the step adds `advance` to them once their keys are stored.
 DecodeSlots prepare_decode_step(std::span<KVCache* const> caches, std::span<const std::int64_t> new_tokens,
                                 const char* who);
 

@@ -629,8 +629,8 @@ class Transformer::Impl::CheckpointedLayer : public torch::autograd::Function<Ch
 class Transformer::Impl::AtenOps {
  public:
   using Rows = torch::Tensor;
-  AtenOps(const Impl& impl, std::size_t li, const LayerInputs& in, std::int64_t B, std::int64_t T)
-      : impl_(impl), cfg_(impl.cfg), layer_(impl.layers[li]), li_(li), in_(in), B_(B), T_(T) {}
+  AtenOps(const Impl& impl, std::size_t li, const LayerInputs& in)
+      : impl_(impl), cfg_(impl.cfg), layer_(impl.layers[li]), li_(li), in_(in) {}
 
   bool qk_norm() const { return cfg_.qk_norm; }
   bool sparse() const { return layer_.sparse(); }
@@ -654,7 +654,7 @@ class Transformer::Impl::AtenOps {
   // [B, T, heads * D] (or already [B, T, heads, D]) -> [B, T, heads, D].
   // (The head count is explicit: an expert-parallel rank's idle forward has B = 0, which a -1 cannot size.)
   Rows heads(const Rows& x) const {
-    return x.dim() == 4 ? x : x.view({B_, T_, x.size(2) / cfg_.head_dim, cfg_.head_dim});
+    return x.dim() == 4 ? x : x.view({x.size(0), x.size(1), x.size(2) / cfg_.head_dim, cfg_.head_dim});
   }
   // The layer's own projection or, in a step of row groups, the base's over every row and each group's adapter.
   Rows one_projection(Projection p, const Rows& h) const {
@@ -668,12 +668,11 @@ class Transformer::Impl::AtenOps {
   const Layer& layer_;
   std::size_t li_;
   const LayerInputs& in_;
-  std::int64_t B_, T_;
 };
 
 torch::Tensor Transformer::Impl::AtenOps::attend(const Rows& q, const Rows& k, const Rows& v_rows) const {
-  const std::int64_t B = B_, T = T_, D = cfg_.head_dim, nkv = cfg_.num_key_value_heads;
   const torch::Tensor v = heads(v_rows).transpose(1, 2);  // [B, nkv, T, D], as rope lays out q and k
+  const std::int64_t B = v.size(0), T = v.size(2), D = cfg_.head_dim, nkv = cfg_.num_key_value_heads;
   if (!in_.groups.empty()) return impl_.attend_groups(li_, q, k, v, in_);
   if (!in_.cache) return impl_.attend(li_, q, k, v, in_.scale);
   const KVBlockPool& pool = in_.cache->pool();
@@ -688,7 +687,7 @@ torch::Tensor Transformer::Impl::AtenOps::attend(const Rows& q, const Rows& k, c
 }
 
 torch::Tensor Transformer::Impl::layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const {
-  AtenOps ops(*this, li, in, x.size(0), x.size(1));
+  AtenOps ops(*this, li, in);
   return decoder_layer(ops, std::move(x));
 }
 
@@ -1077,7 +1076,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   }
   torch::Tensor x = impl_->embed_quantized ? impl_->embed_quantized->rows_of(ids) : torch::embedding(impl_->embed, ids);
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
-  for (std::size_t i = 0; i < caches.size(); ++i) caches[i]->length += rows[i].chunk ? rows[i].rows : 1;
+  for (std::size_t i = 0; i < caches.size(); ++i) caches[i]->length += step.advance[i];
   if (routes) *routes = routing.recorded;
   torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
 
