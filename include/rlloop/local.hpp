@@ -49,9 +49,9 @@ struct DataParallelOptions {
   // [r E / W, (r + 1) E / W) of every sparse layer, and each layer's routed rows travel by all-to-all to the rank
   // that holds their expert (W must divide the experts). Training (forward, forward_backward, the custom loss,
   // optim_step) and checkpoints (gathered on rank 0, in the layout of one rank's) work as without it, and give the
-  // same losses, gradients and weights; sample and compute_logprobs run on every rank in step (one request at a
-  // time, not batched with other requests); merged-model exports are refused (adapter exports work: rank 0 holds
-  // every adapter). Dense models ignore it.
+  // same losses, gradients and weights; sample and compute_logprobs run on every rank in step (the session's
+  // sampling requests queued together decode as one batch, not with other sessions' requests); merged-model exports
+  // are refused (adapter exports work: rank 0 holds every adapter). Dense models ignore it.
   // Every rank must be started with the same setting (the rendezvous refuses a rank that differs).
   bool expert_parallel = false;
 };

@@ -60,6 +60,11 @@ void EngineLoop::Lane::enqueue(std::function<void()> run) {
   loop_->push(state_, std::move(job));
 }
 
+std::uint64_t EngineLoop::Lane::submissions() const {
+  std::lock_guard lock(loop_->mu_);
+  return state_->pushed;
+}
+
 Future<SampleResponse> EngineLoop::Lane::submit_sample(int rows, std::int64_t kv_bytes,
                                                        std::function<std::unique_ptr<DecodeRun>()> start,
                                                        std::function<SampleResponse(DecodeRun&)> finish,
@@ -83,6 +88,7 @@ void EngineLoop::push(const std::shared_ptr<LaneState>& lane, Job job) {
     std::lock_guard lock(mu_);
     if (lane->jobs.empty()) lane->head_since = ++clock_;
     lane->jobs.push_back(std::move(job));
+    ++lane->pushed;
   }
   work_cv_.notify_one();
 }

@@ -128,6 +128,10 @@ class EngineLoop {
                                          std::function<bool()> ready = nullptr,
                                          std::function<void(std::exception_ptr)> on_error = nullptr);
 
+    // How many operations have been queued on the lane so far. A caller that saw it move by exactly one across its
+    // own submit knows that nothing else was queued in between (LockstepBatches).
+    std::uint64_t submissions() const;
+
    private:
     friend class EngineLoop;
     Lane(std::shared_ptr<EngineLoop> loop, std::shared_ptr<LaneState> state);
@@ -166,6 +170,7 @@ class EngineLoop {
     int running = 0;               // its jobs started and not finished (decoding, or waiting for other ranks)
     int running_sampling = 0;      // how many of them are sampling requests
     std::uint64_t head_since = 0;  // when its head job became the head: lanes are served oldest first
+    std::uint64_t pushed = 0;      // jobs ever queued (Lane::submissions)
     // Its head job may start when nothing of the lane runs, or when it is a sampling request and so is every
     // running job.
     bool head_can_start() const {

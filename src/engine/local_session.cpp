@@ -24,6 +24,7 @@
 #include "dist/replica_ops.hpp"
 #include "gguf_export.hpp"
 #include "gguf_model.hpp"
+#include "lockstep_batches.hpp"
 #include "loss.hpp"
 #include "model_io.hpp"
 #include "optimizer.hpp"
@@ -139,6 +140,11 @@ struct LocalSession::Impl {
   std::shared_ptr<dist::Coordinator> group;
   std::uint64_t replica = 0;
 
+  // An expert-parallel session's sampling requests, batched (sample_in_lockstep runs each batch).
+  LockstepBatches lockstep{service.max_batch_rows, [this](const std::vector<LockstepBatches::Entry>& batch) {
+                             return sample_in_lockstep(batch);
+                           }};
+
   // Last member: destroying it waits for the session's queued operations, before the rest is destroyed.
   std::unique_ptr<EngineLoop::Lane> lane;
 
@@ -225,40 +231,72 @@ struct LocalSession::Impl {
 
   // An expert-parallel session's samples: every rank decodes its share in step with the others (its sparse layers
   // exchange rows at every step), inside one command of the group, run on this session's lane (its base's engine
-  // loop waits meanwhile). The shares are placed as for any data-parallel request; streamed requests and prompt
-  // logprobs stay on rank 0, the others then taking part with no rows.
-  Future<SampleResponse> sample_in_lockstep(const SampleRequest& request, LocalSession::SampleProgress on_step) {
-    return lane->submit<SampleResponse>([this, request, on_step = std::move(on_step)] {
-      SamplingModel& target = sampling_model(request.model_path);
-      const ModelConfig& cfg = target.model->config();
-      validate_sample_request(request, cfg, tokenizer != nullptr);
-      SampleRequest req = request;
-      if (auto eos = cfg.eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
-      const std::uint64_t seed = req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : next_seed();
-      const int ranks = group->world_size();
-      const bool spread = !on_step && !req.include_prompt_logprobs && req.topk_prompt_logprobs == 0;
-      dist::SamplePlacement placement{std::vector<int>(ranks, 0), std::vector<int>(ranks, 0)};
-      if (spread)
-        placement = dist::place_samples(req.num_samples, ranks, group->next_turn());
-      else
-        placement.count[0] = req.num_samples;
-      dist::LockstepShare mine;
-      mine.model = target.model.get();
-      mine.req = req;
-      mine.req.num_samples = placement.count[0];
-      if (!req.params.stop.empty()) mine.stop_check = make_stop_string_check(*tokenizer, req.params.stop);
-      mine.stream = SampleStream(seed, placement.first[0]);
-      mine.precision = decode_precision;
-      mine.rounded = rounded_slot(target);
-      mine.on_step = on_step;
-      SampleResponse out = group->sample_in_lockstep(replica, sampler_key(request.model_path), req, seed, placement,
-                                                     mine);
-      TokenUsage u;  // the prompt once, every sample's new tokens
-      u.prefill = static_cast<std::int64_t>(request.prompt.length());
-      for (const auto& s : out.sequences) u.sample += s.decode_tokens;
-      add_usage(u);
+  // loop waits meanwhile) a batch of requests at a time (`lockstep`). The shares are placed as for any data-parallel
+  // request; streamed requests and prompt logprobs stay on rank 0, the others then taking part with no rows.
+  std::vector<LockstepBatches::Outcome> sample_in_lockstep(const std::vector<LockstepBatches::Entry>& batch) {
+    std::vector<LockstepBatches::Outcome> out(batch.size());
+    const std::optional<std::string>& model_path = batch.front().request.model_path;  // the same for all
+    SamplingModel& target = sampling_model(model_path);
+    const ModelConfig& cfg = target.model->config();
+    dist::LockstepBatch mine;
+    mine.model = target.model.get();
+    mine.precision = decode_precision;
+    mine.rounded = rounded_slot(target);
+    mine.prefill_tokens = service.prefill_chunk_tokens;
+    std::vector<SampleRequest> requests;
+    std::vector<std::uint64_t> seeds;
+    std::vector<std::size_t> entry_of;  // the batch entry of each request sent
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const LockstepBatches::Entry& entry = batch[i];
+      try {
+        validate_sample_request(entry.request, cfg, tokenizer != nullptr);
+        SampleRequest req = entry.request;
+        if (auto eos = cfg.eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
+        dist::LockstepShare share;
+        if (!req.params.stop.empty()) share.stop_check = make_stop_string_check(*tokenizer, req.params.stop);
+        const std::uint64_t seed = req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : next_seed();
+        const int ranks = group->world_size();
+        const bool spread = !entry.on_step && !req.include_prompt_logprobs && req.topk_prompt_logprobs == 0;
+        dist::SamplePlacement placement{std::vector<int>(ranks, 0), std::vector<int>(ranks, 0)};
+        if (spread)
+          placement = dist::place_samples(req.num_samples, ranks, group->next_turn());
+        else
+          placement.count[0] = req.num_samples;
+        share.req = req;
+        share.req.num_samples = placement.count[0];
+        share.stream = SampleStream(seed, placement.first[0]);
+        share.on_step = entry.on_step;
+        share.at_once = prefills_at_once(req);
+        mine.shares.push_back(std::move(share));
+        mine.placements.push_back(std::move(placement));
+        requests.push_back(std::move(req));
+        seeds.push_back(seed);
+        entry_of.push_back(i);
+      } catch (...) {
+        out[i].error = std::current_exception();  // this request alone
+      }
+    }
+    if (requests.empty()) return out;
+    std::vector<dist::LockstepOutcome> outcomes;
+    try {
+      outcomes = group->sample_in_lockstep(replica, sampler_key(model_path), requests, seeds, mine);
+    } catch (...) {
+      for (std::size_t i : entry_of) out[i].error = std::current_exception();
       return out;
-    });
+    }
+    for (std::size_t k = 0; k < outcomes.size(); ++k) {
+      LockstepBatches::Outcome& o = out[entry_of[k]];
+      if (!outcomes[k].error.empty()) {
+        o.error = std::make_exception_ptr(io_error("data-parallel sample failed on " + outcomes[k].error));
+        continue;
+      }
+      o.response = std::move(outcomes[k].response);
+      TokenUsage u;  // the prompt once, every sample's new tokens
+      u.prefill = static_cast<std::int64_t>(requests[k].prompt.length());
+      for (const auto& s : o.response.sequences) u.sample += s.decode_tokens;
+      add_usage(u);
+    }
+    return out;
   }
 
   std::shared_ptr<const RoundedWeights>* rounded_slot(SamplingModel& target) {
@@ -491,7 +529,7 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
-  if (impl_->model->expert_parallel()) return impl_->sample_in_lockstep(request, std::move(on_step));
+  if (impl_->model->expert_parallel()) return impl_->lockstep.submit(*impl_->lane, request, std::move(on_step));
   // With data parallelism the live model's samples are shared out over the ranks (place_samples; the ranks take
   // turns at the larger shares, so single samples go to each in turn), each rank decoding its own from the
   // request's streams: the tokens are those of one rank. Sampler weights from a checkpoint too: the workers hold

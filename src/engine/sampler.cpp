@@ -100,6 +100,11 @@ torch::Tensor draw_inverse_cdf(const torch::Tensor& probs, const torch::Tensor& 
   return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(V - 1);
 }
 
+bool prefills_at_once(const SampleRequest& req) {
+  return req.include_prompt_logprobs || req.topk_prompt_logprobs > 0 || req.include_routed_experts ||
+         req.params.max_tokens == 0;
+}
+
 DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringCheck stop_check, SampleStream stream,
                      DecodePrecision precision, std::shared_ptr<const RoundedWeights>* rounded, Prefill prefill)
     : model_(model),
@@ -137,8 +142,7 @@ DecodeRun::DecodeRun(Transformer& model, const SampleRequest& req, StopStringChe
     s.tokens.reserve(max_new);
     s.logprobs.reserve(max_new);
   }
-  const bool whole_prompt = req.include_prompt_logprobs || req.topk_prompt_logprobs > 0 || req.include_routed_experts;
-  if (prefill == Prefill::in_steps && !whole_prompt && max_new > 0) {
+  if (prefill == Prefill::in_steps && !prefills_at_once(req)) {
     prompt_ids_ = to_ids(prompt, device_)[0];  // decode_step feeds it a chunk at a time
     return;
   }

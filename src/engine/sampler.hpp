@@ -40,6 +40,9 @@ SampleResponse sample(Transformer& model, const SampleRequest& req, const StopSt
 // or for no tokens prefills at once whatever it is given.
 enum class Prefill { at_start, in_steps };
 
+// Whether a run of `req` prefills its whole prompt as it is made, whatever its Prefill (see above).
+bool prefills_at_once(const SampleRequest& req);
+
 // Tokens of prompts that one decode_step prefills at most (DecodeRun's Prefill::in_steps): a long prompt takes
 // several steps instead of holding every other request's next token back for its whole length.
 inline constexpr std::int64_t kPrefillChunkTokens = 512;

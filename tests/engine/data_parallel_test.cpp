@@ -147,6 +147,29 @@ void expect_same_update(const engine::TensorMap& before, const engine::TensorMap
   }
 }
 
+// The same samples: tokens, stop reasons and routes equal, logprobs (prompt logprobs too) within the tolerance.
+void expect_same_samples(const SampleResponse& x, const SampleResponse& y, const std::string& what) {
+  ASSERT_EQ(x.sequences.size(), y.sequences.size()) << what;
+  for (std::size_t i = 0; i < x.sequences.size(); ++i) {
+    const auto &a = x.sequences[i], &b = y.sequences[i];
+    EXPECT_EQ(a.tokens, b.tokens) << what << " sample " << i;
+    EXPECT_EQ(a.stop_reason, b.stop_reason) << what << " sample " << i;
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    for (std::size_t j = 0; j < a.logprobs.size(); ++j) expect_close(a.logprobs[j], b.logprobs[j], what + " logprob");
+    ASSERT_EQ(a.routed_experts.has_value(), b.routed_experts.has_value()) << what << " sample " << i << " routes";
+    if (a.routed_experts) {
+      EXPECT_EQ(a.routed_experts->shape, b.routed_experts->shape) << what << " sample " << i;
+      EXPECT_EQ(a.routed_experts->int_data, b.routed_experts->int_data) << what << " sample " << i;
+    }
+  }
+  ASSERT_EQ(x.prompt_logprobs.has_value(), y.prompt_logprobs.has_value()) << what;
+  if (x.prompt_logprobs) {
+    ASSERT_EQ(x.prompt_logprobs->size(), y.prompt_logprobs->size()) << what;
+    for (std::size_t j = 0; j < x.prompt_logprobs->size(); ++j)
+      expect_close((*x.prompt_logprobs)[j], (*y.prompt_logprobs)[j], what + " prompt logprob");
+  }
+}
+
 // A session on one rank and the same session on two, run in lockstep: after every optimizer step the
 // two-rank session loads the one-rank session's state (weights, moments, step), so that each step starts from
 // the same state on both and what is compared is one step's arithmetic. Within a step the split over ranks only
@@ -366,16 +389,6 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
   req.prompt = ModelInput::from_tokens(bytes("the "));
   req.params.max_tokens = 12;
   req.params.seed = 42;
-  auto expect_same_samples = [&](const SampleResponse& x, const SampleResponse& y, const std::string& what) {
-    ASSERT_EQ(x.sequences.size(), y.sequences.size()) << what;
-    for (std::size_t i = 0; i < x.sequences.size(); ++i) {
-      const auto &a = x.sequences[i], &b = y.sequences[i];
-      EXPECT_EQ(a.tokens, b.tokens) << what << " sample " << i;
-      EXPECT_EQ(a.stop_reason, b.stop_reason) << what << " sample " << i;
-      ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-      for (std::size_t j = 0; j < a.logprobs.size(); ++j) expect_close(a.logprobs[j], b.logprobs[j], what + " logprob");
-    }
-  };
   req.num_samples = 3;
   const SampleResponse three = run.s1->sample(req).get();
   expect_same_samples(three, run.s2->sample(req).get(), "3 samples");
@@ -487,6 +500,99 @@ TEST(DataParallel, ExpertParallelLoraOnTheExpertsAloneOnTwoRanksEqualsOneRank) {
 
 // Experts that do not split evenly over the ranks are refused at session creation, naming why; a dense model's
 // session in an expert-parallel service is plain data parallelism (and samples).
+// An expert-parallel session decodes the sampling requests queued together as one batch (one command of the group,
+// every request's rows in each step), each request as it decodes alone: tokens, logprobs, routes (spread over the
+// ranks) and prompt logprobs (rank 0's) equal a one-rank session's. A bad request fails alone, a streamed one
+// streams, and one queued after another operation (a load_state) waits for it: it samples the loaded weights. The
+// exchanges count the forwards: alone, a request takes one per token of its longest sample; a batch one per step of
+// its longest request, plus one per request that prefills its whole prompt at once.
+TEST(DataParallel, ExpertParallelSamplingDecodesTheRequestsQueuedTogetherAsOneBatch) {
+  SessionOptions opts = tiny(std::nullopt, 11);
+  opts.base_model = "rlloop-tiny-moe";
+  Lockstep run("experts-batch", opts, /*expert_parallel=*/true);
+  auto request = [](const char* prompt, int n, int max_tokens, int seed) {
+    SampleRequest r;
+    r.prompt = ModelInput::from_tokens(bytes(prompt));
+    r.num_samples = n;
+    r.params.max_tokens = max_tokens;
+    r.params.seed = seed;
+    return r;
+  };
+  std::vector<SampleRequest> reqs = {request("the ", 3, 12, 1), request("a cat sat", 1, 5, 2),
+                                     request("dogs", 2, 8, 3), request("the mat", 1, 6, 4),
+                                     request("zebra", 2, 7, 5)};
+  reqs[2].include_routed_experts = true;  // prefills at once, on both ranks
+  reqs[3].include_prompt_logprobs = true;  // prefills at once, on rank 0 alone
+  const std::size_t streamed = 4;
+  const std::vector<bool> at_once = {false, false, true, true, false};
+  SampleRequest bad = request("x", 1, 4, 6);
+  bad.prompt = ModelInput::from_tokens({100000});
+  auto calls = [&] { return run.two.data_parallel_stats().alltoall_calls; };
+
+  // Alone: the one-rank session's samples, the two-rank session's, and the forwards each takes.
+  std::vector<SampleResponse> refs;
+  std::uint64_t per_forward = 0, batch_steps = 0, prefilled_at_once = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    refs.push_back(run.s1->sample(reqs[i]).get());
+    const std::uint64_t before = calls();
+    expect_same_samples(refs[i], run.s2->sample(reqs[i]).get(), "request " + std::to_string(i) + " alone");
+    std::uint64_t longest = 0;
+    for (const auto& seq : refs[i].sequences) longest = std::max<std::uint64_t>(longest, seq.tokens.size());
+    ASSERT_GT(longest, 1u);
+    const std::uint64_t forwards = calls() - before;
+    ASSERT_EQ(forwards % longest, 0u) << "request " << i << ": " << forwards << " exchanges, " << longest << " tokens";
+    if (per_forward == 0) per_forward = forwards / longest;
+    EXPECT_EQ(forwards, per_forward * longest) << "request " << i;
+    batch_steps = std::max(batch_steps, at_once[i] ? longest - 1 : longest);
+    prefilled_at_once += at_once[i];
+  }
+  const std::string bad_alone = error_of([&] { run.s2->sample(bad).get(); });
+  EXPECT_NE(bad_alone, "(no error)");
+  std::uint64_t gate_calls = calls();
+  LoopGate(*run.s2).release();
+  gate_calls = calls() - gate_calls;
+
+  // Weights the load below brings: the one-rank session's after a large step, which samples other tokens.
+  run.s1->forward_backward(sft_batch(), LossSpec{}).get();
+  run.s1->optim_step(adam(5e-2)).get();
+  const std::string moved = run.s1->save_state("moved").get().path;
+  const SampleResponse moved_ref = run.s1->sample(reqs[0]).get();
+  ASSERT_NE(moved_ref.sequences.at(0).tokens, refs[0].sequences.at(0).tokens);
+  std::uint64_t moved_longest = 0;
+  for (const auto& seq : moved_ref.sequences) moved_longest = std::max<std::uint64_t>(moved_longest, seq.tokens.size());
+
+  // Queued together behind a held loop: every request, the bad one among them, then a load and one more request.
+  const std::uint64_t before = calls();
+  LoopGate gate(*run.s2);
+  std::vector<Future<SampleResponse>> batched;
+  int progress_calls = 0;
+  std::size_t streamed_tokens = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    if (i == streamed)
+      batched.push_back(run.s2->sample(reqs[i], [&](const SampleResponse& so_far) {
+        ++progress_calls;
+        EXPECT_GE(so_far.sequences.at(0).tokens.size(), streamed_tokens);
+        streamed_tokens = so_far.sequences.at(0).tokens.size();
+      }));
+    else
+      batched.push_back(run.s2->sample(reqs[i]));
+    if (i == 1) batched.push_back(run.s2->sample(bad));
+  }
+  auto loaded = run.s2->load_state(moved, false);
+  auto after_load = run.s2->sample(reqs[0]);
+  gate.release();
+  EXPECT_EQ(error_of([&] { batched.at(2).get(); }), bad_alone);
+  batched.erase(batched.begin() + 2);
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    expect_same_samples(refs[i], batched[i].get(), "request " + std::to_string(i) + " in the batch");
+  EXPECT_EQ(streamed_tokens, refs[streamed].sequences.at(0).tokens.size());
+  EXPECT_GT(progress_calls, 1);
+  loaded.get();
+  expect_same_samples(moved_ref, after_load.get(), "the request after the load");
+  EXPECT_EQ(calls() - before,
+            gate_calls + per_forward * (prefilled_at_once + batch_steps) + per_forward * moved_longest);
+}
+
 TEST(DataParallel, ExpertParallelRefusesWhatItCannotSpread) {
   const auto dir = temp_dir("experts-refused");
   {

@@ -103,6 +103,7 @@ void ByteWriter::put(const SampleRequest& req) {
   put(static_cast<std::uint64_t>(p.stop.size()));
   for (const auto& s : p.stop) put(s);
   put(p.stop_token_ids);
+  put(req.include_routed_experts);
 }
 
 void ByteWriter::put(const std::vector<SampledSequence>& sequences) {
@@ -113,6 +114,8 @@ void ByteWriter::put(const std::vector<SampledSequence>& sequences) {
     put(s.logprobs);
     put(s.prefill_tokens);
     put(s.decode_tokens);
+    put(s.routed_experts.has_value());
+    if (s.routed_experts) put(*s.routed_experts);
   }
 }
 
@@ -226,6 +229,7 @@ SampleRequest ByteReader::get_sample_request() {
   p.stop.resize(get_count());
   for (auto& s : p.stop) s = get_string();
   p.stop_token_ids = get_vector<token_id>();
+  req.include_routed_experts = get<bool>();
   return req;
 }
 
@@ -237,6 +241,7 @@ std::vector<SampledSequence> ByteReader::get_sequences() {
     s.logprobs = get_vector<double>();
     s.prefill_tokens = get<std::int64_t>();
     s.decode_tokens = get<std::int64_t>();
+    if (get<bool>()) s.routed_experts = get_tensor_data();
   }
   return out;
 }

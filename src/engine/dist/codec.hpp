@@ -38,8 +38,8 @@ class ByteWriter {
   void put(const SessionOptions& o);
   void put(const Metrics& m);
   void put(const ForwardBackwardOutput& out);
-  // A share of a sampling request: its prompt, num_samples and params (prompt logprobs and model_path are rank
-  // 0's alone: they are not sent).
+  // A share of a sampling request: its prompt, num_samples, params and whether it returns routes (prompt logprobs
+  // and model_path are rank 0's alone: they are not sent).
   void put(const SampleRequest& req);
   void put(const std::vector<SampledSequence>& sequences);
 

@@ -322,22 +322,29 @@ std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std:
   return std::make_shared<Replies>(*this, tag, std::vector<int>{rank});
 }
 
-SampleResponse Coordinator::sample_in_lockstep(std::uint64_t id, const std::string& sampler, const SampleRequest& req,
-                                               std::uint64_t seed, const SamplePlacement& placement,
-                                               LockstepShare& mine) {
+std::vector<LockstepOutcome> Coordinator::sample_in_lockstep(std::uint64_t id, const std::string& sampler,
+                                                             const std::vector<SampleRequest>& requests,
+                                                             const std::vector<std::uint64_t>& seeds,
+                                                             LockstepBatch& mine) {
   std::lock_guard lock(mu_);
   auto c = command(Command::sample_lockstep, id);
   c.put(sampler);
-  c.put(seed);
   c.put(mine.precision);
-  c.put(placement.first);
-  c.put(placement.count);
-  c.put(req);
-  for (std::size_t r = 1; r < placement.count.size(); ++r)
-    remote_samples_ += static_cast<std::uint64_t>(placement.count[r]);
+  c.put(mine.prefill_tokens);
+  c.put(static_cast<std::uint64_t>(requests.size()));
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const SamplePlacement& placement = mine.placements.at(i);
+    c.put(seeds.at(i));
+    c.put(mine.shares.at(i).at_once);
+    c.put(placement.first);
+    c.put(placement.count);
+    c.put(requests[i]);
+    for (std::size_t r = 1; r < placement.count.size(); ++r)
+      remote_samples_ += static_cast<std::uint64_t>(placement.count[r]);
+  }
   return noting_failure([&] {
     group_->post_command(c.take());
-    return sample_lockstep_share(*group_, mine, placement);
+    return sample_lockstep_share(*group_, mine);
   });
 }
 

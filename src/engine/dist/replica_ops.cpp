@@ -569,74 +569,96 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
   load_trainable(model, get_tensors(r));
 }
 
-SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const SamplePlacement& placement) {
+std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine) {
   Transformer& model = *mine.model;
-  std::unique_ptr<DecodeRun> run;
-  std::string& error = mine.error;
+  const std::size_t n = mine.shares.size();
+  std::vector<std::unique_ptr<DecodeRun>> runs(n);
   auto idle = [&] { idle_forward(model, /*backward=*/false); };
-  // Runs `fn` (this rank's prefill or step); an error ends this rank's run, and it goes on over no rows. One before
-  // the forward's first exchange (a KV block the pool cannot give) still owes the others that forward: it runs over
-  // no rows. (One inside the forward, between two exchanges, leaves the others waiting: the group fails at its
-  // timeout.)
-  auto guarded = [&](auto&& fn) {
-    const std::uint64_t exchanges = group.stats().alltoall_calls;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      error = e.what();
-      run.reset();
-      if (group.stats().alltoall_calls == exchanges) idle();
-    }
-  };
-  if (error.empty() && mine.req.num_samples > 0)
-    guarded([&] {
-      run = std::make_unique<DecodeRun>(model, mine.req, mine.stop_check, mine.stream, mine.precision, mine.rounded);
-      if (mine.on_step) {
-        mine.on_step(run->progress());  // the first token of every sample, drawn from the prefill
-        run->on_step = mine.on_step;
+  auto exchanges = [&] { return group.stats().alltoall_calls; };
+  // The runs, in the batch's order. A run that prefills as it is made owes the others that forward: a rank without a
+  // share of its request, or whose run failed before the forward's first exchange (a KV block the pool cannot give),
+  // runs it over no rows. (One failing inside the forward, between two exchanges, leaves the others waiting: the
+  // group fails at its timeout.)
+  for (std::size_t i = 0; i < n; ++i) {
+    LockstepShare& share = mine.shares[i];
+    const std::uint64_t before = exchanges();
+    if (share.error.empty() && share.req.num_samples > 0) {
+      try {
+        runs[i] = std::make_unique<DecodeRun>(model, share.req, share.stop_check, share.stream, mine.precision,
+                                              mine.rounded, Prefill::in_steps);
+        if (share.on_step) {
+          if (!runs[i]->prefilling()) share.on_step(runs[i]->progress());  // the first tokens, from that forward
+          runs[i]->on_step = share.on_step;
+        }
+      } catch (const std::exception& e) {
+        share.error = e.what();
+        runs[i].reset();
       }
-    });
-  else
-    idle();
+    }
+    if (share.at_once && exchanges() == before) idle();
+  }
   const auto device = model.parameters().front().device();
   for (;;) {
-    const bool decoding = run && !run->done();
-    torch::Tensor active = torch::full({1}, decoding ? 1.0f : 0.0f, torch::TensorOptions().device(device));
+    std::vector<DecodeRun*> decoding;
+    for (auto& run : runs)
+      if (run && !run->done()) decoding.push_back(run.get());
+    torch::Tensor active = torch::full({1}, decoding.empty() ? 0.0f : 1.0f, torch::TensorOptions().device(device));
     group.allreduce_sum(active);
     if (active.item<float>() == 0.0f) break;
-    if (decoding)
-      guarded([&] {
-        DecodeRun* r = run.get();
-        decode_step(std::span<DecodeRun* const>(&r, 1));
-      });
-    else
+    if (decoding.empty()) {
       idle();
+      continue;
+    }
+    const std::uint64_t before = exchanges();
+    try {
+      decode_step(decoding, mine.prefill_tokens);
+    } catch (const std::exception& e) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (runs[i] && !runs[i]->done()) {
+          mine.shares[i].error = e.what();
+          runs[i].reset();
+        }
+      if (exchanges() == before) idle();
+    }
   }
-  SampleResponse own;
-  std::string reply;
-  if (error.empty()) {
-    if (run) own = run->take();
-    ByteWriter w;
+  // Per request, in order: this rank's sequences, or why its share failed.
+  std::vector<SampleResponse> own(n);
+  ByteWriter w;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!mine.shares[i].error.empty()) {
+      w.put(Status::failed);
+      w.put(mine.shares[i].error);
+      continue;
+    }
+    if (runs[i]) own[i] = runs[i]->take();
     w.put(Status::ok);
-    w.put(own.sequences);
-    reply = w.take();
-  } else {
-    reply = failure_reply(std::runtime_error(error));
+    w.put(own[i].sequences);
   }
-  const auto replies = group.gather(reply);
+  const auto replies = group.gather(w.take());
   if (group.rank() != 0) return {};
-  if (auto failure = first_failure(replies); !failure.empty())
-    throw io_error("data-parallel sample failed on " + failure);
-  // Each rank decoded a contiguous run of the samples: every sequence goes to its index.
-  std::vector<SampledSequence> all(std::accumulate(placement.count.begin(), placement.count.end(), std::size_t{0}));
-  for (std::size_t rank = 0; rank < replies.size(); ++rank) {
-    ByteReader r(replies[rank]);
-    r.get<Status>();
-    auto sequences = r.get_sequences();
-    for (std::size_t i = 0; i < sequences.size(); ++i) all.at(placement.first[rank] + i) = std::move(sequences[i]);
+  std::vector<LockstepOutcome> out(n);
+  std::vector<ByteReader> readers(replies.begin(), replies.end());
+  for (std::size_t i = 0; i < n; ++i) {
+    const SamplePlacement& placement = mine.placements[i];
+    LockstepOutcome& outcome = out[i];
+    // Each rank decoded a contiguous run of the samples: every sequence goes to its index. Rank 0's response
+    // carries what only it computes (prompt logprobs: such a request is all rank 0's).
+    std::vector<SampledSequence> all(std::accumulate(placement.count.begin(), placement.count.end(), std::size_t{0}));
+    for (std::size_t rank = 0; rank < readers.size(); ++rank) {
+      ByteReader& r = readers[rank];
+      if (r.get<Status>() == Status::failed) {
+        const std::string why = r.get_string();
+        if (outcome.error.empty()) outcome.error = "rank " + std::to_string(rank) + ": " + why;
+        continue;
+      }
+      auto sequences = r.get_sequences();
+      for (std::size_t j = 0; j < sequences.size(); ++j) all.at(placement.first[rank] + j) = std::move(sequences[j]);
+    }
+    if (!outcome.error.empty()) continue;
+    outcome.response = std::move(own[i]);
+    outcome.response.sequences = std::move(all);
   }
-  own.sequences = std::move(all);
-  return own;
+  return out;
 }
 
 std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {

@@ -127,25 +127,41 @@ void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
 // weights, every expert's), which every rank loads by name.
 void load_sampler_share(Group& group, Transformer& model, const TensorMap* checkpoint);
 
-// What one rank decodes of an expert-parallel session's sampling request: its share of the samples (`req`'s
-// num_samples, 0 for none) from `model`, as DecodeRun takes them. `error`, when set, is why this rank could not
-// make its run: it then only takes part in the others' steps, and reports it.
+// What one rank decodes of one request of an expert-parallel session's batch: its share of the samples (`req`'s
+// num_samples, 0 for none) as DecodeRun takes them. `error`, when set, is why this rank could not make its run: it
+// then only takes part in the others' steps, and reports it.
 struct LockstepShare {
-  Transformer* model = nullptr;
   SampleRequest req;
   StopStringCheck stop_check;
   SampleStream stream{0};
-  DecodePrecision precision = DecodePrecision::fp32;
-  std::shared_ptr<const RoundedWeights>* rounded = nullptr;
   std::function<void(const SampleResponse&)> on_step;  // rank 0's streaming, when asked for
+  // prefills_at_once of the whole request (rank 0's: prompt logprobs are not sent): every rank owes that forward.
+  bool at_once = false;
   std::string error;
 };
-// sample of an expert-parallel session: every rank decodes its share in step with the others (a rank whose samples
-// have all stopped, or that has none, runs the model over no rows), one token per step, until every rank's samples
-// have stopped (one all-reduce of a flag per step says when). Rank 0 returns its response with every rank's
-// sequences in the order of the samples (`placement`), or throws io_error naming a rank whose share failed; the
-// others return nothing.
-SampleResponse sample_lockstep_share(Group& group, LockstepShare& mine, const SamplePlacement& placement);
+// One rank's part of a batch of an expert-parallel session's sampling requests: the model they sample, and a share
+// and a placement per request, in the batch's order (the same on every rank).
+struct LockstepBatch {
+  Transformer* model = nullptr;
+  DecodePrecision precision = DecodePrecision::fp32;
+  std::shared_ptr<const RoundedWeights>* rounded = nullptr;
+  std::int64_t prefill_tokens = kPrefillChunkTokens;  // decode_step's, per rank
+  std::vector<LockstepShare> shares;
+  std::vector<SamplePlacement> placements;
+};
+// What became of one request of a batch, on rank 0: its response with every rank's sequences in the order of its
+// samples, or `error` naming the first rank whose share failed.
+struct LockstepOutcome {
+  SampleResponse response;
+  std::string error;
+};
+// sample of an expert-parallel session, a batch of requests at a time: every rank makes its shares' runs (their
+// prompts prefill in the steps, `prefill_tokens` at a time; a request that prefills at once, `at_once`, costs every
+// rank a forward, the ranks without a share of it running the model over no rows), then decodes all of them in
+// one step per token in step with the others (a rank whose samples have all stopped, or that has none, runs the model
+// over no rows), until every rank's samples have stopped (one all-reduce of a flag per step says when). A step that
+// fails fails this rank's runs still decoding. Rank 0 returns one outcome per request; the others return nothing.
+std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine);
 
 // compute_logprobs of an expert-parallel session: rank 0 scores `tokens` (at least 2) while the others run the model
 // over no rows, so that the sparse layers' exchanges line up. Rank 0 returns the logprobs.

@@ -193,30 +193,36 @@ class Worker {
                             nullptr, reply_failure);
   }
 
-  // This rank's samples of an expert-parallel session's request, decoded in step with every other rank's (in this
-  // command, not on the lane: the sparse layers exchange rows at every step); they go to rank 0 in the command's
-  // gather.
+  // This rank's samples of a batch of an expert-parallel session's requests, decoded in step with every other
+  // rank's (in this command, not on the lane: the sparse layers exchange rows at every step); they go to rank 0 in
+  // the command's gather.
   void sample_in_lockstep(std::uint64_t id, engine::dist::ByteReader& r) {
     Replica& rep = replica(id);
     SamplingModel& target = sampling_model(rep, r.get_string());
-    const auto seed = r.get<std::uint64_t>();
-    engine::dist::LockstepShare mine;
-    mine.precision = r.get<engine::DecodePrecision>();
-    engine::dist::SamplePlacement placement{r.get_vector<int>(), r.get_vector<int>()};
-    mine.req = r.get_sample_request();
-    const auto rank = static_cast<std::size_t>(group_->rank());
-    const bool has_share = rank < placement.count.size() && rank < placement.first.size();
-    mine.req.num_samples = has_share ? placement.count[rank] : 0;
+    engine::dist::LockstepBatch mine;
     mine.model = target.model.get();
-    mine.stream = engine::SampleStream(seed, has_share ? placement.first[rank] : 0);
+    mine.precision = r.get<engine::DecodePrecision>();
+    mine.prefill_tokens = r.get<std::int64_t>();
     mine.rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &target.rounded;
-    try {
-      if (mine.req.num_samples > 0 && !mine.req.params.stop.empty())
-        mine.stop_check = engine::make_stop_string_check(tokenizer(rep), mine.req.params.stop);
-    } catch (const std::exception& e) {
-      mine.error = e.what();  // this rank still takes part in every step
+    const auto rank = static_cast<std::size_t>(group_->rank());
+    for (std::size_t n = r.get<std::uint64_t>(), i = 0; i < n; ++i) {
+      engine::dist::LockstepShare& share = mine.shares.emplace_back();
+      const auto seed = r.get<std::uint64_t>();
+      share.at_once = r.get<bool>();
+      const engine::dist::SamplePlacement& placement =
+          mine.placements.emplace_back(engine::dist::SamplePlacement{r.get_vector<int>(), r.get_vector<int>()});
+      share.req = r.get_sample_request();
+      const bool has_share = rank < placement.count.size() && rank < placement.first.size();
+      share.req.num_samples = has_share ? placement.count[rank] : 0;
+      share.stream = engine::SampleStream(seed, has_share ? placement.first[rank] : 0);
+      try {
+        if (share.req.num_samples > 0 && !share.req.params.stop.empty())
+          share.stop_check = engine::make_stop_string_check(tokenizer(rep), share.req.params.stop);
+      } catch (const std::exception& e) {
+        share.error = e.what();  // this rank still takes part in every step
+      }
     }
-    engine::dist::sample_lockstep_share(*group_, mine, placement);
+    engine::dist::sample_lockstep_share(*group_, mine);
   }
 
   void logprobs(std::uint64_t id, engine::dist::ByteReader& r) {
