@@ -220,7 +220,7 @@ struct Transformer::Impl {
   // Layer `li` over x [B, T, H]: attention (extending in.cache when given), then the MLP, each with its residual.
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const LayerInputs& in) const;
   // The experts of sparse layer `li` over h [B, T, H] (rows [B * T, H] out): routed by the router, each row through
-  // its experts. In a step of several groups whose adapters reach the router or the experts, each group's rows
+  // its experts. In a step of several groups whose adapters reach the router or the experts, each model's rows
   // run through its own (its own routes too); otherwise every row through the base's at once.
   torch::Tensor sparse_mlp(std::size_t li, const torch::Tensor& h, const LayerInputs& in) const;
   // Layer li's causal attention: with its sinks and window where the family has them (windowed_attention).
@@ -733,10 +733,16 @@ torch::Tensor Transformer::Impl::sparse_mlp(std::size_t li, const torch::Tensor&
   }
   // Without adapters anywhere: any group's layer is the base's (this model's own may have adapters of its own).
   if (!adapted) return through(in.groups.empty() ? layers[li] : (*in.groups.front().layers)[li], rows, 0);
+  // Consecutive groups over the same layers (one session's requests: their rows are consecutive too) go through them
+  // at once: one pass of the experts per model in the step and, under expert parallelism, one exchange, as every
+  // rank's step makes (an expert-parallel step's groups are all of one model: sample_lockstep_share).
   std::vector<torch::Tensor> out;
-  for (const RowGroup& g : in.groups)
-    out.push_back(through((*g.layers)[li], rows.narrow(0, g.row0, g.rows), g.row0));
-  return torch::cat(out);
+  for (std::size_t i = 0, j = 0; i < in.groups.size(); i = j) {
+    std::int64_t n = 0;
+    for (j = i; j < in.groups.size() && in.groups[j].layers == in.groups[i].layers; ++j) n += in.groups[j].rows;
+    out.push_back(through((*in.groups[i].layers)[li], rows.narrow(0, in.groups[i].row0, n), in.groups[i].row0));
+  }
+  return out.size() == 1 ? out.front() : torch::cat(out);
 }
 
 torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tensor& q, const torch::Tensor& k,

@@ -151,7 +151,8 @@ struct Recovery {
   double end_time = 0;
 };
 
-// One hosted session: its control-plane record, its operations, and a worker that runs them in order.
+// One hosted session: its control-plane record, its operations, and a worker that runs them in order (consecutive
+// samples side by side).
 class SessionHost {
  public:
   // Starts a worker that creates the session (and, given a Recovery, rebuilds its state first). With any
@@ -212,9 +213,30 @@ class SessionHost {
   std::shared_ptr<AnySession> session;
 
  private:
+  // A sample operation started on the session, its response still to come.
+  struct StartedSample {
+    std::shared_ptr<OperationRecord> op;
+    Future<SampleResponse> response;
+  };
+  // How often the worker looks at its started samples while they decode.
+  static constexpr std::chrono::milliseconds kSamplePoll{2};
+
   void run(Backend backend, std::optional<Recovery> recovery);
   void recover(const Recovery& r);
   json execute(OperationRecord& op);
+  // Runs an operation's work and returns its state: `work`'s, or a failed one with the error's message. A
+  // group_failure (the session's other ranks are gone) also makes the session Blocked.
+  json guarded(const std::function<json()>& work);
+  // Sample operations (SampleRequest): started (the session call), then, once its response is in, billed and
+  // recorded (op.sample_result) and made the operation's state.
+  static bool is_sample(const OperationRecord& op);
+  Future<SampleResponse> start_sample(OperationRecord& op);
+  void record_sample(OperationRecord& op, const SampleResponse& r);
+  json sample_state(OperationRecord& op, SampleResponse r);
+  // Starts `op` beside the samples already started (or finishes it failed, when it cannot start).
+  void start_beside(std::vector<StartedSample>& started, const std::shared_ptr<OperationRecord>& op);
+  // Finishes the started samples whose responses are in (all of them, waiting, with `wait`).
+  void finish_samples(std::vector<StartedSample>& started, bool wait);
   void finish(const std::shared_ptr<OperationRecord>& op, json state, const std::string& autosave);
   bool needs_autosave(const OperationRecord& op);
   // Sets a terminal state at `now` with mu held (a retrievable op moves to finished_); returns op's on_done

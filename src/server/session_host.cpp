@@ -1,5 +1,6 @@
-// A hosted session's worker: creates the session, then runs its operations one at a time in arrival (= sequence
-// number) order (each by execute(), session_operations.cpp), recording each result. When the server is durable,
+// A hosted session's worker: creates the session, then runs its operations in arrival (= sequence number) order
+// (each by execute(), session_operations.cpp), recording each result: one at a time, except that consecutive
+// sample operations run side by side (the session decodes them together). When the server is durable,
 // each result is journaled before it is visible, and a LoRA state is saved after every optimizer step.
 #include <chrono>
 #include <filesystem>
@@ -72,6 +73,43 @@ void SessionHost::restore(Recovery& r) {
     unfinished_[op->id] = op;
     if (status != SessionStatus::created) settle_locked(op, stopped_state(*op), now_seconds());
   }
+}
+
+json SessionHost::guarded(const std::function<json()>& work) {
+  try {
+    return work();
+  } catch (const group_failure& e) {
+    // The other ranks that train this session are gone: it is Blocked until the server has formed its
+    // data-parallel group again (rlloop serve restarts for that, and the session comes back Running).
+    std::lock_guard lock(mu);
+    status = SessionStatus::blocked;
+    error_details = std::string(e.what()).substr(0, 1024);
+    last_modified = now_seconds();
+    journal({{"t", "status"}, {"status", to_string(status)}, {"error", error_details}, {"time", last_modified}});
+    return state_body(OperationStatus::failed, error_details);
+  } catch (const std::exception& e) {
+    return state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
+  }
+}
+
+void SessionHost::start_beside(std::vector<StartedSample>& started, const std::shared_ptr<OperationRecord>& op) {
+  Future<SampleResponse> response;
+  const json failed = guarded([&] {
+    response = start_sample(*op);
+    return json();
+  });
+  if (response.valid())
+    started.push_back({op, std::move(response)});
+  else
+    finish(op, failed, "");
+}
+
+void SessionHost::finish_samples(std::vector<StartedSample>& started, bool wait) {
+  std::erase_if(started, [&](StartedSample& s) {
+    if (!wait && !s.response.is_ready()) return false;
+    finish(s.op, guarded([&] { return sample_state(*s.op, s.response.get()); }), "");
+    return true;
+  });
 }
 
 SessionHost::~SessionHost() {
@@ -270,34 +308,39 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     done_cv_.notify_all();
   }
   recovery.reset();  // the replayed requests are no longer needed; the pending ones are queued
+  // Sample operations started on the session and not yet finished. Consecutive ones run side by side, each started
+  // as it reaches the queue's front (the session decodes them together: one batch instead of one request after
+  // another); any other operation waits until they are all done, as its place in the order says.
+  std::vector<StartedSample> started;
   while (failure.empty()) {
     std::shared_ptr<OperationRecord> op;
     {
       std::unique_lock lock(mu);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      auto next_may_start = [&] { return !queue_.empty() && (started.empty() || is_sample(*queue_.front())); };
+      if (started.empty())
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      else  // and looks at the started samples every kSamplePoll
+        cv_.wait_for(lock, kSamplePoll, [&] { return stopping_ || next_may_start(); });
       if (stopping_) break;
-      op = queue_.front();
-      queue_.pop_front();
-      op->state = state_body(OperationStatus::in_progress);
+      if (next_may_start()) {
+        op = queue_.front();
+        queue_.pop_front();
+        op->state = state_body(OperationStatus::in_progress);
+      }
     }
-    json state;
+    if (op && is_sample(*op)) {
+      start_beside(started, op);
+      op.reset();
+    }
+    finish_samples(started, /*wait=*/false);
+    if (!op) continue;
     std::string autosave;
-    try {
-      state = execute(*op);
+    json state = guarded([&] {
+      json done = execute(*op);
       if (config_.journal && needs_autosave(*op))
         autosave = session->save_state("autosave-" + tenant->config.id + "-" + name + "-" + op->id).get().path;
-    } catch (const group_failure& e) {
-      // The other ranks that train this session are gone: it is Blocked until the server has formed its
-      // data-parallel group again (rlloop serve restarts for that, and the session comes back Running).
-      state = state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
-      std::lock_guard lock(mu);
-      status = SessionStatus::blocked;
-      error_details = std::string(e.what()).substr(0, 1024);
-      last_modified = now_seconds();
-      journal({{"t", "status"}, {"status", to_string(status)}, {"error", error_details}, {"time", last_modified}});
-    } catch (const std::exception& e) {
-      state = state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
-    }
+      return done;
+    });
     const bool failed = status_of(state) == OperationStatus::failed;
     finish(op, std::move(state), autosave);
     if (!autosave.empty()) {
@@ -319,6 +362,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
       for (auto& q : skipped) finish(q, state_body(OperationStatus::skipped), "");
     }
   }
+  finish_samples(started, /*wait=*/true);  // a stopping session's samples already decoding are answered
   std::vector<std::function<void()>> waiting;
   {
     std::lock_guard lock(mu);

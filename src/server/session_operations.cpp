@@ -45,6 +45,38 @@ std::string SessionHost::add_checkpoint(const std::string& path, bool is_checkpo
   return package;
 }
 
+bool SessionHost::is_sample(const OperationRecord& op) {
+  const auto* s = std::get_if<wire::SamplingOperation>(&op.op);
+  return s && std::holds_alternative<SampleRequest>(*s);
+}
+
+Future<SampleResponse> SessionHost::start_sample(OperationRecord& op) {
+  SampleRequest req = std::get<SampleRequest>(std::get<wire::SamplingOperation>(op.op));
+  req.model_path = req.model_path ? std::optional(resolve_checkpoint(*req.model_path)) : sampler_path_;
+  if (op.stream && sample_streaming_)
+    return sample_streaming_(req, [stream = op.stream](const SampleResponse& so_far) { stream->update(so_far); });
+  return session->sample(req);
+}
+
+void SessionHost::record_sample(OperationRecord& op, const SampleResponse& r) {
+  // Each sequence reports the prompt as its prefill (spec SampleTokenUsage); billed once by default.
+  TokenUsage u;
+  for (const auto& seq : r.sequences) {
+    if (config_.bill_prompt_per_sample) u.prefill += seq.prefill_tokens;
+    u.sample += seq.decode_tokens;
+  }
+  if (!config_.bill_prompt_per_sample)
+    u.prefill = static_cast<std::int64_t>(std::get<SampleRequest>(std::get<wire::SamplingOperation>(op.op)).prompt.length());
+  bill(op, u);
+  op.sample_result = std::make_shared<SampleResponse>(r);
+}
+
+json SessionHost::sample_state(OperationRecord& op, SampleResponse r) {
+  record_sample(op, r);
+  return wire::to_json(
+      wire::SamplingOperationState{OperationStatus::completed, wire::SamplingResult{std::move(r)}, std::nullopt, std::nullopt});
+}
+
 json SessionHost::execute(OperationRecord& op) {
   // Checkpoint names are unique per tenant and session so tenants never share a directory.
   auto checkpoint_name = [&](const char* kind) {
@@ -96,23 +128,8 @@ json SessionHost::execute(OperationRecord& op) {
       [&](const auto& o) -> wire::SamplingResult {
         using T = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<T, SampleRequest>) {
-          SampleRequest req = o;
-          req.model_path = o.model_path ? std::optional(resolve_checkpoint(*o.model_path)) : sampler_path_;
-          SampleResponse r =
-              op.stream && sample_streaming_
-                  ? sample_streaming_(req,
-                                      [stream = op.stream](const SampleResponse& so_far) { stream->update(so_far); })
-                        .get()
-                  : session->sample(req).get();
-          // Each sequence reports the prompt as its prefill (spec SampleTokenUsage); billed once by default.
-          TokenUsage u;
-          for (const auto& seq : r.sequences) {
-            if (config_.bill_prompt_per_sample) u.prefill += seq.prefill_tokens;
-            u.sample += seq.decode_tokens;
-          }
-          if (!config_.bill_prompt_per_sample) u.prefill = static_cast<std::int64_t>(req.prompt.length());
-          bill(op, u);
-          op.sample_result = std::make_shared<SampleResponse>(r);
+          SampleResponse r = start_sample(op).get();
+          record_sample(op, r);
           return r;
         } else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
           ComputeLogprobsRequest req = o;

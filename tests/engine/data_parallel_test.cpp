@@ -506,10 +506,12 @@ TEST(DataParallel, ExpertParallelLoraOnTheExpertsAloneOnTwoRanksEqualsOneRank) {
 // streams, and one queued after another operation (a load_state) waits for it: it samples the loaded weights. The
 // exchanges count the forwards: alone, a request takes one per token of its longest sample; a batch one per step of
 // its longest request, plus one per request that prefills its whole prompt at once.
-TEST(DataParallel, ExpertParallelSamplingDecodesTheRequestsQueuedTogetherAsOneBatch) {
-  SessionOptions opts = tiny(std::nullopt, 11);
+// With adapters on the router and the experts, every run's rows go through them together: one exchange per sparse
+// layer and step on every rank, however many requests each holds.
+void expect_batched_like_alone(std::optional<LoraOptions> lora, const std::string& name) {
+  SessionOptions opts = tiny(std::move(lora), 11);
   opts.base_model = "rlloop-tiny-moe";
-  Lockstep run("experts-batch", opts, /*expert_parallel=*/true);
+  Lockstep run(name, opts, /*expert_parallel=*/true);
   auto request = [](const char* prompt, int n, int max_tokens, int seed) {
     SampleRequest r;
     r.prompt = ModelInput::from_tokens(bytes(prompt));
@@ -591,6 +593,13 @@ TEST(DataParallel, ExpertParallelSamplingDecodesTheRequestsQueuedTogetherAsOneBa
   expect_same_samples(moved_ref, after_load.get(), "the request after the load");
   EXPECT_EQ(calls() - before,
             gate_calls + per_forward * (prefilled_at_once + batch_steps) + per_forward * moved_longest);
+}
+
+TEST(DataParallel, ExpertParallelSamplingDecodesTheRequestsQueuedTogetherAsOneBatch) {
+  expect_batched_like_alone(std::nullopt, "experts-batch-full");
+}
+TEST(DataParallel, ExpertParallelSamplingWithLoraOnTheExpertsDecodesTheRequestsQueuedTogetherAsOneBatch) {
+  expect_batched_like_alone(LoraOptions{4, 8, {"all-linear"}}, "experts-batch-lora");
 }
 
 TEST(DataParallel, ExpertParallelRefusesWhatItCannotSpread) {

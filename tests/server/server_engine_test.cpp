@@ -60,6 +60,15 @@ struct EngineServer : ::testing::Test {
   std::unique_ptr<server::Server> srv;
 };
 
+// A LoRA session on rlloop-tiny named `name`: served, and in this process to compare with.
+SessionOptions lora_tiny(const std::string& name) {
+  SessionOptions opts;
+  opts.base_model = "rlloop-tiny";
+  opts.lora = LoraOptions{4, 8, {"all-linear"}};
+  opts.name = name;
+  return opts;
+}
+
 // Waits (a few seconds at most) until `ready` holds.
 // Up to 60 s: a bound for a machine under load (a test suite run with -j2 beside a build), not a timing.
 bool eventually(const std::function<bool()>& ready) {
@@ -70,10 +79,7 @@ bool eventually(const std::function<bool()>& ready) {
 }  // namespace
 
 TEST_F(EngineServer, SftLoopThroughServerMatchesLocalSession) {
-  SessionOptions opts;
-  opts.base_model = "rlloop-tiny";
-  opts.lora = LoraOptions{4, 8, {"all-linear"}};
-  opts.name = "sft";
+  const SessionOptions opts = lora_tiny("sft");
   RemoteService service(remote());
   auto remote_session = service.create_session(opts);
   LocalService local_service(local);
@@ -128,6 +134,69 @@ TEST_F(EngineServer, SftLoopThroughServerMatchesLocalSession) {
   EXPECT_EQ(ru.training, lu.training);
 }
 
+// Consecutive sample operations of one session run side by side: the session decodes them in one batch instead of
+// one after another. An operation queued after them waits for them, and a sample after it sees what it did.
+TEST_F(EngineServer, ConsecutiveSamplesOfASessionDecodeTogether) {
+  const SessionOptions opts = lora_tiny("batch");
+  RemoteService service(remote());
+  auto remote_session = service.create_session(opts);
+  LocalService local_service(local);
+  auto local_session = local_service.create_session(opts);
+  SessionOptions side_opts = opts;  // on the server's engine loop, to hold it
+  side_opts.name = "side";
+  auto side = served_service->create_session(side_opts);
+  auto loop_stats = [&] { return served_service->base_model_stats().at(0); };
+
+  std::vector<SampleRequest> reqs;
+  for (const char* prompt : {"the cat", "a dog", "2+2=", "hello"}) {
+    SampleRequest r;
+    r.prompt = ModelInput::from_tokens(bytes(prompt));
+    r.num_samples = 2;
+    r.params.max_tokens = 12;
+    r.params.seed = static_cast<int>(reqs.size()) + 3;
+    reqs.push_back(std::move(r));
+  }
+  const std::vector<Datum> batch = {sft_datum("the cat sat on the mat")};
+  AdamParams adam;
+  adam.learning_rate = 1e-2;
+  constexpr int kSteps = 3;  // enough to change the samples
+
+  auto gate = std::make_unique<LoopGate>(*side);
+  std::vector<Future<SampleResponse>> samples;
+  for (const auto& r : reqs) samples.push_back(remote_session->sample(r));
+  std::vector<Future<ForwardBackwardOutput>> trained;
+  std::vector<Future<OptimStepOutput>> stepped;
+  for (int i = 0; i < kSteps; ++i) {
+    trained.push_back(remote_session->forward_backward(batch, LossSpec::cross_entropy()));
+    stepped.push_back(remote_session->optim_step(adam));
+  }
+  auto after = remote_session->sample(reqs[0]);
+  // Every sample waits on the held loop; the training operations behind them wait on the server.
+  ASSERT_TRUE(eventually([&] { return loop_stats().queued_operations == static_cast<int>(reqs.size()); }))
+      << loop_stats().queued_operations << " operations queued on the loop";
+  gate->release();
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const SampleResponse r = samples[i].get(), l = local_session->sample(reqs[i]).get();
+    ASSERT_EQ(r.sequences.size(), l.sequences.size());
+    for (std::size_t k = 0; k < r.sequences.size(); ++k) {
+      EXPECT_EQ(r.sequences[k].tokens, l.sequences[k].tokens) << "request " << i << " sample " << k;
+      ASSERT_EQ(r.sequences[k].logprobs.size(), l.sequences[k].logprobs.size());
+      for (std::size_t t = 0; t < r.sequences[k].logprobs.size(); ++t)
+        EXPECT_NEAR(r.sequences[k].logprobs[t], l.sequences[k].logprobs[t], test_util::lp_tol());
+    }
+  }
+  EXPECT_EQ(loop_stats().peak_batch_requests, static_cast<int>(reqs.size())) << "every sample in one step";
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_NEAR(trained[i].get().metrics.at("loss:sum"),
+                local_session->forward_backward(batch, LossSpec::cross_entropy()).get().metrics.at("loss:sum"), 1e-5);
+    stepped[i].get();
+    local_session->optim_step(adam).get();
+  }
+  const SampleResponse moved = local_session->sample(reqs[0]).get();
+  EXPECT_NE(moved.sequences.at(0).tokens, samples[0].get().sequences.at(0).tokens) << "the step changed the samples";
+  EXPECT_EQ(after.get().sequences.at(0).tokens, moved.sequences.at(0).tokens) << "the sample after the step sees it";
+}
+
 TEST_F(EngineServer, MergedWeightsExportAndBaseModelCatalogue) {
   RemoteService service(remote());
   const auto models = service.list_base_models();
@@ -169,10 +238,7 @@ TEST_F(EngineServer, MergedWeightsExportAndBaseModelCatalogue) {
 // A streamed completion sends its first tokens while the rest is still being decoded: the engine loop is held
 // after the request's first decoding step, and the first text chunk reaches the client while it is held.
 TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
-  SessionOptions opts;
-  opts.base_model = "rlloop-tiny";
-  opts.lora = LoraOptions{4, 8, {"all-linear"}};
-  opts.name = "stream";
+  const SessionOptions opts = lora_tiny("stream");
   RemoteService service(remote());
   auto remote_session = service.create_session(opts);
   // A session of the same base in the server's own service: it runs on the same engine loop.
