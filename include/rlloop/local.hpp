@@ -85,7 +85,8 @@ struct LocalServiceOptions {
   // The KV cache memory of a base model's decoding requests together, in MiB: a request is admitted when the most
   // its samples can take (its prompt's blocks once, each sample's own up to max_tokens; docs/engine.md, "The paged
   // KV cache") fits beside what the decoding ones may take; otherwise it waits, oldest first, and a request larger
-  // than the whole budget runs alone. 0: no limit but max_batch_rows.
+  // than the whole budget runs alone. 0: no limit but max_batch_rows. (An expert-parallel session's batch of
+  // requests is bounded by it and by max_batch_rows alone, not beside the other sessions' requests.)
   std::int64_t kv_cache_mb = 4096;
   // Most prompt tokens a base model's engine loop prefills in one decoding step, across the requests just admitted
   // (chunked prefill: prompts are rows of the steps that decode the others, a longer one over several steps;
@@ -133,6 +134,9 @@ struct DataParallelStats {
   // forward, their gradients in a backward) and the bytes it sent in them.
   std::uint64_t alltoall_calls = 0;
   std::uint64_t alltoall_bytes = 0;
+  // Expert parallelism: checkpoint bytes rank 0 sent the other ranks at load_state and sampler loads, each rank
+  // its own slice (the tensors every rank holds, and its experts').
+  std::uint64_t scatter_bytes = 0;
 };
 
 namespace engine {

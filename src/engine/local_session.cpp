@@ -141,7 +141,8 @@ struct LocalSession::Impl {
   std::uint64_t replica = 0;
 
   // An expert-parallel session's sampling requests, batched (sample_in_lockstep runs each batch).
-  LockstepBatches lockstep{service.max_batch_rows, [this](const std::vector<LockstepBatches::Entry>& batch) {
+  LockstepBatches lockstep{service.max_batch_rows, service.kv_cache_mb << 20,
+                           [this](const std::vector<LockstepBatches::Entry>& batch) {
                              return sample_in_lockstep(batch);
                            }};
 
@@ -529,7 +530,9 @@ Future<CheckpointRef> LocalSession::save_weights_for_sampler(const std::string& 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request) { return sample(request, nullptr); }
 
 Future<SampleResponse> LocalSession::sample(const SampleRequest& request, SampleProgress on_step) {
-  if (impl_->model->expert_parallel()) return impl_->lockstep.submit(*impl_->lane, request, std::move(on_step));
+  if (impl_->model->expert_parallel())
+    return impl_->lockstep.submit(*impl_->lane, request,
+                                  kv_bytes_needed(*impl_->model, request, impl_->decode_precision), std::move(on_step));
   // With data parallelism the live model's samples are shared out over the ranks (place_samples; the ranks take
   // turns at the larger shares, so single samples go to each in turn), each rank decoding its own from the
   // request's streams: the tokens are those of one rank. Sampler weights from a checkpoint too: the workers hold

@@ -10,6 +10,7 @@ namespace rlloop::engine {
 struct LockstepBatches::Batch {
   std::string model;  // the requests' model_path ("" for the session's model)
   int rows = 0;
+  std::int64_t kv_bytes = 0;
   // The lane's submissions() just after the batch was queued; 0 when another operation may have been queued
   // between its submit and that count: nothing joins it then.
   std::uint64_t queued_at = 0;
@@ -18,9 +19,11 @@ struct LockstepBatches::Batch {
   std::vector<std::shared_ptr<Promise<SampleResponse>>> promises;
 };
 
-LockstepBatches::LockstepBatches(int max_rows, Run run) : max_rows_(std::max(max_rows, 1)), run_(std::move(run)) {}
+LockstepBatches::LockstepBatches(int max_rows, std::int64_t max_kv_bytes, Run run)
+    : max_rows_(std::max(max_rows, 1)), max_kv_bytes_(std::max<std::int64_t>(max_kv_bytes, 0)), run_(std::move(run)) {}
 
-Future<SampleResponse> LockstepBatches::submit(EngineLoop::Lane& lane, SampleRequest request, Progress on_step) {
+Future<SampleResponse> LockstepBatches::submit(EngineLoop::Lane& lane, SampleRequest request, std::int64_t kv_bytes,
+                                               Progress on_step) {
   auto promise = std::make_shared<Promise<SampleResponse>>();
   Future<SampleResponse> future = promise->future();
   const std::string model = request.model_path.value_or("");
@@ -28,11 +31,13 @@ Future<SampleResponse> LockstepBatches::submit(EngineLoop::Lane& lane, SampleReq
   std::lock_guard lock(mu_);
   auto join = [&](Batch& batch) {
     batch.rows += rows;
+    batch.kv_bytes += kv_bytes;
     batch.entries.push_back({std::move(request), std::move(on_step)});
     batch.promises.push_back(std::move(promise));
   };
-  if (last_ && !last_->started && last_->model == model && last_->rows + rows <= max_rows_ &&
-      last_->queued_at == lane.submissions()) {
+  const bool fits = last_ && last_->rows + rows <= max_rows_ &&
+                    (max_kv_bytes_ == 0 || last_->kv_bytes + kv_bytes <= max_kv_bytes_);
+  if (fits && !last_->started && last_->model == model && last_->queued_at == lane.submissions()) {
     join(*last_);
     return future;
   }

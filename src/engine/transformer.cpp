@@ -824,6 +824,19 @@ bool Transformer::is_expert_tensor(const std::string& name) const {
   return false;
 }
 
+int Transformer::expert_rank_of(const std::string& name) const {
+  const ExpertShard& shard = impl_->expert_shard;
+  if (!shard.group || !is_expert_tensor(name)) return -1;
+  // The expert's index follows the experts' name (stacked adapters of every expert have none).
+  const std::string experts = "." + impl_->family->names.experts + ".";
+  std::size_t at = name.find(experts) + experts.size();
+  std::int64_t e = 0;
+  const std::size_t first = at;
+  for (; at < name.size() && name[at] >= '0' && name[at] <= '9'; ++at) e = e * 10 + (name[at] - '0');
+  if (at == first || at == name.size() || name[at] != '.') return -1;
+  return static_cast<int>(e / shard.per_rank);
+}
+
 void Transformer::set_expert_parallel(dist::Group& group) {
   const ModelConfig& cfg = impl_->cfg;
   if (cfg.num_experts == 0)

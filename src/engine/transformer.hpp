@@ -122,6 +122,9 @@ class Transformer : public torch::nn::Module {
   // an expert of a sparse layer: under expert parallelism such tensors are each rank's own, every other one is the
   // same on every rank.
   bool is_expert_tensor(const std::string& name) const;
+  // Under expert parallelism, the rank that holds `name` when it is one expert's tensor (a name of
+  // "<layer's experts>.<e>."); -1 for the tensors every rank holds, and without expert parallelism.
+  int expert_rank_of(const std::string& name) const;
   // Unembedding (lm_head, or the tied embedding), LoRA included when enabled: [B, T, H] -> [B, T, V].
   torch::Tensor logits(const torch::Tensor& hidden);
   torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) {

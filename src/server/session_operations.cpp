@@ -128,6 +128,7 @@ json SessionHost::execute(OperationRecord& op) {
       [&](const auto& o) -> wire::SamplingResult {
         using T = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<T, SampleRequest>) {
+          // (The session's worker starts samples beside each other instead, start_beside: this runs one alone.)
           SampleResponse r = start_sample(op).get();
           record_sample(op, r);
           return r;

@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -363,7 +365,38 @@ void expect_expert_parallel_equivalent(std::optional<LoraOptions> lora, bool che
   // reordered sums do, is as accurate as the terms' rounding, not its own; measured up to 1.5e-5 of its norm.)
   expect_same_tensors(a.gradients, b.gradients, name + " pending gradients", tolerances().moments);
   run.s2->optim_step(adam(2e-2)).get();  // away from the save
+  const std::uint64_t scattered = run.two.data_parallel_stats().scatter_bytes;
   run.s2->load_state(pending, true).get();
+  // The load sent rank 1 its slice of the checkpoint only: what every rank holds and its own experts' (4 to 7)
+  // weights, moments and gradients, with their names and shapes; not rank 0's experts'.
+  auto expert_of = [](const std::string& name) {
+    const std::string experts = ".mlp.experts.";
+    const auto at = name.find(experts);  // followed by the expert's index (stacked adapters have none)
+    if (at == std::string::npos || !std::isdigit(static_cast<unsigned char>(name[at + experts.size()]))) return -1;
+    return std::atoi(name.c_str() + at + experts.size());
+  };
+  std::uint64_t own = 0, names = 0, left_out = 0;
+  auto count = [&](const engine::TensorMap& tensors, bool experts_only) {
+    for (const auto& [name, t] : tensors) {
+      const int e = expert_of(name);
+      if (e >= 0 && e < 4) {
+        left_out += static_cast<std::uint64_t>(t.nbytes());
+      } else if (e >= 4 || !experts_only) {
+        own += static_cast<std::uint64_t>(t.nbytes());
+        names += name.size() + 64;  // the name, and the dtype, shape and lengths around it
+      }
+    }
+  };
+  count(b.weights, false);
+  count(b.optimizer, false);
+  count(b.gradients, true);  // the replicated parameters' pending gradients stay on rank 0
+  const std::uint64_t sent = run.two.data_parallel_stats().scatter_bytes - scattered;
+  EXPECT_GE(sent, own);
+  EXPECT_LE(sent, own + names + 64);
+  if (opts.lora)  // the adapters, every expert's too, are every rank's
+    EXPECT_EQ(left_out, 0u);
+  else
+    EXPECT_GT(left_out, names) << "rank 0's experts are more than the names: leaving them out shows";
   run.s1->load_state(pending, true).get();
   run.step(name + " after load", [&](LocalSession& s, int) { s.optim_step(adam(2e-2)).get(); });
 
@@ -498,8 +531,6 @@ TEST(DataParallel, ExpertParallelLoraOnTheExpertsAloneOnTwoRanksEqualsOneRank) {
                                     "experts-only-lora");
 }
 
-// Experts that do not split evenly over the ranks are refused at session creation, naming why; a dense model's
-// session in an expert-parallel service is plain data parallelism (and samples).
 // An expert-parallel session decodes the sampling requests queued together as one batch (one command of the group,
 // every request's rows in each step), each request as it decodes alone: tokens, logprobs, routes (spread over the
 // ranks) and prompt logprobs (rank 0's) equal a one-rank session's. A bad request fails alone, a streamed one
@@ -521,12 +552,18 @@ void expect_batched_like_alone(std::optional<LoraOptions> lora, const std::strin
     return r;
   };
   std::vector<SampleRequest> reqs = {request("the ", 3, 12, 1), request("a cat sat", 1, 5, 2),
-                                     request("dogs", 2, 8, 3), request("the mat", 1, 6, 4),
-                                     request("zebra", 2, 7, 5)};
-  reqs[2].include_routed_experts = true;  // prefills at once, on both ranks
+                                     request("dogs", 2, 8, 3),   request("the mat", 1, 6, 4),
+                                     request("zebra", 2, 7, 5),  request("stop ", 3, 12, 7)};
+  reqs[2].include_routed_experts = true;   // prefills at once, on both ranks
   reqs[3].include_prompt_logprobs = true;  // prefills at once, on rank 0 alone
   const std::size_t streamed = 4;
-  const std::vector<bool> at_once = {false, false, true, true, false};
+  {  // a stop string that ends sample 0 early: a printable byte it draws (each rank checks its own samples' text)
+    const auto probe = run.s1->sample(reqs[5]).get().sequences.at(0).tokens;
+    const auto printable = std::find_if(probe.begin() + 1, probe.end(), [](token_id t) { return t >= 33 && t < 127; });
+    ASSERT_NE(printable, probe.end());
+    reqs[5].params.stop = {std::string(1, static_cast<char>(*printable))};
+  }
+  const std::vector<bool> at_once = {false, false, true, true, false, false};
   SampleRequest bad = request("x", 1, 4, 6);
   bad.prompt = ModelInput::from_tokens({100000});
   auto calls = [&] { return run.two.data_parallel_stats().alltoall_calls; };
@@ -540,7 +577,7 @@ void expect_batched_like_alone(std::optional<LoraOptions> lora, const std::strin
     expect_same_samples(refs[i], run.s2->sample(reqs[i]).get(), "request " + std::to_string(i) + " alone");
     std::uint64_t longest = 0;
     for (const auto& seq : refs[i].sequences) longest = std::max<std::uint64_t>(longest, seq.tokens.size());
-    ASSERT_GT(longest, 1u);
+    ASSERT_GT(longest, 0u);
     const std::uint64_t forwards = calls() - before;
     ASSERT_EQ(forwards % longest, 0u) << "request " << i << ": " << forwards << " exchanges, " << longest << " tokens";
     if (per_forward == 0) per_forward = forwards / longest;
@@ -548,6 +585,7 @@ void expect_batched_like_alone(std::optional<LoraOptions> lora, const std::strin
     batch_steps = std::max(batch_steps, at_once[i] ? longest - 1 : longest);
     prefilled_at_once += at_once[i];
   }
+  EXPECT_EQ(refs[5].sequences.at(0).stop_reason, StopReason::stop);
   const std::string bad_alone = error_of([&] { run.s2->sample(bad).get(); });
   EXPECT_NE(bad_alone, "(no error)");
   std::uint64_t gate_calls = calls();
@@ -602,6 +640,8 @@ TEST(DataParallel, ExpertParallelSamplingWithLoraOnTheExpertsDecodesTheRequestsQ
   expect_batched_like_alone(LoraOptions{4, 8, {"all-linear"}}, "experts-batch-lora");
 }
 
+// Experts that do not split evenly over the ranks are refused at session creation, naming why; a dense model's
+// session in an expert-parallel service is plain data parallelism (and samples).
 TEST(DataParallel, ExpertParallelRefusesWhatItCannotSpread) {
   const auto dir = temp_dir("experts-refused");
   {

@@ -174,6 +174,8 @@ TEST_F(EngineServer, ConsecutiveSamplesOfASessionDecodeTogether) {
   // Every sample waits on the held loop; the training operations behind them wait on the server.
   ASSERT_TRUE(eventually([&] { return loop_stats().queued_operations == static_cast<int>(reqs.size()); }))
       << loop_stats().queued_operations << " operations queued on the loop";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (a server that started them would have by now)
+  EXPECT_EQ(loop_stats().queued_operations, static_cast<int>(reqs.size())) << "the training operations wait";
   gate->release();
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     const SampleResponse r = samples[i].get(), l = local_session->sample(reqs[i]).get();

@@ -446,7 +446,7 @@ DataParallelStats Coordinator::stats() const {
   const auto s = group_->stats();
   return {group_->size(),    s.allreduce_calls, s.allreduce_bytes, s.allreduce_seconds,
           s.broadcast_bytes, remote_samples_,   remote_logprobs_, s.alltoall_calls,
-          s.alltoall_bytes};
+          s.alltoall_bytes,  s.scatter_bytes};
 }
 
 }  // namespace rlloop::engine::dist

@@ -556,6 +556,38 @@ void Group::broadcast(std::string& bytes) {
   });
 }
 
+std::string Group::scatter(const std::vector<std::string>& per_rank) {
+  Impl& g = *impl_;
+  const int W = g.options.world_size;
+  const bool root = g.options.rank == 0;
+  if (root && static_cast<int>(per_rank.size()) != W)
+    throw invalid_argument("Group::scatter: " + std::to_string(per_rank.size()) + " messages for " +
+                           std::to_string(W) + " ranks");
+  std::string out;
+  g.collective("scatter", [&] {
+    // Every message's size first (every rank learns the longest), then the payloads padded to it.
+    std::vector<torch::Tensor> sizes{torch::zeros({W}, torch::kInt64)};
+    if (root)
+      for (int r = 0; r < W; ++r) sizes[0][r] = static_cast<std::int64_t>(per_rank[r].size());
+    Impl::wait(g.gloo->broadcast(sizes));
+    const std::int64_t longest = std::max<std::int64_t>(sizes[0].max().item<std::int64_t>(), 1);
+    std::vector<torch::Tensor> mine{torch::empty({longest}, torch::kUInt8)};
+    std::vector<std::vector<torch::Tensor>> inputs;
+    if (root) {
+      inputs.resize(1);
+      for (int r = 0; r < W; ++r) {
+        inputs[0].push_back(torch::zeros({longest}, torch::kUInt8));
+        std::memcpy(inputs[0][r].data_ptr(), per_rank[r].data(), per_rank[r].size());
+        if (r > 0) g.stats.scatter_bytes += per_rank[r].size();
+      }
+    }
+    Impl::wait(g.gloo->scatter(mine, inputs, c10d::ScatterOptions{}));
+    out.assign(static_cast<const char*>(mine[0].data_ptr()),
+               static_cast<std::size_t>(sizes[0][g.options.rank].item<std::int64_t>()));
+  });
+  return out;
+}
+
 void Group::broadcast(const std::vector<torch::Tensor>& tensors) {
   if (tensors.empty()) return;
   Impl& g = *impl_;
@@ -644,6 +676,7 @@ void Group::post_reply(std::uint64_t, const std::string&) { no_c10d(); }
 std::optional<std::string> Group::poll_reply(std::uint64_t, int) { no_c10d(); }
 std::vector<std::string> Group::gather(const std::string&) { no_c10d(); }
 void Group::broadcast(std::string&) { no_c10d(); }
+std::string Group::scatter(const std::vector<std::string>&) { no_c10d(); }
 void Group::broadcast(const std::vector<torch::Tensor>&) { no_c10d(); }
 void Group::allreduce_sum(torch::Tensor&) { no_c10d(); }
 torch::Tensor Group::all_to_all(const torch::Tensor&, const std::vector<std::int64_t>&,

@@ -45,6 +45,7 @@ struct CollectiveStats {
   std::uint64_t allreduce_bytes = 0;
   double allreduce_seconds = 0;
   std::uint64_t broadcast_bytes = 0;
+  std::uint64_t scatter_bytes = 0;  // sent by rank 0 to the other ranks in scatter(), each its own message
   std::uint64_t alltoall_calls = 0;
   std::uint64_t alltoall_bytes = 0;  // sent by this rank (expert parallelism's rows, and their gradients)
 };
@@ -89,6 +90,9 @@ class Group {
   // Collectives: every rank calls the same ones in the same order.
   std::vector<std::string> gather(const std::string& mine);   // rank 0: every rank's bytes, by rank; others: {}
   void broadcast(std::string& bytes);                         // from rank 0
+  // From rank 0, which passes one message per rank (index = rank), to each rank its own: every rank returns its
+  // message (rank 0 its own, sent nowhere). The others pass nothing.
+  std::string scatter(const std::vector<std::string>& per_rank);
   void broadcast(const std::vector<torch::Tensor>& tensors);  // from rank 0, into every rank's tensors in place
   void allreduce_sum(torch::Tensor& flat);                    // in place
   // Rank r sends rows [sum(send[..j]), + send[j]) of `rows` (dim 0) to rank j and returns what every rank sent it,

@@ -491,21 +491,37 @@ NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimiz
   return others;
 }
 
+namespace {
+// What of `tensors` rank `rank` holds: the tensors every rank holds, and its own experts'.
+TensorMap rank_slice(const Transformer& model, const TensorMap& tensors, int rank) {
+  TensorMap out;
+  for (const auto& [name, t] : tensors) {
+    const int owner = model.expert_rank_of(name);
+    if (owner < 0 || owner == rank) out.emplace(name, t);
+  }
+  return out;
+}
+}  // namespace
+
 void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
                       const NamedState* state, std::int64_t step) {
-  std::string bytes;
+  // Each rank gets its slice of the checkpoint (rank 0's holds nothing: it loaded the whole one).
+  std::vector<std::string> slices;
   if (group.rank() == 0) {
-    ByteWriter w;
-    put_tensors(w, state->weights);
-    put_tensors(w, with_optimizer ? state->optimizer : TensorMap{});
+    slices.resize(static_cast<std::size_t>(group.size()));
     TensorMap experts;  // the replicated parameters' gradients stay on rank 0, as after fold_gradients
     for (const auto& [name, g] : state->gradients)
       if (rank_own(model, name)) experts.emplace(name, g);
-    put_tensors(w, experts);
-    w.put(step);
-    bytes = w.take();
+    for (int r = 1; r < group.size(); ++r) {
+      ByteWriter w;
+      put_tensors(w, rank_slice(model, state->weights, r));
+      put_tensors(w, with_optimizer ? rank_slice(model, state->optimizer, r) : TensorMap{});
+      put_tensors(w, rank_slice(model, experts, r));
+      w.put(step);
+      slices[static_cast<std::size_t>(r)] = w.take();
+    }
   }
-  group.broadcast(bytes);
+  const std::string bytes = group.scatter(slices);
   std::string reply;
   try {
     if (group.rank() != 0) {
@@ -557,13 +573,16 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
     group.broadcast(replicated_tensors(model));
     return;
   }
-  std::string bytes;
+  std::vector<std::string> slices;
   if (group.rank() == 0) {
-    ByteWriter w;
-    put_tensors(w, *checkpoint);
-    bytes = w.take();
+    slices.resize(static_cast<std::size_t>(group.size()));
+    for (int r = 1; r < group.size(); ++r) {
+      ByteWriter w;
+      put_tensors(w, rank_slice(model, *checkpoint, r));
+      slices[static_cast<std::size_t>(r)] = w.take();
+    }
   }
-  group.broadcast(bytes);
+  const std::string bytes = group.scatter(slices);
   if (group.rank() == 0) return;
   ByteReader r(bytes);
   load_trainable(model, get_tensors(r));

@@ -112,7 +112,8 @@ struct NamedState {
 NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
                                 bool with_gradients);
 // load_state of an expert-parallel session, after rank 0 loaded its own part of `state` (rank 0's checkpoint,
-// every expert's; null elsewhere): every other rank loads the weights it holds, by name, a fresh optimizer with
+// every expert's; null elsewhere): every other rank receives its slice of it (the tensors every rank holds and its
+// own experts', Group::scatter: not the whole checkpoint) and loads the weights, by name, a fresh optimizer with
 // (`with_optimizer`) the state and `step` saved, and its experts' saved gradients. Throws group_failure on rank 0
 // naming a rank that could not.
 void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
@@ -124,7 +125,7 @@ void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
 
 // load_sampler: rank 0's trainable weights of a sampler model (loaded from a checkpoint) into every rank's copy,
 // made as the session's model is. An expert-parallel model's come from `checkpoint` (rank 0's: the checkpoint's
-// weights, every expert's), which every rank loads by name.
+// weights, every expert's): each rank receives its slice and loads it by name.
 void load_sampler_share(Group& group, Transformer& model, const TensorMap* checkpoint);
 
 // What one rank decodes of one request of an expert-parallel session's batch: its share of the samples (`req`'s
