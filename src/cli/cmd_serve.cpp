@@ -64,7 +64,8 @@ void add_flags(CLI::App& app, ServeFlags& f) {
   app.add_option("--region", f.region, "AWS region named in the ARNs the server issues (clients sign for any region)");
   app.add_option(
          "--result-wait-ms", f.result_wait_ms,
-         "Get*OperationResult without ?waitSeconds= waits up to this long for the operation (0 = answer at once)")
+         "Get*OperationResult without ?waitSeconds= waits up to this long for the operation, and "
+         "DescribeTrainingSession for a session still Creating (0 = answer at once)")
       ->check(CLI::Range(0, 20000));
   app.add_option("--tenants", f.tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", f.base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");

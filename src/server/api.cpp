@@ -97,7 +97,7 @@ Handled route(Api::Impl& im, const sigv4::HttpRequest& req, RequestContext& c, c
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     throw api_error("SerializationException", 400, std::string("request body is not valid JSON: ") + e.what());
   }
-  return Response{200, "application/x-amz-json-1.1", {}, im.control_plane(*c.amz_target, body, tenant).dump()};
+  return im.control_plane_call(*c.amz_target, body, tenant, reply);
 }
 
 void check_retention(const Retention& r) {

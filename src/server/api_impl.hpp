@@ -187,6 +187,9 @@ class SessionHost {
   // Runs `f` once op is terminal, on the thread that makes it so and without mu held; f hands the answer on and
   // must not block. The caller holds mu and saw op not terminal.
   void on_done_locked(OperationRecord& op, std::function<void()> f);
+  // Runs `f` once the session leaves Created (Running, Failed, or stopped while creating), as on_done_locked runs
+  // its callbacks. The caller holds mu and saw the status Created.
+  void on_started_locked(std::function<void()> f);
   // Writes a record about this session to the journal (when durable).
   void journal(json record);
   // Whether the session takes new operations (it is Running or Blocked). Holding `mu`.
@@ -256,6 +259,7 @@ class SessionHost {
   std::condition_variable cv_;
   std::condition_variable done_cv_;
   std::deque<std::shared_ptr<OperationRecord>> queue_;
+  std::vector<std::function<void()>> on_started_;  // on_started_locked's, run once the session leaves Created
   bool stopping_ = false;
   std::optional<std::string> sampler_path_;  // set by loadWeightsForSampling
   std::function<Future<CheckpointRef>(const std::string&)> export_merged_;
@@ -292,6 +296,12 @@ struct Api::Impl {
   std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req, const std::string& path);
   std::shared_ptr<SessionHost> find_session(const TenantState& t, const std::string& name);
   json control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t);
+  // A control-plane call's response. DescribeTrainingSession of a session still Creating waits, as a
+  // Get*OperationResult without ?waitSeconds= does, up to Options::default_result_wait for it to leave Creating,
+  // answering through `reply` (nullopt): clients that poll on a fixed interval after a first immediate call (the
+  // SageMaker Python SDK: 10 s) learn at once of a session that takes a second to load its model.
+  Handled control_plane_call(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t,
+                             const Reply& reply);
   json model_registry(const std::string& op, const json& body, TenantState& t);
   Handled runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
                   const Reply& reply);

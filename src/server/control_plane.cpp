@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include <boost/asio/steady_timer.hpp>
+
 #include "server/api_impl.hpp"
 #include "wire/control_plane.hpp"
 #include "wire/model_registry.hpp"
@@ -35,6 +37,38 @@ std::pair<std::vector<Row>, std::optional<std::int64_t>> page(const std::vector<
 }
 
 }  // namespace
+
+Handled Api::Impl::control_plane_call(const std::string& target, const json& body,
+                                      const std::shared_ptr<TenantState>& t, const Reply& reply) {
+  auto answer = [this, target, body, t] {
+    return Response{200, "application/x-amz-json-1.1", {}, control_plane(target, body, t).dump()};
+  };
+  if (target != "SageMaker.DescribeTrainingSession" || options.default_result_wait.count() <= 0) return answer();
+  std::shared_ptr<SessionHost> s;
+  try {
+    s = find_session(*t, wire::training_session_name_request_from_json(body));
+  } catch (const std::exception&) {
+    return answer();  // its error, as without waiting
+  }
+  {
+    std::lock_guard lock(s->mu);
+    if (s->status == wire::SessionStatus::created) {
+      // As a long-poll on an operation (runtime.cpp): the first of the session's start, the deadline and the
+      // server closing answers; no thread waits.
+      auto timer = std::make_shared<boost::asio::steady_timer>(reply.executor(), options.default_result_wait);
+      auto respond = [answer, weak = std::weak_ptr(timer)] {
+        if (auto tm = weak.lock()) tm->cancel();
+        return answer();
+      };
+      auto wake = [reply, respond] { reply.post(respond); };
+      timer->async_wait([timer, wake](const boost::system::error_code&) { wake(); });
+      s->on_started_locked(wake);
+      if (!add_poll(timer, wake)) wake();  // the server is closing: answer now
+      return std::nullopt;
+    }
+  }
+  return answer();
+}
 
 json Api::Impl::control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t) {
   const std::string prefix = "SageMaker.";

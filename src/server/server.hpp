@@ -88,9 +88,10 @@ struct Options {
   std::string region = "us-east-1";
   std::chrono::seconds max_clock_skew{15 * 60};
   // How long a Get*OperationResult without rlloop's ?waitSeconds= waits for the operation to finish before it
-  // answers with the current state. 0 (the default) answers at once, as AWS does; clients that poll on a fixed
-  // interval after a first immediate poll (the SageMaker Python SDK: 2 s) learn of short operations sooner with
-  // a few hundred milliseconds here.
+  // answers with the current state, and a DescribeTrainingSession of a session still Creating for it to leave
+  // Creating. 0 (the default) answers at once, as AWS does; clients that poll on a fixed interval after a first
+  // immediate poll (the SageMaker Python SDK: 2 s for operations, 10 s for a session's status) learn of short
+  // operations and quick session starts sooner with a few hundred milliseconds here.
   std::chrono::milliseconds default_result_wait{0};
   // Prefill billing of a sample call with numSamples = n (the API leaves it open): false = the prompt
   // once, as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n >

@@ -164,6 +164,8 @@ void SessionHost::require_takes_operations_locked() const {
 
 void SessionHost::on_done_locked(OperationRecord& op, std::function<void()> f) { op.on_done.push_back(std::move(f)); }
 
+void SessionHost::on_started_locked(std::function<void()> f) { on_started_.push_back(std::move(f)); }
+
 void SessionHost::accept_locked(const std::shared_ptr<OperationRecord>& op, const std::optional<std::string>& token,
                                 std::int64_t seq, double now) {
   json rec{{"t", "accept"}, {"id", op->id}, {"sampling", op->sampling}, {"digest", op->digest}, {"body", op->body}};
@@ -275,6 +277,7 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
   HostedSession created;
   std::string failure;
   SessionInfo session_info;
+  std::vector<std::function<void()>> waiting_for_start;
   try {
     created = backend.create_session(options);
     session_info = created.session->info();
@@ -306,7 +309,9 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
         for (auto& op : recovery->pending) queue_.push_back(op);
     }
     done_cv_.notify_all();
+    waiting_for_start.swap(on_started_);
   }
+  for (auto& f : waiting_for_start) f();
   recovery.reset();  // the replayed requests are no longer needed; the pending ones are queued
   // Sample operations started on the session and not yet finished. Consecutive ones run side by side, each started
   // as it reaches the queue's front (the session decodes them together: one batch instead of one request after

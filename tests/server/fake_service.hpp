@@ -184,8 +184,11 @@ class FakeService {
   using session_type = FakeSession;
   // Shared by every session this service creates.
   std::shared_ptr<Gate> gate = std::make_shared<Gate>();
+  // Holds session creation (a model loading) while closed.
+  std::shared_ptr<Gate> creation = std::make_shared<Gate>();
 
   std::shared_ptr<FakeSession> create_session(const SessionOptions& o) {
+    creation->pass();
     if (o.base_model == "missing") throw not_found("base model 'missing' is not in the catalogue");
     auto s = std::make_shared<FakeSession>(o, gate);
     std::lock_guard lock(mu_);

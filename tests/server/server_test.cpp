@@ -28,21 +28,23 @@ constexpr std::chrono::seconds kEventBound{30};
 // A GET by tenant b handed to the server's Api directly, its answer made on an executor of its own. The Api
 // answers before handle_async returns unless the request is a long-poll that waits, so whether it had answered
 // by then tells a waiting long-poll from an immediate answer: an event, not a measured delay.
-class DirectGet {
+class DirectRequest {
  public:
-  DirectGet(server::Api& api, const std::string& target) : api_(api) {
-    const sigv4::HttpRequest req{"GET", target, {{"Host", "127.0.0.1"}, {"Authorization", "Bearer bearer-b"}}, ""};
+  // A GET of `target` by tenant b.
+  DirectRequest(server::Api& api, const std::string& target)
+      : DirectRequest(api, {"GET", target, {{"Host", "127.0.0.1"}, {"Authorization", "Bearer bearer-b"}}, ""}) {}
+  DirectRequest(server::Api& api, const sigv4::HttpRequest& req) : api_(api) {
     api.handle_async(req, io_.get_executor(), [this](server::Response r) { answer_.set_value(std::move(r)); });
     waiting_ = !ready(std::chrono::seconds(0));
   }
-  ~DirectGet() {
+  ~DirectRequest() {
     if (!ready(std::chrono::seconds(0))) api_.interrupt_waits();  // answered before its executor goes away
     result_.wait();
     work_.reset();
     runner_.join();
   }
-  DirectGet(const DirectGet&) = delete;
-  DirectGet& operator=(const DirectGet&) = delete;
+  DirectRequest(const DirectRequest&) = delete;
+  DirectRequest& operator=(const DirectRequest&) = delete;
 
   // The Api had not answered when handle_async returned.
   bool waiting() const { return waiting_; }
@@ -365,7 +367,7 @@ TEST_F(ServerFixture, WaitSecondsLongPollsUntilTheOperationIsTerminal) {
   c.post(ops, step_body(2));
   const std::string last = c.post(ops, fb_body(3)).json_body()["operationId"];
   {
-    DirectGet poll(srv->api(), ops + "/" + last + "?waitSeconds=20");
+    DirectRequest poll(srv->api(), ops + "/" + last + "?waitSeconds=20");
     // The gate holds the operations, so an answer by now could only have been an unfinished state.
     EXPECT_TRUE(poll.waiting()) << "the long-poll answered before its operation finished";
     service->gate->set(true);
@@ -383,7 +385,7 @@ TEST_F(ServerFixture, WaitSecondsLongPollsUntilTheOperationIsTerminal) {
 }
 
 TEST_F(LongWaitServerFixture, ALongPollAnswersWhenItsOperationFinishesNotAtItsDeadline) {
-  DirectGet poll(srv->api(), held_operation());  // no ?waitSeconds=: the server's default wait, an hour
+  DirectRequest poll(srv->api(), held_operation());  // no ?waitSeconds=: the server's default wait, an hour
   EXPECT_TRUE(poll.waiting());
   service->gate->set(true);
   const auto answer = poll.answer();  // the deadline is out of reach: only the operation finishing answers
@@ -391,8 +393,33 @@ TEST_F(LongWaitServerFixture, ALongPollAnswersWhenItsOperationFinishesNotAtItsDe
   EXPECT_EQ((*answer)["status"], "Completed");
 }
 
+TEST_F(LongWaitServerFixture, DescribingASessionStillCreatingAnswersOnceItRuns) {
+  service->creation->set(false);  // the session's model "loads" until the gate opens
+  auto c = client_b();
+  ASSERT_EQ(c.control("CreateTrainingSession", create_body("slow")).status, 200u);
+  const sigv4::HttpRequest describe{"POST",
+                                    "/",
+                                    {{"Host", "127.0.0.1"},
+                                     {"Authorization", "Bearer bearer-b"},
+                                     {"X-Amz-Target", "SageMaker.DescribeTrainingSession"}},
+                                    json{{"TrainingSessionName", "slow"}}.dump()};
+  DirectRequest poll(srv->api(), describe);  // the server's default wait: an hour
+  EXPECT_TRUE(poll.waiting()) << "answered while the session was still Creating";
+  service->creation->set(true);
+  const auto answer = poll.answer();  // the deadline is out of reach: only the session starting answers
+  ASSERT_TRUE(answer) << "the describe did not answer when the session started";
+  EXPECT_EQ((*answer)["TrainingSessionDetail"]["TrainingSessionStatus"], "Running");
+  // A session that is not Creating is described at once; an unknown one is refused at once.
+  EXPECT_FALSE(DirectRequest(srv->api(), describe).waiting());
+  sigv4::HttpRequest unknown = describe;
+  unknown.body = json{{"TrainingSessionName", "nobody"}}.dump();
+  DirectRequest refused(srv->api(), unknown);
+  EXPECT_FALSE(refused.waiting());
+  EXPECT_NE(refused.answer()->dump().find("nobody"), std::string::npos);
+}
+
 TEST_F(LongWaitServerFixture, AServerThatStopsAnswersItsLongPollsAtOnce) {
-  DirectGet poll(srv->api(), held_operation());
+  DirectRequest poll(srv->api(), held_operation());
   EXPECT_TRUE(poll.waiting());
   // stop() ends with the session workers, one of which the gate holds: it runs beside this thread until the
   // gate opens, after the poll's answer (or the lack of one) is in.
