@@ -13,7 +13,8 @@ any engine behind the server:
   sampling    at each K, every session submits at the same moment (a barrier across one thread per session)
               one sample request of 2 samples x 64 new tokens (seed per session, temperature 1, no stop
               sequences, the same 16-token prompt); aggregate generated tokens / wall time from the first
-              submit to the last result. Then one session asks for 16 rows (numSamples 16) in one request.
+              submit to the last result. Then one session asks for 16 rows (numSamples 16) in one request, and
+              one session submits 8 requests of 2 x 64 before fetching any result (a GRPO step's pattern).
               Targets: K=8 >= 0.75x the 16-row figure, and every K >= K=1.
   training    with all sessions present, 1, 4 and 8 sessions each submit at the same moment 2 forwardBackward
               operations of 8 x 64 tokens (cross_entropy); aggregate training tokens / wall time against one
@@ -339,6 +340,17 @@ def main():
               f"({tokens} tokens in {wall:.2f} s) | {sampling['batch'] / sampling[sample_ks[0]]:.2f}x | — |",
               flush=True)
 
+        def many(s):  # a GRPO step's pattern: one session, a request per prompt, all submitted before any result
+            t0 = time.monotonic()
+            paths = [s.submit_sample(args.samples, new_tokens, 2000 + i) for i in range(args.max_k)]
+            return t0, sum(s.sampled_tokens(p) for p in paths)
+
+        tokens, wall, _ = together(sessions[:1], many)
+        sampling["one session"] = tokens / wall
+        print(f"| 1 session with {args.max_k} requests of {args.samples} x {new_tokens} at once | — | "
+              f"{rss_mib(server.proc.pid):,.0f} MiB | {sampling['one session']:.1f} ({tokens} tokens in {wall:.2f} s) "
+              f"| {sampling['one session'] / sampling[sample_ks[0]]:.2f}x | — |", flush=True)
+
         # ---- point 3: training under contention ----------------------------------------------------------------
         for s in sessions:  # warm-up, one session at a time: a small forwardBackward each
             path, n = s.submit_forward_backward(1, min(16, length))
@@ -375,6 +387,9 @@ def main():
         print(f"| 2. sampling, {kmax} sessions / 1 session with {one_batch} rows | {sampling[kmax]:.1f} / "
               f"{sampling['batch']:.1f} tokens/s = **{batch_ratio:.2f}x** | >= 0.75x | "
               f"{'yes' if batch_ratio >= 0.75 else 'no'} |")
+        one = sampling["one session"] / sampling[kmax]
+        print(f"| sampling, 1 session's {kmax} requests at once / {kmax} sessions' | {sampling['one session']:.1f} / "
+              f"{sampling[kmax]:.1f} tokens/s = **{one:.2f}x** | (a session's requests batch as sessions' do) | — |")
         if len(sample_ks) > 1:
             low = sampling[worst] / sampling[1]
             print(f"| 2. sampling, lowest K > 1 (K={worst}) / K=1 | {sampling[worst]:.1f} / {sampling[1]:.1f} "
