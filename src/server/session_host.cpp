@@ -80,13 +80,17 @@ json SessionHost::guarded(const std::function<json()>& work) {
     return work();
   } catch (const group_failure& e) {
     // The other ranks that train this session are gone: it is Blocked until the server has formed its
-    // data-parallel group again (rlloop serve restarts for that, and the session comes back Running).
+    // data-parallel group again (rlloop serve restarts for that, and the session comes back Running). Journaled
+    // once, though every sample started beside the failed one fails the same way.
+    const std::string why = std::string(e.what()).substr(0, 1024);
     std::lock_guard lock(mu);
-    status = SessionStatus::blocked;
-    error_details = std::string(e.what()).substr(0, 1024);
-    last_modified = now_seconds();
-    journal({{"t", "status"}, {"status", to_string(status)}, {"error", error_details}, {"time", last_modified}});
-    return state_body(OperationStatus::failed, error_details);
+    if (status != SessionStatus::blocked) {
+      status = SessionStatus::blocked;
+      error_details = why;
+      last_modified = now_seconds();
+      journal({{"t", "status"}, {"status", to_string(status)}, {"error", error_details}, {"time", last_modified}});
+    }
+    return state_body(OperationStatus::failed, why);
   } catch (const std::exception& e) {
     return state_body(OperationStatus::failed, std::string(e.what()).substr(0, 1024));
   }
