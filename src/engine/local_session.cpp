@@ -244,9 +244,7 @@ struct LocalSession::Impl {
     mine.precision = decode_precision;
     mine.rounded = rounded_slot(target);
     mine.prefill_tokens = service.prefill_chunk_tokens;
-    std::vector<SampleRequest> requests;
-    std::vector<std::uint64_t> seeds;
-    std::vector<std::size_t> entry_of;  // the batch entry of each request sent
+    std::vector<std::size_t> entry_of;  // the batch entry of each share
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const LockstepBatches::Entry& entry = batch[i];
       try {
@@ -255,7 +253,7 @@ struct LocalSession::Impl {
         if (auto eos = cfg.eos_token_id) req.params.stop_token_ids.push_back(static_cast<token_id>(*eos));
         dist::LockstepShare share;
         if (!req.params.stop.empty()) share.stop_check = make_stop_string_check(*tokenizer, req.params.stop);
-        const std::uint64_t seed = req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : next_seed();
+        share.seed = req.params.seed ? static_cast<std::uint64_t>(*req.params.seed) : next_seed();
         const int ranks = group->world_size();
         const bool spread = !entry.on_step && !req.include_prompt_logprobs && req.topk_prompt_logprobs == 0;
         dist::SamplePlacement placement{std::vector<int>(ranks, 0), std::vector<int>(ranks, 0)};
@@ -263,24 +261,22 @@ struct LocalSession::Impl {
           placement = dist::place_samples(req.num_samples, ranks, group->next_turn());
         else
           placement.count[0] = req.num_samples;
-        share.req = req;
-        share.req.num_samples = placement.count[0];
-        share.stream = SampleStream(seed, placement.first[0]);
-        share.on_step = entry.on_step;
         share.at_once = prefills_at_once(req);
+        share.req = std::move(req);
+        share.req.num_samples = placement.count[0];
+        share.stream = SampleStream(share.seed, placement.first[0]);
+        share.on_step = entry.on_step;
         mine.shares.push_back(std::move(share));
         mine.placements.push_back(std::move(placement));
-        requests.push_back(std::move(req));
-        seeds.push_back(seed);
         entry_of.push_back(i);
       } catch (...) {
         out[i].error = std::current_exception();  // this request alone
       }
     }
-    if (requests.empty()) return out;
+    if (mine.shares.empty()) return out;
     std::vector<dist::LockstepOutcome> outcomes;
     try {
-      outcomes = group->sample_in_lockstep(replica, sampler_key(model_path), requests, seeds, mine);
+      outcomes = group->sample_in_lockstep(replica, sampler_key(model_path), mine);
     } catch (...) {
       for (std::size_t i : entry_of) out[i].error = std::current_exception();
       return out;
@@ -293,7 +289,7 @@ struct LocalSession::Impl {
       }
       o.response = std::move(outcomes[k].response);
       TokenUsage u;  // the prompt once, every sample's new tokens
-      u.prefill = static_cast<std::int64_t>(requests[k].prompt.length());
+      u.prefill = static_cast<std::int64_t>(mine.shares[k].req.prompt.length());
       for (const auto& s : o.response.sequences) u.sample += s.decode_tokens;
       add_usage(u);
     }

@@ -230,11 +230,10 @@ class SessionHost {
   // Runs an operation's work and returns its state: `work`'s, or a failed one with the error's message. A
   // group_failure (the session's other ranks are gone) also makes the session Blocked.
   json guarded(const std::function<json()>& work);
-  // Sample operations (SampleRequest): started (the session call), then, once its response is in, billed and
-  // recorded (op.sample_result) and made the operation's state.
+  // Sample operations (SampleRequest; execute runs every other kind): started (the session call), then, once the
+  // response is in, billed and recorded (op.sample_result) and made the operation's state.
   static bool is_sample(const OperationRecord& op);
   Future<SampleResponse> start_sample(OperationRecord& op);
-  void record_sample(OperationRecord& op, const SampleResponse& r);
   json sample_state(OperationRecord& op, SampleResponse r);
   // Starts `op` beside the samples already started (or finishes it failed, when it cannot start).
   void start_beside(std::vector<StartedSample>& started, const std::shared_ptr<OperationRecord>& op);

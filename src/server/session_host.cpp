@@ -1,7 +1,7 @@
 // A hosted session's worker: creates the session, then runs its operations in arrival (= sequence number) order
-// (each by execute(), session_operations.cpp), recording each result: one at a time, except that consecutive
-// sample operations run side by side (the session decodes them together). When the server is durable,
-// each result is journaled before it is visible, and a LoRA state is saved after every optimizer step.
+// (session_operations.cpp), recording each result: one at a time (execute), except that consecutive sample
+// operations run side by side (start_sample, sample_state: the session decodes them together). When the server
+// is durable, each result is journaled before it is visible, and a LoRA state is saved after every optimizer step.
 #include <chrono>
 #include <filesystem>
 #include <utility>

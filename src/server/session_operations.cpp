@@ -2,6 +2,7 @@
 // logprobs, checkpoints), the tokens it bills and the model packages it issues or resolves. The queue, the
 // journal and the operation's lifecycle around it are session_host.cpp's.
 #include <filesystem>
+#include <stdexcept>
 #include <utility>
 
 #include <rlloop/detail/visit.hpp>
@@ -50,31 +51,32 @@ bool SessionHost::is_sample(const OperationRecord& op) {
   return s && std::holds_alternative<SampleRequest>(*s);
 }
 
+namespace {
+const SampleRequest& sample_request(const OperationRecord& op) {
+  return std::get<SampleRequest>(std::get<wire::SamplingOperation>(op.op));
+}
+}  // namespace
+
 Future<SampleResponse> SessionHost::start_sample(OperationRecord& op) {
-  SampleRequest req = std::get<SampleRequest>(std::get<wire::SamplingOperation>(op.op));
+  SampleRequest req = sample_request(op);
   req.model_path = req.model_path ? std::optional(resolve_checkpoint(*req.model_path)) : sampler_path_;
   if (op.stream && sample_streaming_)
     return sample_streaming_(req, [stream = op.stream](const SampleResponse& so_far) { stream->update(so_far); });
   return session->sample(req);
 }
 
-void SessionHost::record_sample(OperationRecord& op, const SampleResponse& r) {
+json SessionHost::sample_state(OperationRecord& op, SampleResponse r) {
   // Each sequence reports the prompt as its prefill (spec SampleTokenUsage); billed once by default.
   TokenUsage u;
   for (const auto& seq : r.sequences) {
     if (config_.bill_prompt_per_sample) u.prefill += seq.prefill_tokens;
     u.sample += seq.decode_tokens;
   }
-  if (!config_.bill_prompt_per_sample)
-    u.prefill = static_cast<std::int64_t>(std::get<SampleRequest>(std::get<wire::SamplingOperation>(op.op)).prompt.length());
+  if (!config_.bill_prompt_per_sample) u.prefill = static_cast<std::int64_t>(sample_request(op).prompt.length());
   bill(op, u);
   op.sample_result = std::make_shared<SampleResponse>(r);
-}
-
-json SessionHost::sample_state(OperationRecord& op, SampleResponse r) {
-  record_sample(op, r);
-  return wire::to_json(
-      wire::SamplingOperationState{OperationStatus::completed, wire::SamplingResult{std::move(r)}, std::nullopt, std::nullopt});
+  return wire::to_json(wire::SamplingOperationState{OperationStatus::completed, wire::SamplingResult{std::move(r)},
+                                                    std::nullopt, std::nullopt});
 }
 
 json SessionHost::execute(OperationRecord& op) {
@@ -128,10 +130,7 @@ json SessionHost::execute(OperationRecord& op) {
       [&](const auto& o) -> wire::SamplingResult {
         using T = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<T, SampleRequest>) {
-          // (The session's worker starts samples beside each other instead, start_beside: this runs one alone.)
-          SampleResponse r = start_sample(op).get();
-          record_sample(op, r);
-          return r;
+          throw std::logic_error("SessionHost::execute: samples start beside each other (start_beside)");
         } else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
           ComputeLogprobsRequest req = o;
           req.model_path = o.model_path ? std::optional(resolve_checkpoint(*o.model_path)) : sampler_path_;

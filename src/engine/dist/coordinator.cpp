@@ -323,22 +323,21 @@ std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std:
 }
 
 std::vector<LockstepOutcome> Coordinator::sample_in_lockstep(std::uint64_t id, const std::string& sampler,
-                                                             const std::vector<SampleRequest>& requests,
-                                                             const std::vector<std::uint64_t>& seeds,
                                                              LockstepBatch& mine) {
   std::lock_guard lock(mu_);
   auto c = command(Command::sample_lockstep, id);
   c.put(sampler);
   c.put(mine.precision);
   c.put(mine.prefill_tokens);
-  c.put(static_cast<std::uint64_t>(requests.size()));
-  for (std::size_t i = 0; i < requests.size(); ++i) {
+  c.put(static_cast<std::uint64_t>(mine.shares.size()));
+  for (std::size_t i = 0; i < mine.shares.size(); ++i) {
+    const LockstepShare& share = mine.shares[i];
     const SamplePlacement& placement = mine.placements.at(i);
-    c.put(seeds.at(i));
-    c.put(mine.shares.at(i).at_once);
+    c.put(share.seed);
+    c.put(share.at_once);
     c.put(placement.first);
     c.put(placement.count);
-    c.put(requests[i]);
+    c.put(share.req);  // rank 0's share of the request: a worker takes its count from the placement
     for (std::size_t r = 1; r < placement.count.size(); ++r)
       remote_samples_ += static_cast<std::uint64_t>(placement.count[r]);
   }

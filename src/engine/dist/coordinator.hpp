@@ -108,13 +108,11 @@ class Coordinator {
   // compute_logprobs of `tokens` (validated) on worker `rank`, with the session's model or a sampler model.
   std::shared_ptr<Replies> post_logprobs(std::uint64_t id, const std::string& sampler,
                                          const std::vector<token_id>& tokens, int rank);
-  // A batch of an expert-parallel session's sampling requests (validated, their stop ids complete), each with its
-  // seed, decoded by every rank in step (sample_lockstep_share): rank 0's part is `mine` (its shares and the
-  // requests' placements), the workers' are made as post_sample's are. Blocks until every rank's samples have
-  // stopped; the commands of other sessions wait meanwhile. One outcome per request.
-  std::vector<LockstepOutcome> sample_in_lockstep(std::uint64_t id, const std::string& sampler,
-                                                  const std::vector<SampleRequest>& requests,
-                                                  const std::vector<std::uint64_t>& seeds, LockstepBatch& mine);
+  // A batch of an expert-parallel session's sampling requests (validated, their stop ids complete) decoded by every
+  // rank in step (sample_lockstep_share): rank 0's part is `mine` (its shares and the requests' placements), the
+  // workers' are made from them as post_sample's are. Blocks until every rank's samples have stopped; the commands
+  // of other sessions wait meanwhile. One outcome per request.
+  std::vector<LockstepOutcome> sample_in_lockstep(std::uint64_t id, const std::string& sampler, LockstepBatch& mine);
   // An expert-parallel session's compute_logprobs of `tokens` (validated, at least 2) with `model` (the session's or
   // the sampler model under `sampler`): rank 0 scores, the others take part in its exchanges.
   std::vector<double> logprobs_in_lockstep(std::uint64_t id, const std::string& sampler, Transformer& model,

@@ -134,6 +134,7 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
 struct LockstepShare {
   SampleRequest req;
   StopStringCheck stop_check;
+  std::uint64_t seed = 0;  // the request's; `stream` draws this rank's samples from it
   SampleStream stream{0};
   std::function<void(const SampleResponse&)> on_step;  // rank 0's streaming, when asked for
   // prefills_at_once of the whole request (rank 0's: prompt logprobs are not sent): every rank owes that forward.

@@ -207,14 +207,14 @@ class Worker {
     const auto rank = static_cast<std::size_t>(group_->rank());
     for (std::size_t n = r.get<std::uint64_t>(), i = 0; i < n; ++i) {
       engine::dist::LockstepShare& share = mine.shares.emplace_back();
-      const auto seed = r.get<std::uint64_t>();
+      share.seed = r.get<std::uint64_t>();
       share.at_once = r.get<bool>();
       const engine::dist::SamplePlacement& placement =
           mine.placements.emplace_back(engine::dist::SamplePlacement{r.get_vector<int>(), r.get_vector<int>()});
       share.req = r.get_sample_request();
       const bool has_share = rank < placement.count.size() && rank < placement.first.size();
       share.req.num_samples = has_share ? placement.count[rank] : 0;
-      share.stream = engine::SampleStream(seed, has_share ? placement.first[rank] : 0);
+      share.stream = engine::SampleStream(share.seed, has_share ? placement.first[rank] : 0);
       try {
         if (share.req.num_samples > 0 && !share.req.params.stop.empty())
           share.stop_check = engine::make_stop_string_check(tokenizer(rep), share.req.params.stop);
