@@ -38,13 +38,29 @@ enum class StoredType : std::uint32_t {
   array = 9, uint64 = 10, int64 = 11, float64 = 12,
 };
 
+// `text` with its control bytes written as \xNN: a damaged file's keys and tensor names go into error messages, and a
+// NUL in one would end the message's what() before it says what is wrong.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b != 0x7F) {
+      out += ch;
+    } else {
+      static const char* const hex = "0123456789abcdef";
+      out += {'\\', 'x', hex[b >> 4], hex[b & 15]};
+    }
+  }
+  return out;
+}
+
 // Reads forward through the mapped header; each read checks that the file holds it.
 class Cursor {
  public:
   Cursor(const std::uint8_t* data, std::size_t size, const std::string& path) : data_(data), size_(size), path_(path) {}
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw invalid_argument("GGUF file '" + path_ + "': " + what + " (at byte " + std::to_string(at_) + ")");
+    throw invalid_argument("GGUF file '" + path_ + "': " + printable(what) + " (at byte " + std::to_string(at_) + ")");
   }
   std::size_t at() const { return at_; }
   std::size_t left() const { return size_ - at_; }
@@ -274,9 +290,9 @@ File File::open(const std::string& path) {
   f.data_start_ = (c.at() + f.alignment_ - 1) / f.alignment_ * f.alignment_;
   for (const auto& t : f.tensors_) {
     if (f.data_start_ > size || t.offset > size - f.data_start_ || t.bytes() > size - f.data_start_ - t.offset)
-      throw invalid_argument("GGUF file '" + path + "': tensor '" + t.name + "' (" + std::to_string(t.bytes()) +
-                             " bytes at data offset " + std::to_string(t.offset) + ") ends past the file's " +
-                             std::to_string(size) + " bytes");
+      throw invalid_argument("GGUF file '" + path + "': tensor '" + printable(t.name) + "' (" +
+                             std::to_string(t.bytes()) + " bytes at data offset " + std::to_string(t.offset) +
+                             ") ends past the file's " + std::to_string(size) + " bytes");
   }
   return f;
 }
