@@ -3,6 +3,9 @@
 // logprobs the training forward computes, and a checkpoint restores the same numbers.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "experts.hpp"
 #include "session_util.hpp"
 
 namespace {
@@ -152,6 +155,40 @@ std::vector<double> forward_logprobs(TrainingClient<LocalSession>& client, const
 }
 }  // namespace
 
+// The router's metrics (engine::router_metrics) on three tokens of hand-picked logits over E = 3 experts, k = 1, the
+// third a padding token (mask 0) that must not count:
+//   token 0: logits (0, ln 2, 0)  -> probabilities (1/4, 1/2, 1/4), routed to expert 1
+//   token 1: logits (ln 3, 0, 0)  -> probabilities (3/5, 1/5, 1/5), routed to expert 0
+//   token 2: logits (0, 0, ln 8)  -> (1/10, 1/10, 8/10), routed to expert 2: padding
+// aux_loss = E * sum_e (routes to e / tokens) * (mean probability of e)
+//          = 3 * (1/2 * 0.85/2 + 1/2 * 0.70/2 + 0 * 0.45/2) = 3 * 1.55 / 4 = 1.1625
+// (the uniform load's value would be k = 1; counting the padding token, 3 * 3.0 / 9 = 1.0);
+// z_loss = mean over real tokens of logsumexp(logits)^2 = ((ln 4)^2 + (ln 5)^2) / 2.
+// Replayed to experts (1, 2, 2) instead: routes (0, 1, 1) -> aux 3 * (0.70 + 0.45) / 4 = 0.8625, and one real token
+// of two routed otherwise than the router's own top 1: replay_mismatch 0.5.
+TEST(RouterMetrics, AuxLossAndZLossAsComputedByHand) {
+  namespace eng = rlloop::engine;
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const torch::Tensor logits =
+      torch::tensor({0.0, std::log(2.0), 0.0, std::log(3.0), 0.0, 0.0, 0.0, 0.0, std::log(8.0)}, f64).reshape({3, 3});
+  const torch::Tensor mask = torch::tensor({1.0, 1.0, 0.0}, f64);
+  auto routes = [&](std::vector<std::int64_t> experts) {
+    return eng::Routes{torch::tensor(experts, torch::kInt64).reshape({3, 1}), torch::ones({3, 1}, f64)};
+  };
+  eng::RouterTotals own;
+  eng::add_router_totals(own, logits, routes({1, 0, 2}), mask, false);
+  const auto metrics = eng::router_metrics(own);
+  EXPECT_NEAR(metrics.at("router/aux_loss"), 1.1625, 1e-12);
+  EXPECT_NEAR(metrics.at("router/z_loss"), (std::pow(std::log(4.0), 2) + std::pow(std::log(5.0), 2)) / 2, 1e-6);
+  EXPECT_FALSE(metrics.count("router/replay_mismatch"));
+
+  eng::RouterTotals replayed;
+  eng::add_router_totals(replayed, logits, routes({1, 2, 2}), mask, true);
+  const auto replay_metrics = eng::router_metrics(replayed);
+  EXPECT_NEAR(replay_metrics.at("router/aux_loss"), 0.8625, 1e-12);
+  EXPECT_NEAR(replay_metrics.at("router/replay_mismatch"), 0.5, 1e-12);
+}
+
 // Routing replay through the session API (issue 27, must-show 2). sample() returns every sequence's routes when
 // asked; a datum carrying them makes forward route exactly so. Before any update the trainer's own routing agrees
 // with the sampler's and replay changes nothing; after an optimizer step that moves the routers the trainer would
@@ -190,8 +227,11 @@ TEST(ExpertsSession, SampledRoutesReplayInTraining) {
   // The decoding steps' arithmetic is not the training forward's, so a near tie could route otherwise; replay
   // takes the sampler's routes wherever that happens.
   EXPECT_LE(metrics.at("router/replay_mismatch"), 0.02);
+  // Only that the session reports it within bounds (k = 2 for a uniform load, more the less even it is, at most
+  // k * E = 16): the formula is checked against hand-computed values (RouterMetrics.AuxLossAndZLossAsComputedByHand
+  // above) and against transformers' aux_loss (tests/hf, hf_parity_test's `router` check).
   const double aux = metrics.at("router/aux_loss");
-  EXPECT_GT(aux, 1.0);  // k = 2 for a uniform load, more the less even it is (at most k * E)
+  EXPECT_GT(aux, 1.0);
   EXPECT_LT(aux, 16.0);
   EXPECT_EQ(forward_logprobs(trainer, free, &metrics).size(), before.size());
   EXPECT_FALSE(metrics.count("router/replay_mismatch"));  // nothing replayed

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Data parallelism across two hosts: rank 0 (the equivalence tests of engine_data_parallel_test) in one network
 # namespace, rank 1 (`rlloop worker`) in another, joined by a veth pair, so the ranks reach each other only over
-# a network link, as on two machines. Creates and removes the namespaces; skips (exit 77) without the rights.
+# a network link, as on two machines. Creates and removes the namespaces. Without the rights it skips (exit 77)
+# outside CI; under CI=true it skips only when it is on the skip list (tests/skip.sh), and fails otherwise.
 # Usage: two_hosts_test.sh RLLOOP_BIN DATA_PARALLEL_TEST_BIN
 set -euo pipefail
+source "$(dirname "$0")/../skip.sh"
 rlloop=$1 test_bin=$2
 ns0="rlloop-dp0-$$" ns1="rlloop-dp1-$$"
 addr0=10.213.77.1 addr1=10.213.77.2 port=29517
 
 if ! command -v ip >/dev/null || ! ip netns add "$ns0" 2>/dev/null; then
-  echo "SKIP: creating a network namespace needs iproute2 and CAP_NET_ADMIN (run as root, not in an unprivileged container)"
-  exit 77
+  rlloop_skip engine_data_parallel_two_hosts_test \
+    "creating a network namespace needs iproute2 and CAP_NET_ADMIN (run as root, not in an unprivileged container)"
 fi
 worker_loop=""
 cleanup() {
