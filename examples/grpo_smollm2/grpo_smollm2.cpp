@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,22 @@ std::vector<ChatSum> chat_sums(const std::vector<envs::ArithmeticProblem>& probl
   return out;
 }
 
+// n distinct problems of a split. The task draws with replacement, and two-digit sums have about 1000 held-out
+// problems, so 100 draws would repeat about 5 of them, each counting twice in the accuracy. Training problems come
+// from the other split: the task assigns each expression to one split by a hash of its text.
+std::vector<envs::ArithmeticProblem> distinct_problems(envs::ArithmeticTask& task, std::size_t n, envs::Split split) {
+  std::vector<envs::ArithmeticProblem> out;
+  std::set<std::string> seen;
+  for (std::size_t draws = 0; out.size() < n; ++draws) {
+    if (draws > 100 * n)
+      throw invalid_argument("grpo_smollm2: --eval-problems " + std::to_string(n) +
+                             " is more than the held-out split has distinct problems");
+    auto p = task.next(split);
+    if (seen.insert(p.prompt).second) out.push_back(std::move(p));
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,14 +74,15 @@ int main(int argc, char** argv) {
   std::int64_t seed = 1;
   CLI::App app{"GRPO with LoRA on SmolLM2-135M-Instruct (GGUF), two-digit sums in its chat template, on the CPU."};
   app.add_option("--model", model, "a .gguf file or an HF model directory of a chat model");
-  app.add_option("--steps", steps, "GRPO steps");
-  app.add_option("--problems", problems, "prompts per GRPO step");
-  app.add_option("--group-size", group_size, "completions per prompt");
-  app.add_option("--eval-problems", eval_problems, "held-out problems");
-  app.add_option("--eval-every", eval_every, "held-out evaluation every N steps");
-  app.add_option("--lora-rank", lora_rank, "LoRA rank");
+  app.add_option("--steps", steps, "GRPO steps")->check(CLI::PositiveNumber);
+  app.add_option("--problems", problems, "prompts per GRPO step")->check(CLI::PositiveNumber);
+  app.add_option("--group-size", group_size, "completions per prompt")->check(CLI::PositiveNumber);
+  app.add_option("--eval-problems", eval_problems, "distinct held-out problems")->check(CLI::PositiveNumber);
+  app.add_option("--eval-every", eval_every, "held-out evaluation every N steps (and after the last)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lora-rank", lora_rank, "LoRA rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate");
-  app.add_option("--max-tokens", max_tokens, "tokens per completion");
+  app.add_option("--max-tokens", max_tokens, "tokens per completion")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "seed for problems, adapters and sampling");
   bool dequantize_base = false;
   app.add_flag("--dequantize-base", dequantize_base,
@@ -91,8 +109,8 @@ int main(int argc, char** argv) {
 
   envs::ArithmeticTask train_task(envs::ArithmeticOptions::for_difficulty(2), static_cast<std::uint64_t>(seed));
   envs::ArithmeticTask eval_task(envs::ArithmeticOptions::for_difficulty(2), static_cast<std::uint64_t>(seed) + 1000);
-  const auto held_out =
-      chat_sums(eval_task.sample(static_cast<std::size_t>(eval_problems), envs::Split::held_out), *renderer);
+  const auto held_out = chat_sums(
+      distinct_problems(eval_task, static_cast<std::size_t>(eval_problems), envs::Split::held_out), *renderer);
   const rewards::MathAnswerReward reward({.fallback_to_last_number = true});
   const SamplingParams sampling = renderer->sampling_params({.max_tokens = max_tokens, .temperature = 1.0, .seed = seed});
   auto evaluate = [&] {
@@ -141,12 +159,19 @@ int main(int argc, char** argv) {
                      {"before", before.completions[i]},
                      {"after", after.completions[i]}});
   }
-  std::vector<nlohmann::json> grpo_records;
-  for (const auto& r : log.records())
-    if (r["phase"] == "grpo") grpo_records.push_back(r);
+  // The plot: the reward on the training samples per step and the held-out accuracy from step 0 (the evaluation
+  // before GRPO) on. The reward is 1 for the right sum and 0 otherwise, so its mean is also the share of samples
+  // right (train_accuracy in metrics.jsonl): one line for both.
+  std::vector<nlohmann::json> plot_records;
+  for (const auto& r : log.records()) {
+    nlohmann::json p{{"step", r["step"]}};
+    if (r.contains("reward")) p["training reward"] = r["reward"];
+    if (r.contains("accuracy")) p["held-out accuracy"] = r["accuracy"];
+    plot_records.push_back(std::move(p));
+  }
   const auto plot = (fs::path(out_dir) / "plot.svg").string();
-  examples::write_svg_plot(plot, grpo_records, {"reward", "train_accuracy", "accuracy"}, "step",
-                           "grpo_smollm2: reward and held-out accuracy per GRPO step");
+  examples::write_svg_plot(plot, plot_records, {"training reward", "held-out accuracy"}, "step",
+                           "grpo_smollm2: training reward and held-out greedy accuracy per GRPO step");
   std::printf("held-out accuracy before GRPO: %.3f\nheld-out accuracy after GRPO:  %.3f  (%+.3f)\n", before.accuracy,
               after.accuracy, after.accuracy - before.accuracy);
   const auto one_line = [](std::string s) {
