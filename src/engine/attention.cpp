@@ -173,22 +173,42 @@ class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
 
 }  // namespace
 
-#if RLLOOP_HAVE_SDPA
-// LibTorch's fused attention (flash or memory-efficient on CUDA): memory linear in the length, grouped-query heads
-// read in place. Its causal mask is aligned to the top left, so queries that follow cached keys get an explicit
-// [T, S] mask (a single decoded query sees every key and needs none).
-torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                              double scale) {
+SdpaArgs sdpa_args(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values) {
   const Dims d = dims_of(q, keys, values);
-  std::optional<torch::Tensor> mask;
-  if (d.T > 1 && d.T != d.S) {
-    auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
-    mask = torch::arange(0, d.S, pos).unsqueeze(0) <= torch::arange(d.past, d.S, pos).unsqueeze(1);  // [T, S]
-  }
-  return at::scaled_dot_product_attention(q, keys, values, mask, /*dropout_p=*/0.0, /*is_causal=*/d.T > 1 && !mask,
-                                          scale, /*enable_gqa=*/d.rep > 1)
-      .transpose(1, 2)
-      .reshape({d.B, d.T, d.nh * d.D});
+  SdpaArgs a;
+  // Queries that follow cached keys: as many zero queries before them as keys are cached, so that query i sits at
+  // key i and the causal flag's top-left alignment is the right one. Their outputs are dropped. Work over S x S / 2
+  // scores where the queries need T x S (at most S / 2T times as much, ~1.5x over a prompt prefilled in 4 chunks),
+  // memory linear in S: where the alternative, an explicit [T, S] mask, rules out flash attention, and with it the
+  // memory-efficient kernel's grouped-query support varies by release, leaving the math kernel's [B, heads, T, S].
+  // (CUDA's flash kernel itself aligns the causal mask bottom-right, as PyTorch's causal_lower_right uses through an
+  // internal entry point, at::_scaled_dot_product_flash_attention; not taken here: the CPU tests could not see it.)
+  a.skip = d.T > 1 ? d.past : 0;
+  a.q = a.skip > 0 ? torch::cat({torch::zeros({d.B, d.nh, a.skip, d.D}, q.options()), q}, 2) : q;
+  a.is_causal = d.T > 1;
+  // Grouped-query heads as plain heads: each KV head repeated for the query heads that read it (query head h reads
+  // KV head h / rep), so that no kernel needs enable_gqa (flash takes it; the memory-efficient kernel's support for
+  // it varies by release and platform). Memory as the queries', linear in S.
+  auto per_head = [&](const torch::Tensor& t) {
+    const torch::Tensor rows = t.stride(3) == 1 ? t : t.contiguous();
+    if (d.rep == 1) return rows;
+    return rows.unsqueeze(2).expand({d.B, d.nkv, d.rep, d.S, d.D}).reshape({d.B, d.nh, d.S, d.D});
+  };
+  a.keys = per_head(keys);
+  a.values = per_head(values);
+  if (a.q.stride(3) != 1) a.q = a.q.contiguous();
+  return a;
+}
+
+#if RLLOOP_HAVE_SDPA
+torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                             double scale) {
+  const std::int64_t B = q.size(0), nh = q.size(1), T = q.size(2), D = q.size(3);
+  const SdpaArgs a = sdpa_args(q, keys, values);
+  torch::Tensor out = at::scaled_dot_product_attention(a.q, a.keys, a.values, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                       a.is_causal, scale);
+  if (a.skip > 0) out = out.narrow(2, a.skip, T);
+  return out.transpose(1, 2).reshape({B, T, nh * D});
 }
 #endif
 
@@ -199,7 +219,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
   if (q.device().is_cpu() && same && (dtype == torch::kFloat32 || dtype == torch::kFloat64))
     return CausalAttentionFn::apply(q, keys, values, scale);
 #if RLLOOP_HAVE_SDPA
-  if (same) return fused_attention(q, keys, values, scale);
+  if (same) return sdpa_attention(q, keys, values, scale);
 #endif
   // bf16 on the CPU with LibTorch 1.13: the kernel on fp32 copies (memory linear in the length, as the fused
   // attention's; its arithmetic too: fp32 products and softmax over bf16 inputs, the output rounded to bf16).

@@ -3,8 +3,9 @@
 // 32x32 matrix), which made attention a sixth of a small model's training step and most of a decoding step.
 // On CPU (fp32/fp64) this calls BLAS directly per (sequence, head) from one parallel loop and recomputes the
 // probabilities in the backward pass from a saved log-sum-exp, so its memory grows linearly with the length.
-// Elsewhere: LibTorch's fused scaled_dot_product_attention where it exists (2.5+: CUDA, bf16), bf16 on the CPU
-// through the kernel on fp32 copies, and the ATen reference (which keeps [B, heads, T, S]) for the rest.
+// Elsewhere: LibTorch's fused scaled_dot_product_attention where it exists (2.5+: CUDA, bf16) in a layout its flash
+// and memory-efficient kernels take (sdpa_args), bf16 on the CPU through the kernel on fp32 copies, and the ATen
+// reference (which keeps [B, heads, T, S]) for the rest.
 #pragma once
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -31,6 +32,26 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& keys
 // sinks or a window).
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                          double scale);
+
+// How causal_attention calls LibTorch's fused scaled_dot_product_attention (2.5+; on CUDA, or bf16 on the CPU) so
+// that its flash and memory-efficient kernels take the call whatever the layout: prefill, prefill after a cache,
+// chunked prefill, grouped-query heads. Their preconditions, which the arguments meet: no explicit mask (flash takes
+// none); the causal flag only over as many queries as keys (flash refuses it otherwise: its mask is aligned
+// bottom-right, SDPA's top-left); as many KV heads as query heads (no enable_gqa); the last dimension contiguous;
+// one dtype. `q` holds `skip` leading zero queries when the real ones follow cached keys; the output's rows past
+// them are the real queries'. A pure function of the shapes, so that the CPU tests check it (attention_sdpa_test).
+struct SdpaArgs {
+  torch::Tensor q, keys, values;  // [B, heads, skip + T, D], [B, heads, S, D] twice
+  bool is_causal = false;
+  std::int64_t skip = 0;
+};
+SdpaArgs sdpa_args(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values);
+
+#if RLLOOP_HAVE_SDPA
+// causal_attention through scaled_dot_product_attention over sdpa_args: what causal_attention runs on CUDA.
+torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                             double scale);
+#endif
 
 // causal_attention with gpt-oss's two extras, as transformers' eager attention computes them: a sliding window
 // (`window` > 0: the query at position p sees keys p - window < j <= p) and sink logits (`sinks` [heads], when

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "device.hpp"
 #include "few_rows_linear.hpp"
 #include "fused_ops.hpp"
 #include "small_gemm.hpp"
@@ -136,10 +137,13 @@ void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const 
   torch::NoGradGuard no_grad;
   const torch::Tensor z = logits.detach().to(torch::kFloat64);  // [N, E]
   const std::int64_t N = z.size(0), E = z.size(1), k = routes.experts.size(1);
-  const torch::Tensor real = mask.defined() ? mask.to(z.device(), torch::kFloat64) : torch::ones({N}, z.options());
+  // (The mask is on the logits' device: hidden_states moves it there. repeat_interleave would ask the host for its
+  // output size on CUDA; an expanded view does not.)
+  const torch::Tensor real = mask.defined() ? mask.to(torch::kFloat64) : torch::ones({N}, z.options());
   const torch::Tensor probabilities = torch::softmax(z, -1);
   const torch::Tensor routed = torch::zeros({E}, z.options())
-                                   .index_add_(0, routes.experts.reshape({N * k}), real.repeat_interleave(k));
+                                   .index_add_(0, routes.experts.reshape({N * k}),
+                                               real.unsqueeze(1).expand({N, k}).reshape({N * k}));
   const torch::Tensor probability = (probabilities * real.unsqueeze(1)).sum(0);
   const torch::Tensor squared = (torch::logsumexp(z, -1).square() * real).sum();
   if (!totals.rows.defined()) {
@@ -166,12 +170,12 @@ std::map<std::string, double> router_metrics(const RouterTotals& totals) {
   std::map<std::string, double> out;
   if (!totals.rows.defined()) return out;
   // transformers' tokens_per_expert is [k, E] (the share of tokens whose i-th choice is e); summed over i it is
-  // the routes an expert took over the tokens counted, as here. One copy to the host for every figure.
+  // the routes an expert took over the tokens counted, as here. One copy to the host for every figure, once per
+  // forward (not per sparse layer), through to_host so that the operator-count test sees it.
   const auto E = static_cast<double>(totals.routed.size(0));
   const torch::Tensor sums =
-      torch::stack({totals.rows, E * (totals.routed * totals.probability).sum(), totals.z,
-                    totals.replayed ? totals.mismatched : torch::zeros_like(totals.z)})
-          .cpu();
+      to_host(torch::stack({totals.rows, E * (totals.routed * totals.probability).sum(), totals.z,
+                            totals.replayed ? totals.mismatched : torch::zeros_like(totals.z)}));
   const double* v = sums.data_ptr<double>();
   const double rows = v[0];
   if (rows == 0) return out;
@@ -179,6 +183,37 @@ std::map<std::string, double> router_metrics(const RouterTotals& totals) {
   out["router/z_loss"] = v[2] / rows;
   if (totals.replayed) out["router/replay_mismatch"] = v[3] / rows;
   return out;
+}
+
+namespace {
+
+// Expert e of E (adapted by `adapters` when given) over its rows `in` [n, H].
+torch::Tensor expert_forward(const Expert& expert, const torch::Tensor& in, std::int64_t e, std::int64_t E,
+                             const ExpertAdapters* adapters, bool few_rows, const ExpertActivation& activation) {
+  torch::Tensor gate = expert.gate.apply(in, few_rows), up = expert.up.apply(in, few_rows);
+  if (adapters && adapters->gate_up_a.defined()) {
+    const torch::Tensor delta = expert_delta(in, adapters->gate_up_a, adapters->gate_up_b, e, E, adapters->scale);
+    const std::int64_t I = gate.size(1);
+    gate = gate + delta.narrow(1, 0, I);
+    up = up + delta.narrow(1, I, I);
+  }
+  const torch::Tensor hidden = activation.clamped ? clamped_swiglu(gate, up, activation) : swiglu(gate, up);
+  torch::Tensor out = expert.down.apply(hidden, few_rows);
+  if (adapters && adapters->down_a.defined())
+    out = out + expert_delta(hidden, adapters->down_a, adapters->down_b, e, E, adapters->scale);
+  return out;
+}
+
+}  // namespace
+
+SortedRoutes sort_routes(const torch::Tensor& experts, std::int64_t E) {
+  const std::int64_t R = experts.numel();
+  const torch::Tensor flat = experts.reshape({R});
+  auto [sorted, order] = torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  // The first sorted route of each expert (and R after the last): a binary search of the sorted ids, where bincount
+  // would make a CUDA host wait for its output's size.
+  const torch::Tensor bounds = torch::searchsorted(sorted, torch::arange(E + 1, flat.options()));
+  return {order, sorted, bounds.narrow(0, 0, E), bounds.narrow(0, 1, E) - bounds.narrow(0, 0, E)};
 }
 
 torch::Tensor expert_products(const torch::Tensor& rows, const torch::Tensor& counts,
@@ -189,40 +224,58 @@ torch::Tensor expert_products(const torch::Tensor& rows, const torch::Tensor& co
   const std::int64_t* count = counts.data_ptr<std::int64_t>();
   for (std::int64_t e = 0, start = 0; e < E; start += count[e], ++e) {
     if (count[e] == 0) continue;
-    const Expert& expert = experts[static_cast<std::size_t>(e)];
-    const torch::Tensor in = rows.narrow(0, start, count[e]);
-    torch::Tensor gate = expert.gate.apply(in, few_rows), up = expert.up.apply(in, few_rows);
-    if (adapters && adapters->gate_up_a.defined()) {
-      const torch::Tensor delta = expert_delta(in, adapters->gate_up_a, adapters->gate_up_b, e, E, adapters->scale);
-      const std::int64_t I = gate.size(1);
-      gate = gate + delta.narrow(1, 0, I);
-      up = up + delta.narrow(1, I, I);
-    }
-    const torch::Tensor hidden = activation.clamped ? clamped_swiglu(gate, up, activation) : swiglu(gate, up);
-    torch::Tensor out = expert.down.apply(hidden, few_rows);
-    if (adapters && adapters->down_a.defined())
-      out = out + expert_delta(hidden, adapters->down_a, adapters->down_b, e, E, adapters->scale);
-    outputs.push_back(out);
+    outputs.push_back(expert_forward(experts[static_cast<std::size_t>(e)], rows.narrow(0, start, count[e]), e, E,
+                                     adapters, few_rows, activation));
   }
   if (outputs.empty()) return torch::empty({0, rows.size(1)}, rows.options());  // no rows at all
   return torch::cat(outputs);
 }
 
+torch::Tensor expert_products_padded(const torch::Tensor& rows, const SortedRoutes& sorted,
+                                     const std::vector<Expert>& experts, const ExpertAdapters* adapters, bool few_rows,
+                                     const ExpertActivation& activation, std::int64_t capacity) {
+  const auto E = static_cast<std::int64_t>(experts.size());
+  const std::int64_t R = rows.size(0), H = rows.size(1), C = capacity;
+  // Sorted route i of expert e = expert[i] is that expert's (i - first[e])-th: its slot e * C + (i - first[e]).
+  const torch::Tensor rank = torch::arange(R, sorted.expert.options()) - sorted.first.index_select(0, sorted.expert);
+  const torch::Tensor slot = sorted.expert * C + rank;
+  // [E * C, H]: expert e's rows at [e * C, e * C + count[e]), zeros after them (whose outputs are never read, so
+  // nothing flows back through them either).
+  const torch::Tensor padded = torch::zeros({E * C, H}, rows.options()).index_copy(0, slot, rows);
+  std::vector<torch::Tensor> outputs;
+  for (std::int64_t e = 0; e < E; ++e)
+    outputs.push_back(expert_forward(experts[static_cast<std::size_t>(e)], padded.narrow(0, e * C, C), e, E, adapters,
+                                     few_rows, activation));
+  return torch::cat(outputs).index_select(0, slot);
+}
+
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
-                          const ExpertAdapters* adapters, bool few_rows, const ExpertActivation& activation) {
-  if (few_rows && !adapters && !activation.clamped && step_kernels_apply(x, experts))
+                          const ExpertAdapters* adapters, bool few_rows, const ExpertActivation& activation,
+                          ExpertRows layout) {
+  if (few_rows && !adapters && !activation.clamped && layout == ExpertRows::automatic &&
+      step_kernels_apply(x, experts))
     return step_experts(x, routes, experts);
   const std::int64_t N = x.size(0), k = routes.experts.size(1);
   const auto E = static_cast<std::int64_t>(experts.size());
-  // The N * k routes sorted by expert (stable: an expert's rows keep token order), each route's token, and how
-  // many routes each expert has: the sizes of the grouped products, the one value the host must know.
-  const torch::Tensor flat = routes.experts.reshape({N * k});
-  const torch::Tensor order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const torch::Tensor token = torch::div(order, k, "floor");
-  const torch::Tensor counts = torch::bincount(flat, {}, E).cpu();
+  // The N * k routes sorted by expert (stable: an expert's rows keep token order) and each one's token, on x's
+  // device: nothing here waits for it.
+  const SortedRoutes sorted = sort_routes(routes.experts, E);
+  const torch::Tensor token = torch::div(sorted.order, k, "floor");
   const torch::Tensor rows = x.index_select(0, token);  // [N * k, H], expert by expert
-  const torch::Tensor outputs = expert_products(rows, counts, experts, adapters, few_rows, activation);
-  const torch::Tensor weights = routes.weights.reshape({N * k}).index_select(0, order).unsqueeze(1);
+  // Training and prefill on the CPU read the counts where they lie (the device is the host: no copy, no wait) and
+  // run each expert over exactly its rows. Elsewhere, and in a decoding step (a few rows: the padding costs little
+  // there, and the CPU's ATen step then runs what CUDA runs, a fixed set of operators), each expert runs over a
+  // capacity of N rows (a token routes to an expert at most once): E / k times the products' rows, the price of not
+  // waiting for the counts on the host at every sparse layer (a grouped product taking device-side offsets,
+  // torch._grouped_mm from PyTorch 2.8, would not pay it).
+  if (layout == ExpertRows::automatic)
+    layout = x.device().is_cpu() && !few_rows ? ExpertRows::exact : ExpertRows::padded;
+  const torch::Tensor outputs =
+      layout == ExpertRows::exact
+          ? expert_products(rows, x.device().is_cpu() ? sorted.counts : to_host(sorted.counts), experts, adapters,
+                            few_rows, activation)
+          : expert_products_padded(rows, sorted, experts, adapters, few_rows, activation, std::max<std::int64_t>(N, 1));
+  const torch::Tensor weights = routes.weights.reshape({N * k}).index_select(0, sorted.order).unsqueeze(1);
   // Added token by token in expert order: a token's outputs sum as transformers' per-expert index_add_ sums them.
   return torch::zeros_like(x).index_add(0, token, outputs * weights);
 }

@@ -103,17 +103,39 @@ void add_router_totals(RouterTotals& totals, const torch::Tensor& logits, const 
 //   differ from the router's own top k: the routing flips replay kept out of the importance ratio.
 std::map<std::string, double> router_metrics(const RouterTotals& totals);
 
+// Routes sorted by expert on their own device (no host read): `order` [R] the flat route indices (token * k + j)
+// sorted by expert, stably; `expert` [R] the expert of each sorted route; `first` [E] where each expert's run starts
+// among them and `counts` [E] how long it is (int64).
+struct SortedRoutes {
+  torch::Tensor order, expert, first, counts;
+};
+SortedRoutes sort_routes(const torch::Tensor& experts, std::int64_t E);
+
 // The grouped products of rows sorted by expert ([R, H]; `counts` [E] on the host: how many rows each expert has,
 // in order): each expert's rows through it (adapted by `adapters` when given), [R, H] in the same order.
 torch::Tensor expert_products(const torch::Tensor& rows, const torch::Tensor& counts,
                               const std::vector<Expert>& experts, const ExpertAdapters* adapters, bool few_rows,
                               const ExpertActivation& activation);
 
+// The same products with the counts left on the device: each expert's rows copied into a slice of `capacity` rows
+// of a zero-padded [E * capacity, H] (capacity at least any expert's count), every expert run over its whole slice,
+// and the real rows read back in the order of `rows`. Shapes known on the host alone, so nothing waits for the device.
+torch::Tensor expert_products_padded(const torch::Tensor& rows, const SortedRoutes& sorted,
+                                     const std::vector<Expert>& experts, const ExpertAdapters* adapters, bool few_rows,
+                                     const ExpertActivation& activation, std::int64_t capacity);
+
+// How run_experts lays out the experts' rows: `exact` runs each expert over exactly its rows, reading the counts on
+// the host (free on the CPU, a wait for the device elsewhere); `padded` over a capacity of one row per token
+// (expert_products_padded: no wait, E / k times the rows); `automatic` picks exact for the CPU's training and
+// prefill, padded elsewhere and for decoding steps (few_rows), and the CPU decoding step's own kernels where they apply.
+enum class ExpertRows { automatic, exact, padded };
+
 // For each row of x [N, H]: the sum over its routes of weight * expert(row), in expert order (as transformers
-// accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). One
-// host read per call: how many rows each expert got.
+// accumulates it), each expert adapted by `adapters` when given; few_rows as Linear::apply's (a decoding step). The
+// routes must name k distinct experts per token (route_top_k's do; replayed ones are checked where they come in).
+// Nothing is read back from a device (ExpertRows::automatic).
 torch::Tensor run_experts(const torch::Tensor& x, const Routes& routes, const std::vector<Expert>& experts,
                           const ExpertAdapters* adapters = nullptr, bool few_rows = false,
-                          const ExpertActivation& activation = {});
+                          const ExpertActivation& activation = {}, ExpertRows layout = ExpertRows::automatic);
 
 }  // namespace rlloop::engine

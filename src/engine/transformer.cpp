@@ -255,11 +255,24 @@ struct Transformer::Impl {
       throw invalid_argument(what + "the routes must be an int64 [tokens, sparse layers, experts per token] = " +
                              shape_string(want) + " tensor, got " + std::string(c10::toString(r.scalar_type())) +
                              " " + shape_string(r.sizes()));
-    auto [lo, hi] = torch::aminmax(r);
-    const auto lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
-    if (lo_v < 0 || hi_v >= cfg.num_experts)
-      throw invalid_argument(what + "expert id " + std::to_string(lo_v < 0 ? lo_v : hi_v) + " is outside [0, " +
-                             std::to_string(cfg.num_experts) + ")");
+    // Checked where the routes lie on the host (before they are uploaded): on a device, reading them back would make
+    // the host wait at every forward; routes there come from a forward's own recording or from a session, which
+    // checked them on the host (loss inputs, rlloop/loss.hpp).
+    if (!r.device().is_cpu()) return;
+    const torch::Tensor ids = r.contiguous();
+    const std::int64_t* id = ids.data_ptr<std::int64_t>();
+    const std::int64_t k = cfg.num_experts_per_tok;
+    for (std::int64_t i = 0; i < ids.numel(); ++i) {
+      if (id[i] < 0 || id[i] >= cfg.num_experts)
+        throw invalid_argument(what + "expert id " + std::to_string(id[i]) + " is outside [0, " +
+                               std::to_string(cfg.num_experts) + ")");
+      // run_experts lays out one row per token per expert at most.
+      for (std::int64_t j = i - i % k; j < i; ++j)
+        if (id[j] == id[i])
+          throw invalid_argument(what + "expert " + std::to_string(id[i]) + " is given twice at token " +
+                                 std::to_string(i / (k * sparse_layers())) + ", sparse layer " +
+                                 std::to_string(i / k % sparse_layers()));
+    }
   }
   // Whether any weight, norm or adapter of layer `li` requires grad.
   bool layer_trains(std::size_t li) const {
@@ -865,14 +878,16 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   // No sequences at all only for an expert-parallel rank without datums: it still takes part in every exchange.
   if ((B == 0 && !(impl_->expert_shard.group && !cache)) || T == 0)
     throw invalid_argument("Transformer::hidden_states: empty input " + shape_string(input_ids.sizes()));
-  // One decoded token per step comes from the sampler itself, inside the vocabulary by construction; checking
-  // it would cost a device sync per layer stack. Everything else is checked.
-  if (!(cache && T == 1) && B > 0) {
-    auto [lo, hi] = torch::aminmax(input_ids);
-    const auto lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
-    if (lo_v < 0 || hi_v >= cfg.vocab_size)
-      throw invalid_argument("Transformer::hidden_states: token id " + std::to_string(lo_v < 0 ? lo_v : hi_v) +
-                             " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ")");
+  // Ids on the host are checked there, before they are uploaded. Ids already on a device are not read back (that
+  // would make the host wait at every prefill and training forward): they come from the sampler (inside the
+  // vocabulary by construction) or from a session, which checked its datums' and prompts' tokens on the host.
+  if (input_ids.device().is_cpu()) {
+    const torch::Tensor host = input_ids.contiguous();
+    const std::int64_t* id = host.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < host.numel(); ++i)
+      if (id[i] < 0 || id[i] >= cfg.vocab_size)
+        throw invalid_argument("Transformer::hidden_states: token id " + std::to_string(id[i]) +
+                               " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ")");
   }
   const std::int64_t past = cache ? cache->length : 0;
   if (cache) {

@@ -16,8 +16,10 @@
 #include <set>
 #include <string>
 
+#include "builtin_models.hpp"
 #include "device.hpp"
 #include "engine/session_util.hpp"
+#include "experts.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
 #include "test_device.hpp"
@@ -39,6 +41,11 @@ struct OpCounts {
   int to_host_scopes = 0;                  // engine::to_host calls
   int device_to_host = 0;                  // copy_ calls from a device to the host (CUDA only)
   int device_to_host_outside = 0;          // those not inside an engine::to_host
+  // Conversions to the CPU (aten::to / aten::_to_copy naming the CPU device: .cpu(), .to(kCPU)) called by the engine
+  // outside an engine::to_host. On CUDA each is a copy back and a wait; on the CPU they copy nothing, and torch::tensor
+  // makes one too as it builds a host tensor (an index to upload), which the CPU cannot tell from .cpu(): the tests
+  // compare these counts between a mixture-of-experts model and a dense one, whose forwards differ in the MLP alone.
+  int to_cpu_outside = 0;
   std::map<std::string, int> host_syncs;   // operators that wait for the device, by name
   std::map<std::string, int> by_name;      // every operator, for the failure message
 
@@ -58,13 +65,23 @@ struct OpCounts {
 // Operators that return data the host must have first: .item() and the ones whose output shape is computed from
 // values on the device.
 const std::set<std::string>& syncing_operators() {
-  static const std::set<std::string> names = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
-                                              "aten::_unique", "aten::_unique2", "aten::unique_dim",
-                                              "aten::unique_consecutive", "aten::is_nonzero", "aten::equal"};
+  // aten::bincount: its CUDA kernel reads the input's maximum back to size its output, whatever minlength says.
+  static const std::set<std::string> names = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero",
+                                              "aten::masked_select", "aten::_unique", "aten::_unique2",
+                                              "aten::unique_dim", "aten::unique_consecutive", "aten::is_nonzero",
+                                              "aten::equal", "aten::bincount"};
   return names;
 }
 
 bool is_cpu_tensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().device().is_cpu(); }
+
+// Whether a call of aten::to / aten::_to_copy names the CPU as its target device.
+template <class Inputs>
+bool names_the_cpu(const Inputs& inputs) {
+  for (const c10::IValue& v : inputs)
+    if (v.isDevice() && v.toDevice().is_cpu()) return true;
+  return false;
+}
 
 // Records every ATen operator call, on any thread, while it exists (one at a time).
 class OpRecorder {
@@ -103,6 +120,9 @@ class OpRecorder {
       ++counts_.device_to_host;
       if (to_host_depth_ == 0) ++counts_.device_to_host_outside;
     }
+    if ((name == "aten::to" || name == "aten::_to_copy") && to_host_depth_ == 0 && operator_depth_ == 0 &&
+        names_the_cpu(inputs))
+      ++counts_.to_cpu_outside;
     ++counts_.operators;
     ++counts_.by_name[name];
     if (operator_depth_++ == 0) {
@@ -310,4 +330,142 @@ TEST(HostSync, ATrainingStepRunsAsManyOperatorsForFourDatumsAsForTwo) {
   EXPECT_EQ(two.to_host_scopes, 1) << two.describe();
   EXPECT_EQ(two.device_to_host, test_device::on_cuda() ? 1 : 0) << two.describe();
   EXPECT_EQ(two.device_to_host_outside, 0) << "a copy to the host outside engine::to_host";
+}
+
+// The same rules for a mixture-of-experts model (rlloop-tiny-moe: its experts' routing is data dependent, the one
+// place a forward is tempted to ask the host how many rows each expert got), and for the forwards that prefill and
+// train: their routing and their token checks stay on the device. A prefill or training forward brings nothing
+// back at all; its router metrics come back once per forward (router_metrics), in one to_host.
+namespace {
+
+ModelConfig tiny_moe() { return *builtin_model("rlloop-tiny-moe"); }
+
+torch::ScalarType test_dtype() { return test_device::dtype() == "bf16" ? torch::kBFloat16 : torch::kFloat32; }
+
+int count_of(const OpCounts& c, const std::string& name) { return c.by_name.count(name) ? c.by_name.at(name) : 0; }
+
+// `to_cpu`: the conversions to the CPU allowed (-1: not checked here).
+void expect_nothing_back(const OpCounts& c, const std::string& what, int to_cpu = 0) {
+  EXPECT_GT(c.operators, 100) << what << ": the recorder saw the forward";
+  EXPECT_EQ(c.to_host_scopes, 0) << what << "\n" << c.describe();
+  EXPECT_EQ(c.device_to_host, 0) << what << ": a copy to the host\n" << c.describe();
+  if (to_cpu >= 0) {
+    EXPECT_EQ(c.to_cpu_outside, to_cpu) << what << ": a conversion to the CPU\n" << c.describe();
+  }
+  EXPECT_TRUE(c.host_syncs.empty()) << what << ": " << c.host_syncs.begin()->first << " waits for the device\n"
+                                    << c.describe();
+}
+
+}  // namespace
+
+TEST(HostSync, AMixtureOfExpertsDecodeStepCopiesTheTokensBackOnceAndNothingElse) {
+  const torch::Device device(test_device::device());
+  // bf16: the ATen step and CUDA's expert layout (ExpertRows::padded); fp32 on the CPU: its step kernels for the
+  // experts.
+  for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat32}) {
+    const std::string what = std::string("rlloop-tiny-moe, ") + (dtype == torch::kBFloat16 ? "bf16" : "fp32");
+    auto model = init_model(tiny_moe(), 5, device, dtype);
+    const OpCounts two = decode_step_counts(*model, 2);
+    const OpCounts six = decode_step_counts(*model, 6);
+    expect_one_copy_back(two, what + ", 2 rows");
+    expect_one_copy_back(six, what + ", 6 rows");
+    EXPECT_EQ(count_of(two, "aten::bincount"), 0);
+    EXPECT_EQ(two.operators, six.operators) << what << ": operators per step grow with the rows:\n2 rows:\n"
+                                            << two.describe() << "6 rows:\n" << six.describe();
+    auto dense = init_model(*builtin_model("rlloop-tiny"), 5, device, dtype);
+    EXPECT_EQ(two.to_cpu_outside, decode_step_counts(*dense, 2).to_cpu_outside)
+        << what << ": a conversion to the CPU the dense model's step does not make\n" << two.describe();
+  }
+}
+
+TEST(HostSync, APrefillForwardBringsNothingBack) {
+  const torch::Device device(test_device::device());
+  const auto ids = torch::TensorOptions(device).dtype(torch::kLong);
+  int dense_to_cpu = -1;  // the dense model's, first: the index uploads' host tensors
+  for (const ModelConfig& cfg : {*builtin_model("rlloop-tiny"), tiny_moe()}) {
+    auto model = init_model(cfg, 5, device, test_dtype());
+    c10::InferenceMode inference;
+    // A prompt, then its continuation after the cache (prefill after a cache: attention over cached keys).
+    KVCache cache(model->kv_pools(), test_dtype(), 1, 32);
+    const torch::Tensor prompt = torch::arange(3, 15, ids).view({1, 12}), more = torch::arange(20, 25, ids).view({1, 5});
+    model->logits(model->hidden_states(prompt, &cache));  // the pool and the RoPE tables made once
+    KVCache fresh(model->kv_pools(), test_dtype(), 1, 32);
+    OpRecorder recorder;
+    model->logits(model->hidden_states(prompt, &fresh));
+    model->logits(model->hidden_states(more, &fresh));
+    const OpCounts c = OpRecorder::take();
+    expect_nothing_back(c, cfg.model_type + " prefill", dense_to_cpu);
+    EXPECT_EQ(count_of(c, "aten::bincount"), 0);
+    if (cfg.num_experts == 0) dense_to_cpu = c.to_cpu_outside;
+  }
+}
+
+TEST(HostSync, ATrainingForwardAndBackwardBringNothingBack) {
+  const torch::Device device(test_device::device());
+  const auto ids = torch::TensorOptions(device).dtype(torch::kLong);
+  for (const ModelConfig& cfg : {*builtin_model("rlloop-tiny"), tiny_moe()}) {
+    auto model = init_model(cfg, 5, device, test_dtype());
+    const torch::Tensor input = torch::arange(3, 27, ids).view({2, 12});
+    auto forward_backward = [&] {
+      RouterTotals totals;
+      ExpertRouting routing{{}, {}, torch::ones({24}, torch::TensorOptions(device)), &totals};
+      const torch::Tensor hidden =
+          model->hidden_states(input, nullptr, cfg.num_experts > 0 ? &routing : nullptr);
+      model->logits(hidden).to(torch::kFloat32).log_softmax(-1).mean().backward();
+      return totals;
+    };
+    forward_backward();
+    OpRecorder recorder;
+    const RouterTotals totals = forward_backward();
+    expect_nothing_back(OpRecorder::take(), cfg.model_type + " training forward and backward");
+    if (cfg.num_experts == 0) continue;
+    // The router's metrics of the forward: one copy back, whatever the sparse layers.
+    EXPECT_EQ(router_metrics(totals).count("router/aux_loss"), 1u);
+    const OpCounts metrics = OpRecorder::take();
+    EXPECT_EQ(metrics.to_host_scopes, 1) << metrics.describe();
+    EXPECT_EQ(metrics.to_cpu_outside, 0) << metrics.describe();
+    EXPECT_TRUE(metrics.host_syncs.empty()) << metrics.describe();
+  }
+}
+
+// The experts' layout CUDA takes (ExpertRows::padded: no count read on the host), run on the CPU: nothing waits,
+// and the outputs and gradients are those of the exact layout (each expert over exactly its rows).
+TEST(HostSync, ThePaddedExpertLayoutWaitsForNothingAndEqualsTheExactOne) {
+  const torch::Device device(test_device::device());
+  const auto f = torch::TensorOptions(device).dtype(torch::kFloat64);
+  torch::manual_seed(3);
+  const std::int64_t N = 9, H = 8, I = 6, E = 5, k = 2;
+  auto linear = [&](std::int64_t out, std::int64_t in) {
+    Linear l;
+    l.weight = torch::randn({out, in}, f).requires_grad_(true);
+    return l;
+  };
+  std::vector<Expert> experts;
+  for (std::int64_t e = 0; e < E; ++e) experts.push_back({linear(I, H), linear(I, H), linear(H, I)});
+  const torch::Tensor x = torch::randn({N, H}, f);
+  // Expert 4 gets no token at all; expert 0 gets most.
+  const torch::Tensor logits = torch::randn({N, E}, f) + torch::tensor({2.0, 0.5, 0.0, -0.5, -50.0}, f);
+  const Routes routes = route_top_k(logits, k, true, torch::kFloat64);
+  torch::Tensor out[2];
+  std::vector<torch::Tensor> grads[2];
+  for (int i = 0; i < 2; ++i) {
+    const ExpertRows layout = i == 0 ? ExpertRows::exact : ExpertRows::padded;
+    const torch::Tensor input = x.clone().requires_grad_(true);
+    OpRecorder recorder;
+    out[i] = run_experts(input, routes, experts, nullptr, false, {}, layout);
+    (out[i] * torch::linspace(-1, 1, N * H, f).view({N, H})).sum().backward();
+    const OpCounts c = OpRecorder::take();
+    if (layout == ExpertRows::padded) expect_nothing_back(c, "the padded layout");
+    grads[i].push_back(input.grad());
+    for (Expert& e : experts)
+      for (Linear* l : {&e.gate, &e.up, &e.down}) {
+        // The exact layout leaves an expert without rows out of the graph: no gradient, i.e. zeros.
+        const torch::Tensor g = l->weight.grad();
+        grads[i].push_back(g.defined() ? g.clone() : torch::zeros_like(l->weight));
+        l->weight.mutable_grad() = torch::Tensor();
+      }
+  }
+  EXPECT_LT((out[0] - out[1]).abs().max().item<double>(), 1e-12);
+  for (std::size_t j = 0; j < grads[0].size(); ++j)
+    EXPECT_LT((grads[0][j] - grads[1][j]).abs().max().item<double>(), 1e-12) << j;
 }
