@@ -1,5 +1,6 @@
 // hf_logits MODEL TOKENS [--adapter DIR] [--random-lora SEED] [--logprobs] [--quantized-base] [--export-peft DIR]
 //           [--export-merged DIR] [--export-gguf-adapter FILE] [--export-gguf-model FILE] [--gguf-type TYPE]
+//           [--export-gguf-adapter-hf-order FILE]
 //
 // rlloop's side of hf_parity_test.py, gguf_parity_test.py and llama_cpp_agreement.js: loads a Hugging Face model
 // directory or a GGUF file (and a PEFT adapter) with the engine, prints the fp32 logits for the comma-separated
@@ -13,6 +14,11 @@
 //   --gguf-type TYPE    the merged GGUF model's matrices: F32, F16 (default), BF16 or Q8_0
 //   --quantized-base    a GGUF model's matrices kept in their blocks, as LoRA sessions share a base
 //                       (quantized_matrix.hpp), instead of dequantized at load
+//   --export-gguf-adapter-hf-order FILE
+//                       with --export-gguf-adapter: also a copy of that adapter with the rows of B of every q and
+//                       k projection in Hugging Face's order, not llama.cpp's: the layout an exporter that forgot
+//                       llama.cpp's q/k permutation would write (llama_cpp_agreement.js's negative control)
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -43,12 +49,14 @@ constexpr const char* kUsage =
     "                 [--export-peft DIR]"
     "\n"
     "                 [--export-merged DIR] [--export-gguf-adapter FILE] [--export-gguf-model FILE] [--gguf-type T]\n"
+    "                 [--export-gguf-adapter-hf-order FILE]\n"
     "  TOKENS: comma-separated token ids, e.g. 1,5,9 (with --logprobs: sequences separated by ';')\n";
 
 struct Args {
   std::string model_dir;
   std::vector<std::vector<std::int64_t>> sequences;
   std::string adapter_dir, peft_export_dir, merged_export_dir, gguf_adapter_path, gguf_model_path;
+  std::string gguf_adapter_hf_order_path;
   std::string gguf_type = "F16";
   std::optional<std::int64_t> random_lora_seed;
   bool logprobs = false, quantized_base = false;
@@ -100,6 +108,8 @@ Args parse_args(int argc, char** argv) {
       args.merged_export_dir = value;
     else if (flag == "--export-gguf-adapter")
       args.gguf_adapter_path = value;
+    else if (flag == "--export-gguf-adapter-hf-order")
+      args.gguf_adapter_hf_order_path = value;
     else if (flag == "--export-gguf-model")
       args.gguf_model_path = value;
     else if (flag == "--gguf-type")
@@ -116,6 +126,8 @@ Args parse_args(int argc, char** argv) {
     args.sequences.push_back(parse_tokens(tokens.substr(start, end - start)));
     start = end + 1;
   }
+  if (!args.gguf_adapter_hf_order_path.empty() && args.gguf_adapter_path.empty())
+    throw std::invalid_argument("--export-gguf-adapter-hf-order needs --export-gguf-adapter");
   if (args.sequences.size() > 1 && !args.logprobs)
     throw std::invalid_argument("several sequences (';') need --logprobs");
   return args;
@@ -129,6 +141,37 @@ void add_random_lora(Transformer& model, std::int64_t seed) {
   for (auto& [name, t] : adapters)
     if (name.ends_with(".lora_B.weight")) t = torch::randn(t.sizes(), gen, torch::kFloat32) * 0.1;
   model.load_peft_state_dict(adapters);
+}
+
+// A copy of the GGUF LoRA adapter `from` with the rows of B of every q and k projection ("blk.N.attn_q.weight.lora_b",
+// shape [rank, out] in ggml's order: out rows of rank values) moved back to Hugging Face's order. llama.cpp's
+// converter (LlamaModel.permute) stores q and k with the two halves of each head interleaved, so that its RoPE pairs
+// adjacent values: row h*d + 2i + j of the file is row h*d + j*d/2 + i of Hugging Face's weight (d = head_dim,
+// i < d/2, j = 0 or 1). An adapter in Hugging Face's order is thus a plausible bug that keeps every shape.
+void write_adapter_in_hf_order(const std::string& from, const std::string& to, std::int64_t heads,
+                               std::int64_t kv_heads) {
+  namespace gguf = rlloop::gguf;
+  const auto file = gguf::File::open(from);
+  std::vector<gguf::TensorData> tensors;
+  int moved = 0;
+  for (const auto& t : file.tensors()) {
+    const auto bytes = file.bytes(t);
+    gguf::TensorData out{t.name, t.shape, t.type, {bytes.begin(), bytes.end()}};
+    const bool q = t.name.ends_with(".attn_q.weight.lora_b"), k = t.name.ends_with(".attn_k.weight.lora_b");
+    if (q || k) {
+      const std::int64_t rows = t.shape.at(1), d = rows / (q ? heads : kv_heads);
+      const std::size_t row_bytes = bytes.size() / static_cast<std::size_t>(rows);
+      for (std::int64_t h = 0; h < rows / d; ++h)
+        for (std::int64_t i = 0; i < d / 2; ++i)
+          for (std::int64_t j = 0; j < 2; ++j)
+            std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>((h * d + 2 * i + j) * row_bytes), row_bytes,
+                        out.bytes.begin() + static_cast<std::ptrdiff_t>((h * d + j * d / 2 + i) * row_bytes));
+      ++moved;
+    }
+    tensors.push_back(std::move(out));
+  }
+  if (moved == 0) throw std::runtime_error(from + ": no q or k adapter to put in Hugging Face's order");
+  gguf::write(to, file.metadata(), tensors, static_cast<std::uint32_t>(file.alignment()));
 }
 
 // Per position t < T-1: log p(token t+1), the argmax, and its lead over the runner-up (log-probabilities).
@@ -242,6 +285,11 @@ int main(int argc, char** argv) {
     if (!args.peft_export_dir.empty()) save_peft_adapter(*model, args.peft_export_dir, args.model_dir);
     if (!args.merged_export_dir.empty()) save_model(*model, args.merged_export_dir);
     if (!args.gguf_adapter_path.empty()) save_gguf_adapter(*model, args.gguf_adapter_path);
+    if (!args.gguf_adapter_hf_order_path.empty()) {
+      const auto& c = model->config();
+      write_adapter_in_hf_order(args.gguf_adapter_path, args.gguf_adapter_hf_order_path, c.num_attention_heads,
+                                c.num_key_value_heads > 0 ? c.num_key_value_heads : c.num_attention_heads);
+    }
     if (!args.gguf_model_path.empty()) {
       std::map<std::string, rlloop::gguf::Value> carried;
       if (is_gguf_path(args.model_dir)) carried = rlloop::gguf::File::open(args.model_dir).metadata();

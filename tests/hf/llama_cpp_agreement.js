@@ -6,7 +6,11 @@
 //   2. a LoRA adapter (hf_logits --random-lora: rank 8 on every linear layer, B drawn at random so that it moves
 //      the log-probabilities far more than the tolerance) exported by rlloop as a GGUF LoRA adapter and loaded by
 //      llama.cpp beside the base, against rlloop's adapted model;
-//   3. the adapted model merged and exported by rlloop as a Q8_0 GGUF model, loaded by llama.cpp on its own.
+//   3. the adapted model merged and exported by rlloop as a Q8_0 GGUF model, loaded by llama.cpp on its own;
+//   4. the negative control: the same adapter with the rows of B of every q and k projection in Hugging Face's
+//      order instead of llama.cpp's (hf_logits --export-gguf-adapter-hf-order: the layout an exporter that forgot
+//      llama.cpp's q/k permutation would write), which must FAIL the adapter's bounds, or the check could not see
+//      the mistake it exists for.
 //
 // The tolerance is llama.cpp's own arithmetic, not rlloop's: llama.cpp multiplies its quantized weights by
 // activations it rounds to 8 bits (Q8_0/Q8_1 blocks) for each product, while rlloop computes in fp32 and equals
@@ -110,7 +114,8 @@ function expect(ok, what) {
   }
 }
 
-// Differences per position between rlloop's summaries and llama.cpp's, checked against BOUNDS.
+// Differences per position between rlloop's summaries and llama.cpp's, checked against `bounds`: the mean and the
+// bounds missed (each a line; none when they agree).
 function compare(label, mine, theirs, bounds) {
   const diffs = [];
   let agree = 0, positions = 0, farFromTie = 0;
@@ -132,12 +137,20 @@ function compare(label, mine, theirs, bounds) {
   const max = diffs[diffs.length - 1];
   console.log(`${label}: ${positions} positions, |Δ log p| mean ${mean.toFixed(4)} p95 ${p95.toFixed(4)} ` +
               `max ${max.toFixed(4)}, same next token ${(100 * agree / positions).toFixed(1)}%`);
-  expect(mean <= bounds.mean, `${label}: mean |Δ log p| ${mean.toFixed(4)} > ${bounds.mean}`);
-  expect(p95 <= bounds.p95, `${label}: p95 |Δ log p| ${p95.toFixed(4)} > ${bounds.p95}`);
-  expect(max <= bounds.max, `${label}: max |Δ log p| ${max.toFixed(4)} > ${bounds.max}`);
-  expect(agree / positions >= bounds.agreement, `${label}: the same next token at ${agree}/${positions} positions`);
-  expect(farFromTie === 0,
-         `${label}: ${farFromTie} different choices where rlloop's lead is ${bounds.tie} nats or more`);
+  const missed = [];
+  const check = (ok, what) => ok || missed.push(what);
+  check(mean <= bounds.mean, `${label}: mean |Δ log p| ${mean.toFixed(4)} > ${bounds.mean}`);
+  check(p95 <= bounds.p95, `${label}: p95 |Δ log p| ${p95.toFixed(4)} > ${bounds.p95}`);
+  check(max <= bounds.max, `${label}: max |Δ log p| ${max.toFixed(4)} > ${bounds.max}`);
+  check(agree / positions >= bounds.agreement, `${label}: the same next token at ${agree}/${positions} positions`);
+  check(farFromTie === 0, `${label}: ${farFromTie} different choices where rlloop's lead is ${bounds.tie} nats or more`);
+  return { mean, missed };
+}
+
+// A comparison that must hold: each bound missed is a failure.
+function agree(label, mine, theirs, bounds) {
+  const { mean, missed } = compare(label, mine, theirs, bounds);
+  for (const what of missed) expect(false, what);
   return mean;
 }
 
@@ -167,14 +180,16 @@ async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'rlloop-llama-cpp-'));
   try {
     const adapterFile = path.join(tmp, 'adapter.gguf'), mergedFile = path.join(tmp, 'merged-q8_0.gguf');
+    const misorderedFile = path.join(tmp, 'adapter-hf-order.gguf');
     const mineBase = rlloopLogprobs(sequences, []);
     const mineAdapted = rlloopLogprobs(sequences, ['--random-lora', '7', '--export-gguf-adapter', adapterFile,
+                                                   '--export-gguf-adapter-hf-order', misorderedFile,
                                                    '--export-gguf-model', mergedFile, '--gguf-type', 'Q8_0']);
 
     const baseContext = await base.createContext({ contextSize, sequences: 1 });
     const theirsBase = await llamaLogprobs(baseContext, sequences);
     await baseContext.dispose();
-    const tolerance = compare('base model', mineBase, theirsBase, BOUNDS);
+    const tolerance = agree('base model', mineBase, theirsBase, BOUNDS);
 
     const effect = meanAbsDifference(mineAdapted, mineBase);
     console.log(`the adapter moves rlloop's log-probabilities by ${effect.toFixed(4)} on average`);
@@ -183,9 +198,20 @@ async function main() {
 
     const adaptedContext = await base.createContext({ contextSize, sequences: 1,
                                                       lora: { adapters: [{ filePath: adapterFile }] } });
-    compare('base + rlloop\'s GGUF LoRA adapter', mineAdapted, await llamaLogprobs(adaptedContext, sequences),
-            ADAPTED_BOUNDS);
+    agree('base + rlloop\'s GGUF LoRA adapter', mineAdapted, await llamaLogprobs(adaptedContext, sequences),
+          ADAPTED_BOUNDS);
     await adaptedContext.dispose();
+
+    // The negative control: q/k rows of B in Hugging Face's order must miss the bounds the right layout meets.
+    const misorderedContext = await base.createContext({ contextSize, sequences: 1,
+                                                         lora: { adapters: [{ filePath: misorderedFile }] } });
+    const control = compare('negative control: the adapter with q/k rows in HF order', mineAdapted,
+                            await llamaLogprobs(misorderedContext, sequences), ADAPTED_BOUNDS);
+    await misorderedContext.dispose();
+    for (const what of control.missed) console.log(`  as it must, the negative control fails: ${what}`);
+    expect(control.missed.length > 0,
+           'negative control: an adapter with its q/k rows in Hugging Face\'s order passed the agreement check, ' +
+           'which therefore cannot tell a right layout from a wrong one');
 
     const merged = await llama.loadModel({ modelPath: mergedFile, gpuLayers: 0 });
     expect(merged.fileInfo.metadata.tokenizer.chat_template === base.fileInfo.metadata.tokenizer.chat_template,
@@ -193,8 +219,8 @@ async function main() {
     expect(JSON.stringify(sequences.map((s) => Array.from(merged.tokenize(merged.detokenize(s, true), true)))) ===
            JSON.stringify(sequences), 'the merged model tokenizes as the base does');
     const mergedContext = await merged.createContext({ contextSize, sequences: 1 });
-    compare('rlloop\'s merged Q8_0 GGUF model', mineAdapted, await llamaLogprobs(mergedContext, sequences),
-            ADAPTED_BOUNDS);
+    agree('rlloop\'s merged Q8_0 GGUF model', mineAdapted, await llamaLogprobs(mergedContext, sequences),
+          ADAPTED_BOUNDS);
     await mergedContext.dispose();
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });

@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 # Both ends of the 300-token vocabulary (0, 299) and a repeat (7, 7), whose two logits rows differ by position only.
 TOKENS = [1, 5, 9, 299, 0, 17, 42, 7, 7, 130, 255, 64]
 
-# Shared by every model: all nine are made in ~4 s; grouped-query attention (4 query heads over 2 key/value heads).
+# Shared by every model: all ten are made in ~4 s; grouped-query attention (4 query heads over 2 key/value heads).
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, hidden_act="silu", bos_token_id=1, eos_token_id=2)
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
