@@ -289,8 +289,8 @@ TEST(Gguf, CorruptedBytesAreReadOrRefusedNeverACrash) {
   // 3,000 files, each the valid one with 1 to 4 random bytes overwritten: each opens and dequantizes (a value or a
   // count changed within bounds) or is refused with rlloop's error naming the file and what is wrong. How many of
   // each kind, for this seed, are golden values: a check the reader drops or a message it loses changes them (a
-  // reader that stopped checking bools, say, opens the files it refused with "a bool holds"). The sanitizer build
-  // (ASan + UBSan) runs this too: that is where an unchecked length or offset would show.
+  // reader that stopped checking bools, say, opens the files it refused with "a bool holds"). Under a sanitizer
+  // build (ASan + UBSan) this is where an unchecked length or offset would show.
   const std::string whole = valid_file();
   {  // the uncorrupted file opens; one with a bool of 2 is refused as such
     const auto file = gguf::File::open(write("intact.gguf", whole).string());
