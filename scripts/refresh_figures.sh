@@ -13,7 +13,8 @@
 # Covered:
 #   - the main job's table (README.md "What the main job does" and examples/grpo_smollm2/README.md "Measured"):
 #     build/bin/grpo_smollm2 --seed N with the defaults (20 steps of 8 prompts x 8 samples, 100 held-out sums):
-#     held-out accuracy before -> after, after 10 steps, wall time. About 6-7 minutes a seed on 2 cores.
+#     held-out accuracy before -> after, after 10 steps, wall time. About 6-7 minutes a seed on 2 cores. Then
+#     examples/grpo_smollm2/README.md's answers before and after on three held-out problems, of the first seed.
 #   - with --arith, examples/grpo_arith/README.md's kernel table.
 # Not covered (each README section names the command that made its figures):
 #   - bench/README.md, bench/engine/README.md, bench/server/README.md, bench/tokenizer/README.md: throughput, time
@@ -54,8 +55,14 @@ done
 mkdir -p "$OUT"
 
 commit=$(git rev-parse --short HEAD)
-changed=$(git status --porcelain --untracked-files=no | awk '{print $2}' | tr '\n' ' ')
-provenance="commit $commit${changed:+ (with uncommitted changes to: ${changed% })}"
+# Uncommitted changes to what the binaries are built from, by name; the others (docs, tests, benches) counted.
+built_from=(src include algorithms rewards envs examples cmake CMakeLists.txt)
+changed=$(git status --porcelain --untracked-files=no -- "${built_from[@]}" | awk '{print $2}' | tr '\n' ' ')
+others=$(git status --porcelain --untracked-files=no | wc -l)
+others=$((others - $(git status --porcelain --untracked-files=no -- "${built_from[@]}" | wc -l)))
+provenance="commit $commit"
+[[ -n $changed ]] && provenance+=" with uncommitted changes to ${changed% }"
+[[ $others -gt 0 ]] && provenance+=" (and to $others files not built into the examples)"
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 machine="$(nproc) cores, ${cpu:-unknown CPU}"
 load() { cut -d' ' -f1 /proc/loadavg; }
@@ -65,6 +72,7 @@ two() { [[ -n $1 ]] && printf '%.2f' "$1" || printf '?'; }
 
 # The main job, one run per seed. Each row: seed | before -> after | after 10 steps | wall time.
 rows=()
+answers=()
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 load_start=$(load)
 for s in $seeds; do
@@ -79,6 +87,18 @@ for s in $seeds; do
          sed -n 's/.*"accuracy":\([0-9.e+-]*\).*/\1/p' | head -1)
   wall=$(sed -n 's/^time: *\([0-9]*\) s$/\1/p' "$log" | tail -1)
   rows+=("| $s | $(two "$before") -> $(two "$after") | $(two "$at10") | ${wall:-?} s |")
+  # The run's closing lines "  What is 99+24? Answer with just the number. -> before ... | after ..." (newlines
+  # as \n), of the first seed only; a '|' inside an answer escaped for Markdown.
+  if [[ ${#answers[@]} == 0 ]]; then
+    answers+=("seed $s")
+    while IFS= read -r line; do
+      q=${line%%\? Answer with just the number. -> before *}
+      rest=${line#* -> before }
+      b=${rest% | after *}
+      a=${rest##* | after }
+      answers+=("| ${q#  }? | ${b//|/\\|} | ${a//|/\\|} |")
+    done < <(grep '^  What is .* -> before .* | after ' "$log")
+  fi
 done
 load_end=$(load)
 
@@ -90,6 +110,12 @@ echo
 echo "| seed | before -> after | after 10 steps | wall time |"
 echo "|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+echo
+echo "examples/grpo_smollm2/README.md, answers before and after on three held-out problems (${answers[0]}, the run above):"
+echo
+echo "| question | before | after |"
+echo "|---|---|---|"
+printf '%s\n' "${answers[@]:1}"
 
 if $arith; then
   echo
