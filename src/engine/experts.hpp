@@ -112,7 +112,9 @@ struct SortedRoutes {
 SortedRoutes sort_routes(const torch::Tensor& experts, std::int64_t E);
 
 // The grouped products of rows sorted by expert ([R, H]; `counts` [E] on the host: how many rows each expert has,
-// in order): each expert's rows through it (adapted by `adapters` when given), [R, H] in the same order.
+// in order): each expert's rows through it (adapted by `adapters` when given), [R, H] in the same order. Expert
+// parallelism (expert_parallel.cpp) calls it with counts it reads on the host anyway: they are its all-to-all's split
+// sizes, a wait for the device it cannot avoid (a single rank's run_experts has none).
 torch::Tensor expert_products(const torch::Tensor& rows, const torch::Tensor& counts,
                               const std::vector<Expert>& experts, const ExpertAdapters* adapters, bool few_rows,
                               const ExpertActivation& activation);

@@ -788,6 +788,13 @@ torch::Tensor Transformer::Impl::attend_groups(std::size_t li, const torch::Tens
   }
   // Elsewhere (CUDA, bf16, sinks or a window): every row's blocks gathered (padded to the longest table) and masked
   // past its length (and before its window).
+  // Why every layer, every step, even when the batch's layout has not changed: each layer reads its own keys and
+  // values, so a gather per layer is the price of reading paged blocks without a paged-attention kernel (ATen has
+  // none). Keeping each layer's padded copy between steps and appending the new position would skip it, but holds a
+  // second, unshared copy of every row's cache (the samples of a request share their prompt's blocks; a padded copy
+  // would not), so that the pool's memory budget no longer bounds the step's. The gather writes and reads as many
+  // bytes as the attention reads after it: at most 3x attention's traffic, itself a small share of a short-context
+  // step's (the weights dominate). A reason from the bytes, not yet a measurement: no GPU run has happened.
   // q_rows [rows, nh, 1, D] over the blocks of `tables` [rows, blocks], each up to its key count in `lengths`.
   auto one_token_rows = [&](const torch::Tensor& q_rows, const torch::Tensor& tables, const torch::Tensor& lengths) {
     const std::int64_t S = tables.size(1) * kKVBlockTokens;

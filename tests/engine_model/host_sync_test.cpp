@@ -300,8 +300,8 @@ namespace {
 
 // The counts of one forward_backward + optim_step of `datums` datums on a fresh full fine-tuning session (the
 // session tests' service: the environment's device and dtype).
-OpCounts training_step_counts(int datums) {
-  LocalSession session(SessionOptions{.base_model = "rlloop-tiny"},
+OpCounts training_step_counts(int datums, const std::string& base_model = "rlloop-tiny") {
+  LocalSession session(SessionOptions{.base_model = base_model},
                        test_util::service_in(test_util::temp_dir("rlloop-host-sync", "training").string()));
   std::vector<Datum> batch;
   for (int i = 0; i < datums; ++i) batch.push_back(test_util::sft_datum("datum " + std::to_string(i) + " of a batch"));
@@ -468,4 +468,17 @@ TEST(HostSync, ThePaddedExpertLayoutWaitsForNothingAndEqualsTheExactOne) {
   EXPECT_LT((out[0] - out[1]).abs().max().item<double>(), 1e-12);
   for (std::size_t j = 0; j < grads[0].size(); ++j)
     EXPECT_LT((grads[0][j] - grads[1][j]).abs().max().item<double>(), 1e-12) << j;
+}
+
+// A mixture-of-experts model's training step through the session asks what the dense model's does (its loss and
+// optimizer scalars, one copy of the logprobs) and one copy more: its router's metrics, once per step whatever the
+// sparse layers.
+TEST(HostSync, AMixtureOfExpertsTrainingStepWaitsAsTheDenseOnesDoesPlusItsRouterMetrics) {
+  const OpCounts dense = training_step_counts(2);
+  const OpCounts moe = training_step_counts(2, "rlloop-tiny-moe");
+  EXPECT_EQ(moe.host_syncs, dense.host_syncs) << moe.describe();
+  EXPECT_EQ(moe.to_host_scopes, dense.to_host_scopes + 1) << moe.describe();
+  EXPECT_EQ(moe.device_to_host, test_device::on_cuda() ? 2 : 0) << moe.describe();
+  EXPECT_EQ(moe.device_to_host_outside, 0) << "a copy to the host outside engine::to_host";
+  EXPECT_EQ(moe.to_cpu_outside, dense.to_cpu_outside) << moe.describe();
 }
