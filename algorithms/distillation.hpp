@@ -137,7 +137,9 @@ struct DistillationStats {
   double entropy = 0;          // mean -student_lp of the sampled tokens (a sample estimate of the student's entropy)
   double reward_mean = 0, reward_std = 0, accuracy = 0;  // with a task reward only, else 0
   std::int64_t sampled_tokens = 0, trained_tokens = 0;
-  double loss = 0;  // summed weighted loss over the batch's minibatches
+  // Summed weighted loss over the batch's minibatches. With TokenMean weights it is -mean(A) at the sampling
+  // weights: about 0 with the baseline and no reward (the gradient carries the signal; watch reverse_kl).
+  double loss = 0;
   double seconds_sampling = 0, seconds_teacher = 0, seconds_training = 0;
   std::int64_t staleness = 0;  // optimizer steps between sampling this batch and learning from it
 };

@@ -1,6 +1,8 @@
-// On-policy distillation on rlloop-small (public API only): a teacher SFT-trained to answer sums, a fresh LoRA
-// student distilled from it; the per-token reverse KL on the student's own samples of 16 held-out prompts must
-// halve within 20 steps. A teacher whose tokenizer is another is refused, naming both.
+// On-policy distillation on rlloop-small (public API only): a teacher SFT-trained to answer sums, a fresh student
+// distilled from it (both fully fine-tuned: LoRA adapters on this randomly initialised base learned the format far
+// slower, the teacher's SFT loss 5.41 -> 4.04 in 40 steps against 0.73); the per-token reverse KL on the student's
+// own samples of 16 held-out prompts must halve within 20 steps (measured 5.36 -> 1.75). A teacher whose tokenizer is
+// another is refused, naming both.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
