@@ -47,5 +47,11 @@ if(EXISTS "${RLLOOP_TORCH_WHEEL}/lib/libtorch_cuda.so")
   set_target_properties(torch::cudart PROPERTIES INTERFACE_LINK_LIBRARIES "${_rlloop_cudart}"
                                                  INTERFACE_INCLUDE_DIRECTORIES "${_rlloop_cuda_includes}")
 endif()
+# The wheel's libtorch.so (2.11) exports 64 std::filesystem functions of its own, statically linked from its
+# toolchain's libstdc++; a program that loads libtorch.so before libstdc++.so binds its own std::filesystem calls to
+# those, and remove_all(path, error_code&) there jumps to address 0 (a crash in every checkpoint save). Naming
+# libstdc++ first on every link line puts it first in the dynamic linker's search order, so std:: symbols come from
+# the real one.
+add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 set(RLLOOP_TORCH_FROM_WHEEL ON)
 message(STATUS "rlloop: LibTorch from the wheel at ${RLLOOP_TORCH_WHEEL}")

@@ -26,6 +26,7 @@ werror=OFF
 [[ ${CI:-} == true ]] && werror=ON
 # The wheel scripts/setup.sh --tests installs (scripts/python-requirements.txt pins torch).
 torch_wheel=$(echo "$PWD"/third_party/venv/lib/python3*/site-packages/torch)
+venv_python=$PWD/third_party/venv/bin/python
 if [[ ! -f $torch_wheel/share/cmake/Torch/TorchConfig.cmake ]]; then
   echo "scripts/test.sh: no PyTorch wheel at $torch_wheel (scripts/setup.sh --tests installs it)" >&2
   exit 1
@@ -68,10 +69,16 @@ fi
 # tests (checkpoints, config parsing, the CLI) reach them only through paths these already cover; `--portable`
 # builds and runs every test in that configuration.
 [[ -n $PORTABLE_BUILD_DIR ]] || exit 0
-# Also the GPU check's dry run (bench/engine/gpu_check, scripts/gpu_check.sh), on the LibTorch the GPU machines run.
+# Also the GPU check's stages failing on planted faults (bench/engine/gpu_check_faults.sh), on the LibTorch the GPU
+# machines run.
 portable_tests=("${engine_tests[@]}" engine_math_test engine_mixed_precision_test engine_memory_test
                 engine_data_parallel_test)
 cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}" gpu_check
 ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \
-  -R "^($(IFS='|'; echo "${portable_tests[*]}")|engine_shared_base_aten_test|gpu_check_dry_run)\$"
+  -R "^($(IFS='|'; echo "${portable_tests[*]}")|engine_shared_base_aten_test|gpu_check_faults)\$"
+# The GPU bundle made from these very binaries (scripts/gpu_bundle.sh: torch 2.11.0, the GPU machines' LibTorch),
+# and its run.sh's dry run from inside it, as a GPU window runs it: what goes to a GPU machine is what ran here.
+BUILD_DIR=$PORTABLE_BUILD_DIR scripts/gpu_bundle.sh --out "$PORTABLE_BUILD_DIR/gpu-bundle"
+(cd "$PORTABLE_BUILD_DIR/gpu-bundle" &&
+  PYTHON="$venv_python" ./run.sh --dry-run --budget 900 --out "../gpu-bundle-dry-run" ${RLLOOP_BUNDLE_DRY_RUN_ARGS-})

@@ -40,7 +40,7 @@ fs::path temp_dir(const std::string& name) { return test_util::temp_dir("rlloop-
 LocalServiceOptions service(const fs::path& dir, int world_size, double timeout_s = 60) {
   LocalServiceOptions s = service_in(dir.string());
   s.data_parallel.world_size = world_size;
-  s.data_parallel.worker_program = RLLOOP_BIN;
+  s.data_parallel.worker_program = test_device::rlloop_program();
   s.data_parallel.timeout_s = timeout_s;
   if (const char* remote = std::getenv("RLLOOP_DP_TEST_RENDEZVOUS")) {
     s.data_parallel.rendezvous = remote;
@@ -486,7 +486,8 @@ int free_port() { return ReservedPort().port; }
 
 // `rlloop worker ...` as a child process, its stderr in `log`.
 pid_t start_worker(std::vector<std::string> args, const fs::path& log) {
-  args.insert(args.begin(), {RLLOOP_BIN, "worker", "--threads", "1", "--device", test_device::device(), "--dtype",
+  const std::string program = test_device::rlloop_program();
+  args.insert(args.begin(), {program, "worker", "--threads", "1", "--device", test_device::device(), "--dtype",
                              test_device::dtype()});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -495,7 +496,7 @@ pid_t start_worker(std::vector<std::string> args, const fs::path& log) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, RLLOOP_BIN, &actions, nullptr, argv.data(), environ), 0);
+  EXPECT_EQ(posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
   return pid;
 }

@@ -317,13 +317,14 @@ TEST(SharedBase, TheRowBudgetIsKeptAndNoRequestStarves) {
 }
 
 // The KV budget (kv_cache_mb): each request counts at the most its samples can take. rlloop-tiny's fp32 blocks are
-// 4 KiB (2 layers x keys and values x 16 positions x 2 KV heads x 8 values x 4 bytes); 3 samples of up to 1,000
-// tokens after a 3-token prompt may fill 1,002 positions each, 63 blocks: 189 blocks, 756 KiB a request. With 2 MiB
-// two requests decode at once (6 of the 64 rows), the third waits.
+// 4 KiB (2 layers x keys and values x 16 positions x 2 KV heads x 8 values x 4 bytes; bf16's 2 KiB); 3 samples of up
+// to 1,000 tokens after a 3-token prompt may fill 1,002 positions each, 63 blocks: 189 blocks, 756 KiB a request in
+// fp32. With 2 MiB (bf16: 1 MiB) two requests decode at once (6 of the 64 rows), the third waits.
 TEST(SharedBase, TheKvBudgetIsKeptAndNoRequestStarves) {
   auto dir = temp_dir("kv-budget");
   LocalServiceOptions options = service_in(dir.string());
-  options.kv_cache_mb = 2;
+  const std::int64_t value_bytes = test_device::dtype() == "bf16" ? 2 : 4;
+  options.kv_cache_mb = value_bytes / 2;
   LocalService service(options);
   std::vector<std::shared_ptr<LocalSession>> sessions;
   for (int i = 0; i < 4; ++i) sessions.push_back(service.create_session(tiny(lora(4), i)));
@@ -342,7 +343,7 @@ TEST(SharedBase, TheKvBudgetIsKeptAndNoRequestStarves) {
   // A result arrives before the loop has counted its request out; an operation after it runs after that.
   sessions[0]->compute_logprobs({ModelInput::from_tokens(bytes("x=")), {}}).get();
   const BaseModelStats s = only_base(service);
-  const std::int64_t per_request = 189 * 4096;
+  const std::int64_t per_request = 189 * 1024 * value_bytes;
   EXPECT_EQ(s.peak_kv_reserved_bytes, 2 * per_request);
   EXPECT_EQ(s.peak_batch_requests, 2) << "the KV budget, not the rows (64), bounds the batch";
   EXPECT_EQ(s.kv_reserved_bytes, 0) << "every finished request gave its reservation back";
@@ -352,6 +353,10 @@ TEST(SharedBase, TheKvBudgetIsKeptAndNoRequestStarves) {
 // others' chunks and decoding rows) give the samples that each gives alone in a service whose steps take a prompt
 // whole; a stream sees its first token when the prompt is done and one more per step after it.
 TEST(SharedBase, PromptsPrefilledInSmallChunksSampleWhatEachSamplesAlone) {
+  // Token for token only in fp32: bf16 rounds a prompt's keys and values computed three rows at a time differently
+  // from the whole prompt's, and one moved logit moves a sampled token and everything after it. (The GPU bundle's
+  // prefill stage compares bf16 chunked and whole greedy sequences with a bound: docs/gpu_check.md.)
+  if (test_device::dtype() != "fp32") GTEST_SKIP() << "compares chunked and whole prefill token for token (fp32)";
   constexpr int kSessions = 6;
   auto open = [&](const std::string& name, std::int64_t chunk) {
     LocalServiceOptions options = service_in(temp_dir(name).string());

@@ -14,6 +14,7 @@
 #include "model_config.hpp"
 #include "model_io.hpp"
 #include "sampler.hpp"
+#include "test_device.hpp"
 #include "tiny_models.hpp"
 #include "transformer.hpp"
 
@@ -53,7 +54,7 @@ torch::Tensor hashed_weight(const std::string& name, at::IntArrayRef shape) {
 }
 
 json golden() {
-  std::ifstream in(std::string(RLLOOP_SOURCE_DIR) + "/tests/engine_model/golden_logits.json");
+  std::ifstream in(test_device::source_dir() + "/tests/engine_model/golden_logits.json");
   return json::parse(in);
 }
 
