@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 debs=(nlohmann-json3-dev libtbb-dev libboost1.81-dev libboost-json1.81-dev libcli11-dev libssl-dev libseccomp-dev
       ninja-build libgtest-dev libgmock-dev)
 # Packages every machine that can compile has (the toolchain and glibc): not downloaded with the dependencies.
-base='^(libc6|libc6-dev|libc-dev-bin|libgcc-s1|libgcc-[0-9]+-dev|libstdc\+\+6|libstdc\+\+-[0-9]+-dev|gcc(-[0-9]+)?(-base)?|g\+\+(-[0-9]+)?|cpp(-[0-9]+)?|binutils.*|linux-libc-dev|libcrypt.*|perl.*|debconf|dpkg|tar|zlib1g)(:amd64)?$'
+base='libc6|libc6-dev|libc-dev-bin|libgcc-s1|libgcc-[0-9]+-dev|libstdc\+\+6|libstdc\+\+-[0-9]+-dev|linux-libc-dev'
+base+='|gcc(-[0-9]+)?(-base)?|g\+\+(-[0-9]+)?|cpp(-[0-9]+)?|binutils.*|libcrypt.*|perl.*|debconf|dpkg|tar|zlib1g'
+base="^($base)(:amd64)?\$"
 debs_dir="" out=gpu-check-out run_args=() dry=false
 while (($#)); do
   case "$1" in
@@ -51,6 +53,9 @@ if [[ -n $debs_dir ]]; then
   export CMAKE_PREFIX_PATH="$root/usr;$root/usr/lib/$multiarch/cmake${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}"
 fi
 mkdir -p "$BUILD_DIR"
-scripts/gpu_bundle.sh --out "$BUILD_DIR/bundle" >"$BUILD_DIR/bundle.log" 2>&1 ||
-  { tail -n 40 "$BUILD_DIR/bundle.log" >&2; echo "gpu_check: building the bundle failed ($BUILD_DIR/bundle.log)" >&2; exit 1; }
+if ! scripts/gpu_bundle.sh --out "$BUILD_DIR/bundle" >"$BUILD_DIR/bundle.log" 2>&1; then
+  tail -n 40 "$BUILD_DIR/bundle.log" >&2
+  echo "gpu_check: building the bundle failed ($BUILD_DIR/bundle.log)" >&2
+  exit 1
+fi
 exec "$BUILD_DIR/bundle/run.sh" --out "$out" "${run_args[@]}"

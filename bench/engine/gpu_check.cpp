@@ -10,6 +10,7 @@
 //   skip-save  the checkpoint taken after the step instead of before it (save_load)
 //   leak       a tensor kept alive per request (memory)
 //   item       an .item() inside the counted steps (sync)
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -161,7 +163,8 @@ std::shared_ptr<engine::Transformer> sharp_model(engine::ModelConfig cfg, torch:
   // A projection's outputs have a root mean square of rms(W) * sqrt(hidden) on the unit-rms output of a norm.
   const double width = std::sqrt(static_cast<double>(cfg.hidden_size));
   const bool qk_norm = weights.count("model.layers.0.self_attn.q_norm.weight") > 0;
-  const auto out = weights.count("lm_head.weight") ? weights.at("lm_head.weight") : weights.at("model.embed_tokens.weight");
+  const auto out = weights.count("lm_head.weight") ? weights.at("lm_head.weight")
+                                                   : weights.at("model.embed_tokens.weight");
   for (auto& [name, w] : weights) {
     if (qk_norm && (ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight"))) w = w * 1.7;
     if (!qk_norm && (ends_with(name, "q_proj.weight") || ends_with(name, "k_proj.weight")))
@@ -324,7 +327,8 @@ json memory_stage(const Settings& s) {
   for (int i = 0; i < 50; ++i) formed = request(100 + i) && formed;
   const MemoryUse end = memory_use(s);
   return {{"requests", 50}, {"in_use_bytes_before", start.in_use}, {"in_use_bytes_after", end.in_use},
-          {"source", start.source}, {"ok", formed && end.in_use == start.in_use && std::string(start.source) != "none"}};
+          {"source", start.source},
+          {"ok", formed && end.in_use == start.in_use && std::string(start.source) != "none"}};
 }
 
 // Counts, while it exists, the ATen calls that make a CUDA host wait for the device: .item() and the operators
@@ -390,7 +394,9 @@ class SyncCounter {
 // inside engine::to_host (the decode step's one copy back) are allowed and not counted.
 class CudaSyncWarnings : public c10::WarningHandler {
  public:
-  CudaSyncWarnings() : guard_(this) { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN); }
+  CudaSyncWarnings() : guard_(this) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  }
   ~CudaSyncWarnings() override {
     c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   }
@@ -539,7 +545,8 @@ json tenants_stage(const Settings& s) {
   return {{"sessions", sessions}, {"samples_each", samples}, {"new_tokens", new_tokens}, {"tokens_per_s", together},
           {"one_request_tokens_per_s", alone}, {"ratio", together / alone},
           {"same_as_alone", same}, {"of", batched.size()},
-          {"ok", formed == together_out.size() && static_cast<double>(same) >= need * static_cast<double>(batched.size())}};
+          {"ok", formed == together_out.size() &&
+                     static_cast<double>(same) >= need * static_cast<double>(batched.size())}};
 }
 
 // 8 LoRA sessions each asking for 2 x 16 tokens after a long prompt of its own (1,024 tokens), at once: the prompts
@@ -662,8 +669,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> only;
   const std::set<std::string> faults = {"rope", "skip-save", "leak", "item"};
   auto usage = [] {
-    std::fprintf(stderr,
-                 "usage: gpu_check [--dry-run] [--device D] [--out DIR] [--stage NAME]... [--inject rope|skip-save|leak|item]\n");
+    std::fprintf(stderr, "usage: gpu_check [--dry-run] [--device D] [--out DIR] [--stage NAME]... "
+                         "[--inject rope|skip-save|leak|item] | --list\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {

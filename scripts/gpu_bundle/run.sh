@@ -12,7 +12,10 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out="" dry=false device=cuda budget=540 stages=true tests=true
-usage() { echo "usage: run.sh --out OUT [--dry-run] [--device cuda:N] [--budget SECONDS] [--no-tests | --only-tests]" >&2; exit 2; }
+usage() {
+  echo "usage: run.sh --out OUT [--dry-run] [--device cuda:N] [--budget SECONDS] [--no-tests | --only-tests]" >&2
+  exit 2
+}
 while (($#)); do
   case "$1" in
     --out) out=${2:-}; shift 2 || usage ;;
@@ -34,9 +37,12 @@ deadline=$(($(date +%s) + budget))
 PYTHON=${PYTHON:-python3}
 
 # --- The bundle against this machine's torch ----------------------------------------------------------------
-torch_info=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__), torch.__version__, torch.version.cuda or "none")' 2>"$out/logs/python.log")
+torch_info=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__), torch.__version__,
+              torch.version.cuda or "none")' 2>"$out/logs/python.log")
 read -r torch_dir machine_torch machine_cuda <<<"$torch_info"
-manifest() { "$PYTHON" -c "import json, sys; print(json.load(open('$here/MANIFEST.json'))['$1'])" 2>/dev/null || echo unknown; }
+manifest() {
+  "$PYTHON" -c "import json; print(json.load(open('$here/MANIFEST.json'))['$1'])" 2>/dev/null || echo unknown
+}
 built_torch=$(manifest torch_version) built_cuda=$(manifest torch_cuda) commit=$(manifest commit)
 problems=()
 [[ -n $torch_dir ]] || problems+=("no torch importable by $PYTHON (logs/python.log)")
@@ -58,8 +64,12 @@ if [[ -n $torch_dir ]]; then
 fi
 ok=true
 ((${#problems[@]} == 0)) || ok=false
-problem_json=$(printf '%s\n' "${problems[@]}" | "$PYTHON" -c 'import json, sys; print(json.dumps([l for l in sys.stdin.read().splitlines() if l]))' 2>/dev/null || echo '["(python missing)"]')
-emit "{\"stage\": \"bundle\", \"commit\": \"$commit\", \"built_against\": \"$built_torch\", \"built_cuda\": \"$built_cuda\", \"machine_torch\": \"$machine_torch\", \"machine_cuda\": \"$machine_cuda\", \"problems\": $problem_json, \"ok\": $ok}"
+problem_json=$(printf '%s\n' "${problems[@]}" |
+  "$PYTHON" -c 'import json, sys; print(json.dumps([l for l in sys.stdin.read().splitlines() if l]))' 2>/dev/null ||
+  echo '["(python missing)"]')
+emit "{\"stage\": \"bundle\", \"commit\": \"$commit\", \"built_against\": \"$built_torch\",\
+ \"built_cuda\": \"$built_cuda\", \"machine_torch\": \"$machine_torch\", \"machine_cuda\": \"$machine_cuda\",\
+ \"problems\": $problem_json, \"ok\": $ok}"
 $ok || exit 1
 
 status=0
@@ -130,7 +140,8 @@ if $tests; then
       result="failed: ${failed:-$(failure $rc "tests/$t")}"
       status=1
     fi
-    emit "{\"stage\": \"test\", \"binary\": \"$t\", \"env\": \"${test_env[*]}\", \"result\": \"$result\", \"ok\": $([[ $result == passed ]] && echo true || echo false)}"
+    emit "{\"stage\": \"test\", \"binary\": \"$t\", \"env\": \"${test_env[*]}\", \"result\": \"$result\",\
+ \"ok\": $([[ $result == passed ]] && echo true || echo false)}"
   done
 fi
 exit $status
