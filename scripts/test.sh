@@ -86,4 +86,4 @@ ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "
 # and its run.sh's dry run from inside it, as a GPU window runs it: what goes to a GPU machine is what ran here.
 BUILD_DIR=$PORTABLE_BUILD_DIR scripts/gpu_bundle.sh --out "$PORTABLE_BUILD_DIR/gpu-bundle"
 (cd "$PORTABLE_BUILD_DIR/gpu-bundle" &&
-  PYTHON="$venv_python" ./run.sh --dry-run --budget 900 --out "../gpu-bundle-dry-run" ${RLLOOP_BUNDLE_DRY_RUN_ARGS-})
+  PYTHON="$venv_python" ./run.sh --dry-run --budget 900 --out "../gpu-bundle-dry-run")
