@@ -1,52 +1,13 @@
-// write_gguf_base FILE [TYPE]: a small Llama with random weights (2 layers, hidden 64, 4 query heads over 2
-// key/value heads, a byte-level BPE vocabulary of 300) written as a GGUF model whose matrices are TYPE (Q8_0 by
-// default; F32, F16, BF16), vectors F32: a quantized base for the command-line tests (`rlloop sample
-// --sampling-precision int8` over it: int8_cli_test.sh). The same model as gguf_export_test.cpp's base.
-#include <torch/torch.h>
-
+// write_gguf_base FILE [TYPE]: the GGUF tests' tiny base (tiny_gguf_base.hpp: a small Llama with random weights and
+// a byte-level BPE vocabulary of 300) with its matrices as TYPE (Q8_0 by default; F32, F16, BF16), vectors F32: a
+// quantized base for the command-line tests (`rlloop sample --sampling-precision int8` over it: int8_cli_test.sh).
 #include <cstdio>
 #include <exception>
 
-#include <rlloop/gguf.hpp>
-
 #include "gguf_export.hpp"
-#include "transformer.hpp"
+#include "tiny_gguf_base.hpp"
 
 using namespace rlloop;
-
-namespace {
-
-// A GGUF file's metadata for a byte-level BPE tokenizer over `vocab` ids: the 256 bytes (GPT-2's byte alphabet),
-// one merge, fillers.
-std::map<std::string, gguf::Value> tokenizer_metadata(std::int64_t vocab) {
-  gguf::Array tokens, types;
-  for (int b = 0; b < vocab; ++b) {
-    std::string t;
-    if (b < 256) {  // printable bytes stand for themselves, the others for 256 + rank
-      const auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE; };
-      char32_t cp = static_cast<char32_t>(b);
-      if (!printable(b)) {
-        cp = 256;
-        for (int c = 0; c < b; ++c) cp += printable(c) ? 0 : 1;
-      }
-      t = cp < 0x80 ? std::string(1, static_cast<char>(cp))
-                    : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-    } else {
-      t = b == 256 ? "ab" : "<filler" + std::to_string(b) + ">";
-    }
-    tokens.push_back({t});
-    types.push_back({std::int32_t{1}});
-  }
-  return {{"tokenizer.ggml.model", {std::string("gpt2")}},
-          {"tokenizer.ggml.pre", {std::string("gpt-2")}},
-          {"tokenizer.ggml.tokens", {tokens}},
-          {"tokenizer.ggml.token_type", {types}},
-          {"tokenizer.ggml.merges", {gguf::Array{{std::string("a b")}}}},
-          {"tokenizer.ggml.eos_token_id", {std::uint32_t{10}}},
-          {"general.name", {std::string("tiny test base")}}};
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3) {
@@ -54,25 +15,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    engine::ModelConfig c;
-    c.model_type = "llama";
-    c.vocab_size = 300;
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.max_position_embeddings = 256;
-    c.validate();
-    torch::manual_seed(5);
-    engine::Transformer model(c, torch::TensorOptions().dtype(torch::kFloat32));
-    auto weights = model.hf_state_dict();
-    for (auto& [name, t] : weights)
-      t = name.find("norm") != std::string::npos ? 1 + 0.1 * torch::randn(t.sizes()) : 0.1 * torch::randn(t.sizes());
-    model.load_hf_state_dict(weights);
-    engine::save_gguf_model(model, argv[1], engine::gguf_export_type(argc == 3 ? argv[2] : "Q8_0"),
-                            tokenizer_metadata(c.vocab_size));
+    test_gguf::save_tiny_base(argv[1], engine::gguf_export_type(argc == 3 ? argv[2] : "Q8_0"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "write_gguf_base: %s\n", e.what());
     return 1;
