@@ -62,6 +62,10 @@ if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma
     ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" -R "^($avx2_tests|engine_math_test)\$"
 fi
 
+# The parsers and the server's input side under AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan
+# (scripts/sanitize.sh: no LibTorch, only the targets its tests need; a few minutes, tests/fuzz/README.md).
+JOBS=$JOBS scripts/sanitize.sh
+
 # The second configuration. RLLOOP_NATIVE_KERNELS=OFF compiles the kernels as a non-x86 CPU gets them
 # (src/engine/simd.hpp), so that path is tested although this machine would always choose the SIMD one; and the
 # LibTorch is PyTorch 2.x's (cmake/TorchWheel.cmake: a CUDA build, which runs here on the CPU), so that what the

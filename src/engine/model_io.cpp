@@ -20,6 +20,7 @@
 
 #include "expert_layout.hpp"
 #include "gguf_model.hpp"
+#include "safetensors_header.hpp"
 
 namespace rlloop::engine {
 namespace {
@@ -28,9 +29,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
-
-// The header JSON of real files is a few hundred KB at most; anything huge is a corrupt length field.
-constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 
 struct DTypeInfo {
   const char* name;
@@ -42,10 +40,11 @@ constexpr DTypeInfo kDTypes[] = {
     {"U8", torch::kUInt8},    {"BOOL", torch::kBool},
 };
 
-torch::ScalarType dtype_from_name(const std::string& name, const std::string& path, const std::string& tensor) {
+// A dtype parse_safetensors_header accepted (it knows the same names).
+torch::ScalarType dtype_from_name(const std::string& name) {
   for (const auto& d : kDTypes)
     if (name == d.name) return d.type;
-  throw io_error("read_safetensors: " + path + ": tensor '" + tensor + "' has unsupported dtype '" + name + "'");
+  throw std::logic_error("read_safetensors: dtype '" + name + "' passed the header's check but has no torch type");
 }
 
 const char* dtype_name(torch::ScalarType t, const std::string& tensor) {
@@ -162,60 +161,18 @@ TensorMap read_safetensors(const std::string& path) {
     }
   };
 
-  if (file_size < 8)
-    throw io_error("read_safetensors: " + path + " is truncated (" + std::to_string(file_size) +
-                   " bytes, shorter than the 8-byte header length)");
   std::uint64_t header_len = 0;
-  read_at(reinterpret_cast<char*>(&header_len), 8, 0);
-  if (header_len > kMaxHeaderBytes || header_len > file_size - 8)
-    throw io_error("read_safetensors: " + path + " has a malformed or truncated header (header length " +
-                   std::to_string(header_len) + ", file size " + std::to_string(file_size) + ")");
+  if (file_size >= 8) read_at(reinterpret_cast<char*>(&header_len), 8, 0);
+  check_safetensors_header_length(header_len, file_size, path);
   std::string header_text(header_len, '\0');
   read_at(header_text.data(), header_len, 8);
-  json header;
-  try {
-    header = json::parse(header_text);
-  } catch (const json::exception& e) {
-    throw io_error("read_safetensors: " + path + " has a malformed header (invalid JSON: " + e.what() + ")");
-  }
-  if (!header.is_object()) throw io_error("read_safetensors: " + path + " has a malformed header (not a JSON object)");
-
-  const std::uint64_t data_start = 8 + header_len;
-  const std::uint64_t data_size = file_size - data_start;
+  const SafetensorsHeader header = parse_safetensors_header(header_text, file_size, path);
   TensorMap out;
-  for (auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& why) {
-      return io_error("read_safetensors: " + path + " has a malformed header entry for tensor '" + name + "': " + why);
-    };
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
-      throw bad("expected an object with dtype, shape and data_offsets");
-    const auto& dt = entry["dtype"];
-    const auto& shape_j = entry["shape"];
-    const auto& offs = entry["data_offsets"];
-    if (!dt.is_string() || !shape_j.is_array() || !offs.is_array() || offs.size() != 2 ||
-        !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
-      throw bad("dtype must be a string, shape an array, data_offsets two non-negative integers");
-    const torch::ScalarType dtype = dtype_from_name(dt.get<std::string>(), path, name);
-    std::vector<std::int64_t> shape;
-    std::uint64_t numel = 1;
-    for (const auto& d : shape_j) {
-      if (!d.is_number_unsigned()) throw bad("shape entries must be non-negative integers");
-      shape.push_back(d.get<std::int64_t>());
-      numel *= d.get<std::uint64_t>();
-    }
-    const auto begin = offs[0].get<std::uint64_t>(), stop = offs[1].get<std::uint64_t>();
-    if (stop < begin) throw bad("data_offsets end before they begin");
-    const std::uint64_t nbytes = numel * c10::elementSize(dtype);
-    if (stop - begin != nbytes)
-      throw bad("data_offsets span " + std::to_string(stop - begin) + " bytes, dtype and shape need " +
-                std::to_string(nbytes));
-    if (stop > data_size)
-      throw io_error("read_safetensors: " + path + " is truncated: tensor '" + name + "' ends at byte " +
-                     std::to_string(data_start + stop) + " of a " + std::to_string(file_size) + "-byte file");
-    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-    if (nbytes > 0) read_at(static_cast<char*>(t.data_ptr()), nbytes, data_start + begin);
-    out.emplace(name, std::move(t));
+  for (const SafetensorsEntry& entry : header.tensors) {
+    torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(dtype_from_name(entry.dtype)));
+    const std::uint64_t nbytes = entry.end - entry.begin;
+    if (nbytes > 0) read_at(static_cast<char*>(t.data_ptr()), nbytes, header.data_start + entry.begin);
+    out.emplace(entry.name, std::move(t));
   }
   return out;
 }

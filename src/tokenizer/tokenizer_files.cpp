@@ -28,7 +28,7 @@ namespace {
 json parse_json(const fs::path& path) {
   try {
     return json::parse(read_file(path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double (1e999)
     throw invalid_argument("load_tokenizer: '" + path.string() +
                            "' is not valid JSON (truncated or malformed?): " + e.what());
   }

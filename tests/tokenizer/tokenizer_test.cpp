@@ -102,7 +102,8 @@ TEST(StreamDecoder, ConcatenationEqualsDecodeForValidText) {
   for (token_id id : ids) {
     const std::string piece = dec.push(id);
     // Every piece is itself valid UTF-8: decoding it again through the byte tokenizer changes nothing.
-    StreamDecoder check(*load_tokenizer("byte"));
+    const auto bytes = load_tokenizer("byte");  // held: the decoder keeps a pointer to the tokenizer
+    StreamDecoder check(*bytes);
     std::string again;
     for (unsigned char b : piece) again += check.push(b);
     EXPECT_EQ(again + check.finish(), piece);
