@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include <rlloop/error.hpp>
-#include <rlloop/loss.hpp>
+#include <rlloop/batch_checks.hpp>
 #include <rlloop/types.hpp>
 
 namespace rlloop {

@@ -1,60 +1,59 @@
-// Loss specifications and the validation every backend applies before touching a model, so a bad datum is
-// rejected with the same message locally, in the remote client and in the server.
+// The built-in losses and their specifications, described once: `kLosses` holds one row per loss (its name, the
+// LossSpec parameters it reads and their bounds, the loss inputs it needs, the metrics it reports, the model output
+// it is computed on), and every layer reads that row instead of keeping its own list: batch validation
+// (rlloop/batch_checks.hpp), the engine's dispatch (src/engine/loss.cpp: one function per row, where the formulas
+// are), the wire (src/wire/loss_config.hpp: the only place that knows lossFnConfig's key names), the service
+// metrics. Adding a loss: docs/algorithms.md, "Adding a loss".
 #pragma once
-#include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
-#include <cstdint>
-#include <map>
-#include <optional>
+#include <cstddef>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
+#include <utility>
 
 #include <rlloop/error.hpp>
-#include <rlloop/types.hpp>
 
 namespace rlloop {
 
-// The built-in losses. All are summed over tokens, never averaged. `value` is the critic's
-// regression loss for PPO with a value head (an rlloop extension, local sessions created with value_head).
+// The built-in losses. All are summed over tokens, never averaged. `value` is the critic's regression loss for PPO
+// with a value head (an rlloop extension, local sessions created with value_head).
 enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value };
 
-inline const char* to_string(LossFn f) {
-  switch (f) {
-    case LossFn::cross_entropy:
-      return "cross_entropy";
-    case LossFn::importance_sampling:
-      return "importance_sampling";
-    case LossFn::ppo:
-      return "ppo";
-    case LossFn::cispo:
-      return "cispo";
-    case LossFn::dro:
-      return "dro";
-    case LossFn::value:
-      return "value";
+namespace detail {
+// The number of LossFn's enumerators. The switch names each one and has no default, so -Wswitch (in -Wall; an error
+// under RLLOOP_WERROR, as CI builds) stops the build at a new enumerator until it is named here; the tables sized
+// by kLossCount then want its row (their static_asserts say so).
+constexpr std::size_t count_loss_fns() {
+  for (std::size_t n = 0;; ++n) {
+    switch (static_cast<LossFn>(n)) {
+      case LossFn::cross_entropy:
+      case LossFn::importance_sampling:
+      case LossFn::ppo:
+      case LossFn::cispo:
+      case LossFn::dro:
+      case LossFn::value:
+        continue;
+    }
+    return n;
   }
-  return "?";
 }
+}  // namespace detail
 
-inline LossFn loss_fn_from_string(std::string_view name) {
-  for (LossFn f :
-       {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro, LossFn::value})
-    if (name == to_string(f)) return f;
-  throw invalid_argument("unknown loss function '" + std::string(name) +
-                         "' (expected cross_entropy, importance_sampling, ppo, cispo, dro or value)");
-}
+inline constexpr std::size_t kLossCount = detail::count_loss_fns();
 
 // A loss with its configuration. ppo and cispo clip the ratio r = exp(lp - q) to [1 - epsilon_low,
 // 1 + epsilon_high] (PPO's epsilon; asymmetric in DAPO), the convention of the algorithm options too; beta weights
 // the quadratic penalty of dro; value_clip bounds how far a new value may move from "old_values" in the value
-// loss (0 = no clipping).
+// loss (0 = no clipping). Each parameter's bounds are its row of kLossParams; which loss reads which, kLosses.
 //
-// The wire (docs/wire.md) configures the clip by its bounds instead: lossFnConfig's clip_low_threshold =
-// 1 - epsilon_low and clip_high_threshold = 1 + epsilon_high; parse() and config() translate. For bounds in
-// [0.5, 2] both subtractions are exact (Sterbenz's lemma), so min_ratio() / max_ratio() on the receiving side
-// equal the bounds sent, bit for bit.
+// The wire configures the clip by its bounds instead (lossFnConfig's clip_low_threshold = 1 - epsilon_low,
+// clip_high_threshold = 1 + epsilon_high; src/wire/loss_config.hpp translates). For bounds in [0.5, 2] both
+// subtractions are exact (Sterbenz's lemma), so min_ratio() / max_ratio() on the receiving side equal the bounds
+// sent, bit for bit.
 struct LossSpec {
   LossFn fn = LossFn::cross_entropy;
   double epsilon_low = 0.2;
@@ -79,214 +78,247 @@ struct LossSpec {
   double min_ratio() const { return 1.0 - epsilon_low; }
   double max_ratio() const { return 1.0 + epsilon_high; }
 
-  // Config keys each loss accepts (the wire's lossFnConfig).
-  static std::vector<std::string> config_keys(LossFn f) {
-    switch (f) {
-      case LossFn::ppo:
-      case LossFn::cispo:
-        return {"clip_low_threshold", "clip_high_threshold"};
-      case LossFn::dro:
-        return {"beta"};
-      case LossFn::value:
-        return {"value_clip"};
-      default:
-        return {};
-    }
-  }
-
-  // Builds a spec from a name and a wire lossFnConfig; unknown names, keys or out-of-range values throw, naming
-  // the wire's key.
-  static LossSpec parse(std::string_view name, const std::map<std::string, double>& config = {}) {
-    LossSpec s;
-    s.fn = loss_fn_from_string(name);
-    const auto keys = config_keys(s.fn);
-    for (const auto& [key, value] : config) {
-      bool known = false;
-      for (const auto& k : keys) known = known || k == key;
-      if (!known) throw invalid_argument("loss '" + std::string(name) + "' does not accept config key '" + key + "'");
-      if (!std::isfinite(value)) throw invalid_argument("loss config '" + key + "' is not a finite number");
-      if (key == "clip_low_threshold") {
-        if (!(value >= 0.0 && value <= 1.0))
-          throw invalid_argument("clip_low_threshold must be in [0, 1], got " + std::to_string(value));
-        s.epsilon_low = 1.0 - value;
-      }
-      if (key == "clip_high_threshold") {
-        if (!(value >= 1.0 && value <= 10.0))
-          throw invalid_argument("clip_high_threshold must be in [1, 10], got " + std::to_string(value));
-        s.epsilon_high = value - 1.0;
-      }
-      if (key == "beta") s.beta = value;
-      if (key == "value_clip") s.value_clip = value;
-    }
-    s.validate();
-    return s;
-  }
-
-  // The wire's lossFnConfig for this spec.
-  std::map<std::string, double> config() const {
-    switch (fn) {
-      case LossFn::ppo:
-      case LossFn::cispo:
-        return {{"clip_low_threshold", min_ratio()}, {"clip_high_threshold", max_ratio()}};
-      case LossFn::dro:
-        return {{"beta", beta}};
-      case LossFn::value:
-        return {{"value_clip", value_clip}};
-      default:
-        return {};
-    }
-  }
-
-  void validate() const {
-    if (!(epsilon_low >= 0.0 && epsilon_low <= 1.0))
-      throw invalid_argument("LossSpec::epsilon_low must be in [0, 1], got " + std::to_string(epsilon_low));
-    if (!(epsilon_high >= 0.0 && epsilon_high <= 9.0))
-      throw invalid_argument("LossSpec::epsilon_high must be in [0, 9], got " + std::to_string(epsilon_high));
-    if (!(beta >= 0.0 && std::isfinite(beta))) throw invalid_argument("dro beta must be a finite number >= 0");
-    if (!(value_clip >= 0.0 && std::isfinite(value_clip)))
-      throw invalid_argument("value_clip must be a finite number >= 0, got " + std::to_string(value_clip));
-  }
-
-  // Loss inputs each loss requires; "weights" is optional for the RL losses (defaults to 1 per token).
-  static std::vector<std::string> required_inputs(LossFn f) {
-    if (f == LossFn::cross_entropy) return {"target_tokens", "weights"};
-    if (f == LossFn::value) return {"returns"};
-    return {"target_tokens", "advantages", "logprobs"};
-  }
+  // Throws invalid_argument naming the first parameter outside its bounds (every parameter is checked, whichever
+  // loss reads it), or an `fn` that is no enumerator.
+  void validate() const;
   bool operator==(const LossSpec&) const = default;
 };
 
-// Every loss input key the wire protocol accepts. All are per token ([tokens]) but "routed_experts", the experts
-// each token is routed to for routing replay: int64 [tokens, sparse layers, experts per token].
-inline bool is_known_loss_input(std::string_view key) {
-  for (std::string_view k : {"target_tokens", "weights", "advantages", "logprobs", "ref_log_prob", "temperature",
-                             "returns", "old_values", "routed_experts"})
+// ---- the parameters -------------------------------------------------------------------------------------------
+
+// A parameter is a double member of LossSpec; `hi` infinite means any finite number >= lo.
+using LossParam = double LossSpec::*;
+
+struct LossParamInfo {
+  LossParam member;
+  std::string_view name;
+  double lo;
+  double hi;
+};
+
+inline constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+
+inline constexpr std::array<LossParamInfo, 4> kLossParams{{
+    {&LossSpec::epsilon_low, "epsilon_low", 0.0, 1.0},
+    {&LossSpec::epsilon_high, "epsilon_high", 0.0, 9.0},
+    {&LossSpec::beta, "beta", 0.0, kUnbounded},
+    {&LossSpec::value_clip, "value_clip", 0.0, kUnbounded},
+}};
+
+namespace detail {
+// Whether S is brace-initialisable from an LossFn and N doubles: LossSpec is that for N = its parameter count and
+// not for one more, so a member added to LossSpec without a row in kLossParams fails the static_assert below.
+template <class S, std::size_t... I>
+constexpr bool takes_doubles(std::index_sequence<I...>) {
+  return requires { S{LossFn{}, (static_cast<void>(I), 0.0)...}; };
+}
+}  // namespace detail
+static_assert(detail::takes_doubles<LossSpec>(std::make_index_sequence<kLossParams.size()>{}) &&
+                  !detail::takes_doubles<LossSpec>(std::make_index_sequence<kLossParams.size() + 1>{}),
+              "every double member of LossSpec is a parameter with a row in kLossParams");
+
+// ---- the loss inputs ------------------------------------------------------------------------------------------
+
+// Every loss input key a datum may carry. All are per token ([tokens]) but "routed_experts", the experts each token
+// is routed to for routing replay: int64 [tokens, sparse layers, experts per token]. "ref_log_prob" and
+// "temperature" are accepted for clients that send them; no built-in loss reads them.
+inline constexpr std::array<std::string_view, 9> kLossInputs{"target_tokens", "weights",        "advantages",
+                                                             "logprobs",      "ref_log_prob",   "temperature",
+                                                             "returns",       "old_values",     "routed_experts"};
+
+constexpr bool is_known_loss_input(std::string_view key) {
+  for (std::string_view k : kLossInputs)
     if (key == k) return true;
   return false;
 }
 
+// ---- the table of losses --------------------------------------------------------------------------------------
+
+// The model output a loss is computed on: the target tokens' logprobs, or the value head's values.
+enum class LossOutput { logprobs, values };
+
+struct LossInfo {
+  LossFn fn;
+  std::string_view name;
+  std::span<const LossParam> params;                   // the LossSpec parameters it reads
+  std::span<const std::string_view> required_inputs;  // loss inputs every datum must carry
+  std::span<const std::string_view> optional_inputs;  // read when given ("weights": 1 per token otherwise)
+  LossOutput output;
+  // The metric holding the share of loss-bearing tokens where its clipped branch is taken; empty: it never clips.
+  // Every loss reports "loss:sum" (the sum over tokens) too.
+  std::string_view clip_metric;
+  // A policy-gradient loss (on sampled tokens, with advantages and the sampler's logprobs): the service adds
+  // actor/pg_loss, actor/ppo_kl and actor/pg_clipfrac (docs/wire.md, "Metrics").
+  bool policy;
+};
+
 namespace detail {
-inline std::string datum_where(std::size_t index) { return "datum " + std::to_string(index) + ": "; }
+inline constexpr LossParam kClipParams[] = {&LossSpec::epsilon_low, &LossSpec::epsilon_high};
+inline constexpr LossParam kDroParams[] = {&LossSpec::beta};
+inline constexpr LossParam kValueParams[] = {&LossSpec::value_clip};
+inline constexpr std::string_view kSupervisedInputs[] = {"target_tokens", "weights"};
+inline constexpr std::string_view kPolicyInputs[] = {"target_tokens", "advantages", "logprobs"};
+inline constexpr std::string_view kWeights[] = {"weights"};
+inline constexpr std::string_view kReturns[] = {"returns"};
+inline constexpr std::string_view kValueOptional[] = {"old_values", "weights"};
 }  // namespace detail
 
-// Checks one model input: non-empty and every id in [0, vocab_size).
-inline void validate_model_input(const ModelInput& input, std::int64_t vocab_size, const std::string& where = "") {
-  if (input.length() == 0) throw invalid_argument(where + "model input is empty");
-  std::size_t pos = 0;
-  for (const auto& chunk : input.chunks)
-    for (token_id t : chunk.tokens) {
-      if (t < 0 || t >= vocab_size)
-        throw invalid_argument(where + "token id " + std::to_string(t) + " at position " + std::to_string(pos) +
-                               " is out of range [0, " + std::to_string(vocab_size) + ")");
-      ++pos;
-    }
-}
+// One row per LossFn, in the enum's order (the static_assert below checks both). The formulas are in
+// src/engine/loss.hpp beside their code.
+inline constexpr std::array<LossInfo, kLossCount> kLosses{{
+    {.fn = LossFn::cross_entropy,
+     .name = "cross_entropy",
+     .params = {},
+     .required_inputs = detail::kSupervisedInputs,
+     .optional_inputs = {},
+     .output = LossOutput::logprobs,
+     .clip_metric = {},
+     .policy = false},
+    {.fn = LossFn::importance_sampling,
+     .name = "importance_sampling",
+     .params = {},
+     .required_inputs = detail::kPolicyInputs,
+     .optional_inputs = detail::kWeights,
+     .output = LossOutput::logprobs,
+     .clip_metric = {},
+     .policy = true},
+    {.fn = LossFn::ppo,
+     .name = "ppo",
+     .params = detail::kClipParams,
+     .required_inputs = detail::kPolicyInputs,
+     .optional_inputs = detail::kWeights,
+     .output = LossOutput::logprobs,
+     .clip_metric = "clip_fraction",
+     .policy = true},
+    {.fn = LossFn::cispo,
+     .name = "cispo",
+     .params = detail::kClipParams,
+     .required_inputs = detail::kPolicyInputs,
+     .optional_inputs = detail::kWeights,
+     .output = LossOutput::logprobs,
+     .clip_metric = "clip_fraction",
+     .policy = true},
+    {.fn = LossFn::dro,
+     .name = "dro",
+     .params = detail::kDroParams,
+     .required_inputs = detail::kPolicyInputs,
+     .optional_inputs = detail::kWeights,
+     .output = LossOutput::logprobs,
+     .clip_metric = {},
+     .policy = true},
+    {.fn = LossFn::value,
+     .name = "value",
+     .params = detail::kValueParams,
+     .required_inputs = detail::kReturns,
+     .optional_inputs = detail::kValueOptional,
+     .output = LossOutput::values,
+     .clip_metric = "value_clip_fraction",
+     .policy = false},
+}};
 
-// Checks the routes of a batch (loss input "routed_experts", routing replay): every datum carries them or none
-// does (a forward routes all its tokens one way), each int64 [tokens, sparse layers, k] with k distinct expert ids
-// per token and layer. `experts` is the model's shape when known (nullopt: not checked against it; a dense model
-// takes no routes).
-inline void validate_routes(std::span<const Datum> data, const std::optional<ExpertShape>& experts) {
-  if (data.empty()) return;
-  const std::string key = "routed_experts";
-  const bool first = data.front().loss_fn_inputs.count(key) > 0;
-  for (std::size_t i = 0; i < data.size(); ++i) {
-    const std::string where = detail::datum_where(i);
-    auto it = data[i].loss_fn_inputs.find(key);
-    if ((it != data[i].loss_fn_inputs.end()) != first)
-      throw invalid_argument(where + "loss input 'routed_experts' is " + (first ? "missing" : "given") +
-                             " but datum 0's is " + (first ? "given" : "missing") +
-                             " (routing replay routes every datum of a batch or none)");
-    if (it == data[i].loss_fn_inputs.end()) continue;
-    if (experts && !experts->any())
-      throw invalid_argument(where + "loss input 'routed_experts': the model has no experts to route to");
-    const TensorData& t = it->second;
-    const auto n = static_cast<std::int64_t>(data[i].model_input.length());
-    std::string shape;
-    for (std::int64_t s : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
-    if (t.dtype != DType::int64 || t.shape.size() != 3 || t.shape[0] != n)
-      throw invalid_argument(where + "loss input 'routed_experts' must be int64 [tokens = " + std::to_string(n) +
-                             ", sparse layers, experts per token], got " + to_string(t.dtype) + " [" + shape + "]");
-    const std::int64_t layers = t.shape[1], k = t.shape[2];
-    if (layers < 1 || k < 1)
-      throw invalid_argument(where + "loss input 'routed_experts' is [" + shape + "]: no sparse layer or expert");
-    if (experts && (layers != experts->sparse_layers || k != experts->experts_per_token))
-      throw invalid_argument(where + "loss input 'routed_experts' is [" + shape + "] but the model routes each token " +
-                             "to " + std::to_string(experts->experts_per_token) + " experts in " +
-                             std::to_string(experts->sparse_layers) + " sparse layers");
-    // A TensorData made in C++ need not hold what its shape says (the wire reader checks that itself).
-    std::int64_t rows = 0, count = 0;
-    if (__builtin_mul_overflow(n, layers, &rows) || __builtin_mul_overflow(rows, k, &count) ||
-        static_cast<std::int64_t>(t.int_data.size()) != count)
-      throw invalid_argument(where + "loss input 'routed_experts' holds " + std::to_string(t.int_data.size()) +
-                             " values, not the product of its shape [" + shape + "]");
-    for (std::int64_t row = 0; row < n * layers; ++row) {
-      const std::int64_t* ids = t.int_data.data() + row * k;
-      for (std::int64_t j = 0; j < k; ++j) {
-        const bool out_of_range = ids[j] < 0 || (experts && ids[j] >= experts->num_experts);
-        const bool twice = !out_of_range && std::find(ids, ids + j, ids[j]) != ids + j;
-        if (!out_of_range && !twice) continue;
-        const std::string at =
-            " at token " + std::to_string(row / layers) + ", sparse layer " + std::to_string(row % layers);
-        if (out_of_range)
-          throw invalid_argument(where + "loss input 'routed_experts': expert id " + std::to_string(ids[j]) + at +
-                                 " is out of range [0, " +
-                                 (experts ? std::to_string(experts->num_experts) : std::string("experts")) + ")");
-        throw invalid_argument(where + "loss input 'routed_experts': expert " + std::to_string(ids[j]) +
-                               " is given twice" + at);
-      }
-    }
+namespace detail {
+constexpr bool rows_follow_the_enum() {
+  for (std::size_t i = 0; i < kLosses.size(); ++i)
+    if (static_cast<std::size_t>(kLosses[i].fn) != i || kLosses[i].name.empty()) return false;
+  return true;
+}
+constexpr bool names_are_distinct() {
+  for (std::size_t i = 0; i < kLosses.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (kLosses[i].name == kLosses[j].name) return false;
+  return true;
+}
+constexpr bool inputs_are_known() {
+  for (const LossInfo& row : kLosses) {
+    for (std::string_view k : row.required_inputs)
+      if (!is_known_loss_input(k)) return false;
+    for (std::string_view k : row.optional_inputs)
+      if (!is_known_loss_input(k)) return false;
   }
+  return true;
+}
+constexpr bool params_are_known() {
+  for (const LossInfo& row : kLosses)
+    for (LossParam p : row.params) {
+      bool known = false;
+      for (const LossParamInfo& info : kLossParams) known = known || info.member == p;
+      if (!known) return false;
+    }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::rows_follow_the_enum(), "kLosses: row i describes LossFn i, one named row per enumerator");
+static_assert(detail::names_are_distinct(), "kLosses: two losses share a name");
+static_assert(detail::inputs_are_known(), "kLosses: a loss input missing from kLossInputs");
+static_assert(detail::params_are_known(), "kLosses: a parameter missing from kLossParams");
+
+// The row of a loss; an `f` that is no enumerator (a cast from a bad integer) throws invalid_argument.
+inline const LossInfo& loss_info(LossFn f) {
+  const auto i = static_cast<std::size_t>(f);
+  if (i >= kLossCount) throw invalid_argument("LossSpec::fn " + std::to_string(i) + " is no loss function");
+  return kLosses[i];
 }
 
-// Checks a batch before anything runs: shapes, the required loss-input keys, ids and finite values; routes against
-// the model's experts when `experts` is given.
-inline void validate_batch(std::span<const Datum> data, const std::vector<std::string>& required_inputs,
-                           const std::string& loss_name, std::int64_t vocab_size,
-                           const std::optional<ExpertShape>& experts = std::nullopt) {
-  if (data.empty()) throw invalid_argument("the batch holds no datum");
-  validate_routes(data, experts);
-  for (std::size_t i = 0; i < data.size(); ++i) {
-    const Datum& d = data[i];
-    const std::string where = detail::datum_where(i);
-    validate_model_input(d.model_input, vocab_size, where);
-    const std::size_t n = d.model_input.length();
-    for (const auto& [key, tensor] : d.loss_fn_inputs) {
-      if (!is_known_loss_input(key)) throw invalid_argument(where + "unknown loss input '" + key + "'");
-      if (key == "routed_experts") continue;  // validate_routes
-      if (tensor.size() != n)
-        throw invalid_argument(where + "loss input '" + key + "' has " + std::to_string(tensor.size()) +
-                               " values but the model input has " + std::to_string(n) + " tokens");
-      if (tensor.dtype == DType::float32)
-        for (std::size_t j = 0; j < tensor.float_data.size(); ++j)
-          if (!std::isfinite(tensor.float_data[j]))
-            throw invalid_argument(where + "loss input '" + key + "' holds a non-finite value at position " +
-                                   std::to_string(j));
-    }
-    for (const auto& key : required_inputs)
-      if (!d.loss_fn_inputs.count(key))
-        throw invalid_argument(where + "loss '" + loss_name + "' needs loss input '" + key + "'");
-    if (auto it = d.loss_fn_inputs.find("target_tokens"); it != d.loss_fn_inputs.end()) {
-      const auto targets = it->second.as_doubles();
-      for (std::size_t j = 0; j < targets.size(); ++j)
-        if (targets[j] < 0 || targets[j] >= static_cast<double>(vocab_size) || targets[j] != std::floor(targets[j]))
-          throw invalid_argument(where + "target token " + std::to_string(static_cast<long long>(targets[j])) +
-                                 " at position " + std::to_string(j) + " is out of range [0, " +
-                                 std::to_string(vocab_size) + ")");
-    }
+inline const char* to_string(LossFn f) {
+  const auto i = static_cast<std::size_t>(f);
+  return i < kLossCount ? kLosses[i].name.data() : "?";  // the names are literals: NUL-terminated
+}
+
+namespace detail {
+// "a, b or c": the choices an error message offers.
+template <class Range>
+std::string one_of(const Range& names) {
+  std::string out;
+  const auto n = static_cast<std::size_t>(std::size(names));
+  std::size_t i = 0;
+  for (std::string_view name : names) {
+    out += i == 0 ? "" : i + 1 == n ? " or " : ", ";
+    out += name;
+    ++i;
   }
+  return out;
 }
 
-// Checks a batch against a built-in loss.
-inline void validate_batch(std::span<const Datum> data, LossFn loss, std::int64_t vocab_size,
-                           const std::optional<ExpertShape>& experts = std::nullopt) {
-  validate_batch(data, LossSpec::required_inputs(loss), to_string(loss), vocab_size, experts);
+// A bound as an error message shows it: 0, 1, 0.5 (the shortest form that reads back the same).
+inline std::string format_bound(double v) {
+  char buf[32];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
 }
 
-// Checks a batch for forward_backward_custom: only target_tokens are required.
-inline void validate_custom_batch(std::span<const Datum> data, std::int64_t vocab_size,
-                                  const std::optional<ExpertShape>& experts = std::nullopt) {
-  validate_batch(data, {"target_tokens"}, "custom", vocab_size, experts);
+// "in [lo, hi]" or "a finite number >= lo".
+inline std::string describe_bounds(double lo, double hi) {
+  if (hi == kUnbounded) return "a finite number >= " + format_bound(lo);
+  return "in [" + format_bound(lo) + ", " + format_bound(hi) + "]";
+}
+
+inline bool within(double v, double lo, double hi) { return v >= lo && v <= hi && std::isfinite(v); }
+}  // namespace detail
+
+inline LossFn loss_fn_from_string(std::string_view name) {
+  for (const LossInfo& row : kLosses)
+    if (name == row.name) return row.fn;
+  std::array<std::string_view, kLossCount> names;
+  for (std::size_t i = 0; i < kLossCount; ++i) names[i] = kLosses[i].name;
+  throw invalid_argument("unknown loss function '" + std::string(name) + "' (expected " + detail::one_of(names) +
+                         ")");
+}
+
+// Whether loss `f` reads parameter `p`.
+inline bool reads_param(LossFn f, LossParam p) {
+  for (LossParam q : loss_info(f).params)
+    if (q == p) return true;
+  return false;
+}
+
+inline void LossSpec::validate() const {
+  loss_info(fn);
+  for (const LossParamInfo& p : kLossParams) {
+    const double v = this->*p.member;
+    if (!detail::within(v, p.lo, p.hi))
+      throw invalid_argument("LossSpec::" + std::string(p.name) + " must be " + detail::describe_bounds(p.lo, p.hi) +
+                             ", got " + std::to_string(v));
+  }
 }
 
 }  // namespace rlloop

@@ -10,6 +10,7 @@
 #include <rlloop/error.hpp>
 #include <rlloop/limits.hpp>
 
+#include "wire/loss_config.hpp"
 #include "wire/read.hpp"
 
 namespace rlloop::wire {
@@ -169,9 +170,7 @@ Datum datum_from_json(const json& j, const std::string& path) {
     object(*inputs, ipath);
     for (auto it = inputs->begin(); it != inputs->end(); ++it) {
       if (!is_known_loss_input(it.key()))
-        fail(join(ipath, it.key()),
-             "unknown loss input (expected target_tokens, weights, advantages, logprobs, ref_log_prob, temperature, "
-             "returns, old_values or routed_experts)");
+        fail(join(ipath, it.key()), "unknown loss input (expected " + rlloop::detail::one_of(kLossInputs) + ")");
       d.loss_fn_inputs[it.key()] = tensor_from_json(it.value(), join(ipath, it.key()));
     }
   }
@@ -182,7 +181,7 @@ Datum datum_from_json(const json& j, const std::string& path) {
 
 void write_loss(json& j, const LossSpec& loss) {
   j["lossFnName"] = to_string(loss.fn);
-  const auto config = loss.config();
+  const auto config = loss_config(loss);
   if (!config.empty()) j["lossFnConfig"] = config;
 }
 
@@ -195,7 +194,7 @@ LossSpec loss_from_json(const json& obj, const std::string& path) {
     for (auto it = c->begin(); it != c->end(); ++it) config[it.key()] = number(it.value(), join(cpath, it.key()));
   }
   try {
-    return LossSpec::parse(name, config);
+    return loss_from_config(name, config);
   } catch (const invalid_argument& e) {
     fail(path, e.what());
   }

@@ -155,7 +155,7 @@ Datum datum_from_json(const json& j, const std::string& path);
 // ---- losses, sampling and optimizer settings -----------------------------------------------------------------
 
 // Writes lossFnName and lossFnConfig into an operation config object. The wire carries the ppo / cispo clip as
-// thresholds, the spec as epsilons: LossSpec::config and LossSpec::parse translate.
+// thresholds, the spec as epsilons: loss_config and loss_from_config (wire/loss_config.hpp) translate.
 void write_loss(json& j, const LossSpec& loss);
 LossSpec loss_from_json(const json& obj, const std::string& path);
 json to_json(const SamplingParams& p);

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <rlloop/batch_checks.hpp>
 #include <rlloop/session.hpp>
 #include <rlloop/tokenizer.hpp>
 
@@ -285,8 +286,8 @@ class FakeSession {
       out.loss_fn_outputs.push_back({{"logprobs", TensorData::from_floats(std::vector<float>(lp.begin(), lp.end()))}});
     }
     out.metrics["loss:sum"] = loss;
-    if (spec.fn == LossFn::ppo || spec.fn == LossFn::cispo)
-      out.metrics["clip_fraction"] = bearing > 0 ? clipped / bearing : 0.0;
+    if (const std::string_view clip = loss_info(spec.fn).clip_metric; !clip.empty())
+      out.metrics[std::string(clip)] = bearing > 0 ? clipped / bearing : 0.0;
     out.training_tokens = tokens;
     usage_.training += tokens;
     return out;

@@ -13,33 +13,6 @@ TEST(ModelInput, FlattensChunksInOrder) {
   EXPECT_EQ(in.tokens(), (std::vector<token_id>{1, 2, 3, 4, 5}));
 }
 
-TEST(LossSpec, ParsesNamesAndRejectsUnknownOnes) {
-  // The wire's clip thresholds are the spec's clip range: epsilon_low = 1 - clip_low_threshold.
-  const LossSpec ppo = LossSpec::parse("ppo", {{"clip_low_threshold", 0.7}});
-  EXPECT_EQ(ppo.min_ratio(), 0.7);
-  EXPECT_NEAR(ppo.epsilon_low, 0.3, 1e-15);
-  EXPECT_EQ(ppo.epsilon_high, 0.2);  // the default
-  EXPECT_EQ(ppo.config().at("clip_low_threshold"), 0.7);
-  EXPECT_EQ(LossSpec::parse("dro", {{"beta", 0.5}}).beta, 0.5);
-  try {
-    LossSpec::parse("kto");
-    FAIL();
-  } catch (const invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown loss function 'kto'"), std::string::npos);
-  }
-  try {
-    LossSpec::parse("cross_entropy", {{"clip_low_threshold", 0.7}});
-    FAIL();
-  } catch (const invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("does not accept config key 'clip_low_threshold'"), std::string::npos);
-  }
-  EXPECT_THROW(LossSpec::parse("ppo", {{"clip_high_threshold", 0.5}}), invalid_argument);
-  // The defaults are PPO's epsilon 0.2, which the wire carries as 0.8 / 1.2.
-  EXPECT_EQ(LossSpec::ppo().config(),
-            (std::map<std::string, double>{{"clip_low_threshold", 0.8}, {"clip_high_threshold", 1.2}}));
-  EXPECT_THROW(LossSpec::ppo(-0.1).validate(), invalid_argument);
-}
-
 namespace {
 Datum sft_datum(std::vector<token_id> in, std::vector<std::int64_t> targets) {
   Datum d;

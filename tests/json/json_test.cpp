@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "wire/control_plane.hpp"
+#include "wire/loss_config.hpp"
 #include "wire/runtime.hpp"
 
 using namespace rlloop;
@@ -254,7 +255,8 @@ TEST(WireJson, LossAndOptimizerSettingsAreValidated) {
   EXPECT_NEAR(loss.epsilon_high, 0.4, 1e-15);
   EXPECT_EQ(loss.min_ratio(), 0.6);
   EXPECT_EQ(loss.max_ratio(), 1.4);
-  EXPECT_EQ(loss.config(), (std::map<std::string, double>{{"clip_low_threshold", 0.6}, {"clip_high_threshold", 1.4}}));
+  EXPECT_EQ(loss_config(loss),
+            (std::map<std::string, double>{{"clip_low_threshold", 0.6}, {"clip_high_threshold", 1.4}}));
 
   EXPECT_EQ(error_of([] {
               adam_from_json(json{{"learningRate", 0.5}}, "adam");

@@ -13,7 +13,7 @@ int main() {
   const rlloop::rewards::MathAnswerReward reward;
   const double right = rlloop::score_one(reward, p, p.target).value;
   const auto adv = rlloop::algorithms::GroupCentered{}(std::vector<double>{right, 0.0});
-  const auto spec = rlloop::LossSpec::parse("ppo", {{"clip_low_threshold", 0.7}});
+  const rlloop::LossSpec spec{.fn = rlloop::loss_fn_from_string("ppo"), .epsilon_low = 0.3};
   std::printf("%s %g %g %g\n", p.prompt.c_str(), right, adv[0], spec.min_ratio());
   return right == 1.0 && adv[0] == 0.5 && spec.min_ratio() == 0.7 ? 0 : 1;
 }
