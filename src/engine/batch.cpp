@@ -125,6 +125,13 @@ ForwardBackwardOutput make_output(const torch::Tensor& lp, const PaddedBatch& b)
 }  // namespace
 
 namespace {
+// "loss:sum" and, for a loss that clips, its clip metric (its row of kLosses names it).
+void add_loss_metrics(ForwardBackwardOutput& out, const LossSpec& loss, const LossValue& value) {
+  out.metrics["loss:sum"] = value.loss.item<double>();
+  if (const std::string_view clip = loss_info(loss.fn).clip_metric; !clip.empty())
+    out.metrics[std::string(clip)] = value.clip_fraction();
+}
+
 // The critic: values from the value head, regressed on "returns". Outputs "values" per datum.
 ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
                                      const PaddedBatch& b, bool backward, ClipCounts* counts) {
@@ -136,8 +143,12 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
   for (const auto& d : data) has_old = has_old && d.loss_fn_inputs.count("old_values");
   torch::Tensor old_values;
   if (has_old) old_values = padded_input(data, "old_values", T, 0.0f).to(device);
-  auto m = b.mask.to(device) * padded_input(data, "weights", T, 1.0f).to(device);
-  auto value = value_loss(loss, v, padded_input(data, "returns", T, 0.0f).to(device), old_values, m);
+  LossTensors in;
+  in.mask = b.mask.to(device);
+  in.weights = padded_input(data, "weights", T, 1.0f).to(device);
+  in.returns = padded_input(data, "returns", T, 0.0f).to(device);
+  in.old_values = old_values;
+  auto value = builtin_loss(loss, v, in);
   if (backward) value.loss.backward();
 
   ForwardBackwardOutput out;
@@ -147,8 +158,7 @@ ForwardBackwardOutput run_value_loss(Transformer& model, const std::vector<Datum
     out.loss_fn_outputs.push_back({{"values", TensorData::from_floats(std::vector<float>(row, row + b.lengths[i]))}});
   }
   out.training_tokens = b.total_tokens;
-  out.metrics["loss:sum"] = value.loss.item<double>();
-  out.metrics["value_clip_fraction"] = value.clip_fraction();
+  add_loss_metrics(out, loss, value);
   out.metrics.insert(router.begin(), router.end());
   if (counts) *counts = value.counts();
   return out;
@@ -167,8 +177,10 @@ void validate_custom_input(const ModelConfig& cfg, const std::vector<Datum>& dat
 }
 
 void check_loss_fits_model(const Transformer& model, const LossSpec& loss) {
-  if (loss.fn == LossFn::value && !model.has_value_head())
-    throw invalid_argument("loss 'value' needs a session created with a value head (SessionOptions::value_head)");
+  const LossInfo& info = loss_info(loss.fn);
+  if (info.output == LossOutput::values && !model.has_value_head())
+    throw invalid_argument("loss '" + std::string(info.name) +
+                           "' needs a session created with a value head (SessionOptions::value_head)");
 }
 
 ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Datum>& data, const LossSpec& loss,
@@ -180,7 +192,12 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   const std::int64_t T = b.ids.size(1);
   std::optional<torch::NoGradGuard> no_grad;
   if (!backward) no_grad.emplace();
-  if (loss.fn == LossFn::value) return run_value_loss(model, data, loss, b, backward, counts);
+  switch (loss_info(loss.fn).output) {
+    case LossOutput::values:
+      return run_value_loss(model, data, loss, b, backward, counts);
+    case LossOutput::logprobs:
+      break;
+  }
 
   Metrics router;
   auto lp = target_logprobs(model, b, device, router);
@@ -193,8 +210,7 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   if (backward) value.loss.backward();
 
   auto out = make_output(lp, b);
-  out.metrics["loss:sum"] = value.loss.item<double>();
-  if (loss.fn == LossFn::ppo || loss.fn == LossFn::cispo) out.metrics["clip_fraction"] = value.clip_fraction();
+  add_loss_metrics(out, loss, value);
   out.metrics.insert(router.begin(), router.end());
   if (counts) *counts = value.counts();
   return out;

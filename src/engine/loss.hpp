@@ -1,5 +1,5 @@
-// The built-in losses on per-token logprobs (their formulas below), kept apart from the model so the math is
-// tested on its own in double precision.
+// The built-in losses (their formulas below): one row of kLossKernels per row of kLosses (rlloop/loss.hpp), kept
+// apart from the model so the math is tested on its own in double precision.
 #pragma once
 #include <torch/torch.h>
 
@@ -7,12 +7,15 @@
 
 namespace rlloop::engine {
 
-// Per-token loss inputs, all the same shape as the logprobs ([B, T], padding positions masked out).
+// Per-token loss inputs, all the same shape as the logprobs ([B, T], padding positions masked out); a loss reads
+// those its row of kLosses names (the others may be undefined).
 struct LossTensors {
   torch::Tensor mask;        // 1 for real tokens, 0 for padding
-  torch::Tensor weights;     // token weights: cross_entropy's w; for the RL losses a per-token factor (1 = as written)
+  torch::Tensor weights;     // token weights: cross_entropy's w; for the others a per-token factor (1 = as written)
   torch::Tensor advantages;  // A
   torch::Tensor sampler_logprobs;  // q
+  torch::Tensor returns;           // R (value)
+  torch::Tensor old_values;        // the values the returns were computed with (value; undefined: no clipping)
 };
 
 // clip_fraction = clipped / bearing: the share of loss-bearing tokens (mask * weight != 0) where the clipped
@@ -33,19 +36,33 @@ struct LossValue {
   ClipCounts counts() const;
 };
 
-// lp = logprob of each target token under the current weights (carries the graph). The RL losses multiply each
-// token's term by its weight (datums without "weights" get 1), so weight 0 leaves prompt tokens out.
+// x is the model output the loss's row names (LossInfo::output), carrying the graph: lp, the logprob of each target
+// token under the current weights, or v, the value head's values. The RL losses multiply each token's term by its
+// weight (datums without "weights" get 1), so weight 0 leaves prompt tokens out.
 //   cross_entropy        -(lp * w).sum()
 //   importance_sampling  -(r * A).sum()                       r = exp(lp - q)
 //   ppo                  -min(r * A, clamp(r, lo, hi) * A).sum()   lo = 1 - epsilon_low, hi = 1 + epsilon_high
 //   cispo                -(stopgrad(clamp(r, lo, hi)) * lp * A).sum()
 //   dro                  -(lp * A - 0.5 * beta * (lp - q)^2).sum()
-LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in);
+//   value                value_loss below, with m = mask * w
+LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& x, const LossTensors& in);
 
 // The critic's loss on values v [B, T]: 0.5 * sum(m * max((v - R)^2, (v_clip - R)^2)) with
 // v_clip = old + clamp(v - old, -clip, clip); without old values (undefined tensor) or with clip 0 it is the plain
 // squared error. m = mask * weights. `clipped` counts tokens where the clipped error was the larger one.
 LossValue value_loss(const LossSpec& spec, const torch::Tensor& v, const torch::Tensor& returns,
                      const torch::Tensor& old_values, const torch::Tensor& m);
+
+// A loss's code: the row of kLossKernels (loss.cpp) for the row of kLosses with the same LossFn.
+struct LossKernel {
+  LossFn fn;
+  LossValue (*apply)(const LossSpec& spec, const torch::Tensor& x, const LossTensors& in);
+  // Whether the loss takes its clipped branch at one token, on host doubles (the service metric actor/pg_clipfrac,
+  // computed from the returned logprobs): lp, q, A as above; false for a loss that never clips.
+  bool (*clips_token)(const LossSpec& spec, double lp, double q, double advantage);
+};
+
+// The kernel of a loss; an `fn` that is no enumerator throws invalid_argument.
+const LossKernel& loss_kernel(LossFn fn);
 
 }  // namespace rlloop::engine

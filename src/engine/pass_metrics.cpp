@@ -3,25 +3,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loss.hpp"
+
 namespace rlloop::engine {
 
 namespace {
 
-bool is_policy_loss(LossFn fn) {
-  return fn == LossFn::importance_sampling || fn == LossFn::ppo || fn == LossFn::cispo || fn == LossFn::dro;
-}
-
 std::vector<double> input_or(const Datum& d, const char* name, std::size_t n, double fallback) {
   auto it = d.loss_fn_inputs.find(name);
   return it == d.loss_fn_inputs.end() ? std::vector<double>(n, fallback) : it->second.as_doubles();
-}
-
-// Whether the policy loss clips token j: PPO takes the clipped term (it is the smaller), CISPO clamps the ratio.
-bool clipped(const LossSpec& loss, double lp, double q, double advantage) {
-  const double r = std::exp(lp - q), c = std::clamp(r, loss.min_ratio(), loss.max_ratio());
-  if (loss.fn == LossFn::ppo) return c * advantage < r * advantage;
-  if (loss.fn == LossFn::cispo) return c != r;
-  return false;
 }
 
 }  // namespace
@@ -66,7 +56,8 @@ void add_service_metrics(ForwardBackwardOutput& out, const std::vector<Datum>& d
     m["promised_flops"] = cost.peak_flops / 1e12;
     m["mfu"] = achieved / cost.peak_flops;
   }
-  if (!loss || !is_policy_loss(loss->fn)) return;
+  if (!loss || !loss_info(loss->fn).policy) return;
+  const auto clips_token = loss_kernel(loss->fn).clips_token;
   m["actor/pg_loss"] = m["loss"];
   double kl = 0, clip = 0;
   for (std::size_t i = 0; i < data.size(); ++i) {
@@ -79,7 +70,7 @@ void add_service_metrics(ForwardBackwardOutput& out, const std::vector<Datum>& d
       if (w[j] == 0) continue;
       bearing += 1;
       kl_i += q[j] - lp[j];
-      clipped_i += clipped(*loss, lp[j], q[j], a[j]);
+      clipped_i += clips_token(*loss, lp[j], q[j], a[j]);
     }
     if (bearing > 0) kl += kl_i / bearing, clip += clipped_i / bearing;
   }

@@ -176,3 +176,62 @@ TEST(Loss, ValueLossGoldenWithAndWithoutClipping) {
   expect_near_all(std::vector<double>(v2.grad().data_ptr<double>(), v2.grad().data_ptr<double>() + 3), {-0.5, 1.0, 1.5},
                   1e-12);
 }
+
+namespace {
+// Inputs for the value row too: t0 moves away from its return past the clip (the plain error is the larger), t1
+// towards it past the clip (the clipped error is the larger: clipped, no gradient), t2 inside the clip range (both
+// errors equal), t3 weight 0.
+Fixture with_values() {
+  Fixture f;
+  f.in.weights = vec({1.0, 0.5, 2.0, 0.0});
+  f.in.returns = vec({-0.5, -2.5, -1.5, 0.0});
+  f.in.old_values = vec({-0.6, -1.5, -1.125, -0.4});
+  return f;
+}
+}  // namespace
+
+// Every row of the table, whatever it computes: autograd agrees with finite differences on the fixture (all the
+// clip branches), so a new loss is checked the moment its row exists; its golden values are its own test above.
+// cispo is the exception by design: its stop-gradient makes the gradient differ from its value's derivative
+// (CispoUsesTheClippedRatioAsAConstantWeight checks it by hand).
+TEST(Loss, EveryRowsGradientMatchesFiniteDifferences) {
+  for (const LossInfo& row : kLosses) {
+    if (row.fn == LossFn::cispo) continue;
+    const Fixture f = with_values();
+    LossSpec spec;
+    spec.fn = row.fn;
+    expect_near_all(autograd(spec, f), finite_difference(spec, f), 1e-6);
+    if (HasFailure()) FAIL() << row.name;
+  }
+}
+
+// The value row is value_loss on the values with m = mask * weights.
+TEST(Loss, TheValueRowIsTheCriticsLoss) {
+  const Fixture f = with_values();
+  const auto row = builtin_loss(LossSpec::value(0.2), f.lp, f.in);
+  const auto direct = value_loss(LossSpec::value(0.2), f.lp, f.in.returns, f.in.old_values, f.in.mask * f.in.weights);
+  EXPECT_EQ(row.loss.item<double>(), direct.loss.item<double>());
+  // 0.5 * (1 * 0.25 + 0.5 * (-1.7 + 2.5)^2 + 2 * 0.25): t1's clipped error 0.64 is the larger.
+  EXPECT_NEAR(row.loss.item<double>(), 0.5 * (0.25 + 0.5 * 0.64 + 2 * 0.25), 1e-12);
+  EXPECT_EQ(row.clipped.item<double>(), 1.0);
+  EXPECT_EQ(row.bearing.item<double>(), 3.0);  // the token of weight 0 bears no loss
+  expect_near_all(autograd(LossSpec::value(0.2), f), {-0.5, 0.0, 1.0, 0.0}, 1e-12);
+}
+
+// The host-side clip test of each row (the service metric actor/pg_clipfrac) agrees with the tensor code's count.
+TEST(Loss, EachRowsTokenClipTestAgreesWithItsTensorCount) {
+  Fixture f;
+  const auto lp = f.lp.squeeze(0), q = f.in.sampler_logprobs.squeeze(0), a = f.in.advantages.squeeze(0);
+  for (const LossInfo& row : kLosses) {
+    if (row.output != LossOutput::logprobs) continue;
+    LossSpec spec;
+    spec.fn = row.fn;
+    double clipped = 0;
+    for (int64_t j = 0; j < lp.size(0); ++j)
+      clipped += loss_kernel(row.fn).clips_token(spec, lp[j].item<double>(), q[j].item<double>(), a[j].item<double>());
+    EXPECT_EQ(clipped, builtin_loss(spec, f.lp, f.in).clipped.item<double>()) << row.name;
+    // Only the losses that name a clip metric clip anything on this fixture, which takes every clip branch.
+    EXPECT_EQ(clipped > 0, !row.clip_metric.empty()) << row.name;
+  }
+  EXPECT_THROW(loss_kernel(static_cast<LossFn>(kLossCount)), invalid_argument);
+}

@@ -153,6 +153,7 @@ std::vector<Datum> ByteReader::get_data() {
 LossSpec ByteReader::get_loss_spec() {
   LossSpec loss;
   loss.fn = get<LossFn>();
+  if (static_cast<std::size_t>(loss.fn) >= kLossCount) fail();  // no row of kLosses: a malformed message
   loss.epsilon_low = get<double>();
   loss.epsilon_high = get<double>();
   loss.beta = get<double>();

@@ -260,9 +260,9 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
     counts.clipped += r.get<double>();
     counts.bearing += r.get<double>();
   }
-  // Fractions do not add up: recompute them over the whole batch.
-  for (const char* name : {"clip_fraction", "value_clip_fraction"})
-    if (total.metrics.count(name)) total.metrics[name] = counts.fraction();
+  // Fractions do not add up: recompute the loss's over the whole batch.
+  if (auto it = total.metrics.find(std::string(loss_info(loss.fn).clip_metric)); it != total.metrics.end())
+    it->second = counts.fraction();
   mean_router_metrics(total);
   return total;
 }
