@@ -11,14 +11,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <rlloop/error.hpp>
+#include <rlloop/local.hpp>
 
 #include "base_models.hpp"
 #include "command.hpp"
 #include "server/server.hpp"
-#ifdef RLLOOP_HAVE_ENGINE
-#include <rlloop/local.hpp>
-#endif
 
 namespace {
 
@@ -149,7 +146,7 @@ void add_flags(CLI::App& app, ServeFlags& f) {
 }
 
 // The HTTP server's options, listening on `port` (the flag's, or after a restart the port the first server bound).
-[[maybe_unused]] rlloop::server::Options server_options(const ServeFlags& f, std::uint16_t port) {
+rlloop::server::Options server_options(const ServeFlags& f, std::uint16_t port) {
   rlloop::server::Options options;
   options.host = f.host;
   options.port = port;
@@ -171,7 +168,6 @@ void add_flags(CLI::App& app, ServeFlags& f) {
   return options;
 }
 
-#ifdef RLLOOP_HAVE_ENGINE
 // The engine's options: checkpoints under the data directory, workers started from this executable.
 rlloop::LocalServiceOptions engine_options(const ServeFlags& f) {
   rlloop::LocalServiceOptions local;
@@ -248,12 +244,6 @@ std::string serve(const ServeFlags& f, std::uint16_t& port) {
   server.stop();
   return failure;
 }
-#else
-std::string serve(const ServeFlags&, std::uint16_t&) {
-  throw rlloop::unsupported(
-      "this build has no training engine (configured with RLLOOP_WITH_TORCH=OFF); rebuild with it ON to serve");
-}
-#endif
 
 // A failed data-parallel group cannot be mended in place (its peer vanished mid-collective): the server starts
 // again in this process, on the port it had bound and the same data directory, once serve() has returned and
@@ -269,9 +259,7 @@ int run_serve(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-#ifdef RLLOOP_HAVE_ENGINE
   rlloop::configure_engine_process({.num_threads = flags.threads});  // once per process
-#endif
   auto port = static_cast<std::uint16_t>(flags.port);
   for (;;) {
     const std::string failure = serve(flags, port);
