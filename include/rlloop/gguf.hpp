@@ -2,8 +2,8 @@
 // infos, and each tensor's bytes read in place from a read-only memory map; dequantization of ggml's block formats
 // to fp32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q6_K), value for value as ggml's
 // own dequantize_row_* computes them. A malformed file is an error naming the file and what is wrong in it, found
-// while opening: every later read stays inside the map. Writing: version 3 files of F32, F16, BF16 and Q8_0
-// tensors, quantized as ggml's reference quantizers do, written atomically.
+// while opening: every later read stays inside the map. Writing: version 3 files of F32, F16, BF16, Q8_0, Q4_K and
+// Q6_K tensors, written atomically.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -127,8 +127,10 @@ std::uint16_t float_to_bf16(float f);
 // --- Writing ---------------------------------------------------------------------------------------------------
 
 // fp32 values stored as `type`: F32, F16, BF16, or Q8_0 (a scale of max|x| / 127 per block of 32, each value rounded
-// half away from zero), byte for byte as ggml's reference quantizer writes them. Throws invalid_argument for other
-// types, and for Q8_0 when the values are not whole blocks.
+// half away from zero), byte for byte as ggml's reference quantizer writes them; or Q4_K / Q6_K, super-blocks of 256
+// in ggml's layouts whose scales rlloop chooses by its own search (each sub-block's least-squares fit, not ggml's
+// bytes; any dequantizer of the format reads them). Throws invalid_argument for other types, and for the block
+// types when the values are not whole blocks.
 std::vector<std::uint8_t> quantize(TensorType type, std::span<const float> values);
 
 // A tensor to write: its shape in ggml's order (fastest dimension first) and its bytes in `type`'s blocks.

@@ -39,9 +39,12 @@ std::uint32_t file_type(gguf::TensorType type) {
     case gguf::TensorType::f32: return 0;
     case gguf::TensorType::f16: return 1;
     case gguf::TensorType::q8_0: return 7;
+    case gguf::TensorType::q4_k: return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S: Q4_K where rows allow
+    case gguf::TensorType::q6_k: return 18;
     case gguf::TensorType::bf16: return 32;
     default:
-      throw unsupported("GGUF export: models are written as F32, F16, BF16 or Q8_0, not " + gguf::to_string(type));
+      throw unsupported("GGUF export: models are written as F32, F16, BF16, Q8_0, Q4_K or Q6_K, not " +
+                        gguf::to_string(type));
   }
 }
 
@@ -160,7 +163,8 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
   add_rope_scaling_metadata(config, metadata);
   if (config.family().write_gguf_config) config.family().write_gguf_config(config, metadata);
   metadata["general.file_type"] = gguf::Value{file_type(type)};
-  if (type == gguf::TensorType::q8_0) metadata["general.quantization_version"] = gguf::Value{std::uint32_t{2}};
+  if (gguf::block_layout(type)->elements > 1)
+    metadata["general.quantization_version"] = gguf::Value{std::uint32_t{2}};
   // The base's keys for what this file does not describe otherwise (the tokenizer, the chat template, names);
   // not its layout, its quantization or architecture keys, which the configuration above states.
   for (const auto& [key, value] : carried)
@@ -174,6 +178,10 @@ void save_gguf_model(const Transformer& model, const std::string& path, gguf::Te
     // llama.cpp adds as F32 only) and the router stay F32.
     const bool f32 = t.dim() == 1 || !name.ends_with(".weight") || name.ends_with(".ffn_gate_inp.weight");
     gguf::TensorType stored = f32 ? gguf::TensorType::f32 : type;
+    // Rows that are not whole blocks: a K-quant's (256 values) fall back to Q8_0 (llama.cpp's quantizer to Q5_0 or
+    // Q8_0, which rlloop writes the one of), Q8_0's to F16.
+    if (t.size(-1) % gguf::block_layout(stored)->elements != 0 && stored != gguf::TensorType::q8_0)
+      stored = gguf::TensorType::q8_0;
     if (stored == gguf::TensorType::q8_0 && t.size(-1) % 32 != 0) stored = gguf::TensorType::f16;
     tensors.push_back(tensor_data(name, to_gguf_layout(config, name, t), stored));
   };

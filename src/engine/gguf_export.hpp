@@ -21,9 +21,11 @@ void save_gguf_adapter(const Transformer& model, const std::string& path);
 
 // The model with its adapters merged, as a GGUF model file: its architecture's metadata from the model's
 // configuration, then every key of `carried` it does not set (the base file's tokenizer and general keys), matrices
-// stored as `type` (F32, F16, BF16 or Q8_0; F16 where a Q8_0 row is not whole blocks) and vectors in F32, as
-// llama.cpp's converter stores them. Throws unsupported for other architectures or types.
-// "F32", "F16", "BF16" or "Q8_0" (any case) as a type save_gguf_model writes; invalid_argument naming the others.
+// stored as `type` (F32, F16, BF16, Q8_0, Q4_K or Q6_K; Q8_0 where a K-quant row is not whole super-blocks of 256,
+// F16 where a Q8_0 row is not whole blocks of 32) and vectors in F32, as llama.cpp's converter stores them. Throws
+// unsupported for other architectures or types.
+// "F32", "F16", "BF16" or "Q8_0" (any case) as a type the sessions' and `rlloop export`'s GGUF export writes;
+// invalid_argument naming the others.
 gguf::TensorType gguf_export_type(const std::string& name);
 
 void save_gguf_model(const Transformer& model, const std::string& path, gguf::TensorType type,

@@ -1,6 +1,7 @@
 // fp32 to ggml's storage types, rounding as ggml's reference quantizers do (quantize_row_q8_0_ref and the scalar
 // fp32 -> fp16 / bf16 conversions): round to nearest, ties to even for the floating-point types, and for Q8_0 a
-// scale of max|x| / 127 per block of 32 with each value rounded half away from zero.
+// scale of max|x| / 127 per block of 32 with each value rounded half away from zero. The K-quants Q4_K and Q6_K
+// are rlloop's own choice of scales (quantize_k.cpp), in ggml's block layouts.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -8,6 +9,8 @@
 
 #include <rlloop/error.hpp>
 #include <rlloop/gguf.hpp>
+
+#include "quantize_k.hpp"
 
 namespace rlloop::gguf {
 namespace {
@@ -76,8 +79,21 @@ std::vector<std::uint8_t> quantize(TensorType type, std::span<const float> value
       out.resize(n / kQK8 * 34);
       for (std::size_t b = 0; b < n / kQK8; ++b) q8_0_block(values.data() + b * kQK8, out.data() + b * 34);
       return out;
+    case TensorType::q4_k:
+    case TensorType::q6_k: {
+      const auto block = static_cast<std::size_t>(block_layout(type)->bytes);
+      if (n % detail::kSuperBlock != 0)
+        throw invalid_argument("gguf: " + std::to_string(n) + " values are not whole " + to_string(type) +
+                               " blocks of 256");
+      const auto fn = type == TensorType::q4_k ? detail::quantize_q4_k_block : detail::quantize_q6_k_block;
+      out.resize(n / detail::kSuperBlock * block);
+      for (std::size_t b = 0; b < n / detail::kSuperBlock; ++b)
+        fn(values.data() + b * detail::kSuperBlock, out.data() + b * block);
+      return out;
+    }
     default:
-      throw invalid_argument("gguf: rlloop writes F32, F16, BF16 and Q8_0 tensors, not " + to_string(type));
+      throw invalid_argument("gguf: rlloop writes F32, F16, BF16, Q8_0, Q4_K and Q6_K tensors, not " +
+                             to_string(type));
   }
 }
 

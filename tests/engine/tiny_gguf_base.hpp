@@ -44,17 +44,18 @@ inline std::map<std::string, gguf::Value> tokenizer_metadata(std::int64_t vocab)
           {"general.name", {std::string("tiny test base")}}};
 }
 
-// Writes the base to `path` with its matrices as `type` (seeded: the same weights every time).
-inline void save_tiny_base(const std::string& path, gguf::TensorType type) {
+// Writes the base to `path` with its matrices as `type` (seeded: the same weights every time). `hidden` widens it
+// (FFN 2 x hidden, head_dim hidden / 4): at 256 every matrix's rows are whole K-quant super-blocks.
+inline void save_tiny_base(const std::string& path, gguf::TensorType type, std::int64_t hidden = 64) {
   engine::ModelConfig c;
   c.model_type = "llama";
   c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
+  c.hidden_size = hidden;
+  c.intermediate_size = 2 * hidden;
   c.num_hidden_layers = 2;
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
-  c.head_dim = 16;
+  c.head_dim = hidden / 4;
   c.max_position_embeddings = 256;
   c.validate();
   torch::manual_seed(5);

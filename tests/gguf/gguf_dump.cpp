@@ -4,8 +4,9 @@
 // An error is one line on stderr and exit status 1.
 //
 // gguf_dump --rewrite IN OUT TYPE: reads IN and writes it again with rlloop's writer as OUT: the same metadata and
-// alignment, every F32 tensor stored as TYPE (F32, F16, BF16 or Q8_0; kept F32 where its rows are not whole blocks
-// of TYPE), every other tensor's bytes as they are. gguf_reference_test.py reads OUT with gguf-py.
+// alignment, every F32 tensor stored as TYPE (F32, F16, BF16, Q8_0, Q4_K or Q6_K; kept F32 where its rows are not
+// whole blocks of TYPE), every other tensor's bytes as they are. gguf_reference_test.py and
+// kquant_reference_test.py read OUT with gguf-py.
 #include <bit>
 #include <cstdio>
 #include <iostream>
@@ -33,9 +34,10 @@ nlohmann::json to_json(const gguf::Value& value) {
 }
 
 gguf::TensorType type_named(const std::string& name) {
-  for (auto t : {gguf::TensorType::f32, gguf::TensorType::f16, gguf::TensorType::bf16, gguf::TensorType::q8_0})
+  for (auto t : {gguf::TensorType::f32, gguf::TensorType::f16, gguf::TensorType::bf16, gguf::TensorType::q8_0,
+                 gguf::TensorType::q4_k, gguf::TensorType::q6_k})
     if (gguf::to_string(t) == name) return t;
-  throw rlloop::invalid_argument("--rewrite: unknown type '" + name + "' (F32, F16, BF16, Q8_0)");
+  throw rlloop::invalid_argument("--rewrite: unknown type '" + name + "' (F32, F16, BF16, Q8_0, Q4_K, Q6_K)");
 }
 
 void rewrite(const std::string& in, const std::string& out, gguf::TensorType type) {
