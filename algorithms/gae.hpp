@@ -1,6 +1,6 @@
 // Generalised advantage estimation as free functions on plain arrays, and CriticGae: the advantage policy that
 // makes the policy-gradient loop PPO (ppo.hpp). The critic's clipped value loss is the engine's built-in `value`
-// loss (LossSpec::value, src/engine/loss.hpp), so it runs on the same tensors as the policy loss.
+// loss (LossSpec::value, src/engine/runtime/loss.hpp), so it runs on the same tensors as the policy loss.
 //
 //   delta_t = r_t + gamma * V_{t+1} * (1 - done_t) - V_t
 //   A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}

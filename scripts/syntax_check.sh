@@ -6,7 +6,7 @@
 #   --torch  a LibTorch include root (default /usr/include, Debian's 1.13; PyPI torch 2.x:
 #            third_party/venv/lib/python3.11/site-packages/torch/include)
 #   --nccl   also define USE_CUDA and USE_C10D_NCCL, as a CUDA build of LibTorch does (the NCCL branch of
-#            src/engine/dist/group.cpp), with the CUDA runtime and NCCL headers of the PyPI wheels installed beside
+#            src/engine/comm/group.cpp), with the CUDA runtime and NCCL headers of the PyPI wheels installed beside
 #            --torch (site-packages/nvidia/*/include; the runtime wheel lacks crt/, which triton's wheel carries)
 #   --jobs   files checked at once (default: the number of cores)
 # Prints one line per failing file, then how many compile; exits 1 when any fails.

@@ -67,7 +67,7 @@ fi
 JOBS=$JOBS scripts/sanitize.sh
 
 # The second configuration. RLLOOP_NATIVE_KERNELS=OFF compiles the kernels as a non-x86 CPU gets them
-# (src/engine/simd.hpp), so that path is tested although this machine would always choose the SIMD one; and the
+# (src/engine/kernels/simd.hpp), so that path is tested although this machine would always choose the SIMD one; and the
 # LibTorch is PyTorch 2.x's (cmake/TorchWheel.cmake: a CUDA build, which runs here on the CPU), so that what the
 # GPU machines build is built and run here too. One build for both keeps CI's time. Only the engine and the tests
 # that reach its kernels or its training arithmetic are built: each kernel against its reference, the decoder and

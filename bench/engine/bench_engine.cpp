@@ -40,12 +40,12 @@
 
 #include <rlloop/local.hpp>
 
-#include "bf16_gemm.hpp"
-#include "builtin_models.hpp"
-#include "device.hpp"
-#include "model_io.hpp"
-#include "sampler.hpp"
-#include "small_gemm.hpp"
+#include "kernels/bf16_gemm.hpp"
+#include "model/builtin_models.hpp"
+#include "kernels/device.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
+#include "kernels/small_gemm.hpp"
 #include "synthetic_tokens.hpp"
 
 namespace {

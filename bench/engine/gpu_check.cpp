@@ -29,12 +29,12 @@
 
 #include <rlloop/local.hpp>
 
-#include "builtin_models.hpp"
-#include "checkpoint.hpp"
-#include "cpu_allocator.hpp"
-#include "device.hpp"
-#include "model_io.hpp"
-#include "sampler.hpp"
+#include "model/builtin_models.hpp"
+#include "io/checkpoint.hpp"
+#include "kernels/cpu_allocator.hpp"
+#include "kernels/device.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
 
 // CMake defines RLLOOP_GPU_CHECK_CUDA when the LibTorch is a CUDA build (bench/engine/CMakeLists.txt): CUDA's own
 // allocator statistics and its synchronisation debug mode.

@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <rlloop/local.hpp>
 
-#include "cpu_allocator.hpp"
-#include "model_config.hpp"
-#include "model_io.hpp"
-#include "target_logprobs.hpp"
+#include "kernels/cpu_allocator.hpp"
+#include "model/model_config.hpp"
+#include "io/model_io.hpp"
+#include "runtime/target_logprobs.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

@@ -15,10 +15,10 @@
 
 #include <rlloop/local.hpp>
 
-#include "batch.hpp"
-#include "builtin_models.hpp"
-#include "model_io.hpp"
-#include "sampler.hpp"
+#include "runtime/batch.hpp"
+#include "model/builtin_models.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
 #include "synthetic_tokens.hpp"
 
 namespace {

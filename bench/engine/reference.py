@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Same configs as src/engine/builtin_models.cpp (byte_level(...)).
+# Same configs as src/engine/model/builtin_models.cpp (byte_level(...)).
 CONFIGS = {
     "rlloop-small": dict(vocab=260, hidden=128, layers=4, heads=4, kv_heads=4, inter=384),
     "rlloop-100m": dict(vocab=32000, hidden=768, layers=12, heads=12, kv_heads=12, inter=2048),

@@ -1,7 +1,7 @@
 // The built-in losses and their specifications, described once: `kLosses` holds one row per loss (its name, the
 // LossSpec parameters it reads and their bounds, the loss inputs it needs, the metrics it reports, the model output
 // it is computed on), and every layer reads that row instead of keeping its own list: batch validation
-// (rlloop/batch_checks.hpp), the engine's dispatch (src/engine/loss.cpp: one function per row, where the formulas
+// (rlloop/batch_checks.hpp), the engine's dispatch (src/engine/runtime/loss.cpp: one function per row, where the formulas
 // are), the wire (src/wire/loss_config.hpp: the only place that knows lossFnConfig's key names), the service
 // metrics. Adding a loss: docs/algorithms.md, "Adding a loss".
 #pragma once
@@ -164,7 +164,7 @@ inline constexpr std::string_view kValueOptional[] = {"old_values", "weights"};
 }  // namespace detail
 
 // One row per LossFn, in the enum's order (the static_assert below checks both). The formulas are in
-// src/engine/loss.hpp beside their code.
+// src/engine/runtime/loss.hpp beside their code.
 inline constexpr std::array<LossInfo, kLossCount> kLosses{{
     {.fn = LossFn::cross_entropy,
      .name = "cross_entropy",

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "fake_session.hpp"
-#include "loss.hpp"  // src/engine: the engine's built-in losses on tensors
+#include "runtime/loss.hpp"  // src/engine: the engine's built-in losses on tensors
 #include "toy_loop.hpp"
 
 #include <rlloop/algorithms/dpo.hpp>

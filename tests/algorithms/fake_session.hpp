@@ -3,8 +3,8 @@
 // The "model" is a table of logits per context, where the context is the last `context_length` tokens
 // (1 = a bigram model). Rows are created lazily; a fresh row holds seeded values in [-init_scale, init_scale]
 // derived from (seed, context, token), so the same options always give the same model. The built-in losses use
-// the formulas of src/engine/loss.hpp (per token, summed; for the RL losses a datum's optional `weights` multiply each
-// token's term, exactly like src/engine/loss.cpp), their gradient w.r.t. each logprob is written out by hand and
+// the formulas of src/engine/runtime/loss.hpp (per token, summed; for the RL losses a datum's optional `weights` multiply each
+// token's term, exactly like src/engine/runtime/loss.cpp), their gradient w.r.t. each logprob is written out by hand and
 // chained through log-softmax into the table, and optim_step is the engine's AdamW (bias-corrected, decoupled
 // weight decay, global grad-norm clipping). Operations run synchronously; errors come back as failed futures,
 // as with LocalSession.
@@ -129,7 +129,7 @@ class FakeSession {
     return log_softmax(row(weights_, context_of(context, context.size())))[static_cast<std::size_t>(target)];
   }
 
-  // d loss / d logprob of one token for a built-in loss (src/engine/loss.hpp); `m` is the token's weight. Public and
+  // d loss / d logprob of one token for a built-in loss (src/engine/runtime/loss.hpp); `m` is the token's weight. Public and
   // static so tests can check it against hand-computed values.
   struct TokenTerm {
     double loss = 0, grad = 0;

@@ -25,7 +25,7 @@ to the next heading. The section must name
   - a command: a code span, a fenced block (bash, sh, console or unmarked) or an indented block whose line runs a
     program: after optional VAR=value settings and a "$ " prompt, its first word is a program's path (holds a "/"
     and has arguments, or is under build/ or a bin/, or ends in .sh, .py or .js: build/bin/rlloop, scripts/test.sh;
-    not a source file such as src/engine/loss.cpp) or a known tool (ctest, cmake, python, python3, node, npm, bash,
+    not a source file such as src/engine/runtime/loss.cpp) or a known tool (ctest, cmake, python, python3, node, npm, bash,
     sh, rlloop, git, make, taskset, numactl, time, env, perf, llama-bench, llama-cli, curl, docker), or a word
     followed by a --flag (hf_logits --logprobs).
 A section whose figures come from nowhere that can be found says so: the words "unsourced" (any case) in the

@@ -11,7 +11,7 @@
 
 #include <rlloop/local.hpp>
 
-#include "cpu_allocator.hpp"
+#include "kernels/cpu_allocator.hpp"
 
 using rlloop::engine::CachingCpuAllocator;
 

@@ -12,7 +12,7 @@
 #include <random>
 #include <thread>
 
-#include "checkpoint.hpp"
+#include "io/checkpoint.hpp"
 #include "session_util.hpp"
 
 using namespace rlloop;

@@ -18,9 +18,9 @@
 #include <sstream>
 #include <thread>
 
-#include "checkpoint.hpp"
+#include "io/checkpoint.hpp"
 #include "child_processes.hpp"
-#include "dist/codec.hpp"
+#include "comm/codec.hpp"
 #include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
 #include "session_util.hpp"

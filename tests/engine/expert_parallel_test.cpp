@@ -7,12 +7,12 @@
 
 #include <rlloop/error.hpp>
 
-#include "builtin_models.hpp"
-#include "dist/group.hpp"
-#include "model_io.hpp"
+#include "model/builtin_models.hpp"
+#include "comm/group.hpp"
+#include "io/model_io.hpp"
 #include "session_util.hpp"
-#include "target_logprobs.hpp"
-#include "transformer.hpp"
+#include "runtime/target_logprobs.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "experts.hpp"
+#include "model/experts.hpp"
 #include "session_util.hpp"
 
 namespace {

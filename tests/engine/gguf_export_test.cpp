@@ -14,8 +14,8 @@
 
 #include <rlloop/gguf.hpp>
 
-#include "gguf_export.hpp"
-#include "gguf_model.hpp"
+#include "io/gguf_export.hpp"
+#include "io/gguf_model.hpp"
 #include "session_util.hpp"
 #include "tiny_gguf_base.hpp"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <functional>
 
-#include "loss.hpp"
+#include "runtime/loss.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

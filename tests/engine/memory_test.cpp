@@ -17,12 +17,12 @@
 
 #include <rlloop/local.hpp>
 
-#include "batch.hpp"
-#include "builtin_models.hpp"
-#include "cpu_allocator.hpp"
-#include "model_config.hpp"
-#include "model_io.hpp"
-#include "target_logprobs.hpp"
+#include "runtime/batch.hpp"
+#include "model/builtin_models.hpp"
+#include "kernels/cpu_allocator.hpp"
+#include "model/model_config.hpp"
+#include "io/model_io.hpp"
+#include "runtime/target_logprobs.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

@@ -5,7 +5,7 @@
 #include <rlloop/local.hpp>
 #include <rlloop/rlloop.hpp>
 
-#include "checkpoint.hpp"
+#include "io/checkpoint.hpp"
 #include "session_util.hpp"
 
 using namespace rlloop;

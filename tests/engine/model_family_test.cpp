@@ -6,11 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gguf_export.hpp"
-#include "model_family.hpp"
-#include "model_io.hpp"
+#include "io/gguf_export.hpp"
+#include "model/model_family.hpp"
+#include "io/model_io.hpp"
 #include "session_util.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 namespace {
 using namespace rlloop;

@@ -5,7 +5,7 @@
 
 #include <rlloop/error.hpp>
 
-#include "optimizer.hpp"
+#include "runtime/optimizer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

@@ -1,4 +1,4 @@
-// The service metrics of a forward / forward_backward pass (src/engine/pass_metrics.hpp, docs/wire.md "Metrics"):
+// The service metrics of a forward / forward_backward pass (src/engine/runtime/pass_metrics.hpp, docs/wire.md "Metrics"):
 // their values, and that a batch split into chunks folded as the SageMaker SDK folds them (a datum-weighted mean
 // of every metric, a sum of global_token_num) reports what the whole batch reports.
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "model_config.hpp"
-#include "pass_metrics.hpp"
+#include "model/model_config.hpp"
+#include "runtime/pass_metrics.hpp"
 #include "session_util.hpp"
 
 using namespace rlloop;

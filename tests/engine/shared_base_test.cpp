@@ -9,8 +9,8 @@
 #include <chrono>
 #include <thread>
 
-#include "checkpoint.hpp"
-#include "engine_loop.hpp"
+#include "io/checkpoint.hpp"
+#include "runtime/engine_loop.hpp"
 #include "session_util.hpp"
 
 using namespace rlloop;

@@ -10,8 +10,8 @@
 
 #include <rlloop/gguf.hpp>
 
-#include "gguf_export.hpp"
-#include "transformer.hpp"
+#include "io/gguf_export.hpp"
+#include "model/transformer.hpp"
 
 namespace rlloop::test_gguf {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "gguf_export.hpp"
+#include "io/gguf_export.hpp"
 #include "tiny_gguf_base.hpp"
 
 using namespace rlloop;

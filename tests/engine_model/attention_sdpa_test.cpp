@@ -14,7 +14,7 @@
 #include <cmath>
 #include <string>
 
-#include "attention.hpp"
+#include "kernels/attention.hpp"
 
 #if RLLOOP_HAVE_SDPA
 #include <ATen/SDPBackend.h>

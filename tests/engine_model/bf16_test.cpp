@@ -9,12 +9,12 @@
 
 #include <rlloop/error.hpp>
 
-#include "bf16_gemm.hpp"
-#include "cpu_decoder.hpp"
-#include "decode_attention.hpp"
-#include "model_io.hpp"
+#include "kernels/bf16_gemm.hpp"
+#include "model/cpu_decoder.hpp"
+#include "kernels/decode_attention.hpp"
+#include "io/model_io.hpp"
 #include "tiny_models.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

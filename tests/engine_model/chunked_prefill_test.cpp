@@ -6,12 +6,12 @@
 
 #include <cstdlib>
 
-#include "builtin_models.hpp"
-#include "cpu_decoder.hpp"
-#include "model_io.hpp"
-#include "sampler.hpp"
+#include "model/builtin_models.hpp"
+#include "model/cpu_decoder.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
 #include "tiny_models.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

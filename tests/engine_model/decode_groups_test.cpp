@@ -3,9 +3,9 @@
 // forward with its cache (the path the grouped step replaced for CUDA and bf16 decoding).
 #include <gtest/gtest.h>
 
-#include "model_io.hpp"
+#include "io/model_io.hpp"
 #include "tiny_models.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

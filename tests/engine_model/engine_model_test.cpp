@@ -10,13 +10,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "builtin_models.hpp"
-#include "model_config.hpp"
-#include "model_io.hpp"
-#include "sampler.hpp"
+#include "model/builtin_models.hpp"
+#include "model/model_config.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
 #include "test_device.hpp"
 #include "tiny_models.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -10,11 +10,11 @@
 
 #include <rlloop/error.hpp>
 
-#include "expert_layout.hpp"
-#include "experts.hpp"
-#include "model_io.hpp"
+#include "io/expert_layout.hpp"
+#include "model/experts.hpp"
+#include "io/model_io.hpp"
 #include "tiny_models.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

@@ -16,12 +16,12 @@
 #include <set>
 #include <string>
 
-#include "builtin_models.hpp"
-#include "device.hpp"
+#include "model/builtin_models.hpp"
+#include "kernels/device.hpp"
 #include "engine/session_util.hpp"
-#include "experts.hpp"
-#include "model_io.hpp"
-#include "sampler.hpp"
+#include "model/experts.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
 #include "test_device.hpp"
 #include "tiny_models.hpp"
 

@@ -6,16 +6,16 @@
 
 #include <limits>
 
-#include "attention.hpp"
-#include "cpu_decoder.hpp"
-#include "decode_attention.hpp"
-#include "device.hpp"
-#include "fused_ops.hpp"
-#include "model_io.hpp"
-#include "small_gemm.hpp"
+#include "kernels/attention.hpp"
+#include "model/cpu_decoder.hpp"
+#include "kernels/decode_attention.hpp"
+#include "kernels/device.hpp"
+#include "kernels/fused_ops.hpp"
+#include "io/model_io.hpp"
+#include "kernels/small_gemm.hpp"
 #include "tiny_models.hpp"
-#include "token_draw.hpp"
-#include "transformer.hpp"
+#include "kernels/token_draw.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

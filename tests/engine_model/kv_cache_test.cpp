@@ -6,8 +6,8 @@
 
 #include <rlloop/error.hpp>
 
-#include "model_io.hpp"
-#include "sampler.hpp"
+#include "io/model_io.hpp"
+#include "runtime/sampler.hpp"
 #include "tiny_models.hpp"
 
 namespace rlloop::engine {

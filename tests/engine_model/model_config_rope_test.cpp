@@ -7,7 +7,7 @@
 
 #include <rlloop/error.hpp>
 
-#include "model_config.hpp"
+#include "model/model_config.hpp"
 
 using nlohmann::json;
 using namespace rlloop;

@@ -13,12 +13,12 @@
 #include <rlloop/error.hpp>
 #include <rlloop/gguf.hpp>
 
-#include "cpu_decoder.hpp"
-#include "model_io.hpp"
-#include "quantized_matrix.hpp"
-#include "small_gemm.hpp"
+#include "model/cpu_decoder.hpp"
+#include "io/model_io.hpp"
+#include "kernels/quantized_matrix.hpp"
+#include "kernels/small_gemm.hpp"
 #include "tiny_models.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

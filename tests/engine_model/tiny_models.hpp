@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model_config.hpp"
-#include "transformer.hpp"
+#include "model/model_config.hpp"
+#include "model/transformer.hpp"
 
 namespace rlloop::engine::test_models {
 

@@ -58,7 +58,7 @@ void read_gguf(const fs::path& path) {
   exercise(*load_tokenizer(path.string()));
 }
 
-// As read_safetensors (src/engine/model_io.cpp) reads a file's header, without LibTorch.
+// As read_safetensors (src/engine/io/model_io.cpp) reads a file's header, without LibTorch.
 engine::SafetensorsHeader read_safetensors_header(const fs::path& path) {
   const std::string bytes = read_bytes(path);
   std::uint64_t length = 0;

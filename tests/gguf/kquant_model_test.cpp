@@ -18,11 +18,11 @@
 
 #include <rlloop/gguf.hpp>
 
-#include "cpu_decoder.hpp"
-#include "gguf_export.hpp"
-#include "gguf_model.hpp"
+#include "model/cpu_decoder.hpp"
+#include "io/gguf_export.hpp"
+#include "io/gguf_model.hpp"
 #include "tiny_gguf_base.hpp"
-#include "transformer.hpp"
+#include "model/transformer.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;

@@ -36,9 +36,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <rlloop/gguf.hpp>
 
-#include "gguf_export.hpp"
-#include "gguf_model.hpp"
-#include "model_io.hpp"
+#include "io/gguf_export.hpp"
+#include "io/gguf_model.hpp"
+#include "io/model_io.hpp"
 
 namespace {
 

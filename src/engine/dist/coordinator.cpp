@@ -9,8 +9,8 @@
 
 #include <rlloop/error.hpp>
 
-#include "batch.hpp"
-#include "dist/codec.hpp"
+#include "runtime/batch.hpp"
+#include "comm/codec.hpp"
 #include "dist/replica_ops.hpp"
 
 extern char** environ;

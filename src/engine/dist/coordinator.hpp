@@ -14,13 +14,13 @@
 #include <rlloop/error.hpp>
 #include <rlloop/local.hpp>
 
-#include "cpu_decoder.hpp"
-#include "device.hpp"
-#include "dist/group.hpp"
+#include "model/cpu_decoder.hpp"
+#include "kernels/device.hpp"
+#include "comm/group.hpp"
 #include "dist/replica_ops.hpp"
-#include "optimizer.hpp"
-#include "session_model.hpp"
-#include "transformer.hpp"
+#include "runtime/optimizer.hpp"
+#include "runtime/session_model.hpp"
+#include "model/transformer.hpp"
 
 namespace rlloop::engine::dist {
 

@@ -9,10 +9,10 @@
 
 #include <rlloop/error.hpp>
 
-#include "batch.hpp"
-#include "dist/codec.hpp"
-#include "loss.hpp"
-#include "session_model.hpp"
+#include "runtime/batch.hpp"
+#include "comm/codec.hpp"
+#include "runtime/loss.hpp"
+#include "runtime/session_model.hpp"
 
 namespace rlloop::engine::dist {
 

@@ -11,11 +11,11 @@
 
 #include <rlloop/session.hpp>
 
-#include "dist/group.hpp"
-#include "optimizer.hpp"
-#include "sampler.hpp"
-#include "session_model.hpp"
-#include "transformer.hpp"
+#include "comm/group.hpp"
+#include "runtime/optimizer.hpp"
+#include "runtime/sampler.hpp"
+#include "runtime/session_model.hpp"
+#include "model/transformer.hpp"
 
 namespace rlloop::engine::dist {
 

@@ -9,14 +9,14 @@
 #include <rlloop/local.hpp>
 #include <rlloop/tokenizer.hpp>
 
-#include "base_models.hpp"
-#include "batch.hpp"
-#include "dist/codec.hpp"
+#include "runtime/base_models.hpp"
+#include "runtime/batch.hpp"
+#include "comm/codec.hpp"
 #include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
-#include "sample_stream.hpp"
-#include "sampler.hpp"
-#include "session_model.hpp"
+#include "runtime/sample_stream.hpp"
+#include "runtime/sampler.hpp"
+#include "runtime/session_model.hpp"
 
 namespace rlloop {
 

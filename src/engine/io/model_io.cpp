@@ -1,0 +1,385 @@
+// safetensors reading/writing, HF model directories (single or sharded), PEFT adapter directories.
+#include "io/model_io.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <atomic>
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+#include "io/expert_layout.hpp"
+#include "io/gguf_model.hpp"
+#include "io/safetensors_header.hpp"
+
+namespace rlloop::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+struct DTypeInfo {
+  const char* name;
+  torch::ScalarType type;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {"F64", torch::kFloat64}, {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
+    {"I64", torch::kInt64},   {"I32", torch::kInt32},   {"I16", torch::kInt16},   {"I8", torch::kInt8},
+    {"U8", torch::kUInt8},    {"BOOL", torch::kBool},
+};
+
+// A dtype parse_safetensors_header accepted (it knows the same names).
+torch::ScalarType dtype_from_name(const std::string& name) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return d.type;
+  throw std::logic_error("read_safetensors: dtype '" + name + "' passed the header's check but has no torch type");
+}
+
+const char* dtype_name(torch::ScalarType t, const std::string& tensor) {
+  for (const auto& d : kDTypes)
+    if (t == d.type) return d.name;
+  throw invalid_argument("write_safetensors: tensor '" + tensor +
+                         "' has a dtype safetensors cannot store: " + std::string(c10::toString(t)));
+}
+
+// Owns a file descriptor; closes it on every path out.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, const char* data, std::size_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw io_error("write " + path + ": " + errno_text());
+    }
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+// Writes `path` by streaming into a temporary file beside it, fsync, rename over `path`, fsync the directory:
+// readers see the old file or the complete new one, never a torn one, even after a crash.
+template <class Writer>
+void atomic_write(const std::string& path, Writer&& writer) {
+  fs::path target(path);
+  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  // pid + a process-wide counter: sessions of one process (rlloop serve) may write beside each other at once.
+  static std::atomic<std::uint64_t> counter{0};
+  // Appended, not `"." + name`: GCC 12 warns falsely (-Wstringop-overflow) on operator+(const char*, string&&).
+  std::string name = ".";
+  name += target.filename().string();
+  name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  const std::string tmp = (dir / name).string();
+  {
+    Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (f.fd < 0) throw io_error("cannot create " + tmp + " (writing " + path + "): " + errno_text());
+    try {
+      writer(f.fd, tmp);
+      if (::fsync(f.fd) != 0) throw io_error("fsync " + tmp + ": " + errno_text());
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw io_error("cannot rename " + tmp + " to " + path + ": " + why);
+  }
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.fd >= 0) ::fsync(d.fd);  // best effort: some filesystems refuse fsync on directories
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("cannot open " + path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+json read_json_file(const std::string& path) {
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    throw io_error(path + " is not valid JSON: " + e.what());
+  }
+}
+
+torch::ScalarType storage_dtype(const Transformer& model) {
+  auto t = model.hf_state_dict().begin()->second.scalar_type();
+  return t == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  atomic_write(path, [&](int fd, const std::string& tmp) { write_all(fd, content.data(), content.size(), tmp); });
+}
+
+TensorMap read_safetensors(const std::string& path) {
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.fd < 0) {
+    if (errno == ENOENT) throw io_error("read_safetensors: " + path + ": no such file");
+    throw io_error("read_safetensors: cannot open " + path + ": " + errno_text());
+  }
+  const off_t end = ::lseek(f.fd, 0, SEEK_END);
+  if (end < 0) throw io_error("read_safetensors: cannot seek " + path + ": " + errno_text());
+  const auto file_size = static_cast<std::uint64_t>(end);
+
+  auto read_at = [&](char* dst, std::uint64_t n, std::uint64_t offset) {
+    while (n > 0) {
+      ssize_t r = ::pread(f.fd, dst, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw io_error("read_safetensors: read " + path + ": " + errno_text());
+      }
+      if (r == 0) throw io_error("read_safetensors: " + path + " is truncated (unexpected end of file)");
+      dst += r;
+      n -= static_cast<std::uint64_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+    }
+  };
+
+  std::uint64_t header_len = 0;
+  if (file_size >= 8) read_at(reinterpret_cast<char*>(&header_len), 8, 0);
+  check_safetensors_header_length(header_len, file_size, path);
+  std::string header_text(header_len, '\0');
+  read_at(header_text.data(), header_len, 8);
+  const SafetensorsHeader header = parse_safetensors_header(header_text, file_size, path);
+  TensorMap out;
+  for (const SafetensorsEntry& entry : header.tensors) {
+    torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(dtype_from_name(entry.dtype)));
+    const std::uint64_t nbytes = entry.end - entry.begin;
+    if (nbytes > 0) read_at(static_cast<char*>(t.data_ptr()), nbytes, header.data_start + entry.begin);
+    out.emplace(entry.name, std::move(t));
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> cpu;
+  cpu.reserve(tensors.size());
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {  // std::map: sorted names, as the Python writer orders them
+    if (!t.defined()) throw invalid_argument("write_safetensors: tensor '" + name + "' is undefined");
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    const std::uint64_t nbytes = static_cast<std::uint64_t>(c.numel()) * c.element_size();
+    header[name] = {{"dtype", dtype_name(c.scalar_type(), name)},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+    cpu.push_back(std::move(c));
+  }
+  std::string text = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned (what the reference implementation does).
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::uint64_t len = text.size();
+  atomic_write(path, [&](int fd, const std::string& tmp) {
+    write_all(fd, reinterpret_cast<const char*>(&len), 8, tmp);
+    write_all(fd, text.data(), text.size(), tmp);
+    for (const auto& c : cpu)
+      write_all(fd, static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel()) * c.element_size(),
+                tmp);
+  });
+}
+
+// ----------------------------------------------------------------------------------------- model dirs
+
+std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
+                                        bool keep_quantized) {
+  if (is_gguf_path(dir)) return load_gguf_model(dir, device, dtype, keep_quantized);
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) throw not_found("load_model: model directory " + dir + " does not exist");
+  const ModelConfig cfg = ModelConfig::load((d / "config.json").string());
+  TensorMap tensors;
+  const fs::path single = d / "model.safetensors";
+  const fs::path index = d / "model.safetensors.index.json";
+  if (fs::exists(single)) {
+    tensors = read_safetensors(single.string());
+  } else if (fs::exists(index)) {
+    json idx = read_json_file(index.string());
+    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      throw io_error("load_model: " + index.string() + " has no weight_map object");
+    std::map<std::string, std::string> weight_map;
+    std::set<std::string> shards;
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string())
+        throw io_error("load_model: " + index.string() + ": weight_map['" + name + "'] is not a file name");
+      weight_map[name] = file.get<std::string>();
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& shard : shards) {
+      if (fs::path(shard).has_parent_path())
+        throw io_error("load_model: " + index.string() + " names a shard outside the directory: " + shard);
+      for (auto& [name, t] : read_safetensors((d / shard).string())) {
+        auto it = weight_map.find(name);
+        if (it == weight_map.end() || it->second != shard)
+          throw io_error("load_model: shard " + (d / shard).string() + " holds tensor '" + name + "' that " +
+                         index.string() + " does not map to it");
+        tensors.emplace(name, std::move(t));
+      }
+    }
+    for (const auto& [name, file] : weight_map)
+      if (!tensors.count(name))
+        throw io_error("load_model: tensor '" + name + "' is missing from shard " + (d / file).string());
+  } else {
+    throw not_found("load_model: " + dir + " has neither model.safetensors nor model.safetensors.index.json");
+  }
+  experts_to_model_layout(cfg, tensors);
+  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
+  model->load_hf_state_dict(tensors);
+  return model;
+}
+
+std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
+                                        torch::ScalarType dtype) {
+  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
+  // Drawn on the CPU in fp32, in the fixed HF-name order of the model, so a seed gives the same weights on
+  // every device and dtype (up to the final cast).
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
+  torch::NoGradGuard no_grad;
+  const std::string sinks = "." + cfg.family().names.sinks;
+  for (auto& [name, t] : model->hf_state_dict()) {
+    const bool bias = name.ends_with(".bias");
+    if (t.dim() == 1 && !bias && !name.ends_with(sinks)) {  // a norm's weight, whatever the family calls it
+      t.fill_(1.0);
+    } else if (bias) {
+      t.zero_();
+    } else {
+      t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen));  // matrices, and attention sinks
+    }
+  }
+  return model;
+}
+
+void save_model(const Transformer& model, const std::string& dir, std::int64_t max_shard_bytes) {
+  const fs::path d(dir);
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) throw io_error("save_model: cannot create " + dir + ": " + ec.message());
+
+  const auto dtype = storage_dtype(model);
+  TensorMap tensors = model.has_lora() ? model.merged_hf_state_dict() : model.hf_state_dict();
+  for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, dtype);
+  experts_to_file_layout(model.config(), tensors);
+  ModelConfig cfg = model.config();
+  // An lm_head adapter on a tied model makes the merged unembedding differ from the embedding.
+  if (cfg.tie_word_embeddings && tensors.count(cfg.family().names.lm_head + ".weight")) cfg.tie_word_embeddings = false;
+  json cfg_json = cfg.to_json();
+  cfg_json["torch_dtype"] = dtype == torch::kBFloat16 ? "bfloat16" : "float32";
+  write_file_atomic((d / "config.json").string(), cfg_json.dump(2) + "\n");
+
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  std::int64_t total = 0;
+  for (const auto& [name, t] : tensors) total += t.numel() * t.element_size();
+
+  if (max_shard_bytes <= 0 || total <= max_shard_bytes) {
+    write_safetensors((d / "model.safetensors").string(), tensors, meta);
+    fs::remove(d / "model.safetensors.index.json", ec);  // a stale index would contradict the new file
+    return;
+  }
+  // Greedy packing in name order; a tensor larger than the limit gets a shard of its own.
+  std::vector<TensorMap> shards(1);
+  std::int64_t current = 0;
+  for (const auto& [name, t] : tensors) {
+    const std::int64_t bytes = t.numel() * t.element_size();
+    if (!shards.back().empty() && current + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().emplace(name, t);
+    current += bytes;
+  }
+  const std::size_t n = shards.size();
+  json weight_map = json::object();
+  for (std::size_t i = 0; i < n; ++i) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+    write_safetensors((d / file).string(), shards[i], meta);
+    for (const auto& [name, t] : shards[i]) weight_map[name] = file;
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic((d / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+  fs::remove(d / "model.safetensors", ec);  // load_model prefers the single file; a stale one would win
+}
+
+// ------------------------------------------------------------------------------------------ PEFT dirs
+
+namespace {
+
+// The targets of a model with experts as PEFT writes them for transformers 5's stacked experts: attention (and
+// lm_head) in target_modules, the experts' stacked weights and the router's weight in target_parameters, and the
+// fused gate_up's doubled rank and alpha in rank_pattern / alpha_pattern (Transformer::peft_state_dict names the
+// tensors to match).
+void peft_expert_targets(const ModelConfig& config, const LoraOptions& lora, json& cfg) {
+  const ModelFamily& family = config.family();
+  std::set<std::string> targets(lora.target_modules.begin(), lora.target_modules.end());
+  if (targets.erase("all-linear")) {
+    for (Projection p : kProjections) targets.insert(family.target_module(p));
+    targets.insert(family.router_target_module());
+  }
+  json modules = json::array(), parameters = json::array();
+  for (Projection p : {Projection::q, Projection::k, Projection::v, Projection::o})
+    if (targets.count(family.target_module(p))) modules.push_back(family.target_module(p));
+  if (targets.count("lm_head")) modules.push_back("lm_head");
+  if (targets.count(family.target_module(Projection::gate))) {
+    parameters.push_back("gate_up_proj");
+    cfg["rank_pattern"] = {{".*\\.gate_up_proj", 2 * lora.rank}};
+    cfg["alpha_pattern"] = {{".*\\.gate_up_proj", 2 * lora.alpha}};
+  }
+  if (targets.count(family.target_module(Projection::down))) parameters.push_back("down_proj");
+  if (targets.count(family.router_target_module())) parameters.push_back(family.router_target_module() + ".weight");
+  cfg["target_modules"] = modules;
+  cfg["target_parameters"] = parameters;
+}
+
+}  // namespace
+
+void save_peft_adapter(const Transformer& model, const std::string& dir, const std::string& base_model_name) {
+  if (!model.has_lora()) throw conflict("save_peft_adapter: the model has no LoRA adapters");
+  const fs::path d(dir);
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) throw io_error("save_peft_adapter: cannot create " + dir + ": " + ec.message());
+  const LoraOptions& lora = *model.lora_options();
+  json cfg = {{"peft_type", "LORA"},      {"task_type", "CAUSAL_LM"}, {"r", lora.rank},
+              {"lora_alpha", lora.alpha}, {"lora_dropout", 0.0},      {"bias", "none"},
+              {"fan_in_fan_out", false},  {"inference_mode", true},   {"base_model_name_or_path", base_model_name}};
+  if (model.config().num_experts > 0) {
+    peft_expert_targets(model.config(), lora, cfg);
+  } else if (lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear") {
+    cfg["target_modules"] = "all-linear";  // PEFT accepts the literal as a string, and a list of names otherwise
+  } else {
+    cfg["target_modules"] = lora.target_modules;
+  }
+  TensorMap tensors = model.peft_state_dict();
+  for (auto& [name, t] : tensors) t = t.detach().to(torch::kCPU, torch::kFloat32);
+  write_safetensors((d / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomic((d / "adapter_config.json").string(), cfg.dump(2) + "\n");
+}
+
+}  // namespace rlloop::engine
