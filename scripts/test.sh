@@ -49,6 +49,9 @@ fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLLOOP_WERROR=$werror >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
+# The library without LibTorch (docs/no_torch.md): configured, built and installed, then an installed consumer's
+# GRPO step through RemoteSession against this build's `rlloop serve`, with no libtorch/libc10 on its link line.
+JOBS=$JOBS scripts/no_torch_check.sh "$BUILD_DIR"
 
 # The engine's numerics depend on which CPU kernels run: rlloop's own (RLLOOP_CPU_KERNELS), LibTorch's
 # (ATEN_CPU_CAPABILITY) and OpenBLAS's (OPENBLAS_CORETYPE). On a CPU beyond AVX2 (AVX-512) the tests above ran
