@@ -2,23 +2,21 @@
 // test fakes all satisfy it; AnySession erases the type when the backend is chosen at run time.
 #pragma once
 #include <concepts>
-#include <functional>
+#include <cstddef>
 #include <memory>
-#include <optional>
-#include <string>
-#include <vector>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include <rlloop/future.hpp>
 #include <rlloop/loss.hpp>
+#include <rlloop/operations.hpp>
 #include <rlloop/types.hpp>
 
 namespace rlloop {
 
-// d loss / d logprob for each datum and token, given the logprobs; see CustomLossResult.
-using CustomLossFn =
-    std::function<CustomLossResult(const std::vector<Datum>& data, const std::vector<std::vector<double>>& logprobs)>;
-
-// What a training session must provide. Operations return futures and run in submission order.
+// What a training session must provide: every operation of rlloop/operations.hpp that a session runs, each a method
+// returning a future (operations run in submission order), and two synchronous queries.
 //   forward / forward_backward      built-in loss on a batch (forward computes no gradient)
 //   forward_backward_custom         user objective on the per-token logprobs
 //   optim_step                      AdamW on the accumulated gradients, then zeroes them
@@ -27,18 +25,7 @@ using CustomLossFn =
 //   save_weights_for_sampler        weights that a sampler can load by the returned path
 //   sample / compute_logprobs       rollouts and scoring, optionally from saved sampler weights
 template <class S>
-concept Session = requires(S& s, const std::vector<Datum>& data, const LossSpec& loss, const CustomLossFn& fn,
-                           const AdamParams& adam, const std::string& name, bool flag, const SampleRequest& sreq,
-                           const ComputeLogprobsRequest& lreq) {
-  { s.forward(data, loss) } -> std::same_as<Future<ForwardBackwardOutput>>;
-  { s.forward_backward(data, loss) } -> std::same_as<Future<ForwardBackwardOutput>>;
-  { s.forward_backward_custom(data, fn) } -> std::same_as<Future<ForwardBackwardOutput>>;
-  { s.optim_step(adam) } -> std::same_as<Future<OptimStepOutput>>;
-  { s.save_state(name) } -> std::same_as<Future<CheckpointRef>>;
-  { s.load_state(name, flag) } -> std::same_as<Future<LoadStateOutput>>;
-  { s.save_weights_for_sampler(name) } -> std::same_as<Future<CheckpointRef>>;
-  { s.sample(sreq) } -> std::same_as<Future<SampleResponse>>;
-  { s.compute_logprobs(lreq) } -> std::same_as<Future<std::vector<double>>>;
+concept Session = op::runs_all<S, op::SessionOperations> && requires(S& s) {
   { s.info() } -> std::same_as<SessionInfo>;
   { s.usage() } -> std::same_as<TokenUsage>;
 };
@@ -55,73 +42,67 @@ concept Service = requires(Svc& svc, const SessionOptions& opts, const std::stri
   { svc.capabilities() } -> std::same_as<ServerCapabilities>;
 };
 
-// Type-erased session: holds any Session behind one virtual interface.
-class AnySession {
- public:
-  template <Session S>
-  explicit AnySession(std::shared_ptr<S> s) : impl_(std::make_shared<Model<S>>(std::move(s))) {}
+namespace detail {
+// One entry of a type-erased session's table: runs Op on the session behind a void pointer.
+template <class Op, class P = typename Op::Params>
+struct Thunk;
+template <class Op, class... A>
+struct Thunk<Op, op::Params<A...>> {
+  using type = Future<typename Op::Result> (*)(void*, A...);
+  template <class S>
+  static Future<typename Op::Result> of(void* s, A... a) {
+    return Op::call(*static_cast<S*>(s), a...);
+  }
+};
 
-  Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) { return impl_->forward(d, l); }
-  Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& d, const LossSpec& l) {
-    return impl_->forward_backward(d, l);
+template <class Op, class... Ops>
+constexpr std::size_t index_of() {
+  std::size_t i = 0;
+  ((std::is_same_v<Op, Ops> ? false : (++i, true)) && ...);
+  return i;
+}
+
+template <class L>
+class ErasedSession;
+// A session of any type behind a table with one entry per operation; each descriptor's Method<Self> base gives it
+// that operation's named member function.
+template <class... Ops>
+class ErasedSession<op::List<Ops...>> : public Ops::template Method<ErasedSession<op::List<Ops...>>>... {
+ public:
+  template <class S>
+    requires Session<S>
+  explicit ErasedSession(std::shared_ptr<S> s) : session_(std::move(s)), table_(&kTable<S>) {}
+
+  SessionInfo info() { return table_->info(session_.get()); }
+  TokenUsage usage() { return table_->usage(session_.get()); }
+
+  // What each Method<Self> calls: runs Op on the session.
+  template <class Op, class... A>
+  Future<typename Op::Result> run(A&&... a) {
+    constexpr std::size_t i = index_of<Op, Ops...>();
+    static_assert(i < sizeof...(Ops), "not an operation of this session");
+    return std::get<i>(table_->operations)(session_.get(), std::forward<A>(a)...);
   }
-  Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>& d, const CustomLossFn& f) {
-    return impl_->forward_backward_custom(d, f);
-  }
-  Future<OptimStepOutput> optim_step(const AdamParams& a) { return impl_->optim_step(a); }
-  Future<CheckpointRef> save_state(const std::string& n) { return impl_->save_state(n); }
-  Future<LoadStateOutput> load_state(const std::string& p, bool with_optimizer) {
-    return impl_->load_state(p, with_optimizer);
-  }
-  Future<CheckpointRef> save_weights_for_sampler(const std::string& n) { return impl_->save_weights_for_sampler(n); }
-  Future<SampleResponse> sample(const SampleRequest& r) { return impl_->sample(r); }
-  Future<std::vector<double>> compute_logprobs(const ComputeLogprobsRequest& r) { return impl_->compute_logprobs(r); }
-  SessionInfo info() { return impl_->info(); }
-  TokenUsage usage() { return impl_->usage(); }
 
  private:
-  struct Interface {
-    virtual ~Interface() = default;
-    virtual Future<ForwardBackwardOutput> forward(const std::vector<Datum>&, const LossSpec&) = 0;
-    virtual Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>&, const LossSpec&) = 0;
-    virtual Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>&, const CustomLossFn&) = 0;
-    virtual Future<OptimStepOutput> optim_step(const AdamParams&) = 0;
-    virtual Future<CheckpointRef> save_state(const std::string&) = 0;
-    virtual Future<LoadStateOutput> load_state(const std::string&, bool) = 0;
-    virtual Future<CheckpointRef> save_weights_for_sampler(const std::string&) = 0;
-    virtual Future<SampleResponse> sample(const SampleRequest&) = 0;
-    virtual Future<std::vector<double>> compute_logprobs(const ComputeLogprobsRequest&) = 0;
-    virtual SessionInfo info() = 0;
-    virtual TokenUsage usage() = 0;
+  struct Table {
+    std::tuple<typename Thunk<Ops>::type...> operations;
+    SessionInfo (*info)(void*);
+    TokenUsage (*usage)(void*);
   };
   template <class S>
-  struct Model final : Interface {
-    explicit Model(std::shared_ptr<S> s) : s(std::move(s)) {}
-    Future<ForwardBackwardOutput> forward(const std::vector<Datum>& d, const LossSpec& l) override {
-      return s->forward(d, l);
-    }
-    Future<ForwardBackwardOutput> forward_backward(const std::vector<Datum>& d, const LossSpec& l) override {
-      return s->forward_backward(d, l);
-    }
-    Future<ForwardBackwardOutput> forward_backward_custom(const std::vector<Datum>& d, const CustomLossFn& f) override {
-      return s->forward_backward_custom(d, f);
-    }
-    Future<OptimStepOutput> optim_step(const AdamParams& a) override { return s->optim_step(a); }
-    Future<CheckpointRef> save_state(const std::string& n) override { return s->save_state(n); }
-    Future<LoadStateOutput> load_state(const std::string& p, bool o) override { return s->load_state(p, o); }
-    Future<CheckpointRef> save_weights_for_sampler(const std::string& n) override {
-      return s->save_weights_for_sampler(n);
-    }
-    Future<SampleResponse> sample(const SampleRequest& r) override { return s->sample(r); }
-    Future<std::vector<double>> compute_logprobs(const ComputeLogprobsRequest& r) override {
-      return s->compute_logprobs(r);
-    }
-    SessionInfo info() override { return s->info(); }
-    TokenUsage usage() override { return s->usage(); }
-    std::shared_ptr<S> s;
-  };
-  std::shared_ptr<Interface> impl_;
+  static constexpr Table kTable{{&Thunk<Ops>::template of<S>...},
+                                [](void* s) { return static_cast<S*>(s)->info(); },
+                                [](void* s) { return static_cast<S*>(s)->usage(); }};
+
+  std::shared_ptr<void> session_;
+  const Table* table_;
 };
+}  // namespace detail
+
+// Type-erased session: holds any Session, with one member function per operation (derived from
+// rlloop/operations.hpp) and info() / usage().
+using AnySession = detail::ErasedSession<op::SessionOperations>;
 static_assert(Session<AnySession>);
 
 }  // namespace rlloop
