@@ -86,6 +86,10 @@ std::int64_t page_offset(const json& body) {
   return std::stoll(s);
 }
 std::string union_member(const json& j, const std::string& path, std::initializer_list<const char*> members) {
+  return union_member(j, path, std::span<const char* const>(members.begin(), members.size()));
+}
+
+std::string union_member(const json& j, const std::string& path, std::span<const char* const> members) {
   object(j, path);
   std::string names;
   for (const char* m : members) names += (names.empty() ? "" : ", ") + std::string(m);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,7 @@ void only_keys(const json& obj, const std::string& path, std::initializer_list<c
 // next page starts), or 0 without one.
 std::int64_t page_offset(const json& body);
 // A union: exactly one member, and it must be one of `members`. Returns the member's name.
+std::string union_member(const json& j, const std::string& path, std::span<const char* const> members);
 std::string union_member(const json& j, const std::string& path, std::initializer_list<const char*> members);
 
 }  // namespace read

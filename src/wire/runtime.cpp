@@ -4,9 +4,10 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
+#include <utility>
 #include <type_traits>
 
-#include <rlloop/detail/visit.hpp>
 #include <rlloop/error.hpp>
 #include <rlloop/limits.hpp>
 
@@ -291,74 +292,112 @@ json batch_json(const BatchOp& op) {
 }
 }  // namespace
 
-json to_json(const TrainingOperation& op) {
-  return std::visit(
-      [](const auto& o) -> json {
-        using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, ForwardOp>)
-          return {{"forward", batch_json(o)}};
-        else if constexpr (std::is_same_v<T, ForwardBackwardOp>)
-          return {{"forwardBackward", batch_json(o)}};
-        else if constexpr (std::is_same_v<T, OptimizerStepOp>)
-          return {{"optimizerStep", {{"adamParamsConfig", to_json(o.adam)}}}};
-        else if constexpr (std::is_same_v<T, SaveWeightsOp>) {
-          json c{{"mergeWeights", o.merge_weights}};
-          if (!o.description.empty()) c["description"] = o.description;
-          return {{"saveWeights", std::move(c)}};
-        } else if constexpr (std::is_same_v<T, SaveStateOp>) {
-          json c = json::object();
-          if (!o.description.empty()) c["description"] = o.description;
-          return {{"saveState", std::move(c)}};
-        } else if constexpr (std::is_same_v<T, LoadStateOp>) {
-          return {{"loadState", {{"modelPackageArn", o.model_package_arn}, {"loadOptimizer", o.load_optimizer}}}};
-        } else {
-          static_assert(rlloop::detail::unhandled_alternative<T>, "a training operation this writer does not handle");
-        }
-      },
-      op);
+namespace {
+std::string description(const json& c, const std::string& p) {
+  if (const json* d = find(c, "description")) {
+    std::string s = string(*d, join(p, "description"));
+    if (s.size() > limits::description_max)
+      fail(join(p, "description"), "longer than " + std::to_string(limits::description_max) + " characters");
+    return s;
+  }
+  return {};
+}
+BatchOp batch_from_json(const json& c, const std::string& p) {
+  only_keys(c, p, {"datumList", "lossFnName", "lossFnConfig"});
+  return BatchOp{datum_list(c, p), loss_from_json(c, p)};
 }
 
-TrainingOperation training_operation_from_json(const json& j, const std::string& path) {
-  const std::string member =
-      union_member(j, path, {"forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState"});
-  const json& c = object(j.at(member), join(path, member));
-  const std::string p = join(path, member);
-  auto description = [&]() -> std::string {
-    if (const json* d = find(c, "description")) {
-      std::string s = string(*d, join(p, "description"));
-      if (s.size() > limits::description_max)
-        fail(join(p, "description"), "longer than " + std::to_string(limits::description_max) + " characters");
-      return s;
-    }
-    return {};
+// The union of call C's requests (IsResult false) or results: exactly one member, named by one of the bindings,
+// read and written by its codecs.
+template <bool IsResult, class Variant, class... Ops>
+Variant read_member(const std::string& member, const json& c, const std::string& p, op::List<Ops...>) {
+  std::optional<Variant> out;
+  auto one = [&]<class Op>(std::type_identity<Op>) {
+    using B = Binding<Op>;
+    if (member != B::name) return false;
+    if constexpr (IsResult)
+      out.emplace(std::in_place_type<typename B::Result>, B::read_result(c, p));
+    else
+      out.emplace(std::in_place_type<typename B::Request>, B::read(c, p));
+    return true;
   };
-  if (member == "forward" || member == "forwardBackward") {
-    only_keys(c, p, {"datumList", "lossFnName", "lossFnConfig"});
-    BatchOp b{datum_list(c, p), loss_from_json(c, p)};
-    if (member == "forward") return ForwardOp{std::move(b)};
-    return ForwardBackwardOp{std::move(b)};
-  }
-  if (member == "optimizerStep") {
-    only_keys(c, p, {"adamParamsConfig"});
-    return OptimizerStepOp{adam_from_json(need(c, p, "adamParamsConfig"), join(p, "adamParamsConfig"))};
-  }
-  if (member == "saveWeights") {
-    only_keys(c, p, {"mergeWeights", "description"});
-    SaveWeightsOp o;
-    if (const json* m = find(c, "mergeWeights")) o.merge_weights = boolean(*m, join(p, "mergeWeights"));
-    o.description = description();
-    return o;
-  }
-  if (member == "saveState") {
-    only_keys(c, p, {"description"});
-    return SaveStateOp{description()};
-  }
+  (one(std::type_identity<Ops>{}) || ...);
+  return std::move(*out);  // union_member accepted only the bindings' names
+}
+template <Call C, bool IsResult, class Variant>
+Variant read_union(const json& j, const std::string& path) {
+  using Carried = CarriedOperations<C>;
+  const std::string member = union_member(j, path, Unions<Carried>::names);
+  const std::string p = join(path, member);
+  const json& c = object(j.at(member), p);
+  return read_member<IsResult, Variant>(member, c, p, Carried{});
+}
+template <Call C, bool IsResult, class Variant>
+json write_union(const Variant& v) {
+  return std::visit(
+      [](const auto& o) -> json {
+        using B = Binding<OperationOfShape<std::decay_t<decltype(o)>, C>>;
+        if constexpr (IsResult)
+          return {{B::name, B::write_result(o)}};
+        else
+          return {{B::name, B::write(o)}};
+      },
+      v);
+}
+}  // namespace
+
+json Binding<op::Forward>::write(const ForwardOp& r) { return batch_json(r); }
+ForwardOp Binding<op::Forward>::read(const json& c, const std::string& p) { return ForwardOp{batch_from_json(c, p)}; }
+json Binding<op::ForwardBackward>::write(const ForwardBackwardOp& r) { return batch_json(r); }
+ForwardBackwardOp Binding<op::ForwardBackward>::read(const json& c, const std::string& p) {
+  return ForwardBackwardOp{batch_from_json(c, p)};
+}
+
+json Binding<op::OptimStep>::write(const OptimizerStepOp& r) { return {{"adamParamsConfig", to_json(r.adam)}}; }
+OptimizerStepOp Binding<op::OptimStep>::read(const json& c, const std::string& p) {
+  only_keys(c, p, {"adamParamsConfig"});
+  return OptimizerStepOp{adam_from_json(need(c, p, "adamParamsConfig"), join(p, "adamParamsConfig"))};
+}
+
+json Binding<op::SaveWeightsForSampler>::write(const SaveWeightsOp& r) {
+  json c{{"mergeWeights", r.merge_weights}};
+  if (!r.description.empty()) c["description"] = r.description;
+  return c;
+}
+SaveWeightsOp Binding<op::SaveWeightsForSampler>::read(const json& c, const std::string& p) {
+  only_keys(c, p, {"mergeWeights", "description"});
+  SaveWeightsOp o;
+  if (const json* m = find(c, "mergeWeights")) o.merge_weights = boolean(*m, join(p, "mergeWeights"));
+  o.description = description(c, p);
+  return o;
+}
+
+json Binding<op::SaveState>::write(const SaveStateOp& r) {
+  json c = json::object();
+  if (!r.description.empty()) c["description"] = r.description;
+  return c;
+}
+SaveStateOp Binding<op::SaveState>::read(const json& c, const std::string& p) {
+  only_keys(c, p, {"description"});
+  return SaveStateOp{description(c, p)};
+}
+
+json Binding<op::LoadState>::write(const LoadStateOp& r) {
+  return {{"modelPackageArn", r.model_package_arn}, {"loadOptimizer", r.load_optimizer}};
+}
+LoadStateOp Binding<op::LoadState>::read(const json& c, const std::string& p) {
   only_keys(c, p, {"modelPackageArn", "loadOptimizer"});
   LoadStateOp o;
   o.model_package_arn = string(need(c, p, "modelPackageArn"), join(p, "modelPackageArn"));
   if (o.model_package_arn.empty()) fail(join(p, "modelPackageArn"), "must not be empty");
   o.load_optimizer = boolean(need(c, p, "loadOptimizer"), join(p, "loadOptimizer"));
   return o;
+}
+
+json to_json(const TrainingOperation& op) { return write_union<Call::training, false>(op); }
+
+TrainingOperation training_operation_from_json(const json& j, const std::string& path) {
+  return read_union<Call::training, false, TrainingOperation>(j, path);
 }
 
 json to_json(const ExecuteTrainingRequest& r) {
@@ -392,66 +431,65 @@ json to_json(const SampleRequest& r) {
   return j;
 }
 
-json to_json(const SamplingOperation& op) {
-  return std::visit(
-      [](const auto& o) -> json {
-        using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, SampleRequest>)
-          return {{"sample", to_json(o)}};
-        else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
-          json c{{"prompt", to_json(o.prompt)}};
-          if (o.model_path) c["modelPackageArn"] = *o.model_path;
-          return {{"computeLogprobs", std::move(c)}};
-        } else if constexpr (std::is_same_v<T, LoadWeightsForSamplingOp>) {
-          return {{"loadWeightsForSampling", {{"modelPackageArn", o.model_package_arn}}}};
-        } else {
-          static_assert(rlloop::detail::unhandled_alternative<T>, "a sampling operation this writer does not handle");
-        }
-      },
-      op);
+namespace {
+// A modelPackageArn member: absent (nullopt, or an error when required) or a non-empty string.
+std::optional<std::string> package_arn(const json& c, const std::string& p, bool required) {
+  const json* a = find(c, "modelPackageArn");
+  if (!a) {
+    if (required) need(c, p, "modelPackageArn");
+    return std::nullopt;
+  }
+  std::string s = string(*a, join(p, "modelPackageArn"));
+  if (s.empty()) fail(join(p, "modelPackageArn"), "must not be empty");
+  return s;
+}
+}  // namespace
+
+json Binding<op::Sample>::write(const SampleRequest& r) { return to_json(r); }
+SampleRequest Binding<op::Sample>::read(const json& c, const std::string& p) {
+  only_keys(c, p,
+            {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn",
+             "includeRoutedExperts"});
+  SampleRequest r;
+  r.prompt = model_input_from_json(need(c, p, "prompt"), join(p, "prompt"));
+  constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+  r.num_samples = static_cast<int>(integer(need(c, p, "numSamples"), join(p, "numSamples"), int32_min, int32_max));
+  r.params = sampling_params_from_json(need(c, p, "samplingParams"), join(p, "samplingParams"));
+  if (const json* v = find(c, "includePromptLogprobs"))
+    r.include_prompt_logprobs = boolean(*v, join(p, "includePromptLogprobs"));
+  if (const json* v = find(c, "topkPromptLogprobs"))
+    r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), int32_min, int32_max));
+  r.model_path = package_arn(c, p, false);
+  if (const json* v = find(c, "includeRoutedExperts"))
+    r.include_routed_experts = boolean(*v, join(p, "includeRoutedExperts"));
+  validate(r, Naming::sagemaker_at(p));  // the bounds; the model's context and vocabulary at submission
+  return r;
 }
 
-SamplingOperation sampling_operation_from_json(const json& j, const std::string& path) {
-  const std::string member = union_member(j, path, {"sample", "computeLogprobs", "loadWeightsForSampling"});
-  const std::string p = join(path, member);
-  const json& c = object(j.at(member), p);
-  auto arn = [&](bool required) -> std::optional<std::string> {
-    const json* a = find(c, "modelPackageArn");
-    if (!a) {
-      if (required) need(c, p, "modelPackageArn");
-      return std::nullopt;
-    }
-    std::string s = string(*a, join(p, "modelPackageArn"));
-    if (s.empty()) fail(join(p, "modelPackageArn"), "must not be empty");
-    return s;
-  };
-  if (member == "sample") {
-    only_keys(
-        c, p,
-        {"prompt", "numSamples", "samplingParams", "includePromptLogprobs", "topkPromptLogprobs", "modelPackageArn",
-         "includeRoutedExperts"});
-    SampleRequest r;
-    r.prompt = model_input_from_json(need(c, p, "prompt"), join(p, "prompt"));
-    constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
-    constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
-    r.num_samples = static_cast<int>(integer(need(c, p, "numSamples"), join(p, "numSamples"), int32_min, int32_max));
-    r.params = sampling_params_from_json(need(c, p, "samplingParams"), join(p, "samplingParams"));
-    if (const json* v = find(c, "includePromptLogprobs"))
-      r.include_prompt_logprobs = boolean(*v, join(p, "includePromptLogprobs"));
-    if (const json* v = find(c, "topkPromptLogprobs"))
-      r.topk_prompt_logprobs = static_cast<int>(integer(*v, join(p, "topkPromptLogprobs"), int32_min, int32_max));
-    r.model_path = arn(false);
-    if (const json* v = find(c, "includeRoutedExperts"))
-      r.include_routed_experts = boolean(*v, join(p, "includeRoutedExperts"));
-    validate(r, Naming::sagemaker_at(p));  // the bounds; the model's context and vocabulary at submission
-    return r;
-  }
-  if (member == "computeLogprobs") {
-    only_keys(c, p, {"prompt", "modelPackageArn"});
-    return ComputeLogprobsRequest{model_input_from_json(need(c, p, "prompt"), join(p, "prompt")), arn(false)};
-  }
+json Binding<op::ComputeLogprobs>::write(const ComputeLogprobsRequest& r) {
+  json c{{"prompt", to_json(r.prompt)}};
+  if (r.model_path) c["modelPackageArn"] = *r.model_path;
+  return c;
+}
+ComputeLogprobsRequest Binding<op::ComputeLogprobs>::read(const json& c, const std::string& p) {
+  only_keys(c, p, {"prompt", "modelPackageArn"});
+  return ComputeLogprobsRequest{model_input_from_json(need(c, p, "prompt"), join(p, "prompt")),
+                                package_arn(c, p, false)};
+}
+
+json Binding<op::LoadWeightsForSampling>::write(const LoadWeightsForSamplingOp& r) {
+  return {{"modelPackageArn", r.model_package_arn}};
+}
+LoadWeightsForSamplingOp Binding<op::LoadWeightsForSampling>::read(const json& c, const std::string& p) {
   only_keys(c, p, {"modelPackageArn"});
-  return LoadWeightsForSamplingOp{*arn(true)};
+  return LoadWeightsForSamplingOp{*package_arn(c, p, true)};
+}
+
+json to_json(const SamplingOperation& op) { return write_union<Call::sampling, false>(op); }
+
+SamplingOperation sampling_operation_from_json(const json& j, const std::string& path) {
+  return read_union<Call::sampling, false, SamplingOperation>(j, path);
 }
 
 SamplingOperation execute_sampling_request_from_json(const json& j) {
@@ -512,45 +550,41 @@ ForwardBackwardOutput forward_backward_output_from_json(const json& j, const std
   return o;
 }
 
-json to_json(const TrainingResult& r) {
-  return std::visit(
-      [](const auto& o) -> json {
-        using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, ForwardResult>)
-          return {{"forward", to_json(o.output)}};
-        else if constexpr (std::is_same_v<T, ForwardBackwardResult>)
-          return {{"forwardBackward", to_json(o.output)}};
-        else if constexpr (std::is_same_v<T, OptimStepOutput>)
-          return {{"optimizerStep", {{"metrics", wire_metrics(o.metrics)}}}};
-        else if constexpr (std::is_same_v<T, SaveWeightsResult>) {
-          json c = json::object();
-          if (o.model_package_arn) c["modelPackageArn"] = *o.model_package_arn;
-          return {{"saveWeights", std::move(c)}};
-        } else if constexpr (std::is_same_v<T, SaveStateResult>)
-          return {{"saveState", {{"modelPackageArn", o.model_package_arn}}}};
-        else if constexpr (std::is_same_v<T, LoadStateOutput>)
-          return {{"loadState", json::object()}};
-        else
-          static_assert(rlloop::detail::unhandled_alternative<T>, "a training result this writer does not handle");
-      },
-      r);
+json Binding<op::Forward>::write_result(const ForwardResult& r) { return to_json(r.output); }
+ForwardResult Binding<op::Forward>::read_result(const json& c, const std::string& p) {
+  return ForwardResult{forward_backward_output_from_json(c, p)};
 }
+json Binding<op::ForwardBackward>::write_result(const ForwardBackwardResult& r) { return to_json(r.output); }
+ForwardBackwardResult Binding<op::ForwardBackward>::read_result(const json& c, const std::string& p) {
+  return ForwardBackwardResult{forward_backward_output_from_json(c, p)};
+}
+json Binding<op::OptimStep>::write_result(const OptimStepOutput& r) { return {{"metrics", wire_metrics(r.metrics)}}; }
+OptimStepOutput Binding<op::OptimStep>::read_result(const json& c, const std::string& p) {
+  return OptimStepOutput{metrics_from_json(c, p)};
+}
+json Binding<op::SaveWeightsForSampler>::write_result(const SaveWeightsResult& r) {
+  json c = json::object();
+  if (r.model_package_arn) c["modelPackageArn"] = *r.model_package_arn;
+  return c;
+}
+SaveWeightsResult Binding<op::SaveWeightsForSampler>::read_result(const json& c, const std::string& p) {
+  SaveWeightsResult r;
+  if (const json* a = find(c, "modelPackageArn")) r.model_package_arn = string(*a, join(p, "modelPackageArn"));
+  return r;
+}
+json Binding<op::SaveState>::write_result(const SaveStateResult& r) {
+  return {{"modelPackageArn", r.model_package_arn}};
+}
+SaveStateResult Binding<op::SaveState>::read_result(const json& c, const std::string& p) {
+  return SaveStateResult{string(need(c, p, "modelPackageArn"), join(p, "modelPackageArn"))};
+}
+json Binding<op::LoadState>::write_result(const LoadStateOutput&) { return json::object(); }
+LoadStateOutput Binding<op::LoadState>::read_result(const json&, const std::string&) { return LoadStateOutput{}; }
+
+json to_json(const TrainingResult& r) { return write_union<Call::training, true>(r); }
 
 TrainingResult training_result_from_json(const json& j, const std::string& path) {
-  const std::string member =
-      union_member(j, path, {"forward", "forwardBackward", "optimizerStep", "saveWeights", "saveState", "loadState"});
-  const std::string p = join(path, member);
-  const json& c = object(j.at(member), p);
-  if (member == "forward") return ForwardResult{forward_backward_output_from_json(c, p)};
-  if (member == "forwardBackward") return ForwardBackwardResult{forward_backward_output_from_json(c, p)};
-  if (member == "optimizerStep") return OptimStepOutput{metrics_from_json(c, p)};
-  if (member == "saveWeights") {
-    SaveWeightsResult r;
-    if (const json* a = find(c, "modelPackageArn")) r.model_package_arn = string(*a, join(p, "modelPackageArn"));
-    return r;
-  }
-  if (member == "saveState") return SaveStateResult{string(need(c, p, "modelPackageArn"), join(p, "modelPackageArn"))};
-  return LoadStateOutput{};
+  return read_union<Call::training, true, TrainingResult>(j, path);
 }
 
 json to_json(const SampledSequence& s) {
@@ -660,30 +694,25 @@ SampleResponse sample_response_from_json(const json& j, const std::string& path)
   return r;
 }
 
-json to_json(const SamplingResult& r) {
-  return std::visit(
-      [](const auto& o) -> json {
-        using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, SampleResponse>)
-          return {{"sample", to_json(o)}};
-        else if constexpr (std::is_same_v<T, ComputeLogprobsResult>)
-          return {{"computeLogprobs", {{"logprobs", prompt_logprobs_json(o.logprobs)}}}};
-        else if constexpr (std::is_same_v<T, LoadWeightsForSamplingResult>)
-          return {{"loadWeightsForSampling", json::object()}};
-        else
-          static_assert(rlloop::detail::unhandled_alternative<T>, "a sampling result this writer does not handle");
-      },
-      r);
+json Binding<op::Sample>::write_result(const SampleResponse& r) { return to_json(r); }
+SampleResponse Binding<op::Sample>::read_result(const json& c, const std::string& p) {
+  return sample_response_from_json(c, p);
+}
+json Binding<op::ComputeLogprobs>::write_result(const ComputeLogprobsResult& r) {
+  return {{"logprobs", prompt_logprobs_json(r.logprobs)}};
+}
+ComputeLogprobsResult Binding<op::ComputeLogprobs>::read_result(const json& c, const std::string& p) {
+  return ComputeLogprobsResult{prompt_logprobs_from_json(need(c, p, "logprobs"), join(p, "logprobs"))};
+}
+json Binding<op::LoadWeightsForSampling>::write_result(const LoadWeightsForSamplingResult&) { return json::object(); }
+LoadWeightsForSamplingResult Binding<op::LoadWeightsForSampling>::read_result(const json&, const std::string&) {
+  return LoadWeightsForSamplingResult{};
 }
 
+json to_json(const SamplingResult& r) { return write_union<Call::sampling, true>(r); }
+
 SamplingResult sampling_result_from_json(const json& j, const std::string& path) {
-  const std::string member = union_member(j, path, {"sample", "computeLogprobs", "loadWeightsForSampling"});
-  const std::string p = join(path, member);
-  const json& c = object(j.at(member), p);
-  if (member == "sample") return sample_response_from_json(c, p);
-  if (member == "computeLogprobs")
-    return ComputeLogprobsResult{prompt_logprobs_from_json(need(c, p, "logprobs"), join(p, "logprobs"))};
-  return LoadWeightsForSamplingResult{};
+  return read_union<Call::sampling, true, SamplingResult>(j, path);
 }
 
 namespace {

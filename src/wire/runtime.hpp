@@ -16,54 +16,17 @@
 #include <rlloop/loss.hpp>
 #include <rlloop/types.hpp>
 
+#include "wire/operations.hpp"
 #include "wire/read.hpp"
 
 namespace rlloop::wire {
 
-// ---- operation shapes (the service model's unions) -----------------------------------------------
+// ---- the unions (derived from the bindings in wire/operations.hpp) ---------------------------------------------
 
-struct BatchOp {
-  std::vector<Datum> data;
-  LossSpec loss;
-  bool operator==(const BatchOp&) const = default;
-};
-struct ForwardOp : BatchOp {};
-struct ForwardBackwardOp : BatchOp {};
-struct OptimizerStepOp {
-  AdamParams adam;
-  bool operator==(const OptimizerStepOp&) const = default;
-};
-struct SaveWeightsOp {
-  bool merge_weights = false;
-  std::string description;
-  bool operator==(const SaveWeightsOp&) const = default;
-};
-struct SaveStateOp {
-  std::string description;
-  bool operator==(const SaveStateOp&) const = default;
-};
-struct LoadStateOp {
-  std::string model_package_arn;
-  bool load_optimizer = true;
-  bool operator==(const LoadStateOp&) const = default;
-};
-// Defined only by the compile-fail test wire_unhandled_operation (tests/json/CMakeLists.txt): an operation that no
-// visitor handles, which must stop the wire and the server from compiling.
-#ifdef RLLOOP_TEST_UNHANDLED_OPERATION
-struct UnhandledTestOp {
-  bool operator==(const UnhandledTestOp&) const = default;
-};
-#define RLLOOP_TEST_UNHANDLED_ALTERNATIVE , UnhandledTestOp
-#else
-#define RLLOOP_TEST_UNHANDLED_ALTERNATIVE
-#endif
-using TrainingOperation = std::variant<ForwardOp, ForwardBackwardOp, OptimizerStepOp, SaveWeightsOp, SaveStateOp,
-                                       LoadStateOp RLLOOP_TEST_UNHANDLED_ALTERNATIVE>;
-
-struct LoadWeightsForSamplingOp {
-  std::string model_package_arn;
-};
-using SamplingOperation = std::variant<SampleRequest, ComputeLogprobsRequest, LoadWeightsForSamplingOp>;
+using TrainingOperation = Unions<CarriedOperations<Call::training>>::Request;
+using SamplingOperation = Unions<CarriedOperations<Call::sampling>>::Request;
+using TrainingResult = Unions<CarriedOperations<Call::training>>::Result;
+using SamplingResult = Unions<CarriedOperations<Call::sampling>>::Result;
 
 // ExecuteTrainingOperation body.
 struct ExecuteTrainingRequest {
@@ -71,27 +34,6 @@ struct ExecuteTrainingRequest {
   std::optional<std::string> client_token;
   TrainingOperation operation;
 };
-
-struct ForwardResult {
-  ForwardBackwardOutput output;
-};
-struct ForwardBackwardResult {
-  ForwardBackwardOutput output;
-};
-struct SaveWeightsResult {
-  std::optional<std::string> model_package_arn;
-};
-struct SaveStateResult {
-  std::string model_package_arn;
-};
-using TrainingResult = std::variant<ForwardResult, ForwardBackwardResult, OptimStepOutput, SaveWeightsResult,
-                                    SaveStateResult, LoadStateOutput>;
-
-struct ComputeLogprobsResult {
-  std::vector<double> logprobs;
-};
-struct LoadWeightsForSamplingResult {};
-using SamplingResult = std::variant<SampleResponse, ComputeLogprobsResult, LoadWeightsForSamplingResult>;
 
 // Get*OperationResult's status: queued, running, then one of the three terminal states (Skipped: a training
 // operation queued behind one that failed).
