@@ -76,6 +76,10 @@ struct SampleStream {
   }
 };
 
+// What an operation does to its session's state: its descriptor's flags (rlloop/operations.hpp).
+inline wire::Effect effect_of(const wire::TrainingOperation& op) { return wire::effect<wire::Call::training>(op); }
+inline wire::Effect effect_of(const wire::SamplingOperation& op) { return wire::effect<wire::Call::sampling>(op); }
+
 struct OperationRecord {
   std::string id;
   bool sampling = false;
@@ -226,6 +230,10 @@ class SessionHost {
 
   void run(Backend backend, std::optional<Recovery> recovery);
   void recover(const Recovery& r);
+  // Runs a completed operation again, silently (recover): those whose descriptor says `replayed`.
+  void replay(const wire::TrainingOperation& op);
+  void rerun(const wire::ForwardBackwardOp& op);
+  void rerun(const wire::LoadStateOp& op);
   json execute(OperationRecord& op);
   // Runs an operation's work and returns its state: `work`'s, or a failed one with the error's message. A
   // group_failure (the session's other ranks are gone) also makes the session Blocked.

@@ -261,9 +261,9 @@ void DurableState::finish(Session& s, const json& rec) {
     if (rec.contains("autosave")) {
       s.autosave = rec["autosave"].get<std::string>();
       s.replay.clear();
-    } else if (!sampling && (member == "forwardBackward" || member == "loadState")) {
+    } else if (!sampling && wire::effect<wire::Call::training>(member).replayed) {
       s.replay.push_back(std::move(accept));
-    } else if (sampling && member == "loadWeightsForSampling") {
+    } else if (sampling && member == wire::Binding<op::LoadWeightsForSampling>::name) {
       s.sampler_arn = accept["body"]["operationConfig"][member].at("modelPackageArn").get<std::string>();
     }
   }

@@ -4,6 +4,10 @@
 #include <chrono>
 #include <optional>
 #include <regex>
+#include <type_traits>
+#include <variant>
+
+#include <rlloop/detail/visit.hpp>
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -14,15 +18,47 @@ namespace rlloop::server {
 namespace {
 // The model package an operation names (loadState, loadWeightsForSampling, a sample or logprobs of saved weights).
 std::optional<std::string> package_named(const std::variant<wire::TrainingOperation, wire::SamplingOperation>& op) {
-  if (const auto* t = std::get_if<wire::TrainingOperation>(&op)) {
-    if (const auto* l = std::get_if<wire::LoadStateOp>(t)) return l->model_package_arn;
-    return std::nullopt;
-  }
-  const auto& s = std::get<wire::SamplingOperation>(op);
-  if (const auto* l = std::get_if<wire::LoadWeightsForSamplingOp>(&s)) return l->model_package_arn;
-  if (const auto* r = std::get_if<SampleRequest>(&s)) return r->model_path;
-  if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s)) return r->model_path;
-  return std::nullopt;
+  auto named = [](const auto& o) -> std::optional<std::string> {
+    using T = std::decay_t<decltype(o)>;
+    if constexpr (std::is_same_v<T, wire::LoadStateOp> || std::is_same_v<T, wire::LoadWeightsForSamplingOp>)
+      return o.model_package_arn;
+    else if constexpr (std::is_same_v<T, SampleRequest> || std::is_same_v<T, ComputeLogprobsRequest>)
+      return o.model_path;
+    else if constexpr (std::is_same_v<T, wire::ForwardOp> || std::is_same_v<T, wire::ForwardBackwardOp> ||
+                       std::is_same_v<T, wire::OptimizerStepOp> || std::is_same_v<T, wire::SaveWeightsOp> ||
+                       std::is_same_v<T, wire::SaveStateOp>)
+      return std::nullopt;
+    else
+      static_assert(rlloop::detail::unhandled_alternative<T>, "an operation whose model package the runtime misses");
+  };
+  return std::visit([&](const auto& u) { return std::visit(named, u); }, op);
+}
+
+// What the wire reader could not check: the batch against the session's vocabulary, its experts and its loss's
+// inputs, a prompt against the model's context. Throws invalid_argument.
+void validate_submission(const std::variant<wire::TrainingOperation, wire::SamplingOperation>& op,
+                         const SessionHost& s) {
+  auto check = [&](const auto& o) {
+    using T = std::decay_t<decltype(o)>;
+    if constexpr (std::is_same_v<T, wire::ForwardOp> || std::is_same_v<T, wire::ForwardBackwardOp>) {
+      validate_batch(o.data, o.loss.fn, s.vocab_size, s.info.experts);
+    } else if constexpr (std::is_same_v<T, SampleRequest>) {
+      // The bounds were checked by the wire reader; the model's vocabulary and context are known here.
+      validate(o, Naming::sagemaker_at("operationConfig.sample"),
+               ModelShape{s.info.max_position_embeddings, s.vocab_size});
+      if (o.include_routed_experts && !s.info.experts.any())
+        throw invalid_argument("operationConfig.sample.includeRoutedExperts: the model has no experts");
+    } else if constexpr (std::is_same_v<T, ComputeLogprobsRequest>) {
+      validate_model_input(o.prompt, s.vocab_size, "prompt: ");
+    } else if constexpr (std::is_same_v<T, wire::OptimizerStepOp> || std::is_same_v<T, wire::SaveWeightsOp> ||
+                         std::is_same_v<T, wire::SaveStateOp> || std::is_same_v<T, wire::LoadStateOp> ||
+                         std::is_same_v<T, wire::LoadWeightsForSamplingOp>) {
+      // checked whole by the wire reader
+    } else {
+      static_assert(rlloop::detail::unhandled_alternative<T>, "an operation the runtime does not validate");
+    }
+  };
+  std::visit([&](const auto& u) { std::visit(check, u); }, op);
 }
 }  // namespace
 
@@ -240,23 +276,7 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
     }
     // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
     try {
-      if (const auto* t_op = std::get_if<wire::TrainingOperation>(&op->op)) {
-        if (const auto* b = std::get_if<wire::ForwardOp>(t_op))
-          validate_batch(b->data, b->loss.fn, s->vocab_size, s->info.experts);
-        if (const auto* b = std::get_if<wire::ForwardBackwardOp>(t_op))
-          validate_batch(b->data, b->loss.fn, s->vocab_size, s->info.experts);
-      } else {
-        const auto& s_op = std::get<wire::SamplingOperation>(op->op);
-        // The bounds were checked by the wire reader; the model's vocabulary and context are known here.
-        if (const auto* r = std::get_if<SampleRequest>(&s_op)) {
-          validate(*r, Naming::sagemaker_at("operationConfig.sample"),
-                   ModelShape{s->info.max_position_embeddings, s->vocab_size});
-          if (r->include_routed_experts && !s->info.experts.any())
-            throw invalid_argument("operationConfig.sample.includeRoutedExperts: the model has no experts");
-        }
-        if (const auto* r = std::get_if<ComputeLogprobsRequest>(&s_op))
-          validate_model_input(r->prompt, s->vocab_size, "prompt: ");
-      }
+      validate_submission(op->op, *s);
     } catch (const invalid_argument& e) {
       throw api_error("ValidationException", 400, e.what());
     }

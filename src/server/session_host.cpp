@@ -251,12 +251,7 @@ void SessionHost::recover(const Recovery& r) {
     autosave_ = r.autosave;
   }
   replayable_since_autosave_ = r.replay.size();
-  for (const auto& op : r.replay) {
-    const auto& t = std::get<wire::TrainingOperation>(op->op);
-    if (const auto* fb = std::get_if<wire::ForwardBackwardOp>(&t)) session->forward_backward(fb->data, fb->loss).get();
-    if (const auto* ls = std::get_if<wire::LoadStateOp>(&t))
-      session->load_state(resolve_checkpoint(ls->model_package_arn), ls->load_optimizer).get();
-  }
+  for (const auto& op : r.replay) replay(std::get<wire::TrainingOperation>(op->op));
   sampler_path_ = r.sampler_path;
 }
 
@@ -266,13 +261,11 @@ void SessionHost::recover(const Recovery& r) {
 // gradients) is saved under a fresh name; the journal record names it, and only then is the older one removed.
 // The other operations that change the state (forwardBackward accumulates gradients, loadState replaces it) are run
 // again by a restart instead, up to autosave_after_operations - 1 of them: the next one saves.
+// Which operations are which is their descriptors' (rlloop/operations.hpp: autosaved, replayed).
 bool SessionHost::needs_autosave(const OperationRecord& op) {
-  const auto* training = std::get_if<wire::TrainingOperation>(&op.op);
-  if (!training) return false;
-  if (std::holds_alternative<wire::OptimizerStepOp>(*training)) return true;
-  const bool replayed =
-      std::holds_alternative<wire::ForwardBackwardOp>(*training) || std::holds_alternative<wire::LoadStateOp>(*training);
-  if (!replayed) return false;
+  const wire::Effect effect = std::visit([](const auto& o) { return effect_of(o); }, op.op);
+  if (effect.autosaved) return true;
+  if (!effect.replayed) return false;
   ++replayable_since_autosave_;
   return config_.autosave_after_operations > 0 && replayable_since_autosave_ >= config_.autosave_after_operations;
 }

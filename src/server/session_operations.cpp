@@ -1,8 +1,12 @@
 // What each operation does to a hosted session: the session call it makes (training operations, samples,
 // logprobs, checkpoints), the tokens it bills and the model packages it issues or resolves. The queue, the
 // journal and the operation's lifecycle around it are session_host.cpp's.
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <utility>
 
 #include <rlloop/detail/visit.hpp>
@@ -46,6 +50,25 @@ std::string SessionHost::add_checkpoint(const std::string& path, bool is_checkpo
   return package;
 }
 
+void SessionHost::replay(const wire::TrainingOperation& op) {
+  std::visit(
+      [&](const auto& o) {
+        using Op = wire::OperationOfShape<std::decay_t<decltype(o)>, wire::Call::training>;
+        if constexpr (Op::replayed)
+          rerun(o);
+        else
+          throw std::logic_error("SessionHost::replay: the journal replays only the operations marked replayed, not " +
+                                 std::string(Op::name));
+      },
+      op);
+}
+
+void SessionHost::rerun(const wire::ForwardBackwardOp& op) { session->forward_backward(op.data, op.loss).get(); }
+
+void SessionHost::rerun(const wire::LoadStateOp& op) {
+  session->load_state(resolve_checkpoint(op.model_package_arn), op.load_optimizer).get();
+}
+
 bool SessionHost::is_sample(const OperationRecord& op) {
   const auto* s = std::get_if<wire::SamplingOperation>(&op.op);
   return s && std::holds_alternative<SampleRequest>(*s);
@@ -86,18 +109,16 @@ json SessionHost::execute(OperationRecord& op) {
     return tenant->config.id + "-" + name + "-" + kind + "-" + std::to_string(tenant->next_checkpoint);
   };
   if (const auto* t = std::get_if<wire::TrainingOperation>(&op.op)) {
+    std::optional<std::int64_t> training_tokens;  // the state's top-level tokenUsage: forward, forwardBackward
     wire::TrainingResult result = std::visit(
         [&](const auto& o) -> wire::TrainingResult {
           using T = std::decay_t<decltype(o)>;
           if constexpr (std::is_same_v<T, wire::ForwardOp> || std::is_same_v<T, wire::ForwardBackwardOp>) {
-            ForwardBackwardOutput out = std::is_same_v<T, wire::ForwardOp>
-                                            ? session->forward(o.data, o.loss).get()
-                                            : session->forward_backward(o.data, o.loss).get();
+            using Op = wire::OperationOfShape<T, wire::Call::training>;
+            ForwardBackwardOutput out = Op::call(*session, o.data, o.loss).get();
             bill(op, TokenUsage{0, 0, out.training_tokens});
-            if constexpr (std::is_same_v<T, wire::ForwardOp>)
-              return wire::ForwardResult{std::move(out)};
-            else
-              return wire::ForwardBackwardResult{std::move(out)};
+            training_tokens = out.training_tokens;
+            return typename wire::Binding<Op>::Result{std::move(out)};
           } else if constexpr (std::is_same_v<T, wire::OptimizerStepOp>) {
             return session->optim_step(o.adam).get();
           } else if constexpr (std::is_same_v<T, wire::SaveWeightsOp>) {
@@ -110,20 +131,19 @@ json SessionHost::execute(OperationRecord& op) {
             return wire::SaveWeightsResult{
                 add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path, false)};
           } else if constexpr (std::is_same_v<T, wire::SaveStateOp>) {
-            return wire::SaveStateResult{add_checkpoint(session->save_state(checkpoint_name("state")).get().path, true)};
+            return wire::SaveStateResult{
+                add_checkpoint(session->save_state(checkpoint_name("state")).get().path, true)};
           } else if constexpr (std::is_same_v<T, wire::LoadStateOp>) {
             session->load_state(resolve_checkpoint(o.model_package_arn), o.load_optimizer).get();
             return LoadStateOutput{};
           } else {
-            static_assert(rlloop::detail::unhandled_alternative<T>, "a training operation the session host does not run");
+            static_assert(rlloop::detail::unhandled_alternative<T>,
+                          "a training operation the session host does not run");
           }
         },
         *t);
-    wire::TrainingOperationState st{OperationStatus::completed, std::move(result), std::nullopt, std::nullopt};
-    if (const auto* f = std::get_if<wire::ForwardResult>(&*st.result)) st.training_tokens = f->output.training_tokens;
-    if (const auto* f = std::get_if<wire::ForwardBackwardResult>(&*st.result))
-      st.training_tokens = f->output.training_tokens;
-    return wire::to_json(st);
+    return wire::to_json(
+        wire::TrainingOperationState{OperationStatus::completed, std::move(result), std::nullopt, training_tokens});
   }
   const auto& s = std::get<wire::SamplingOperation>(op.op);
   wire::SamplingResult result = std::visit(
