@@ -385,6 +385,8 @@ class CpuOps {
   std::size_t li_ = 0;
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
 };
+// The CPU backend runs the one layer recipe (decoder_layer.hpp): a missing or mistyped operation fails here.
+static_assert(DecoderOps<CpuOps>);
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 // so a change to the architecture is made here once and reaches both.
 #pragma once
 #include <array>
+#include <concepts>
 
 #include "model/model_family.hpp"
 
@@ -13,24 +14,38 @@ namespace rlloop::engine {
 // The layer's RMSNorm weights: before attention, before the MLP, and the per-head ones of q and k (qk_norm).
 enum class LayerNormOf { input, post, q, k };
 
-// What a backend provides, `Ops::Rows` being its activations (one row per token, a width per tensor):
-//   bool qk_norm(), bool sparse()                      the layer's flags (q/k norms; experts in place of the MLP)
-//   Rows norm(const Rows& x, LayerNormOf)              RMSNorm of every row (input / post)
-//   Rows head_norm(const Rows& x, LayerNormOf)         RMSNorm of every head of every row (q / k)
-//   std::array<Rows, N> project(const Rows& h, Projection... p)
-//                                                      several projections of one input, each with its bias and
-//                                                      its rows' adapters
-//   Rows rope(const Rows& x)                           RoPE at each row's position
-//   Rows attend(const Rows& q, const Rows& k, const Rows& v)
-//                                                      causal attention over the row's sequence (its cache, when
-//                                                      there is one, which receives k and v)
-//   Rows add_projection(const Rows& x, Projection p, const Rows& h)
-//                                                      x + the projection of h (the residual connections)
-//   Rows swiglu(const Rows& gate, const Rows& up)      silu(gate) * up
-//   Rows add_experts(const Rows& x, const Rows& h)     x + the routed experts over h (sparse layers)
+// What a backend provides (DecoderOps), `Ops::Rows` being its activations (one row per token, a width per tensor):
+//   qk_norm(), sparse()                the layer's flags (q/k norms; experts in place of the MLP)
+//   norm(x, LayerNormOf)               RMSNorm of every row (input / post)
+//   head_norm(x, LayerNormOf)          RMSNorm of every head of every row (q / k)
+//   project(h, Projection... p)        several projections of one input (std::array of Rows, one per p), each with
+//                                      its bias and its rows' adapters
+//   rope(x)                            RoPE at each row's position
+//   attend(q, k, v)                    causal attention over the row's sequence (its cache, when there is one,
+//                                      which receives k and v)
+//   add_projection(x, p, h)            x + the projection of h (the residual connections)
+//   swiglu(gate, up)                   silu(gate) * up
+//   add_experts(x, h)                  x + the routed experts over h (sparse layers)
 // A backend may write a result over an operation's input (its Rows naming buffers) except norm's, which the layer
-// reads again for the residual connection.
+// reads again for the residual connection. Each backend states that it is one (static_assert(DecoderOps<...>)
+// beside it: AtenOps in aten_ops.hpp, CpuOps in cpu_decoder.cpp), so a missing or mistyped operation is an error
+// there and a new part of the recipe (another norm, activation or attention option) is added here and to both.
 template <class Ops>
+concept DecoderOps = requires(Ops& ops, const typename Ops::Rows& x, LayerNormOf n, Projection p) {
+  { ops.qk_norm() } -> std::convertible_to<bool>;
+  { ops.sparse() } -> std::convertible_to<bool>;
+  { ops.norm(x, n) } -> std::same_as<typename Ops::Rows>;
+  { ops.head_norm(x, n) } -> std::same_as<typename Ops::Rows>;
+  { ops.project(x, p, p, p) } -> std::same_as<std::array<typename Ops::Rows, 3>>;
+  { ops.project(x, p, p) } -> std::same_as<std::array<typename Ops::Rows, 2>>;
+  { ops.rope(x) } -> std::same_as<typename Ops::Rows>;
+  { ops.attend(x, x, x) } -> std::same_as<typename Ops::Rows>;
+  { ops.add_projection(x, p, x) } -> std::same_as<typename Ops::Rows>;
+  { ops.swiglu(x, x) } -> std::same_as<typename Ops::Rows>;
+  { ops.add_experts(x, x) } -> std::same_as<typename Ops::Rows>;
+};
+
+template <DecoderOps Ops>
 typename Ops::Rows decoder_layer(Ops& ops, typename Ops::Rows x) {
   using Rows = typename Ops::Rows;
   Rows h = ops.norm(x, LayerNormOf::input);

@@ -1,6 +1,8 @@
-// The Llama / Qwen2 / Qwen3 decoder (RMSNorm, RoPE, SwiGLU, GQA, optional QKV bias, optional q/k norm, tied
-// or untied embeddings) with optional LoRA adapters, as a LibTorch module. Tensor names follow Hugging Face
-// so state dicts load and save in HF layout; adapters follow PEFT names.
+// The decoder-only transformer of every model family (model_family.hpp: Llama, Qwen2/3, their MoE variants,
+// gpt-oss, ...) with optional LoRA adapters and a value head, as a LibTorch module. Tensor names follow Hugging Face
+// so state dicts load and save in HF layout; adapters follow PEFT names. The class keeps the weights and runs the
+// layer recipe; its parts live in their own units (model_weights.hpp, step_context.hpp, aten_ops.hpp,
+// experts_layer.hpp, weight_io.hpp, rope_tables.hpp; docs/engine.md, "The model's structure").
 #pragma once
 #include <cstdint>
 #include <map>
