@@ -23,7 +23,7 @@
 #include <rlloop/gguf.hpp>
 #include <rlloop/tokenizer.hpp>
 
-#include "engine/safetensors_header.hpp"
+#include "io/safetensors_header.hpp"  // src/engine/io
 
 namespace fs = std::filesystem;
 using namespace rlloop;
