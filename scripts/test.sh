@@ -18,6 +18,10 @@ if [[ ${1-} == --portable ]]; then
 fi
 # The engine compiles with a precompiled <torch/torch.h>; ccache caches such translation units only with these.
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
+# Each step says when it starts, in seconds since the start, so a CI log shows where its time went.
+stage() { echo "== [${SECONDS} s] $*"; }
+trap 'stage "scripts/test.sh ends (exit $?)"' EXIT
+stage "set-up (scripts/setup.sh --tests)"
 scripts/setup.sh --tests
 JOBS=${JOBS:-$(nproc)}
 PORTABLE_BUILD_DIR=${PORTABLE_BUILD_DIR-build-portable}
@@ -46,11 +50,14 @@ if [[ ${CI:-} == true ]]; then
   echo "== tests allowed to skip under CI=true: tests/skip_list.txt and RLLOOP_SKIP_TESTS='${RLLOOP_SKIP_TESTS:-}'"
   grep -v '^#' tests/skip_list.txt | sed 's/^/   /'
 fi
+stage "main build ($BUILD_DIR)"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLLOOP_WERROR=$werror >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
+stage "main tests"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
 # The library without LibTorch (docs/no_torch.md): configured, built and installed, then an installed consumer's
 # GRPO step through RemoteSession against this build's `rlloop serve`, with no libtorch/libc10 on its link line.
+stage "the library without LibTorch (scripts/no_torch_check.sh)"
 JOBS=$JOBS scripts/no_torch_check.sh "$BUILD_DIR"
 
 # The engine's numerics depend on which CPU kernels run: rlloop's own (RLLOOP_CPU_KERNELS), LibTorch's
@@ -59,7 +66,7 @@ JOBS=$JOBS scripts/no_torch_check.sh "$BUILD_DIR"
 # so that a machine of either kind passes what CI passed.
 engine_tests=(engine_kernels_test engine_model_test engine_session_test engine_shared_base_test)
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  echo "== engine tests again with the AVX2 kernels (RLLOOP_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell)"
+  stage "engine tests again with the AVX2 kernels (RLLOOP_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell)"
   avx2_tests="$(IFS='|'; echo "${engine_tests[*]}")|engine_shared_base_aten_test|engine_data_parallel_test"
   RLLOOP_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell \
     ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" -R "^($avx2_tests|engine_math_test)\$"
@@ -67,6 +74,7 @@ fi
 
 # The parsers and the server's input side under AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan
 # (scripts/sanitize.sh: no LibTorch, only the targets its tests need; a few minutes, tests/fuzz/README.md).
+stage "sanitizers (scripts/sanitize.sh)"
 JOBS=$JOBS scripts/sanitize.sh
 
 # The second configuration. RLLOOP_NATIVE_KERNELS=OFF compiles the kernels as a non-x86 CPU gets them
@@ -85,12 +93,15 @@ JOBS=$JOBS scripts/sanitize.sh
 # machines run.
 portable_tests=("${engine_tests[@]}" engine_math_test engine_mixed_precision_test engine_memory_test
                 engine_data_parallel_test)
+stage "portable build ($PORTABLE_BUILD_DIR)"
 cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}" gpu_check
+stage "portable tests"
 ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \
   -R "^($(IFS='|'; echo "${portable_tests[*]}")|engine_shared_base_aten_test|gpu_check_faults)\$"
 # The GPU bundle made from these very binaries (scripts/gpu_bundle.sh: torch 2.11.0, the GPU machines' LibTorch),
 # and its run.sh's dry run from inside it, as a GPU window runs it: what goes to a GPU machine is what ran here.
+stage "GPU bundle and its dry run"
 BUILD_DIR=$PORTABLE_BUILD_DIR scripts/gpu_bundle.sh --out "$PORTABLE_BUILD_DIR/gpu-bundle"
 (cd "$PORTABLE_BUILD_DIR/gpu-bundle" &&
   PYTHON="$venv_python" ./run.sh --dry-run --budget 900 --out "../gpu-bundle-dry-run")

@@ -134,10 +134,15 @@ TEST(QuantizedMatrix, ConstructionChecksTheBlocks) {
 TEST(QuantizedMatrix, ProductsEqualTheDequantizedMatrixes) {
   // Few-row products (the kernel's 3-row blocks and their tails, M past the kernel's 64-row limit) and a group
   // with `accumulate`, against ATen on the dequantized matrix: fp32 sums of 96 terms in another order (relative
-  // 1e-6; measured up to 4e-7).
+  // 1e-6; measured up to 4e-7). Where BLAS computes the tiles (M past the kernel's limit, or the kernels compiled
+  // out) this runs on one thread: a lone product's few tiles run on the calling thread, where OpenBLAS uses its
+  // own threads, and a group's inside a parallel region, where it does not, and its Haswell/Zen kernels sum edge
+  // tiles in another order on another thread count (kernels_test.cpp's SmallGemm says the same).
   auto a = random_matrix(gguf::TensorType::q4_1, 100, 96, 3), b = random_matrix(gguf::TensorType::q8_0, 37, 96, 4);
+  const int threads = at::get_num_threads();
   for (std::int64_t M : {1, 3, 5, 17, 70}) {
     SCOPED_TRACE("M=" + std::to_string(M));
+    at::set_num_threads(small_gemm_applies(M, 96) ? threads : 1);
     torch::manual_seed(M);
     auto X = torch::randn({M, 96});
     auto ya = torch::empty({M, 100});
@@ -151,6 +156,7 @@ TEST(QuantizedMatrix, ProductsEqualTheDequantizedMatrixes) {
     EXPECT_LT(relative_diff(yb - start, torch::matmul(X, b->dequantize().t())), 1e-6);
     EXPECT_TRUE(torch::equal(yc, ya));  // each output computed as alone
   }
+  at::set_num_threads(threads);
 }
 
 TEST(QuantizedMatrix, LinearIsDifferentiableInItsInputAndChunksLargeMatrices) {
