@@ -130,14 +130,37 @@ TEST(ModelConfig, FamilyDefaultsAndExtensions) {
   EXPECT_EQ(back.tokenizer, "byte");
 }
 
+// Mistral's config: a sliding_window makes every layer slide (v0.1), null or none leaves them all full (v0.2 on),
+// and it goes back to config.json as it came; a window that is no positive integer is refused by name.
+TEST(ModelFamily, MistralSlidesEveryLayerWhenItsConfigHasAWindow) {
+  json j = tiny_config("mistral").to_json();
+  EXPECT_EQ(j["architectures"][0], "MistralForCausalLM");
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_EQ(ModelConfig::from_json(j).attention_window(1), 0);
+  j["sliding_window"] = 5;
+  const ModelConfig sliding = ModelConfig::from_json(j);
+  EXPECT_EQ(sliding.layer_types, (std::vector<std::string>{"sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(sliding.attention_window(0), 5);
+  EXPECT_EQ(sliding.attention_window(1), 5);
+  EXPECT_EQ(ModelConfig::from_json(sliding.to_json()).to_json(), sliding.to_json());
+  EXPECT_EQ(sliding.to_json()["sliding_window"], 5);
+  j["sliding_window"] = 0;
+  EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
+            "model config: mistral's sliding_window must be positive, got 0");
+  j["sliding_window"] = "4096";
+  EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
+            "model config: mistral's sliding_window must be an integer or null, got \"4096\"");
+  EXPECT_EQ(find_model_family("mistral")->chat_renderer, "llama2");
+}
+
 // The families the engine runs (model_family.hpp): each model_type's entry, the names derived from it, the list
 // errors name, and a config of another model_type refused by that list.
 TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
-  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss");
-  ASSERT_EQ(model_families().size(), 5u);
+  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss, mistral");
+  ASSERT_EQ(model_families().size(), 6u);
   for (const ModelFamily* f : model_families()) {
     EXPECT_EQ(find_model_family(f->model_type), f);
-    // gpt_oss's GGUF files are not read (the family names no GGUF architecture).
+    // Mistral's GGUF files are llama's (the family names no GGUF architecture of its own).
     EXPECT_EQ(find_gguf_family(f->gguf_architecture), f->gguf_architecture.empty() ? nullptr : f);
     const ModelConfig tiny = f->model_type == "gpt_oss" ? *builtin_model("rlloop-tiny-gpt-oss")
                              : f->experts              ? tiny_moe_config()
@@ -170,7 +193,8 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   json j = tiny_config("llama").to_json();
   j["model_type"] = "mixtral";
   EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
-            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3, qwen3_moe, gpt_oss)");
+            "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3, qwen3_moe, gpt_oss, "
+            "mistral)");
   // A second entry for a registered model_type, and one whose projections share a module name, are refused.
   ModelFamily again = *find_model_family("qwen2");
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
@@ -192,7 +216,7 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): projection module 'q_proj' is used twice or reserved (lm_head, "
             "all-linear)");
-  EXPECT_EQ(model_families().size(), 5u);
+  EXPECT_EQ(model_families().size(), 6u);
 }
 
 TEST(ModelConfig, ValidationNamesTheField) {

@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 # Both ends of the 300-token vocabulary (0, 299) and a repeat (7, 7), whose two logits rows differ by position only.
 TOKENS = [1, 5, 9, 299, 0, 17, 42, 7, 7, 130, 255, 64]
 
-# Shared by every model: all ten are made in ~4 s; grouped-query attention (4 query heads over 2 key/value heads).
+# Shared by every model: all eleven are made in ~4 s; grouped-query attention (4 query heads over 2 key/value heads).
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, hidden_act="silu", bos_token_id=1, eos_token_id=2)
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -96,6 +96,11 @@ MODELS = [
                                                                  beta_fast=8.0, beta_slow=1.0, truncate=False,
                                                                  original_max_position_embeddings=8)),
          ["q_proj", "o_proj"], lora_parameters=["gate_up_proj", "down_proj", "router.weight"]),
+    # Mistral: every layer sliding (a window of 4 of the 12 tokens, so that it bites), head_dim 32 unlike hidden /
+    # heads = 16 (Mistral-Nemo states its own too). Not written as GGUF: llama.cpp's converter writes Mistral as
+    # "llama" and runs it without the window.
+    Spec("mistral", "mistral", dict(tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4,
+                                    head_dim=32), ALL_LINEAR, gguf=False),
 ]
 
 

@@ -5,6 +5,7 @@
 namespace rlloop::engine::families {
 
 ModelFamily llama();
+ModelFamily mistral();
 ModelFamily qwen2();
 ModelFamily qwen3();
 ModelFamily qwen3_moe();
