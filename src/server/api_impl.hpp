@@ -228,7 +228,15 @@ class SessionHost {
   // How often the worker looks at its started samples while they decode.
   static constexpr std::chrono::milliseconds kSamplePoll{2};
 
+  // The worker: starts the session, runs its queue in order until it stops, then answers what is left.
   void run(Backend backend, std::optional<Recovery> recovery);
+  // Creates the session (and recovers it); Running, or Failed with the returned error. Runs the callbacks waiting
+  // for the start either way.
+  std::string start(Backend& backend, const std::optional<Recovery>& recovery);
+  // After a failed training operation: the training operations queued behind it, finished as skipped.
+  void skip_queued_training();
+  // Once the worker stops: every queued operation answered as stopped, the model freed, the session Stopped.
+  void close_queue();
   void recover(const Recovery& r);
   // Runs a completed operation again, silently (recover): those whose descriptor says `replayed`.
   void replay(const wire::TrainingOperation& op);
@@ -303,6 +311,9 @@ struct Api::Impl {
   std::shared_ptr<TenantState> authenticate(const sigv4::HttpRequest& req, const std::string& path);
   std::shared_ptr<SessionHost> find_session(const TenantState& t, const std::string& name);
   json control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t);
+  // control_plane's CreateTrainingSession and ListTrainingSessions.
+  json create_training_session(const json& body, const std::shared_ptr<TenantState>& t);
+  json list_training_sessions(const json& body, const TenantState& t);
   // A control-plane call's response. DescribeTrainingSession of a session still Creating waits, as a
   // Get*OperationResult without ?waitSeconds= does, up to Options::default_result_wait for it to leave Creating,
   // answering through `reply` (nullopt): clients that poll on a fixed interval after a first immediate call (the
@@ -312,6 +323,13 @@ struct Api::Impl {
   json model_registry(const std::string& op, const json& body, TenantState& t);
   Handled runtime(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
                   const Reply& reply);
+  // runtime's routes on one session: its info and usage, an operation's state (a long poll with ?waitSeconds=),
+  // a new training or sampling operation.
+  Handled session_info(SessionHost& s);
+  Handled get_operation(const sigv4::HttpRequest& req, const std::shared_ptr<SessionHost>& s, const std::string& id,
+                        bool sampling, const Reply& reply);
+  Handled submit_operation(const sigv4::HttpRequest& req, const std::shared_ptr<TenantState>& t, SessionHost& s,
+                           bool training);
   json usage_report(const std::shared_ptr<TenantState>& t);
   // Ids of the OpenAI endpoints' samples (never listed; a session's listed operations use its own ids).
   std::string new_operation_id();

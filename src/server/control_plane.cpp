@@ -70,76 +70,80 @@ Handled Api::Impl::control_plane_call(const std::string& target, const json& bod
   return answer();
 }
 
+json Api::Impl::create_training_session(const json& body, const std::shared_ptr<TenantState>& t) {
+  const auto req = wire::create_training_session_request_from_json(body);
+  if (req.base_model_is_arn) {
+    // A Hub ARN names a catalogue model: one this server does not serve is the model's ResourceNotFound, at
+    // once, not a session that fails later.
+    const auto served = backend.list_base_models();
+    if (std::find(served.begin(), served.end(), req.base_model) == served.end())
+      throw api_error("ResourceNotFound", 400,
+                      "base model " + req.base_model + " (ModelConfig.BaseModelArn) is not served here");
+  }
+  SessionOptions opts;
+  opts.base_model = req.base_model;
+  opts.lora = req.lora;
+  opts.name = req.name;
+  const std::string& name = req.name;
+  const std::string arn =
+      "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + name;
+
+  std::lock_guard lock(mu);
+  if (sessions.count({t->config.id, name}))
+    throw api_error("ResourceInUse", 400, "Training session " + name + " already exists");
+  std::size_t live = 0;
+  for (const auto& [key, s] : sessions) live += key.first == t->config.id;
+  if (live >= t->config.max_sessions)
+    throw api_error("ResourceLimitExceeded", 400,
+                    "tenant " + t->config.id + " already has " + std::to_string(live) + " sessions (limit " +
+                        std::to_string(t->config.max_sessions) + "); delete one first");
+  auto host = std::make_shared<SessionHost>(t, name, arn, opts, req.echo, backend, host_config());
+  host->journal({{"t", "session"},
+                 {"arn", arn},
+                 {"baseModel", opts.base_model},
+                 {"rank", req.lora.rank},
+                 {"alpha", req.lora.alpha},
+                 {"echo", req.echo},
+                 {"creationTime", host->creation_time}});
+  sessions[{t->config.id, name}] = std::move(host);
+  return wire::create_training_session_response_to_json(arn);
+}
+
+json Api::Impl::list_training_sessions(const json& body, const TenantState& t) {
+  const auto req = wire::list_training_sessions_request_from_json(body);
+  std::vector<std::shared_ptr<SessionHost>> mine;
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [key, s] : sessions)
+      if (key.first == t.config.id) mine.push_back(s);
+  }
+  std::vector<wire::TrainingSessionSummary> rows;
+  for (auto& s : mine) {
+    std::lock_guard lock(s->mu);
+    if (s->name.find(req.name_contains) == std::string::npos) continue;
+    if (req.status_equals && s->status != *req.status_equals) continue;
+    if (s->creation_time <= req.creation_time_after || s->creation_time >= req.creation_time_before) continue;
+    rows.push_back(summary(*s));
+  }
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.creation_time > b.creation_time; });
+  auto [summaries, next] = page(rows, req.offset, req.max_results);
+  return wire::to_json(wire::ListTrainingSessionsResponse{std::move(summaries), next});
+}
+
 json Api::Impl::control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t) {
   const std::string prefix = "SageMaker.";
   const std::string op = target.rfind(prefix, 0) == 0 ? target.substr(prefix.size()) : "";
   try {
     wire::read::object(body, "");
-    if (op == "CreateTrainingSession") {
-      const auto req = wire::create_training_session_request_from_json(body);
-      if (req.base_model_is_arn) {
-        // A Hub ARN names a catalogue model: one this server does not serve is the model's ResourceNotFound, at
-        // once, not a session that fails later.
-        const auto served = backend.list_base_models();
-        if (std::find(served.begin(), served.end(), req.base_model) == served.end())
-          throw api_error("ResourceNotFound", 400,
-                          "base model " + req.base_model + " (ModelConfig.BaseModelArn) is not served here");
-      }
-      SessionOptions opts;
-      opts.base_model = req.base_model;
-      opts.lora = req.lora;
-      opts.name = req.name;
-      const std::string& name = req.name;
-      const std::string arn =
-          "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + name;
-
-      std::lock_guard lock(mu);
-      if (sessions.count({t->config.id, name}))
-        throw api_error("ResourceInUse", 400, "Training session " + name + " already exists");
-      std::size_t live = 0;
-      for (const auto& [key, s] : sessions) live += key.first == t->config.id;
-      if (live >= t->config.max_sessions)
-        throw api_error("ResourceLimitExceeded", 400,
-                        "tenant " + t->config.id + " already has " + std::to_string(live) + " sessions (limit " +
-                            std::to_string(t->config.max_sessions) + "); delete one first");
-      auto host = std::make_shared<SessionHost>(t, name, arn, opts, req.echo, backend, host_config());
-      host->journal({{"t", "session"},
-                     {"arn", arn},
-                     {"baseModel", opts.base_model},
-                     {"rank", req.lora.rank},
-                     {"alpha", req.lora.alpha},
-                     {"echo", req.echo},
-                     {"creationTime", host->creation_time}});
-      sessions[{t->config.id, name}] = std::move(host);
-      return wire::create_training_session_response_to_json(arn);
-    }
+    if (op == "CreateTrainingSession") return create_training_session(body, t);
     if (op == "DescribeTrainingSession") {
       auto s = find_session(*t, wire::training_session_name_request_from_json(body));
       std::lock_guard lock(s->mu);
       return wire::describe_training_session_response_to_json(
           {summary(*s), s->name, s->echo, s->end_time, s->error_details, s->last_sequence_number, s->usage});
     }
-    if (op == "ListTrainingSessions") {
-      const auto req = wire::list_training_sessions_request_from_json(body);
-      std::vector<std::shared_ptr<SessionHost>> mine;
-      {
-        std::lock_guard lock(mu);
-        for (const auto& [key, s] : sessions)
-          if (key.first == t->config.id) mine.push_back(s);
-      }
-      std::vector<wire::TrainingSessionSummary> rows;
-      for (auto& s : mine) {
-        std::lock_guard lock(s->mu);
-        if (s->name.find(req.name_contains) == std::string::npos) continue;
-        if (req.status_equals && s->status != *req.status_equals) continue;
-        if (s->creation_time <= req.creation_time_after || s->creation_time >= req.creation_time_before) continue;
-        rows.push_back(summary(*s));
-      }
-      std::stable_sort(rows.begin(), rows.end(),
-                       [](const auto& a, const auto& b) { return a.creation_time > b.creation_time; });
-      auto [summaries, next] = page(rows, req.offset, req.max_results);
-      return wire::to_json(wire::ListTrainingSessionsResponse{std::move(summaries), next});
-    }
+    if (op == "ListTrainingSessions") return list_training_sessions(body, *t);
     if (op == "StopTrainingSession") {
       auto s = find_session(*t, wire::training_session_name_request_from_json(body));
       s->stop();

@@ -160,6 +160,111 @@ json Api::Impl::usage_report(const std::shared_ptr<TenantState>& t) {
   return {{"tenant", t->config.id}, {"usage", wire::to_json(t->usage)}, {"sessions", std::move(sessions_json)}};
 }
 
+Handled Api::Impl::session_info(SessionHost& s) {
+  std::shared_ptr<AnySession> session;
+  {
+    std::lock_guard lock(s.mu);
+    session = s.session;
+  }
+  if (!session) throw api_error("ConflictException", 409, "Training session " + s.name + " has no live model");
+  json info = wire::to_json(session->info());
+  info["usage"] = wire::to_json(session->usage());
+  return json_response(info);
+}
+
+Handled Api::Impl::get_operation(const sigv4::HttpRequest& req, const std::shared_ptr<SessionHost>& s,
+                                 const std::string& id, bool sampling, const Reply& reply) {
+  if (!is_label(id, limits::operation_id_max))
+    throw api_error(
+        "ValidationException", 400,
+        "operationId: must be 1-" + std::to_string(limits::operation_id_max) + " characters of [a-zA-Z0-9-]");
+  const std::chrono::milliseconds wait = wait_seconds(req.target).value_or(options.default_result_wait);
+  std::lock_guard lock(s->mu);
+  const std::shared_ptr<OperationRecord> op = s->find_operation_locked(id, now_seconds());
+  if (!op) operation_not_found(*s, id);
+  if (op->sampling != sampling) not_found_error("operation " + id + " does not exist in training session " + s->name);
+  if (wait.count() <= 0 || terminal_state(op->state)) return json_response(op->state);
+  long_poll(*this, s, op, wait, reply);
+  return std::nullopt;
+}
+
+Handled Api::Impl::submit_operation(const sigv4::HttpRequest& req, const std::shared_ptr<TenantState>& t,
+                                    SessionHost& s, bool training) {
+  const bool sampling = !training;
+  json body;
+  // Every json::exception, not only parse_error: a number like 1e999 throws out_of_range, and is as much the
+  // client's mistake (a 400, not a 500).
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception& e) {
+    throw api_error("ValidationException", 400, std::string("request body is not valid JSON: ") + e.what());
+  }
+  auto op = std::make_shared<OperationRecord>();
+  op->sampling = sampling;
+  op->retrievable = true;
+  op->body = body;
+  std::optional<std::string> token;
+  std::int64_t seq = -1;
+  try {
+    if (training) {
+      auto r = wire::execute_training_request_from_json(body);
+      token = r.client_token;
+      seq = r.sequence_number;
+      op->op = std::move(r.operation);
+      op->digest = request_digest(std::to_string(seq) + ":" + body["operationConfig"].dump());
+    } else {
+      op->op = wire::execute_sampling_request_from_json(body);
+      // The API has no clientToken on sampling requests, so rlloop takes one from the
+      // Idempotency-Key header (IETF httpapi draft): a header the real service ignores, unlike an unknown
+      // body member. A retried sample then runs, and is billed, once.
+      if (auto key = req.header("Idempotency-Key")) {
+        validate_label(*key, limits::client_token_max, "Idempotency-Key");
+        token = *key;
+      }
+      op->digest = request_digest("sampling:" + body["operationConfig"].dump());
+    }
+  } catch (const invalid_argument& e) {
+    throw api_error("ValidationException", 400, e.what());
+  }
+  // A model package the tenant does not own (another account's, or none) is known now: a 404 at submission, not
+  // an operation that fails later.
+  if (const auto arn = package_named(op->op)) {
+    std::lock_guard tenant_lock(t->mu);
+    if (!t->checkpoints.count(*arn))
+      throw api_error("ResourceNotFoundException", 404,
+                      "model package '" + *arn + "' does not exist in this account");
+  }
+
+  std::lock_guard lock(s.mu);
+  const double now = now_seconds();
+  s.require_takes_operations_locked();
+  if (token) {
+    if (const ClientTokenRecord* known = s.find_client_token_locked(*token, now)) {
+      if (known->digest != op->digest)
+        throw api_error("ValidationException", 400,
+                        std::string(training ? "clientToken " : "Idempotency-Key ") + *token +
+                            " was already used with different parameters");
+      return json_response({{"operationId", known->operation_id}});  // an idempotent retry: not executed twice
+    }
+  }
+  // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
+  try {
+    validate_submission(op->op, s);
+  } catch (const invalid_argument& e) {
+    throw api_error("ValidationException", 400, e.what());
+  }
+  if (training) {
+    if (seq <= s.last_sequence_number)
+      throw api_error("ValidationException", 400,
+                      "sequenceNumber " + std::to_string(seq) + " must be greater than the last received " +
+                          std::to_string(s.last_sequence_number));
+    s.last_sequence_number = seq;
+  }
+  op->id = s.new_operation_id_locked();
+  s.accept_locked(op, token, seq, now);
+  return json_response({{"operationId", op->id}});
+}
+
 Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path,
                            const std::shared_ptr<TenantState>& t, const Reply& reply) {
   if (is_openai_path(path)) return openai(req, path, t, reply);
@@ -189,108 +294,11 @@ Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& pat
   const std::string& kind = seg[3];
   const bool training = kind == "operations", sampling = kind == "sampling-operations";
 
-  if (seg.size() == 4 && kind == "info" && get) {
-    std::shared_ptr<AnySession> session;
-    {
-      std::lock_guard lock(s->mu);
-      session = s->session;
-    }
-    if (!session) throw api_error("ConflictException", 409, "Training session " + name + " has no live model");
-    json info = wire::to_json(session->info());
-    info["usage"] = wire::to_json(session->usage());
-    return json_response(info);
-  }
+  if (seg.size() == 4 && kind == "info" && get) return session_info(*s);
 
-  if (seg.size() == 5 && get && (training || sampling)) {
-    const std::string& id = seg[4];
-    if (!is_label(id, limits::operation_id_max))
-      throw api_error(
-          "ValidationException", 400,
-          "operationId: must be 1-" + std::to_string(limits::operation_id_max) + " characters of [a-zA-Z0-9-]");
-    const std::chrono::milliseconds wait = wait_seconds(req.target).value_or(options.default_result_wait);
-    std::lock_guard lock(s->mu);
-    const std::shared_ptr<OperationRecord> op = s->find_operation_locked(id, now_seconds());
-    if (!op) operation_not_found(*s, id);
-    if (op->sampling != sampling) not_found_error("operation " + id + " does not exist in training session " + name);
-    if (wait.count() <= 0 || terminal_state(op->state)) return json_response(op->state);
-    long_poll(*this, s, op, wait, reply);
-    return std::nullopt;
-  }
+  if (seg.size() == 5 && get && (training || sampling)) return get_operation(req, s, seg[4], sampling, reply);
 
-  if (seg.size() == 4 && post && (training || sampling)) {
-    json body;
-    // Every json::exception, not only parse_error: a number like 1e999 throws out_of_range, and is as much the
-    // client's mistake (a 400, not a 500).
-    try {
-      body = json::parse(req.body);
-    } catch (const json::exception& e) {
-      throw api_error("ValidationException", 400, std::string("request body is not valid JSON: ") + e.what());
-    }
-    auto op = std::make_shared<OperationRecord>();
-    op->sampling = sampling;
-    op->retrievable = true;
-    op->body = body;
-    std::optional<std::string> token;
-    std::int64_t seq = -1;
-    try {
-      if (training) {
-        auto r = wire::execute_training_request_from_json(body);
-        token = r.client_token;
-        seq = r.sequence_number;
-        op->op = std::move(r.operation);
-        op->digest = request_digest(std::to_string(seq) + ":" + body["operationConfig"].dump());
-      } else {
-        op->op = wire::execute_sampling_request_from_json(body);
-        // The API has no clientToken on sampling requests, so rlloop takes one from the
-        // Idempotency-Key header (IETF httpapi draft): a header the real service ignores, unlike an unknown
-        // body member. A retried sample then runs, and is billed, once.
-        if (auto key = req.header("Idempotency-Key")) {
-          validate_label(*key, limits::client_token_max, "Idempotency-Key");
-          token = *key;
-        }
-        op->digest = request_digest("sampling:" + body["operationConfig"].dump());
-      }
-    } catch (const invalid_argument& e) {
-      throw api_error("ValidationException", 400, e.what());
-    }
-    // A model package the tenant does not own (another account's, or none) is known now: a 404 at submission, not
-    // an operation that fails later.
-    if (const auto arn = package_named(op->op)) {
-      std::lock_guard tenant_lock(t->mu);
-      if (!t->checkpoints.count(*arn))
-        throw api_error("ResourceNotFoundException", 404,
-                        "model package '" + *arn + "' does not exist in this account");
-    }
-
-    std::lock_guard lock(s->mu);
-    const double now = now_seconds();
-    s->require_takes_operations_locked();
-    if (token) {
-      if (const ClientTokenRecord* known = s->find_client_token_locked(*token, now)) {
-        if (known->digest != op->digest)
-          throw api_error("ValidationException", 400,
-                          std::string(training ? "clientToken " : "Idempotency-Key ") + *token +
-                              " was already used with different parameters");
-        return json_response({{"operationId", known->operation_id}});  // an idempotent retry: not executed twice
-      }
-    }
-    // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
-    try {
-      validate_submission(op->op, *s);
-    } catch (const invalid_argument& e) {
-      throw api_error("ValidationException", 400, e.what());
-    }
-    if (training) {
-      if (seq <= s->last_sequence_number)
-        throw api_error("ValidationException", 400,
-                        "sequenceNumber " + std::to_string(seq) + " must be greater than the last received " +
-                            std::to_string(s->last_sequence_number));
-      s->last_sequence_number = seq;
-    }
-    op->id = s->new_operation_id_locked();
-    s->accept_locked(op, token, seq, now);
-    return json_response({{"operationId", op->id}});
-  }
+  if (seg.size() == 4 && post && (training || sampling)) return submit_operation(req, t, *s, training);
   not_found_error("no route for " + req.method + " " + path);
 }
 

@@ -270,7 +270,7 @@ bool SessionHost::needs_autosave(const OperationRecord& op) {
   return config_.autosave_after_operations > 0 && replayable_since_autosave_ >= config_.autosave_after_operations;
 }
 
-void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
+std::string SessionHost::start(Backend& backend, const std::optional<Recovery>& recovery) {
   HostedSession created;
   std::string failure;
   SessionInfo session_info;
@@ -309,6 +309,11 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     waiting_for_start.swap(on_started_);
   }
   for (auto& f : waiting_for_start) f();
+  return failure;
+}
+
+void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
+  const std::string failure = start(backend, recovery);
   recovery.reset();  // the replayed requests are no longer needed; the pending ones are queued
   // Sample operations started on the session and not yet finished. Consecutive ones run side by side, each started
   // as it reaches the queue's front (the session decodes them together: one batch instead of one request after
@@ -353,18 +358,24 @@ void SessionHost::run(Backend backend, std::optional<Recovery> recovery) {
     }
     // Later training operations were planned on this one's effect (an optimizer step on its gradients, ...): skip
     // the ones already queued rather than run them on a state the caller did not expect.
-    if (failed && !op->sampling) {
-      std::vector<std::shared_ptr<OperationRecord>> skipped;
-      {
-        std::lock_guard lock(mu);
-        for (auto& queued : queue_)
-          if (!queued->sampling) skipped.push_back(queued);
-        std::erase_if(queue_, [](const auto& q) { return !q->sampling; });
-      }
-      for (auto& q : skipped) finish(q, state_body(OperationStatus::skipped), "");
-    }
+    if (failed && !op->sampling) skip_queued_training();
   }
   finish_samples(started, /*wait=*/true);  // a stopping session's samples already decoding are answered
+  close_queue();
+}
+
+void SessionHost::skip_queued_training() {
+  std::vector<std::shared_ptr<OperationRecord>> skipped;
+  {
+    std::lock_guard lock(mu);
+    for (auto& queued : queue_)
+      if (!queued->sampling) skipped.push_back(queued);
+    std::erase_if(queue_, [](const auto& q) { return !q->sampling; });
+  }
+  for (auto& q : skipped) finish(q, state_body(OperationStatus::skipped), "");
+}
+
+void SessionHost::close_queue() {
   std::vector<std::function<void()>> waiting;
   {
     std::lock_guard lock(mu);

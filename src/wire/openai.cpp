@@ -44,6 +44,60 @@ std::string content_of(const json& c, const std::string& where) {
   return out;
 }
 
+// A chat request's messages (OpenAI's "developer" role is the system role).
+void read_messages(const json& body, Request& r) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    bad("messages", "must be a non-empty array");
+  const json& ms = body["messages"];
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const std::string w = "messages[" + std::to_string(i) + "]";
+    if (!ms[i].is_object() || !ms[i].contains("role") || !ms[i]["role"].is_string())
+      bad(w, "must be an object with a string role");
+    std::string role = ms[i]["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad(w + ".role", "must be system, developer, user, assistant or tool");
+    r.messages.push_back(Message{role, content_of(ms[i].value("content", json()), w + ".content"), std::nullopt});
+  }
+}
+
+// A completion request's prompt: a string, an array of one string, or token ids.
+void read_prompt(const json& body, Request& r) {
+  if (!body.contains("prompt")) bad("prompt", "is required");
+  const json& p = body["prompt"];
+  if (p.is_string()) {
+    r.prompt = p.get<std::string>();
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    r.prompt = p[0].get<std::string>();
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].is_number_integer()) bad("prompt[" + std::to_string(i) + "]", "must be a token id");
+      const auto id = p[i].get<std::int64_t>();
+      if (id < 0 || id > std::numeric_limits<token_id>::max())
+        bad("prompt[" + std::to_string(i) + "]", "is not a token id");
+      r.prompt_tokens.push_back(static_cast<token_id>(id));
+    }
+  } else {
+    bad("prompt", "must be a string, an array of one string, or an array of token ids");
+  }
+}
+
+// "stop": a string or an array of up to limits::openai_stop_max strings.
+void read_stop(const json& s, Request& r) {
+  const std::string shape =
+      "must be a string or an array of up to " + std::to_string(limits::openai_stop_max) + " strings";
+  if (s.is_string()) {
+    r.params.stop.push_back(s.get<std::string>());
+  } else if (s.is_array() && s.size() <= static_cast<std::size_t>(limits::openai_stop_max)) {
+    for (const auto& e : s) {
+      if (!e.is_string()) bad("stop", shape);
+      r.params.stop.push_back(e.get<std::string>());
+    }
+  } else {
+    bad("stop", shape);
+  }
+}
+
 }  // namespace
 
 Request parse_request(const std::string& text, bool chat, bool model_required) {
@@ -58,39 +112,10 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
   } else if (model_required) {
     bad("model", "is required (a training session name or a checkpoint ARN; see GET /v1/models)");
   }
-  if (chat) {
-    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-      bad("messages", "must be a non-empty array");
-    const json& ms = body["messages"];
-    for (std::size_t i = 0; i < ms.size(); ++i) {
-      const std::string w = "messages[" + std::to_string(i) + "]";
-      if (!ms[i].is_object() || !ms[i].contains("role") || !ms[i]["role"].is_string())
-        bad(w, "must be an object with a string role");
-      std::string role = ms[i]["role"].get<std::string>();
-      if (role == "developer") role = "system";  // OpenAI's newer name for the system role
-      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-        bad(w + ".role", "must be system, developer, user, assistant or tool");
-      r.messages.push_back(Message{role, content_of(ms[i].value("content", json()), w + ".content"), std::nullopt});
-    }
-  } else {
-    if (!body.contains("prompt")) bad("prompt", "is required");
-    const json& p = body["prompt"];
-    if (p.is_string()) {
-      r.prompt = p.get<std::string>();
-    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      r.prompt = p[0].get<std::string>();
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        if (!p[i].is_number_integer()) bad("prompt[" + std::to_string(i) + "]", "must be a token id");
-        const auto id = p[i].get<std::int64_t>();
-        if (id < 0 || id > std::numeric_limits<token_id>::max())
-          bad("prompt[" + std::to_string(i) + "]", "is not a token id");
-        r.prompt_tokens.push_back(static_cast<token_id>(id));
-      }
-    } else {
-      bad("prompt", "must be a string, an array of one string, or an array of token ids");
-    }
-  }
+  if (chat)
+    read_messages(body, r);
+  else
+    read_prompt(body, r);
   // Types here; the bounds are rlloop/limits.hpp's (validate_settings below, and the prompt against the model's
   // context once it is rendered, at submission).
   constexpr std::int64_t int32_min = std::numeric_limits<std::int32_t>::min();
@@ -102,21 +127,7 @@ Request parse_request(const std::string& text, bool chat, bool model_required) {
   r.params.max_tokens = static_cast<int>(integer_in(body, "max_completion_tokens", int32_min, int32_max, max_tokens));
   if (body.contains("seed") && !body["seed"].is_null())
     r.params.seed = integer_in(body, "seed", INT64_MIN, INT64_MAX, 0);
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const json& s = body["stop"];
-    const std::string shape =
-        "must be a string or an array of up to " + std::to_string(limits::openai_stop_max) + " strings";
-    if (s.is_string()) {
-      r.params.stop.push_back(s.get<std::string>());
-    } else if (s.is_array() && s.size() <= static_cast<std::size_t>(limits::openai_stop_max)) {
-      for (const auto& e : s) {
-        if (!e.is_string()) bad("stop", shape);
-        r.params.stop.push_back(e.get<std::string>());
-      }
-    } else {
-      bad("stop", shape);
-    }
-  }
+  if (body.contains("stop") && !body["stop"].is_null()) read_stop(body["stop"], r);
   if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     const json& l = body["logprobs"];
     if (chat) {

@@ -267,6 +267,45 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
   return total;
 }
 
+namespace {
+
+// Rank 0's part of custom_share: every share's forward outputs (`replies`) into `total`, the loss function over
+// their logprobs, its metrics into `total`, and the reply that carries the gradients to every rank, or why there
+// are none (the loss function's own error also in `fn_error`, rethrown once the workers know).
+std::string custom_loss_gradients(const std::vector<std::string>& replies, const std::vector<Datum>& all,
+                                  const CustomLossFn& fn, ForwardBackwardOutput& total, std::exception_ptr& fn_error) {
+  ByteWriter w;
+  try {
+    if (auto failure = first_failure(replies); !failure.empty())
+      throw group_failure("data-parallel forward_backward_custom failed on " + failure);
+    for (const auto& bytes : replies) {
+      ByteReader r(bytes);
+      r.get<Status>();
+      append_output(total, r.get_forward_output());
+    }
+    std::vector<std::vector<double>> logprobs;
+    for (std::size_t i = 0; i < total.loss_fn_outputs.size(); ++i) logprobs.push_back(total.logprobs(i));
+    CustomLossResult result = fn(all, logprobs);
+    check_custom_gradients(result, logprobs);
+    mean_router_metrics(total);
+    Metrics router = std::move(total.metrics);
+    total.metrics = result.metrics;
+    total.metrics.insert(router.begin(), router.end());  // the loss function's own metrics win a clash
+    total.metrics["loss:sum"] = result.loss;
+    w.put(Status::ok);
+    w.put(static_cast<std::uint64_t>(result.grad_logprobs.size()));
+    for (const auto& g : result.grad_logprobs) w.put(g);
+  } catch (const std::exception& e) {
+    fn_error = std::current_exception();
+    w = ByteWriter{};
+    w.put(Status::failed);
+    w.put(std::string(e.what()));
+  }
+  return w.take();
+}
+
+}  // namespace
+
 ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share& mine, const std::vector<Datum>* all,
                                    const CustomLossFn* fn) {
   std::optional<CustomLossPass> pass;
@@ -290,36 +329,7 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
   ForwardBackwardOutput total;
   std::exception_ptr fn_error;
   std::string grads;
-  if (group.rank() == 0) {
-    ByteWriter w;
-    try {
-      if (auto failure = first_failure(replies); !failure.empty())
-        throw group_failure("data-parallel forward_backward_custom failed on " + failure);
-      for (const auto& bytes : replies) {
-        ByteReader r(bytes);
-        r.get<Status>();
-        append_output(total, r.get_forward_output());
-      }
-      std::vector<std::vector<double>> logprobs;
-      for (std::size_t i = 0; i < total.loss_fn_outputs.size(); ++i) logprobs.push_back(total.logprobs(i));
-      CustomLossResult result = (*fn)(*all, logprobs);
-      check_custom_gradients(result, logprobs);
-      mean_router_metrics(total);
-      Metrics router = std::move(total.metrics);
-      total.metrics = result.metrics;
-      total.metrics.insert(router.begin(), router.end());  // the loss function's own metrics win a clash
-      total.metrics["loss:sum"] = result.loss;
-      w.put(Status::ok);
-      w.put(static_cast<std::uint64_t>(result.grad_logprobs.size()));
-      for (const auto& g : result.grad_logprobs) w.put(g);
-    } catch (const std::exception& e) {
-      fn_error = std::current_exception();
-      w = ByteWriter{};
-      w.put(Status::failed);
-      w.put(std::string(e.what()));
-    }
-    grads = w.take();
-  }
+  if (group.rank() == 0) grads = custom_loss_gradients(replies, *all, *fn, total, fn_error);
   group.broadcast(grads);
   ByteReader r(grads);
   if (r.get<Status>() == Status::failed) {
@@ -588,6 +598,41 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
   load_trainable(model, get_tensors(r));
 }
 
+namespace {
+
+// Rank 0's part of sample_lockstep_share: each request's response from every rank's sequences (`replies`, in
+// sample_lockstep_share's layout) and its own response (`own`), or the first failure a rank reported.
+std::vector<LockstepOutcome> lockstep_outcomes(const std::vector<std::string>& replies,
+                                               const std::vector<SamplePlacement>& placements,
+                                               std::vector<SampleResponse>& own) {
+  const std::size_t n = placements.size();
+  std::vector<LockstepOutcome> out(n);
+  std::vector<ByteReader> readers(replies.begin(), replies.end());
+  for (std::size_t i = 0; i < n; ++i) {
+    const SamplePlacement& placement = placements[i];
+    LockstepOutcome& outcome = out[i];
+    // Each rank decoded a contiguous run of the samples: every sequence goes to its index. Rank 0's response
+    // carries what only it computes (prompt logprobs: such a request is all rank 0's).
+    std::vector<SampledSequence> all(std::accumulate(placement.count.begin(), placement.count.end(), std::size_t{0}));
+    for (std::size_t rank = 0; rank < readers.size(); ++rank) {
+      ByteReader& r = readers[rank];
+      if (r.get<Status>() == Status::failed) {
+        const std::string why = r.get_string();
+        if (outcome.error.empty()) outcome.error = "rank " + std::to_string(rank) + ": " + why;
+        continue;
+      }
+      auto sequences = r.get_sequences();
+      for (std::size_t j = 0; j < sequences.size(); ++j) all.at(placement.first[rank] + j) = std::move(sequences[j]);
+    }
+    if (!outcome.error.empty()) continue;
+    outcome.response = std::move(own[i]);
+    outcome.response.sequences = std::move(all);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine) {
   Transformer& model = *mine.model;
   const std::size_t n = mine.shares.size();
@@ -655,29 +700,7 @@ std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& 
   }
   const auto replies = group.gather(w.take());
   if (group.rank() != 0) return {};
-  std::vector<LockstepOutcome> out(n);
-  std::vector<ByteReader> readers(replies.begin(), replies.end());
-  for (std::size_t i = 0; i < n; ++i) {
-    const SamplePlacement& placement = mine.placements[i];
-    LockstepOutcome& outcome = out[i];
-    // Each rank decoded a contiguous run of the samples: every sequence goes to its index. Rank 0's response
-    // carries what only it computes (prompt logprobs: such a request is all rank 0's).
-    std::vector<SampledSequence> all(std::accumulate(placement.count.begin(), placement.count.end(), std::size_t{0}));
-    for (std::size_t rank = 0; rank < readers.size(); ++rank) {
-      ByteReader& r = readers[rank];
-      if (r.get<Status>() == Status::failed) {
-        const std::string why = r.get_string();
-        if (outcome.error.empty()) outcome.error = "rank " + std::to_string(rank) + ": " + why;
-        continue;
-      }
-      auto sequences = r.get_sequences();
-      for (std::size_t j = 0; j < sequences.size(); ++j) all.at(placement.first[rank] + j) = std::move(sequences[j]);
-    }
-    if (!outcome.error.empty()) continue;
-    outcome.response = std::move(own[i]);
-    outcome.response.sequences = std::move(all);
-  }
-  return out;
+  return lockstep_outcomes(replies, mine.placements, own);
 }
 
 std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {

@@ -300,6 +300,22 @@ std::int64_t kv_bytes_needed(Transformer& model, const SampleRequest& req, Decod
   return (shared + req.num_samples * own) * model.kv_pools()->pool(dtype).bytes_per_block();
 }
 
+std::vector<std::size_t> DecodeRun::step_members(std::span<DecodeRun* const> runs, std::size_t lead,
+                                                 std::vector<bool>& stepped) {
+  CpuDecoder* decoder = runs[lead]->cpu_decoder();
+  std::vector<std::size_t> members;
+  for (std::size_t j = lead; j < runs.size(); ++j) {
+    if (stepped[j]) continue;
+    CpuDecoder* other = runs[j]->cpu_decoder();
+    const bool joins = decoder ? other && decoder->shares_base(*other)
+                               : !other && runs[lead]->model_.shares_base(runs[j]->model_);
+    if (!joins) continue;
+    members.push_back(j);
+    stepped[j] = true;
+  }
+  return members;
+}
+
 void decode_step(std::span<DecodeRun* const> runs, std::int64_t prefill_tokens) {
   if (prefill_tokens < 1)
     throw invalid_argument("decode_step: prefill_tokens must be at least 1, got " + std::to_string(prefill_tokens));
@@ -318,19 +334,8 @@ void decode_step(std::span<DecodeRun* const> runs, std::int64_t prefill_tokens) 
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (stepped[i]) continue;
     DecodeRun& lead = *runs[i];
-    // This run and every later one that decodes over the same base weights with the same kind of step: the CPU
-    // decoder's, or the ATen one (CUDA, bf16, RLLOOP_DECODER=aten). One step for all their rows.
     CpuDecoder* decoder = lead.cpu_decoder();
-    std::vector<std::size_t> members;
-    for (std::size_t j = i; j < runs.size(); ++j) {
-      if (stepped[j]) continue;
-      CpuDecoder* other = runs[j]->cpu_decoder();
-      const bool joins = decoder ? other && decoder->shares_base(*other)
-                                 : !other && lead.model_.shares_base(runs[j]->model_);
-      if (!joins) continue;
-      members.push_back(j);
-      stepped[j] = true;
-    }
+    const std::vector<std::size_t> members = DecodeRun::step_members(runs, i, stepped);  // one step for their rows
     // A member's tokens this step, and whether it wants logits: every row's, or a chunk's last when it ends the
     // prompt.
     std::vector<torch::Tensor> chunks(members.size());

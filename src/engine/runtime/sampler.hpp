@@ -83,6 +83,10 @@ class DecodeRun {
   CpuDecoder* cpu_decoder();
   // Appends a step's routes (on the host, [rows, sparse layers, k]) to the routes of the sequences its rows fed.
   void record_routes(const torch::Tensor& routes);
+  // runs[lead] and every later run not yet `stepped` that decodes over the same base weights with the same kind of
+  // step (the CPU decoder's, or the ATen one: CUDA, bf16, RLLOOP_DECODER=aten), marked stepped: one step's members.
+  static std::vector<std::size_t> step_members(std::span<DecodeRun* const> runs, std::size_t lead,
+                                               std::vector<bool>& stepped);
 
   Transformer& model_;
   SamplingParams params_;
