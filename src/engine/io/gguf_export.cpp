@@ -35,6 +35,8 @@ std::string gguf_name_of(const ModelConfig& config, const std::string& hf_name, 
 
 // llama.cpp's general.file_type (enum llama_ftype) for a model of `type` matrices.
 std::uint32_t file_type(gguf::TensorType type) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wswitch-enum"  // the types rlloop writes; the others are refused by name
   switch (type) {
     case gguf::TensorType::f32: return 0;
     case gguf::TensorType::f16: return 1;
@@ -46,6 +48,7 @@ std::uint32_t file_type(gguf::TensorType type) {
       throw unsupported("GGUF export: models are written as F32, F16, BF16, Q8_0, Q4_K or Q6_K, not " +
                         gguf::to_string(type));
   }
+#pragma GCC diagnostic pop
 }
 
 // The keys llama.cpp reads for the architecture, from the configuration.

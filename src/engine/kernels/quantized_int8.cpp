@@ -34,12 +34,15 @@ struct Format {
   enum class Min { none, minus_eight, stored } min;
 };
 Format format_of(gguf::TensorType type) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wswitch-enum"  // a fast path for a few of GGUF's types; the others fall back
   switch (type) {
     case gguf::TensorType::q4_0: return {18, 2, Format::Min::minus_eight};
     case gguf::TensorType::q4_1: return {20, 4, Format::Min::stored};
     case gguf::TensorType::q8_0: return {34, 2, Format::Min::none};
     default: throw invalid_argument("int8 products: no integer kernel for " + gguf::to_string(type));
   }
+#pragma GCC diagnostic pop
 }
 
 float half(const std::uint8_t* p) {
@@ -158,12 +161,15 @@ void int8_rows(const QuantizedMatrix& w, const Int8Rows& X, std::int64_t n0, std
                bool accumulate) {
 #if RLLOOP_SIMD_X86
   if (simd::has_avx2_fma()) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wswitch-enum"  // a fast path for a few of GGUF's types; the others fall back
     switch (w.type()) {
       case gguf::TensorType::q4_0: return rows_avx2<gguf::TensorType::q4_0>(w, X, n0, n1, Y, accumulate);
       case gguf::TensorType::q4_1: return rows_avx2<gguf::TensorType::q4_1>(w, X, n0, n1, Y, accumulate);
       case gguf::TensorType::q8_0: return rows_avx2<gguf::TensorType::q8_0>(w, X, n0, n1, Y, accumulate);
       default: break;
     }
+#pragma GCC diagnostic pop
   }
 #endif
   rows_portable(w, X, n0, n1, Y, accumulate);

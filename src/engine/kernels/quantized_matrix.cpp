@@ -76,12 +76,15 @@ void dequantize_blocks(gguf::TensorType type, const std::uint8_t* b, [[maybe_unu
                        std::int64_t bytes, std::int64_t values, float* y) {
 #if RLLOOP_SIMD_X86
   if (simd::has_avx2_fma()) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wswitch-enum"  // a fast path for a few of GGUF's types; the others fall back
     switch (type) {
       case gguf::TensorType::q4_0: return q4_0_blocks(b, count, y);
       case gguf::TensorType::q4_1: return q4_1_blocks(b, count, y);
       case gguf::TensorType::q8_0: return q8_0_blocks(b, count, y);
       default: break;
     }
+#pragma GCC diagnostic pop
   }
 #endif
   gguf::dequantize(type, {b, static_cast<std::size_t>(bytes)}, {y, static_cast<std::size_t>(values)});

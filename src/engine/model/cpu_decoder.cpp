@@ -362,8 +362,10 @@ class CpuOps {
       case Projection::v: return v_.data();
       case Projection::gate: return gate_.data();
       case Projection::up: return up_.data();
-      default: throw std::logic_error("CpuOps::project: o and down add to the residual (add_projection)");
+      case Projection::o:
+      case Projection::down: break;
     }
+    throw std::logic_error("CpuOps::project: o and down add to the residual (add_projection)");
   }
   StepProduct product(Projection p, float* y, bool accumulate) const {
     return {{li_, p}, rounded_ ? &rounded_->layers()[li_].projection(p) : nullptr, y, accumulate};
