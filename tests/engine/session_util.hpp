@@ -75,19 +75,24 @@ inline std::string error_of(const std::function<void()>& fn) {
 }
 
 // Holds the engine loop of `session`'s base model in a custom loss until release(): every operation of every
-// session on that base submitted meanwhile waits, so what is submitted next reaches the loop at once.
+// session on that base submitted meanwhile waits, so what is submitted next reaches the loop at once. Gates
+// queue like any operation; wait_held() returns once the loop runs this one (it is no longer a queued operation).
 class LoopGate {
  public:
   explicit LoopGate(LocalSession& session) {
     auto opened = released_.get_future().share();
+    auto entered = std::make_shared<std::promise<void>>();
+    held_ = entered->get_future();
     done_ = session.forward_backward_custom(
-        {sft_datum("gate")}, [opened](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+        {sft_datum("gate")}, [opened, entered](const std::vector<Datum>&, const std::vector<std::vector<double>>& lp) {
+          entered->set_value();
           opened.wait();
           CustomLossResult r;
           for (const auto& row : lp) r.grad_logprobs.emplace_back(row.size(), 0.0);
           return r;
         });
   }
+  void wait_held() { held_.wait(); }
   void release() {
     released_.set_value();
     done_.get();
@@ -95,6 +100,7 @@ class LoopGate {
 
  private:
   std::promise<void> released_;
+  std::future<void> held_;
   Future<ForwardBackwardOutput> done_;
 };
 

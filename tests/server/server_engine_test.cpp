@@ -162,6 +162,7 @@ TEST_F(EngineServer, ConsecutiveSamplesOfASessionDecodeTogether) {
   constexpr int kSteps = 3;  // enough to change the samples
 
   auto gate = std::make_unique<LoopGate>(*side);
+  gate->wait_held();  // (not counted among the queued operations below)
   std::vector<Future<SampleResponse>> samples;
   for (const auto& r : reqs) samples.push_back(remote_session->sample(r));
   std::vector<Future<ForwardBackwardOutput>> trained;
@@ -254,6 +255,7 @@ TEST_F(EngineServer, StreamedCompletionsArriveWhileTheSampleStillDecodes) {
   constexpr std::size_t kGates = 8;
   std::vector<std::unique_ptr<LoopGate>> gates;
   for (std::size_t i = 0; i < kGates; ++i) gates.push_back(std::make_unique<LoopGate>(*side));
+  gates[0]->wait_held();  // (so the kGates queued operations below are the sample and the other gates)
 
   boost::asio::io_context io;
   boost::asio::ip::tcp::socket socket(io);
