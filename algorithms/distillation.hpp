@@ -23,6 +23,7 @@
 // (substeps minibatches): the teacher's advantages are those of the sampling weights, and importance_sampling does
 // not clip a ratio that later passes would move away from 1.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -54,6 +55,63 @@ namespace rlloop::algorithms {
 template <class T>
 concept Teacher = std::copy_constructible<T> && requires(const T& teacher, const ModelInput& input) {
   { teacher.compute_logprobs(input) } -> std::same_as<Future<std::vector<double>>>;
+};
+
+// A teacher that also scores a whole batch in one call: compute_logprobs_batch(inputs)[i] is what
+// compute_logprobs(inputs[i]) gives, within float rounding. teacher_logprobs asks such a teacher once per step
+// (TrainingTeacher below: one padded forward pass instead of one pass per completion).
+template <class T>
+concept BatchTeacher = Teacher<T> && requires(const T& teacher, std::span<const ModelInput> inputs) {
+  { teacher.compute_logprobs_batch(inputs) } -> std::same_as<std::vector<std::vector<double>>>;
+};
+
+// A teacher scored by a training session's forward pass with the session's current weights (what its live
+// SamplingClient samples): a batch in one pass. On SmolLM2-135M (Q4_1 base, LoRA, 2 CPU cores), 64 completions of a
+// distillation step took 38-45 s as 64 compute_logprobs calls on a quiet machine; see bench/README.md for the batch.
+template <Session S>
+class TrainingTeacher {
+ public:
+  explicit TrainingTeacher(TrainingClient<S> client) : client_(std::move(client)) {}
+
+  Future<std::vector<double>> compute_logprobs(const ModelInput& input) const {
+    return client_.live_sampling_client().compute_logprobs(input);
+  }
+  std::vector<std::vector<double>> compute_logprobs_batch(std::span<const ModelInput> inputs) const {
+    // Datum i predicts tokens 1..n-1 of input i from the ones before; token 0 gets 0.0, as compute_logprobs gives.
+    std::vector<Datum> data;
+    std::vector<std::size_t> scored;  // which inputs have a token to predict
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<token_id> tokens = inputs[i].tokens();
+      if (tokens.empty()) throw invalid_argument("TrainingTeacher: input " + std::to_string(i) + " is empty");
+      if (tokens.size() == 1) continue;
+      Datum d;
+      d.loss_fn_inputs["target_tokens"] =
+          TensorData::from_tokens(std::vector<token_id>(tokens.begin() + 1, tokens.end()));
+      d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(tokens.size() - 1, 0.0f));  // no loss
+      tokens.pop_back();
+      d.model_input = ModelInput::from_tokens(std::move(tokens));
+      data.push_back(std::move(d));
+      scored.push_back(i);
+    }
+    std::vector<std::vector<double>> out(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) out[i].assign(inputs[i].length(), 0.0);
+    if (data.empty()) return out;
+    TrainingClient<S> client = client_;  // (forward is not const: it runs on the session)
+    const ForwardBackwardOutput pass = client.forward(data, LossSpec::cross_entropy()).get();
+    for (std::size_t k = 0; k < scored.size(); ++k) {
+      const std::vector<double> lp = pass.logprobs(k);
+      std::vector<double>& row = out[scored[k]];
+      if (lp.size() + 1 != row.size())
+        throw invalid_argument("TrainingTeacher: the forward pass returned " + std::to_string(lp.size()) +
+                               " logprobs for " + std::to_string(row.size() - 1) + " targets");
+      std::copy(lp.begin(), lp.end(), row.begin() + 1);
+    }
+    return out;
+  }
+  std::string tokenizer_name() const { return client_.get_info().tokenizer; }
+
+ private:
+  TrainingClient<S> client_;
 };
 
 // What makes two tokenizers one for distillation: every id decodes to the same bytes. The teacher scores the
@@ -190,23 +248,34 @@ std::string teacher_tokenizer_name(const T& teacher) {
 }
 }  // namespace detail
 
-// The teacher's logprob of every completion token of prompts[i] + completions[i]; every call is submitted before
-// the first is awaited.
+// The teacher's logprob of every completion token of prompts[i] + completions[i]: one batch call for a
+// BatchTeacher, else every compute_logprobs call submitted before the first is awaited.
 template <Teacher T>
 std::vector<std::vector<double>> teacher_logprobs(const T& teacher, std::span<const std::vector<token_id>> prompts,
                                                   std::span<const std::vector<token_id>> completions) {
   if (prompts.size() != completions.size())
     throw invalid_argument("teacher_logprobs: " + std::to_string(prompts.size()) + " prompts but " +
                            std::to_string(completions.size()) + " completions");
-  std::vector<Future<std::vector<double>>> pending;
+  std::vector<ModelInput> inputs;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     std::vector<token_id> full = prompts[i];
     full.insert(full.end(), completions[i].begin(), completions[i].end());
-    pending.push_back(teacher.compute_logprobs(ModelInput::from_tokens(std::move(full))));
+    inputs.push_back(ModelInput::from_tokens(std::move(full)));
+  }
+  std::vector<std::vector<double>> scores;
+  if constexpr (BatchTeacher<T>) {
+    scores = teacher.compute_logprobs_batch(inputs);
+    if (scores.size() != inputs.size())
+      throw invalid_argument("teacher_logprobs: the teacher scored " + std::to_string(scores.size()) + " of " +
+                             std::to_string(inputs.size()) + " inputs");
+  } else {
+    std::vector<Future<std::vector<double>>> pending;
+    for (const auto& input : inputs) pending.push_back(teacher.compute_logprobs(input));
+    for (auto& p : pending) scores.push_back(p.get());
   }
   std::vector<std::vector<double>> out;
-  for (std::size_t i = 0; i < pending.size(); ++i) {
-    const auto& lp = pending[i].get();
+  for (std::size_t i = 0; i < scores.size(); ++i) {
+    const auto& lp = scores[i];
     const std::size_t start = prompts[i].size(), n = completions[i].size();
     if (lp.size() != start + n)
       throw invalid_argument("teacher_logprobs: the teacher returned " + std::to_string(lp.size()) +

@@ -174,9 +174,11 @@ int main(int argc, char** argv) {
     }
     return points;
   };
+  // The teacher scores a step's completions in one forward pass of its session (TrainingTeacher).
   const auto distilled = run_student("distill", [&](TrainingClient<LocalSession>& client) {
-    return algorithms::Distillation<LocalSession, SamplingClient<LocalSession>>(
-        client, tokenizer, teacher.live_sampling_client(), tokenizer,
+    using Teacher = algorithms::TrainingTeacher<LocalSession>;
+    return algorithms::Distillation<LocalSession, Teacher>(
+        client, tokenizer, Teacher(teacher), tokenizer,
         {.group_size = group_size, .sampling = sampling, .adam = adam});
   });
   const auto reinforced = run_student("grpo", [&](TrainingClient<LocalSession>& client) {

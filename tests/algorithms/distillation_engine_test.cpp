@@ -200,3 +200,43 @@ TEST(Distillation, RefusesATeacherWithAnotherTokenizerNamingBoth) {
             std::string::npos);
   fs::remove_all(temp_dir());
 }
+
+// A training session's forward pass scores a batch as its live sampling client scores each input: inputs of
+// different lengths (so the batch is padded) and one of a single token (nothing to predict: 0.0); an empty input
+// is refused, as compute_logprobs refuses it.
+TEST(Distillation, TrainingTeacherScoresABatchAsComputeLogprobsScoresEachInput) {
+  ServiceClient<LocalService> service{LocalService(cpu_service())};
+  auto client = service.create_lora_training_client("rlloop-small", {.rank = 4, .alpha = 8, .seed = 5});
+  const auto tokenizer = load_tokenizer("byte");
+  const TrainingTeacher<LocalSession> teacher(client);
+  static_assert(BatchTeacher<TrainingTeacher<LocalSession>> && !BatchTeacher<TeacherClient>);
+  EXPECT_EQ(teacher.tokenizer_name(), "byte");
+
+  const std::vector<ModelInput> inputs = {ModelInput::from_tokens(tokenizer->encode("12+30=42")),
+                                          ModelInput::from_tokens(tokenizer->encode("7+8=15 and more text here")),
+                                          ModelInput::from_tokens({65})};
+  const auto batch = teacher.compute_logprobs_batch(inputs);
+  ASSERT_EQ(batch.size(), inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::vector<double> one = teacher.compute_logprobs(inputs[i]).get();
+    ASSERT_EQ(batch[i].size(), inputs[i].length()) << "input " << i;
+    ASSERT_EQ(one.size(), batch[i].size()) << "input " << i;
+    for (std::size_t t = 0; t < one.size(); ++t)
+      EXPECT_NEAR(batch[i][t], one[t], 1e-4) << "input " << i << " token " << t;
+  }
+  EXPECT_EQ(batch[0][0], 0.0);
+  EXPECT_LT(batch[1].back(), 0.0);  // a real logprob, not a padded zero
+  EXPECT_EQ(batch[2], std::vector<double>{0.0});
+  const std::vector<ModelInput> with_empty = {inputs[0], ModelInput{}};
+  EXPECT_EQ(error_of([&] { teacher.compute_logprobs_batch(with_empty); }), "TrainingTeacher: input 1 is empty");
+
+  // teacher_logprobs asks it once and slices each completion out of its scores.
+  const std::vector<std::vector<token_id>> prompts = {tokenizer->encode("12+"), tokenizer->encode("7+8=")};
+  const std::vector<std::vector<token_id>> completions = {tokenizer->encode("30=42"), tokenizer->encode("15")};
+  const auto scored = teacher_logprobs(teacher, prompts, completions);
+  ASSERT_EQ(scored.size(), 2u);
+  ASSERT_EQ(scored[1].size(), 2u);
+  EXPECT_NEAR(scored[1][1], teacher.compute_logprobs(ModelInput::from_tokens(tokenizer->encode("7+8=15"))).get()[5],
+              1e-4);
+  fs::remove_all(temp_dir());
+}
