@@ -66,8 +66,8 @@ concept BatchTeacher = Teacher<T> && requires(const T& teacher, std::span<const 
 };
 
 // A teacher scored by a training session's forward pass with the session's current weights (what its live
-// SamplingClient samples): a batch in one pass. On SmolLM2-135M (Q4_1 base, LoRA, 2 CPU cores), 64 completions of a
-// distillation step took 38-45 s as 64 compute_logprobs calls on a quiet machine; see bench/README.md for the batch.
+// SamplingClient samples): a batch in one pass. The main job's 64 completions (SmolLM2-135M, Q4_1 base, LoRA, 2 CPU
+// cores): 23.3 s as 64 compute_logprobs calls, 10.7 s as one batch (bench/README.md, teacher_scoring_bench).
 template <Session S>
 class TrainingTeacher {
  public:
