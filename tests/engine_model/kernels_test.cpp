@@ -168,6 +168,32 @@ TEST(WindowedAttention, WindowsAndSinksFollowTheirDefinitions) {
   EXPECT_LT(max_abs_diff(decoded.squeeze(1), with_sinks.detach().select(1, T - 1)), 1e-6);
 }
 
+// Gemma 2's soft-capped attention: each scaled logit s becomes cap * tanh(s / cap) before the mask and the softmax
+// (the formula, written out for every head of the last query, in a window); a cap far above the logits changes
+// nothing; the decoding step's form is the last query's row.
+TEST(WindowedAttention, SoftCapFollowsItsDefinition) {
+  torch::manual_seed(22);
+  const std::int64_t B = 1, nh = 4, nkv = 2, T = 7, D = 8, window = 4;
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const torch::Tensor q = 2 * torch::randn({B, nh, T, D}, f64), k = 2 * torch::randn({B, nkv, T, D}, f64),
+                      v = torch::randn({B, nkv, T, D}, f64);
+  const double scale = 0.4, cap = 1.5;
+  const torch::Tensor capped = windowed_attention(q, k, v, scale, {}, window, cap);
+  for (std::int64_t h = 0; h < nh; ++h) {
+    const std::int64_t t = T - 1, first = t - window + 1;
+    const torch::Tensor keys = k[0][h / 2].narrow(0, first, window), values = v[0][h / 2].narrow(0, first, window);
+    const torch::Tensor p = torch::softmax(torch::tanh(torch::mv(keys, q[0][h][t]) * scale / cap) * cap, 0);
+    EXPECT_LT(max_abs_diff(capped[0][t].narrow(0, h * D, D), torch::mv(values.t(), p)), 1e-12) << "head " << h;
+  }
+  const torch::Tensor uncapped = windowed_attention(q, k, v, scale, {}, window);
+  EXPECT_GT(max_abs_diff(capped, uncapped), 0.05);  // the logits reach past the cap, so it bites
+  EXPECT_LT(max_abs_diff(windowed_attention(q, k, v, scale, {}, window, 1e6), uncapped), 1e-9);
+
+  const torch::Tensor lengths = torch::tensor(std::vector<std::int64_t>{T}, torch::kLong);
+  const torch::Tensor decoded = decode_attention(q.narrow(2, T - 1, 1), k, v, lengths, scale, {}, window, cap);
+  EXPECT_LT(max_abs_diff(decoded.squeeze(1), capped.select(1, T - 1)), 1e-6);
+}
+
 // The CPU kernel over paged keys (blocks in any order, rows nkv * D apart) computes exactly what it computes over the
 // same keys stored contiguously: a block holds a multiple of its four-key passes.
 TEST(DecodeAttention, PagedKernelEqualsContiguousBitForBit) {

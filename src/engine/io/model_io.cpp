@@ -266,7 +266,7 @@ std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t see
   for (auto& [name, t] : model->hf_state_dict()) {
     const bool bias = name.ends_with(".bias");
     if (t.dim() == 1 && !bias && !name.ends_with(sinks)) {  // a norm's weight, whatever the family calls it
-      t.fill_(1.0);
+      t.fill_(cfg.norm_adds_one ? 0.0 : 1.0);                  // the identity
     } else if (bias) {
       t.zero_();
     } else {

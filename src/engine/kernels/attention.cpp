@@ -248,17 +248,23 @@ torch::Tensor softmax_with_sinks(const torch::Tensor& scores, const torch::Tenso
   const std::int64_t S = scores.size(-1);
   return torch::softmax(torch::cat({scores.to(dtype), column}, -1), -1).narrow(-1, 0, S);
 }
+
+// Gemma 2's soft-cap of attention logits (softcap > 0).
+torch::Tensor soft_capped(torch::Tensor scores, double softcap) {
+  return softcap > 0 ? torch::tanh(scores / softcap) * softcap : scores;
+}
 }  // namespace
 
 torch::Tensor windowed_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                                 double scale, const torch::Tensor& sinks, std::int64_t window) {
+                                 double scale, const torch::Tensor& sinks, std::int64_t window, double softcap) {
   const Dims d = dims_of(q, keys, values);
   if (sinks.defined() && (sinks.dim() != 1 || sinks.size(0) != d.nh))
     throw invalid_argument("windowed_attention: sinks must be [" + std::to_string(d.nh) + "]");
   // [B, nkv, rep, T, S]: the `rep` query heads that share a KV head stacked along the rows ([B, nkv, rep*T, D] x
   // [B, nkv, D, S]), so the repeated K/V are never materialised.
-  torch::Tensor scores = (torch::matmul(q.reshape({d.B, d.nkv, d.rep * d.T, d.D}), keys.transpose(-1, -2)) * scale)
-                             .view({d.B, d.nkv, d.rep, d.T, d.S});
+  torch::Tensor scores =
+      soft_capped(torch::matmul(q.reshape({d.B, d.nkv, d.rep * d.T, d.D}), keys.transpose(-1, -2)) * scale, softcap)
+          .view({d.B, d.nkv, d.rep, d.T, d.S});
   auto pos = torch::TensorOptions().device(q.device()).dtype(torch::kLong);
   const torch::Tensor key = torch::arange(0, d.S, pos).unsqueeze(0);
   const torch::Tensor query = torch::arange(d.past, d.S, pos).unsqueeze(1);
@@ -277,7 +283,7 @@ torch::Tensor windowed_attention(const torch::Tensor& q, const torch::Tensor& ke
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys_padded,
                                const torch::Tensor& values_padded, const torch::Tensor& lengths, double scale,
-                               const torch::Tensor& sinks, std::int64_t window) {
+                               const torch::Tensor& sinks, std::int64_t window, double softcap) {
   const std::int64_t R = q.size(0), nh = q.size(1), D = q.size(3), nkv = keys_padded.size(1), S = keys_padded.size(2);
   const torch::Tensor position = torch::arange(S, lengths.options()).view({1, S});
   torch::Tensor visible = position < lengths.view({R, 1});  // [R, S]
@@ -291,13 +297,14 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
   const std::int64_t rep = nh / nkv;
 #if RLLOOP_HAVE_SDPA
   // A mask and no grouped-query flag: the memory-efficient kernel takes that combination (flash takes no mask).
-  if (!sinks.defined())
+  if (!sinks.defined() && softcap == 0)
     return at::scaled_dot_product_attention(q.reshape({R, nkv, rep, D}), keys, values, visible.view({R, 1, 1, S}),
                                             /*dropout_p=*/0.0, /*is_causal=*/false, scale)
         .reshape({R, 1, nh * D});
 #endif
   // [R, nkv, rep, 1, S]: one query row per head, in the layout softmax_with_sinks reads.
-  torch::Tensor scores = (torch::matmul(q.reshape({R, nkv, rep, D}), keys.transpose(-1, -2)) * scale).unsqueeze(3);
+  torch::Tensor scores =
+      soft_capped(torch::matmul(q.reshape({R, nkv, rep, D}), keys.transpose(-1, -2)) * scale, softcap).unsqueeze(3);
   scores = scores.masked_fill(visible.logical_not().view({R, 1, 1, 1, S}), -std::numeric_limits<double>::infinity());
   torch::Tensor probs = softmax_with_sinks(scores, sinks, torch::kFloat32).squeeze(3);
   if (probs.scalar_type() != q.scalar_type()) probs = probs.to(q.scalar_type());

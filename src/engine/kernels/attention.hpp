@@ -56,19 +56,21 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& keys, 
 // causal_attention with gpt-oss's two extras, as transformers' eager attention computes them: a sliding window
 // (`window` > 0: the query at position p sees keys p - window < j <= p) and sink logits (`sinks` [heads], when
 // defined: one more logit per head in every softmax, taking probability without contributing a value; its gradient
-// flows). ATen operators on every device, the softmax in fp32 (fp64 for fp64): memory [B, heads, T, S], as the
+// flows), and Gemma 2's soft-cap (`softcap` > 0: each scaled logit s becomes softcap * tanh(s / softcap) before the
+// mask). ATen operators on every device, the softmax in fp32 (fp64 for fp64): memory [B, heads, T, S], as the
 // reference's.
 torch::Tensor windowed_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                                 double scale, const torch::Tensor& sinks, std::int64_t window);
+                                 double scale, const torch::Tensor& sinks, std::int64_t window, double softcap = 0);
 
 // One decoded query per row over keys padded to a common length: q [R, heads, 1, D]; keys, values [R, kv_heads, S,
 // D]; row r sees keys [0, lengths[r]) (lengths: [R] int64 on q's device, each in [1, S]); what lies past a row's
 // length may be anything, NaN included (a pool's unwritten slots). Returns [R, 1, heads * D].
 // The paged cache's decoding step on devices without the CPU kernel: scaled_dot_product_attention with a mask where
 // LibTorch has it, else ATen operators with the softmax in fp32.
-// With `sinks` or a `window` (as windowed_attention's: the row sees its last `window` keys), ATen operators.
+// With `sinks`, a `window` (as windowed_attention's: the row sees its last `window` keys) or a `softcap` (as
+// windowed_attention's), ATen operators.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                const torch::Tensor& lengths, double scale, const torch::Tensor& sinks = {},
-                               std::int64_t window = 0);
+                               std::int64_t window = 0, double softcap = 0);
 
 }  // namespace rlloop::engine

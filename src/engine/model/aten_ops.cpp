@@ -1,5 +1,7 @@
 #include "model/aten_ops.hpp"
 
+#include <stdexcept>
+
 #include "kernels/attention.hpp"
 #include "kernels/decode_attention.hpp"
 #include "kernels/fused_ops.hpp"
@@ -28,22 +30,39 @@ torch::Tensor attend_paged_cpu(const torch::Tensor& rows, const KVBlockPool& poo
 
 }  // namespace
 
+torch::Tensor AtenOps::norm_weight(LayerNormOf which) const {
+  switch (which) {
+    case LayerNormOf::input: return w_.norm_scale(layer_.input_norm);
+    case LayerNormOf::post: return w_.norm_scale(layer_.post_norm);
+    case LayerNormOf::q: return w_.norm_scale(layer_.q_norm);
+    case LayerNormOf::k: return w_.norm_scale(layer_.k_norm);
+    case LayerNormOf::attn_out: return w_.norm_scale(layer_.attn_out_norm);
+    case LayerNormOf::mlp_out: return w_.norm_scale(layer_.mlp_out_norm);
+  }
+  throw std::logic_error("AtenOps::norm_weight: not a norm");
+}
+
 AtenOps::Rows AtenOps::norm(const Rows& x, LayerNormOf which) const {
-  return rms_norm(x, which == LayerNormOf::input ? layer_.input_norm : layer_.post_norm, cfg_.rms_norm_eps);
+  return rms_norm(x, norm_weight(which), cfg_.rms_norm_eps);
 }
 
 AtenOps::Rows AtenOps::head_norm(const Rows& x, LayerNormOf which) const {
-  return rms_norm(heads(x), which == LayerNormOf::q ? layer_.q_norm : layer_.k_norm, cfg_.rms_norm_eps);
+  return rms_norm(heads(x), norm_weight(which), cfg_.rms_norm_eps);
 }
 
 AtenOps::Rows AtenOps::rope(const Rows& x) const { return engine::rope(heads(x), in_.cos, in_.sin); }
 
 AtenOps::Rows AtenOps::swiglu(const Rows& gate, const Rows& up) const { return engine::swiglu(gate, up); }
 
+// transformers' gelu_pytorch_tanh (Gemma's hidden_activation).
+AtenOps::Rows AtenOps::geglu(const Rows& gate, const Rows& up) const { return torch::gelu(gate, "tanh") * up; }
+
 AtenOps::Rows AtenOps::causal(const Rows& q, const Rows& keys, const Rows& values) const {
   const std::int64_t window = cfg_.attention_window(static_cast<std::int64_t>(li_));
   const torch::Tensor& sinks = layer_.sinks;
-  if (sinks.defined() || window > 0) return windowed_attention(q, keys, values, in_.scale, sinks, window);
+  const double softcap = cfg_.attn_logit_softcapping;
+  if (sinks.defined() || window > 0 || softcap > 0)
+    return windowed_attention(q, keys, values, in_.scale, sinks, window, softcap);
   return causal_attention(q, keys, values, in_.scale);
 }
 
@@ -74,11 +93,12 @@ AtenOps::Rows AtenOps::attend_groups(const Rows& q, const Rows& k, const Rows& v
   const torch::ScalarType cache = pool.dtype();
   const std::int64_t window = cfg_.attention_window(static_cast<std::int64_t>(li));
   const torch::Tensor& sinks = layer_.sinks;
-  if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && !sinks.defined() && window == 0 &&
+  const double softcap = cfg_.attn_logit_softcapping;
+  if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && !sinks.defined() && window == 0 && softcap == 0 &&
       (cache == torch::kFloat32 || cache == torch::kBFloat16))
     return attend_paged_cpu(q[0].transpose(0, 1).contiguous(), pool, li, *in_.step, k.size(1), in_.scale)
         .view({1, R, nh * D});
-  // Elsewhere (CUDA, bf16, sinks or a window): every row's blocks gathered (padded to the longest table) and masked
+  // Elsewhere (CUDA, bf16, sinks, a window or a soft-cap): every row's blocks gathered (padded to the longest table) and masked
   // past its length (and before its window).
   // Why every layer, every step, even when the batch's layout has not changed: each layer reads its own keys and
   // values, so a gather per layer is the price of reading paged blocks without a paged-attention kernel (ATen has
@@ -92,7 +112,8 @@ AtenOps::Rows AtenOps::attend_groups(const Rows& q, const Rows& k, const Rows& v
     const std::int64_t S = tables.size(1) * kKVBlockTokens;
     const torch::Tensor keys = gather_positions(pool.keys(li), tables, S, q.scalar_type());
     const torch::Tensor values = gather_positions(pool.values(li), tables, S, q.scalar_type());
-    return decode_attention(q_rows, keys, values, lengths, in_.scale, sinks, window).view({q_rows.size(0), nh * D});
+    return decode_attention(q_rows, keys, values, lengths, in_.scale, sinks, window, softcap)
+        .view({q_rows.size(0), nh * D});
   };
   if (!in_.single_rows.defined())
     return one_token_rows(q[0].transpose(0, 1).unsqueeze(2), in_.tables, in_.lengths).view({1, R, nh * D});

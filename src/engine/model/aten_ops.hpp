@@ -23,6 +23,8 @@ class AtenOps {
 
   bool qk_norm() const { return cfg_.qk_norm; }
   bool sparse() const { return layer_.sparse(); }
+  bool sandwich_norms() const { return cfg_.sandwich_norms; }
+  ModelConfig::Activation activation() const { return cfg_.hidden_activation; }
   Rows norm(const Rows& x, LayerNormOf which) const;
   Rows head_norm(const Rows& x, LayerNormOf which) const;  // [B, T, heads, D]
   template <class... P>
@@ -32,7 +34,11 @@ class AtenOps {
   Rows rope(const Rows& x) const;                                  // [B, heads, T, D]
   Rows attend(const Rows& q, const Rows& k, const Rows& v) const;  // q, k as rope returns them; [B, T, nh * D]
   Rows add_projection(const Rows& x, Projection p, const Rows& h) const { return x + one_projection(p, h); }
+  Rows add_normed_projection(const Rows& x, Projection p, const Rows& h, LayerNormOf which) const {
+    return x + norm(one_projection(p, h), which);
+  }
   Rows swiglu(const Rows& gate, const Rows& up) const;
+  Rows geglu(const Rows& gate, const Rows& up) const;
   Rows add_experts(const Rows& x, const Rows& h) const {
     return x + experts_.forward(w_, li_, h, in_).view(x.sizes());
   }
@@ -48,7 +54,9 @@ class AtenOps {
     return engine::project(layer_.projection(p), h, in_,
                            [&](const RowGroup& g) -> const Linear& { return g.weights->layers[li_].projection(p); });
   }
-  // The layer's causal attention: with its sinks and window where the family has them (windowed_attention).
+  // The weight a norm scales by (with the one added where the family's norms add it).
+  torch::Tensor norm_weight(LayerNormOf which) const;
+  // The layer's causal attention: with its sinks, window and soft-cap where the family has them (windowed_attention).
   Rows causal(const Rows& q, const Rows& keys, const Rows& values) const;
   // The attention of a step of several groups (StepContext::groups): each group's rows extend and read its cache.
   Rows attend_groups(const Rows& q, const Rows& k, const Rows& v) const;

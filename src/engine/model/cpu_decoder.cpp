@@ -273,7 +273,7 @@ class CpuOps {
          const KVBlockPool& pool, std::int64_t r0, std::int64_t A)
       : cfg_(cfg), w_(w), rounded_(rounded), int8_(int8), segments_(segments), positions_(positions), step_(step),
         pool_(pool), r0_(r0), A_(A), nh_(cfg.num_attention_heads), nkv_(cfg.num_key_value_heads), D_(cfg.head_dim),
-        scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)))),
+        scale_(static_cast<float>(cfg.attention_scale())),
         x_(A * cfg.hidden_size), h_(A * cfg.hidden_size), q_(A * nh_ * D_), k_(A * nkv_ * D_), v_(A * nkv_ * D_),
         attn_(A * nh_ * D_), gate_(A * cfg.intermediate_size), up_(A * cfg.intermediate_size) {}
 
@@ -286,17 +286,16 @@ class CpuOps {
   }
 
   bool qk_norm() const { return cfg_.qk_norm; }
-  bool sparse() const { return false; }  // CpuDecoder::supports: dense layers only
+  // CpuDecoder::supports: dense layers without Gemma's parts (ModelWeights::cpu_kernels_decode).
+  bool sparse() const { return false; }
+  bool sandwich_norms() const { return false; }
+  ModelConfig::Activation activation() const { return ModelConfig::Activation::silu; }
   Rows norm(const Rows& x, LayerNormOf which) {
-    const LayerWeights& L = w_.layers[li_];
-    rms_norm_rows(x.data, which == LayerNormOf::input ? L.input_norm : L.post_norm, h_.data(), A_, x.width,
-                  cfg_.rms_norm_eps);
+    rms_norm_rows(x.data, norm_weight(which), h_.data(), A_, x.width, cfg_.rms_norm_eps);
     return {h_.data(), x.width};
   }
   Rows head_norm(const Rows& x, LayerNormOf which) {
-    const LayerWeights& L = w_.layers[li_];
-    rms_norm_rows(x.data, which == LayerNormOf::q ? L.q_norm : L.k_norm, x.data, A_ * (x.width / D_), D_,
-                  cfg_.rms_norm_eps);
+    rms_norm_rows(x.data, norm_weight(which), x.data, A_ * (x.width / D_), D_, cfg_.rms_norm_eps);
     return x;
   }
   template <class... P>
@@ -331,6 +330,10 @@ class CpuOps {
     return gate;
   }
   Rows add_experts(const Rows&, const Rows&) { throw std::logic_error("CpuOps: a sparse layer (supports() is false)"); }
+  Rows add_normed_projection(const Rows&, Projection, const Rows&, LayerNormOf) {
+    throw std::logic_error("CpuOps: sandwich norms (supports() is false)");
+  }
+  Rows geglu(const Rows&, const Rows&) { throw std::logic_error("CpuOps: GeGLU (supports() is false)"); }
 
   // The unembedding of the final norm's rows that `keep` marks into consecutive rows of `logits` [., vocab].
   void unembed(const Rows& h, const std::vector<bool>& keep, float* logits) const {
@@ -354,6 +357,18 @@ class CpuOps {
   }
 
  private:
+  const torch::Tensor& norm_weight(LayerNormOf which) const {
+    const LayerWeights& L = w_.layers[li_];
+    switch (which) {
+      case LayerNormOf::input: return L.input_norm;
+      case LayerNormOf::post: return L.post_norm;
+      case LayerNormOf::q: return L.q_norm;
+      case LayerNormOf::k: return L.k_norm;
+      case LayerNormOf::attn_out:
+      case LayerNormOf::mlp_out: break;
+    }
+    throw std::logic_error("CpuOps: sandwich norms (supports() is false)");
+  }
   // The buffer each projection of project() writes.
   float* buffer(Projection p) {
     switch (p) {

@@ -1,8 +1,10 @@
 // ModelConfig <-> Hugging Face config.json.
 #include "model/model_config.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -125,6 +127,17 @@ void read_expert_keys(const json& j, ModelConfig& c, const ExpertStyle& style) {
     throw unsupported("model config: shared experts (shared_expert_intermediate_size) are not supported");
 }
 
+// hidden_activation where the config states it (Gemma's name; its hidden_act may say otherwise), else hidden_act.
+ModelConfig::Activation read_activation(const json& j) {
+  const char* key = j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation"
+                                                                                          : "hidden_act";
+  const std::string act = optional_value<std::string>(j, key, "silu");
+  if (act == "silu") return ModelConfig::Activation::silu;
+  if (act == "gelu_pytorch_tanh") return ModelConfig::Activation::gelu_tanh;
+  throw unsupported("model config: " + std::string(key) + " '" + act +
+                    "' is not supported (silu, gelu_pytorch_tanh)");
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
@@ -148,13 +161,15 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   // Qwen2 always has q/k/v biases (its config has no attention_bias key); Llama and Qwen3 default to none.
   c.attention_bias = optional_value<bool>(j, "attention_bias", family.attention_bias_default);
   c.qk_norm = family.qk_norm;
+  c.sandwich_norms = family.sandwich_norms;
+  c.norm_adds_one = family.norm_adds_one;
+  c.scale_embeddings = family.scale_embeddings;
+  c.hidden_activation = read_activation(j);
   c.bos_token_id = optional_token_id(j, "bos_token_id");
   c.eos_token_id = optional_token_id(j, "eos_token_id");
   c.tokenizer = optional_value<std::string>(j, "rlloop_tokenizer", "");
 
   // Features we do not implement must not load silently with the wrong math.
-  if (auto act = optional_value<std::string>(j, "hidden_act", "silu"); act != "silu")
-    throw unsupported("model config: hidden_act '" + act + "' is not supported (only silu)");
   if (optional_value<bool>(j, "mlp_bias", false)) throw unsupported("model config: mlp_bias=true is not supported");
   if (optional_value<bool>(j, "use_sliding_window", false))
     throw unsupported("model config: use_sliding_window=true is not supported");
@@ -182,6 +197,16 @@ ModelConfig ModelConfig::load(const std::string& config_json_path) {
   }
 }
 
+namespace {
+const char* activation_name(ModelConfig::Activation a) {
+  switch (a) {
+    case ModelConfig::Activation::silu: return "silu";
+    case ModelConfig::Activation::gelu_tanh: return "gelu_pytorch_tanh";
+  }
+  throw std::logic_error("activation_name: not an activation");
+}
+}  // namespace
+
 nlohmann::json ModelConfig::to_json() const {
   json j;
   j["architectures"] = json::array({family().hf_architecture});
@@ -193,7 +218,7 @@ nlohmann::json ModelConfig::to_json() const {
   j["num_attention_heads"] = num_attention_heads;
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = activation_name(hidden_activation);
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
   j["max_position_embeddings"] = max_position_embeddings;
@@ -254,6 +279,14 @@ void ModelConfig::validate() const {
   if (!(rope_theta > 0)) throw invalid_argument("model config: rope_theta must be positive");
   if (qk_norm && !family().qk_norm)
     throw invalid_argument("model config: qk_norm is not part of model_type " + model_type);
+  for (auto [name, v] : {std::pair{"query_pre_attn_scalar", query_pre_attn_scalar},
+                         std::pair{"attn_logit_softcapping", attn_logit_softcapping},
+                         std::pair{"final_logit_softcapping", final_logit_softcapping}})
+    if (!(v >= 0) || std::isinf(v))
+      throw invalid_argument(std::string("model config: ") + name + " must be a positive number or absent, got " +
+                             std::to_string(v));
+  if (sandwich_norms && num_experts > 0)
+    throw unsupported("model config: sandwich norms around routed experts are not supported");
   if (num_experts > 0 && !family().experts)
     throw invalid_argument("model config: model_type " + model_type + " has no experts (num_experts " +
                            std::to_string(num_experts) + ")");
@@ -291,6 +324,14 @@ std::int64_t ModelConfig::attention_window(std::int64_t layer) const {
   return i < layer_types.size() && layer_types[i] == "sliding_attention" ? sliding_window : 0;
 }
 
+double ModelConfig::attention_scale() const {
+  return 1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim));
+}
+
+double ModelConfig::embedding_multiplier() const {
+  return scale_embeddings ? std::sqrt(static_cast<double>(hidden_size)) : 1.0;
+}
+
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
   if (num_experts <= 0) return false;
   for (std::int64_t dense : mlp_only_layers)
@@ -313,7 +354,7 @@ std::int64_t parameters_with(const ModelConfig& c, std::int64_t experts) {
   const std::int64_t H = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim;
   const std::int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   std::int64_t attention = H * q_dim + 2 * H * kv_dim + q_dim * H  // q, k, v, o
-                           + 2 * H;                                // two norms
+                           + (c.sandwich_norms ? 4 : 2) * H;       // the norms
   if (c.attention_bias) attention += q_dim + 2 * kv_dim + (c.family().o_proj_bias ? H : 0);
   if (c.qk_norm) attention += 2 * c.head_dim;
   const ModelFamily& family = c.family();

@@ -28,6 +28,20 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // QKV bias: true for qwen2 unless config says otherwise
   bool qk_norm = false;         // per-head RMSNorm on q and k: qwen3
+  // The MLP's gated activation, config.json's hidden_activation (or hidden_act): silu(gate) * up ("silu": SwiGLU)
+  // or gelu_tanh(gate) * up ("gelu_pytorch_tanh": GeGLU, Gemma).
+  enum class Activation { silu, gelu_tanh };
+  Activation hidden_activation = Activation::silu;
+  // The family's layer parts (ModelFamily::sandwich_norms, norm_adds_one, scale_embeddings), copied as qk_norm is.
+  bool sandwich_norms = false;
+  bool norm_adds_one = false;
+  bool scale_embeddings = false;
+  // Gemma 2's attention and output (a family's read_config sets them; 0: absent): the attention logits scaled by
+  // query_pre_attn_scalar^-1/2 in place of head_dim^-1/2, and soft-capped, s -> cap * tanh(s / cap), before the
+  // mask, as are the output logits with final_logit_softcapping.
+  double query_pre_attn_scalar = 0;
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
   // Mixture of experts (families with `experts`, e.g. qwen3_moe): in a sparse layer (sparse_layer) a router picks
   // num_experts_per_tok of num_experts SwiGLU experts of width moe_intermediate_size for each token, weighted by its
   // softmax probabilities (renormalised over the chosen ones with norm_topk_prob). num_experts 0: every layer dense.
@@ -75,6 +89,10 @@ struct ModelConfig {
   ExpertShape expert_shape() const;
   // The attention window of layer `layer`: sliding_window for a "sliding_attention" layer, 0 (all) otherwise.
   std::int64_t attention_window(std::int64_t layer) const;
+  // What the attention logits q.k are multiplied by: query_pre_attn_scalar^-1/2, else head_dim^-1/2.
+  double attention_scale() const;
+  // What the embeddings are multiplied by: sqrt(hidden_size) with scale_embeddings, else 1.
+  double embedding_multiplier() const;
   // The family of model_type (model_family.hpp); invalid_argument naming the supported ones for another.
   const ModelFamily& family() const;
   // HF puts a bias on o_proj too when attention_bias is set, except Qwen2 (q/k/v biases only).

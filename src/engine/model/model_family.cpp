@@ -40,7 +40,10 @@ void check_family(const ModelFamily& f, const std::deque<ModelFamily>& registere
     throw invalid_argument(what + "a tensor name is empty");
   // Within a layer every tensor has a name of its own (two roles under one name would alias one tensor).
   std::set<std::string> in_layer;
-  for (const std::string* name : {&n.input_norm, &n.post_norm, &n.q_norm, &n.k_norm, &n.router, &n.experts})
+  std::vector<const std::string*> layer_names = {&n.input_norm, &n.post_norm, &n.q_norm, &n.k_norm, &n.router,
+                                                 &n.experts};
+  if (f.sandwich_norms) layer_names.insert(layer_names.end(), {&n.attn_out_norm, &n.mlp_out_norm});
+  for (const std::string* name : layer_names)
     if (name->empty() || !in_layer.insert(*name).second)
       throw invalid_argument(what + "layer tensor name '" + *name + "' is empty or used twice");
   std::set<std::string> targets;

@@ -73,6 +73,10 @@ struct WeightNames {
   std::string experts = "mlp.experts";
   // A family with attention sinks: the layer's learned logit per head.
   std::string sinks = "self_attn.sinks";
+  // A family with sandwich norms: the norms of the attention's and the MLP's outputs (Gemma 2: "post_attention_
+  // layernorm" and "post_feedforward_layernorm", its norm before the MLP being post_norm = "pre_feedforward_layernorm").
+  std::string attn_out_norm;
+  std::string mlp_out_norm;
 };
 
 // How a family's sparse layers route and compute (families with `experts`). The defaults are Qwen-MoE's.
@@ -112,6 +116,13 @@ struct ModelFamily {
   // A learned logit per attention head that joins every query's softmax beside the keys' and takes its share of the
   // probability without contributing a value (gpt-oss's sinks; names.sinks).
   bool attention_sinks = false;
+  // Sandwich norms (Gemma 2): each sublayer's output is RMS-normed (names.attn_out_norm, names.mlp_out_norm) before
+  // its residual add, besides the norms before attention and before the MLP.
+  bool sandwich_norms = false;
+  // RMSNorm scales by (1 + w) rather than w (Gemma): checkpoints hold w, zero for a norm that changes nothing.
+  bool norm_adds_one = false;
+  // The embeddings are multiplied by sqrt(hidden_size), rounded to the model's dtype (Gemma).
+  bool scale_embeddings = false;
   // make_chat_renderer's name for the family's instruct format, used when the tokenizer carries no chat template
   // rlloop recognises (default_chat_renderer).
   std::string chat_renderer = "role_colon";

@@ -29,7 +29,7 @@ bool fp32_cpu(const torch::Tensor& t) {
 }  // namespace
 
 bool Layer::cpu_kernels_apply(std::int64_t window) const {
-  if (sparse() || sinks.defined() || window > 0) return false;
+  if (sparse() || sinks.defined() || window > 0 || attn_out_norm.defined()) return false;
   for (const torch::Tensor* t : {&input_norm, &post_norm, &q_norm, &k_norm})
     if (!fp32_cpu(*t)) return false;
   for (const Linear* lin : {&q, &k, &v, &o, &gate, &up, &down})
@@ -39,7 +39,7 @@ bool Layer::cpu_kernels_apply(std::int64_t window) const {
 }
 
 bool Layer::trains() const {
-  for (const torch::Tensor* t : {&input_norm, &post_norm, &q_norm, &k_norm, &sinks})
+  for (const torch::Tensor* t : {&input_norm, &post_norm, &q_norm, &k_norm, &attn_out_norm, &mlp_out_norm, &sinks})
     if (t->defined() && t->requires_grad()) return true;
   for (const Linear* lin : linears())
     for (const torch::Tensor* t : {&lin->weight, &lin->bias, &lin->lora_a, &lin->lora_b})
@@ -58,7 +58,9 @@ void ModelWeights::build(const ModelConfig& config, torch::TensorOptions opts, c
   family = &cfg.family();
   const WeightNames& names = family->names;
   const std::int64_t H = cfg.hidden_size;
-  auto param = [&](const std::string& name, std::vector<std::int64_t> shape, bool ones) {
+  // A norm starts as the identity: weights of one, or of zero where the norm scales by (1 + w).
+  auto param = [&](const std::string& name, std::vector<std::int64_t> shape, bool norm) {
+    const bool ones = norm && !cfg.norm_adds_one;
     return register_param(module_name(name), ones ? torch::ones(shape, options) : torch::zeros(shape, options));
   };
   std::set<std::string> quantized_used;
@@ -150,6 +152,10 @@ Layer ModelWeights::build_layer(
   }
   if (family->attention_sinks) l.sinks = param(family->layer_tensor(i, names.sinks), {cfg.num_attention_heads}, false);
   l.post_norm = param(family->layer_tensor(i, names.post_norm) + ".weight", {H}, true);
+  if (cfg.sandwich_norms) {
+    l.attn_out_norm = param(family->layer_tensor(i, names.attn_out_norm) + ".weight", {H}, true);
+    l.mlp_out_norm = param(family->layer_tensor(i, names.mlp_out_norm) + ".weight", {H}, true);
+  }
   return l;
 }
 
@@ -169,7 +175,8 @@ bool ModelWeights::same_base(const ModelWeights& b) const {
     const Layer& x = a.layers[i];
     const Layer& y = b.layers[i];
     if (!same(x.input_norm, y.input_norm) || !same(x.post_norm, y.post_norm) || !same(x.q_norm, y.q_norm) ||
-        !same(x.k_norm, y.k_norm) || !same(x.sinks, y.sinks))
+        !same(x.k_norm, y.k_norm) || !same(x.sinks, y.sinks) || !same(x.attn_out_norm, y.attn_out_norm) ||
+        !same(x.mlp_out_norm, y.mlp_out_norm))
       return false;
     const auto xs = x.linears(), ys = y.linears();
     if (xs.size() != ys.size()) return false;
@@ -182,6 +189,10 @@ bool ModelWeights::same_base(const ModelWeights& b) const {
 bool ModelWeights::cpu_kernels_decode() const {
   for (std::size_t i = 0; i < layers.size(); ++i)
     if (!layers[i].cpu_kernels_apply(cfg.attention_window(static_cast<std::int64_t>(i)))) return false;
+  // (Gemma's parts are the ATen backend's only: the CPU decoder neither caps logits nor adds one to its norms.)
+  if (cfg.norm_adds_one || cfg.attn_logit_softcapping > 0 || cfg.final_logit_softcapping > 0 ||
+      cfg.hidden_activation != ModelConfig::Activation::silu || cfg.scale_embeddings)
+    return false;
   const Linear& head = lm_head;
   return fp32_cpu(embed) && fp32_cpu(final_norm) && fp32_cpu(head.weight) && fp32_cpu(head.bias) &&
          fp32_cpu(head.lora_a) && fp32_cpu(head.lora_b);

@@ -34,6 +34,7 @@ std::string module_name(const std::string& hf_name);
 
 struct Layer {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;
+  torch::Tensor attn_out_norm, mlp_out_norm;  // families with sandwich norms
   torch::Tensor sinks;  // [heads]: families with attention sinks
   Linear q, k, v, o, gate, up, down;  // a sparse layer has no gate, up and down (not present())
   Linear router;                      // a sparse layer's: [experts, H]
@@ -42,7 +43,7 @@ struct Layer {
   bool sparse() const { return !experts.empty(); }
   // Whether the CPU's decoding kernels (cpu_decoder.hpp) implement this layer as it is: decoder_layer's dense form
   // with plain causal attention (`window` 0: none), every tensor fp32 on the CPU (quantized matrices are read from
-  // their blocks).
+  // their blocks), no sandwich norms.
   bool cpu_kernels_apply(std::int64_t window) const;
   // Whether any weight, norm or adapter of the layer requires grad.
   bool trains() const;
@@ -86,6 +87,8 @@ struct ModelWeights {
   void build(const ModelConfig& cfg, torch::TensorOptions options, const QuantizedTensors& quantized,
              std::int64_t first_expert, std::int64_t expert_count, const RegisterParameter& param);
 
+  // What a norm's weight `w` scales by: w, or 1 + w for a family whose norms add one (Gemma).
+  torch::Tensor norm_scale(const torch::Tensor& w) const { return cfg.norm_adds_one ? w + 1 : w; }
   torch::Device device() const { return options.device(); }
   torch::ScalarType dtype() const { return c10::typeMetaToScalarType(options.dtype()); }
   std::int64_t sparse_layers() const {
@@ -117,7 +120,9 @@ struct ModelWeights {
         f(family->layer_tensor(li, n.k_norm) + ".weight", l.k_norm);
       }
       if (l.sinks.defined()) f(family->layer_tensor(li, n.sinks), l.sinks);
+      if (l.attn_out_norm.defined()) f(family->layer_tensor(li, n.attn_out_norm) + ".weight", l.attn_out_norm);
       f(family->layer_tensor(li, n.post_norm) + ".weight", l.post_norm);
+      if (l.mlp_out_norm.defined()) f(family->layer_tensor(li, n.mlp_out_norm) + ".weight", l.mlp_out_norm);
     }
     f(n.final_norm + ".weight", final_norm);
     if (!cfg.tie_word_embeddings && lm_head.weight.defined()) f(n.lm_head + ".weight", lm_head.weight);

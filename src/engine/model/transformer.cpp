@@ -38,7 +38,18 @@ struct Transformer::Impl : ModelWeights {
     return rope.get(cfg, device, dtype);
   }
   torch::Tensor embed_rows(const torch::Tensor& ids) const {
-    return embed_quantized ? embed_quantized->rows_of(ids) : torch::embedding(embed, ids);
+    torch::Tensor x = embed_quantized ? embed_quantized->rows_of(ids) : torch::embedding(embed, ids);
+    // Gemma's sqrt(hidden_size), rounded to the model's dtype first as transformers rounds it.
+    if (cfg.scale_embeddings) x = x * torch::scalar_tensor(cfg.embedding_multiplier(), x.options());
+    return x;
+  }
+  torch::Tensor final_norm_of(const torch::Tensor& x) const {
+    return rms_norm(x, norm_scale(final_norm), cfg.rms_norm_eps);
+  }
+  // Gemma 2's soft-cap of the output logits, cap * tanh(logits / cap), where the model has one.
+  torch::Tensor capped(torch::Tensor logits) const {
+    const double cap = cfg.final_logit_softcapping;
+    return cap > 0 ? torch::tanh(logits / cap) * cap : logits;
   }
   class CheckpointedLayer;
 };
@@ -180,7 +191,7 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
 
   // [T, D] rows of the RoPE tables, broadcast over batch and heads.
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim));
+  const double scale = cfg.attention_scale();
   torch::Tensor x = impl_->embed_rows(ids);
   StepContext in =
       StepContext::prefill(cos_table.narrow(0, past, T), sin_table.narrow(0, past, T), scale, cache, B, T, device);
@@ -201,10 +212,10 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   for (std::size_t li = 0; li < impl_->layers.size(); ++li)
     x = checkpoint ? Impl::CheckpointedLayer::run(*impl_, li, x, in) : impl_->layer_forward(li, x, in);
   if (cache) cache->length = past + T;
-  return rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
+  return impl_->final_norm_of(x);
 }
 
-torch::Tensor Transformer::logits(const torch::Tensor& hidden) { return impl_->lm_head.apply(hidden); }
+torch::Tensor Transformer::logits(const torch::Tensor& hidden) { return impl_->capped(impl_->lm_head.apply(hidden)); }
 
 bool Transformer::shares_base(const Transformer& other) const { return impl_->same_base(*other.impl_); }
 
@@ -240,7 +251,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   const torch::Tensor ids = torch::cat(tokens).view({1, R});
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
   StepContext in = StepContext::decode(rows, scales, step, caches.front()->pool(), cos_table, sin_table,
-                                       1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), device);
+                                       cfg.attention_scale(), device);
   ExpertRouting routing;
   if (routes) {
     routing.recorded = torch::empty({R, impl_->sparse_layers(), cfg.num_experts_per_tok},
@@ -251,7 +262,7 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
   for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
   for (std::size_t i = 0; i < caches.size(); ++i) caches[i]->length += step.advance[i];
   if (routes) *routes = routing.recorded;
-  torch::Tensor h = rms_norm(x, impl_->final_norm, cfg.rms_norm_eps);
+  torch::Tensor h = impl_->final_norm_of(x);
 
   // The unembedding of the rows asked for only: a chunk's earlier rows predict tokens the prompt already has.
   std::vector<RowGroup> wanted;
@@ -270,7 +281,8 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
     h = h.index_select(1, to_device(torch::tensor(kept, torch::kLong), device));
     in.set_stacked_layout(wanted, wanted_scales, device);
   }
-  return project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return g.weights->lm_head; })[0];
+  return impl_->capped(
+      project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return g.weights->lm_head; })[0]);
 }
 
 // ------------------------------------------------------------------------------------------ state dicts
