@@ -75,7 +75,7 @@ TensorMap renamed(const TensorMap& tensors, const ModelFamily& from, const Model
 TEST(ModelFamilyRegistry, AToyFamilyRegisteredInOneFileRunsTheSessionApi) {
   const ModelFamily& toy = toy_family();
   EXPECT_EQ(find_model_family("toy_gpt"), &toy);
-  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss, mistral, toy_gpt");
+  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss, mistral, gemma2, toy_gpt");
 
   // The family's config reader ran: its own key set the RoPE base, and a feature it lacks is refused by name.
   const ModelConfig cfg = ModelConfig::from_json(toy_config_json());

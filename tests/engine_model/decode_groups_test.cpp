@@ -120,6 +120,27 @@ TEST(DecodeStep, Bf16GroupsGatheredAndMaskedEqualEachAlone) {
   for (int step = 0; step < 2; ++step) step_together_and_compare(groups, "step " + std::to_string(step), 0.1);
 }
 
+// Gemma 2's parts in the decoding step (attend_groups' ATen attention with a soft-cap, layer 0's window of 3 over
+// prompts of 5 and 9 positions, sandwich (1 + w) norms, GeGLU, scaled embeddings, soft-capped logits): groups
+// stepped together give what each gives through the model's forward, which matches transformers (tests/hf).
+TEST(DecodeStep, Gemma2GroupsSteppedTogetherEqualEachAlone) {
+  c10::InferenceMode inference;
+  nlohmann::json j = tiny_config("gemma2").to_json();
+  j["sliding_window"] = 3;
+  j["attn_logit_softcapping"] = 1.0;
+  j["final_logit_softcapping"] = 3.0;
+  j["query_pre_attn_scalar"] = 12;
+  auto base = random_base(torch::kFloat32, ModelConfig::from_json(j));
+  std::vector<Group> groups;
+  groups.push_back(prefilled(adapted(*base, {4, 8, {"all-linear", "lm_head"}}, 1), 5, 1, 1));
+  groups.push_back(prefilled(Transformer::sharing_base(*base), 9, 2, 2));
+  for (int step = 0; step < 3; ++step) step_together_and_compare(groups, "step " + std::to_string(step));
+  // Every logit lies within the final cap, and these weights' reach where tanh bends (so the cap is at work).
+  const double largest = base->forward(torch::randint(64, {1, 6}, torch::kLong)).abs().max().item<double>();
+  EXPECT_LT(largest, 3.0);
+  EXPECT_GT(largest, 1.5);
+}
+
 // Sessions whose adapters share a rank run them as batched products (add_stacked_adapters: rows gathered and padded
 // per group): the same numbers as each group alone, with groups of 1, 3 and 2 rows (padding in two of them) and
 // other scales.

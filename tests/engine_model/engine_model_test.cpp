@@ -153,11 +153,55 @@ TEST(ModelFamily, MistralSlidesEveryLayerWhenItsConfigHasAWindow) {
   EXPECT_EQ(find_model_family("mistral")->chat_renderer, "llama2");
 }
 
+// Gemma 2's config: the keys transformers' Gemma2Config defaults when a config.json lacks them (tied embeddings,
+// GeGLU, scale 256^-1/2, soft-caps 50 and 30, every other layer sliding over 4096 positions), null caps and windows
+// meaning none; what it reads goes back to config.json as it came; a cap that is no positive number is refused by name.
+TEST(ModelFamily, Gemma2ReadsItsKeysWithTransformersDefaults) {
+  json j = tiny_config("gemma2").to_json();
+  EXPECT_EQ(j["architectures"][0], "Gemma2ForCausalLM");
+  for (const char* key : {"tie_word_embeddings", "hidden_act", "query_pre_attn_scalar", "attn_logit_softcapping",
+                          "final_logit_softcapping", "sliding_window", "layer_types", "hidden_activation"})
+    j.erase(key);
+  const ModelConfig defaults = ModelConfig::from_json(j);
+  EXPECT_TRUE(defaults.tie_word_embeddings && defaults.sandwich_norms && defaults.norm_adds_one);
+  EXPECT_EQ(defaults.hidden_activation, ModelConfig::Activation::gelu_tanh);
+  EXPECT_DOUBLE_EQ(defaults.attention_scale(), 1.0 / 16);
+  EXPECT_DOUBLE_EQ(defaults.embedding_multiplier(), std::sqrt(32.0));
+  EXPECT_EQ(defaults.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(defaults.final_logit_softcapping, 30.0);
+  EXPECT_EQ(defaults.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention"}));
+  EXPECT_EQ(defaults.attention_window(0), 4096);
+  EXPECT_EQ(defaults.attention_window(1), 0);
+  const json back = defaults.to_json();
+  EXPECT_EQ(back["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(back["query_pre_attn_scalar"], 256);
+  EXPECT_EQ(ModelConfig::from_json(back).to_json(), back);
+  // Sandwich norms: four per layer.
+  EXPECT_EQ(defaults.num_parameters() - tiny_config("gemma2", true).num_parameters(), 0);
+  EXPECT_EQ(tiny_config("gemma2", true).num_parameters() - tiny_config("llama", true).num_parameters(), 2 * 2 * 32);
+
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  j["sliding_window"] = nullptr;
+  const ModelConfig none = ModelConfig::from_json(j);
+  EXPECT_EQ(none.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(none.final_logit_softcapping, 0.0);
+  EXPECT_TRUE(none.layer_types.empty());
+  EXPECT_TRUE(none.to_json()["attn_logit_softcapping"].is_null());
+  j["attn_logit_softcapping"] = -1;
+  EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
+            "model config: gemma2's attn_logit_softcapping must be a positive number or null, got -1");
+  j["attn_logit_softcapping"] = 50;
+  j["hidden_activation"] = "relu";
+  EXPECT_EQ(error_message<unsupported>([&] { ModelConfig::from_json(j); }),
+            "model config: hidden_activation 'relu' is not supported (silu, gelu_pytorch_tanh)");
+}
+
 // The families the engine runs (model_family.hpp): each model_type's entry, the names derived from it, the list
 // errors name, and a config of another model_type refused by that list.
 TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
-  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss, mistral");
-  ASSERT_EQ(model_families().size(), 6u);
+  EXPECT_EQ(supported_model_types(), "llama, qwen2, qwen3, qwen3_moe, gpt_oss, mistral, gemma2");
+  ASSERT_EQ(model_families().size(), 7u);
   for (const ModelFamily* f : model_families()) {
     EXPECT_EQ(find_model_family(f->model_type), f);
     // Mistral's GGUF files are llama's (the family names no GGUF architecture of its own).
@@ -168,7 +212,9 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
     EXPECT_EQ(tiny.to_json()["architectures"][0], f->hf_architecture);
     EXPECT_EQ(f->projection_module(3, Projection::q), "model.layers.3.self_attn.q_proj");
     EXPECT_EQ(f->projection_module(0, Projection::down), "model.layers.0.mlp.down_proj");
-    EXPECT_EQ(f->layer_tensor(1, f->names.post_norm), "model.layers.1.post_attention_layernorm");
+    // (Gemma 2's post_attention_layernorm is its attention output's sandwich norm.)
+    EXPECT_EQ(f->layer_tensor(1, f->sandwich_norms ? f->names.attn_out_norm : f->names.post_norm),
+              "model.layers.1.post_attention_layernorm");
     std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     if (f->experts) targets.push_back(f->router_target_module());  // "gate" (Qwen-MoE), "router" (gpt-oss)
     targets.insert(targets.end(), {"lm_head", "all-linear"});
@@ -194,7 +240,7 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   j["model_type"] = "mixtral";
   EXPECT_EQ(error_message<invalid_argument>([&] { ModelConfig::from_json(j); }),
             "model config: unsupported model_type 'mixtral' (supported: llama, qwen2, qwen3, qwen3_moe, gpt_oss, "
-            "mistral)");
+            "mistral, gemma2)");
   // A second entry for a registered model_type, and one whose projections share a module name, are refused.
   ModelFamily again = *find_model_family("qwen2");
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
@@ -207,6 +253,16 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): layer tensor name 'input_layernorm' is empty or used twice");
   again.names.post_norm = "post_attention_layernorm";
+  // Sandwich norms need names of their own.
+  again.sandwich_norms = true;
+  EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
+            "register_model_family('qwen2_twice'): layer tensor name '' is empty or used twice");
+  again.names.attn_out_norm = "post_attention_layernorm";
+  again.names.mlp_out_norm = "post_mlp_layernorm";
+  EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
+            "register_model_family('qwen2_twice'): layer tensor name 'post_attention_layernorm' is empty or used "
+            "twice");
+  again.sandwich_norms = false;
   again.names.projections[2] = "self_attn.";
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): projection path 'self_attn.' is empty, ends in '.' or is used "
@@ -216,7 +272,7 @@ TEST(ModelFamily, EachFamilyHasItsEntryAndOthersAreRefusedByName) {
   EXPECT_EQ(error_message<invalid_argument>([&] { register_model_family(again); }),
             "register_model_family('qwen2_twice'): projection module 'q_proj' is used twice or reserved (lm_head, "
             "all-linear)");
-  EXPECT_EQ(model_families().size(), 6u);
+  EXPECT_EQ(model_families().size(), 7u);
 }
 
 TEST(ModelConfig, ValidationNamesTheField) {

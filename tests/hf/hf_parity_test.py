@@ -3,7 +3,7 @@
 
   hf_parity_test.py HF_LOGITS    (the hf_logits tool built from hf_logits.cpp)
 
-For the tiny random models (Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Mistral) that make_models.py writes into a
+For the tiny random models (Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Mistral, Gemma 2) that make_models.py writes into a
 temporary directory:
   base      rlloop's logits for transformers' saved model            == transformers' logits
   lora      rlloop with peft's saved adapter                         == peft's adapted logits

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Tiny random-weight Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss models made by Hugging Face `transformers`, random
-LoRA adapters made by `peft`, and the fp32 logits both compute for fixed token ids: the reference rlloop's engine must
-match.
+"""Tiny random-weight Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss / Mistral / Gemma 2 models made by Hugging Face
+`transformers`, random LoRA adapters made by `peft`, and the fp32 logits both compute for fixed token ids: the
+reference rlloop's engine must match.
 
   make_models.py OUT_DIR [--seed N]
 
@@ -28,7 +28,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 # Both ends of the 300-token vocabulary (0, 299) and a repeat (7, 7), whose two logits rows differ by position only.
 TOKENS = [1, 5, 9, 299, 0, 17, 42, 7, 7, 130, 255, 64]
 
-# Shared by every model: all eleven are made in ~4 s; grouped-query attention (4 query heads over 2 key/value heads).
+# Shared by every model (all twelve are made in a few seconds); grouped-query attention (4 query heads over 2 key/value
+# heads).
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, hidden_act="silu", bos_token_id=1, eos_token_id=2)
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -101,6 +102,13 @@ MODELS = [
     # "llama" and runs it without the window.
     Spec("mistral", "mistral", dict(tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4,
                                     head_dim=32), ALL_LINEAR, gguf=False),
+    # Gemma 2: sandwich norms scaling by (1 + w), GeGLU, embeddings x sqrt(64), layer 0 sliding (a window of 4),
+    # attention scaled by 24^-1/2 (not head_dim 32's) and soft-capped at 1.5, the output logits at 2.5: caps small
+    # enough to bite on these O(1) logits. Tied, as Gemma 2 is. Not written as GGUF: rlloop reads no "gemma2" GGUF yet.
+    Spec("gemma2", "gemma2", dict(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                                  tie_word_embeddings=True, rms_norm_eps=1e-6, sliding_window=4, head_dim=32,
+                                  query_pre_attn_scalar=24, attn_logit_softcapping=1.5, final_logit_softcapping=2.5),
+         ALL_LINEAR, gguf=False),
 ]
 
 
@@ -133,7 +141,9 @@ def randomize(model, generator):
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):  # a tied lm_head is listed once, as the embedding
             noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.1 * noise)
+            # (Gemma's norms scale by 1 + w: their weights are the noise alone.)
+            one = 0.0 if model.config.model_type.startswith("gemma") else 1.0
+            param.copy_(one + 0.1 * noise if name.endswith("norm.weight") else 0.1 * noise)
 
 
 def random_adapter(base, targets, generator, parameters=None):
@@ -195,7 +205,7 @@ def make(out_dir, seed=0):
                                                 "peft": peft.__version__}, "models": {}}
     for index, spec in enumerate(MODELS):
         generator = torch.Generator().manual_seed(seed * 1000 + index)
-        config = AutoConfig.for_model(spec.model_type, **COMMON, **spec.config)
+        config = AutoConfig.for_model(spec.model_type, **{**COMMON, **spec.config})
         model_dir = os.path.join(out_dir, spec.name)
         adapter_dir = model_dir + "-lora"
         merged_dir = model_dir + "-merged"

@@ -13,8 +13,8 @@ namespace {
 
 // The families compiled in, one line each (their files are in families/).
 std::vector<ModelFamily> builtin_families() {
-  return {families::llama(),   families::qwen2(),   families::qwen3(), families::qwen3_moe(),
-          families::gpt_oss(), families::mistral()};
+  return {families::llama(),   families::qwen2(),   families::qwen3(),  families::qwen3_moe(),
+          families::gpt_oss(), families::mistral(), families::gemma2()};
 }
 
 // A deque keeps every entry at its address while later ones are added: find_model_family's pointers stay valid.

@@ -10,5 +10,6 @@ ModelFamily qwen2();
 ModelFamily qwen3();
 ModelFamily qwen3_moe();
 ModelFamily gpt_oss();
+ModelFamily gemma2();
 
 }  // namespace rlloop::engine::families
