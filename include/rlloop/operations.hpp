@@ -14,8 +14,8 @@
 //   mutates                    it changes the trainable state (weights, optimizer, pending gradients, sampler choice)
 //   replayed                   a restarted server runs it again on top of the last autosave
 //   autosaved                  the state is saved before its completion is reported
-// Adding an operation = its descriptor here, its wire binding (src/wire/operations.hpp), its engine implementation,
-// the server's execution of it (src/server/session_operations.cpp) and tests; each missing piece is a compile error.
+// Adding an operation = its descriptor here, its wire binding (src/wire/operations.hpp), its group commands (src/
+// engine/dist/operation_commands.hpp), engine implementation, server execution and tests: a missing one fails to build.
 #pragma once
 #include <concepts>
 #include <cstddef>

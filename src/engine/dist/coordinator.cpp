@@ -11,6 +11,7 @@
 
 #include "runtime/batch.hpp"
 #include "comm/codec.hpp"
+#include "dist/operation_commands.hpp"
 #include "dist/replica_ops.hpp"
 
 extern char** environ;
@@ -19,9 +20,14 @@ namespace rlloop::engine::dist {
 
 namespace {
 
-ByteWriter command(Command c, std::uint64_t id) {
+// Command C for replica `id`, sent while running the operations Ops (none: the replica's lifecycle). Compiles only
+// where operation_commands.hpp's table lists C for each of them.
+template <Command C, class... Ops>
+ByteWriter command_for(std::uint64_t id) {
+  static_assert(sizeof...(Ops) > 0 ? (sends<Ops>(C) && ...) : is_lifecycle(C),
+                "this command is not in the GroupCommands entry of the operation it is sent for");
   ByteWriter w;
-  w.put(c);
+  w.put(C);
   w.put(id);
   return w;
 }
@@ -120,7 +126,7 @@ Coordinator::~Coordinator() {
   std::lock_guard lock(mu_);
   if (!group_->failed()) {
     try {
-      group_->post_command(command(Command::shutdown, 0).take());
+      group_->post_command(command_for<Command::shutdown>(0).take());
       acknowledge(*group_);
     } catch (const std::exception&) {
       // A worker already gone: it is reaped below.
@@ -188,7 +194,7 @@ void Coordinator::stop_local_workers() {
 std::uint64_t Coordinator::open(const SessionOptions& options, const SessionModel& made) {
   std::lock_guard lock(mu_);
   const std::uint64_t id = ++next_id_;
-  auto c = command(Command::open, id);
+  auto c = command_for<Command::open>(id);
   c.put(options);
   noting_failure([&] {
     group_->post_command(c.take());
@@ -201,7 +207,7 @@ void Coordinator::close(std::uint64_t id) {
   std::lock_guard lock(mu_);
   if (group_->failed()) return;  // nothing left to close on the other ranks
   noting_failure([&] {
-    group_->post_command(command(Command::close, id).take());
+    group_->post_command(command_for<Command::close>(id).take());
     acknowledge(*group_);
   });
 }
@@ -214,7 +220,7 @@ ForwardBackwardOutput Coordinator::forward(std::uint64_t id, Transformer& model,
   check_loss_fits_model(model, loss);
   const auto shares = shares_of(data, world_size());
   std::lock_guard lock(mu_);
-  auto c = command(Command::forward, id);
+  auto c = command_for<Command::forward, op::Forward, op::ForwardBackward>(id);
   c.put(backward);
   c.put(loss);
   return noting_failure([&] {
@@ -230,7 +236,8 @@ ForwardBackwardOutput Coordinator::forward_custom(std::uint64_t id, Transformer&
   const auto shares = shares_of(data, world_size());
   std::lock_guard lock(mu_);
   return noting_failure([&] {
-    group_->post_command(command(Command::forward_custom, id).take(), encode_all(shares));
+    group_->post_command(command_for<Command::forward_custom, op::ForwardBackwardCustom>(id).take(),
+                         encode_all(shares));
     return custom_share(*group_, model, shares[0], &data, &fn);
   });
 }
@@ -238,7 +245,7 @@ ForwardBackwardOutput Coordinator::forward_custom(std::uint64_t id, Transformer&
 Metrics Coordinator::optim_step(std::uint64_t id, Transformer& model, AdamW& optimizer, const AdamParams& params) {
   validate(params);  // before the gradients are summed: a refused step must leave them as they were
   std::lock_guard lock(mu_);
-  auto c = command(Command::optim_step, id);
+  auto c = command_for<Command::optim_step, op::OptimStep>(id);
   c.put(params);
   return noting_failure([&] {
     group_->post_command(c.take());
@@ -249,7 +256,7 @@ Metrics Coordinator::optim_step(std::uint64_t id, Transformer& model, AdamW& opt
 void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer,
                              bool with_optimizer) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::sync_state, id);
+  auto c = command_for<Command::sync_state, op::LoadState>(id);
   c.put(with_optimizer);
   noting_failure([&] {
     group_->post_command(c.take());
@@ -260,7 +267,7 @@ void Coordinator::sync_state(std::uint64_t id, Transformer& model, std::unique_p
 void Coordinator::fold_gradients(std::uint64_t id, Transformer& model, AdamW& optimizer) {
   std::lock_guard lock(mu_);
   noting_failure([&] {
-    group_->post_command(command(Command::fold_gradients, id).take());
+    group_->post_command(command_for<Command::fold_gradients, op::SaveState>(id).take());
     fold_gradients_share(*group_, model, optimizer);
   });
 }
@@ -268,7 +275,7 @@ void Coordinator::fold_gradients(std::uint64_t id, Transformer& model, AdamW& op
 NamedState Coordinator::gather_experts(std::uint64_t id, Transformer& model, AdamW& optimizer, bool with_optimizer,
                                        bool with_gradients) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::gather_experts, id);
+  auto c = command_for<Command::gather_experts, op::SaveState, op::SaveWeightsForSampler>(id);
   c.put(with_optimizer);
   c.put(with_gradients);
   return noting_failure([&] {
@@ -280,7 +287,7 @@ NamedState Coordinator::gather_experts(std::uint64_t id, Transformer& model, Ada
 void Coordinator::load_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer,
                              bool with_optimizer, const NamedState& state, std::int64_t step) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::load_state, id);
+  auto c = command_for<Command::load_state, op::LoadState>(id);
   c.put(with_optimizer);
   noting_failure([&] {
     group_->post_command(c.take());
@@ -296,7 +303,7 @@ std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const std::s
     if (placement.count[r] > 0) ranks.push_back(r);
   if (ranks.empty()) return nullptr;
   std::lock_guard lock(mu_);
-  auto c = command(Command::sample, id);
+  auto c = command_for<Command::sample, op::Sample>(id);
   c.put(sampler);
   c.put(seed);
   c.put(precision);
@@ -312,7 +319,7 @@ std::shared_ptr<Replies> Coordinator::post_sample(std::uint64_t id, const std::s
 std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std::string& sampler,
                                                     const std::vector<token_id>& tokens, int rank) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::logprobs, id);
+  auto c = command_for<Command::logprobs, op::ComputeLogprobs>(id);
   c.put(sampler);
   c.put(rank);
   c.put(tokens);
@@ -325,7 +332,7 @@ std::shared_ptr<Replies> Coordinator::post_logprobs(std::uint64_t id, const std:
 std::vector<LockstepOutcome> Coordinator::sample_in_lockstep(std::uint64_t id, const std::string& sampler,
                                                              LockstepBatch& mine) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::sample_lockstep, id);
+  auto c = command_for<Command::sample_lockstep, op::Sample>(id);
   c.put(sampler);
   c.put(mine.precision);
   c.put(mine.prefill_tokens);
@@ -350,7 +357,7 @@ std::vector<LockstepOutcome> Coordinator::sample_in_lockstep(std::uint64_t id, c
 std::vector<double> Coordinator::logprobs_in_lockstep(std::uint64_t id, const std::string& sampler,
                                                       Transformer& model, const std::vector<token_id>& tokens) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::logprobs_lockstep, id);
+  auto c = command_for<Command::logprobs_lockstep, op::ComputeLogprobs>(id);
   c.put(sampler);
   return noting_failure([&] {
     group_->post_command(c.take());
@@ -361,7 +368,7 @@ std::vector<double> Coordinator::logprobs_in_lockstep(std::uint64_t id, const st
 void Coordinator::load_sampler(std::uint64_t id, const std::string& key, Transformer& model,
                                const TensorMap& checkpoint) {
   std::lock_guard lock(mu_);
-  auto c = command(Command::load_sampler, id);
+  auto c = command_for<Command::load_sampler, op::Sample, op::ComputeLogprobs>(id);
   c.put(key);
   noting_failure([&] {
     group_->post_command(c.take());
@@ -372,7 +379,8 @@ void Coordinator::load_sampler(std::uint64_t id, const std::string& key, Transfo
 void Coordinator::drop_sampler(std::uint64_t id, const std::string& key) {
   std::lock_guard lock(mu_);
   if (group_->failed()) return;  // nothing left to drop on the other ranks
-  auto c = command(Command::drop_sampler, id);
+  auto c =
+      command_for<Command::drop_sampler, op::Sample, op::ComputeLogprobs, op::SaveState, op::SaveWeightsForSampler>(id);
   c.put(key);
   noting_failure([&] { group_->post_command(c.take()); });
 }

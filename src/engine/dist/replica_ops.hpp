@@ -12,37 +12,13 @@
 #include <rlloop/session.hpp>
 
 #include "comm/group.hpp"
+#include "dist/command.hpp"
 #include "runtime/optimizer.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/session_model.hpp"
 #include "model/transformer.hpp"
 
 namespace rlloop::engine::dist {
-
-enum class Command : std::uint8_t {
-  open,
-  close,
-  forward,
-  forward_custom,
-  optim_step,
-  sync_state,
-  fold_gradients,
-  shutdown,
-  // Answered by replies (Group::post_reply), not by a collective: the worker runs them beside later commands.
-  sample,
-  logprobs,
-  // Sampler weights from a checkpoint, as rank 0 holds them: loaded (a broadcast of their trainable weights) and
-  // dropped (no answer), so the workers hold what rank 0's sampler cache holds.
-  load_sampler,
-  drop_sampler,
-  // Expert parallelism's checkpoints: every rank's experts to rank 0 (save_state), rank 0's checkpoint to every
-  // rank (load_state).
-  gather_experts,
-  load_state,
-  // An expert-parallel session's samples and logprobs: every rank runs its forwards in step with the others'.
-  sample_lockstep,
-  logprobs_lockstep,
-};
 
 // A rank's reply to an asynchronous share (Group::post_reply): its result's bytes, or the error it met; rank 0
 // reads it with reply_result, which throws io_error naming the rank and the error.
