@@ -79,7 +79,7 @@ class ChatRenderer {
 //   "smollm2"           SmolLM2-Instruct's template: ChatML opened by its default system message
 //   "qwen3"             Qwen3's chat template, thinking on (the model opens <think> itself)
 //   "qwen3_no_thinking" Qwen3 with enable_thinking=false (the prompt ends with an empty think block)
-//   "llama3"            Llama 3 Instruct headers and <|eot_id|>
+//   "llama3"            Llama 3 Instruct headers and <|eot_id|>; "gemma": <start_of_turn>user/model\n..<end_of_turn>
 //   "llama2"            Llama 2 Chat: <s>[INST] <<SYS>>..<</SYS>> user [/INST] answer </s> (SentencePiece vocabularies)
 //   "role_colon"        "User: ...\n\nAssistant: ..." for base models and the byte-level tokenizer
 //   "harmony"           gpt-oss's harmony format (openai-harmony's rendering, o200k_harmony's special tokens): the
@@ -89,7 +89,7 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
 
 // The name of the renderer that writes what a model's own chat template writes. A GGUF tokenizer's template
 // (tokenizer.chat_template) decides when rlloop recognises it by its markers: SmolLM2-Instruct's -> "smollm2",
-// Qwen3's -> "qwen3_no_thinking", Llama 3's -> "llama3", Llama 2's -> "llama2", gpt-oss's -> "harmony"; another
+// Qwen3's -> "qwen3_no_thinking", Llama 3's, 2's -> "llama3", "llama2", gpt-oss's "harmony", Gemma's "gemma"; another
 // SentencePiece GGUF gets "role_colon". Otherwise `family_renderer`, the model family's format
 // (SessionInfo::chat_renderer: "llama3" for llama, "chatml" for qwen2, "qwen3_no_thinking" for qwen3, "harmony" for
 // gpt_oss), and "role_colon" for the byte tokenizer or when that is empty. tokenizer_spec is what load_tokenizer

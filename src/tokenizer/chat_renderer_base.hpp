@@ -44,7 +44,8 @@ class SegmentRenderer : public ChatRenderer {
 }  // namespace rlloop::tokenizer_detail
 
 namespace rlloop::tokenizer_detail {
-// One per format (chat_qwen.cpp, chat_llama3.cpp, chat_llama2.cpp, chat_role_colon.cpp, chat_harmony.cpp).
+// One per format (chat_qwen.cpp, chat_llama3.cpp, chat_llama2.cpp, chat_role_colon.cpp, chat_harmony.cpp,
+// chat_gemma.cpp).
 std::unique_ptr<ChatRenderer> make_chatml_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_smollm2_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_qwen3_renderer(std::shared_ptr<const Tokenizer> tok, bool thinking);
@@ -52,4 +53,5 @@ std::unique_ptr<ChatRenderer> make_llama3_renderer(std::shared_ptr<const Tokeniz
 std::unique_ptr<ChatRenderer> make_llama2_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_role_colon_renderer(std::shared_ptr<const Tokenizer> tok);
 std::unique_ptr<ChatRenderer> make_harmony_renderer(std::shared_ptr<const Tokenizer> tok);
+std::unique_ptr<ChatRenderer> make_gemma_renderer(std::shared_ptr<const Tokenizer> tok);
 }  // namespace rlloop::tokenizer_detail

@@ -4,8 +4,8 @@
 namespace rlloop {
 
 const std::vector<std::string>& chat_renderer_names() {
-  static const std::vector<std::string> names = {"chatml", "smollm2", "qwen3", "qwen3_no_thinking",
-                                                 "llama3", "llama2",  "role_colon", "harmony"};
+  static const std::vector<std::string> names = {"chatml", "smollm2",    "qwen3",   "qwen3_no_thinking", "llama3",
+                                                 "llama2", "role_colon", "harmony", "gemma"};
   return names;
 }
 
@@ -19,6 +19,7 @@ std::unique_ptr<ChatRenderer> make_chat_renderer(const std::string& name, std::s
   if (name == "llama2") return make_llama2_renderer(std::move(tokenizer));
   if (name == "role_colon") return make_role_colon_renderer(std::move(tokenizer));
   if (name == "harmony") return make_harmony_renderer(std::move(tokenizer));
+  if (name == "gemma") return make_gemma_renderer(std::move(tokenizer));
   std::string known;
   for (const std::string& n : chat_renderer_names()) known += (known.empty() ? "" : ", ") + n;
   throw invalid_argument("make_chat_renderer: unknown renderer '" + name + "' (expected one of " + known + ")");

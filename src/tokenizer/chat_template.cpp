@@ -19,6 +19,7 @@ std::optional<std::string> renderer_for_template(std::string_view jinja) {
   if (has("<|start_header_id|>") && has("<|eot_id|>")) return "llama3";
   if (has("[INST]") && has("<<SYS>>")) return "llama2";
   if (has("<|start|>") && has("<|channel|>") && has("<|message|>")) return "harmony";
+  if (has("<start_of_turn>") && has("<end_of_turn>")) return "gemma";
   return std::nullopt;
 }
 

@@ -102,9 +102,10 @@ TEST(ChatMl, RendersAndTrainsEndToken) {
   EXPECT_EQ(trained_text(*tok, r->build_supervised_example(conv)), "hello<|im_end|>");
 }
 
-TEST(Llama3Chat, UsesHeadersAndEotWithATokenizerThatHasThem) {
-  // GPT-2's vocabulary plus Llama 3's special tokens as added tokens: enough to check the format and weights.
-  test::TempDir dir;
+namespace {
+// GPT-2's vocabulary plus a format's special tokens as added tokens (ids 60000, 60001, ...): enough to check a chat
+// format and its weights.
+std::string gpt2_with_added_tokens(const std::vector<std::string>& added) {
   std::string j = R"({"model": {"type": "BPE", "vocab": )";
   std::ifstream enc(test::gpt2_dir() / "encoder.json");
   j += std::string(std::istreambuf_iterator<char>(enc), {});
@@ -115,9 +116,18 @@ TEST(Llama3Chat, UsesHeadersAndEotWithATokenizerThatHasThem) {
   std::getline(bpe, line);  // #version
   while (std::getline(bpe, line))
     if (!line.empty()) j += (first ? "" : ",") + nlohmann::json(line).dump(), first = false;
+  nlohmann::json tokens = nlohmann::json::array();
+  for (std::size_t i = 0; i < added.size(); ++i) tokens.push_back({{"id", 60000 + i}, {"content", added[i]}});
   j += R"(]}, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false}, "decoder": {"type": "ByteLevel"},
-    "added_tokens": [{"id": 60000, "content": "<|begin_of_text|>"}, {"id": 60001, "content": "<|start_header_id|>"},
-    {"id": 60002, "content": "<|end_header_id|>"}, {"id": 60003, "content": "<|eot_id|>"}]})";
+    "added_tokens": )" + tokens.dump() + "}";
+  return j;
+}
+}  // namespace
+
+TEST(Llama3Chat, UsesHeadersAndEotWithATokenizerThatHasThem) {
+  test::TempDir dir;
+  const std::string j = gpt2_with_added_tokens(
+      {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"});  // ids 60000..60003
   auto tok = load_tokenizer(dir.write("tokenizer.json", j));
   auto r = make_chat_renderer("llama3", tok);
   const std::vector<Message> conv = {{"user", "  hi \n", std::nullopt}, {"assistant", "hello", std::nullopt}};
@@ -127,6 +137,31 @@ TEST(Llama3Chat, UsesHeadersAndEotWithATokenizerThatHasThem) {
   EXPECT_EQ(trained_text(*tok, r->build_supervised_example(conv)), "hello<|eot_id|>");
   EXPECT_EQ(r->stop_token_ids(), V{60003});
   EXPECT_EQ(r->parse_response(tok->encode("fine<|eot_id|>")).message.content, "fine");
+}
+
+// Gemma 2's template: <bos>, user and model turns with trimmed content, the answer and its <end_of_turn> trained; a
+// system message and roles out of turn are refused as the template refuses them; its template is recognised.
+TEST(GemmaChat, TurnsOfUserAndModelWithATokenizerThatHasThem) {
+  test::TempDir dir;
+  auto tok = load_tokenizer(dir.write(
+      "tokenizer.json", gpt2_with_added_tokens({"<bos>", "<start_of_turn>", "<end_of_turn>", "<eos>"})));
+  auto r = make_chat_renderer("gemma", tok);
+  const std::vector<Message> conv = {{"user", "  hi \n", std::nullopt}, {"assistant", "hello", std::nullopt}};
+  EXPECT_EQ(r->render_text(conv, true),
+            "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nhello<end_of_turn>\n"
+            "<start_of_turn>model\n");
+  EXPECT_EQ(trained_text(*tok, r->build_supervised_example(conv)), "hello<end_of_turn>");
+  EXPECT_EQ(r->stop_token_ids(), (V{60002, 60003}));
+  EXPECT_EQ(r->parse_response(tok->encode("fine<end_of_turn>", true)).message.content, "fine");
+  const std::vector<Message> with_system = {{"system", "be brief", std::nullopt}, {"user", "hi", std::nullopt}};
+  EXPECT_NE(test::error_of([&] { r->render_text(with_system, true); }).find("gemma: the system role is not supported"),
+            std::string::npos)
+      << "as the template's raise_exception";
+  const std::vector<Message> twice = {{"user", "a", std::nullopt}, {"user", "b", std::nullopt}};
+  EXPECT_NE(test::error_of([&] { r->render_text(twice, true); }).find("gemma: message 1 has role 'user'"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { make_chat_renderer("gemma", load_tokenizer("byte")); }).find("<bos>"),
+            std::string::npos);
 }
 
 TEST(ChatRenderers, BadInputIsNamed) {

@@ -203,6 +203,9 @@ TEST(GgufTokenizer, TheChatTemplateChoosesTheRenderer) {
   GgufTokenizer gpt_oss;  // gpt-oss's template writes harmony's headers
   gpt_oss.chat_template = "{{- '<|start|>' + message.role }}{{- '<|channel|>final<|message|>' + content + '<|end|>' }}";
   EXPECT_EQ(default_chat_renderer(gpt_oss.write(dir, "gpt-oss.gguf"), "llama3"), "harmony");
+  GgufTokenizer gemma;  // Gemma 2's turns
+  gemma.chat_template = "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}";
+  EXPECT_EQ(default_chat_renderer(gemma.write(dir, "gemma.gguf"), "role_colon"), "gemma");
   // Without a template it recognises, the family's format.
   EXPECT_EQ(default_chat_renderer(GgufTokenizer{}.write(dir, "plain.gguf"), "llama3"), "llama3");
   EXPECT_EQ(default_chat_renderer("byte", "llama3"), "role_colon");

@@ -1,0 +1,63 @@
+// Gemma 2 Instruct (the google/gemma-2-*-it chat template): <bos>, then per message "<start_of_turn>" + role ("user",
+// or "model" for the assistant) + "\n" + trimmed content + "<end_of_turn>\n", and "<start_of_turn>model\n" as the
+// generation prompt. As the template does, a system message is refused, and the roles must alternate from the user.
+#include "chat_renderer_base.hpp"
+
+namespace rlloop::tokenizer_detail {
+namespace {
+
+class Gemma final : public SegmentRenderer {
+ public:
+  explicit Gemma(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
+    require_token("<bos>");
+    require_token("<start_of_turn>");
+    end_of_turn_ = require_token("<end_of_turn>");
+    eos_ = tok_->token_to_id("<eos>");
+  }
+  std::string name() const override { return "gemma"; }
+  std::vector<std::string> stop_sequences() const override { return {}; }
+  std::vector<token_id> stop_token_ids() const override {
+    std::vector<token_id> v{end_of_turn_};
+    if (eos_) v.push_back(*eos_);
+    return v;
+  }
+  ParsedResponse parse_response(std::span<const token_id> tokens) const override {
+    auto [text, complete] = text_until_stop(tokens);
+    return {Message{"assistant", std::move(text), std::nullopt}, complete};
+  }
+
+ protected:
+  std::vector<Segment> segments(std::span<const Message> messages, bool gen, TrainOn train_on) const override {
+    check_roles(messages, name());
+    const auto last = last_assistant(messages);
+    std::vector<Segment> out{{"<bos>", false}};
+    for (std::size_t i = 0; i < messages.size(); ++i) {
+      const Message& m = messages[i];
+      if (m.role == "system")
+        throw invalid_argument(name() + ": the system role is not supported (Gemma's template refuses it)");
+      // The template's own check (raise_exception).
+      if ((m.role == "user") != (i % 2 == 0))
+        throw invalid_argument(name() + ": message " + std::to_string(i) + " has role '" + m.role +
+                               "'; conversation roles must alternate user/assistant/user/assistant/...");
+      out.push_back({"<start_of_turn>" + std::string(m.role == "assistant" ? "model" : m.role) + "\n", false});
+      const bool train = !gen && m.role == "assistant" &&
+                         (train_on == TrainOn::all_assistant || static_cast<std::ptrdiff_t>(i) == last);
+      out.push_back({strip(m.content) + "<end_of_turn>", train});
+      out.push_back({"\n", false});
+    }
+    if (gen) out.push_back({"<start_of_turn>model\n", false});
+    return out;
+  }
+
+ private:
+  token_id end_of_turn_;
+  std::optional<token_id> eos_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatRenderer> make_gemma_renderer(std::shared_ptr<const Tokenizer> tok) {
+  return std::make_unique<Gemma>(std::move(tok));
+}
+
+}  // namespace rlloop::tokenizer_detail
