@@ -195,6 +195,7 @@ TEST(ModelFamily, Gemma2ReadsItsKeysWithTransformersDefaults) {
   j["hidden_activation"] = "relu";
   EXPECT_EQ(error_message<unsupported>([&] { ModelConfig::from_json(j); }),
             "model config: hidden_activation 'relu' is not supported (silu, gelu_pytorch_tanh)");
+  EXPECT_EQ(find_model_family("gemma2")->chat_renderer, "gemma");
 }
 
 // The families the engine runs (model_family.hpp): each model_type's entry, the names derived from it, the list

@@ -9,7 +9,7 @@
 //     layer 0, a window of sliding_window = 4096).
 // A config.json without one of these keys takes Gemma2Config's default, as transformers does. Tied embeddings by
 // default. No GGUF architecture yet (llama.cpp's "gemma2" stores its norms with the one added and derives the
-// attention scale from the model's size). Chat format: no Gemma renderer yet; the plain role_colon one.
+// attention scale from the model's size). Chat format: Gemma's turns ("gemma").
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -91,7 +91,7 @@ ModelFamily gemma2() {
   f.names.post_norm = "pre_feedforward_layernorm";
   f.names.attn_out_norm = "post_attention_layernorm";
   f.names.mlp_out_norm = "post_feedforward_layernorm";
-  f.chat_renderer = "role_colon";
+  f.chat_renderer = "gemma";
   f.read_config = gemma2_keys::read_config;
   f.write_config = gemma2_keys::write_config;
   return f;
