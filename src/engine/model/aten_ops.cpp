@@ -98,8 +98,8 @@ AtenOps::Rows AtenOps::attend_groups(const Rows& q, const Rows& k, const Rows& v
       (cache == torch::kFloat32 || cache == torch::kBFloat16))
     return attend_paged_cpu(q[0].transpose(0, 1).contiguous(), pool, li, *in_.step, k.size(1), in_.scale)
         .view({1, R, nh * D});
-  // Elsewhere (CUDA, bf16, sinks, a window or a soft-cap): every row's blocks gathered (padded to the longest table) and masked
-  // past its length (and before its window).
+  // Elsewhere (CUDA, bf16, sinks, a window or a soft-cap): every row's blocks gathered (padded to the longest table)
+  // and masked past its length (and before its window).
   // Why every layer, every step, even when the batch's layout has not changed: each layer reads its own keys and
   // values, so a gather per layer is the price of reading paged blocks without a paged-attention kernel (ATen has
   // none). Keeping each layer's padded copy between steps and appending the new position would skip it, but holds a

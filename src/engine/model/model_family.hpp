@@ -73,8 +73,8 @@ struct WeightNames {
   std::string experts = "mlp.experts";
   // A family with attention sinks: the layer's learned logit per head.
   std::string sinks = "self_attn.sinks";
-  // A family with sandwich norms: the norms of the attention's and the MLP's outputs (Gemma 2: "post_attention_
-  // layernorm" and "post_feedforward_layernorm", its norm before the MLP being post_norm = "pre_feedforward_layernorm").
+  // Sandwich norms: those of the attention's and the MLP's outputs (Gemma 2: post_attention_layernorm and
+  // post_feedforward_layernorm; its norm before the MLP, post_norm, being pre_feedforward_layernorm).
   std::string attn_out_norm;
   std::string mlp_out_norm;
 };
