@@ -44,6 +44,7 @@
 
 #include <rlloop/algorithms/advantages.hpp>
 #include <rlloop/algorithms/aggregation.hpp>
+#include <rlloop/algorithms/completion.hpp>
 #include <rlloop/algorithms/policy_gradient.hpp>
 #include <rlloop/algorithms/rollout.hpp>
 
@@ -77,20 +78,15 @@ class TrainingTeacher {
     return client_.live_sampling_client().compute_logprobs(input);
   }
   std::vector<std::vector<double>> compute_logprobs_batch(std::span<const ModelInput> inputs) const {
-    // Datum i predicts tokens 1..n-1 of input i from the ones before; token 0 gets 0.0, as compute_logprobs gives.
+    // Datum i predicts tokens 1..n-1 of input i from the ones before (its first token as the "prompt"); token 0
+    // gets 0.0, as compute_logprobs gives.
     std::vector<Datum> data;
     std::vector<std::size_t> scored;  // which inputs have a token to predict
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<token_id> tokens = inputs[i].tokens();
+      const std::vector<token_id> tokens = inputs[i].tokens();
       if (tokens.empty()) throw invalid_argument("TrainingTeacher: input " + std::to_string(i) + " is empty");
       if (tokens.size() == 1) continue;
-      Datum d;
-      d.loss_fn_inputs["target_tokens"] =
-          TensorData::from_tokens(std::vector<token_id>(tokens.begin() + 1, tokens.end()));
-      d.loss_fn_inputs["weights"] = TensorData::from_floats(std::vector<float>(tokens.size() - 1, 0.0f));  // no loss
-      tokens.pop_back();
-      d.model_input = ModelInput::from_tokens(std::move(tokens));
-      data.push_back(std::move(d));
+      data.push_back(completion_datum({tokens.front()}, std::vector<token_id>(tokens.begin() + 1, tokens.end())));
       scored.push_back(i);
     }
     std::vector<std::vector<double>> out(inputs.size());

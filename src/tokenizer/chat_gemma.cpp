@@ -6,25 +6,14 @@
 namespace rlloop::tokenizer_detail {
 namespace {
 
-class Gemma final : public SegmentRenderer {
+class Gemma final : public EndOfTurnRenderer {
  public:
-  explicit Gemma(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
+  explicit Gemma(std::shared_ptr<const Tokenizer> tok) : EndOfTurnRenderer(std::move(tok)) {
     require_token("<bos>");
     require_token("<start_of_turn>");
-    end_of_turn_ = require_token("<end_of_turn>");
-    eos_ = tok_->token_to_id("<eos>");
+    ends_turns_with("<end_of_turn>", {"<eos>"});
   }
   std::string name() const override { return "gemma"; }
-  std::vector<std::string> stop_sequences() const override { return {}; }
-  std::vector<token_id> stop_token_ids() const override {
-    std::vector<token_id> v{end_of_turn_};
-    if (eos_) v.push_back(*eos_);
-    return v;
-  }
-  ParsedResponse parse_response(std::span<const token_id> tokens) const override {
-    auto [text, complete] = text_until_stop(tokens);
-    return {Message{"assistant", std::move(text), std::nullopt}, complete};
-  }
 
  protected:
   std::vector<Segment> segments(std::span<const Message> messages, bool gen, TrainOn train_on) const override {
@@ -49,9 +38,6 @@ class Gemma final : public SegmentRenderer {
     return out;
   }
 
- private:
-  token_id end_of_turn_;
-  std::optional<token_id> eos_;
 };
 
 }  // namespace

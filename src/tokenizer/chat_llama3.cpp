@@ -5,26 +5,13 @@
 namespace rlloop::tokenizer_detail {
 namespace {
 
-class Llama3 final : public SegmentRenderer {
+class Llama3 final : public EndOfTurnRenderer {
  public:
-  explicit Llama3(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
+  explicit Llama3(std::shared_ptr<const Tokenizer> tok) : EndOfTurnRenderer(std::move(tok)) {
     for (const char* t : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"}) require_token(t);
-    eot_ = require_token("<|eot_id|>");
-    end_of_text_ = tok_->token_to_id("<|end_of_text|>");
-    eom_ = tok_->token_to_id("<|eom_id|>");
+    ends_turns_with("<|eot_id|>", {"<|end_of_text|>", "<|eom_id|>"});
   }
   std::string name() const override { return "llama3"; }
-  std::vector<std::string> stop_sequences() const override { return {}; }
-  std::vector<token_id> stop_token_ids() const override {
-    std::vector<token_id> v{eot_};
-    if (end_of_text_) v.push_back(*end_of_text_);
-    if (eom_) v.push_back(*eom_);
-    return v;
-  }
-  ParsedResponse parse_response(std::span<const token_id> tokens) const override {
-    auto [text, complete] = text_until_stop(tokens);
-    return {Message{"assistant", std::move(text), std::nullopt}, complete};
-  }
 
  protected:
   std::vector<Segment> segments(std::span<const Message> messages, bool gen, TrainOn train_on) const override {
@@ -43,9 +30,6 @@ class Llama3 final : public SegmentRenderer {
     return out;
   }
 
- private:
-  token_id eot_;
-  std::optional<token_id> end_of_text_, eom_;
 };
 
 }  // namespace

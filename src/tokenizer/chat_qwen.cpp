@@ -18,24 +18,13 @@ std::string rstrip_newlines(std::string s) {
   return s;
 }
 
-class ChatMl : public SegmentRenderer {
+class ChatMl : public EndOfTurnRenderer {
  public:
-  explicit ChatMl(std::shared_ptr<const Tokenizer> tok) : SegmentRenderer(std::move(tok)) {
-    im_end_ = require_token("<|im_end|>");
+  explicit ChatMl(std::shared_ptr<const Tokenizer> tok) : EndOfTurnRenderer(std::move(tok)) {
+    ends_turns_with("<|im_end|>", {"<|endoftext|>"});
     require_token("<|im_start|>");
-    endoftext_ = tok_->token_to_id("<|endoftext|>");
   }
   std::string name() const override { return "chatml"; }
-  std::vector<std::string> stop_sequences() const override { return {}; }
-  std::vector<token_id> stop_token_ids() const override {
-    std::vector<token_id> v{im_end_};
-    if (endoftext_) v.push_back(*endoftext_);
-    return v;
-  }
-  ParsedResponse parse_response(std::span<const token_id> tokens) const override {
-    auto [text, complete] = text_until_stop(tokens);
-    return {Message{"assistant", std::move(text), std::nullopt}, complete};
-  }
 
  protected:
   std::vector<Segment> segments(std::span<const Message> messages, bool gen, TrainOn train_on) const override {
@@ -53,9 +42,6 @@ class ChatMl : public SegmentRenderer {
     if (gen) out.push_back({"<|im_start|>assistant\n", false});
     return out;
   }
-
-  token_id im_end_;
-  std::optional<token_id> endoftext_;
 };
 
 // SmolLM2-Instruct's chat template: ChatML, opened by a default system message when the conversation has none.

@@ -92,6 +92,17 @@ std::vector<float> SegmentRenderer::weights_by_prefixes(const Tokenizer& tok, co
   return weights;
 }
 
+void EndOfTurnRenderer::ends_turns_with(const std::string& end_of_turn, std::initializer_list<const char*> optional) {
+  stops_ = {require_token(end_of_turn)};
+  for (const char* token : optional)
+    if (auto id = tok_->token_to_id(token)) stops_.push_back(*id);
+}
+
+ParsedResponse EndOfTurnRenderer::parse_response(std::span<const token_id> tokens) const {
+  auto [text, complete] = text_until_stop(tokens);
+  return {Message{"assistant", std::move(text), std::nullopt}, complete};
+}
+
 token_id SegmentRenderer::require_token(const std::string& token) const {
   auto id = tok_->token_to_id(token);
   if (!id)

@@ -1,6 +1,8 @@
 // Shared machinery of the chat renderers: a renderer describes a conversation as text segments, each marked
 // trained or not; this base turns them into tokens and per-token weights.
 #pragma once
+#include <initializer_list>
+
 #include <rlloop/chat.hpp>
 
 namespace rlloop::tokenizer_detail {
@@ -39,6 +41,25 @@ class SegmentRenderer : public ChatRenderer {
                                                 const std::vector<token_id>& tokens, const std::vector<Segment>& segs);
 
   std::shared_ptr<const Tokenizer> tok_;
+};
+
+// A format whose turns end with one special token (ChatML's <|im_end|>, Llama 3's <|eot_id|>, Gemma's <end_of_turn>):
+// generation stops at it, or at the other end tokens the format names where the tokenizer has them, and a response
+// is the text before the stop. A subclass names them in its constructor (ends_turns_with), among its other required
+// tokens in the order it checks them.
+class EndOfTurnRenderer : public SegmentRenderer {
+ public:
+  using SegmentRenderer::SegmentRenderer;
+  std::vector<std::string> stop_sequences() const override { return {}; }
+  std::vector<token_id> stop_token_ids() const override { return stops_; }
+  ParsedResponse parse_response(std::span<const token_id> tokens) const override;
+
+ protected:
+  // `end_of_turn` is required (require_token); those of `optional` the tokenizer has stop generation too.
+  void ends_turns_with(const std::string& end_of_turn, std::initializer_list<const char*> optional);
+
+ private:
+  std::vector<token_id> stops_;
 };
 
 }  // namespace rlloop::tokenizer_detail

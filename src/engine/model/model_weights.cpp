@@ -29,7 +29,7 @@ bool fp32_cpu(const torch::Tensor& t) {
 }  // namespace
 
 bool Layer::cpu_kernels_apply(std::int64_t window) const {
-  if (sparse() || sinks.defined() || window > 0 || attn_out_norm.defined()) return false;
+  if (sparse() || sinks.defined() || window > 0) return false;
   for (const torch::Tensor* t : {&input_norm, &post_norm, &q_norm, &k_norm})
     if (!fp32_cpu(*t)) return false;
   for (const Linear* lin : {&q, &k, &v, &o, &gate, &up, &down})
@@ -189,9 +189,9 @@ bool ModelWeights::same_base(const ModelWeights& b) const {
 bool ModelWeights::cpu_kernels_decode() const {
   for (std::size_t i = 0; i < layers.size(); ++i)
     if (!layers[i].cpu_kernels_apply(cfg.attention_window(static_cast<std::int64_t>(i)))) return false;
-  // (Gemma's parts are the ATen backend's only: the CPU decoder neither caps logits nor adds one to its norms.)
-  if (cfg.norm_adds_one || cfg.attn_logit_softcapping > 0 || cfg.final_logit_softcapping > 0 ||
-      cfg.hidden_activation != ModelConfig::Activation::silu || cfg.scale_embeddings)
+  // (Gemma's parts are the ATen backend's only: CpuOps implements none of them.)
+  if (cfg.sandwich_norms || cfg.norm_adds_one || cfg.scale_embeddings || cfg.attn_logit_softcapping > 0 ||
+      cfg.final_logit_softcapping > 0 || cfg.hidden_activation != ModelConfig::Activation::silu)
     return false;
   const Linear& head = lm_head;
   return fp32_cpu(embed) && fp32_cpu(final_norm) && fp32_cpu(head.weight) && fp32_cpu(head.bias) &&

@@ -43,7 +43,7 @@ struct Layer {
   bool sparse() const { return !experts.empty(); }
   // Whether the CPU's decoding kernels (cpu_decoder.hpp) implement this layer as it is: decoder_layer's dense form
   // with plain causal attention (`window` 0: none), every tensor fp32 on the CPU (quantized matrices are read from
-  // their blocks), no sandwich norms.
+  // their blocks).
   bool cpu_kernels_apply(std::int64_t window) const;
   // Whether any weight, norm or adapter of the layer requires grad.
   bool trains() const;

@@ -26,7 +26,7 @@ namespace rlloop::engine::families {
 namespace gemma2_keys {
 
 // A positive number, Gemma2Config's default when absent, 0 (none) when null.
-double cap_or_default(const nlohmann::json& j, const char* key, double fallback) {
+double positive_or_default(const nlohmann::json& j, const char* key, double fallback) {
   const auto it = j.find(key);
   if (it == j.end()) return fallback;
   if (it->is_null()) return 0;
@@ -43,11 +43,11 @@ void read_config(const nlohmann::json& j, ModelConfig& c) {
   if (j.contains("use_bidirectional_attention") && j["use_bidirectional_attention"].is_boolean() &&
       j["use_bidirectional_attention"].get<bool>())
     throw unsupported("model config: gemma2's use_bidirectional_attention=true is not supported (causal only)");
-  c.query_pre_attn_scalar = cap_or_default(j, "query_pre_attn_scalar", 256);
+  c.query_pre_attn_scalar = positive_or_default(j, "query_pre_attn_scalar", 256);
   if (c.query_pre_attn_scalar == 0)
     throw invalid_argument("model config: gemma2's query_pre_attn_scalar must be a positive number");
-  c.attn_logit_softcapping = cap_or_default(j, "attn_logit_softcapping", 50.0);
-  c.final_logit_softcapping = cap_or_default(j, "final_logit_softcapping", 30.0);
+  c.attn_logit_softcapping = positive_or_default(j, "attn_logit_softcapping", 50.0);
+  c.final_logit_softcapping = positive_or_default(j, "final_logit_softcapping", 30.0);
   const auto window = j.find("sliding_window");
   if (window != j.end() && !window->is_null() && !window->is_number_integer())
     throw invalid_argument("model config: gemma2's sliding_window must be an integer or null, got " + window->dump());
