@@ -32,6 +32,10 @@ NamePairs block_tensors(const ModelFamily& family) {
   if (family.experts) out.emplace_back("ffn_gate_inp.weight", n.router + ".weight");
   if (family.experts && family.expert_style.router_bias) out.emplace_back("ffn_gate_inp.bias", n.router + ".bias");
   if (family.attention_sinks) out.emplace_back("attn_sinks.weight", n.sinks);
+  if (family.sandwich_norms) {  // llama.cpp's gemma2: the norms of attention's and the MLP's outputs
+    out.emplace_back("post_attention_norm.weight", n.attn_out_norm + ".weight");
+    out.emplace_back("post_ffw_norm.weight", n.mlp_out_norm + ".weight");
+  }
   return out;
 }
 
@@ -101,6 +105,12 @@ std::int64_t reordered_heads(const ModelConfig& config, const std::string& gguf_
   return 0;
 }
 
+// What llama.cpp's converter adds to the tensor named `gguf_name`: 1 to every norm of a family whose RMSNorm scales
+// by (1 + w) (its Gemma converters: llama.cpp's norm multiplies by the stored weight), 0 to anything else.
+double gguf_value_shift(const ModelConfig& config, const std::string& gguf_name) {
+  return config.family().norm_adds_one && gguf_name.ends_with("norm.weight") ? 1.0 : 0.0;
+}
+
 }  // namespace
 
 std::string gguf_expert_stack_name(std::int64_t layer, Projection p, const std::string& suffix) {
@@ -125,6 +135,7 @@ std::optional<std::string> gguf_tensor_name(const ModelFamily& family, const std
 }
 
 torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t) {
+  if (const double shift = gguf_value_shift(config, gguf_name)) return t + shift;
   const std::int64_t heads = reordered_heads(config, gguf_name);
   return heads ? reorder_head_rows(t, heads, /*to_gguf=*/true) : t;
 }
@@ -210,6 +221,7 @@ torch::Tensor dequantized_tensor(const gguf::File& file, const ModelConfig& conf
   std::vector<std::int64_t> shape(t.shape.rbegin(), t.shape.rend());  // ggml lists the fastest dimension first
   auto values = torch::empty(shape, torch::kFloat32);
   gguf::dequantize(t.type, file.bytes(t), std::span<float>(values.data_ptr<float>(), values.numel()));
+  if (const double shift = gguf_value_shift(config, t.name)) values -= shift;
   if (const std::int64_t heads = reordered_heads(config, t.name))
     values = reorder_head_rows(values, heads, /*to_gguf=*/false);
   return values;

@@ -41,8 +41,8 @@ std::optional<std::string> gguf_tensor_name(const ModelFamily& family, const std
 // llama.cpp's name of sparse layer `layer`'s experts' projection `p`, stacked ("blk.3.ffn_gate_exps.weight"; with
 // suffix ".bias" their biases, gpt-oss's).
 std::string gguf_expert_stack_name(std::int64_t layer, Projection p, const std::string& suffix = ".weight");
-// A tensor (or a LoRA B, whose rows are the weight's) in the row order llama.cpp's converter writes for
-// `gguf_name`: the llama family's q and k rows permuted for GGML's RoPE, everything else as it is.
+// A tensor (or a LoRA B, whose rows are the weight's) as llama.cpp's converter writes `gguf_name`: the llama family's
+// q and k rows permuted for GGML's RoPE, Gemma's norms as 1 + w (read back as w), everything else as it is.
 torch::Tensor to_gguf_layout(const ModelConfig& config, const std::string& gguf_name, const torch::Tensor& t);
 
 }  // namespace rlloop::engine
