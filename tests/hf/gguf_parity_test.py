@@ -10,10 +10,11 @@
            within 1e-4 of transformers' computed in fp64 (the exact value for the same weights; transformers' own
            fp32 is off from it by about as much, 9e-5 here, which the test prints), and the same argmax as
            transformers' fp32 at every position.
-  tiny     make_models.py's tiny random Llama, Qwen2 and Qwen3 models (grouped-query attention, biases, tied and
-           untied embeddings, q/k norms) written to GGUF as llama.cpp's converter writes them (tensor names,
-           metadata, the Llama q/k row permutation), in F32: rlloop's logits equal transformers' on the original
-           Hugging Face model within 1e-5.
+  tiny     make_models.py's tiny random Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss and Gemma 2 models (grouped-query
+           attention, biases, tied and untied embeddings, q/k norms, experts, sandwich (1 + w) norms, soft-caps)
+           written to GGUF as llama.cpp's converter writes them (tensor names, metadata, the Llama q/k row
+           permutation, Gemma's norms as 1 + w), in F32: rlloop's logits equal transformers' on the original
+           Hugging Face model within 1e-5. A Gemma 2 whose attention scale llama.cpp would not derive is not exported.
            rlloop's GGUF exports of each with peft's adapter: the merged F32 model equals what llama.cpp's converter
            writes for peft's merged model (names, layout, metadata; values within 1e-5), and the GGUF LoRA adapter
            holds peft's tensors under convert_lora_to_gguf.py's names and layout, exactly, with peft's alpha.
@@ -76,6 +77,12 @@ MODEL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.wei
 GPT_OSS_BLOCK_NAMES = dict(BLOCK_NAMES, **{
     "post_attention_layernorm.weight": "post_attention_norm.weight", "self_attn.sinks": "attn_sinks.weight",
     "mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias"})
+# Gemma 2's (llama.cpp's Gemma2Model converter): its norm before the MLP is ffn_norm, the sandwich norms
+# post_attention_norm and post_ffw_norm; every norm is stored as 1 + w.
+GEMMA2_BLOCK_NAMES = dict(BLOCK_NAMES, **{
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight"})
 ARCHITECTURES = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
@@ -138,7 +145,11 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
-    block_names = GPT_OSS_BLOCK_NAMES if arch == "gpt-oss" else BLOCK_NAMES
+    block_names = {"gpt-oss": GPT_OSS_BLOCK_NAMES, "gemma2": GEMMA2_BLOCK_NAMES}.get(arch, BLOCK_NAMES)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
     if arch == "gpt-oss":
         w.add_sliding_window(cfg["sliding_window"])
         rope = cfg["rope_parameters"]
@@ -178,6 +189,8 @@ def write_gguf(model_dir, path, change=lambda name, a: a):
         else:
             gname = MODEL_NAMES[name]
         a = t.float().numpy()
+        if arch == "gemma2" and name.endswith("norm.weight"):
+            a = a + 1
         if arch == "llama" and gname.endswith(("attn_q.weight", "attn_q.bias")):
             a = permute(a, heads, heads)
         if arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
@@ -356,9 +369,20 @@ def main():
             if not diff <= TINY_TOLERANCE:
                 failures.append(f"tiny {name}: max |difference| {diff:.3e} > {TINY_TOLERANCE:.0e}")
             check_exports(tool, root, name, failures)
+        # A model llama.cpp would run otherwise (Gemma 2 with an attention scale other than the one llama.cpp derives
+        # from its size) is not exported.
+        path = os.path.join(root, "gemma2-export.gguf")
+        run = subprocess.run([tool, os.path.join(root, "gemma2"), "1,2", "--export-gguf-model", path],
+                             capture_output=True, text=True)
+        expected = "llama.cpp's gemma2 scales attention by 32^-1/2 for this model's size (2 layers), the model by " \
+                   "query_pre_attn_scalar 24"
+        ok = run.returncode != 0 and expected in run.stderr and not os.path.exists(path)
+        print(f"tiny gemma2 (scale 24^-1/2) GGUF export: {'refused' if ok else 'NOT REFUSED AS EXPECTED'}")
+        if not ok:
+            failures.append(f"tiny gemma2: export not refused with {expected!r}: {run.stderr.strip()[:300]}")
         # Files rlloop cannot run are refused naming the file and what is missing.
         bad = {
-            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3, qwen3moe, gpt-oss)", lambda w: None),
+            "phi3": ("architecture 'phi3' is not supported (llama, qwen2, qwen3, qwen3moe, gpt-oss, gemma2)", lambda w: None),
             "llama": ("tensor 'blk.0.ffn_gate_exps.weight' has no counterpart in rlloop's llama models",
                       lambda w: w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32), np.float32))),
             # Only an embedding and a final norm: the first block's tensors are missing.

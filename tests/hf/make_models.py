@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 # Both ends of the 300-token vocabulary (0, 299) and a repeat (7, 7), whose two logits rows differ by position only.
 TOKENS = [1, 5, 9, 299, 0, 17, 42, 7, 7, 130, 255, 64]
 
-# Shared by every model (all twelve are made in a few seconds); grouped-query attention (4 query heads over 2 key/value
+# Shared by every model (all thirteen are made in a few seconds); grouped-query attention (4 query heads over 2 key/value
 # heads).
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, hidden_act="silu", bos_token_id=1, eos_token_id=2)
@@ -104,11 +104,17 @@ MODELS = [
                                     head_dim=32), ALL_LINEAR, gguf=False),
     # Gemma 2: sandwich norms scaling by (1 + w), GeGLU, embeddings x sqrt(64), layer 0 sliding (a window of 4),
     # attention scaled by 24^-1/2 (not head_dim 32's) and soft-capped at 1.5, the output logits at 2.5: caps small
-    # enough to bite on these O(1) logits. Tied, as Gemma 2 is. Not written as GGUF: rlloop reads no "gemma2" GGUF yet.
+    # enough to bite on these O(1) logits. Tied, as Gemma 2 is. Not written as GGUF: llama.cpp's gemma2 derives the
+    # attention scale from the model's size (head_dim^-1/2 here), so rlloop's export refuses this one.
     Spec("gemma2", "gemma2", dict(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
                                   tie_word_embeddings=True, rms_norm_eps=1e-6, sliding_window=4, head_dim=32,
                                   query_pre_attn_scalar=24, attn_logit_softcapping=1.5, final_logit_softcapping=2.5),
          ALL_LINEAR, gguf=False),
+    # Gemma 2 as llama.cpp runs it: as above with the attention scaled by head_dim^-1/2 (query_pre_attn_scalar 32).
+    Spec("gemma2-gguf", "gemma2", dict(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                                       tie_word_embeddings=True, rms_norm_eps=1e-6, sliding_window=4, head_dim=32,
+                                       query_pre_attn_scalar=32, attn_logit_softcapping=1.5,
+                                       final_logit_softcapping=2.5), ALL_LINEAR),
 ]
 
 
