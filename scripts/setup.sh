@@ -25,6 +25,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-openmp libblas-dev
   libtbb-dev libgloo-dev libboost1.81-dev libboost-json1.81-dev nlohmann-json3-dev libssl-dev
+  libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   bubblewrap libseccomp-dev python3 python3-venv
 )

@@ -10,6 +10,7 @@
 
 #include "server/api_impl.hpp"
 #include "server/journal.hpp"
+#include "server/tinker.hpp"
 
 namespace rlloop::server {
 
@@ -50,6 +51,10 @@ Response error_response(const std::exception_ptr& failure, const RequestContext&
     if (c.amz_target) {
       res.content_type = "application/x-amz-json-1.1";
       res.body = dump({{"__type", e.code()}, {"Message", e.what()}});
+    } else if (is_tinker_path(c.path)) {
+      // The tinker SDK puts the body in its exception's message; never empty (an empty 400 reads as a proxy's).
+      res.content_type = "application/json";
+      res.body = dump({{"error", e.what()}, {"category", e.status() < 500 ? "user" : "server"}});
     } else if (is_openai_client_path(c.path)) {
       // OpenAI clients read {"error": {...}}; "message" stays for AWS-style clients.
       res.content_type = "application/json";
@@ -88,6 +93,7 @@ Handled route(Api::Impl& im, const sigv4::HttpRequest& req, RequestContext& c, c
     throw api_error("RequestEntityTooLarge", 413,
                     "request body of " + std::to_string(req.body.size()) + " bytes exceeds this tenant's limit of " +
                         std::to_string(tenant->config.max_body_bytes));
+  if (is_tinker_path(c.path)) return im.tinker_api(req, c.path, tenant, reply);
   if (!c.amz_target) return im.runtime(req, c.path, tenant, reply);
   if (req.method != "POST" || c.path != "/")
     throw api_error("UnknownOperationException", 400, "control-plane calls are POST /");
@@ -137,6 +143,7 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
   check_retention(options.retention);
   impl_->options = std::move(options);
   impl_->backend = std::move(backend);
+  impl_->tinker = std::make_shared<TinkerRoutes>();
   if (!impl_->options.log)
     impl_->options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   for (const Tenant& t : impl_->options.tenants) {
@@ -209,6 +216,12 @@ std::size_t Api::max_body_bytes() const {
 }
 
 std::shared_ptr<TenantState> Api::Impl::authenticate(const sigv4::HttpRequest& req, const std::string& path) {
+  if (is_tinker_path(path)) {  // Tinker's X-API-Key: one of the tenant's bearer keys
+    const auto key = req.header("X-API-Key");
+    const auto it = key ? bearer_keys.find(*key) : bearer_keys.end();
+    if (it == bearer_keys.end()) throw api_error("Unauthorized", 401, "X-API-Key is missing or not valid");
+    return it->second;
+  }
   const auto auth = req.header("Authorization");
   if (auth) {
     const std::string key = bearer_of(*auth);

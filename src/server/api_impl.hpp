@@ -285,6 +285,8 @@ class SessionHost {
   std::thread worker_;
 };
 
+struct TinkerRoutes;
+
 struct Api::Impl {
   Options options;
   Backend backend;
@@ -313,6 +315,10 @@ struct Api::Impl {
   json control_plane(const std::string& target, const json& body, const std::shared_ptr<TenantState>& t);
   // control_plane's CreateTrainingSession and ListTrainingSessions.
   json create_training_session(const json& body, const std::shared_ptr<TenantState>& t);
+  // Hosts a new session `name` of tenant t (its session limit, the journal's record) and starts creating it; the
+  // Tinker routes' create_model too. Throws api_error.
+  std::shared_ptr<SessionHost> host_session(const std::shared_ptr<TenantState>& t, const std::string& name,
+                                            const std::string& arn, const SessionOptions& options, const json& echo);
   json list_training_sessions(const json& body, const TenantState& t);
   // A control-plane call's response. DescribeTrainingSession of a session still Creating waits, as a
   // Get*OperationResult without ?waitSeconds= does, up to Options::default_result_wait for it to leave Creating,
@@ -330,7 +336,18 @@ struct Api::Impl {
                         bool sampling, const Reply& reply);
   Handled submit_operation(const sigv4::HttpRequest& req, const std::shared_ptr<TenantState>& t, SessionHost& s,
                            bool training);
+  // Accepts a parsed operation into session s: the tenant owns the model package it names, it is valid for the
+  // session, a training one's sequence number exceeds the last; journaled and queued; returns its id (an
+  // idempotent retry of `token`'s, the id it got then). Throws api_error (`token_field` names the token in errors).
+  std::string accept_operation(const std::shared_ptr<TenantState>& t, SessionHost& s,
+                               const std::shared_ptr<OperationRecord>& op, const std::optional<std::string>& token,
+                               const std::string& token_field, std::int64_t seq);
   json usage_report(const std::shared_ptr<TenantState>& t);
+  // Tinker's protocol under /api/v1/ (tinker.cpp): its sessions, models, samplers and futures over the sessions
+  // above. Created with the Api; shared_ptr so that this header need not define it.
+  std::shared_ptr<TinkerRoutes> tinker;
+  Handled tinker_api(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
+                     const Reply& reply);
   // Ids of the OpenAI endpoints' samples (never listed; a session's listed operations use its own ids).
   std::string new_operation_id();
   // OpenAI-compatible sampling (openai.cpp): /v1/models, /v1/chat/completions, /v1/completions and the
@@ -354,6 +371,8 @@ inline bool terminal_state(const json& state) { return wire::is_terminal(status_
 // OpenAI's error shape and status codes rather than AWS's.
 bool is_openai_path(const std::string& path);
 bool is_openai_client_path(const std::string& path);
+// Whether a path is one of Tinker's (/api/v1/...): authenticated by X-API-Key, errors as {"error", "category"}.
+bool is_tinker_path(const std::string& path);
 
 // The `error` object of OpenAI's error responses ({message, type, param, code}) for `e`.
 json openai_error_body(const api_error& e);

@@ -84,10 +84,15 @@ json Api::Impl::create_training_session(const json& body, const std::shared_ptr<
   opts.base_model = req.base_model;
   opts.lora = req.lora;
   opts.name = req.name;
-  const std::string& name = req.name;
   const std::string arn =
-      "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + name;
+      "arn:aws:sagemaker:" + options.region + ":" + t->config.account_id + ":training-session/" + req.name;
+  host_session(t, req.name, arn, opts, req.echo);
+  return wire::create_training_session_response_to_json(arn);
+}
 
+std::shared_ptr<SessionHost> Api::Impl::host_session(const std::shared_ptr<TenantState>& t, const std::string& name,
+                                                     const std::string& arn, const SessionOptions& opts,
+                                                     const json& echo) {
   std::lock_guard lock(mu);
   if (sessions.count({t->config.id, name}))
     throw api_error("ResourceInUse", 400, "Training session " + name + " already exists");
@@ -97,16 +102,15 @@ json Api::Impl::create_training_session(const json& body, const std::shared_ptr<
     throw api_error("ResourceLimitExceeded", 400,
                     "tenant " + t->config.id + " already has " + std::to_string(live) + " sessions (limit " +
                         std::to_string(t->config.max_sessions) + "); delete one first");
-  auto host = std::make_shared<SessionHost>(t, name, arn, opts, req.echo, backend, host_config());
-  host->journal({{"t", "session"},
-                 {"arn", arn},
-                 {"baseModel", opts.base_model},
-                 {"rank", req.lora.rank},
-                 {"alpha", req.lora.alpha},
-                 {"echo", req.echo},
-                 {"creationTime", host->creation_time}});
-  sessions[{t->config.id, name}] = std::move(host);
-  return wire::create_training_session_response_to_json(arn);
+  auto host = std::make_shared<SessionHost>(t, name, arn, opts, echo, backend, host_config());
+  json record{{"t", "session"},         {"arn", arn},   {"baseModel", opts.base_model},
+              {"rank", opts.lora->rank}, {"alpha", opts.lora->alpha}, {"echo", echo},
+              {"creationTime", host->creation_time}};
+  if (opts.lora->target_modules != std::vector<std::string>{"all-linear"})
+    record["targetModules"] = opts.lora->target_modules;
+  host->journal(std::move(record));
+  sessions[{t->config.id, name}] = host;
+  return host;
 }
 
 json Api::Impl::list_training_sessions(const json& body, const TenantState& t) {

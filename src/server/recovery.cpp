@@ -52,7 +52,8 @@ void Api::Impl::recover() {
     try {
       SessionOptions opts;
       opts.base_model = s.created.at("baseModel").get<std::string>();
-      opts.lora = LoraOptions{s.created.at("rank").get<int>(), s.created.at("alpha").get<int>(), {"all-linear"}};
+      opts.lora = LoraOptions{s.created.at("rank").get<int>(), s.created.at("alpha").get<int>(),
+                              s.created.value("targetModules", std::vector<std::string>{"all-linear"})};
       opts.name = key.second;
       Recovery r;
       r.autosave = s.autosave;

@@ -226,6 +226,15 @@ Handled Api::Impl::submit_operation(const sigv4::HttpRequest& req, const std::sh
   } catch (const invalid_argument& e) {
     throw api_error("ValidationException", 400, e.what());
   }
+  return json_response({{"operationId", accept_operation(t, s, op, token,
+                                                        training ? "clientToken" : "Idempotency-Key", seq)}});
+}
+
+std::string Api::Impl::accept_operation(const std::shared_ptr<TenantState>& t, SessionHost& s,
+                                        const std::shared_ptr<OperationRecord>& op,
+                                        const std::optional<std::string>& token, const std::string& token_field,
+                                        std::int64_t seq) {
+  const bool training = !op->sampling;
   // A model package the tenant does not own (another account's, or none) is known now: a 404 at submission, not
   // an operation that fails later.
   if (const auto arn = package_named(op->op)) {
@@ -242,9 +251,8 @@ Handled Api::Impl::submit_operation(const sigv4::HttpRequest& req, const std::sh
     if (const ClientTokenRecord* known = s.find_client_token_locked(*token, now)) {
       if (known->digest != op->digest)
         throw api_error("ValidationException", 400,
-                        std::string(training ? "clientToken " : "Idempotency-Key ") + *token +
-                            " was already used with different parameters");
-      return json_response({{"operationId", known->operation_id}});  // an idempotent retry: not executed twice
+                        token_field + " " + *token + " was already used with different parameters");
+      return known->operation_id;  // an idempotent retry: not executed twice
     }
   }
   // Checked before queuing so that a bad batch is a 400 now, not a Failed operation later.
@@ -262,7 +270,7 @@ Handled Api::Impl::submit_operation(const sigv4::HttpRequest& req, const std::sh
   }
   op->id = s.new_operation_id_locked();
   s.accept_locked(op, token, seq, now);
-  return json_response({{"operationId", op->id}});
+  return op->id;
 }
 
 Handled Api::Impl::runtime(const sigv4::HttpRequest& req, const std::string& path,

@@ -22,8 +22,11 @@ def hub_model_arn(model):
 
 
 class Server:
-    def __init__(self, rlloop, max_sessions=8, extra_args=()):
+    def __init__(self, rlloop, max_sessions=8, extra_args=(), bearer_keys=None):
+        """bearer_keys: {tenant id: [keys]} (Tinker's X-API-Key too); tenant "aws" is the one with the access key,
+        any other id is a tenant of its own."""
         self.dir = tempfile.mkdtemp(prefix="rlloop-aws-")
+        bearer_keys = bearer_keys or {}
         tenants = {
             "tenants": [
                 {
@@ -31,8 +34,10 @@ class Server:
                     "accountId": ACCOUNT,
                     "maxSessions": max_sessions,
                     "accessKeys": [{"accessKeyId": ACCESS_KEY, "secretAccessKey": SECRET_KEY}],
+                    "bearerKeys": bearer_keys.get("aws", []),
                 }
-            ]
+            ] + [{"id": tenant, "maxSessions": max_sessions, "bearerKeys": keys}
+                 for tenant, keys in bearer_keys.items() if tenant != "aws"]
         }
         with open(os.path.join(self.dir, "tenants.json"), "w") as f:
             json.dump(tenants, f)

@@ -1,0 +1,645 @@
+// Tinker's routes (/api/v1/..., docs/tinker_protocol.md, docs/server.md "Tinker's API"): sessions, training models,
+// samplers and futures over the hosted sessions the SageMaker routes serve, so both protocols share the engine loop,
+// the journal, billing and tenants. Requests are JSON except forward_backward (protobuf); the results of
+// forward_backward and asample are protobuf, the others JSON. Every POST that does work answers with a request id at
+// once; retrieve_future holds the request up to kHold for the result, then answers try_again.
+#include "server/tinker.hpp"
+
+#include <chrono>
+#include <ctime>
+#include <variant>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include "server/api_impl.hpp"
+#include "wire/read.hpp"
+#include "wire/tinker/codec.hpp"
+
+namespace rlloop::server {
+
+namespace {
+
+namespace rd = wire::read;
+namespace tk = wire::tinker;
+using Kind = TinkerRoutes::Kind;
+
+// How long retrieve_future holds a request for its result (the SDK's own read timeout is 45 s).
+constexpr std::chrono::seconds kHold{25};
+// LoRA's alpha for the models Tinker creates: the SDK sends none (Tinker's own service fixes it at 32).
+constexpr int kLoraAlpha = 32;
+
+Response json_ok(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
+Response proto_ok(std::string bytes) { return Response{200, "application/x-protobuf", {}, std::move(bytes)}; }
+
+[[noreturn]] void user_error(const std::string& message) { throw api_error("BadRequest", 400, message); }
+[[noreturn]] void not_found(const std::string& message) { throw api_error("NotFound", 404, message); }
+
+json parse_body(const sigv4::HttpRequest& req) {
+  try {
+    return req.body.empty() ? json::object() : json::parse(req.body);
+  } catch (const json::exception& e) {
+    user_error(std::string("request body is not valid JSON: ") + e.what());
+  }
+}
+
+// A string member the request needs.
+std::string need_string(const json& body, const char* key) {
+  return rd::string(rd::need(body, "", key), key);
+}
+
+// The error a failed future answers: the SDK raises RequestFailedError(message, category).
+Response failed(const std::string& message, const char* category) {
+  return json_ok({{"error", message}, {"category", category}});
+}
+
+Response try_again(const std::string& request_id) {
+  return json_ok({{"type", "try_again"}, {"request_id", request_id}, {"queue_state", "active"}});
+}
+
+// "2026-12-06T15:25:00Z": a checkpoint's time as the SDK's pydantic models read a datetime.
+std::string iso_time(double seconds) {
+  const std::time_t whole = static_cast<std::time_t>(seconds);
+  std::tm utc{};
+  gmtime_r(&whole, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string tinker_path(const std::string& model_id, const char* segment, const std::string& name) {
+  return "tinker://" + model_id + "/" + segment + "/" + name;
+}
+
+// A checkpoint's name: the last segment of its tinker:// path.
+void check_checkpoint_name(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name.find('/') != std::string::npos)
+    user_error("path: a checkpoint name must be 1-128 characters without '/', got '" + name + "'");
+}
+
+}  // namespace
+
+// ---- lookups ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+// The tenant's record under `id` in `map`, copied out (404 naming `what` otherwise).
+template <class Map>
+typename Map::mapped_type find_owned(TinkerRoutes& r, Map& map, const std::string& id, const std::string& tenant,
+                                     const char* what) {
+  std::lock_guard lock(r.mu);
+  const auto it = map.find(id);
+  if (it == map.end() || it->second.tenant != tenant) not_found(std::string(what) + " '" + id + "' does not exist");
+  return it->second;
+}
+
+std::shared_ptr<SessionHost> host_of(Api::Impl& im, const std::string& tenant, const std::string& name) {
+  std::lock_guard lock(im.mu);
+  const auto it = im.sessions.find({tenant, name});
+  if (it == im.sessions.end()) not_found("the model's session " + name + " no longer exists");
+  return it->second;
+}
+
+std::string new_request(TinkerRoutes& r, TinkerRoutes::Future f) {
+  std::lock_guard lock(r.mu);
+  const std::string id = "future-" + std::to_string(r.next_id++);
+  r.futures.emplace(id, std::move(f));
+  return id;
+}
+
+}  // namespace
+
+// ---- submitting operations -------------------------------------------------------------------------------------
+
+namespace {
+
+// Queues `operation` (a training one when `seq` >= 0) on the model's session; returns the operation's id.
+std::string queue(Api::Impl& im, const std::shared_ptr<TenantState>& t, const TinkerRoutes::Model& model,
+                  std::int64_t seq, std::variant<wire::TrainingOperation, wire::SamplingOperation> operation) {
+  auto host = host_of(im, t->config.id, model.host);
+  auto op = std::make_shared<OperationRecord>();
+  op->retrievable = true;
+  op->sampling = std::holds_alternative<wire::SamplingOperation>(operation);
+  // The journal's body is the SageMaker request of the same operation: a restarted server runs it again from there.
+  if (op->sampling)
+    op->body = {{"operationConfig", wire::to_json(std::get<wire::SamplingOperation>(operation))}};
+  else
+    op->body = wire::to_json(wire::ExecuteTrainingRequest{seq, std::nullopt,
+                                                          std::get<wire::TrainingOperation>(operation)});
+  op->digest = request_digest(op->body.dump());
+  op->op = std::move(operation);
+  try {
+    return im.accept_operation(t, *host, op, std::nullopt, "seq_id", seq);
+  } catch (const api_error& e) {
+    if (e.status() == 409) throw api_error("Conflict", 409, e.what());
+    user_error(e.what());
+  }
+}
+
+// Queues `operation` and answers with the future of it; a retried seq_id gets its first request id back.
+json submit(Api::Impl& im, const std::shared_ptr<TenantState>& t, const std::string& model_id, std::int64_t seq,
+            std::variant<wire::TrainingOperation, wire::SamplingOperation> operation, TinkerRoutes::Future future) {
+  TinkerRoutes& r = *im.tinker;
+  const auto model = find_owned(r, r.models, model_id, t->config.id, "model");
+  if (seq >= 0) {
+    std::lock_guard lock(r.mu);
+    const auto& seen = r.models.at(model_id).requests;
+    if (const auto it = seen.find(seq); it != seen.end()) return {{"request_id", it->second}, {"model_id", model_id}};
+  }
+  future.operation = queue(im, t, model, seq, std::move(operation));
+  future.tenant = t->config.id;
+  future.host = model.host;
+  future.model_id = model_id;
+  const std::string id = new_request(r, std::move(future));
+  if (seq >= 0) {
+    std::lock_guard lock(r.mu);
+    r.models.at(model_id).requests[seq] = id;
+  }
+  return {{"request_id", id}, {"model_id", model_id}};
+}
+
+json forward_backward(Api::Impl& im, const sigv4::HttpRequest& req, const std::shared_ptr<TenantState>& t) {
+  const auto type = req.header("Content-Type").value_or("");
+  if (type.find("application/x-protobuf") == std::string::npos)
+    user_error("forward_backward: send a protobuf ForwardBackwardRequest (Content-Type application/x-protobuf, "
+               "tinker >= 0.38); the JSON generation is not served");
+  if (req.header("Content-Encoding"))
+    user_error("forward_backward: compressed bodies are not accepted (client/config's proto_compress_fwdbwd is off)");
+  tk::ForwardBackwardCall call;
+  try {
+    call = tk::forward_backward_from_proto(req.body);
+  } catch (const invalid_argument& e) {
+    user_error(std::string("forward_backward: ") + e.what());
+  }
+  wire::TrainingOperation op;
+  if (call.forward_only)
+    op = wire::ForwardOp{{std::move(call.data), call.loss}};
+  else
+    op = wire::ForwardBackwardOp{{std::move(call.data), call.loss}};
+  return submit(im, t, call.model_id, call.seq_id, std::move(op), {.kind = Kind::forward});
+}
+
+json optim_step(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "", {"model_id", "seq_id", "adam_params", "type"});
+  const AdamParams adam = tk::adam_params_from_json(rd::need(body, "", "adam_params"), "adam_params");
+  return submit(im, t, need_string(body, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
+                wire::TrainingOperation{wire::OptimizerStepOp{adam}}, {.kind = Kind::optim_step});
+}
+
+json save_weights(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "", {"model_id", "path", "seq_id", "overwrite", "ttl_seconds", "user_metadata", "type"});
+  const std::string name = need_string(body, "path");
+  check_checkpoint_name(name);
+  return submit(im, t, need_string(body, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
+                wire::TrainingOperation{wire::SaveStateOp{}},
+                {.kind = Kind::save_state, .name = name});
+}
+
+// Named: a sampler checkpoint at a tinker:// path; unnamed: a sampler of the session's (sampling_session_seq_id).
+json save_weights_for_sampler(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "",
+                {"model_id", "path", "sampling_session_seq_id", "kind", "seq_id", "ttl_seconds", "user_metadata",
+                 "type"});
+  const std::string model_id = need_string(body, "model_id");
+  TinkerRoutes::Future future{.kind = Kind::save_sampler};
+  if (const json* path = rd::find(body, "path")) {
+    future.name = rd::string(*path, "path");
+    check_checkpoint_name(future.name);
+  } else {
+    const auto n = rd::integer(rd::need(body, "", "sampling_session_seq_id"), "sampling_session_seq_id", 0);
+    const auto model = find_owned(*im.tinker, im.tinker->models, model_id, t->config.id, "model");
+    future.kind = Kind::sampler_session;
+    future.name = model.session_id + ":sample:" + std::to_string(n);
+  }
+  return submit(im, t, model_id, rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
+                wire::TrainingOperation{wire::SaveWeightsOp{}}, future);
+}
+
+json asample(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::object(body, "");
+  const auto sampler = find_owned(*im.tinker, im.tinker->samplers, need_string(body, "sampling_session_id"),
+                                  t->config.id, "sampling session");
+  const auto host = host_of(im, t->config.id, sampler.host);
+  std::optional<token_id> eos;
+  {
+    std::lock_guard lock(host->mu);
+    eos = host->info.eos_token_id;
+  }
+  tk::SampleCall call = tk::sample_call_from_json(body, eos);
+  call.request.model_path = sampler.model_package;
+  const int n = call.request.num_samples;
+  std::string model_id;
+  {
+    std::lock_guard lock(im.tinker->mu);
+    for (const auto& [id, m] : im.tinker->models)
+      if (m.host == sampler.host) model_id = id;
+  }
+  json answer = submit(im, t, model_id, -1, wire::SamplingOperation{std::move(call.request)}, {.kind = Kind::sample});
+  answer["sample_sequence_ids"] = json::array();
+  for (int i = 0; i < n; ++i)
+    answer["sample_sequence_ids"].push_back(answer["request_id"].get<std::string>() + "-" + std::to_string(i));
+  answer.erase("model_id");
+  return answer;
+}
+
+}  // namespace
+
+// ---- sessions, models, samplers ----------------------------------------------------------------------------------
+
+namespace {
+
+json create_session(TinkerRoutes& r, const std::shared_ptr<TenantState>& t) {
+  static const std::string boot = operation_tag(now_seconds());
+  std::lock_guard lock(r.mu);
+  const std::string id = "tinker-" + boot + "-" + std::to_string(r.next_id++);
+  r.sessions[id] = TinkerRoutes::Session{t->config.id, now_seconds(), false, {}};
+  return {{"session_id", id}};
+}
+
+TinkerRoutes::Session& live_session_locked(TinkerRoutes& r, const std::string& id, const std::string& tenant) {
+  const auto it = r.sessions.find(id);
+  if (it == r.sessions.end() || it->second.tenant != tenant) not_found("session '" + id + "' does not exist");
+  if (it->second.finished) throw api_error("Gone", 410, "session '" + id + "' is finished");
+  return it->second;
+}
+
+// The LoRA target modules of Tinker's flags.
+std::vector<std::string> lora_targets(const json& lora) {
+  auto flag = [&](const char* key) {
+    const json* v = rd::find(lora, key);
+    return v ? rd::boolean(*v, rd::join("lora_config", key)) : true;
+  };
+  std::vector<std::string> targets;
+  if (flag("train_attn")) targets.insert(targets.end(), {"q_proj", "k_proj", "v_proj", "o_proj"});
+  if (flag("train_mlp")) targets.insert(targets.end(), {"gate_proj", "up_proj", "down_proj"});
+  if (flag("train_unembed")) targets.push_back("lm_head");
+  if (targets.empty()) user_error("lora_config: at least one of train_attn, train_mlp, train_unembed must be true");
+  return targets;
+}
+
+// A new training model of session `session_id`: a hosted session named after it. Returns the model id.
+std::string new_model(Api::Impl& im, const std::shared_ptr<TenantState>& t, const std::string& session_id,
+                      std::int64_t seq, const std::string& base_model, const LoraOptions& lora, std::int64_t seed) {
+  TinkerRoutes& r = *im.tinker;
+  {
+    std::lock_guard lock(r.mu);
+    live_session_locked(r, session_id, t->config.id);
+  }
+  const auto served = im.backend.list_base_models();
+  if (std::find(served.begin(), served.end(), base_model) == served.end()) {
+    std::string list;
+    for (const auto& m : served) list += (list.empty() ? "" : ", ") + m;
+    user_error("base_model '" + base_model + "' is not served here (served: " + list + ")");
+  }
+  const std::string model_id = session_id + ":train:" + std::to_string(seq);
+  const std::string host = session_id + "-train-" + std::to_string(seq);
+  SessionOptions options{.base_model = base_model, .lora = lora, .seed = seed, .name = host};
+  const std::string arn =
+      "arn:aws:sagemaker:" + im.options.region + ":" + t->config.account_id + ":training-session/" + host;
+  try {
+    im.host_session(t, host, arn, options, json{{"tinkerModelId", model_id}});
+  } catch (const api_error& e) {
+    throw api_error(e.code(), e.status() == 404 ? 404 : 400, e.what());
+  }
+  std::lock_guard lock(r.mu);
+  r.models[model_id] = TinkerRoutes::Model{t->config.id, session_id, host, base_model, lora.rank, {}};
+  r.sessions[session_id].models.push_back(model_id);
+  return model_id;
+}
+
+json create_model(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "",
+                {"session_id", "model_seq_id", "base_model", "lora_config", "optimizer_config", "user_metadata",
+                 "type"});
+  if (const json* o = rd::find(body, "optimizer_config")) {
+    const std::string type = rd::string(rd::need(rd::object(*o, "optimizer_config"), "optimizer_config", "type"),
+                                        "optimizer_config.type");
+    if (type != "adamw") user_error("optimizer_config.type: only adamw is served, not " + type);
+  }
+  const json& lora_json = rd::object(rd::need(body, "", "lora_config"), "lora_config");
+  rd::only_keys(lora_json, "lora_config", {"rank", "train_unembed", "train_mlp", "train_attn", "seed"});
+  LoraOptions lora;
+  lora.rank = static_cast<int>(rd::integer(rd::need(lora_json, "lora_config", "rank"), "lora_config.rank", 1, 1024));
+  lora.alpha = kLoraAlpha;
+  lora.target_modules = lora_targets(lora_json);
+  const json* seed = rd::find(lora_json, "seed");
+  const std::string model_id = new_model(im, t, need_string(body, "session_id"),
+                                         rd::integer(rd::need(body, "", "model_seq_id"), "model_seq_id", 0),
+                                         need_string(body, "base_model"), lora,
+                                         seed ? rd::integer(*seed, "lora_config.seed") : 0);
+  const auto model = find_owned(*im.tinker, im.tinker->models, model_id, t->config.id, "model");
+  return {{"request_id", new_request(*im.tinker, {.tenant = t->config.id, .kind = Kind::created, .host = model.host,
+                                                  .model_id = model_id})},
+          {"model_id", model_id}};
+}
+
+json get_info(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  const std::string model_id = need_string(body, "model_id");
+  const auto model = find_owned(*im.tinker, im.tinker->models, model_id, t->config.id, "model");
+  const auto host = host_of(im, t->config.id, model.host);
+  std::string arch;
+  {
+    std::lock_guard lock(host->mu);
+    arch = host->info.model_type;
+  }
+  return {{"model_id", model_id},
+          {"model_data", {{"model_name", model.base_model}, {"arch", arch}, {"tokenizer_id", model.base_model}}},
+          {"is_lora", true},
+          {"lora_rank", model.rank},
+          {"model_name", model.base_model},
+          {"type", "get_info"}};
+}
+
+json create_sampling_session(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "", {"session_id", "sampling_session_seq_id", "model_path", "base_model", "type"});
+  const std::string session_id = need_string(body, "session_id");
+  const auto n = rd::integer(rd::need(body, "", "sampling_session_seq_id"), "sampling_session_seq_id", 0);
+  const json* path = rd::find(body, "model_path");
+  if (!path)
+    user_error("create_sampling_session: sampling a base model is not served; sample saved weights (model_path, "
+               "or TrainingClient.save_weights_and_get_sampling_client)");
+  const std::string model_path = rd::string(*path, "model_path");
+  TinkerRoutes& r = *im.tinker;
+  const auto checkpoint = find_owned(r, r.checkpoints, model_path, t->config.id, "checkpoint");
+  const auto model = find_owned(r, r.models, checkpoint.model_id, t->config.id, "model");
+  std::lock_guard lock(r.mu);
+  live_session_locked(r, session_id, t->config.id);
+  const std::string id = session_id + ":sample:" + std::to_string(n);
+  r.samplers[id] = {t->config.id, model.host, checkpoint.model_package, checkpoint.base_model, model_path};
+  return {{"sampling_session_id", id}};
+}
+
+// Create-by-load: a new model with the checkpoint's base and LoRA, whose first operation, queued once its session
+// runs (nothing waits for the model to load), loads the checkpoint.
+json create_by_load(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t,
+                    const TinkerRoutes::Checkpoint& checkpoint, bool optimizer) {
+  TinkerRoutes& r = *im.tinker;
+  LoraOptions lora{checkpoint.rank, kLoraAlpha, {"all-linear"}};
+  {
+    std::lock_guard lock(r.mu);
+    if (const auto it = r.models.find(checkpoint.model_id); it != r.models.end())
+      lora.target_modules = host_of(im, t->config.id, it->second.host)->options.lora->target_modules;
+  }
+  const std::string model_id =
+      new_model(im, t, need_string(body, "session_id"),
+                rd::integer(rd::need(body, "", "model_seq_id"), "model_seq_id", 0), checkpoint.base_model, lora, 0);
+  const auto model = find_owned(r, r.models, model_id, t->config.id, "model");
+  const std::string request_id =
+      new_request(r, {.tenant = t->config.id, .kind = Kind::load_weights, .host = model.host, .model_id = model_id});
+  auto load = [&im, t, model, request_id, op = wire::LoadStateOp{checkpoint.model_package, optimizer}] {
+    std::string operation, error;
+    try {
+      operation = queue(im, t, model, 0, wire::TrainingOperation{op});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::lock_guard lock(im.tinker->mu);
+    auto& f = im.tinker->futures.at(request_id);
+    f.operation = operation;
+    f.error = error;
+    im.tinker->models.at(f.model_id).requests[0] = request_id;
+  };
+  const auto host = host_of(im, t->config.id, model.host);
+  std::unique_lock lock(host->mu);
+  if (host->status == wire::SessionStatus::created) {
+    host->on_started_locked(load);
+  } else {
+    lock.unlock();
+    load();
+  }
+  return {{"request_id", request_id}, {"model_id", model_id}};
+}
+
+// load_weights on a training model (model_id), or create-by-load (session_id + model_seq_id).
+json load_weights(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "",
+                {"model_id", "seq_id", "session_id", "model_seq_id", "path", "optimizer", "base_model",
+                 "user_metadata", "optimizer_config", "weights_access_token", "type"});
+  const std::string path = need_string(body, "path");
+  const auto checkpoint = find_owned(*im.tinker, im.tinker->checkpoints, path, t->config.id, "checkpoint");
+  const bool optimizer = rd::find(body, "optimizer") && rd::boolean(body["optimizer"], "optimizer");
+  if (checkpoint.type != "training")
+    user_error("load_weights: " + path + " is a sampler checkpoint; load a save_state checkpoint");
+  const json* model_id = rd::find(body, "model_id");
+  if (!model_id) return create_by_load(im, body, t, checkpoint, optimizer);
+  return submit(im, t, rd::string(*model_id, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
+                wire::TrainingOperation{wire::LoadStateOp{checkpoint.model_package, optimizer}},
+                {.kind = Kind::load_weights});
+}
+
+}  // namespace
+
+// ---- results ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, const std::string& package,
+                                const char* type) {
+  std::lock_guard lock(r.mu);
+  const auto& model = r.models.at(f.model_id);
+  const std::string path = tinker_path(f.model_id, type[0] == 't' ? "weights" : "sampler_weights", f.name);
+  r.checkpoints[path] = {f.tenant, package, f.model_id, type, model.base_model, model.rank, now_seconds()};
+  return path;
+}
+
+// The result of a finished operation future as the SDK reads it.
+Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const OperationRecord& op) {
+  if (f.kind == Kind::sample) {
+    if (!op.sample_result)
+      return failed(wire::sampling_state_from_json(op.state).error_details.value_or("the sample did not run"), "user");
+    return proto_ok(tk::sample_response_to_proto(*op.sample_result));
+  }
+  const auto state = wire::training_state_from_json(op.state);
+  if (state.status != wire::OperationStatus::completed || !state.result)
+    return failed(state.error_details.value_or("the operation was skipped: one before it failed"),
+                  state.status == wire::OperationStatus::failed ? "user" : "server");
+  const auto& result = *state.result;
+  switch (f.kind) {
+    case Kind::forward:
+      if (const auto* fwd = std::get_if<wire::ForwardResult>(&result))
+        return proto_ok(tk::forward_backward_output_to_proto(fwd->output));
+      return proto_ok(tk::forward_backward_output_to_proto(std::get<wire::ForwardBackwardResult>(result).output));
+    case Kind::optim_step:
+      return json_ok({{"metrics", std::get<OptimStepOutput>(result).metrics}, {"type", "optim_step"}});
+    case Kind::save_state:
+      return json_ok({{"path", register_checkpoint(r, f, std::get<wire::SaveStateResult>(result).model_package_arn,
+                                                   "training")},
+                      {"type", "save_weights"}});
+    case Kind::save_sampler:
+      return json_ok({{"path", register_checkpoint(r, f, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
+                                                   "sampler")},
+                      {"type", "save_weights_for_sampler"}});
+    case Kind::sampler_session: {
+      std::lock_guard lock(r.mu);
+      const auto& model = r.models.at(f.model_id);
+      r.samplers[f.name] = {f.tenant, f.host, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
+                            model.base_model, ""};
+      return json_ok({{"sampling_session_id", f.name}, {"type", "save_weights_for_sampler"}});
+    }
+    case Kind::load_weights:
+      return json_ok({{"type", "load_weights"}});
+    case Kind::created:
+    case Kind::sample:
+      break;
+  }
+  throw std::logic_error("tinker operation_result: not an operation future");
+}
+
+// The future's answer now, with host.mu held: its result when it is ready, else try_again. A future without its
+// operation yet (create-by-load's, queued once the session runs) waits for the session's start.
+Response answer_locked(TinkerRoutes& r, const std::string& request_id, const TinkerRoutes::Future& f,
+                       const SessionHost& host, const std::shared_ptr<OperationRecord>& op) {
+  if (!f.error.empty()) return failed(f.error, "user");
+  if (op) return terminal_state(op->state) ? operation_result(r, f, *op) : try_again(request_id);
+  if (f.kind != Kind::created) return try_again(request_id);  // its operation is being queued
+  if (host.status == wire::SessionStatus::created) return try_again(request_id);
+  if (host.status == wire::SessionStatus::running || host.status == wire::SessionStatus::blocked)
+    return json_ok({{"model_id", f.model_id}, {"type", "create_model"}});
+  return failed("the model could not be created: " + host.error_details, "user");
+}
+
+// Answers `reply` with the future's result once it is ready, or with try_again after kHold: the first of the
+// operation (or the session's start) finishing, the timer, the server closing. Nothing waits on a thread.
+Handled retrieve(Api::Impl& im, const std::string& request_id, const TinkerRoutes::Future& f,
+                 const std::shared_ptr<SessionHost>& host, const Reply& reply) {
+  TinkerRoutes& r = *im.tinker;
+  std::unique_lock lock(host->mu);
+  std::shared_ptr<OperationRecord> op;
+  if (!f.operation.empty()) {
+    op = host->find_operation_locked(f.operation, now_seconds());
+    if (!op) throw api_error("Gone", 410, "the result of request " + request_id + " expired");
+  }
+  const bool started = host->status != wire::SessionStatus::created;
+  const bool ready = !f.error.empty() || (op ? terminal_state(op->state) : started);
+  if (ready) return answer_locked(r, request_id, f, *host, op);
+  auto timer = std::make_shared<boost::asio::steady_timer>(reply.executor(), kHold);
+  auto answer = [&r, f, host, op, request_id, weak = std::weak_ptr(timer)] {
+    if (auto t = weak.lock()) t->cancel();
+    std::lock_guard answer_lock(host->mu);
+    return answer_locked(r, request_id, f, *host, op);
+  };
+  auto wake = [reply, answer] { reply.post(answer); };
+  timer->async_wait([timer, wake](const boost::system::error_code&) { wake(); });
+  if (op)
+    host->on_done_locked(*op, wake);
+  else
+    host->on_started_locked(wake);
+  lock.unlock();
+  if (!im.add_poll(timer, wake)) wake();
+  return std::nullopt;
+}
+
+Handled retrieve_future(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t, const Reply& reply) {
+  rd::only_keys(body, "", {"request_id", "allow_metadata_only", "type"});
+  const std::string id = need_string(body, "request_id");
+  const auto f = find_owned(*im.tinker, im.tinker->futures, id, t->config.id, "request");
+  return retrieve(im, id, f, host_of(im, t->config.id, f.host), reply);
+}
+
+json heartbeat(TinkerRoutes& r, const json& body, const std::shared_ptr<TenantState>& t) {
+  std::lock_guard lock(r.mu);
+  live_session_locked(r, need_string(body, "session_id"), t->config.id).last_heartbeat = now_seconds();
+  return {{"type", "session_heartbeat"}};
+}
+
+// sessions/{id}/finish: the session's models stop (their checkpoints stay).
+json finish(Api::Impl& im, const std::string& session_id, const std::shared_ptr<TenantState>& t) {
+  std::vector<std::string> hosts;
+  {
+    std::lock_guard lock(im.tinker->mu);
+    auto& s = live_session_locked(*im.tinker, session_id, t->config.id);
+    s.finished = true;
+    for (const auto& m : s.models) hosts.push_back(im.tinker->models.at(m).host);
+  }
+  for (const auto& name : hosts) host_of(im, t->config.id, name)->stop();
+  return json::object();
+}
+
+json list_checkpoints(TinkerRoutes& r, const std::string& model_id, const std::shared_ptr<TenantState>& t) {
+  json rows = json::array();
+  std::lock_guard lock(r.mu);
+  for (const auto& [path, c] : r.checkpoints) {
+    if (c.tenant != t->config.id || (!model_id.empty() && c.model_id != model_id)) continue;
+    const auto slash = path.find('/', std::string("tinker://").size());
+    rows.push_back({{"checkpoint_id", path.substr(slash + 1)},
+                    {"checkpoint_type", c.type},
+                    {"time", iso_time(c.time)},
+                    {"tinker_path", path}});
+  }
+  return {{"checkpoints", rows}};
+}
+
+std::vector<std::string> path_segments(const std::string& path) {
+  std::vector<std::string> out;
+  for (std::size_t start = 0; start < path.size();) {
+    std::size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    out.push_back(path.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// The GET routes: capabilities, a sampler, a training run's checkpoints.
+json get_route(Api::Impl& im, const std::vector<std::string>& seg, const std::shared_ptr<TenantState>& t) {
+  if (seg.size() == 1 && seg[0] == "get_server_capabilities") {
+    json models = json::array();
+    for (const auto& m : im.backend.list_base_models())
+      models.push_back({{"model_name", m}, {"trainable", true}, {"sampleable", true}});
+    return {{"supported_models", models}};
+  }
+  if (seg.size() == 2 && seg[0] == "samplers") {
+    const auto s = find_owned(*im.tinker, im.tinker->samplers, seg[1], t->config.id, "sampler");
+    json j{{"sampler_id", seg[1]}, {"base_model", s.base_model}};
+    if (!s.model_path.empty()) j["model_path"] = s.model_path;
+    return j;
+  }
+  if (seg.size() == 3 && seg[0] == "training_runs" && seg[2] == "checkpoints")
+    return list_checkpoints(*im.tinker, seg[1], t);
+  if (seg.size() == 1 && seg[0] == "checkpoints") return list_checkpoints(*im.tinker, "", t);
+  not_found("no Tinker route GET /api/v1/" + (seg.empty() ? std::string() : seg[0]));
+}
+
+// The JSON POST routes that answer at once.
+std::optional<json> post_route(Api::Impl& im, const std::string& route, const json& body,
+                               const std::shared_ptr<TenantState>& t) {
+  TinkerRoutes& r = *im.tinker;
+  if (route == "client/config") return json{{"parallel_fwdbwd_chunks", false}, {"fwdbwd_max_chunk_len", 1024}};
+  if (route == "client/dynamic_config") return json::object();
+  if (route == "telemetry") return json{{"status", "accepted"}};
+  if (route == "create_session") return create_session(r, t);
+  if (route == "session_heartbeat") return heartbeat(r, body, t);
+  if (route == "create_model") return create_model(im, body, t);
+  if (route == "get_info") return get_info(im, body, t);
+  if (route == "optim_step") return optim_step(im, body, t);
+  if (route == "save_weights") return save_weights(im, body, t);
+  if (route == "save_weights_for_sampler") return save_weights_for_sampler(im, body, t);
+  if (route == "load_weights") return load_weights(im, body, t);
+  if (route == "create_sampling_session") return create_sampling_session(im, body, t);
+  if (route == "asample") return asample(im, body, t);
+  const auto seg = path_segments(route);
+  if (seg.size() == 3 && seg[0] == "sessions" && seg[2] == "finish") return finish(im, seg[1], t);
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool is_tinker_path(const std::string& path) { return path.rfind("/api/v1/", 0) == 0; }
+
+Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& path,
+                              const std::shared_ptr<TenantState>& t, const Reply& reply) {
+  const std::string route = path.substr(std::string("/api/v1/").size());
+  try {
+    if (req.method == "GET") return json_ok(get_route(*this, path_segments(route), t));
+    if (req.method != "POST") not_found("no Tinker route " + req.method + " /api/v1/" + route);
+    if (route == "forward_backward") return json_ok(forward_backward(*this, req, t));
+    const json body = parse_body(req);
+    rd::object(body, "");
+    if (route == "retrieve_future") return retrieve_future(*this, body, t, reply);
+    if (auto answer = post_route(*this, route, body, t)) return json_ok(*answer);
+  } catch (const invalid_argument& e) {  // a field the readers refused
+    user_error(e.what());
+  }
+  not_found("no Tinker route POST /api/v1/" + route);
+}
+
+}  // namespace rlloop::server

@@ -1,0 +1,70 @@
+// Tinker's protocol (docs/tinker_protocol.md) over the server's sessions: what it keeps beside them. A Tinker
+// session groups training models and samplers under one heartbeat; each training model is one hosted session
+// (SessionHost, named after the model id), each future one of its operations (or its creation). Everything is
+// per tenant: a lookup by another tenant's key finds nothing (404). Not persisted: a restarted server keeps its
+// hosted sessions and checkpoints, not these records.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace rlloop::server {
+
+struct TinkerRoutes {
+  struct Session {
+    std::string tenant;
+    double last_heartbeat = 0;
+    bool finished = false;
+    std::vector<std::string> models;  // model ids
+  };
+  struct Model {
+    std::string tenant;
+    std::string session_id;
+    std::string host;  // the hosted session's name
+    std::string base_model;
+    int rank = 0;
+    std::map<std::int64_t, std::string> requests;  // seq_id -> request id: a retried submission is not run twice
+  };
+  // A sampler: the training model whose session decodes for it, and the saved weights it samples.
+  struct Sampler {
+    std::string tenant;
+    std::string host;
+    std::string model_package;  // the checkpoint's ARN
+    std::string base_model;
+    std::string model_path;  // tinker:// path, when it was created from one
+  };
+  enum class Kind { created, forward, optim_step, save_state, save_sampler, sampler_session, load_weights, sample };
+  struct Future {
+    std::string tenant;
+    Kind kind = Kind::created;
+    std::string host;
+    std::string operation;  // the operation's id (not for `created`)
+    std::string model_id;
+    std::string name;        // save_state / save_sampler: the checkpoint's name; sampler_session: the sampler id
+    std::string error;       // create-by-load: why its load could not be queued
+  };
+  struct Checkpoint {
+    std::string tenant;
+    std::string model_package;  // ARN
+    std::string model_id;
+    std::string type;  // "training" or "sampler"
+    std::string base_model;
+    int rank = 0;
+    double time = 0;
+  };
+
+  std::mutex mu;  // guards everything below; may be taken with a SessionHost's mu held, never the other way
+  std::map<std::string, Session> sessions;
+  std::map<std::string, Model> models;
+  std::map<std::string, Sampler> samplers;
+  std::map<std::string, Future> futures;          // by request id
+  std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
+  std::uint64_t next_id = 1;
+};
+
+}  // namespace rlloop::server

@@ -1,0 +1,367 @@
+#include "wire/tinker/codec.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include <rlloop/error.hpp>
+
+#include "tinker_public.pb.h"
+#include "wire/loss_config.hpp"
+#include "wire/read.hpp"
+
+namespace rlloop::wire::tinker {
+
+namespace {
+
+namespace pb = ::tinker_public;
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& path, const std::string& what) {
+  throw invalid_argument(path + ": " + what);
+}
+
+// A little-endian array of T in `bytes` (the SDK writes numpy's native order; every machine rlloop runs on is
+// little-endian).
+template <class T>
+std::vector<T> array_of(const std::string& bytes, const std::string& path) {
+  if (bytes.size() % sizeof(T) != 0)
+    bad(path, std::to_string(bytes.size()) + " bytes is not a whole number of " + std::to_string(sizeof(T)) +
+                  "-byte values");
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+template <class T>
+std::string bytes_of(const std::vector<T>& values) {
+  std::string out(values.size() * sizeof(T), '\0');
+  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+std::int64_t element_count(const std::vector<std::int64_t>& shape, const std::string& path) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) bad(path, "shape has a negative dimension");
+    if (d != 0 && n > std::numeric_limits<std::int32_t>::max() / d) bad(path, "shape is too large");
+    n *= d;
+  }
+  return n;
+}
+
+// The values of a dense or CSR tensor, row-major, as T. A CSR tensor is 2-D; its unlisted cells are 0.
+template <class T>
+std::vector<T> tensor_values(const pb::Tensor& t, const std::vector<std::int64_t>& shape, const std::string& path) {
+  auto decode = [&](const std::string& bytes, const std::string& where) -> std::vector<T> {
+    if (t.dtype() == pb::DTYPE_FLOAT32) {
+      const auto v = array_of<float>(bytes, where);
+      return std::vector<T>(v.begin(), v.end());
+    }
+    const auto v = array_of<std::int64_t>(bytes, where);
+    return std::vector<T>(v.begin(), v.end());
+  };
+  if (t.has_dense()) return decode(t.dense(), path + ".dense");
+  if (!t.has_sparse_csr()) bad(path, "has neither dense nor sparse_csr values");
+  if (shape.size() != 2) bad(path, "a sparse_csr tensor must be 2-D, its shape has " + std::to_string(shape.size()));
+  const auto values = decode(t.sparse_csr().values(), path + ".sparse_csr.values");
+  const auto rows = array_of<std::int64_t>(t.sparse_csr().crow_indices(), path + ".sparse_csr.crow_indices");
+  const auto cols = array_of<std::int64_t>(t.sparse_csr().col_indices(), path + ".sparse_csr.col_indices");
+  if (static_cast<std::int64_t>(rows.size()) != shape[0] + 1 || rows.front() != 0 ||
+      rows.back() != static_cast<std::int64_t>(values.size()) || cols.size() != values.size())
+    bad(path, "sparse_csr indices do not describe its values over its shape");
+  std::vector<T> dense(static_cast<std::size_t>(shape[0] * shape[1]), T{});
+  for (std::int64_t r = 0; r < shape[0]; ++r) {
+    if (rows[r + 1] < rows[r]) bad(path, "sparse_csr crow_indices decrease");
+    for (std::int64_t i = rows[r]; i < rows[r + 1]; ++i) {
+      if (cols[i] < 0 || cols[i] >= shape[1]) bad(path, "sparse_csr column index out of range");
+      dense[r * shape[1] + cols[i]] = values[i];
+    }
+  }
+  return dense;
+}
+
+// A loss input: one value per token (rlloop's losses read [T] inputs; a [T, 1] tensor is the same).
+TensorData loss_input(const pb::Tensor& t, const std::string& path) {
+  std::vector<std::int64_t> shape(t.shape().begin(), t.shape().end());
+  if (t.dtype() != pb::DTYPE_FLOAT32 && t.dtype() != pb::DTYPE_INT64)
+    bad(path, "dtype must be float32 or int64, got " + pb::DType_Name(t.dtype()));
+  TensorData out;
+  if (t.dtype() == pb::DTYPE_FLOAT32) {
+    out.dtype = DType::float32;
+    out.float_data = tensor_values<float>(t, shape, path);
+  } else {
+    out.dtype = DType::int64;
+    out.int_data = tensor_values<std::int64_t>(t, shape, path);
+  }
+  const auto n = static_cast<std::int64_t>(out.size());
+  if (shape.empty()) shape = {n};
+  if (element_count(shape, path) != n)
+    bad(path, "holds " + std::to_string(n) + " values, its shape " + json(shape).dump() + " " +
+                  std::to_string(element_count(shape, path)));
+  if (shape.size() == 2 && shape[1] == 1) shape = {shape[0]};
+  if (shape.size() != 1)
+    bad(path, "must hold one value per token (shape [T]); rlloop's losses take no [T, K] inputs, got shape " +
+                  json(shape).dump());
+  out.shape = shape;
+  return out;
+}
+
+Datum datum_from_proto(const pb::Datum& d, const std::string& path) {
+  if (d.model_input_spans_size() || d.loss_fn_input_spans_size())
+    bad(path, "provenance spans (model_input_spans, loss_fn_input_spans) are not supported: rlloop records no "
+              "sampled sequences for them");
+  Datum out;
+  for (int i = 0; i < d.model_input_size(); ++i) {
+    const auto& chunk = d.model_input(i);
+    const std::string where = path + ".model_input[" + std::to_string(i) + "]";
+    if (!chunk.has_encoded_text())
+      bad(where, std::string("only encoded_text chunks are supported, not ") +
+                     (chunk.has_image() ? "image" : chunk.has_dmel() ? "dmel" : "an empty chunk"));
+    const auto tokens = array_of<std::int32_t>(chunk.encoded_text().tokens(), where + ".tokens");
+    out.model_input.chunks.push_back(EncodedTextChunk{std::vector<token_id>(tokens.begin(), tokens.end())});
+  }
+  for (const auto& [name, tensor] : d.loss_fn_inputs())
+    out.loss_fn_inputs.emplace(name, loss_input(tensor, path + ".loss_fn_inputs." + name));
+  return out;
+}
+
+// The loss's configuration: loss_fn_config_v2 where the SDK set it (it writes every float there too), else the
+// legacy float map. A text value names nothing rlloop's losses read.
+std::map<std::string, double> loss_config_of(const pb::ForwardBackwardRequest& r) {
+  std::map<std::string, double> config;
+  if (!r.loss_fn_config_v2().empty()) {
+    for (const auto& [key, value] : r.loss_fn_config_v2()) {
+      if (!value.has_number())
+        bad("loss_fn_config." + key, "must be a number (" + r.loss_fn() + " takes no text settings)");
+      config[key] = value.number();
+    }
+    return config;
+  }
+  for (const auto& [key, value] : r.loss_fn_config()) config[key] = value;
+  return config;
+}
+
+pb::BatchedTensor& field(pb::ArrayRecord& record, const std::string& name, const TensorData& first) {
+  auto& f = (*record.mutable_fields())[name];
+  f.set_dtype(first.dtype == DType::float32 ? pb::DTYPE_FLOAT32 : pb::DTYPE_INT64);
+  return f;
+}
+
+}  // namespace
+
+ForwardBackwardCall forward_backward_from_proto(std::string_view bytes) {
+  pb::ForwardBackwardRequest r;
+  if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw invalid_argument("forward_backward: the body is not a protobuf ForwardBackwardRequest");
+  ForwardBackwardCall call;
+  call.model_id = r.model_id();
+  call.seq_id = r.seq_id();
+  call.forward_only = r.forward_only();
+  if (r.loss_fn() == "custom")
+    bad("loss_fn", "'custom' (a server-side custom loss) is not supported; the SDK's client-side "
+                   "forward_backward_custom works (client/config's custom_loss_server_side is false)");
+  call.loss = loss_from_config(r.loss_fn(), loss_config_of(r));
+  for (int i = 0; i < r.data_size(); ++i)
+    call.data.push_back(datum_from_proto(r.data(i), "data[" + std::to_string(i) + "]"));
+  return call;
+}
+
+Metrics tinker_metrics(const Metrics& metrics) {
+  Metrics out;
+  for (const auto& [key, value] : metrics) {
+    const auto colon = key.find(':');
+    if (colon != std::string::npos && colon > 0 && key.find(':', colon + 1) == std::string::npos &&
+        colon + 1 < key.size())
+      out.emplace(key, value);
+  }
+  return out;
+}
+
+std::string forward_backward_output_to_proto(const ForwardBackwardOutput& out) {
+  pb::ForwardBackwardOutput p;
+  p.set_loss_fn_output_type("ArrayRecord");
+  for (const auto& [key, value] : tinker_metrics(out.metrics)) (*p.mutable_metrics())[key] = value;
+  auto& record = *p.add_loss_fn_outputs();
+  record.set_num_datums(static_cast<std::int64_t>(out.loss_fn_outputs.size()));
+  if (out.loss_fn_outputs.empty()) return p.SerializeAsString();
+  // Every datum's outputs have the same names (the loss's); each field is the datums' values back to back.
+  for (const auto& [name, first] : out.loss_fn_outputs.front()) {
+    auto& f = field(record, name, first);
+    std::vector<std::int64_t> offsets{0};
+    std::string data;
+    for (std::size_t i = 0; i < out.loss_fn_outputs.size(); ++i) {
+      const auto it = out.loss_fn_outputs[i].find(name);
+      if (it == out.loss_fn_outputs[i].end() || it->second.dtype != first.dtype)
+        throw std::logic_error("forward_backward_output_to_proto: datum " + std::to_string(i) + " lacks " + name);
+      data += it->second.dtype == DType::float32 ? bytes_of(it->second.float_data) : bytes_of(it->second.int_data);
+      offsets.push_back(static_cast<std::int64_t>(data.size()));
+    }
+    f.set_data(std::move(data));
+    f.set_offsets(bytes_of(offsets));
+  }
+  return p.SerializeAsString();
+}
+
+namespace {
+
+// `stop`: absent = EOS, a string or a list of strings (plus EOS), a list of token ids (plus EOS), [] = none.
+void read_stop(const json* stop, std::optional<token_id> eos, SamplingParams& p) {
+  p.stop.clear();
+  p.stop_token_ids.clear();
+  if (!stop) {
+    if (eos) p.stop_token_ids.push_back(*eos);
+    return;
+  }
+  const std::string path = "sampling_params.stop";
+  if (stop->is_string()) {
+    p.stop.push_back(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    if (stop->empty()) return;  // the SDK: [] disables every stop, EOS included
+    for (std::size_t i = 0; i < stop->size(); ++i) {
+      const json& s = (*stop)[i];
+      if (s.is_string() && (i == 0 || !p.stop.empty()))
+        p.stop.push_back(s.get<std::string>());
+      else if (s.is_number_integer() && (i == 0 || !p.stop_token_ids.empty()))
+        p.stop_token_ids.push_back(static_cast<token_id>(read::integer(s, read::at(path, i), 0,
+                                                                       std::numeric_limits<token_id>::max())));
+      else
+        read::fail(read::at(path, i), "must be all strings or all token ids");
+    }
+  } else {
+    read::fail(path, "must be a string, a list of strings or a list of token ids");
+  }
+  if (eos && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), *eos) == p.stop_token_ids.end())
+    p.stop_token_ids.push_back(*eos);
+}
+
+SamplingParams sampling_params_of(const json& j, std::optional<token_id> eos) {
+  const std::string path = "sampling_params";
+  read::object(j, path);
+  read::only_keys(j, path, {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"});
+  SamplingParams p;
+  if (const json* v = read::find(j, "max_tokens"))
+    p.max_tokens = static_cast<int>(read::integer(*v, read::join(path, "max_tokens"), 1,
+                                                  std::numeric_limits<std::int32_t>::max()));
+  if (const json* v = read::find(j, "seed")) p.seed = read::integer(*v, read::join(path, "seed"));
+  if (const json* v = read::find(j, "temperature")) p.temperature = read::number(*v, read::join(path, "temperature"));
+  if (const json* v = read::find(j, "top_k"))
+    p.top_k = static_cast<int>(read::integer(*v, read::join(path, "top_k"), -1, std::numeric_limits<int>::max()));
+  if (const json* v = read::find(j, "top_p")) p.top_p = read::number(*v, read::join(path, "top_p"));
+  read_stop(read::find(j, "stop"), eos, p);
+  return p;
+}
+
+ModelInput prompt_of(const json& j) {
+  read::object(j, "prompt");
+  read::only_keys(j, "prompt", {"chunks"});
+  const json& chunks = read::array(read::need(j, "prompt", "chunks"), "prompt.chunks");
+  ModelInput in;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const std::string where = read::at("prompt.chunks", i);
+    const json& c = read::object(chunks[i], where);
+    const std::string type = c.contains("type") ? read::string(c["type"], read::join(where, "type")) : "encoded_text";
+    if (type != "encoded_text")
+      read::fail(read::join(where, "type"), "only encoded_text chunks are supported, not " + type);
+    read::only_keys(c, where, {"tokens", "type"});
+    const json& tokens = read::array(read::need(c, where, "tokens"), read::join(where, "tokens"));
+    EncodedTextChunk chunk;
+    for (std::size_t k = 0; k < tokens.size(); ++k)
+      chunk.tokens.push_back(static_cast<token_id>(read::integer(tokens[k], read::at(read::join(where, "tokens"), k),
+                                                                 std::numeric_limits<token_id>::min(),
+                                                                 std::numeric_limits<token_id>::max())));
+    in.chunks.push_back(std::move(chunk));
+  }
+  return in;
+}
+
+}  // namespace
+
+SampleCall sample_call_from_json(const json& body, std::optional<token_id> eos) {
+  read::object(body, "");
+  read::only_keys(body, "",
+                  {"sampling_session_id", "seq_id", "num_samples", "prompt", "sampling_params", "prompt_logprobs",
+                   "topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k", "record_stability_info",
+                   "target_prompt_logprobs", "prompt_logprobs_last_n", "base_model", "model_path", "type"});
+  SampleCall call;
+  call.sampling_session_id = read::string(read::need(body, "", "sampling_session_id"), "sampling_session_id");
+  if (const json* v = read::find(body, "seq_id")) call.seq_id = read::integer(*v, "seq_id", 0);
+  for (const char* key : {"base_model", "model_path"})
+    if (read::find(body, key))
+      read::fail(key, "sample by sampling_session_id (create_sampling_session names the weights)");
+  for (const char* key : {"topk_sample_logprobs", "prompt_alt_tokens_k"})
+    if (const json* v = read::find(body, key); v && read::integer(*v, key) != 0)
+      read::fail(key, "is not supported by this server (send 0)");
+  if (const json* v = read::find(body, "record_stability_info"); v && read::boolean(*v, "record_stability_info"))
+    read::fail("record_stability_info", "is not supported by this server (stable_reinforce is not served)");
+  for (const char* key : {"target_prompt_logprobs", "prompt_logprobs_last_n"})
+    if (read::find(body, key)) read::fail(key, "is not supported by this server");
+  SampleRequest& r = call.request;
+  r.prompt = prompt_of(read::need(body, "", "prompt"));
+  if (const json* v = read::find(body, "num_samples"))
+    r.num_samples = static_cast<int>(read::integer(*v, "num_samples", 1, std::numeric_limits<std::int32_t>::max()));
+  r.params = sampling_params_of(read::need(body, "", "sampling_params"), eos);
+  if (const json* v = read::find(body, "prompt_logprobs"))
+    r.include_prompt_logprobs = read::boolean(*v, "prompt_logprobs");
+  if (const json* v = read::find(body, "topk_prompt_logprobs"))
+    r.topk_prompt_logprobs =
+        static_cast<int>(read::integer(*v, "topk_prompt_logprobs", 0, std::numeric_limits<std::int32_t>::max()));
+  return call;
+}
+
+std::string sample_response_to_proto(const SampleResponse& response) {
+  pb::SampleResponse p;
+  for (const auto& s : response.sequences) {
+    auto& seq = *p.add_sequences();
+    seq.set_stop_reason(s.stop_reason == StopReason::stop ? pb::STOP_REASON_STOP : pb::STOP_REASON_LENGTH);
+    seq.set_tokens(bytes_of(std::vector<std::int32_t>(s.tokens.begin(), s.tokens.end())));
+    seq.set_logprobs(bytes_of(std::vector<float>(s.logprobs.begin(), s.logprobs.end())));
+  }
+  if (response.prompt_logprobs) {
+    std::vector<float> lp(response.prompt_logprobs->begin(), response.prompt_logprobs->end());
+    if (!lp.empty()) lp[0] = std::numeric_limits<float>::quiet_NaN();  // the first token has no context
+    p.set_prompt_logprobs(bytes_of(lp));
+  }
+  if (response.topk_prompt_logprobs && !response.topk_prompt_logprobs->empty()) {
+    const auto& rows = *response.topk_prompt_logprobs;
+    std::size_t k = 0;
+    for (const auto& row : rows) k = std::max(k, row.size());
+    std::vector<std::int32_t> ids(rows.size() * k, 0);
+    std::vector<float> lps(rows.size() * k, -99999.0f);  // the SDK's empty cell
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      for (std::size_t c = 0; c < rows[i].size(); ++c) {
+        ids[i * k + c] = rows[i][c].token;
+        lps[i * k + c] = static_cast<float>(rows[i][c].logprob);
+      }
+    auto& topk = *p.mutable_topk_prompt_logprobs();
+    topk.set_token_ids(bytes_of(ids));
+    topk.set_logprobs(bytes_of(lps));
+    topk.set_k(static_cast<std::uint32_t>(k));
+    topk.set_length(static_cast<std::uint32_t>(rows.size()));
+  }
+  return p.SerializeAsString();
+}
+
+AdamParams adam_params_from_json(const json& j, const std::string& path) {
+  read::object(j, path);
+  read::only_keys(j, path, {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm", "type"});
+  AdamParams a;
+  auto number = [&](const char* key, double& into) {
+    if (const json* v = read::find(j, key)) into = read::number(*v, read::join(path, key));
+  };
+  number("learning_rate", a.learning_rate);
+  number("beta1", a.beta1);
+  number("beta2", a.beta2);
+  number("eps", a.eps);
+  number("weight_decay", a.weight_decay);
+  double clip = 0;
+  number("grad_clip_norm", clip);
+  if (clip > 0) a.grad_clip_norm = clip;
+  return a;
+}
+
+}  // namespace rlloop::wire::tinker

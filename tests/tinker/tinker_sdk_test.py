@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Thinking Machines' `tinker` SDK (0.38.0, pinned in scripts/python-requirements.txt) against `rlloop serve`.
+
+  tinker_sdk_test.py RLLOOP    (the rlloop CLI; the SDK from third_party/venv)
+
+The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rlloop-small with LoRA:
+  - forward_backward (protobuf both ways) with cross_entropy, importance_sampling and ppo: each loss:sum equals the
+    loss's formula computed from the logprobs it returned, and those equal compute_logprobs' prompt logprobs of the
+    same tokens on a sampler of the same weights (save_weights_and_get_sampling_client);
+  - forward (forward_only) leaves the weights as they were; optim_step lowers the loss;
+  - a batch of 1,100 datums, which the SDK sends as two chunks, gives the loss:sum of its two halves sent apart;
+  - sample: num_samples sequences with one logprob per token, stop token ids honoured, top-k prompt logprobs;
+  - save_state, create_training_client_from_state (a new model with the saved weights: the same loss), named
+    sampler weights and a sampling client created from their tinker:// path, the RestClient's checkpoint list;
+  - bad input (an unknown loss, a token id out of the vocabulary, malformed protobuf, a missing field) is refused
+    with the message, the model keeps working, and another tenant's key finds none of these models or futures.
+Fails (never skips) when the venv or the SDK is missing.
+"""
+import math
+import os
+import sys
+import unittest
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "aws"))
+os.environ["TINKER_TELEMETRY"] = "0"
+try:
+    import httpx
+    import tinker
+    from tinker import types
+
+    import rlloop_serve
+except ImportError as e:
+    sys.exit(f"tinker_sdk_test: {e}; scripts/setup.sh --tests installs the pinned SDK into third_party/venv")
+
+KEY = "tml-rlloop-test"
+OTHER_KEY = "tml-rlloop-other"
+BASE = "rlloop-small"
+RLLOOP = None
+SERVER = None
+
+
+def datum(tokens, weights=None, **inputs):
+    """A next-token datum over `tokens`: input tokens[:-1], targets tokens[1:]."""
+    n = len(tokens) - 1
+    loss_inputs = {"target_tokens": tokens[1:], "weights": weights if weights is not None else [1.0] * n}
+    loss_inputs.update(inputs)
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_inputs)
+
+
+def logprobs_of(output):
+    return [list(o["logprobs"].tolist()) for o in output.loss_fn_outputs]
+
+
+class TinkerSdkTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.service = tinker.ServiceClient(base_url=SERVER.endpoint, api_key=KEY)
+        cls.training = cls.service.create_lora_training_client(BASE, rank=8).result()
+        cls.data = [datum([5, 17, 42, 7, 99, 3]), datum([8, 8, 13, 21, 34], weights=[0.0, 1.0, 1.0, 0.5])]
+
+    def test_cross_entropy_matches_its_formula_and_compute_logprobs(self):
+        out = self.training.forward(self.data, "cross_entropy").result()
+        lps = logprobs_of(out)
+        expected = -sum(w * lp for d, row in zip(self.data, lps)
+                        for w, lp in zip(d.loss_fn_inputs["weights"].tolist(), row))
+        self.assertAlmostEqual(out.metrics["loss:sum"], expected, places=3)
+        print(f"cross_entropy loss:sum {out.metrics['loss:sum']:.5f}, formula {expected:.5f}", file=sys.stderr)
+        sampler = self.training.save_weights_and_get_sampling_client().result()
+        for d, row in zip(self.data, lps):
+            tokens = d.model_input.to_ints() + [d.loss_fn_inputs["target_tokens"].tolist()[-1]]
+            prompt_lps = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+            self.assertIsNone(prompt_lps[0])
+            for got, want in zip(prompt_lps[1:], row):
+                self.assertAlmostEqual(got, want, places=4)
+
+    def test_importance_sampling_and_ppo_match_their_formulas(self):
+        base = self.training.forward(self.data, "cross_entropy").result()
+        lps = logprobs_of(base)
+        data = []
+        for d, row in zip(self.data, lps):
+            q = [lp - 0.3 for lp in row]  # sampling logprobs: ratios exp(0.3), past PPO's clip
+            adv = [1.0 if i % 2 == 0 else -0.5 for i in range(len(row))]
+            data.append(types.Datum(model_input=d.model_input,
+                                    loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"],
+                                                    "logprobs": q, "advantages": adv}))
+        out = self.training.forward(data, "importance_sampling").result()
+        want = -sum(math.exp(lp - qq) * a for d, row in zip(data, lps)
+                    for lp, qq, a in zip(row, d.loss_fn_inputs["logprobs"].tolist(),
+                                         d.loss_fn_inputs["advantages"].tolist()))
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        out = self.training.forward(data, "ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}).result()
+        want = -sum(min(math.exp(lp - qq) * a, min(max(math.exp(lp - qq), 0.8), 1.2) * a)
+                    for d, row in zip(data, lps)
+                    for lp, qq, a in zip(row, d.loss_fn_inputs["logprobs"].tolist(),
+                                         d.loss_fn_inputs["advantages"].tolist()))
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+
+    def test_training_lowers_the_loss_and_forward_changes_nothing(self):
+        model = self.service.create_lora_training_client(BASE, rank=8).result()
+        first = model.forward(self.data, "cross_entropy").result().metrics["loss:sum"]
+        again = model.forward(self.data, "cross_entropy").result().metrics["loss:sum"]
+        self.assertEqual(first, again)
+        for _ in range(3):
+            model.forward_backward(self.data, "cross_entropy").result()
+            model.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        after = model.forward(self.data, "cross_entropy").result().metrics["loss:sum"]
+        print(f"cross_entropy loss:sum {first:.4f} -> {after:.4f} after 3 steps", file=sys.stderr)
+        self.assertLess(after, first - 0.5)
+
+    def test_a_batch_sent_in_two_chunks_gives_the_loss_of_both_halves(self):
+        batch = [datum([(i * 7 + k) % 250 + 3 for k in range(4)]) for i in range(1100)]
+        whole = self.training.forward(batch, "cross_entropy").result()
+        halves = [self.training.forward(batch[:550], "cross_entropy").result(),
+                  self.training.forward(batch[550:], "cross_entropy").result()]
+        self.assertEqual(len(whole.loss_fn_outputs), 1100)
+        self.assertAlmostEqual(whole.metrics["loss:sum"], sum(h.metrics["loss:sum"] for h in halves), places=2)
+
+    def test_sampling_with_stop_tokens_and_prompt_logprobs(self):
+        sampler = self.training.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 17, 42])
+        out = sampler.sample(prompt, num_samples=3, sampling_params=types.SamplingParams(
+            max_tokens=6, temperature=1.0, seed=7), include_prompt_logprobs=True, topk_prompt_logprobs=2).result()
+        self.assertEqual(len(out.sequences), 3)
+        for s in out.sequences:
+            self.assertGreaterEqual(len(s.tokens), 1)
+            self.assertLessEqual(len(s.tokens), 6)
+            self.assertEqual(len(s.logprobs), len(s.tokens))
+            self.assertTrue(all(lp <= 0 for lp in s.logprobs))
+        self.assertIsNone(out.prompt_logprobs[0])
+        self.assertEqual(len(out.prompt_logprobs), 3)
+        self.assertEqual(len(out.topk_prompt_logprobs), 3)
+        greedy = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(
+            max_tokens=6, temperature=0.0, stop=[])).result().sequences[0]
+        self.assertEqual((len(greedy.tokens), greedy.stop_reason), (6, "length"))  # stop=[]: not even EOS
+        stopped = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(
+            max_tokens=6, temperature=0.0, stop=[greedy.tokens[1]])).result().sequences[0]
+        self.assertEqual(stopped.stop_reason, "stop")
+        self.assertEqual(stopped.tokens, greedy.tokens[:greedy.tokens.index(greedy.tokens[1]) + 1])
+
+    def test_saved_state_loads_into_a_new_model_and_checkpoints_are_listed(self):
+        model = self.service.create_lora_training_client(BASE, rank=4).result()
+        model.forward_backward(self.data, "cross_entropy").result()
+        model.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        loss = model.forward(self.data, "cross_entropy").result().metrics["loss:sum"]
+        path = model.save_state("after-one-step").result().path
+        self.assertTrue(path.startswith("tinker://") and path.endswith("/weights/after-one-step"), path)
+        loaded = self.service.create_training_client_from_state(path).result()
+        self.assertAlmostEqual(loaded.forward(self.data, "cross_entropy").result().metrics["loss:sum"], loss, places=4)
+        sampler_path = model.save_weights_for_sampler("sampler-one").result().path
+        sampler = self.service.create_sampling_client(model_path=sampler_path).result()
+        lps = sampler.compute_logprobs(types.ModelInput.from_ints([5, 17, 42])).result()
+        self.assertEqual(len(lps), 3)
+        listed = tinker.RestClient(base_url=SERVER.endpoint, api_key=KEY).list_checkpoints(model.model_id).result()
+        self.assertEqual(sorted(c.tinker_path for c in listed.checkpoints), sorted([path, sampler_path]))
+
+    def test_bad_input_is_refused_by_name_and_the_model_keeps_working(self):
+        with self.assertRaises(Exception) as caught:
+            self.training.forward(self.data, "no_such_loss").result()
+        self.assertIn("no_such_loss", str(caught.exception))
+        with self.assertRaises(Exception) as caught:
+            self.training.forward([datum([5, 17, 100000])], "cross_entropy").result()
+        self.assertIn("100000", str(caught.exception))
+        raw = httpx.post(SERVER.endpoint + "/api/v1/forward_backward", content=b"\xff\xfe not protobuf",
+                         headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"})
+        self.assertEqual(raw.status_code, 400)
+        self.assertEqual(raw.json()["category"], "user")
+        self.assertIn("not a protobuf ForwardBackwardRequest", raw.json()["error"])
+        raw = httpx.post(SERVER.endpoint + "/api/v1/optim_step", json={"model_id": self.training.model_id},
+                         headers={"X-API-Key": KEY})
+        self.assertEqual(raw.status_code, 400)
+        self.assertIn("adam_params", raw.json()["error"])
+        self.assertIn("loss:sum", self.training.forward(self.data, "cross_entropy").result().metrics)
+
+    def test_another_tenants_key_finds_nothing(self):
+        request = httpx.post(SERVER.endpoint + "/api/v1/get_info", json={"model_id": self.training.model_id},
+                             headers={"X-API-Key": OTHER_KEY})
+        self.assertEqual(request.status_code, 404)
+        future = httpx.post(SERVER.endpoint + "/api/v1/retrieve_future", json={"request_id": "future-1"},
+                            headers={"X-API-Key": OTHER_KEY})
+        self.assertEqual(future.status_code, 404)
+        unknown = httpx.post(SERVER.endpoint + "/api/v1/client/config", json={}, headers={"X-API-Key": "tml-nobody"})
+        self.assertEqual(unknown.status_code, 401)
+
+
+def main():
+    global SERVER
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    with rlloop_serve.Server(sys.argv[1], bearer_keys={"aws": [KEY], "other": [OTHER_KEY]}) as server:
+        SERVER = server
+        result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+        if not result.wasSuccessful():
+            print("".join(server.log[-40:]))
+        return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
