@@ -48,6 +48,7 @@ struct ServeFlags {
   std::size_t compact_records = kDefaults.compact_after_records;
   std::size_t compact_bytes = kDefaults.compact_after_bytes;
   std::size_t autosave_operations = kDefaults.autosave_after_operations;
+  long long tinker_session_timeout_s = kDefaults.tinker_session_timeout.count();
   bool bill_prompt_per_sample = false;
   bool dequantize_base = false, activation_checkpointing = false, expert_parallel = false;
 };
@@ -64,6 +65,9 @@ void add_flags(CLI::App& app, ServeFlags& f) {
          "Get*OperationResult without ?waitSeconds= waits up to this long for the operation, and "
          "DescribeTrainingSession for a session still Creating (0 = answer at once)")
       ->check(CLI::Range(0, 20000));
+  app.add_option("--tinker-session-timeout-s", f.tinker_session_timeout_s,
+                 "A Tinker session without a heartbeat for this long is finished and its models stopped")
+      ->check(CLI::Range(1LL, 86400LL));
   app.add_option("--tenants", f.tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
   app.add_option("--base-model", f.base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N");
@@ -153,6 +157,7 @@ rlloop::server::Options server_options(const ServeFlags& f, std::uint16_t port) 
   options.data_dir = f.data_dir;
   options.region = f.region;
   options.default_result_wait = std::chrono::milliseconds(f.result_wait_ms);
+  options.tinker_session_timeout = std::chrono::seconds(f.tinker_session_timeout_s);
   options.tenants = rlloop::server::load_tenants(f.tenants_file);
   options.bill_prompt_per_sample = f.bill_prompt_per_sample;
   options.io_threads = f.io_threads;

@@ -144,6 +144,7 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->backend = std::move(backend);
   impl_->tinker = std::make_shared<TinkerRoutes>();
+  impl_->start_tinker_reaper();
   if (!impl_->options.log)
     impl_->options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   for (const Tenant& t : impl_->options.tenants) {
@@ -177,6 +178,7 @@ HostConfig Api::Impl::host_config() {
 Api::~Api() { shutdown(); }
 
 void Api::shutdown() {
+  impl_->stop_tinker_reaper();
   std::map<std::pair<std::string, std::string>, std::shared_ptr<SessionHost>> all;
   {
     std::lock_guard lock(impl_->mu);

@@ -348,6 +348,10 @@ struct Api::Impl {
   std::shared_ptr<TinkerRoutes> tinker;
   Handled tinker_api(const sigv4::HttpRequest& req, const std::string& path, const std::shared_ptr<TenantState>& t,
                      const Reply& reply);
+  // The thread that finishes Tinker sessions whose heartbeats stopped: started with the Api, stopped (joined) by
+  // Api::shutdown, which may call it twice.
+  void start_tinker_reaper();
+  void stop_tinker_reaper();
   // Ids of the OpenAI endpoints' samples (never listed; a session's listed operations use its own ids).
   std::string new_operation_id();
   // OpenAI-compatible sampling (openai.cpp): /v1/models, /v1/chat/completions, /v1/completions and the

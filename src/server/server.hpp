@@ -93,6 +93,10 @@ struct Options {
   // immediate poll (the SageMaker Python SDK: 2 s for operations, 10 s for a session's status) learn of short
   // operations and quick session starts sooner with a few hundred milliseconds here.
   std::chrono::milliseconds default_result_wait{0};
+  // Tinker's sessions (/api/v1/): one that sent no heartbeat (the SDK sends one every 10 s) for this long is
+  // finished, its models stopped and their memory freed; their checkpoints stay. The SDK itself warns after 120 s
+  // without a successful heartbeat that its session will be ended.
+  std::chrono::seconds tinker_session_timeout{120};
   // Prefill billing of a sample call with numSamples = n (the API leaves it open): false = the prompt
   // once, as LocalSession bills it (one prefill, shared KV cache) and as OpenAI's usage.prompt_tokens counts it for n >
   // 1; true = n times (each sequence's tokenUsage.prefill, summed).

@@ -301,7 +301,8 @@ std::string new_model(Api::Impl& im, const std::shared_ptr<TenantState>& t, cons
     throw api_error(e.code(), e.status() == 404 ? 404 : 400, e.what());
   }
   std::lock_guard lock(r.mu);
-  r.models[model_id] = TinkerRoutes::Model{t->config.id, session_id, host, base_model, lora.rank, {}};
+  r.models[model_id] = TinkerRoutes::Model{t->config.id, session_id, host, base_model, lora.rank,
+                                           lora.target_modules, {}};
   r.sessions[session_id].models.push_back(model_id);
   return model_id;
 }
@@ -373,12 +374,7 @@ json create_sampling_session(Api::Impl& im, const json& body, const std::shared_
 json create_by_load(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t,
                     const TinkerRoutes::Checkpoint& checkpoint, bool optimizer) {
   TinkerRoutes& r = *im.tinker;
-  LoraOptions lora{checkpoint.rank, kLoraAlpha, {"all-linear"}};
-  {
-    std::lock_guard lock(r.mu);
-    if (const auto it = r.models.find(checkpoint.model_id); it != r.models.end())
-      lora.target_modules = host_of(im, t->config.id, it->second.host)->options.lora->target_modules;
-  }
+  const LoraOptions lora{checkpoint.rank, kLoraAlpha, checkpoint.target_modules};
   const std::string model_id =
       new_model(im, t, need_string(body, "session_id"),
                 rd::integer(rd::need(body, "", "model_seq_id"), "model_seq_id", 0), checkpoint.base_model, lora, 0);
@@ -437,7 +433,8 @@ std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, 
   std::lock_guard lock(r.mu);
   const auto& model = r.models.at(f.model_id);
   const std::string path = tinker_path(f.model_id, type[0] == 't' ? "weights" : "sampler_weights", f.name);
-  r.checkpoints[path] = {f.tenant, package, f.model_id, type, model.base_model, model.rank, now_seconds()};
+  r.checkpoints[path] = {f.tenant,         package,    f.model_id,           type,
+                         model.base_model, model.rank, model.target_modules, now_seconds()};
   return path;
 }
 
@@ -541,16 +538,35 @@ json heartbeat(TinkerRoutes& r, const json& body, const std::shared_ptr<TenantSt
   return {{"type", "session_heartbeat"}};
 }
 
+// Marks session `s` finished and returns its models' hosted sessions, for the caller to stop once r.mu is released.
+std::vector<std::string> finish_locked(TinkerRoutes& r, TinkerRoutes::Session& s) {
+  s.finished = true;
+  std::vector<std::string> hosts;
+  for (const auto& m : s.models) hosts.push_back(r.models.at(m).host);
+  return hosts;
+}
+
+// Stops the hosted sessions of a finished Tinker session: their workers end and their models are freed; their
+// checkpoints stay loadable.
+void stop_hosts(Api::Impl& im, const std::string& tenant, const std::vector<std::string>& hosts) {
+  for (const auto& name : hosts) {
+    std::shared_ptr<SessionHost> host;
+    {
+      std::lock_guard lock(im.mu);
+      if (const auto it = im.sessions.find({tenant, name}); it != im.sessions.end()) host = it->second;
+    }
+    if (host) host->stop();
+  }
+}
+
 // sessions/{id}/finish: the session's models stop (their checkpoints stay).
 json finish(Api::Impl& im, const std::string& session_id, const std::shared_ptr<TenantState>& t) {
   std::vector<std::string> hosts;
   {
     std::lock_guard lock(im.tinker->mu);
-    auto& s = live_session_locked(*im.tinker, session_id, t->config.id);
-    s.finished = true;
-    for (const auto& m : s.models) hosts.push_back(im.tinker->models.at(m).host);
+    hosts = finish_locked(*im.tinker, live_session_locked(*im.tinker, session_id, t->config.id));
   }
-  for (const auto& name : hosts) host_of(im, t->config.id, name)->stop();
+  stop_hosts(im, t->config.id, hosts);
   return json::object();
 }
 
@@ -624,6 +640,36 @@ std::optional<json> post_route(Api::Impl& im, const std::string& route, const js
 }  // namespace
 
 bool is_tinker_path(const std::string& path) { return path.rfind("/api/v1/", 0) == 0; }
+
+void Api::Impl::start_tinker_reaper() {
+  const auto timeout = options.tinker_session_timeout;
+  // Looks a few times per timeout, so a silent session goes within about 1.25 timeouts.
+  const auto period = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100), timeout / 4);
+  tinker->reaper = std::thread([this, timeout, period] {
+    TinkerRoutes& r = *tinker;
+    std::unique_lock lock(r.mu);
+    while (!r.wake.wait_for(lock, period, [&] { return r.stopping; })) {
+      std::vector<std::pair<std::string, std::vector<std::string>>> silent;  // tenant, hosts
+      const double now = now_seconds();
+      for (auto& [id, s] : r.sessions)
+        if (!s.finished && now - s.last_heartbeat > static_cast<double>(timeout.count()))
+          silent.emplace_back(s.tenant, finish_locked(r, s));
+      if (silent.empty()) continue;
+      lock.unlock();
+      for (const auto& [tenant, hosts] : silent) stop_hosts(*this, tenant, hosts);
+      lock.lock();
+    }
+  });
+}
+
+void Api::Impl::stop_tinker_reaper() {
+  {
+    std::lock_guard lock(tinker->mu);
+    tinker->stopping = true;
+  }
+  tinker->wake.notify_all();
+  if (tinker->reaper.joinable()) tinker->reaper.join();
+}
 
 Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& path,
                               const std::shared_ptr<TenantState>& t, const Reply& reply) {

