@@ -20,8 +20,10 @@
 namespace rlloop {
 
 // The built-in losses. All are summed over tokens, never averaged. `value` is the critic's regression loss for PPO
-// with a value head (an rlloop extension, local sessions created with value_head).
-enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value };
+// with a value head (an rlloop extension, local sessions created with value_head). `gspo` is GSPO-token (Zheng et
+// al. 2025, "Group Sequence Policy Optimization"): PPO's clipped objective on each token with the ratio of its whole
+// sequence (the datum) in place of its own.
+enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value, gspo };
 
 namespace detail {
 // The number of LossFn's enumerators. The switch names each one and has no default, so -Wswitch (in -Wall; an error
@@ -36,6 +38,7 @@ constexpr std::size_t count_loss_fns() {
       case LossFn::cispo:
       case LossFn::dro:
       case LossFn::value:
+      case LossFn::gspo:
         continue;
     }
     return n;
@@ -70,6 +73,10 @@ struct LossSpec {
     return {LossFn::cispo, epsilon_low, epsilon_high};
   }
   static LossSpec dro(double beta = 0.1) { return {.fn = LossFn::dro, .beta = beta}; }
+  // GSPO's clip range is narrow, the ratio being a geometric mean over the sequence: the paper's 3e-4 and 4e-4.
+  static LossSpec gspo(double epsilon_low = 3e-4, double epsilon_high = 4e-4) {
+    return {LossFn::gspo, epsilon_low, epsilon_high};
+  }
   // 0.5 * sum(w * max((v - R)^2, (v_clip - R)^2)), v_clip = old + clamp(v - old, -clip, clip) when "old_values"
   // are given; inputs "returns" (R), optional "old_values", optional "weights".
   static LossSpec value(double clip = 0.2) { return {.fn = LossFn::value, .value_clip = clip}; }
@@ -214,6 +221,14 @@ inline constexpr std::array<LossInfo, kLossCount> kLosses{{
      .output = LossOutput::values,
      .clip_metric = "value_clip_fraction",
      .policy = false},
+    {.fn = LossFn::gspo,
+     .name = "gspo",
+     .params = detail::kClipParams,
+     .required_inputs = detail::kPolicyInputs,
+     .optional_inputs = detail::kWeights,
+     .output = LossOutput::logprobs,
+     .clip_metric = "clip_fraction",
+     .policy = true},
 }};
 
 namespace detail {

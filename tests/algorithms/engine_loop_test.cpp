@@ -119,3 +119,41 @@ TEST(FakeMatchesEngine, BuiltinLossValuesAndGradients) {
     EXPECT_NEAR(bearing, value.bearing.item<double>(), 1e-12) << to_string(spec.fn);
   }
 }
+
+// GSPO-token on two sequences (rows) of one batch: each token's value and gradient are PPO's with its sequence's
+// ratio s = exp(mean(lp - q)) over the row's loss-bearing tokens; the second row's clip range is narrow enough
+// (its s is exp(0.3)) that its clipped branch is taken where A > 0, and padding (mask 0) stays out of s.
+TEST(FakeMatchesEngine, GspoUsesEachSequencesRatio) {
+  const std::vector<std::vector<double>> lp{{-1.0, -0.5, -2.0, -0.1}, {-0.7, -0.2, -1.1, -3.0}},
+      q{{-1.2, -0.5, -1.5, -0.3}, {-1.0, -0.5, -1.4, 0.0}}, a{{2.0, -1.0, 0.5, -3.0}, {1.5, -2.0, 1.0, 4.0}},
+      w{{0.5, 1.0, 0.0, 2.0}, {1.0, 1.0, 1.0, 0.0}};
+  auto t = [](const std::vector<std::vector<double>>& v) {
+    return torch::stack({torch::tensor(v[0], torch::kFloat64), torch::tensor(v[1], torch::kFloat64)});
+  };
+  const LossSpec spec = LossSpec::gspo(0.1, 0.1);
+  auto lpt = t(lp).requires_grad_(true);
+  // Row 1's last token is padding: its q (0.0) would move the ratio if it counted.
+  auto mask = torch::tensor({1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0}, torch::kFloat64).reshape({2, 4});
+  engine::LossTensors in{mask, t(w), t(a), t(q)};
+  auto value = engine::builtin_loss(spec, lpt, in);
+  value.loss.backward();
+  double loss = 0, clipped = 0;
+  for (std::size_t row = 0; row < 2; ++row) {
+    const auto real = row == 0 ? 4u : 3u;
+    auto cut = [&](const std::vector<double>& v) { return std::vector<double>(v.begin(), v.begin() + real); };
+    const auto terms = rlloop::testing::FakeSession::gspo_terms(spec, cut(lp[row]), cut(q[row]), cut(a[row]),
+                                                                cut(w[row]));
+    for (std::size_t j = 0; j < real; ++j) {
+      loss += terms[j].loss;
+      clipped += terms[j].clipped && w[row][j] != 0.0;
+      EXPECT_NEAR(terms[j].grad, lpt.grad()[static_cast<long>(row)][static_cast<long>(j)].item<double>(), 1e-12)
+          << "row " << row << " token " << j;
+    }
+  }
+  EXPECT_NEAR(loss, value.loss.item<double>(), 1e-12);
+  EXPECT_NEAR(clipped, value.clipped.item<double>(), 1e-12);
+  EXPECT_GT(clipped, 0.0);  // the clip bites
+  // s of row 1 by hand: exp(mean(0.3, 0.3, 0.3)) over its three real tokens.
+  const auto row1 = rlloop::testing::FakeSession::gspo_terms(spec, {-0.7}, {-1.0}, {-1.0}, {1.0});
+  EXPECT_NEAR(row1[0].loss, std::exp(0.3) * 1.0, 1e-12);  // A < 0: min(sA, clamp(s)A) = sA
+}

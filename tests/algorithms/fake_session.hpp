@@ -157,9 +157,27 @@ class FakeSession {
         return {-(lp * adv - 0.5 * spec.beta * d * d) * m, -(adv - spec.beta * d) * m, false};
       }
       case LossFn::value:
-        break;  // the critic's loss is over values, not logprobs: the fake session has no value head
+        throw invalid_argument("the fake session has no value head: loss 'value' is not a token term");
+      case LossFn::gspo:
+        break;
     }
-    throw invalid_argument("the fake session has no value head: loss 'value' is not a token term");
+    throw invalid_argument("gspo's token term needs its sequence's ratio: gspo_terms");
+  }
+
+  // GSPO-token's terms of one sequence: PPO's at each token with the sequence's ratio s = exp(mean(lp - q)) over its
+  // loss-bearing tokens (w != 0) as the ratio's value, i.e. PPO's term with q' = lp - log s.
+  static std::vector<TokenTerm> gspo_terms(const LossSpec& spec, const std::vector<double>& lp,
+                                           const std::vector<double>& q, const std::vector<double>& adv,
+                                           const std::vector<double>& w) {
+    double sum = 0, n = 0;
+    for (std::size_t j = 0; j < lp.size(); ++j)
+      if (w[j] != 0.0) sum += lp[j] - q[j], n += 1;
+    const double log_s = n > 0 ? sum / n : 0.0;
+    LossSpec ppo = spec;
+    ppo.fn = LossFn::ppo;
+    std::vector<TokenTerm> out;
+    for (std::size_t j = 0; j < lp.size(); ++j) out.push_back(token_term(ppo, lp[j], lp[j] - log_s, adv[j], w[j]));
+    return out;
   }
 
  private:
@@ -273,8 +291,9 @@ class FakeSession {
       const auto lp = datum_logprobs(d);
       const auto w = input_or(d, "weights", 1.0), q = input_or(d, "logprobs", 0.0), a = input_or(d, "advantages", 0.0);
       std::vector<double> grad(lp.size());
+      const auto gspo = spec.fn == LossFn::gspo ? gspo_terms(spec, lp, q, a, w) : std::vector<TokenTerm>{};
       for (std::size_t j = 0; j < lp.size(); ++j) {
-        const auto t = token_term(spec, lp[j], q[j], a[j], w[j]);
+        const auto t = spec.fn == LossFn::gspo ? gspo[j] : token_term(spec, lp[j], q[j], a[j], w[j]);
         loss += t.loss;
         grad[j] = t.grad;
         // clip_fraction's count, as the engine's: loss-bearing tokens (weight != 0) where the clip branch won.
@@ -476,7 +495,7 @@ class FakeService {
   }
   std::vector<std::string> list_base_models() { return {"fake-table"}; }
   ServerCapabilities capabilities() {
-    return {{"fake-table"}, {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}, true, 0};
+    return {{"fake-table"}, {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"}, true, 0};
   }
 
  private:

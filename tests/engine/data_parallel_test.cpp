@@ -996,7 +996,7 @@ TEST(DataParallel, SplitsBatchesByTokensInTheCallersOrder) {
 TEST(DataParallel, TheCodecCarriesEveryLossAndOptimizerSetting) {
   // Each member set away from its default, so that a member the codec dropped would come back different.
   for (LossFn fn : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro,
-                    LossFn::value}) {
+                    LossFn::value, LossFn::gspo}) {
     const LossSpec sent{.fn = fn, .epsilon_low = 0.13, .epsilon_high = 0.27, .beta = 0.031, .value_clip = 0.45};
     engine::dist::ByteWriter w;
     w.put(sent);

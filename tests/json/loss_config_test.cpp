@@ -34,13 +34,15 @@ TEST(WireLossConfig, EachLossTakesTheKeysOfTheParametersItReads) {
   EXPECT_EQ(loss_config_keys(LossFn::cispo), (strings{"clip_low_threshold", "clip_high_threshold"}));
   EXPECT_EQ(loss_config_keys(LossFn::dro), strings{"beta"});
   EXPECT_EQ(loss_config_keys(LossFn::value), strings{"value_clip"});
+  EXPECT_EQ(loss_config_keys(LossFn::gspo), (strings{"clip_low_threshold", "clip_high_threshold"}));
   // A key of another loss is refused by name, as is one no loss has.
   EXPECT_EQ(message_of([] { loss_from_config("cross_entropy", {{"clip_low_threshold", 0.7}}); }),
             "loss 'cross_entropy' does not accept config key 'clip_low_threshold'");
   EXPECT_EQ(message_of([] { loss_from_config("ppo", {{"epsilon", 0.2}}); }),
             "loss 'ppo' does not accept config key 'epsilon'");
   EXPECT_EQ(message_of([] { loss_from_config("kto"); }),
-            "unknown loss function 'kto' (expected cross_entropy, importance_sampling, ppo, cispo, dro or value)");
+            "unknown loss function 'kto' (expected cross_entropy, importance_sampling, ppo, cispo, dro, value or "
+            "gspo)");
 }
 
 TEST(WireLossConfig, ClipThresholdsAreTheSpecsClipRange) {

@@ -4,16 +4,20 @@
   tinker_sdk_test.py RLLOOP    (the rlloop CLI; the SDK from third_party/venv)
 
 The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rlloop-small with LoRA:
-  - forward_backward (protobuf both ways) with cross_entropy, importance_sampling and ppo: each loss:sum equals the
-    loss's formula computed from the logprobs it returned, and those equal compute_logprobs' prompt logprobs of the
-    same tokens on a sampler of the same weights (save_weights_and_get_sampling_client);
+  - forward_backward (protobuf both ways) with cross_entropy, importance_sampling, ppo, cispo, dro and gspo: each
+    loss:sum equals the loss's formula computed from the logprobs it returned, and those equal compute_logprobs'
+    prompt logprobs of the same tokens on a sampler of the same weights (save_weights_and_get_sampling_client);
+    stable_reinforce is refused by name;
   - forward (forward_only) leaves the weights as they were; optim_step lowers the loss;
   - a batch of 1,100 datums, which the SDK sends as two chunks, gives the loss:sum of its two halves sent apart;
   - sample: num_samples sequences with one logprob per token, stop token ids honoured, top-k prompt logprobs;
   - save_state, create_training_client_from_state (a new model with the saved weights: the same loss), named
     sampler weights and a sampling client created from their tinker:// path, the RestClient's checkpoint list;
   - bad input (an unknown loss, a token id out of the vocabulary, malformed protobuf, a missing field) is refused
-    with the message, the model keeps working, and another tenant's key finds none of these models or futures.
+    with the message, the model keeps working, and another tenant's key finds none of these models or futures;
+  - a session whose heartbeats stop is finished after the server's timeout (a second server, timeout 1 s);
+  - LoRA on SmolLM2-135M-Instruct's GGUF file (Q4_1, `scripts/setup.sh --tests` fetches it; without it this one
+    test is skipped outside CI and fails under CI=true): training lowers the loss, a sample stops at a stop string.
 Fails (never skips) when the venv or the SDK is missing.
 """
 import math
@@ -109,9 +113,17 @@ class TinkerSdkTest(unittest.TestCase):
                     for lp, qq, a in zip(row, d.loss_fn_inputs["logprobs"].tolist(),
                                          d.loss_fn_inputs["advantages"].tolist()))
         self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        # GSPO-token: PPO's objective at each token with its sequence's ratio exp(mean(lp - q)) (here exp(0.3)).
+        out = self.training.forward(data, "gspo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}).result()
+        want = 0.0
+        for d, row in zip(data, lps):
+            q = d.loss_fn_inputs["logprobs"].tolist()
+            s = math.exp(sum(lp - qq for lp, qq in zip(row, q)) / len(row))
+            want -= sum(min(s * a, min(max(s, 0.8), 1.2) * a) for a in d.loss_fn_inputs["advantages"].tolist())
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
         with self.assertRaises(Exception) as caught:  # a loss the SDK names that rlloop does not compute
-            self.training.forward(data, "gspo").result()
-        self.assertIn("gspo", str(caught.exception))
+            self.training.forward(data, "stable_reinforce").result()
+        self.assertIn("stable_reinforce", str(caught.exception))
 
     def test_training_lowers_the_loss_and_forward_changes_nothing(self):
         model = self.service.create_lora_training_client(BASE, rank=8).result()

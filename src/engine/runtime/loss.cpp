@@ -55,6 +55,17 @@ LossValue dro(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& 
           count_bearing(m)};
 }
 
+LossValue gspo(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in) {
+  const auto m = weighted_mask(in);
+  const auto bearing = (m != 0).to(lp.scalar_type());  // [B, T]: the tokens of each sequence's ratio
+  const auto log_s = ((lp - in.sampler_logprobs).detach() * bearing).sum(1, true) / bearing.sum(1, true).clamp_min(1);
+  const auto r = torch::exp(log_s) * torch::exp(lp - lp.detach());
+  auto clipped_r = torch::clamp(r, spec.min_ratio(), spec.max_ratio());
+  auto unclipped_term = r * in.advantages, clipped_term = clipped_r * in.advantages;
+  auto objective = torch::min(unclipped_term, clipped_term);
+  return {-(objective * m).sum(), count_where((clipped_term < unclipped_term).detach(), m), count_bearing(m)};
+}
+
 LossValue value(const LossSpec& spec, const torch::Tensor& v, const LossTensors& in) {
   return value_loss(spec, v, in.returns, in.old_values, weighted_mask(in));
 }
@@ -83,6 +94,9 @@ constexpr std::array<LossKernel, kLossCount> kLossKernels{{
     {LossFn::cispo, cispo, cispo_clips},
     {LossFn::dro, dro, never},
     {LossFn::value, value, never},
+    // (A GSPO token's clip depends on its whole sequence; the host-side per-token count cannot see it, the engine's
+    // clip_fraction does.)
+    {LossFn::gspo, gspo, never},
 }};
 
 constexpr bool kernels_follow_the_table() {

@@ -45,6 +45,9 @@ struct LossValue {
 //   cispo                -(stopgrad(clamp(r, lo, hi)) * lp * A).sum()
 //   dro                  -(lp * A - 0.5 * beta * (lp - q)^2).sum()
 //   value                value_loss below, with m = mask * w
+//   gspo                 ppo's with r_t = stopgrad(s) * exp(lp_t - stopgrad(lp_t)), s = exp(mean(lp - q)) over the
+//                        datum's loss-bearing tokens (weight != 0): every token of a sequence has its ratio's value,
+//                        each its own gradient (GSPO-token, Zheng et al. 2025, eq. 13)
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& x, const LossTensors& in);
 
 // The critic's loss on values v [B, T]: 0.5 * sum(m * max((v - R)^2, (v_clip - R)^2)) with

@@ -367,7 +367,7 @@ std::vector<std::string> LocalService::list_base_models() {
 ServerCapabilities LocalService::capabilities() {
   ServerCapabilities c;
   c.base_models = list_base_models();
-  c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "value"};
+  c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "value", "gspo"};
   c.supports_full_finetune = true;
   c.max_lora_rank = limits::lora_rank_max;
   return c;
