@@ -4,7 +4,8 @@
 // build), every answer must keep the protocol's promises, or the target aborts:
 //   * no 5xx: the service never fails internally, so a 500 means a request slipped past validation;
 //   * an error carries X-Amzn-ErrorType and the documented body shape: {"__type","Message"} for the control plane,
-//     {"error":{...},"message"} for the OpenAI paths, {"message"} for the rest of the runtime;
+//     {"error":{...},"message"} for the OpenAI paths, {"error","category"} for Tinker's (/api/v1/), {"message"} for
+//     the rest of the runtime;
 //   * a 200 JSON answer parses as JSON.
 //
 // Input format (what tests/fuzz/corpus/ holds; see README.md):
@@ -150,6 +151,9 @@ void check(const sigv4::HttpRequest& req, server::Response& res) {
     if (req.header("X-Amz-Target")) {
       if (body.value("__type", "") != type || !body.contains("Message") || !body["Message"].is_string())
         violated(req, res, "control-plane error body is not {\"__type\",\"Message\"}");
+    } else if (path.rfind("/api/v1/", 0) == 0) {  // Tinker's routes: what the tinker SDK reads
+      if (!body.contains("error") || !body["error"].is_string() || body.value("category", "") != "user")
+        violated(req, res, "Tinker error body is not {\"error\", \"category\": \"user\"}");
     } else if (!body.contains("message") || !body["message"].is_string()) {
       violated(req, res, "runtime error body has no \"message\"");
     }
