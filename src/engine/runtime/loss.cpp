@@ -72,16 +72,21 @@ LossValue value(const LossSpec& spec, const torch::Tensor& v, const LossTensors&
 
 // ---- whether a token is clipped, on host values (the service metrics) ----------------------------------------
 
-bool never(const LossSpec&, double, double, double) { return false; }
+bool never(const LossSpec&, double, double, double, double) { return false; }
 
 // PPO takes the clipped term when it is the smaller.
-bool ppo_clips(const LossSpec& spec, double lp, double q, double advantage) {
+bool ppo_clips(const LossSpec& spec, double lp, double q, double advantage, double) {
   const double r = std::exp(lp - q), c = std::clamp(r, spec.min_ratio(), spec.max_ratio());
   return c * advantage < r * advantage;
 }
 
+// GSPO as PPO, with the sequence's ratio.
+bool gspo_clips(const LossSpec& spec, double, double, double advantage, double sequence_log_ratio) {
+  return ppo_clips(spec, sequence_log_ratio, 0.0, advantage, 0.0);
+}
+
 // CISPO clips whenever the clamp is active.
-bool cispo_clips(const LossSpec& spec, double lp, double q, double) {
+bool cispo_clips(const LossSpec& spec, double lp, double q, double, double) {
   const double r = std::exp(lp - q);
   return std::clamp(r, spec.min_ratio(), spec.max_ratio()) != r;
 }
@@ -94,9 +99,7 @@ constexpr std::array<LossKernel, kLossCount> kLossKernels{{
     {LossFn::cispo, cispo, cispo_clips},
     {LossFn::dro, dro, never},
     {LossFn::value, value, never},
-    // (A GSPO token's clip depends on its whole sequence; the host-side per-token count cannot see it, the engine's
-    // clip_fraction does.)
-    {LossFn::gspo, gspo, never},
+    {LossFn::gspo, gspo, gspo_clips},
 }};
 
 constexpr bool kernels_follow_the_table() {

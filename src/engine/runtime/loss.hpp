@@ -61,8 +61,9 @@ struct LossKernel {
   LossFn fn;
   LossValue (*apply)(const LossSpec& spec, const torch::Tensor& x, const LossTensors& in);
   // Whether the loss takes its clipped branch at one token, on host doubles (the service metric actor/pg_clipfrac,
-  // computed from the returned logprobs): lp, q, A as above; false for a loss that never clips.
-  bool (*clips_token)(const LossSpec& spec, double lp, double q, double advantage);
+  // computed from the returned logprobs): lp, q, A as above, and log s, the mean of lp - q over its sequence's
+  // loss-bearing tokens (gspo's ratio); false for a loss that never clips.
+  bool (*clips_token)(const LossSpec& spec, double lp, double q, double advantage, double sequence_log_ratio);
 };
 
 // The kernel of a loss; an `fn` that is no enumerator throws invalid_argument.

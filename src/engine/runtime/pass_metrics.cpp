@@ -70,9 +70,12 @@ void add_service_metrics(ForwardBackwardOutput& out, const std::vector<Datum>& d
       if (w[j] == 0) continue;
       bearing += 1;
       kl_i += q[j] - lp[j];
-      clipped_i += clips_token(*loss, lp[j], q[j], a[j]);
     }
-    if (bearing > 0) kl += kl_i / bearing, clip += clipped_i / bearing;
+    if (bearing == 0) continue;
+    const double sequence_log_ratio = -kl_i / bearing;  // mean(lp - q): gspo's log ratio
+    for (std::size_t j = 0; j < lp.size(); ++j)
+      if (w[j] != 0) clipped_i += clips_token(*loss, lp[j], q[j], a[j], sequence_log_ratio);
+    kl += kl_i / bearing, clip += clipped_i / bearing;
   }
   m["actor/ppo_kl"] = kl / n;
   m["actor/pg_clipfrac"] = clip / n;
