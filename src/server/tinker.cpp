@@ -1,4 +1,4 @@
-// Tinker's routes (/api/v1/..., docs/tinker_protocol.md, docs/server.md "Tinker's API"): sessions, training models,
+// Tinker's routes (/api/v1/..., docs/tinker_protocol.md, section 0): sessions, training models,
 // samplers and futures over the hosted sessions the SageMaker routes serve, so both protocols share the engine loop,
 // the journal, billing and tenants. Requests are JSON except forward_backward (protobuf); the results of
 // forward_backward and asample are protobuf, the others JSON. Every POST that does work answers with a request id at
@@ -25,7 +25,7 @@ using Kind = TinkerRoutes::Kind;
 
 // How long retrieve_future holds a request for its result (the SDK's own read timeout is 45 s).
 constexpr std::chrono::seconds kHold{25};
-// LoRA's alpha for the models Tinker creates: the SDK sends none (Tinker's own service fixes it at 32).
+// LoRA's alpha for the models Tinker's clients create: the SDK sends none, so the server chooses.
 constexpr int kLoraAlpha = 32;
 
 Response json_ok(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
@@ -130,8 +130,8 @@ std::string queue(Api::Impl& im, const std::shared_ptr<TenantState>& t, const Ti
   try {
     return im.accept_operation(t, *host, op, std::nullopt, "seq_id", seq);
   } catch (const api_error& e) {
-    if (e.status() == 409) throw api_error("Conflict", 409, e.what());
-    user_error(e.what());
+    // A stopped model (its session finished) is the client's mistake to stop on, not a 409 the SDK retries.
+    user_error(e.status() == 409 ? "model " + host->name + " takes no more operations: " + e.what() : e.what());
   }
 }
 

@@ -234,7 +234,8 @@ class HeartbeatTest(unittest.TestCase):
             adam = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
                     "grad_clip_norm": 0.0}
             step = post("optim_step", {"model_id": model["model_id"], "seq_id": 1, "adam_params": adam})
-            self.assertEqual(step.status_code, 409, step.text)  # its model's session is stopped
+            self.assertEqual(step.status_code, 400, step.text)  # its model's session is stopped
+            self.assertIn("takes no more operations", step.json()["error"])
 
 
 class GgufBaseTest(unittest.TestCase):
