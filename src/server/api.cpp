@@ -144,7 +144,6 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->backend = std::move(backend);
   impl_->tinker = std::make_shared<TinkerRoutes>();
-  impl_->start_tinker_reaper();
   if (!impl_->options.log)
     impl_->options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   for (const Tenant& t : impl_->options.tenants) {
@@ -163,6 +162,7 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
     impl_->journal = std::make_unique<Journal>(impl_->options.data_dir, std::move(journal));
     impl_->recover();
   }
+  impl_->start_tinker_reaper();  // last: a constructor that threw above leaves no thread behind
 }
 
 HostConfig Api::Impl::host_config() {

@@ -662,14 +662,16 @@ void Api::Impl::start_tinker_reaper() {
   });
 }
 
-void Api::Impl::stop_tinker_reaper() {
+void TinkerRoutes::stop_reaper() {
   {
-    std::lock_guard lock(tinker->mu);
-    tinker->stopping = true;
+    std::lock_guard lock(mu);
+    stopping = true;
   }
-  tinker->wake.notify_all();
-  if (tinker->reaper.joinable()) tinker->reaper.join();
+  wake.notify_all();
+  if (reaper.joinable()) reaper.join();
 }
+
+void Api::Impl::stop_tinker_reaper() { tinker->stop_reaper(); }
 
 Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& path,
                               const std::shared_ptr<TenantState>& t, const Reply& reply) {

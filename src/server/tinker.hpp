@@ -74,6 +74,11 @@ struct TinkerRoutes {
   std::condition_variable wake;  // with mu: stop_tinker_reaper
   bool stopping = false;
   std::thread reaper;
+
+  // Stops and joins the reaper; again is a no-op. Api::shutdown calls it; so does the destructor, for an Api torn
+  // down another way.
+  void stop_reaper();
+  ~TinkerRoutes() { stop_reaper(); }
 };
 
 }  // namespace rlloop::server
