@@ -218,7 +218,8 @@ json asample(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>
   rd::object(body, "");
   const auto sampler = find_owned(*im.tinker, im.tinker->samplers, need_string(body, "sampling_session_id"),
                                   t->config.id, "sampling session");
-  const auto host = host_of(im, t->config.id, sampler.host);
+  const auto model = find_owned(*im.tinker, im.tinker->models, sampler.model_id, t->config.id, "model");
+  const auto host = host_of(im, t->config.id, model.host);
   std::optional<token_id> eos;
   {
     std::lock_guard lock(host->mu);
@@ -227,13 +228,7 @@ json asample(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>
   tk::SampleCall call = tk::sample_call_from_json(body, eos);
   call.request.model_path = sampler.model_package;
   const int n = call.request.num_samples;
-  std::string model_id;
-  {
-    std::lock_guard lock(im.tinker->mu);
-    for (const auto& [id, m] : im.tinker->models)
-      if (m.host == sampler.host) model_id = id;
-  }
-  json answer = submit(im, t, model_id, -1, wire::SamplingOperation{std::move(call.request)}, {.kind = Kind::sample});
+  json answer = submit(im, t, sampler.model_id, -1, wire::SamplingOperation{std::move(call.request)}, {.kind = Kind::sample});
   answer["sample_sequence_ids"] = json::array();
   for (int i = 0; i < n; ++i)
     answer["sample_sequence_ids"].push_back(answer["request_id"].get<std::string>() + "-" + std::to_string(i));
@@ -361,11 +356,11 @@ json create_sampling_session(Api::Impl& im, const json& body, const std::shared_
   const std::string model_path = rd::string(*path, "model_path");
   TinkerRoutes& r = *im.tinker;
   const auto checkpoint = find_owned(r, r.checkpoints, model_path, t->config.id, "checkpoint");
-  const auto model = find_owned(r, r.models, checkpoint.model_id, t->config.id, "model");
+  find_owned(r, r.models, checkpoint.model_id, t->config.id, "model");  // its model, whose session decodes, exists
   std::lock_guard lock(r.mu);
   live_session_locked(r, session_id, t->config.id);
   const std::string id = session_id + ":sample:" + std::to_string(n);
-  r.samplers[id] = {t->config.id, model.host, checkpoint.model_package, checkpoint.base_model, model_path};
+  r.samplers[id] = {t->config.id, checkpoint.model_id, checkpoint.model_package, checkpoint.base_model, model_path};
   return {{"sampling_session_id", id}};
 }
 
@@ -468,7 +463,7 @@ Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const 
     case Kind::sampler_session: {
       std::lock_guard lock(r.mu);
       const auto& model = r.models.at(f.model_id);
-      r.samplers[f.name] = {f.tenant, f.host, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
+      r.samplers[f.name] = {f.tenant, f.model_id, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
                             model.base_model, ""};
       return json_ok({{"sampling_session_id", f.name}, {"type", "save_weights_for_sampler"}});
     }

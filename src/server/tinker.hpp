@@ -36,7 +36,7 @@ struct TinkerRoutes {
   // A sampler: the training model whose session decodes for it, and the saved weights it samples.
   struct Sampler {
     std::string tenant;
-    std::string host;
+    std::string model_id;
     std::string model_package;  // the checkpoint's ARN
     std::string base_model;
     std::string model_path;  // tinker:// path, when it was created from one
