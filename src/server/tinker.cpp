@@ -228,7 +228,8 @@ json asample(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>
   tk::SampleCall call = tk::sample_call_from_json(body, eos);
   call.request.model_path = sampler.model_package;
   const int n = call.request.num_samples;
-  json answer = submit(im, t, sampler.model_id, -1, wire::SamplingOperation{std::move(call.request)}, {.kind = Kind::sample});
+  json answer =
+      submit(im, t, sampler.model_id, -1, wire::SamplingOperation{std::move(call.request)}, {.kind = Kind::sample});
   answer["sample_sequence_ids"] = json::array();
   for (int i = 0; i < n; ++i)
     answer["sample_sequence_ids"].push_back(answer["request_id"].get<std::string>() + "-" + std::to_string(i));
