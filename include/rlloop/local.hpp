@@ -54,6 +54,12 @@ struct DataParallelOptions {
   // are refused (adapter exports work: rank 0 holds every adapter). Dense models ignore it.
   // Every rank must be started with the same setting (the rendezvous refuses a rank that differs).
   bool expert_parallel = false;
+  // For ranks a cluster launcher started (docs/distributed.md): the store at `rendezvous` is hosted by a process
+  // that outlives the group (torchrun's elastic agent), so rank 0 connects to it as the workers do instead of
+  // opening it; and every key the group writes there goes under `store_prefix` (each attempt of a restarted job
+  // takes its own; workers give the same one). Empty prefix: none.
+  bool external_store = false;
+  std::string store_prefix;
 };
 
 struct LocalServiceOptions {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 
 #include "base_models.hpp"
 #include "command.hpp"
+#include "launch_env.hpp"
 #include "server/server.hpp"
 
 namespace {
@@ -51,6 +53,9 @@ struct ServeFlags {
   long long tinker_session_timeout_s = kDefaults.tinker_session_timeout.count();
   bool bill_prompt_per_sample = false;
   bool dequantize_base = false, activation_checkpointing = false, expert_parallel = false;
+  // Set from a launcher's environment (launch_env.hpp), not by a flag.
+  bool external_store = false;
+  std::string store_prefix;
 };
 
 void add_flags(CLI::App& app, ServeFlags& f) {
@@ -68,14 +73,17 @@ void add_flags(CLI::App& app, ServeFlags& f) {
   app.add_option("--tinker-session-timeout-s", f.tinker_session_timeout_s,
                  "A Tinker session without a heartbeat for this long is finished and its models stopped")
       ->check(CLI::Range(1LL, 86400LL));
-  app.add_option("--tenants", f.tenants_file, "Tenants JSON file (access keys, bearer keys, limits)")->required();
+  app.add_option("--tenants", f.tenants_file,
+                 "Tenants JSON file (access keys, bearer keys, limits); required where this process serves (rank 0)");
   app.add_option("--base-model", f.base_models, "Catalogue entry NAME=MODEL_DIR (repeatable)");
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N");
   app.add_option("--dtype", f.dtype,
                  "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the models' arithmetic (bf16 full fine-tuning "
                  "keeps fp32 master weights)");
   app.add_option("--world-size", f.world_size,
-                 "Ranks that train every session (data parallel): this process and world size - 1 workers")
+                 "Ranks that train every session (data parallel): this process and world size - 1 workers. Without "
+                 "it and --rendezvous, a launcher's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, Slurm, "
+                 "PyTorchJob) say this process's part: rank 0 serves, the others work (docs/distributed.md)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--rendezvous", f.rendezvous, "HOST:PORT where the workers join (port 0: any free port)");
   app.add_option("--dp-backend", f.dp_backend,
@@ -193,7 +201,47 @@ rlloop::LocalServiceOptions engine_options(const ServeFlags& f) {
   local.data_parallel.expert_parallel = f.expert_parallel;
   local.data_parallel.timeout_s = f.dp_timeout_s;
   local.data_parallel.worker_program = "/proc/self/exe";
+  local.data_parallel.external_store = f.external_store;
+  local.data_parallel.store_prefix = f.store_prefix;
   return local;
+}
+
+// A rank a launcher started: the group's shape and store from its environment, the other ranks started by it. Its
+// rank 0 connects to the launcher's store when the launcher hosts one (torchrun's agent) and hosts it otherwise.
+void follow_launcher(ServeFlags& f, const rlloop::cli::LaunchedRank& launched) {
+  f.world_size = launched.world_size;
+  f.rendezvous = launched.rendezvous;
+  f.local_workers = 0;
+  f.store_prefix = launched.store_prefix;
+  f.external_store = launched.agent_store;
+  // LibTorch 1.13's store client cannot talk to a torch 2.x store server (torchrun's agent), which drops a client
+  // that does not first send the validation message 2.x added: there rank 0 hosts the group's own store on the
+  // port after the agent's.
+  if (f.external_store && rlloop::engine_info("cpu").libtorch_version.starts_with("1.")) {
+    f.external_store = false;
+    const auto colon = launched.rendezvous.rfind(':');
+    const int port = std::stoi(launched.rendezvous.substr(colon + 1));
+    if (port == 65535) throw rlloop::invalid_argument("MASTER_PORT=65535 leaves no next port for the group's store");
+    f.rendezvous = launched.rendezvous.substr(0, colon + 1) + std::to_string(port + 1);
+  }
+  // One GPU per rank on a host, as torchrun's LOCAL_RANK numbers them.
+  if (f.device == "auto" && rlloop::engine_info("auto").cuda_available)
+    f.device = "cuda:" + std::to_string(launched.local_rank);
+}
+
+// Ranks other than 0 of a launched group: `rlloop worker` with serve's flags (the ones every rank shares).
+int work_as_launched(const ServeFlags& f, const rlloop::cli::LaunchedRank& launched) {
+  rlloop::DataParallelWorkerOptions options;
+  options.rendezvous = f.rendezvous;  // follow_launcher's choice of store
+  options.rank = launched.rank;
+  options.world_size = launched.world_size;
+  options.timeout_s = f.dp_timeout_s;
+  options.service = engine_options(f);
+  std::printf("%s\n", nlohmann::json{{"event", "worker"}, {"rank", launched.rank}, {"launcher", launched.launcher},
+                                     {"rendezvous", f.rendezvous}}.dump().c_str());
+  std::fflush(stdout);
+  rlloop::run_data_parallel_worker(options);
+  return 0;
 }
 
 // One {"event":"engine"} line per base model, unless they say what the last call printed (`last`).
@@ -265,12 +313,23 @@ int run_serve(int argc, char** argv) {
     return app.exit(e);
   }
   rlloop::configure_engine_process({.num_threads = flags.threads});  // once per process
+  std::optional<rlloop::cli::LaunchedRank> launched;
+  if (app.count("--world-size") == 0 && app.count("--rendezvous") == 0) launched = rlloop::cli::launched_rank();
+  if (launched) {
+    follow_launcher(flags, *launched);
+    if (launched->rank != 0) return work_as_launched(flags, *launched);
+  }
+  if (flags.tenants_file.empty()) throw rlloop::invalid_argument("--tenants is required where this process serves");
   auto port = static_cast<std::uint16_t>(flags.port);
   for (;;) {
     const std::string failure = serve(flags, port);
     if (failure.empty() || g_stop) return 0;  // a signal during the failed run ends the process instead
-    std::printf("%s\n", nlohmann::json{{"event", "data_parallel_restart"}, {"reason", failure}}.dump().c_str());
+    // A launcher's ranks exit with the failed group; the launcher starts them all again (torchrun --max-restarts,
+    // a PyTorchJob's restart policy), and the new rank 0 recovers the sessions from the data directory.
+    const char* event = launched ? "data_parallel_failed" : "data_parallel_restart";
+    std::printf("%s\n", nlohmann::json{{"event", event}, {"reason", failure}}.dump().c_str());
     std::fflush(stdout);
+    if (launched) return 1;
   }
 }
 

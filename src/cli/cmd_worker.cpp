@@ -1,7 +1,10 @@
 // `rlloop worker`: one rank of a data-parallel group; holds replicas of rank 0's sessions and trains its share
 // of every batch and of every sampling request. Rank 0 (`rlloop serve --world-size W`, or any LocalService with
 // data_parallel set) starts local workers itself; this command is how a rank on another host joins.
+// Started by a launcher (RANK or SLURM_PROCID set) and without --rank, it is `rlloop serve` on every rank, which
+// takes its part from the launcher's environment: one command line for every rank (docs/distributed.md).
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -11,10 +14,21 @@
 
 #include "base_models.hpp"
 #include "command.hpp"
+#include "launch_env.hpp"
 
 namespace {
 
+bool has_flag(int argc, char** argv, const char* flag) {
+  const std::size_t n = std::strlen(flag);
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], flag, n) == 0 && (argv[i][n] == '\0' || argv[i][n] == '=')) return true;
+  return false;
+}
+
 int run_worker(int argc, char** argv) {
+  if (!has_flag(argc, argv, "--rank") && rlloop::cli::launched_rank())
+    for (const auto& command : rlloop::cli::commands())
+      if (command.name == "serve") return command.run(argc, argv);
   CLI::App app{"Join a data-parallel group as one of its ranks", "rlloop worker"};
   rlloop::DataParallelWorkerOptions options;
   int threads = 0;

@@ -1213,6 +1213,17 @@ TEST(DataParallel, AKilledRankFailsTheOperationNamingIt) {
   EXPECT_EQ(s->sample(short_sample(2, 3)).get().sequences.size(), 2u);
 }
 
+// The timeout bounds a rank's answer, not the time between operations: a worker idle for longer stays in the
+// group (LibTorch 1.13's store waits end at the connection's timeout, so there it waits on a connection of its own).
+TEST(DataParallel, AWorkerIdleLongerThanTheTimeoutStaysInTheGroup) {
+  TwoRanks g("idle", /*timeout_s=*/2);
+  ASSERT_NE(g.worker, 0);
+  g.session->forward_backward(sft_batch(), LossSpec{}).get();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_GT(g.session->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+  EXPECT_EQ(waitpid(g.worker, nullptr, WNOHANG), 0);  // the worker is still there
+}
+
 TEST(DataParallel, AStuckRankFailsTheOperationWithinTheTimeout) {
   TwoRanks g("stuck", /*timeout_s=*/3);
   ASSERT_NE(g.worker, 0);

@@ -111,7 +111,7 @@ std::string local_address_towards(const GroupOptions& o) {
   return text;
 }
 
-c10::intrusive_ptr<c10d::TCPStore> open_store(const GroupOptions& o, bool server) {
+c10::intrusive_ptr<c10d::TCPStore> open_tcp_store(const GroupOptions& o, bool server) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(o.port);
   so.isServer = server;
@@ -121,10 +121,19 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const GroupOptions& o, bool server
     return c10::make_intrusive<c10d::TCPStore>(o.host, so);
   } catch (const std::exception& e) {
     if (server) throw io_error("data-parallel rendezvous: cannot listen on " + describe(o) + ": " + e.what());
-    throw io_error("data-parallel rendezvous: cannot reach rank 0 at " + describe(o) + " within " +
-                   std::to_string(o.timeout.count() / 1000) + " s: " + e.what());
+    throw io_error("data-parallel rendezvous: cannot reach " + std::string(o.external_store ? "the store" : "rank 0") +
+                   " at " + describe(o) + " within " + std::to_string(o.timeout.count() / 1000) + " s: " + e.what());
   }
 }
+
+// The group's view of a connection: its keys under the group's prefix, if it has one.
+c10::intrusive_ptr<c10d::Store> group_view(const GroupOptions& o, c10::intrusive_ptr<c10d::TCPStore> tcp) {
+  if (o.store_prefix.empty()) return tcp;
+  return c10::make_intrusive<c10d::PrefixStore>(o.store_prefix, std::move(tcp));
+}
+
+// A client connection to the group's store.
+c10::intrusive_ptr<c10d::Store> open_store(const GroupOptions& o) { return group_view(o, open_tcp_store(o, false)); }
 
 // LibTorch 1.13's store daemon serves its clients one message at a time with blocking reads, so a client stopped
 // in the middle of a message (a rank stopped between the sends of one request, or any process that connects to
@@ -132,7 +141,7 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const GroupOptions& o, bool server
 // waits forever. TCPStore::wait with a timeout leaves that timeout on its connection's socket for every later call
 // (tests/engine/data_parallel_test.cpp, AHalfMessageToTheStoreFailsTheOperationWithinTheTimeout, holds it to
 // that), so one wait on a key that exists arms the connection: rank 0 fails the operation instead of hanging.
-void arm_receive_timeout(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
+void arm_receive_timeout(c10d::Store& store, std::chrono::milliseconds timeout) {
   store.wait({kGroupKey}, timeout);
 }
 
@@ -173,6 +182,21 @@ void wait_for_key(c10d::Store& store, const std::string& key) {
 #endif
 }
 
+// LibTorch 1.13's wait on a key ends, whatever timeout it is given, when its connection's receive timeout (the
+// group's) runs out: a worker idle for longer than that took rank 0 for lost. So there a worker waits for its
+// next command on a connection of its own whose timeout is a year; a rank 0 that goes away closes it at once
+// all the same. (2.x's waits are the bounded rounds of wait_for_key, on the main connection.)
+c10::intrusive_ptr<c10d::Store> idle_connection(const GroupOptions& o) {
+#if TORCH_VERSION_MAJOR >= 2
+  (void)o;
+  return {};
+#else
+  GroupOptions patient = o;
+  patient.timeout = std::chrono::hours(24 * 365);
+  return open_store(patient);
+#endif
+}
+
 }  // namespace
 
 // The collectives' interface: ProcessGroupGloo and ProcessGroupNCCL are ProcessGroups up to LibTorch 1.13 and
@@ -207,7 +231,9 @@ void fail_nccl_operations_not_the_process() {
 
 struct Group::Impl {
   GroupOptions options;
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::Store> store;
+  // Workers on LibTorch 1.13: the connection they wait for the next command on (idle_connection).
+  c10::intrusive_ptr<c10d::Store> idle;
   c10::intrusive_ptr<CollectiveBackend> gloo;
   c10::intrusive_ptr<CollectiveBackend> tensors;  // gloo, or NCCL for CUDA tensors
   std::uint64_t commands = 0;
@@ -219,7 +245,7 @@ struct Group::Impl {
   // The replies' connection to the store (opened at first use) and, on rank 0, what it saw of each worker's
   // heartbeat while waiting for its replies.
   std::mutex replies_mu;
-  c10::intrusive_ptr<c10d::TCPStore> replies;
+  c10::intrusive_ptr<c10d::Store> replies;
   struct Heartbeat {
     std::int64_t count = -1;
     std::chrono::steady_clock::time_point seen, changed;
@@ -239,9 +265,9 @@ struct Group::Impl {
   void throw_if_failed() const {
     if (std::string f = failure(); !f.empty()) throw group_failure(f);
   }
-  c10d::TCPStore& reply_store() {
+  c10d::Store& reply_store() {
     if (!replies) {
-      replies = open_store(options, false);
+      replies = open_store(options);
       arm_receive_timeout(*replies, options.timeout);
     }
     return *replies;
@@ -287,7 +313,7 @@ struct Group::Impl {
     GroupOptions o = options;
     heartbeat = std::thread([this, o] {
       try {
-        auto own = open_store(o, false);
+        auto own = open_store(o);
         while (!stop_heartbeat) {
           own->add(alive_key(o.rank), 1);
           std::this_thread::sleep_for(kHeartbeat);
@@ -367,8 +393,14 @@ std::unique_ptr<Group> Group::listen(const GroupOptions& options) {
   if (options.rank != 0) throw invalid_argument("Group::listen is for rank 0");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->store = open_store(options, true);
-  impl->options.port = impl->store->getPort();
+  auto connection = open_tcp_store(options, !options.external_store);
+  impl->options.port = connection->getPort();
+  impl->store = group_view(options, std::move(connection));
+  // A store that outlives groups (a launcher's) may hold an earlier group's ranks under this prefix: joining them
+  // would fail later and less clearly.
+  if (options.external_store && impl->store->check({kGroupKey}))
+    throw invalid_argument("data-parallel rendezvous at " + describe(options) + ": the store already holds a group" +
+                           " under the key prefix '" + options.store_prefix + "' (each group needs a prefix of its own)");
   ByteWriter w;
   w.put(options.world_size);
   w.put(options.fingerprint);
@@ -404,9 +436,15 @@ std::unique_ptr<Group> Group::join(const GroupOptions& options) {
     throw invalid_argument("data-parallel worker: rank " + std::to_string(options.rank) + " is outside 1.." +
                            std::to_string(options.world_size - 1) + " (world size " +
                            std::to_string(options.world_size) + ")");
-  impl->store = open_store(options, false);
+  impl->store = open_store(options);
   auto& store = *impl->store;
-  const std::string raw = as_string(store.get(kGroupKey));
+  std::string raw;
+  try {
+    raw = as_string(store.get(kGroupKey));
+  } catch (const std::exception& e) {
+    throw io_error("data-parallel rendezvous at " + describe(options) + ": rank 0 opened no group there within " +
+                   std::to_string(options.timeout.count() / 1000) + " s (" + first_line(e) + ")");
+  }
   ByteReader r(raw);
   const int world_size = r.get<int>();
   const std::string fingerprint = r.get_string();
@@ -424,7 +462,8 @@ std::unique_ptr<Group> Group::join(const GroupOptions& options) {
     store.set(refusal_key(n), as_bytes(refusal));
     throw invalid_argument("data-parallel rendezvous at " + describe(options) + ": " + refusal);
   }
-  store.set(joined_key(options.rank), {});
+  store.set(joined_key(options.rank), std::vector<std::uint8_t>{});
+  impl->idle = idle_connection(options);
   impl->start_heartbeat();
   impl->form_process_group();
   return std::unique_ptr<Group>(new Group(std::move(impl)));
@@ -499,7 +538,7 @@ std::string Group::next_command() {
   const std::uint64_t n = ++g.commands;
   const std::string key = command_key(n);
   try {
-    wait_for_key(*g.store, key);
+    wait_for_key(g.idle ? *g.idle : *g.store, key);
     std::string bytes = as_string(g.store->get(key));
     // The last worker to read a command removes it (an asynchronous one has no collective after which rank 0
     // would know that every worker has read it), so a server that runs for months keeps no old commands.
@@ -651,6 +690,85 @@ torch::Tensor Group::all_to_all(const torch::Tensor& rows, const std::vector<std
   return widen ? out.to(rows.scalar_type()) : out;
 }
 
+namespace {
+// Gloo in LibTorch 1.13 has neither bf16 nor fp16, and its point-to-point calls take CPU tensors: what travels
+// through it is the tensor on the CPU in fp32 (exactly) where it is narrower.
+torch::Tensor as_gloo_carries(const torch::Tensor& t) {
+  const bool narrow = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+  return t.to(torch::kCPU, narrow ? torch::kFloat32 : t.scalar_type()).contiguous();
+}
+void expect_flat(const torch::Tensor& t, std::int64_t parts, const char* what) {
+  if (t.dim() != 1 || t.numel() % parts != 0)
+    throw invalid_argument(std::string("Group::") + what + ": expects a 1-D tensor of a multiple of " +
+                           std::to_string(parts) + " elements, got " + std::to_string(t.numel()) + " in " +
+                           std::to_string(t.dim()) + " dimensions");
+}
+}  // namespace
+
+torch::Tensor Group::all_gather(const torch::Tensor& shard) {
+  Impl& g = *impl_;
+  const int W = g.options.world_size;
+  expect_flat(shard, 1, "all_gather");
+  torch::Tensor full;
+  g.collective("all-gather of shards", [&] {
+    torch::NoGradGuard no_grad;
+    if (g.options.nccl && shard.is_cuda()) {
+      full = torch::empty({shard.numel() * W}, shard.options());
+      torch::Tensor in = shard.contiguous();
+      Impl::wait(g.tensors->_allgather_base(full, in));
+    } else {
+      std::vector<torch::Tensor> in{as_gloo_carries(shard)};
+      std::vector<std::vector<torch::Tensor>> parts(1);
+      for (int r = 0; r < W; ++r) parts[0].push_back(torch::empty_like(in[0]));
+      Impl::wait(g.gloo->allgather(parts, in));
+      full = torch::cat(parts[0]).to(shard.device(), shard.scalar_type());
+    }
+    g.stats.allgather_calls += 1;
+    g.stats.allgather_bytes += static_cast<std::uint64_t>(shard.nbytes()) * static_cast<std::uint64_t>(W - 1);
+  });
+  return full;
+}
+
+torch::Tensor Group::reduce_scatter_sum(const torch::Tensor& full) {
+  Impl& g = *impl_;
+  const int W = g.options.world_size, r = g.options.rank;
+  expect_flat(full, W, "reduce_scatter_sum");
+  const std::int64_t n = full.numel() / W;
+  torch::Tensor mine;
+  g.collective("reduce-scatter of gradients", [&] {
+    torch::NoGradGuard no_grad;
+    std::uint64_t sent = 0;
+    if (g.options.nccl && full.is_cuda()) {
+      mine = torch::empty({n}, full.options());
+      torch::Tensor in = full.contiguous();
+      Impl::wait(g.tensors->_reduce_scatter_base(mine, in));
+      sent = static_cast<std::uint64_t>(mine.nbytes()) * static_cast<std::uint64_t>(W - 1);
+    } else {
+      // A ring: at step s rank r sends its running sum of part (r - s - 1) mod W to rank r + 1 and adds its own
+      // values to part (r - s - 2) mod W as it arrives from rank r - 1; after W - 1 steps part r has every rank's.
+      torch::Tensor acc = as_gloo_carries(full);
+      if (acc.data_ptr() == full.data_ptr()) acc = acc.clone();  // the caller's tensor stays as it was
+      auto part = [&](int index) { return acc.narrow(0, ((index % W) + W) % W * n, n); };
+      torch::Tensor incoming = torch::empty({n}, acc.options());
+      for (int s = 0; s + 1 < W; ++s) {
+        std::vector<torch::Tensor> out{part(r - s - 1)}, in{incoming};
+        auto send = g.gloo->send(out, (r + 1) % W, s);
+        auto recv = g.gloo->recv(in, (r + W - 1) % W, s);
+        Impl::wait(send);
+        Impl::wait(recv);
+        part(r - s - 2).add_(incoming);
+        sent += static_cast<std::uint64_t>(incoming.nbytes());
+      }
+      mine = part(r).to(full.device(), full.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    }
+    g.stats.reduce_scatter_calls += 1;
+    g.stats.reduce_scatter_bytes +=
+        static_cast<std::uint64_t>(full.nbytes()) / static_cast<std::uint64_t>(W) * static_cast<std::uint64_t>(W - 1);
+    g.stats.reduce_scatter_sent_bytes += sent;
+  });
+  return mine;
+}
+
 #else  // no c10d Gloo in this LibTorch
 
 struct Group::Impl {};
@@ -683,6 +801,8 @@ torch::Tensor Group::all_to_all(const torch::Tensor&, const std::vector<std::int
                                 const std::vector<std::int64_t>&) {
   no_c10d();
 }
+torch::Tensor Group::all_gather(const torch::Tensor&) { no_c10d(); }
+torch::Tensor Group::reduce_scatter_sum(const torch::Tensor&) { no_c10d(); }
 CollectiveStats Group::stats() const { return {}; }
 bool Group::failed() const { return false; }
 void Group::mark_failed(const std::string&) {}

@@ -33,6 +33,12 @@ struct GroupOptions {
   // What every rank must agree on to compute the same thing (build, device kind, dtype): a rank whose
   // fingerprint differs is refused at the rendezvous with both values in the message.
   std::string fingerprint;
+  // The store at host:port is hosted by a process that outlives the group (torchrun's elastic agent): rank 0
+  // connects to it as the other ranks do instead of opening it.
+  bool external_store = false;
+  // Put before every key the group writes in the store, so that a store shared with other groups (a launcher's,
+  // which the next attempt of a restarted job uses again) holds each group's keys apart. Empty: none.
+  std::string store_prefix;
 };
 
 // "HOST:PORT" split, and a timeout in seconds made milliseconds; invalid_argument naming `what` otherwise.
@@ -48,6 +54,15 @@ struct CollectiveStats {
   std::uint64_t scatter_bytes = 0;  // sent by rank 0 to the other ranks in scatter(), each its own message
   std::uint64_t alltoall_calls = 0;
   std::uint64_t alltoall_bytes = 0;  // sent by this rank (expert parallelism's rows, and their gradients)
+  // Fully sharded parallelism's collectives. Logical bytes: what this rank receives from the others in an
+  // all-gather ((W - 1) shards) and what a ring reduce-scatter sends ((W - 1) / W of the full tensor); the bytes
+  // this rank's reduce-scatters actually sent beside them (equal but where the transport adds its own, e.g. bf16
+  // widened to fp32 for Gloo).
+  std::uint64_t allgather_calls = 0;
+  std::uint64_t allgather_bytes = 0;
+  std::uint64_t reduce_scatter_calls = 0;
+  std::uint64_t reduce_scatter_bytes = 0;
+  std::uint64_t reduce_scatter_sent_bytes = 0;
 };
 
 // Whether this LibTorch has c10d's NCCL backend (USE_C10D_NCCL).
@@ -99,6 +114,14 @@ class Group {
   // recv[j] rows from rank j, in rank order. send and recv have one count per rank.
   torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<std::int64_t>& send,
                            const std::vector<std::int64_t>& recv);
+  // Fully sharded parallelism's pair, over flat (1-D) tensors cut into W equal parts, rank r's part being
+  // elements [r n, (r + 1) n): all_gather returns every rank's `shard` (n elements each) concatenated in rank
+  // order; reduce_scatter_sum returns this rank's part of the sum over the ranks of `full` (W n elements). The
+  // results have the inputs' dtype and device. NCCL runs both natively; on Gloo (whose LibTorch 1.13 has no
+  // reduce-scatter) the reduce-scatter is a ring of W - 1 sends and receives of n elements per rank, the bytes a
+  // native ring sends.
+  torch::Tensor all_gather(const torch::Tensor& shard);
+  torch::Tensor reduce_scatter_sum(const torch::Tensor& full);
 
   CollectiveStats stats() const;
   // Set when a collective failed, a rank stopped answering, or by mark_failed (the ranks' replicas went apart);

@@ -112,6 +112,10 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   go.fingerprint = group_fingerprint(dev, backend_, service);
   expert_parallel_ = dp.expert_parallel;
   go.nccl = backend_ == "nccl";
+  go.external_store = dp.external_store;
+  go.store_prefix = dp.store_prefix;
+  if (go.external_store && go.port == 0)
+    throw invalid_argument("data_parallel.rendezvous: port 0 names no store; an external store needs its port");
   group_ = Group::listen(go);
   start_local_workers(service, dev, local);
   try {

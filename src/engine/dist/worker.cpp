@@ -312,6 +312,7 @@ void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
       engine::dist::tensor_backend_here(options.service.data_parallel.backend, dev, go.host, options.world_size, 1);
   go.fingerprint = engine::dist::group_fingerprint(dev, backend, options.service);
   go.nccl = backend == "nccl";
+  go.store_prefix = options.service.data_parallel.store_prefix;
   Worker worker(options, dev, engine::dist::Group::join(go));
   worker.run();
 }
