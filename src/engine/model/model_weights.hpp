@@ -107,25 +107,28 @@ struct ModelWeights {
   void for_each_base(F&& f) const {
     const WeightNames& n = family->names;
     if (embed.defined()) f(n.embed + ".weight", embed);
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      const Layer& l = layers[i];
-      const auto li = static_cast<std::int64_t>(i);
-      f(family->layer_tensor(li, n.input_norm) + ".weight", l.input_norm);
-      for (const Linear* lin : l.linears()) {
-        if (lin->weight.defined()) f(lin->name + ".weight", lin->weight);
-        if (lin->bias.defined()) f(lin->name + ".bias", lin->bias);
-      }
-      if (cfg.qk_norm) {
-        f(family->layer_tensor(li, n.q_norm) + ".weight", l.q_norm);
-        f(family->layer_tensor(li, n.k_norm) + ".weight", l.k_norm);
-      }
-      if (l.sinks.defined()) f(family->layer_tensor(li, n.sinks), l.sinks);
-      if (l.attn_out_norm.defined()) f(family->layer_tensor(li, n.attn_out_norm) + ".weight", l.attn_out_norm);
-      f(family->layer_tensor(li, n.post_norm) + ".weight", l.post_norm);
-      if (l.mlp_out_norm.defined()) f(family->layer_tensor(li, n.mlp_out_norm) + ".weight", l.mlp_out_norm);
-    }
+    for (std::size_t i = 0; i < layers.size(); ++i) for_each_layer_tensor(layers[i], static_cast<std::int64_t>(i), f);
     f(n.final_norm + ".weight", final_norm);
     if (!cfg.tie_word_embeddings && lm_head.weight.defined()) f(n.lm_head + ".weight", lm_head.weight);
+  }
+  // Layer `li`'s dense weights (`l`, const or not: fully sharded parallelism points the handles at the gathered
+  // tensors while the layer runs) under their HF names, in for_each_base's order.
+  template <class L, class F>
+  void for_each_layer_tensor(L& l, std::int64_t li, F&& f) const {
+    const WeightNames& n = family->names;
+    f(family->layer_tensor(li, n.input_norm) + ".weight", l.input_norm);
+    for (auto* lin : l.linears()) {
+      if (lin->weight.defined()) f(lin->name + ".weight", lin->weight);
+      if (lin->bias.defined()) f(lin->name + ".bias", lin->bias);
+    }
+    if (cfg.qk_norm) {
+      f(family->layer_tensor(li, n.q_norm) + ".weight", l.q_norm);
+      f(family->layer_tensor(li, n.k_norm) + ".weight", l.k_norm);
+    }
+    if (l.sinks.defined()) f(family->layer_tensor(li, n.sinks), l.sinks);
+    if (l.attn_out_norm.defined()) f(family->layer_tensor(li, n.attn_out_norm) + ".weight", l.attn_out_norm);
+    f(family->layer_tensor(li, n.post_norm) + ".weight", l.post_norm);
+    if (l.mlp_out_norm.defined()) f(family->layer_tensor(li, n.mlp_out_norm) + ".weight", l.mlp_out_norm);
   }
   // The quantized matrices under their HF names.
   template <class F>

@@ -16,6 +16,7 @@
 #include "kernels/fused_ops.hpp"
 #include "model/aten_ops.hpp"
 #include "model/experts_layer.hpp"
+#include "model/fully_sharded.hpp"
 #include "model/model_weights.hpp"
 #include "model/rope_tables.hpp"
 #include "model/step_context.hpp"
@@ -30,6 +31,12 @@ struct Transformer::Impl : ModelWeights {
   std::shared_ptr<KVPools> kv_pools;  // the base's: every model sharing it draws its caches' blocks from them
   ExpertsLayer experts;               // the sparse layers' routing and dispatch (expert parallelism)
   RopeTables rope;
+  // Fully sharded (set_fully_sharded): each layer's weights and the function that runs the layer, and the root's
+  // (embedding, final norm, unembedding), gathered into root_full while a ShardedPass holds them.
+  std::vector<std::unique_ptr<ShardedUnit>> sharded_layers;
+  std::vector<LayerFunction> sharded_layer_functions;
+  std::unique_ptr<ShardedUnit> sharded_root;
+  torch::Tensor root_full;
 
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const StepContext& in) const {
     return aten_decoder_layer(*this, experts, li, std::move(x), in);
@@ -181,6 +188,79 @@ int Transformer::expert_rank_of(const std::string& name) const { return impl_->e
 
 void Transformer::set_expert_parallel(dist::Group& group) { impl_->experts.set_parallel(*impl_, group); }
 
+void Transformer::set_fully_sharded(dist::Group& group) {
+  Impl& m = *impl_;
+  const std::string what = "fully sharded parallelism: ";
+  if (m.sharded_root) throw conflict(what + "the model is sharded already");
+  if (m.lora) throw unsupported(what + "LoRA models are not sharded yet (train them data-parallel)");
+  if (quantized_bytes() > 0) throw unsupported(what + "the model keeps quantized weights (it needs dense ones)");
+  if (has_value_head()) throw unsupported(what + "a model with a value head is not sharded yet");
+  if (m.cfg.num_experts > 0) throw unsupported(what + "Mixture-of-Experts models are not sharded yet");
+  for (std::size_t li = 0; li < m.layers.size(); ++li) {
+    std::vector<std::pair<std::string, torch::Tensor*>> slots;
+    m.for_each_layer_tensor(m.layers[li], static_cast<std::int64_t>(li),
+                            [&](const std::string& name, torch::Tensor& t) { slots.emplace_back(name, &t); });
+    m.sharded_layers.push_back(std::make_unique<ShardedUnit>(std::move(slots), group));
+    m.sharded_layer_functions.push_back(
+        [impl = &m, li](const torch::Tensor& x, const StepContext& in) { return impl->layer_forward(li, x, in); });
+  }
+  // The tied unembedding is the embedding's handle twice: one shard.
+  const WeightNames& n = m.family->names;
+  std::vector<std::pair<std::string, torch::Tensor*>> root{{n.embed + ".weight", &m.embed},
+                                                           {n.final_norm + ".weight", &m.final_norm}};
+  root.emplace_back(m.cfg.tie_word_embeddings ? n.embed + ".weight" : n.lm_head + ".weight", &m.lm_head.weight);
+  m.sharded_root = std::make_unique<ShardedUnit>(std::move(root), group);
+}
+
+bool Transformer::fully_sharded() const { return impl_->sharded_root != nullptr; }
+
+namespace {
+// The unit of a fully sharded model that holds weight `name`, and its index there.
+std::pair<const ShardedUnit*, int> unit_of(const std::unique_ptr<ShardedUnit>& root,
+                                           const std::vector<std::unique_ptr<ShardedUnit>>& layers,
+                                           const std::string& name) {
+  if (!root) throw invalid_argument("'" + name + "': the model is not fully sharded");
+  if (int i = root->find(name); i >= 0) return {root.get(), i};
+  for (const auto& unit : layers)
+    if (int i = unit->find(name); i >= 0) return {unit.get(), i};
+  throw invalid_argument("'" + name + "' is not a weight of this fully sharded model");
+}
+}  // namespace
+
+torch::Tensor Transformer::unshard(const std::string& name, const torch::Tensor& part) const {
+  const auto [unit, i] = unit_of(impl_->sharded_root, impl_->sharded_layers, name);
+  return unit->whole(i, part);
+}
+
+torch::Tensor Transformer::shard_of(const std::string& name, const torch::Tensor& whole) const {
+  const auto [unit, i] = unit_of(impl_->sharded_root, impl_->sharded_layers, name);
+  return unit->part_of(i, whole);
+}
+
+ShardedPass::ShardedPass(Transformer& model) : model_(model) {
+  auto& m = *model_.impl_;
+  if (!m.sharded_root) return;
+  if (m.root_full.defined()) throw conflict("ShardedPass: the model is in a pass already");
+  torch::Tensor full = m.sharded_root->gather(m.sharded_root->flat_shard());
+  if (torch::GradMode::is_enabled()) full.requires_grad_(true);
+  m.sharded_root->bind(full);
+  m.root_full = full;
+}
+
+void ShardedPass::reduce_gradients() {
+  auto& m = *model_.impl_;
+  if (!m.sharded_root) return;
+  const torch::Tensor& g = m.root_full.grad();
+  m.sharded_root->accumulate(m.sharded_root->reduce_scatter(g.defined() ? g : torch::zeros_like(m.root_full)));
+}
+
+ShardedPass::~ShardedPass() {
+  auto& m = *model_.impl_;
+  if (!m.sharded_root) return;
+  m.sharded_root->unbind();
+  m.root_full = torch::Tensor();
+}
+
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache, ExpertRouting* routing) {
   const ModelConfig& cfg = impl_->cfg;
   const auto device = impl_->device();
@@ -188,6 +268,9 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
   const std::int64_t past = cache ? cache->length : 0;
   torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
+  const bool sharded = impl_->sharded_root != nullptr;
+  if (sharded && !impl_->root_full.defined())
+    throw std::logic_error("Transformer: a fully sharded model's forward runs within a ShardedPass");
 
   // [T, D] rows of the RoPE tables, broadcast over batch and heads.
   const auto [cos_table, sin_table] = impl_->rope_tables(device, impl_->dtype());
@@ -210,7 +293,9 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     in.routing = routing;
   }
   for (std::size_t li = 0; li < impl_->layers.size(); ++li)
-    x = checkpoint ? Impl::CheckpointedLayer::run(*impl_, li, x, in) : impl_->layer_forward(li, x, in);
+    x = sharded      ? run_sharded_layer(*impl_->sharded_layers[li], impl_->sharded_layer_functions[li], x, in)
+        : checkpoint ? Impl::CheckpointedLayer::run(*impl_, li, x, in)
+                     : impl_->layer_forward(li, x, in);
   if (cache) cache->length = past + T;
   return impl_->final_norm_of(x);
 }
@@ -222,6 +307,7 @@ bool Transformer::shares_base(const Transformer& other) const { return impl_->sa
 torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes) {
   const ModelConfig& cfg = impl_->cfg;
   if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
+  if (impl_->sharded_root) throw unsupported("Transformer::decode_step: sampling a fully sharded model is not built yet");
   if (routes && cfg.num_experts == 0)
     throw invalid_argument("Transformer::decode_step: routes asked of a " + cfg.model_type + " model without experts");
   c10::InferenceMode inference;
@@ -382,6 +468,12 @@ std::int64_t Transformer::quantized_values() const {
 
 std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (impl_->sharded_root) {
+    for (const auto& shard : impl_->sharded_root->shards()) out.push_back(shard);
+    for (const auto& unit : impl_->sharded_layers)
+      for (const auto& shard : unit->shards()) out.push_back(shard);
+    return out;
+  }
   if (impl_->lora) {
     impl_->for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) { out.emplace_back(name, t); });
   } else {

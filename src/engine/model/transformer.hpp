@@ -117,6 +117,20 @@ class Transformer : public torch::nn::Module {
   // expert's on every rank, each rank applying its own experts'. invalid_argument when the group's size does not
   // divide the experts or the model holds another slice.
   void set_expert_parallel(dist::Group& group);
+  // Fully sharded data parallelism (fully_sharded.hpp; ZeRO-3): from now on this rank keeps 1/W of every weight
+  // (named_trainable_parameters returns these shards under the weights' names, so the optimizer's state is 1/W
+  // too), and every decoder layer is gathered from `group` just before its forward and again in its backward (which
+  // recomputes the layer), freed after, its gradient reduce-scattered into the shards. The embedding, final norm
+  // and unembedding are gathered for a whole pass: every forward runs within a ShardedPass. Every rank of the group
+  // runs its passes together with the others'. Full fine-tuning of a dense model without a value head for now:
+  // unsupported, naming what, otherwise; sampling (a cache) is not built yet.
+  void set_fully_sharded(dist::Group& group);
+  bool fully_sharded() const;
+  // A fully sharded model's weight `name` whole, from every rank's `part` of it (its shard, or the shard's gradient
+  // or optimizer moment: every rank calls it together, in the same order), and this rank's part of a whole one.
+  // invalid_argument for a name the model does not shard or a shape that does not fit.
+  torch::Tensor unshard(const std::string& name, const torch::Tensor& part) const;
+  torch::Tensor shard_of(const std::string& name, const torch::Tensor& whole) const;
   bool activation_checkpointing() const;
   // Whether set_expert_parallel made this model route through a group.
   bool expert_parallel() const;
@@ -191,9 +205,26 @@ class Transformer : public torch::nn::Module {
   std::vector<std::pair<std::string, torch::Tensor>> named_trainable_parameters();
 
  private:
+  friend class ShardedPass;
   Transformer();  // an empty module for sharing_base to fill
   struct Impl;
   std::shared_ptr<Impl> impl_;
+};
+
+// One pass (forward, and backward if it builds a graph) of a fully sharded model, on every rank of its group
+// together: opening it gathers the root weights (embedding, final norm, unembedding) for the whole pass, and
+// reduce_gradients() after the backward reduce-scatters their gradient into the shards; closing it frees them.
+// On a model that is not sharded it does nothing.
+class ShardedPass {
+ public:
+  explicit ShardedPass(Transformer& model);
+  ~ShardedPass();
+  ShardedPass(const ShardedPass&) = delete;
+  ShardedPass& operator=(const ShardedPass&) = delete;
+  void reduce_gradients();
+
+ private:
+  Transformer& model_;
 };
 
 }  // namespace rlloop::engine
