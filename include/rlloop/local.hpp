@@ -60,6 +60,14 @@ struct DataParallelOptions {
   // takes its own; workers give the same one). Empty prefix: none.
   bool external_store = false;
   std::string store_prefix;
+  // "full": fully sharded data parallelism (docs/distributed.md) for the full fine-tuning sessions of dense models:
+  // each rank keeps 1/W of their weights, gradients and optimizer state, and gathers a layer only while it
+  // computes. They train as replicated sessions do; save_state writes the checkpoint one rank would and load_state
+  // reads one from any world size; sample and compute_logprobs take saved sampler weights (a model path), not the
+  // live ones, and exports are refused. LoRA sessions stay replicated (as their shared base does); sessions with a
+  // value head or on a Mixture-of-Experts model are refused. "none" (the default): every rank a replica. Every rank
+  // must be started with the same setting.
+  std::string shard = "none";
 };
 
 struct LocalServiceOptions {

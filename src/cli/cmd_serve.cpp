@@ -32,7 +32,7 @@ struct ServeFlags {
   std::string tenants_file;
   std::vector<std::string> base_models;
   int world_size = 1, local_workers = -1;
-  std::string rendezvous = "127.0.0.1:0", dp_backend = "auto";
+  std::string rendezvous = "127.0.0.1:0", dp_backend = "auto", shard = "none";
   double dp_timeout_s = 60;
   std::string device = "auto", dtype = "auto", sampling_precision = "fp32", region = "us-east-1";
   int threads = 0, result_wait_ms = 0, max_batch_rows = 64, stats_interval_s = 10;
@@ -90,6 +90,11 @@ void add_flags(CLI::App& app, ServeFlags& f) {
                  "The tensors' collectives across ranks: auto (NCCL when every rank here has a GPU of its own), gloo "
                  "(also several ranks on one GPU) or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  app.add_option("--shard", f.shard,
+                 "full: full fine-tuning sessions keep 1/world-size of their weights, gradients and optimizer state "
+                 "on each rank, gathering a layer only while it computes (LoRA sessions stay replicated; sampling "
+                 "takes saved sampler weights); none: every rank a replica")
+      ->check(CLI::IsMember({"none", "full"}));
   app.add_flag("--expert-parallel", f.expert_parallel,
                "Mixture-of-Experts sessions hold 1/world-size of the experts on each rank, routed rows exchanged by "
                "all-to-all; they train, checkpoint and sample as on one rank (merged exports are refused)");
@@ -199,6 +204,7 @@ rlloop::LocalServiceOptions engine_options(const ServeFlags& f) {
   local.data_parallel.backend = f.dp_backend;
   local.data_parallel.local_workers = f.local_workers;
   local.data_parallel.expert_parallel = f.expert_parallel;
+  local.data_parallel.shard = f.shard;
   local.data_parallel.timeout_s = f.dp_timeout_s;
   local.data_parallel.worker_program = "/proc/self/exe";
   local.data_parallel.external_store = f.external_store;

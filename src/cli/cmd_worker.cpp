@@ -56,6 +56,8 @@ int run_worker(int argc, char** argv) {
   app.add_flag("--activation-checkpointing", options.service.activation_checkpointing,
                "As rank 0's --activation-checkpointing");
   app.add_flag("--expert-parallel", options.service.data_parallel.expert_parallel, "As rank 0's --expert-parallel");
+  app.add_option("--shard", options.service.data_parallel.shard, "As rank 0's --shard")
+      ->check(CLI::IsMember({"none", "full"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -59,6 +59,11 @@ LocalServiceOptions checkpointing_layers(LocalServiceOptions s, bool on) {
   return s;
 }
 
+LocalServiceOptions sharding(LocalServiceOptions s, bool on) {
+  s.data_parallel.shard = on ? "full" : "none";
+  return s;
+}
+
 // Datums of different lengths, so the split by tokens is uneven in count.
 std::vector<Datum> sft_batch() {
   std::vector<Datum> data;
@@ -186,11 +191,13 @@ struct Lockstep {
 
   // `expert_parallel`: the two ranks hold half of every sparse layer's experts each; `checkpointing`: both
   // services recompute each layer in backward (activation checkpointing).
+  // `sharded`: the two-rank session is fully sharded (DataParallelOptions::shard).
   Lockstep(const std::string& name, const SessionOptions& opts, bool expert_parallel = false,
-           bool checkpointing = false)
+           bool checkpointing = false, bool sharded = false)
       : dir(temp_dir(name)),
         one(checkpointing_layers(service(dir / "w1", 1), checkpointing)),
-        two(checkpointing_layers(spreading_experts(service(dir / "w2", 2), expert_parallel), checkpointing)),
+        two(sharding(checkpointing_layers(spreading_experts(service(dir / "w2", 2), expert_parallel), checkpointing),
+                     sharded)),
         s1(one.create_session(opts)),
         s2(two.create_session(opts)) {}
 
@@ -516,6 +523,70 @@ TEST(DataParallel, SftWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true,
 TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::sft, "sft-full"); }
 TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
 TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
+
+// Fully sharded (issue 46): each rank keeps half of every weight, gradient and moment, and the session trains as one
+// rank does: the same losses, gradient norms, weights and moments at every step (each step's checkpoints compared,
+// the sharded one gathered whole; then the one-rank checkpoint loaded into the sharded session: cut into parts).
+void expect_sharded_equivalent(bool checkpointing, const std::string& name) {
+  Lockstep run(name, tiny(std::nullopt, 7), /*expert_parallel=*/false, checkpointing, /*sharded=*/true);
+  const std::vector<Datum> data = sft_batch();
+  for (int step = 0; step < 3; ++step) {
+    double losses[2], grad_norms[2];
+    run.step(name, [&](LocalSession& s, int r) {
+      losses[r] = s.forward_backward(data, LossSpec{LossFn::cross_entropy}).get().metrics.at("loss:sum");
+      grad_norms[r] = s.optim_step(adam(2e-2, 1.0)).get().metrics.at("grad_norm");
+    });
+    expect_close(losses[0], losses[1], "loss at step " + std::to_string(step));
+    expect_close(grad_norms[0], grad_norms[1], "grad norm at step " + std::to_string(step));
+  }
+  // A pending accumulation is saved whole and resumes: the step after a save and a load of the sharded session's
+  // checkpoint into the one-rank session equals the sharded session's own.
+  run.s2->forward_backward(data, LossSpec{LossFn::cross_entropy}).get();
+  const auto saved = run.s2->save_state("pending").get().path;
+  run.s1->load_state(saved, true).get();
+  const double norms[2] = {run.s1->optim_step(adam(2e-2, 1.0)).get().metrics.at("grad_norm"),
+                           run.s2->optim_step(adam(2e-2, 1.0)).get().metrics.at("grad_norm")};
+  expect_close(norms[0], norms[1], "grad norm of the saved accumulation");
+
+  // Sampling: from saved sampler weights (gathered whole), the same tokens as one rank's; the live shards are
+  // refused by name. get_info counts the whole model.
+  SampleRequest req;
+  req.prompt = ModelInput::from_tokens(bytes("the "));
+  req.num_samples = 3;
+  req.params.max_tokens = 8;
+  req.params.seed = 42;
+  EXPECT_NE(error_of([&] { run.s2->sample(req).get(); }).find("this session is fully sharded"), std::string::npos);
+  SampleRequest a = req, b = req;
+  a.model_path = run.s1->save_weights_for_sampler("sampler").get().path;
+  b.model_path = run.s2->save_weights_for_sampler("sampler").get().path;
+  const SampleResponse one = run.s1->sample(a).get(), two = run.s2->sample(b).get();
+  ASSERT_EQ(one.sequences.size(), two.sequences.size());
+  for (std::size_t i = 0; i < one.sequences.size(); ++i) EXPECT_EQ(one.sequences[i].tokens, two.sequences[i].tokens);
+  const SessionInfo i1 = run.s1->info(), i2 = run.s2->info();
+  EXPECT_EQ(i1.num_parameters, i2.num_parameters);
+  EXPECT_EQ(i1.num_trainable_parameters, i2.num_trainable_parameters);
+}
+
+TEST(DataParallel, FullyShardedFullFineTuningOnTwoRanksEqualsOneRank) {
+  expect_sharded_equivalent(false, "sharded-full");
+}
+TEST(DataParallel, FullyShardedWithActivationCheckpointingOnTwoRanksEqualsOneRank) {
+  expect_sharded_equivalent(true, "sharded-checkpointing");
+}
+
+// A LoRA session of a sharded service stays replicated; a value head is refused by name on every rank.
+TEST(DataParallel, FullyShardedServiceReplicatesLoraAndRefusesAValueHead) {
+  LocalService svc(sharding(service(temp_dir("sharded-refusals"), 2), true));
+  auto lora = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  EXPECT_GT(lora->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+  SessionOptions critic = tiny(std::nullopt, 1);
+  critic.value_head = true;
+  EXPECT_NE(error_of([&] { svc.create_session(critic); })
+                .find("fully sharded parallelism: a model with a value head is not sharded yet"),
+            std::string::npos);
+  // The group goes on.
+  EXPECT_GT(lora->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+}
 
 TEST(DataParallel, ExpertParallelFullFineTuningOnTwoRanksEqualsOneRank) {
   expect_expert_parallel_equivalent(std::nullopt, /*checkpointing=*/false, "experts-full");

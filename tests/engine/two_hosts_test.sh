@@ -44,6 +44,7 @@ run_with_worker() {
   ip netns pids "$ns1" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
   worker_loop=""
 }
-run_with_worker "" 'DataParallel.*EqualsOneRank:-DataParallel.ExpertParallel*'
+run_with_worker "" 'DataParallel.*EqualsOneRank:-DataParallel.ExpertParallel*:DataParallel.FullySharded*'
+run_with_worker "--shard full" 'DataParallel.FullySharded*EqualsOneRank'
 run_with_worker --expert-parallel 'DataParallel.ExpertParallel*EqualsOneRank:-*ActivationCheckpointing*'
 run_with_worker "--expert-parallel --activation-checkpointing" 'DataParallel.ExpertParallel*ActivationCheckpointing*'

@@ -25,6 +25,10 @@ enum class Command : std::uint8_t {
   // rank (load_state).
   gather_experts,
   load_state,
+  // A fully sharded session's checkpoints: every rank's shards whole to rank 0 (save_state), each rank's part of
+  // rank 0's checkpoint (load_state).
+  gather_shards,
+  load_shards,
   // An expert-parallel session's samples and logprobs: every rank runs its forwards in step with the others'.
   sample_lockstep,
   logprobs_lockstep,

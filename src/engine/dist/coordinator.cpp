@@ -55,8 +55,18 @@ std::string group_fingerprint(const DeviceChoice& dev, const std::string& backen
   std::string experts;
   if (service.data_parallel.expert_parallel)
     experts = service.activation_checkpointing ? ", expert-parallel, activation checkpointing" : ", expert-parallel";
+  const std::string sharded = service.data_parallel.shard == "full" ? ", fully sharded" : "";
   return std::string("libtorch ") + TORCH_VERSION + " on " + (dev.device.is_cuda() ? "cuda" : "cpu") + " as " +
-         c10::toString(dev.dtype) + " over " + backend + experts;
+         c10::toString(dev.dtype) + " over " + backend + experts + sharded;
+}
+
+void check_shard_mode(const std::string& shard) {
+  if (shard != "none" && shard != "full")
+    throw invalid_argument("data_parallel.shard is '" + shard + "'; expected none or full");
+}
+
+bool shards_session(const std::string& shard, const SessionOptions& session) {
+  return shard == "full" && !session.lora;
 }
 
 bool is_loopback(const std::string& host) {
@@ -99,6 +109,7 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
                            std::to_string(dp.world_size));
   if (local > 0 && dp.worker_program.empty())
     throw invalid_argument("data_parallel.worker_program must name the rlloop executable to start local workers");
+  check_shard_mode(dp.shard);
   GroupOptions go;
   std::tie(go.host, go.port) = parse_host_port(dp.rendezvous, "data_parallel.rendezvous");
   // Rank 0's collectives listen on the rendezvous host, and the workers connect to what it advertises there.
@@ -111,6 +122,7 @@ Coordinator::Coordinator(const LocalServiceOptions& service, const DeviceChoice&
   backend_ = tensor_backend_here(dp.backend, dev, go.host, dp.world_size, local + 1);  // rank 0 and its workers
   go.fingerprint = group_fingerprint(dev, backend_, service);
   expert_parallel_ = dp.expert_parallel;
+  shard_ = dp.shard;
   go.nccl = backend_ == "nccl";
   go.external_store = dp.external_store;
   go.store_prefix = dp.store_prefix;
@@ -157,8 +169,12 @@ void Coordinator::start_local_workers(const LocalServiceOptions& service, const 
     // The options every rank's models must share with rank 0's. (Flags copied from named strings: GCC 12 reports
     // a std::string built from a literal inside push_back as out of bounds, a false -Warray-bounds at -O3.)
     static const std::string dequantize = "--dequantize-base", checkpointing = "--activation-checkpointing",
-                             expert_parallel = "--expert-parallel";
+                             expert_parallel = "--expert-parallel", shard = "--shard";
     if (!service.quantized_base) args.push_back(dequantize);
+    if (dp.shard != "none") {
+      args.push_back(shard);
+      args.push_back(dp.shard);
+    }
     if (service.activation_checkpointing) args.push_back(checkpointing);
     if (dp.expert_parallel) args.push_back(expert_parallel);
     for (const auto& [name, dir] : service.base_models) {
@@ -202,7 +218,7 @@ std::uint64_t Coordinator::open(const SessionOptions& options, const SessionMode
   c.put(options);
   noting_failure([&] {
     group_->post_command(c.take());
-    open_replica(*group_, &made, {}, options.base_model);
+    open_replica(*group_, &made, {}, options.base_model, shards_session(shard_, options));
   });
   return id;
 }
@@ -285,6 +301,29 @@ NamedState Coordinator::gather_experts(std::uint64_t id, Transformer& model, Ada
   return noting_failure([&] {
     group_->post_command(c.take());
     return gather_experts_share(*group_, model, optimizer, with_optimizer, with_gradients);
+  });
+}
+
+NamedState Coordinator::gather_shards(std::uint64_t id, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                                      bool with_gradients) {
+  std::lock_guard lock(mu_);
+  auto c = command_for<Command::gather_shards, op::SaveState, op::SaveWeightsForSampler>(id);
+  c.put(with_optimizer);
+  c.put(with_gradients);
+  return noting_failure([&] {
+    group_->post_command(c.take());
+    return gather_shards_share(*group_, model, optimizer, with_optimizer, with_gradients);
+  });
+}
+
+void Coordinator::load_shards(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer,
+                              bool with_optimizer, const NamedState& state, std::int64_t step) {
+  std::lock_guard lock(mu_);
+  auto c = command_for<Command::load_shards, op::LoadState>(id);
+  c.put(with_optimizer);
+  noting_failure([&] {
+    group_->post_command(c.take());
+    load_shards_share(*group_, model, optimizer, with_optimizer, &state, step);
   });
 }
 

@@ -30,6 +30,12 @@ namespace rlloop::engine::dist {
 // every rank must do it alike).
 std::string group_fingerprint(const DeviceChoice& dev, const std::string& backend, const LocalServiceOptions& service);
 
+// DataParallelOptions::shard: invalid_argument unless "none" or "full".
+void check_shard_mode(const std::string& shard);
+// Whether a session of `session` is fully sharded under DataParallelOptions::shard `shard` (LoRA sessions stay
+// replicated).
+bool shards_session(const std::string& shard, const SessionOptions& session);
+
 // Whether `host` is this machine's loopback address: a group that meets there has every rank on this host.
 bool is_loopback(const std::string& host);
 
@@ -98,6 +104,12 @@ class Coordinator {
                             bool with_gradients);
   void load_state(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
                   const NamedState& state, std::int64_t step);
+  // A fully sharded session's checkpoints (replica_ops.hpp): every rank's shards whole on rank 0 (save_state), and
+  // each rank's part of the checkpoint rank 0 read (load_state).
+  NamedState gather_shards(std::uint64_t id, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                           bool with_gradients);
+  void load_shards(std::uint64_t id, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                   const NamedState& state, std::int64_t step);
 
   // Each worker's samples of `req` (as rank 0 decodes it: validated, its stop ids complete) to that worker,
   // drawn with the request's streams from `seed` (sample_stream.hpp) at `precision`, from the session's model or
@@ -141,6 +153,7 @@ class Coordinator {
 
   std::string backend_;  // the tensors' collectives: "gloo" or "nccl" (resolve_tensor_backend)
   bool expert_parallel_ = false;
+  std::string shard_;  // DataParallelOptions::shard
 
   // Runs a command's share, noting a group failure where failure() can read it without waiting for mu_.
   template <class Fn>

@@ -41,16 +41,17 @@ struct GroupCommands<op::OptimStep> {
 // ranks' experts gathered (expert parallelism); a sampler loaded from the same path before is dropped everywhere.
 template <>
 struct GroupCommands<op::SaveWeightsForSampler> {
-  static constexpr std::array commands{Command::gather_experts, Command::drop_sampler};
+  static constexpr std::array commands{Command::gather_experts, Command::gather_shards, Command::drop_sampler};
 };
 // save_state also folds the gradients every rank accumulated since the last step into rank 0's (data parallelism).
 template <>
 struct GroupCommands<op::SaveState> {
-  static constexpr std::array commands{Command::fold_gradients, Command::gather_experts, Command::drop_sampler};
+  static constexpr std::array commands{Command::fold_gradients, Command::gather_experts, Command::gather_shards,
+                                       Command::drop_sampler};
 };
 template <>
 struct GroupCommands<op::LoadState> {
-  static constexpr std::array commands{Command::sync_state, Command::load_state};
+  static constexpr std::array commands{Command::sync_state, Command::load_state, Command::load_shards};
 };
 // Samples and logprobs: a share per rank (data parallelism) or every rank in lockstep (expert parallelism), from the
 // sampler weights rank 0's cache holds, which the workers load and drop with it.
@@ -90,6 +91,8 @@ constexpr bool is_lifecycle(Command c) {
     case Command::drop_sampler:
     case Command::gather_experts:
     case Command::load_state:
+    case Command::gather_shards:
+    case Command::load_shards:
     case Command::sample_lockstep:
     case Command::logprobs_lockstep: return false;
   }

@@ -193,14 +193,16 @@ std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int par
   return bounds;
 }
 
-void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model) {
+void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model,
+                  bool shard) {
   ByteWriter w;
-  if (made) {
+  const std::string refused = made && shard ? made->model->why_not_fully_shardable() : std::string();
+  if (made && refused.empty()) {
     w.put(Status::ok);
     w.put(model_fingerprint(*made));
   } else {
     w.put(Status::failed);
-    w.put(error);
+    w.put(made ? refused : error);
   }
   const auto replies = group.gather(w.take());
   std::string verdict;  // empty: every rank holds the same model
@@ -222,6 +224,7 @@ void open_replica(Group& group, const SessionModel* made, const std::string& err
   group.broadcast(verdict);
   if (!verdict.empty()) throw invalid_argument("data-parallel session: " + verdict);
   group.broadcast(replicated_tensors(*made->model));
+  if (shard) made->model->set_fully_sharded(group);
 }
 
 ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& mine,
@@ -231,12 +234,14 @@ ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std:
   try {
     ForwardBackwardOutput out;
     ClipCounts counts;
+    ShardedPass gathered(model);  // a fully sharded model's root weights, for the whole pass
     if (!mine.empty()) {
       out = run_builtin_loss(model, mine, loss, backward, &counts);
-    } else if (model.expert_parallel()) {
+    } else if (model.expert_parallel() || model.fully_sharded()) {
       const torch::Tensor hidden = idle_forward(model, backward);
       if (backward) idle_backward(hidden);
     }
+    if (backward) gathered.reduce_gradients();
     w.put(Status::ok);
     w.put(out);
     w.put(counts.clipped);
@@ -309,12 +314,13 @@ std::string custom_loss_gradients(const std::vector<std::string>& replies, const
 ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share& mine, const std::vector<Datum>* all,
                                    const CustomLossFn* fn) {
   std::optional<CustomLossPass> pass;
-  torch::Tensor idle;  // an expert-parallel rank without datums: its pass over no rows
+  torch::Tensor idle;  // an expert-parallel or fully sharded rank without datums: its pass over no rows
   std::string reply;
+  ShardedPass gathered(model);  // a fully sharded model's root weights, until the backward
   try {
     if (!mine.data.empty())
       pass = custom_loss_forward(model, mine.data);
-    else if (model.expert_parallel())
+    else if (model.expert_parallel() || model.fully_sharded())
       idle = idle_forward(model, /*backward=*/true);
     ByteWriter w;
     w.put(Status::ok);
@@ -350,6 +356,7 @@ ForwardBackwardOutput custom_share(Group& group, Transformer& model, const Share
     } else if (idle.defined()) {
       idle_backward(idle);
     }
+    gathered.reduce_gradients();
     ByteWriter w;
     w.put(Status::ok);
     done = w.take();
@@ -429,6 +436,25 @@ double expert_parallel_grad_norm(Group& group, const Transformer& model, AdamW& 
   return std::sqrt((replicated + own).item<double>());
 }
 
+// The norm of a fully sharded model's gradient: its shards' squares summed over the ranks (the padding is zero).
+double fully_sharded_grad_norm(Group& group, AdamW& optimizer) {
+  torch::NoGradGuard no_grad;
+  const auto& ps = optimizer.parameters();
+  const auto on = torch::TensorOptions().dtype(torch::kFloat64).device(ps[0].tensor.device());
+  torch::Tensor squares = torch::zeros({1}, on);
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    if (const torch::Tensor g = optimizer.gradient(i); g.defined()) squares.add_(g.to(torch::kFloat64).pow(2).sum());
+  group.allreduce_sum(squares);
+  return std::sqrt(squares.item<double>());
+}
+
+// The weight an optimizer state entry ("<weight>.exp_avg", ".exp_avg_sq", ".master") belongs to.
+std::string weight_of_state(const std::string& entry) {
+  for (const char* suffix : {".exp_avg_sq", ".exp_avg", ".master"})
+    if (entry.ends_with(suffix)) return entry.substr(0, entry.size() - std::string(suffix).size());
+  throw invalid_argument("optimizer state entry '" + entry + "' is not a weight's moment or master");
+}
+
 // A checkpoint's tensors by name, as bytes: name, dtype, shape and the CPU copy's bytes of each.
 void put_tensors(ByteWriter& w, const TensorMap& tensors) {
   w.put(static_cast<std::uint64_t>(tensors.size()));
@@ -461,12 +487,16 @@ TensorMap get_tensors(ByteReader& r) {
 }  // namespace
 
 Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, const AdamParams& params) {
+  // Fully sharded: each rank's shards already hold the sum of every rank's gradient (reduce-scattered); the norm
+  // is the whole model's.
+  if (model.fully_sharded()) return optimizer.step(params, fully_sharded_grad_norm(group, optimizer));
   sum_gradients(group, model, optimizer);
   if (!model.expert_parallel()) return optimizer.step(params);
   return optimizer.step(params, expert_parallel_grad_norm(group, model, optimizer));
 }
 
 void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer) {
+  if (model.fully_sharded()) return;  // its shards' gradients are summed already (gather_shards_share saves them)
   sum_gradients(group, model, optimizer);
   if (group.rank() == 0) return;
   for (std::size_t i : replicated_parameters(model, optimizer)) optimizer.clear_gradient(i);
@@ -546,6 +576,87 @@ void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
       for (std::size_t i = 0; i < ps.size(); ++i)
         if (auto it = gradients.find(ps[i].name); it != gradients.end()) optimizer->set_gradient(i, it->second);
     }
+    ByteWriter w;
+    w.put(Status::ok);
+    reply = w.take();
+  } catch (const std::exception& e) {
+    reply = failure_reply(e);
+  }
+  const auto replies = group.gather(reply);
+  if (group.rank() == 0)
+    if (auto failure = first_failure(replies); !failure.empty())
+      throw group_failure("data-parallel load_state failed on " + failure);
+}
+
+NamedState gather_shards_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                               bool with_gradients) {
+  torch::NoGradGuard no_grad;
+  NamedState out;
+  const bool root = group.rank() == 0;
+  // Every rank walks the same names in the same order: each one is an all-gather.
+  auto gather = [&](TensorMap& into, const std::string& key, const std::string& weight, const torch::Tensor& part,
+                    const torch::Device& on) {
+    torch::Tensor whole = model.unshard(weight, part.to(on));
+    if (root) into[key] = whole.to(torch::kCPU);
+  };
+  const auto& ps = optimizer.parameters();
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const torch::Device device = ps[i].tensor.device();
+    gather(out.weights, ps[i].name, ps[i].name, ps[i].tensor, device);
+    if (with_gradients) {
+      const torch::Tensor g = optimizer.gradient(i);
+      gather(out.gradients, ps[i].name, ps[i].name, g.defined() ? g : torch::zeros_like(ps[i].tensor), device);
+    }
+  }
+  const torch::Device device = ps.empty() ? torch::Device(torch::kCPU) : ps[0].tensor.device();
+  if (with_optimizer)
+    for (const auto& [key, part] : optimizer.state_tensors())
+      gather(out.optimizer, key, weight_of_state(key), part, device);
+  return out;
+}
+
+void load_shards_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                       const NamedState* state, std::int64_t step) {
+  std::vector<std::string> parts;
+  std::string refused;  // rank 0: why the checkpoint cannot be cut (a name or shape the model lacks)
+  if (group.rank() == 0) {
+    try {
+      for (int r = 0; r < group.size(); ++r) {
+        TensorMap weights, opt, gradients;
+        for (const auto& [name, t] : state->weights) weights[name] = model.shard_of(name, t, r);
+        if (with_optimizer)
+          for (const auto& [key, t] : state->optimizer) opt[key] = model.shard_of(weight_of_state(key), t, r);
+        for (const auto& [name, g] : state->gradients) gradients[name] = model.shard_of(name, g, r);
+        ByteWriter w;
+        put_tensors(w, weights);
+        put_tensors(w, opt);
+        put_tensors(w, gradients);
+        w.put(step);
+        parts.push_back(w.take());
+      }
+    } catch (const std::exception& e) {
+      refused = e.what();
+      parts.assign(static_cast<std::size_t>(group.size()), std::string());
+    }
+  }
+  group.broadcast(refused);
+  if (!refused.empty()) {
+    if (group.rank() == 0) throw invalid_argument("load_state: " + refused);
+    return;
+  }
+  const std::string mine = group.scatter(parts);
+  std::string reply;
+  try {
+    ByteReader r(mine);
+    const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
+    const auto saved_step = r.get<std::int64_t>();
+    load_trainable(model, weights);
+    optimizer = make_optimizer(model);
+    if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
+    optimizer->zero_grad();
+    const auto& ps = optimizer->parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      if (auto it = gradients.find(ps[i].name); it != gradients.end()) optimizer->set_gradient(i, it->second);
     ByteWriter w;
     w.put(Status::ok);
     reply = w.take();

@@ -44,8 +44,11 @@ std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int par
 
 // open: every rank holds the session's model (`made`; null when `error` says why it could not); rank 0 checks
 // that every rank's model has the same shape and the same frozen weights, then sends its trainable weights to
-// all. Throws on rank 0 naming the first rank that differs; every rank then drops the replica.
-void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model);
+// all. Throws on rank 0 naming the first rank that differs; every rank then drops the replica. With `shard`,
+// every rank then keeps its shards of the model only (Transformer::set_fully_sharded; a model it cannot shard is
+// refused as a differing one is): the caller makes the optimizer afresh.
+void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model,
+                  bool shard = false);
 
 // One rank's datums of a batch: a contiguous run (split_by_tokens) and where it starts in the batch. Rank 0
 // sends each worker only its own (Group::post_command's shares).
@@ -94,6 +97,18 @@ NamedState gather_experts_share(Group& group, Transformer& model, AdamW& optimiz
 // naming a rank that could not.
 void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
                       const NamedState* state, std::int64_t step);
+
+// save_state of a fully sharded session: every trainable weight whole on rank 0, with `with_optimizer` its
+// optimizer state and with `with_gradients` its pending gradient, under the names one rank would save (one
+// all-gather per tensor, every rank together); the others get an empty NamedState.
+NamedState gather_shards_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
+                               bool with_gradients);
+// load_state of a fully sharded session: rank 0 cuts `state` (a whole checkpoint, saved at any world size; null
+// elsewhere) into every rank's parts and scatters them; each rank loads its weights, a fresh optimizer with
+// (`with_optimizer`) the state and `step` saved, and its part of the saved gradients. Throws group_failure on rank 0
+// naming a rank that could not.
+void load_shards_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                       const NamedState* state, std::int64_t step);
 
 // After rank 0 changed its replica alone (load_state, without expert parallelism): its trainable weights, and with
 // `with_optimizer` its optimizer state, to every rank. Without, every rank starts a fresh optimizer (`optimizer` is replaced).

@@ -107,6 +107,17 @@ class Worker {
           engine::dist::gather_experts_share(*group_, *rep.model.model, *rep.optimizer, with_optimizer, r.get<bool>());
           break;
         }
+        case Command::gather_shards: {
+          Replica& rep = replica(id);
+          const bool with_optimizer = r.get<bool>();
+          engine::dist::gather_shards_share(*group_, *rep.model.model, *rep.optimizer, with_optimizer, r.get<bool>());
+          break;
+        }
+        case Command::load_shards: {
+          Replica& rep = replica(id);
+          engine::dist::load_shards_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>(), nullptr, 0);
+          break;
+        }
         case Command::load_state: {
           Replica& rep = replica(id);
           engine::dist::load_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>(), nullptr, 0);
@@ -149,11 +160,13 @@ class Worker {
     } catch (const std::exception& e) {
       error = e.what();
     }
+    const bool shard = engine::dist::shards_session(options_.service.data_parallel.shard, options);
     try {
-      engine::dist::open_replica(*group_, rep.model.model ? &rep.model : nullptr, error, options.base_model);
+      engine::dist::open_replica(*group_, rep.model.model ? &rep.model : nullptr, error, options.base_model, shard);
     } catch (const invalid_argument&) {
       return;  // some rank could not hold it: rank 0 reports why, and no rank keeps it
     }
+    if (shard) rep.optimizer = engine::make_optimizer(*rep.model.model);  // over the shards
     rep.options = options;
     rep.live.model = rep.model.model;
     rep.lane = engine::EngineLoop::open_lane(bases_.loop(engine::base_key(rep.resolved_base, dev_)));
@@ -297,6 +310,7 @@ class Worker {
 }  // namespace
 
 void run_data_parallel_worker(const DataParallelWorkerOptions& options) {
+  engine::dist::check_shard_mode(options.service.data_parallel.shard);
   auto dev = engine::choose_device(options.service.device, options.service.dtype);
   dev.quantized_base = options.service.quantized_base;
   dev.activation_checkpointing = options.service.activation_checkpointing;

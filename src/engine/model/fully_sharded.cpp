@@ -32,7 +32,7 @@ ShardedUnit::ShardedUnit(std::vector<std::pair<std::string, torch::Tensor*>> slo
     width_ += w.part;
     w.placeholder = torch::empty({0}, t.options());
     weights_.push_back(std::move(w));
-    shards_.emplace_back(name, part_of(static_cast<int>(shards_.size()), t).requires_grad_(true));
+    shards_.emplace_back(name, part_of(static_cast<int>(shards_.size()), t, group.rank()).requires_grad_(true));
   }
   // The full tensors go: a handle's old tensor may be registered elsewhere too (the module's parameter list), so
   // its storage is emptied rather than the handle moved.
@@ -82,6 +82,12 @@ void ShardedUnit::accumulate(const torch::Tensor& flat) const {
   }
 }
 
+std::int64_t ShardedUnit::elements() const {
+  std::int64_t n = 0;
+  for (const Weight& w : weights_) n += w.numel;
+  return n;
+}
+
 int ShardedUnit::find(const std::string& name) const {
   for (std::size_t i = 0; i < shards_.size(); ++i)
     if (shards_[i].first == name) return static_cast<int>(i);
@@ -96,13 +102,14 @@ torch::Tensor ShardedUnit::whole(int i, const torch::Tensor& part) const {
   return group_->all_gather(part.detach().reshape(-1)).narrow(0, 0, w.numel).view(w.shape);
 }
 
-torch::Tensor ShardedUnit::part_of(int i, const torch::Tensor& whole) const {
+torch::Tensor ShardedUnit::part_of(int i, const torch::Tensor& whole, int rank) const {
   const Weight& w = weights_.at(static_cast<std::size_t>(i));
   if (whole.sizes().vec() != w.shape)
     throw invalid_argument("fully sharded '" + shards_[i].first + "': a tensor of another shape than the weight's");
   torch::Tensor padded = torch::zeros({group_->size() * w.part}, whole.options());
   padded.narrow(0, 0, w.numel).copy_(whole.detach().reshape(-1));
-  return padded.narrow(0, group_->rank() * w.part, w.part).clone();
+  if (rank < 0) rank = group_->rank();
+  return padded.narrow(0, rank * w.part, w.part).clone();
 }
 
 namespace {

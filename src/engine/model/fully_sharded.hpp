@@ -49,11 +49,13 @@ class ShardedUnit {
   // The index of weight `name` among shards(), or -1.
   int find(const std::string& name) const;
   // Weight i whole, from every rank's `part` of it (its shard, the shard's gradient or an optimizer moment of it:
-  // one all-gather, every rank together), and this rank's part of a whole one (local).
+  // one all-gather, every rank together), and rank `rank`'s part of a whole one (local; -1: this rank's).
   torch::Tensor whole(int i, const torch::Tensor& part) const;
-  torch::Tensor part_of(int i, const torch::Tensor& whole) const;
+  torch::Tensor part_of(int i, const torch::Tensor& whole, int rank) const;
 
   dist::Group& group() const { return *group_; }
+  // The elements of the unit's weights whole (each weight once).
+  std::int64_t elements() const;
 
  private:
   struct Weight {

@@ -188,14 +188,20 @@ int Transformer::expert_rank_of(const std::string& name) const { return impl_->e
 
 void Transformer::set_expert_parallel(dist::Group& group) { impl_->experts.set_parallel(*impl_, group); }
 
+std::string Transformer::why_not_fully_shardable() const {
+  const Impl& m = *impl_;
+  const std::string what = "fully sharded parallelism: ";
+  if (m.sharded_root) return what + "the model is sharded already";
+  if (m.lora) return what + "LoRA models are not sharded yet (train them data-parallel)";
+  if (quantized_bytes() > 0) return what + "the model keeps quantized weights (it needs dense ones)";
+  if (has_value_head()) return what + "a model with a value head is not sharded yet";
+  if (m.cfg.num_experts > 0) return what + "Mixture-of-Experts models are not sharded yet";
+  return {};
+}
+
 void Transformer::set_fully_sharded(dist::Group& group) {
   Impl& m = *impl_;
-  const std::string what = "fully sharded parallelism: ";
-  if (m.sharded_root) throw conflict(what + "the model is sharded already");
-  if (m.lora) throw unsupported(what + "LoRA models are not sharded yet (train them data-parallel)");
-  if (quantized_bytes() > 0) throw unsupported(what + "the model keeps quantized weights (it needs dense ones)");
-  if (has_value_head()) throw unsupported(what + "a model with a value head is not sharded yet");
-  if (m.cfg.num_experts > 0) throw unsupported(what + "Mixture-of-Experts models are not sharded yet");
+  if (std::string why = why_not_fully_shardable(); !why.empty()) throw unsupported(why);
   for (std::size_t li = 0; li < m.layers.size(); ++li) {
     std::vector<std::pair<std::string, torch::Tensor*>> slots;
     m.for_each_layer_tensor(m.layers[li], static_cast<std::int64_t>(li),
@@ -213,6 +219,13 @@ void Transformer::set_fully_sharded(dist::Group& group) {
 }
 
 bool Transformer::fully_sharded() const { return impl_->sharded_root != nullptr; }
+
+std::int64_t Transformer::sharded_elements() const {
+  if (!impl_->sharded_root) return 0;
+  std::int64_t n = impl_->sharded_root->elements();
+  for (const auto& unit : impl_->sharded_layers) n += unit->elements();
+  return n;
+}
 
 namespace {
 // The unit of a fully sharded model that holds weight `name`, and its index there.
@@ -232,9 +245,9 @@ torch::Tensor Transformer::unshard(const std::string& name, const torch::Tensor&
   return unit->whole(i, part);
 }
 
-torch::Tensor Transformer::shard_of(const std::string& name, const torch::Tensor& whole) const {
+torch::Tensor Transformer::shard_of(const std::string& name, const torch::Tensor& whole, int rank) const {
   const auto [unit, i] = unit_of(impl_->sharded_root, impl_->sharded_layers, name);
-  return unit->part_of(i, whole);
+  return unit->part_of(i, whole, rank);
 }
 
 ShardedPass::ShardedPass(Transformer& model) : model_(model) {
@@ -307,7 +320,8 @@ bool Transformer::shares_base(const Transformer& other) const { return impl_->sa
 torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes) {
   const ModelConfig& cfg = impl_->cfg;
   if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
-  if (impl_->sharded_root) throw unsupported("Transformer::decode_step: sampling a fully sharded model is not built yet");
+  if (impl_->sharded_root)
+    throw unsupported("Transformer::decode_step: sampling a fully sharded model is not built yet");
   if (routes && cfg.num_experts == 0)
     throw invalid_argument("Transformer::decode_step: routes asked of a " + cfg.model_type + " model without experts");
   c10::InferenceMode inference;

@@ -126,11 +126,16 @@ class Transformer : public torch::nn::Module {
   // unsupported, naming what, otherwise; sampling (a cache) is not built yet.
   void set_fully_sharded(dist::Group& group);
   bool fully_sharded() const;
+  // Why set_fully_sharded would refuse this model (its message), or empty.
+  std::string why_not_fully_shardable() const;
+  // The elements of every sharded weight whole (0 for a model that is not sharded).
+  std::int64_t sharded_elements() const;
   // A fully sharded model's weight `name` whole, from every rank's `part` of it (its shard, or the shard's gradient
   // or optimizer moment: every rank calls it together, in the same order), and this rank's part of a whole one.
   // invalid_argument for a name the model does not shard or a shape that does not fit.
   torch::Tensor unshard(const std::string& name, const torch::Tensor& part) const;
-  torch::Tensor shard_of(const std::string& name, const torch::Tensor& whole) const;
+  // `rank`: another rank's part (-1: this rank's).
+  torch::Tensor shard_of(const std::string& name, const torch::Tensor& whole, int rank = -1) const;
   bool activation_checkpointing() const;
   // Whether set_expert_parallel made this model route through a group.
   bool expert_parallel() const;

@@ -3,6 +3,7 @@
 
 #include "session/data_parallel_executor.hpp"
 #include "session/expert_parallel_executor.hpp"
+#include "session/fully_sharded_executor.hpp"
 #include "session/single_rank_executor.hpp"
 
 namespace rlloop::engine {
@@ -27,6 +28,8 @@ std::unique_ptr<Executor> make_executor(SessionCore& core) {
   std::shared_ptr<dist::Coordinator> group = core.bases->data_parallel();
   if (!group) return std::make_unique<SingleRankExecutor>(core);
   if (core.model->expert_parallel()) return std::make_unique<ExpertParallelExecutor>(core, std::move(group));
+  if (dist::shards_session(core.service.data_parallel.shard, core.options))
+    return std::make_unique<FullyShardedExecutor>(core, std::move(group));
   return std::make_unique<DataParallelExecutor>(core, std::move(group));
 }
 

@@ -7,9 +7,8 @@
 //   single_rank_executor      the whole model on this process
 //   data_parallel_executor    a replica on every rank of a dist::Coordinator; samples and prompts shared out
 //   expert_parallel_executor  the experts spread over the ranks: every forward runs on all ranks in step
-// Fully sharded data parallelism fits the same cut: its passes gather the shards (forward), its step
-// reduce-scatters the gradients (optim_step), a checkpoint gathers or scatters the shards (gather_state /
-// distribute_state), and a sampler model is gathered whole or sampled in step (load_sampler, sample).
+//   fully_sharded_executor    1/W of every weight on each rank, gathered layer by layer as a pass needs it; a
+//                             checkpoint gathers the shards (gather_state) or scatters its parts (load_parts)
 //
 // The training and state calls run on the session's lane (the session submits them), with the session's model and
 // optimizer (`SessionCore`). sample and compute_logprobs submit to the lane themselves: a mode decides how a request
@@ -58,6 +57,14 @@ class Executor {
   virtual void gather_state(dist::NamedState& state, bool with_optimizer, bool with_gradients) = 0;
   // load_state: after this rank loaded `checkpoint` (and rebuilt or loaded its optimizer), the other ranks.
   virtual void distribute_state(const StateContents& checkpoint, bool with_optimizer) = 0;
+  // load_state where every rank holds a part of each tensor (fully sharded): each rank loads its part of
+  // `checkpoint` (weights; with `with_optimizer` the optimizer state and the pending gradients) and this returns
+  // true. Elsewhere false: the session loads the checkpoint itself, then distribute_state.
+  virtual bool load_parts(const StateContents& checkpoint, bool with_optimizer) {
+    (void)checkpoint;
+    (void)with_optimizer;
+    return false;
+  }
 
   // The sampler cache: a model the session loaded from checkpoint `checkpoint` under `key`, and one it dropped.
   virtual void load_sampler(const std::string& key, Transformer& model, const TensorMap& checkpoint) = 0;

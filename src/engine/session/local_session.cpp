@@ -168,6 +168,12 @@ struct LocalSession::Impl : SessionCore {
     return {path};
   }
 
+  void restore_generator(const CheckpointMeta& m) {
+    auto rng = m.rng_state;
+    auto t = torch::from_blob(rng.data(), {static_cast<std::int64_t>(rng.size())}, torch::kUInt8).clone();
+    generator.set_state(t);
+  }
+
   void load(const std::string& path, bool with_optimizer) {
     auto state = read_state_dir(path, with_optimizer);
     const CheckpointMeta& m = state.meta;
@@ -177,12 +183,16 @@ struct LocalSession::Impl : SessionCore {
     if (m.value_head != options.value_head)
       throw invalid_argument("checkpoint '" + path + "' was saved " + (options.value_head ? "without" : "with") +
                              " a value head, unlike this session");
+    // A fully sharded session's ranks each load their part of every tensor (gradients included) themselves.
+    if (executor->load_parts(state, with_optimizer)) {
+      if (with_optimizer) restore_generator(m);
+      gradients_pending = with_optimizer && !state.gradients.empty();
+      return;
+    }
     load_trainable(*model, state.weights);
     if (with_optimizer) {
       optimizer->load_state_tensors(state.optimizer, m.step);
-      auto rng = m.rng_state;
-      auto t = torch::from_blob(rng.data(), {static_cast<std::int64_t>(rng.size())}, torch::kUInt8).clone();
-      generator.set_state(t);
+      restore_generator(m);
     } else {
       // Weights only: moments and gradients of the old weights mean nothing for the new ones; start fresh.
       optimizer->zero_grad();
