@@ -2,7 +2,9 @@
 // and on two (this process and an `rlloop worker` it starts, c10d Gloo over the loopback), for LoRA rank 16 on all
 // linear layers and for full fine-tuning. Prints, per case, the median step time and its two halves, and for W=2
 // the all-reduce seconds and bytes per step (LocalService::data_parallel_stats, differences around each timed
-// step) and the step-time ratios against W=1. A third mode, "sample", times one sample call of the LoRA session
+// step) and the step-time ratios against W=1; full fine-tuning runs a fourth case, W=2 fully sharded (--shard full:
+// each rank keeps half of the weights, gradients and moments), with the bytes its all-gathers received and its
+// reduce-scatters sent per step against the model's size. A third mode, "sample", times one sample call of the LoRA session
 // instead (S samples of up to M new tokens, seeded, temperature 1): at W=2 each rank decodes half the samples.
 //   data_parallel_bench [--rlloop PATH] [--rounds R] [--steps N] [--batch B] [--tokens T] [--samples S]
 //                       [--max-tokens M] [--only lora|full|sample]
@@ -55,7 +57,7 @@ struct Settings {
 };
 
 struct Case {
-  std::string mode;  // "lora", "full" or "sample"
+  std::string mode;  // "lora", "full", "sharded" (full fine-tuning, fully sharded) or "sample"
   int world_size;
   int threads;  // per rank
 };
@@ -67,6 +69,7 @@ struct Step {
   // which the machine's load changes far less than the wall time, and how it is split between the ranks.
   double cpu_rank0_s = 0, cpu_workers_s = 0;
   double sampled_tokens = 0, worker_samples = 0;  // sample mode: new tokens of the call, samples the worker decoded
+  double allgather_bytes = 0, reduce_scatter_bytes = 0, reduce_scatter_sent_bytes = 0;  // fully sharded
 };
 
 // What a child reports for its case on stdout: one "case" line, then one "step" line per timed step.
@@ -146,9 +149,10 @@ Run run_case(const Settings& settings, const Case& c) {
     options.data_parallel.worker_program = settings.rlloop_bin;
     // A full fine-tuning step of rlloop-100m takes many seconds here; a loaded machine must not look like a hung rank.
     options.data_parallel.timeout_s = 600;
+    if (c.mode == "sharded") options.data_parallel.shard = "full";
     LocalService svc(options);
     SessionOptions session{.base_model = "rlloop-100m", .seed = 1};
-    if (c.mode != "full") session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
+    if (c.mode != "full" && c.mode != "sharded") session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
     const auto t0 = Clock::now();
     auto s = svc.create_session(session);
     run.open_s = seconds_since(t0);
@@ -185,6 +189,10 @@ Run run_case(const Settings& settings, const Case& c) {
       st.allreduce_bytes = static_cast<double>(after.allreduce_bytes - before.allreduce_bytes);
       st.allreduce_s = after.allreduce_seconds - before.allreduce_seconds;
       st.worker_samples = static_cast<double>(after.worker_samples - before.worker_samples);
+      st.allgather_bytes = static_cast<double>(after.allgather_bytes - before.allgather_bytes);
+      st.reduce_scatter_bytes = static_cast<double>(after.reduce_scatter_bytes - before.reduce_scatter_bytes);
+      st.reduce_scatter_sent_bytes =
+          static_cast<double>(after.reduce_scatter_sent_bytes - before.reduce_scatter_sent_bytes);
       std::fprintf(stderr, "  [%s W=%d threads=%d] %.2f + %.2f s (all-reduce %.3f s; CPU %.2f + %.2f s)\n",
                    c.mode.c_str(), c.world_size, c.threads, st.forward_backward_s, st.optim_s, st.allreduce_s,
                    st.cpu_rank0_s, st.cpu_workers_s);
@@ -205,7 +213,8 @@ std::string encode(const Run& r) {
   for (const Step& s : r.steps)
     out << "step " << s.forward_backward_s << ' ' << s.optim_s << ' ' << s.allreduce_calls << ' ' << s.allreduce_bytes
         << ' ' << s.allreduce_s << ' ' << s.cpu_rank0_s << ' ' << s.cpu_workers_s << ' ' << s.sampled_tokens << ' '
-        << s.worker_samples << '\n';
+        << s.worker_samples << ' ' << s.allgather_bytes << ' ' << s.reduce_scatter_bytes << ' '
+        << s.reduce_scatter_sent_bytes << '\n';
   return out.str();
 }
 
@@ -217,7 +226,8 @@ bool decode(const std::string& text, Run& r) {
   if (!(in >> tag >> r.open_s >> r.trainable >> r.broadcast_bytes)) return false;
   for (Step s; in >> tag && tag == "step" &&
                in >> s.forward_backward_s >> s.optim_s >> s.allreduce_calls >> s.allreduce_bytes >> s.allreduce_s >>
-                   s.cpu_rank0_s >> s.cpu_workers_s >> s.sampled_tokens >> s.worker_samples;)
+                   s.cpu_rank0_s >> s.cpu_workers_s >> s.sampled_tokens >> s.worker_samples >> s.allgather_bytes >>
+                   s.reduce_scatter_bytes >> s.reduce_scatter_sent_bytes;)
     r.steps.push_back(s);
   return !r.steps.empty();
 }
@@ -362,9 +372,11 @@ int main(int argc, char** argv) try {
     if (!settings.only.empty() && settings.only != mode) continue;
     const std::size_t first = cases.size();
     for (const Case& c : {Case{mode, 1, 2}, Case{mode, 1, 1}, Case{mode, 2, 1}}) cases.push_back({c, {}});
+    if (std::string(mode) == "full") cases.push_back({Case{"sharded", 2, 1}, {}});
+    const std::size_t n = cases.size() - first;
     for (int round = 0; round < settings.rounds; ++round)
-      for (std::size_t k = 0; k < 3; ++k) {
-        Pooled& p = cases[first + (k + round) % 3];  // rotated, so no case always runs first
+      for (std::size_t k = 0; k < n; ++k) {
+        Pooled& p = cases[first + (k + static_cast<std::size_t>(round)) % n];  // rotated: no case always first
         Run run;
         if (spawn_case(settings, p.c, run))
           p.runs.push_back(run);
@@ -378,19 +390,22 @@ int main(int argc, char** argv) try {
   std::printf(
       "| mode | W | threads/rank | trainable params | step s (median) | min-max | forward_backward s | optim_step s | "
       "all-reduce s/step | all-reduce bytes/step | CPU s/step rank 0 + rank 1 | step W=2 / W=1 2 threads | W=2 / W=1 "
-      "1 thread |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "1 thread | tokens/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // A fully sharded case against full fine-tuning's one-rank cases.
   auto baseline = [&](const Pooled& p, int threads) -> const Pooled* {
+    const std::string mode = p.c.mode == "sharded" ? "full" : p.c.mode;
     for (const auto& o : cases)
-      if (o.c.mode == p.c.mode && o.c.world_size == 1 && o.c.threads == threads && !o.runs.empty()) return &o;
+      if (o.c.mode == mode && o.c.world_size == 1 && o.c.threads == threads && !o.runs.empty()) return &o;
     return nullptr;
   };
   for (const auto& p : cases) {
-    const char* mode = p.c.mode == "lora"   ? "LoRA r16 all-linear"
-                       : p.c.mode == "full" ? "full fine-tuning"
-                                            : "LoRA r16 sample call";
+    const char* mode = p.c.mode == "lora"      ? "LoRA r16 all-linear"
+                       : p.c.mode == "full"    ? "full fine-tuning"
+                       : p.c.mode == "sharded" ? "full fine-tuning, fully sharded"
+                                               : "LoRA r16 sample call";
     if (p.runs.empty()) {
-      std::printf("| %s | %d | %d | failed | | | | | | | | | |\n", mode, p.c.world_size, p.c.threads);
+      std::printf("| %s | %d | %d | failed | | | | | | | | | | |\n", mode, p.c.world_size, p.c.threads);
       continue;
     }
     const auto steps = p.step_s();
@@ -407,11 +422,26 @@ int main(int argc, char** argv) try {
     }
     std::string cpu = format("%.2f", median(p.all(&Step::cpu_rank0_s)));
     if (p.c.world_size > 1) cpu += format(" + %.2f", median(p.all(&Step::cpu_workers_s)));
-    std::printf("| %s | %d | %d | %lld | %.2f | %.2f-%.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n", mode,
+    const std::string tokens_per_s =
+        p.c.mode == "sample" ? "-" : format("%.0f", settings.batch * settings.tokens / step);
+    std::printf("| %s | %d | %d | %lld | %.2f | %.2f-%.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %s |\n", mode,
                 p.c.world_size, p.c.threads, static_cast<long long>(p.runs.front().trainable), step,
                 *std::min_element(steps.begin(), steps.end()), *std::max_element(steps.begin(), steps.end()),
                 median(p.all(&Step::forward_backward_s)), median(p.all(&Step::optim_s)), ar_s.c_str(), ar_bytes.c_str(),
-                cpu.c_str(), vs2.c_str(), vs1.c_str());
+                cpu.c_str(), vs2.c_str(), vs1.c_str(), tokens_per_s.c_str());
+  }
+  // The sharded case's volume against the model's: a step reduce-scatters every weight's gradient once and
+  // all-gathers the root (embedding, final norm) once and each layer twice (forward, backward's recompute).
+  for (const auto& p : cases) {
+    if (p.c.mode != "sharded" || p.runs.empty()) continue;
+    const double model_share = static_cast<double>(p.runs.front().trainable) * 4.0 * (p.c.world_size - 1) /
+                               p.c.world_size;  // fp32 bytes x (W - 1) / W
+    const double gathered = median(p.all(&Step::allgather_bytes)), scattered = median(p.all(&Step::reduce_scatter_bytes));
+    std::printf("fully sharded W=%d, per step on rank 0: all-gathers received %.1f MiB (%.2fx the model's fp32 bytes "
+                "x (W-1)/W, %.1f MiB), reduce-scatters %.1f MiB (%.2fx; %.1f MiB actually sent)\n",
+                p.c.world_size, gathered / 1048576.0, gathered / model_share, model_share / 1048576.0,
+                scattered / 1048576.0, scattered / model_share,
+                median(p.all(&Step::reduce_scatter_sent_bytes)) / 1048576.0);
   }
   std::printf("\n");
   bool all_ok = true;

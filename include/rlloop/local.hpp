@@ -151,6 +151,11 @@ struct DataParallelStats {
   // Expert parallelism: checkpoint bytes rank 0 sent the other ranks at load_state and sampler loads, each rank
   // its own slice (the tensors every rank holds, and its experts').
   std::uint64_t scatter_bytes = 0;
+  // Fully sharded sessions: what rank 0 received in all-gathers of shards ((W - 1) shards each) and the logical
+  // bytes of its reduce-scatters of gradients ((W - 1) / W of each), beside the bytes it actually sent in them.
+  std::uint64_t allgather_bytes = 0;
+  std::uint64_t reduce_scatter_bytes = 0;
+  std::uint64_t reduce_scatter_sent_bytes = 0;
 };
 
 namespace engine {

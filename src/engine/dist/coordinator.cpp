@@ -494,9 +494,10 @@ std::string Coordinator::failure() const {
 DataParallelStats Coordinator::stats() const {
   std::lock_guard lock(mu_);
   const auto s = group_->stats();
-  return {group_->size(),    s.allreduce_calls, s.allreduce_bytes, s.allreduce_seconds,
-          s.broadcast_bytes, remote_samples_,   remote_logprobs_, s.alltoall_calls,
-          s.alltoall_bytes,  s.scatter_bytes};
+  return {group_->size(),    s.allreduce_calls, s.allreduce_bytes,      s.allreduce_seconds,
+          s.broadcast_bytes, remote_samples_,   remote_logprobs_,       s.alltoall_calls,
+          s.alltoall_bytes,  s.scatter_bytes,   s.allgather_bytes,      s.reduce_scatter_bytes,
+          s.reduce_scatter_sent_bytes};
 }
 
 }  // namespace rlloop::engine::dist

@@ -53,17 +53,39 @@ torch::Tensor ShardedUnit::gather(const torch::Tensor& flat_shard) const {
   return group_->all_gather(flat_shard.detach()).view({group_->size(), width_});
 }
 
-void ShardedUnit::bind(const torch::Tensor& full) {
+std::vector<torch::Tensor> ShardedUnit::unpack(const torch::Tensor& full, bool trainable) const {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> wholes;
   for (const Weight& w : weights_) {
-    // [W, s] -> the padded weight, row after row -> the weight.
-    torch::Tensor t = full.narrow(1, w.offset, w.part).reshape(-1).narrow(0, 0, w.numel).view(w.shape);
-    for (torch::Tensor* h : w.handles) *h = t;
+    // [W, s] -> the padded weight, row after row (a copy: the columns are strided) -> the weight.
+    torch::Tensor t = full.narrow(1, w.offset, w.part).reshape(-1).narrow(0, 0, w.numel).view(w.shape).contiguous();
+    wholes.push_back(trainable ? t.requires_grad_(true) : t);
   }
+  return wholes;
+}
+
+void ShardedUnit::bind(const std::vector<torch::Tensor>& wholes) {
+  for (std::size_t i = 0; i < weights_.size(); ++i)
+    for (torch::Tensor* h : weights_[i].handles) *h = wholes.at(i);
 }
 
 void ShardedUnit::unbind() {
   for (const Weight& w : weights_)
     for (torch::Tensor* h : w.handles) *h = w.placeholder;
+}
+
+torch::Tensor ShardedUnit::pack(const std::vector<torch::Tensor>& grads) const {
+  torch::NoGradGuard no_grad;
+  const std::int64_t W = group_->size();
+  torch::Tensor full = torch::zeros({W, width_}, weights_.front().placeholder.options());
+  for (std::size_t i = 0; i < weights_.size(); ++i) {
+    const Weight& w = weights_[i];
+    if (!grads.at(i).defined()) continue;
+    torch::Tensor padded = torch::zeros({W * w.part}, full.options());
+    padded.narrow(0, 0, w.numel).copy_(grads[i].reshape(-1));
+    full.narrow(1, w.offset, w.part).copy_(padded.view({W, w.part}));
+  }
+  return full;
 }
 
 torch::Tensor ShardedUnit::reduce_scatter(const torch::Tensor& grad_full) const {
@@ -114,6 +136,18 @@ torch::Tensor ShardedUnit::part_of(int i, const torch::Tensor& whole, int rank) 
 
 namespace {
 
+// The unit's handles point at `wholes` while it lives.
+class Bound {
+ public:
+  Bound(ShardedUnit& unit, const std::vector<torch::Tensor>& wholes) : unit_(unit) { unit_.bind(wholes); }
+  ~Bound() { unit_.unbind(); }
+  Bound(const Bound&) = delete;
+  Bound& operator=(const Bound&) = delete;
+
+ private:
+  ShardedUnit& unit_;
+};
+
 // See run_sharded_layer. Inputs: the layer's input, the RoPE rows, and the unit's flat shard (whose gradient is
 // the reduce-scattered one); the unit and the layer function by address (they outlive the graph).
 class ShardedLayer : public torch::autograd::Function<ShardedLayer> {
@@ -125,20 +159,8 @@ class ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     ctx->saved_data["unit"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(unit));
     ctx->saved_data["layer"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(layer));
     ctx->saved_data["scale"] = scale;
-    torch::Tensor out;
-    {
-      const torch::Tensor full = unit->gather(flat_shard);
-      unit->bind(full);
-      StepContext in{cos, sin, scale, nullptr, 0};
-      try {
-        out = (*layer)(x, in);
-      } catch (...) {
-        unit->unbind();
-        throw;
-      }
-      unit->unbind();
-    }
-    return out;
+    Bound bound(*unit, unit->unpack(unit->gather(flat_shard), /*trainable=*/false));
+    return (*layer)(x, StepContext{cos, sin, scale, nullptr, 0});
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -147,28 +169,25 @@ class ShardedLayer : public torch::autograd::Function<ShardedLayer> {
     auto* unit = reinterpret_cast<ShardedUnit*>(static_cast<std::intptr_t>(ctx->saved_data["unit"].toInt()));
     const auto* layer =
         reinterpret_cast<const LayerFunction*>(static_cast<std::intptr_t>(ctx->saved_data["layer"].toInt()));
-    StepContext in{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0};
     torch::AutoGradMode enable(true);
-    const torch::Tensor full = unit->gather(unit->flat_shard()).requires_grad_(true);
+    // Each weight a leaf of its own: autograd gives each its gradient alone (views of one gathered buffer would
+    // each produce a zero-filled buffer's worth of gradient).
+    std::vector<torch::Tensor> wholes = unit->unpack(unit->gather(unit->flat_shard()), /*trainable=*/true);
     const torch::Tensor x = saved[0].detach().requires_grad_(ctx->needs_input_grad(0));
-    unit->bind(full);
     torch::Tensor out;
-    try {
-      out = (*layer)(x, in);
-    } catch (...) {
-      unit->unbind();
-      throw;
+    {
+      Bound bound(*unit, wholes);
+      out = (*layer)(x, StepContext{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0});
     }
-    unit->unbind();
-    std::vector<torch::Tensor> inputs{full};
+    std::vector<torch::Tensor> inputs = wholes;
     if (x.requires_grad()) inputs.push_back(x);
-    // allow_unused: a weight the layer's output does not depend on (none today) gets a zero gradient.
+    // allow_unused: a weight the layer's output does not depend on gets a zero gradient.
     auto g = torch::autograd::grad({out}, inputs, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false,
                                    /*allow_unused=*/true);
-    const torch::Tensor grad_full = g[0].defined() ? g[0] : torch::zeros_like(full);
-    const torch::Tensor grad_shard = unit->reduce_scatter(grad_full);
-    return {x.requires_grad() ? g[1] : torch::Tensor(), torch::Tensor(), torch::Tensor(), grad_shard,
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const torch::Tensor grad_x = x.requires_grad() ? g.back() : torch::Tensor();
+    g.resize(wholes.size());
+    const torch::Tensor grad_shard = unit->reduce_scatter(unit->pack(g));
+    return {grad_x, torch::Tensor(), torch::Tensor(), grad_shard, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -178,17 +197,8 @@ torch::Tensor run_sharded_layer(ShardedUnit& unit, const LayerFunction& layer, c
                                 const StepContext& in) {
   if (in.cache) throw unsupported("a fully sharded model decodes no cache yet (sampling it is not built)");
   if (!torch::GradMode::is_enabled()) {
-    const torch::Tensor full = unit.gather(unit.flat_shard());
-    unit.bind(full);
-    torch::Tensor out;
-    try {
-      out = layer(x, in);
-    } catch (...) {
-      unit.unbind();
-      throw;
-    }
-    unit.unbind();
-    return out;
+    Bound bound(unit, unit.unpack(unit.gather(unit.flat_shard()), /*trainable=*/false));
+    return layer(x, in);
   }
   return ShardedLayer::apply(x, in.cos, in.sin, unit.flat_shard(), &unit, &layer, in.scale);
 }

@@ -37,10 +37,14 @@ class ShardedUnit {
   torch::Tensor flat_shard() const;
   // Every rank's flat shard, [W, S] (one all-gather; every rank of the group calls it together).
   torch::Tensor gather(const torch::Tensor& flat_shard) const;
-  // Points the handles at the weights within `full` (gather's layout; differentiable views where `full` requires
-  // grad) until unbind() puts the placeholders back.
-  void bind(const torch::Tensor& full);
+  // Every weight whole from gather's [W, S], each a contiguous tensor of its own (a leaf that requires grad when
+  // `trainable`: autograd then gives each weight its gradient apart).
+  std::vector<torch::Tensor> unpack(const torch::Tensor& full, bool trainable) const;
+  // Points the handles at `wholes` (unpack's) until unbind() puts the placeholders back.
+  void bind(const std::vector<torch::Tensor>& wholes);
   void unbind();
+  // The weights' gradients (undefined: zero) side by side as gather lays the weights out, [W, S].
+  torch::Tensor pack(const std::vector<torch::Tensor>& grads) const;
   // This rank's part of the sum over the ranks of `grad_full` ([W, S]): [S] (one reduce-scatter).
   torch::Tensor reduce_scatter(const torch::Tensor& grad_full) const;
   // Adds `flat` ([S], reduce_scatter's) into the shards' .grad.

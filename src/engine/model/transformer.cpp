@@ -32,11 +32,11 @@ struct Transformer::Impl : ModelWeights {
   ExpertsLayer experts;               // the sparse layers' routing and dispatch (expert parallelism)
   RopeTables rope;
   // Fully sharded (set_fully_sharded): each layer's weights and the function that runs the layer, and the root's
-  // (embedding, final norm, unembedding), gathered into root_full while a ShardedPass holds them.
+  // (embedding, final norm, unembedding), gathered whole into root_weights while a ShardedPass holds them.
   std::vector<std::unique_ptr<ShardedUnit>> sharded_layers;
   std::vector<LayerFunction> sharded_layer_functions;
   std::unique_ptr<ShardedUnit> sharded_root;
-  torch::Tensor root_full;
+  std::vector<torch::Tensor> root_weights;
 
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const StepContext& in) const {
     return aten_decoder_layer(*this, experts, li, std::move(x), in);
@@ -253,25 +253,25 @@ torch::Tensor Transformer::shard_of(const std::string& name, const torch::Tensor
 ShardedPass::ShardedPass(Transformer& model) : model_(model) {
   auto& m = *model_.impl_;
   if (!m.sharded_root) return;
-  if (m.root_full.defined()) throw conflict("ShardedPass: the model is in a pass already");
-  torch::Tensor full = m.sharded_root->gather(m.sharded_root->flat_shard());
-  if (torch::GradMode::is_enabled()) full.requires_grad_(true);
-  m.sharded_root->bind(full);
-  m.root_full = full;
+  if (!m.root_weights.empty()) throw conflict("ShardedPass: the model is in a pass already");
+  const torch::Tensor full = m.sharded_root->gather(m.sharded_root->flat_shard());
+  m.root_weights = m.sharded_root->unpack(full, /*trainable=*/torch::GradMode::is_enabled());
+  m.sharded_root->bind(m.root_weights);
 }
 
 void ShardedPass::reduce_gradients() {
   auto& m = *model_.impl_;
   if (!m.sharded_root) return;
-  const torch::Tensor& g = m.root_full.grad();
-  m.sharded_root->accumulate(m.sharded_root->reduce_scatter(g.defined() ? g : torch::zeros_like(m.root_full)));
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& w : m.root_weights) grads.push_back(w.grad());
+  m.sharded_root->accumulate(m.sharded_root->reduce_scatter(m.sharded_root->pack(grads)));
 }
 
 ShardedPass::~ShardedPass() {
   auto& m = *model_.impl_;
   if (!m.sharded_root) return;
   m.sharded_root->unbind();
-  m.root_full = torch::Tensor();
+  m.root_weights.clear();
 }
 
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache, ExpertRouting* routing) {
@@ -282,7 +282,7 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   const std::int64_t past = cache ? cache->length : 0;
   torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
   const bool sharded = impl_->sharded_root != nullptr;
-  if (sharded && !impl_->root_full.defined())
+  if (sharded && impl_->root_weights.empty())
     throw std::logic_error("Transformer: a fully sharded model's forward runs within a ShardedPass");
 
   // [T, D] rows of the RoPE tables, broadcast over batch and heads.
