@@ -77,6 +77,7 @@ struct Run {
   double open_s = 0;  // create_session, including the broadcast of the trainable weights for W=2
   std::int64_t trainable = 0;
   double broadcast_bytes = 0;
+  double rss_rank0_mib = 0, rss_worker_mib = 0;  // resident memory after the last step (VmRSS)
   std::vector<Step> steps;
 };
 
@@ -110,15 +111,20 @@ double cpu_seconds_self() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-// User + system CPU seconds of this process's children (the local workers; none for W=1), from /proc.
-double cpu_seconds_children() {
+// This process's children: the local workers.
+std::vector<long> child_pids() {
   std::vector<long> pids;
   for (const auto& task : fs::directory_iterator("/proc/self/task")) {
     std::ifstream in(task.path() / "children");
     for (long pid; in >> pid;) pids.push_back(pid);
   }
+  return pids;
+}
+
+// User + system CPU seconds of this process's children (the local workers; none for W=1), from /proc.
+double cpu_seconds_children() {
   double ticks = 0;
-  for (long pid : pids) {
+  for (long pid : child_pids()) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
     const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const auto close = stat.rfind(')');
@@ -132,6 +138,14 @@ double cpu_seconds_children() {
     if (fields >> utime >> stime) ticks += utime + stime;
   }
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The resident memory (VmRSS) of process `pid` ("self" for this one) in MiB, 0 when unreadable.
+double resident_mib(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  return 0;
 }
 
 // The child's side: one service, one session, a warm-up step, the timed steps.
@@ -201,6 +215,8 @@ Run run_case(const Settings& settings, const Case& c) {
     step();  // warm-up: gradient buffers, optimizer moments, the allocator's cache
     for (int i = 0; i < settings.steps; ++i) run.steps.push_back(step());
     run.broadcast_bytes = static_cast<double>(svc.data_parallel_stats().broadcast_bytes);
+    run.rss_rank0_mib = resident_mib("self");
+    for (long pid : child_pids()) run.rss_worker_mib += resident_mib(std::to_string(pid));
   }
   fs::remove_all(dir);
   return run;
@@ -209,7 +225,8 @@ Run run_case(const Settings& settings, const Case& c) {
 std::string encode(const Run& r) {
   std::ostringstream out;
   out.precision(17);
-  out << "case " << r.open_s << ' ' << r.trainable << ' ' << r.broadcast_bytes << '\n';
+  out << "case " << r.open_s << ' ' << r.trainable << ' ' << r.broadcast_bytes << ' ' << r.rss_rank0_mib << ' '
+      << r.rss_worker_mib << '\n';
   for (const Step& s : r.steps)
     out << "step " << s.forward_backward_s << ' ' << s.optim_s << ' ' << s.allreduce_calls << ' ' << s.allreduce_bytes
         << ' ' << s.allreduce_s << ' ' << s.cpu_rank0_s << ' ' << s.cpu_workers_s << ' ' << s.sampled_tokens << ' '
@@ -223,7 +240,7 @@ bool decode(const std::string& text, Run& r) {
   if (at == std::string::npos) return false;
   std::istringstream in(text.substr(at));
   std::string tag;
-  if (!(in >> tag >> r.open_s >> r.trainable >> r.broadcast_bytes)) return false;
+  if (!(in >> tag >> r.open_s >> r.trainable >> r.broadcast_bytes >> r.rss_rank0_mib >> r.rss_worker_mib)) return false;
   for (Step s; in >> tag && tag == "step" &&
                in >> s.forward_backward_s >> s.optim_s >> s.allreduce_calls >> s.allreduce_bytes >> s.allreduce_s >>
                    s.cpu_rank0_s >> s.cpu_workers_s >> s.sampled_tokens >> s.worker_samples >> s.allgather_bytes >>
@@ -450,8 +467,15 @@ int main(int argc, char** argv) try {
     if (p.runs.empty()) continue;
     std::vector<double> open;
     for (const auto& r : p.runs) open.push_back(r.open_s);
-    std::printf("%s W=%d threads=%d: %zu timed steps; session open %.1f s (median)", p.c.mode.c_str(), p.c.world_size,
-                p.c.threads, p.step_s().size(), median(open));
+    std::vector<double> rss0, rss1;
+    for (const auto& r : p.runs) {
+      rss0.push_back(r.rss_rank0_mib);
+      rss1.push_back(r.rss_worker_mib);
+    }
+    std::printf("%s W=%d threads=%d: %zu timed steps; session open %.1f s (median); resident memory after the steps: "
+                "rank 0 %.0f MiB", p.c.mode.c_str(), p.c.world_size, p.c.threads, p.step_s().size(), median(open),
+                median(rss0));
+    if (p.c.world_size > 1) std::printf(", rank 1 %.0f MiB", median(rss1));
     if (p.c.mode == "sample") {
       const double tokens = median(p.all(&Step::sampled_tokens));
       std::printf("; %.0f new tokens per call, %.1f tokens/s; the worker decoded %.0f of %d samples", tokens,
