@@ -950,9 +950,10 @@ struct TwoRanks {
   LocalService svc;
   std::shared_ptr<LocalSession> session;
   pid_t worker = 0;
-  TwoRanks(const std::string& name, double timeout_s)
-      : svc(service(temp_dir(name), 2, timeout_s)),
-        session(svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1))) {
+  // A LoRA session, or (`sharded`) a fully sharded full fine-tuning one.
+  TwoRanks(const std::string& name, double timeout_s, bool sharded = false)
+      : svc(sharding(service(temp_dir(name), 2, timeout_s), sharded)),
+        session(svc.create_session(sharded ? tiny(std::nullopt, 1) : tiny(LoraOptions{4, 8, {"all-linear"}}, 1))) {
     const auto workers = test_util::child_processes(getpid(), "worker");
     EXPECT_EQ(workers.size(), 1u);
     if (!workers.empty()) worker = workers[0];
@@ -1168,13 +1169,15 @@ TEST(DataParallel, LoadStateReachesEveryRank) {
 // differently padded batches, so the gradients agree only to bf16's precision, and Adam passes a gradient's relative
 // error on to its update: measured, at most 2.4%. A rank that kept its own masters through the load would step from
 // where the two-rank session had trained to and be off by its whole share.
-TEST(DataParallel, Bf16FullFineTuningStepsFp32MastersOnEveryRank) {
+// bf16 full fine-tuning on two ranks (`sharded`: each keeping half of every weight and fp32 master) tracks one
+// rank's within bf16's tolerance, and every weight is its master's rounding.
+void expect_bf16_two_ranks_track_one(bool sharded, const std::string& name) {
   auto bf16 = [](LocalServiceOptions s) {
     s.dtype = "bf16";
     return s;
   };
-  const auto dir = temp_dir("bf16");
-  LocalService one(bf16(service(dir / "w1", 1))), two(bf16(service(dir / "w2", 2)));
+  const auto dir = temp_dir(name);
+  LocalService one(bf16(service(dir / "w1", 1))), two(sharding(bf16(service(dir / "w2", 2)), sharded));
   auto s1 = one.create_session(tiny(std::nullopt, 9)), s2 = two.create_session(tiny(std::nullopt, 9));
   const auto start_path = s1->save_state("start").get().path;
   const auto start = engine::read_state_dir(start_path, true);
@@ -1207,6 +1210,9 @@ TEST(DataParallel, Bf16FullFineTuningStepsFp32MastersOnEveryRank) {
     EXPECT_GT(masters, 5) << tag;
   }
 }
+
+TEST(DataParallel, Bf16FullFineTuningStepsFp32MastersOnEveryRank) { expect_bf16_two_ranks_track_one(false, "bf16"); }
+TEST(DataParallel, Bf16FullyShardedTracksOneRank) { expect_bf16_two_ranks_track_one(true, "bf16-sharded"); }
 
 TEST(DataParallel, SaveStateBetweenPassAndStepHoldsEveryRanksGradients) {
   // Each rank accumulates the gradients of its share; a save between forward_backward and optim_step folds them
@@ -1263,8 +1269,8 @@ TEST(DataParallel, BadInputIsTheCallersErrorAndTheGroupGoesOn) {
             "(no error)");
 }
 
-TEST(DataParallel, AKilledRankFailsTheOperationNamingIt) {
-  TwoRanks g("killed", /*timeout_s=*/5);
+void expect_killed_rank_named(bool sharded) {
+  TwoRanks g(sharded ? "killed-sharded" : "killed", /*timeout_s=*/5, sharded);
   ASSERT_NE(g.worker, 0);
   auto& s = g.session;
   s->forward_backward(sft_batch(), LossSpec{}).get();
@@ -1280,9 +1286,16 @@ TEST(DataParallel, AKilledRankFailsTheOperationNamingIt) {
   // The group is gone: every later training operation says so at once, naming the rank again.
   const std::string next = error_of([&] { s->forward_backward(sft_batch(), LossSpec{}).get(); });
   EXPECT_NE(next.find("rank 1 stopped answering"), std::string::npos) << next;
-  // Rank 0's own work goes on: once the group has failed, sampling stays on rank 0.
-  EXPECT_EQ(s->sample(short_sample(2, 3)).get().sequences.size(), 2u);
+  // Rank 0's own work goes on: once the group has failed, sampling stays on rank 0 (a sharded session's live
+  // weights are not sampled at all).
+  if (!sharded) {
+    EXPECT_EQ(s->sample(short_sample(2, 3)).get().sequences.size(), 2u);
+  }
 }
+
+TEST(DataParallel, AKilledRankFailsTheOperationNamingIt) { expect_killed_rank_named(false); }
+// A fully sharded session's rank killed between its layers' gathers of the forward and of the backward.
+TEST(DataParallel, AKilledRankFailsAFullyShardedOperationNamingIt) { expect_killed_rank_named(true); }
 
 // The timeout bounds a rank's answer, not the time between operations: a worker idle for longer stays in the
 // group (LibTorch 1.13's store waits end at the connection's timeout, so there it waits on a connection of its own).

@@ -93,36 +93,14 @@ class Worker {
           engine::dist::optim_step_share(*group_, *rep.model.model, *rep.optimizer, r.get_adam_params());
           break;
         }
-        case Command::sync_state: {
-          Replica& rep = replica(id);
-          engine::dist::sync_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>());
-          break;
-        }
+        case Command::sync_state:
         case Command::fold_gradients:
-          engine::dist::fold_gradients_share(*group_, *replica(id).model.model, *replica(id).optimizer);
+        case Command::gather_experts:
+        case Command::gather_shards:
+        case Command::load_shards:
+        case Command::load_state:
+          state_command(command, replica(id), r);
           break;
-        case Command::gather_experts: {
-          Replica& rep = replica(id);
-          const bool with_optimizer = r.get<bool>();
-          engine::dist::gather_experts_share(*group_, *rep.model.model, *rep.optimizer, with_optimizer, r.get<bool>());
-          break;
-        }
-        case Command::gather_shards: {
-          Replica& rep = replica(id);
-          const bool with_optimizer = r.get<bool>();
-          engine::dist::gather_shards_share(*group_, *rep.model.model, *rep.optimizer, with_optimizer, r.get<bool>());
-          break;
-        }
-        case Command::load_shards: {
-          Replica& rep = replica(id);
-          engine::dist::load_shards_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>(), nullptr, 0);
-          break;
-        }
-        case Command::load_state: {
-          Replica& rep = replica(id);
-          engine::dist::load_state_share(*group_, *rep.model.model, rep.optimizer, r.get<bool>(), nullptr, 0);
-          break;
-        }
         case Command::sample:
           sample(id, r);
           break;
@@ -149,6 +127,28 @@ class Worker {
   }
 
  private:
+  // The commands of save_state and load_state: rank 0's checkpoint to this replica, or this replica's part to rank 0.
+  void state_command(engine::dist::Command command, Replica& rep, engine::dist::ByteReader& r) {
+    using engine::dist::Command;
+    engine::Transformer& model = *rep.model.model;
+    if (command == Command::fold_gradients) return engine::dist::fold_gradients_share(*group_, model, *rep.optimizer);
+    if (command == Command::gather_experts || command == Command::gather_shards) {
+      const bool with_optimizer = r.get<bool>(), with_gradients = r.get<bool>();
+      if (command == Command::gather_experts)
+        engine::dist::gather_experts_share(*group_, model, *rep.optimizer, with_optimizer, with_gradients);
+      else
+        engine::dist::gather_shards_share(*group_, model, *rep.optimizer, with_optimizer, with_gradients);
+      return;
+    }
+    const bool with_optimizer = r.get<bool>();
+    if (command == Command::sync_state)
+      engine::dist::sync_state_share(*group_, model, rep.optimizer, with_optimizer);
+    else if (command == Command::load_shards)
+      engine::dist::load_shards_share(*group_, model, rep.optimizer, with_optimizer, nullptr, 0);
+    else
+      engine::dist::load_state_share(*group_, model, rep.optimizer, with_optimizer, nullptr, 0);
+  }
+
   void open(std::uint64_t id, const SessionOptions& options) {
     Replica rep;
     std::string error;
