@@ -5,8 +5,10 @@
 // once; retrieve_future holds the request up to kHold for the result, then answers try_again.
 #include "server/tinker.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <optional>
 #include <variant>
 
 #include <boost/asio/steady_timer.hpp>
@@ -297,8 +299,8 @@ std::string new_model(Api::Impl& im, const std::shared_ptr<TenantState>& t, cons
     throw api_error(e.code(), e.status() == 404 ? 404 : 400, e.what());
   }
   std::lock_guard lock(r.mu);
-  r.models[model_id] = TinkerRoutes::Model{t->config.id, session_id, host, base_model, lora.rank,
-                                           lora.target_modules, {}};
+  r.models[model_id] = TinkerRoutes::Model{t->config.id, session_id, host,          base_model,
+                                           lora.rank,    lora.target_modules, {}, now_seconds()};
   r.sessions[session_id].models.push_back(model_id);
   return model_id;
 }
@@ -566,18 +568,95 @@ json finish(Api::Impl& im, const std::string& session_id, const std::shared_ptr<
   return json::object();
 }
 
+// A checkpoint as the SDK's Checkpoint reads it.
+json checkpoint_json(const std::string& path, const TinkerRoutes::Checkpoint& c) {
+  const auto slash = path.find('/', std::string("tinker://").size());
+  return {{"checkpoint_id", path.substr(slash + 1)},
+          {"checkpoint_type", c.type},
+          {"time", iso_time(c.time)},
+          {"tinker_path", path}};
+}
+
 json list_checkpoints(TinkerRoutes& r, const std::string& model_id, const std::shared_ptr<TenantState>& t) {
   json rows = json::array();
   std::lock_guard lock(r.mu);
-  for (const auto& [path, c] : r.checkpoints) {
-    if (c.tenant != t->config.id || (!model_id.empty() && c.model_id != model_id)) continue;
-    const auto slash = path.find('/', std::string("tinker://").size());
-    rows.push_back({{"checkpoint_id", path.substr(slash + 1)},
-                    {"checkpoint_type", c.type},
-                    {"time", iso_time(c.time)},
-                    {"tinker_path", path}});
-  }
+  for (const auto& [path, c] : r.checkpoints)
+    if (c.tenant == t->config.id && (model_id.empty() || c.model_id == model_id))
+      rows.push_back(checkpoint_json(path, c));
   return {{"checkpoints", rows}};
+}
+
+// The LoRA settings of a model or checkpoint under Tinker's names (lora_config's flags).
+json lora_settings(int rank, const std::vector<std::string>& targets) {
+  auto has = [&](const char* module) { return std::find(targets.begin(), targets.end(), module) != targets.end(); };
+  return {{"is_lora", true},
+          {"lora_rank", rank},
+          {"train_attn", has("q_proj")},
+          {"train_mlp", has("gate_proj")},
+          {"train_unembed", has("lm_head")}};
+}
+
+// weights_info: what loading a checkpoint needs to know (the RestClient's get_weights_info_by_tinker_path).
+json weights_info(TinkerRoutes& r, const json& body, const std::shared_ptr<TenantState>& t) {
+  const auto c = find_owned(r, r.checkpoints, need_string(body, "tinker_path"), t->config.id, "checkpoint");
+  json info = lora_settings(c.rank, c.target_modules);
+  info["base_model"] = c.base_model;
+  return info;
+}
+
+// A training model as the SDK's TrainingRun reads it (r.mu held): its last request is its latest checkpoint, or its
+// creation.
+json training_run_locked(const TinkerRoutes& r, const std::string& model_id, const TinkerRoutes::Model& m) {
+  json run = lora_settings(m.rank, m.target_modules);
+  run.update({{"training_run_id", model_id}, {"base_model", m.base_model}, {"model_owner", m.tenant},
+              {"corrupted", false}, {"last_checkpoint", nullptr}, {"last_sampler_checkpoint", nullptr}});
+  double last = m.created, training = -1, sampler = -1;
+  for (const auto& [path, c] : r.checkpoints) {
+    if (c.model_id != model_id) continue;
+    last = std::max(last, c.time);
+    double& latest = c.type == "training" ? training : sampler;
+    if (c.time < latest) continue;
+    latest = c.time;
+    run[c.type == "training" ? "last_checkpoint" : "last_sampler_checkpoint"] = checkpoint_json(path, c);
+  }
+  run["last_request_time"] = iso_time(last);
+  return run;
+}
+
+// A query parameter of a request target ("/api/v1/training_runs?limit=20&offset=0"), when it is a whole number.
+std::optional<std::int64_t> query_number(const std::string& target, const std::string& key) {
+  const auto q = target.find('?');
+  if (q == std::string::npos) return std::nullopt;
+  for (std::size_t start = q + 1; start <= target.size();) {
+    std::size_t end = target.find('&', start);
+    if (end == std::string::npos) end = target.size();
+    const std::string part = target.substr(start, end - start);
+    if (part.rfind(key + "=", 0) == 0) {
+      const std::string v = part.substr(key.size() + 1);
+      if (v.empty() || v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        user_error(key + " must be a whole number, got '" + v + "'");
+      return std::stoll(v);
+    }
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+// training_runs?limit=&offset=: the tenant's training models, oldest first.
+json list_training_runs(TinkerRoutes& r, const std::string& target, const std::shared_ptr<TenantState>& t) {
+  const std::int64_t limit = query_number(target, "limit").value_or(20);
+  const std::int64_t offset = query_number(target, "offset").value_or(0);
+  std::lock_guard lock(r.mu);
+  std::vector<std::pair<double, std::string>> owned;
+  for (const auto& [id, m] : r.models)
+    if (m.tenant == t->config.id) owned.emplace_back(m.created, id);
+  std::sort(owned.begin(), owned.end());
+  json runs = json::array();
+  const auto last = std::min(owned.size(), static_cast<std::size_t>(offset + limit));
+  for (std::size_t i = static_cast<std::size_t>(offset); i < last; ++i)
+    runs.push_back(training_run_locked(r, owned[i].second, r.models.at(owned[i].second)));
+  return {{"training_runs", runs},
+          {"cursor", {{"offset", offset}, {"limit", limit}, {"total_count", owned.size()}}}};
 }
 
 std::vector<std::string> path_segments(const std::string& path) {
@@ -591,8 +670,9 @@ std::vector<std::string> path_segments(const std::string& path) {
   return out;
 }
 
-// The GET routes: capabilities, a sampler, a training run's checkpoints.
-json get_route(Api::Impl& im, const std::vector<std::string>& seg, const std::shared_ptr<TenantState>& t) {
+// The GET routes: capabilities, a sampler, training runs and their checkpoints.
+json get_route(Api::Impl& im, const std::string& target, const std::vector<std::string>& seg,
+               const std::shared_ptr<TenantState>& t) {
   if (seg.size() == 1 && seg[0] == "get_server_capabilities") {
     json models = json::array();
     for (const auto& m : im.backend.list_base_models())
@@ -608,6 +688,12 @@ json get_route(Api::Impl& im, const std::vector<std::string>& seg, const std::sh
   if (seg.size() == 3 && seg[0] == "training_runs" && seg[2] == "checkpoints")
     return list_checkpoints(*im.tinker, seg[1], t);
   if (seg.size() == 1 && seg[0] == "checkpoints") return list_checkpoints(*im.tinker, "", t);
+  if (seg.size() == 1 && seg[0] == "training_runs") return list_training_runs(*im.tinker, target, t);
+  if (seg.size() == 2 && seg[0] == "training_runs") {
+    const auto model = find_owned(*im.tinker, im.tinker->models, seg[1], t->config.id, "training run");
+    std::lock_guard lock(im.tinker->mu);
+    return training_run_locked(*im.tinker, seg[1], model);
+  }
   not_found("no Tinker route GET /api/v1/" + (seg.empty() ? std::string() : seg[0]));
 }
 
@@ -628,6 +714,7 @@ std::optional<json> post_route(Api::Impl& im, const std::string& route, const js
   if (route == "load_weights") return load_weights(im, body, t);
   if (route == "create_sampling_session") return create_sampling_session(im, body, t);
   if (route == "asample") return asample(im, body, t);
+  if (route == "weights_info") return weights_info(r, body, t);
   const auto seg = path_segments(route);
   if (seg.size() == 3 && seg[0] == "sessions" && seg[2] == "finish") return finish(im, seg[1], t);
   return std::nullopt;
@@ -673,7 +760,7 @@ Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& 
                               const std::shared_ptr<TenantState>& t, const Reply& reply) {
   const std::string route = path.substr(std::string("/api/v1/").size());
   try {
-    if (req.method == "GET") return json_ok(get_route(*this, path_segments(route), t));
+    if (req.method == "GET") return json_ok(get_route(*this, req.target, path_segments(route), t));
     if (req.method != "POST") not_found("no Tinker route " + req.method + " /api/v1/" + route);
     if (route == "forward_backward") return json_ok(forward_backward(*this, req, t));
     const json body = parse_body(req);

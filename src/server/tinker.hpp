@@ -32,6 +32,7 @@ struct TinkerRoutes {
     int rank = 0;
     std::vector<std::string> target_modules;
     std::map<std::int64_t, std::string> requests;  // seq_id -> request id: a retried submission is not run twice
+    double created = 0;  // seconds since the epoch
   };
   // A sampler: the training model whose session decodes for it, and the saved weights it samples.
   struct Sampler {

@@ -12,7 +12,8 @@ The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rl
   - a batch of 1,100 datums, which the SDK sends as two chunks, gives the loss:sum of its two halves sent apart;
   - sample: num_samples sequences with one logprob per token, stop token ids honoured, top-k prompt logprobs;
   - save_state, create_training_client_from_state (a new model with the saved weights: the same loss), named
-    sampler weights and a sampling client created from their tinker:// path, the RestClient's checkpoint list;
+    sampler weights and a sampling client created from their tinker:// path, the RestClient's checkpoint list,
+    weights_info and training runs (one, and the tenant's, paged);
   - bad input (an unknown loss, a token id out of the vocabulary, malformed protobuf, a missing field) is refused
     with the message, the model keeps working, and another tenant's key finds none of these models or futures;
   - a session whose heartbeats stop is finished after the server's timeout (a second server, timeout 1 s);
@@ -180,8 +181,25 @@ class TinkerSdkTest(unittest.TestCase):
         sampler = self.service.create_sampling_client(model_path=sampler_path).result()
         lps = sampler.compute_logprobs(types.ModelInput.from_ints([5, 17, 42])).result()
         self.assertEqual(len(lps), 3)
-        listed = tinker.RestClient(base_url=SERVER.endpoint, api_key=KEY).list_checkpoints(model.model_id).result()
+        rest = tinker.RestClient(base_url=SERVER.endpoint, api_key=KEY)
+        listed = rest.list_checkpoints(model.model_id).result()
         self.assertEqual(sorted(c.tinker_path for c in listed.checkpoints), sorted([path, sampler_path]))
+        # What loading it needs (weights_info), and the model as a training run, alone and among the tenant's.
+        info = rest.get_weights_info_by_tinker_path(path).result()
+        self.assertEqual((info.base_model, info.is_lora, info.lora_rank), (BASE, True, 4))
+        self.assertEqual((info.train_attn, info.train_mlp, info.train_unembed), (True, True, True))
+        run = rest.get_training_run(model.model_id).result()
+        self.assertEqual((run.training_run_id, run.base_model, run.lora_rank), (model.model_id, BASE, 4))
+        self.assertEqual(run.last_checkpoint.tinker_path, path)
+        self.assertEqual(run.last_sampler_checkpoint.tinker_path, sampler_path)
+        runs = rest.list_training_runs(limit=100).result()
+        self.assertIn(model.model_id, [r.training_run_id for r in runs.training_runs])
+        self.assertEqual(runs.cursor.total_count, len(runs.training_runs))
+        self.assertEqual(rest.list_training_runs(limit=1, offset=1).result().training_runs[0].training_run_id,
+                         runs.training_runs[1].training_run_id)
+        other = httpx.post(SERVER.endpoint + "/api/v1/weights_info", json={"tinker_path": path},
+                           headers={"X-API-Key": OTHER_KEY})
+        self.assertEqual(other.status_code, 404)
 
     def test_bad_input_is_refused_by_name_and_the_model_keeps_working(self):
         with self.assertRaises(Exception) as caught:
