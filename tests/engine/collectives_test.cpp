@@ -2,51 +2,18 @@
 // launchers (a store another process hosts, keys under a prefix): ranks as threads of this process, over Gloo.
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <thread>
-
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/group.hpp"
+#include "ranks_util.hpp"
 #include "session_util.hpp"
 
 using namespace rlloop::engine;
 using test_util::error_of;
+using test_util::on_ranks;
 
 namespace {
-
-// Runs `body(rank, group)` on W ranks (rank 0 here, the others on threads); the error each rank threw, by rank.
-std::vector<std::string> on_ranks(int W, const std::function<void(int, dist::Group&)>& body,
-                                  dist::GroupOptions base = {}) {
-  std::vector<std::string> errors(W);
-  base.world_size = W;
-  base.rank = 0;
-  std::unique_ptr<dist::Group> group0 = dist::Group::listen(base);
-  auto rank = [&](int r) {
-    try {
-      std::unique_ptr<dist::Group> own;
-      dist::Group* g = group0.get();
-      if (r == 0) {
-        g->wait_for_ranks();
-      } else {
-        dist::GroupOptions o = base;
-        o.rank = r;
-        o.port = group0->port();
-        own = dist::Group::join(o);
-        g = own.get();
-      }
-      body(r, *g);
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
-    }
-  };
-  std::vector<std::thread> others;
-  for (int r = 1; r < W; ++r) others.emplace_back(rank, r);
-  rank(0);
-  for (auto& t : others) t.join();
-  return errors;
-}
 
 // Rank r's values: distinct on every rank and element, not integers (the sums round).
 torch::Tensor values_of(int r, std::int64_t n, torch::Dtype dtype) {

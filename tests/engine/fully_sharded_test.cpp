@@ -15,6 +15,7 @@
 #include "io/model_io.hpp"
 #include "model/builtin_models.hpp"
 #include "model/transformer.hpp"
+#include "ranks_util.hpp"
 #include "runtime/optimizer.hpp"
 #include "session_util.hpp"
 
@@ -128,26 +129,9 @@ void expect_two_sharded_ranks_equal_one(bool checkpointing) {
   const Run one = one_rank(ids, targets);
 
   Run ranks[2];
-  std::string errors[2];
-  std::unique_ptr<dist::Group> group0 = dist::Group::listen({.rank = 0, .world_size = 2});
-  auto rank = [&](int r) {
-    try {
-      std::unique_ptr<dist::Group> own;
-      dist::Group* g = group0.get();
-      if (r == 0) {
-        g->wait_for_ranks();
-      } else {
-        own = dist::Group::join({.rank = 1, .world_size = 2, .port = group0->port()});
-        g = own.get();
-      }
-      ranks[r] = sharded_rank(*g, ids.narrow(0, 2 * r, 2), targets.narrow(0, 2 * r, 2), checkpointing);
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
-    }
-  };
-  std::thread worker(rank, 1);
-  rank(0);
-  worker.join();
+  const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
+    ranks[r] = sharded_rank(g, ids.narrow(0, 2 * r, 2), targets.narrow(0, 2 * r, 2), checkpointing);
+  });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
 
@@ -199,7 +183,7 @@ TEST(FullySharded, WhatItCannotShardIsRefusedByName) {
   std::unique_ptr<dist::Group> group0 = dist::Group::listen({.rank = 0, .world_size = 2});
   std::thread worker([&] { dist::Group::join({.rank = 1, .world_size = 2, .port = group0->port()}); });
   group0->wait_for_ranks();
-  worker.join();
+  worker.join();  // (only rank 0's group is used: nothing below is a collective)
   auto lora = init_model(*builtin_model("rlloop-tiny"), 7, torch::kCPU, torch::kFloat32);
   lora->enable_lora(LoraOptions{4, 8, {"all-linear"}}, 1);
   EXPECT_EQ(error_of([&] { lora->set_fully_sharded(*group0); }),

@@ -484,6 +484,48 @@ TensorMap get_tensors(ByteReader& r) {
   return out;
 }
 
+// A rank's part of a checkpoint as bytes (load_state of an expert-parallel or fully sharded session).
+std::string encode_part(const TensorMap& weights, const TensorMap& optimizer, const TensorMap& gradients,
+                        std::int64_t step) {
+  ByteWriter w;
+  put_tensors(w, weights);
+  put_tensors(w, optimizer);
+  put_tensors(w, gradients);
+  w.put(step);
+  return w.take();
+}
+
+// Loads `part` (encode_part's) where `load_here`: the weights by name, a fresh optimizer with (`with_optimizer`)
+// the saved state and step, and the saved gradients; then every rank reports to rank 0, which throws naming a rank
+// that could not.
+void load_part_and_report(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer,
+                          const std::string& part, bool load_here) {
+  std::string reply;
+  try {
+    if (load_here) {
+      ByteReader r(part);
+      const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
+      const auto saved_step = r.get<std::int64_t>();
+      load_trainable(model, weights);
+      optimizer = make_optimizer(model);
+      if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
+      optimizer->zero_grad();
+      const auto& ps = optimizer->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        if (auto it = gradients.find(ps[i].name); it != gradients.end()) optimizer->set_gradient(i, it->second);
+    }
+    ByteWriter w;
+    w.put(Status::ok);
+    reply = w.take();
+  } catch (const std::exception& e) {
+    reply = failure_reply(e);
+  }
+  const auto replies = group.gather(reply);
+  if (group.rank() == 0)
+    if (auto failure = first_failure(replies); !failure.empty())
+      throw group_failure("data-parallel load_state failed on " + failure);
+}
+
 }  // namespace
 
 Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, const AdamParams& params) {
@@ -552,40 +594,13 @@ void load_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& 
     TensorMap experts;  // the replicated parameters' gradients stay on rank 0, as after fold_gradients
     for (const auto& [name, g] : state->gradients)
       if (rank_own(model, name)) experts.emplace(name, g);
-    for (int r = 1; r < group.size(); ++r) {
-      ByteWriter w;
-      put_tensors(w, rank_slice(model, state->weights, r));
-      put_tensors(w, with_optimizer ? rank_slice(model, state->optimizer, r) : TensorMap{});
-      put_tensors(w, rank_slice(model, experts, r));
-      w.put(step);
-      slices[static_cast<std::size_t>(r)] = w.take();
-    }
+    for (int r = 1; r < group.size(); ++r)
+      slices[static_cast<std::size_t>(r)] =
+          encode_part(rank_slice(model, state->weights, r),
+                      with_optimizer ? rank_slice(model, state->optimizer, r) : TensorMap{},
+                      rank_slice(model, experts, r), step);
   }
-  const std::string bytes = group.scatter(slices);
-  std::string reply;
-  try {
-    if (group.rank() != 0) {
-      ByteReader r(bytes);
-      const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
-      const auto saved_step = r.get<std::int64_t>();
-      load_trainable(model, weights);
-      optimizer = make_optimizer(model);
-      if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
-      optimizer->zero_grad();
-      const auto& ps = optimizer->parameters();
-      for (std::size_t i = 0; i < ps.size(); ++i)
-        if (auto it = gradients.find(ps[i].name); it != gradients.end()) optimizer->set_gradient(i, it->second);
-    }
-    ByteWriter w;
-    w.put(Status::ok);
-    reply = w.take();
-  } catch (const std::exception& e) {
-    reply = failure_reply(e);
-  }
-  const auto replies = group.gather(reply);
-  if (group.rank() == 0)
-    if (auto failure = first_failure(replies); !failure.empty())
-      throw group_failure("data-parallel load_state failed on " + failure);
+  load_part_and_report(group, model, optimizer, with_optimizer, group.scatter(slices), group.rank() != 0);
 }
 
 NamedState gather_shards_share(Group& group, Transformer& model, AdamW& optimizer, bool with_optimizer,
@@ -627,12 +642,7 @@ void load_shards_share(Group& group, Transformer& model, std::unique_ptr<AdamW>&
         if (with_optimizer)
           for (const auto& [key, t] : state->optimizer) opt[key] = model.shard_of(weight_of_state(key), t, r);
         for (const auto& [name, g] : state->gradients) gradients[name] = model.shard_of(name, g, r);
-        ByteWriter w;
-        put_tensors(w, weights);
-        put_tensors(w, opt);
-        put_tensors(w, gradients);
-        w.put(step);
-        parts.push_back(w.take());
+        parts.push_back(encode_part(weights, opt, gradients, step));
       }
     } catch (const std::exception& e) {
       refused = e.what();
@@ -644,29 +654,7 @@ void load_shards_share(Group& group, Transformer& model, std::unique_ptr<AdamW>&
     if (group.rank() == 0) throw invalid_argument("load_state: " + refused);
     return;
   }
-  const std::string mine = group.scatter(parts);
-  std::string reply;
-  try {
-    ByteReader r(mine);
-    const TensorMap weights = get_tensors(r), opt = get_tensors(r), gradients = get_tensors(r);
-    const auto saved_step = r.get<std::int64_t>();
-    load_trainable(model, weights);
-    optimizer = make_optimizer(model);
-    if (with_optimizer) optimizer->load_state_tensors(opt, saved_step);
-    optimizer->zero_grad();
-    const auto& ps = optimizer->parameters();
-    for (std::size_t i = 0; i < ps.size(); ++i)
-      if (auto it = gradients.find(ps[i].name); it != gradients.end()) optimizer->set_gradient(i, it->second);
-    ByteWriter w;
-    w.put(Status::ok);
-    reply = w.take();
-  } catch (const std::exception& e) {
-    reply = failure_reply(e);
-  }
-  const auto replies = group.gather(reply);
-  if (group.rank() == 0)
-    if (auto failure = first_failure(replies); !failure.empty())
-      throw group_failure("data-parallel load_state failed on " + failure);
+  load_part_and_report(group, model, optimizer, with_optimizer, group.scatter(parts), /*load_here=*/true);
 }
 
 void sync_state_share(Group& group, Transformer& model, std::unique_ptr<AdamW>& optimizer, bool with_optimizer) {
