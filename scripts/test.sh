@@ -90,15 +90,16 @@ JOBS=$JOBS scripts/sanitize.sh
 # builds and runs every test in that configuration.
 [[ -n $PORTABLE_BUILD_DIR ]] || exit 0
 # Also the GPU check's stages failing on planted faults (bench/engine/gpu_check_faults.sh), on the LibTorch the GPU
-# machines run.
+# machines run. The group's collectives and fully sharded training too, and torchrun's launch, which on 2.x joins
+# the agent's own store (1.13's client cannot: tests/dist/launchers_test.py).
 portable_tests=("${engine_tests[@]}" engine_math_test engine_mixed_precision_test engine_memory_test
-                engine_data_parallel_test)
+                engine_data_parallel_test engine_collectives_test engine_fully_sharded_test)
 stage "portable build ($PORTABLE_BUILD_DIR)"
 cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}" gpu_check
 stage "portable tests"
 ctest --test-dir "$PORTABLE_BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \
-  -R "^($(IFS='|'; echo "${portable_tests[*]}")|engine_shared_base_aten_test|gpu_check_faults)\$"
+  -R "^($(IFS='|'; echo "${portable_tests[*]}")|engine_shared_base_aten_test|gpu_check_faults|dist_launchers_test)\$"
 # The GPU bundle made from these very binaries (scripts/gpu_bundle.sh: torch 2.11.0, the GPU machines' LibTorch),
 # and its run.sh's dry run from inside it, as a GPU window runs it: what goes to a GPU machine is what ran here.
 stage "GPU bundle and its dry run"
