@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -41,6 +42,9 @@ class api_error : public error {
 };
 
 double now_seconds();
+
+// The value of query parameter `key` in a request target ("/path?a=1&b=2"), nullopt when it has none.
+std::optional<std::string> query_value(const std::string& target, std::string_view key);
 
 // Per tenant: its configuration, its billing total and the checkpoints it owns, by model-package ARN.
 struct TenantState {

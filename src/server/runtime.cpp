@@ -99,24 +99,12 @@ Response json_response(const json& j) { return Response{200, "application/json",
 // without polling late or often (bench/server). Other query parameters are ignored. Without the parameter:
 // nullopt (the server's Options::default_result_wait applies).
 std::optional<std::chrono::milliseconds> wait_seconds(const std::string& target) {
-  const auto q = target.find('?');
-  if (q == std::string::npos) return std::nullopt;
-  const std::string query = target.substr(q + 1);
-  constexpr std::string_view key = "waitSeconds=";
-  for (std::size_t start = 0; start <= query.size();) {
-    std::size_t end = query.find('&', start);
-    if (end == std::string::npos) end = query.size();
-    const std::string_view part(query.data() + start, end - start);
-    if (part.substr(0, key.size()) == key) {
-      const std::string_view v = part.substr(key.size());
-      if (v.empty() || v.size() > 2 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-          std::stoi(std::string(v)) > 20)
-        throw api_error("ValidationException", 400, "waitSeconds must be an integer in [0, 20]");
-      return std::chrono::seconds(std::stoi(std::string(v)));
-    }
-    start = end + 1;
-  }
-  return std::nullopt;
+  const auto v = query_value(target, "waitSeconds");
+  if (!v) return std::nullopt;
+  if (v->empty() || v->size() > 2 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      std::stoi(*v) > 20)
+    throw api_error("ValidationException", 400, "waitSeconds must be an integer in [0, 20]");
+  return std::chrono::seconds(std::stoi(*v));
 }
 
 // A long-poll answers with its operation's state at the first of: the operation becomes terminal (the session

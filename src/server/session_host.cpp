@@ -19,6 +19,20 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
+std::optional<std::string> query_value(const std::string& target, std::string_view key) {
+  const auto q = target.find('?');
+  if (q == std::string::npos) return std::nullopt;
+  for (std::size_t start = q + 1; start <= target.size();) {
+    std::size_t end = target.find('&', start);
+    if (end == std::string::npos) end = target.size();
+    const std::string_view part(target.data() + start, end - start);
+    if (part.size() > key.size() && part.substr(0, key.size()) == key && part[key.size()] == '=')
+      return std::string(part.substr(key.size() + 1));
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
 namespace {
 double seconds(std::chrono::seconds s) { return static_cast<double>(s.count()); }
 

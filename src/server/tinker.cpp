@@ -625,21 +625,11 @@ json training_run_locked(const TinkerRoutes& r, const std::string& model_id, con
 
 // A query parameter of a request target ("/api/v1/training_runs?limit=20&offset=0"), when it is a whole number.
 std::optional<std::int64_t> query_number(const std::string& target, const std::string& key) {
-  const auto q = target.find('?');
-  if (q == std::string::npos) return std::nullopt;
-  for (std::size_t start = q + 1; start <= target.size();) {
-    std::size_t end = target.find('&', start);
-    if (end == std::string::npos) end = target.size();
-    const std::string part = target.substr(start, end - start);
-    if (part.rfind(key + "=", 0) == 0) {
-      const std::string v = part.substr(key.size() + 1);
-      if (v.empty() || v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        user_error(key + " must be a whole number, got '" + v + "'");
-      return std::stoll(v);
-    }
-    start = end + 1;
-  }
-  return std::nullopt;
+  const auto v = query_value(target, key);
+  if (!v) return std::nullopt;
+  if (v->empty() || v->size() > 9 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= '0' && c <= '9'; }))
+    user_error(key + " must be a whole number, got '" + *v + "'");
+  return std::stoll(*v);
 }
 
 // training_runs?limit=&offset=: the tenant's training models, oldest first.

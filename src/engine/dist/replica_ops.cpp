@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <numeric>
 #include <optional>
 
@@ -419,10 +420,11 @@ void sum_gradients(Group& group, const Transformer& model, AdamW& optimizer) {
   }
 }
 
-// After sum_gradients on an expert-parallel model: the norm of the whole model's gradient, as one rank holding
-// every expert would compute it. The replicated parameters' squares are alike on every rank, the experts' are
-// added over the ranks.
-double expert_parallel_grad_norm(Group& group, const Transformer& model, AdamW& optimizer) {
+// The norm of the whole model's gradient, as one rank holding all of it would compute it, where each rank holds a
+// part of some parameters: the squares of those `differs` names (an expert's under expert parallelism, after
+// sum_gradients; every shard of a fully sharded model, whose padding is zero) are added over the ranks, the others'
+// (alike on every rank) counted once.
+double grad_norm_over_ranks(Group& group, AdamW& optimizer, const std::function<bool(const std::string&)>& differs) {
   torch::NoGradGuard no_grad;
   const auto& ps = optimizer.parameters();
   const auto on = torch::TensorOptions().dtype(torch::kFloat64).device(ps[0].tensor.device());
@@ -430,29 +432,10 @@ double expert_parallel_grad_norm(Group& group, const Transformer& model, AdamW& 
   for (std::size_t i = 0; i < ps.size(); ++i) {
     const torch::Tensor g = optimizer.gradient(i);
     if (!g.defined()) continue;
-    (rank_own(model, ps[i].name) ? own : replicated).add_(g.to(torch::kFloat64).pow(2).sum());
+    (differs(ps[i].name) ? own : replicated).add_(g.to(torch::kFloat64).pow(2).sum());
   }
   group.allreduce_sum(own);
   return std::sqrt((replicated + own).item<double>());
-}
-
-// The norm of a fully sharded model's gradient: its shards' squares summed over the ranks (the padding is zero).
-double fully_sharded_grad_norm(Group& group, AdamW& optimizer) {
-  torch::NoGradGuard no_grad;
-  const auto& ps = optimizer.parameters();
-  const auto on = torch::TensorOptions().dtype(torch::kFloat64).device(ps[0].tensor.device());
-  torch::Tensor squares = torch::zeros({1}, on);
-  for (std::size_t i = 0; i < ps.size(); ++i)
-    if (const torch::Tensor g = optimizer.gradient(i); g.defined()) squares.add_(g.to(torch::kFloat64).pow(2).sum());
-  group.allreduce_sum(squares);
-  return std::sqrt(squares.item<double>());
-}
-
-// The weight an optimizer state entry ("<weight>.exp_avg", ".exp_avg_sq", ".master") belongs to.
-std::string weight_of_state(const std::string& entry) {
-  for (const char* suffix : {".exp_avg_sq", ".exp_avg", ".master"})
-    if (entry.ends_with(suffix)) return entry.substr(0, entry.size() - std::string(suffix).size());
-  throw invalid_argument("optimizer state entry '" + entry + "' is not a weight's moment or master");
 }
 
 // A checkpoint's tensors by name, as bytes: name, dtype, shape and the CPU copy's bytes of each.
@@ -531,10 +514,12 @@ void load_part_and_report(Group& group, Transformer& model, std::unique_ptr<Adam
 Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, const AdamParams& params) {
   // Fully sharded: each rank's shards already hold the sum of every rank's gradient (reduce-scattered); the norm
   // is the whole model's.
-  if (model.fully_sharded()) return optimizer.step(params, fully_sharded_grad_norm(group, optimizer));
+  if (model.fully_sharded())
+    return optimizer.step(params, grad_norm_over_ranks(group, optimizer, [](const std::string&) { return true; }));
   sum_gradients(group, model, optimizer);
   if (!model.expert_parallel()) return optimizer.step(params);
-  return optimizer.step(params, expert_parallel_grad_norm(group, model, optimizer));
+  return optimizer.step(
+      params, grad_norm_over_ranks(group, optimizer, [&](const std::string& name) { return rank_own(model, name); }));
 }
 
 void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer) {
@@ -626,7 +611,7 @@ NamedState gather_shards_share(Group& group, Transformer& model, AdamW& optimize
   const torch::Device device = ps.empty() ? torch::Device(torch::kCPU) : ps[0].tensor.device();
   if (with_optimizer)
     for (const auto& [key, part] : optimizer.state_tensors())
-      gather(out.optimizer, key, weight_of_state(key), part, device);
+      gather(out.optimizer, key, AdamW::parameter_of_state(key), part, device);
   return out;
 }
 
@@ -640,7 +625,7 @@ void load_shards_share(Group& group, Transformer& model, std::unique_ptr<AdamW>&
         TensorMap weights, opt, gradients;
         for (const auto& [name, t] : state->weights) weights[name] = model.shard_of(name, t, r);
         if (with_optimizer)
-          for (const auto& [key, t] : state->optimizer) opt[key] = model.shard_of(weight_of_state(key), t, r);
+          for (const auto& [key, t] : state->optimizer) opt[key] = model.shard_of(AdamW::parameter_of_state(key), t, r);
         for (const auto& [name, g] : state->gradients) gradients[name] = model.shard_of(name, g, r);
         parts.push_back(encode_part(weights, opt, gradients, step));
       }

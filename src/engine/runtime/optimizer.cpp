@@ -132,6 +132,12 @@ Metrics AdamW::step(const AdamParams& hp, double grad_norm) {
   return {{"grad_norm", grad_norm}, {"lr", hp.learning_rate}, {"step", static_cast<double>(step_)}};
 }
 
+std::string AdamW::parameter_of_state(const std::string& entry) {
+  for (const char* suffix : {".exp_avg_sq", ".exp_avg", ".master"})  // the names state_tensors() gives
+    if (entry.ends_with(suffix)) return entry.substr(0, entry.size() - std::string(suffix).size());
+  throw invalid_argument("optimizer state entry '" + entry + "' is not a parameter's moment or master");
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> AdamW::state_tensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (std::size_t i = 0; i < params_.size(); ++i) {

@@ -55,6 +55,9 @@ class AdamW {
   // checkpoints. Loading sets the parameters to their masters' rounding; a state without a master (saved before
   // masters existed) takes the parameter's value.
   std::vector<std::pair<std::string, torch::Tensor>> state_tensors() const;
+  // The parameter a state_tensors() entry belongs to ("<name>.exp_avg" -> "<name>"); invalid_argument for a name
+  // that is none of them.
+  static std::string parameter_of_state(const std::string& entry);
   void load_state_tensors(const std::map<std::string, torch::Tensor>& tensors, std::int64_t step);
   void set_step(std::int64_t step) { step_ = step; }
   // The state tensors themselves (every exp_avg, every exp_avg_sq, every master), for copying state in place;
