@@ -244,7 +244,9 @@ int work_as_launched(const ServeFlags& f, const rlloop::cli::LaunchedRank& launc
   options.timeout_s = f.dp_timeout_s;
   options.service = engine_options(f);
   std::printf("%s\n", nlohmann::json{{"event", "worker"}, {"rank", launched.rank}, {"launcher", launched.launcher},
-                                     {"rendezvous", f.rendezvous}}.dump().c_str());
+                                     {"rendezvous", f.rendezvous}, {"shard", options.service.data_parallel.shard}}
+                         .dump()
+                         .c_str());
   std::fflush(stdout);
   rlloop::run_data_parallel_worker(options);
   return 0;

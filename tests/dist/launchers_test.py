@@ -5,7 +5,9 @@
 
 - torchrun (the pinned PyPI torch's) starts `rlloop worker` twice; the process with RANK=0 serves, the other works,
   both on torchrun's agent's store. Three LoRA steps through the Tinker SDK give the same losses, bit for bit, as
-  `rlloop serve --world-size 2` with its own worker (the same split of the batch over two ranks).
+  `rlloop serve --world-size 2` with its own worker (the same split of the batch over two ranks); with `--shard full`
+  (each rank holding half of the base) the same losses as `rlloop serve --world-size 2 --shard full`, bit for bit,
+  and those of the replicated run within 1e-5 relative.
 - The Slurm batch script in docs/distributed.md, run as written with `srun` and `scontrol` stand-ins that do what
   Slurm's do for two tasks on one node: the same losses again.
 - The PyTorchJob manifest in docs/distributed.md parses: a PyTorchJob whose master and workers run one `rlloop
@@ -90,6 +92,24 @@ class Launchers(unittest.TestCase):
             log = "".join(server.log)
         self.assertEqual(losses, self.expected)
         self.assertIn('"event":"worker","launcher":"torchrun","rank":1', log)
+
+    def test_torchrun_reproduces_a_fully_sharded_run(self):
+        sharded = ("--shard", "full")
+        with rlloop_serve.Server(RLLOOP, extra_args=("--world-size", "2", *sharded),
+                                 bearer_keys={"aws": [KEY]}) as server:
+            expected = three_steps(server.endpoint)
+        launcher = (TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                    str(free_port()), "--no-python")
+        with rlloop_serve.Server(RLLOOP, launcher=launcher, command="worker", extra_args=sharded,
+                                 bearer_keys={"aws": [KEY]}) as server:
+            losses = three_steps(server.endpoint)
+            log = "".join(server.log)
+        print(f"--shard full: losses {expected} (torchrun: {losses})", file=sys.stderr)
+        self.assertEqual(losses, expected)
+        self.assertIn('"event":"worker","launcher":"torchrun","rank":1,"rendezvous"', log)
+        self.assertIn('"shard":"full"}', log)
+        for got, replicated in zip(expected, self.expected):
+            self.assertAlmostEqual(got, replicated, delta=1e-5 * abs(replicated))
 
     def test_the_slurm_script_runs_as_written(self):
         bin_dir = tempfile.mkdtemp(prefix="rlloop-slurm-")

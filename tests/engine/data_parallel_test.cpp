@@ -524,11 +524,12 @@ TEST(DataParallel, SftFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent
 TEST(DataParallel, PpoWithLoraOnTwoRanksEqualsOneRank) { expect_equivalent(true, Recipe::ppo, "ppo-lora"); }
 TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent(false, Recipe::ppo, "ppo-full"); }
 
-// Fully sharded (issue 46): each rank keeps half of every weight, gradient and moment, and the session trains as one
-// rank does: the same losses, gradient norms, weights and moments at every step (each step's checkpoints compared,
-// the sharded one gathered whole; then the one-rank checkpoint loaded into the sharded session: cut into parts).
-void expect_sharded_equivalent(bool checkpointing, const std::string& name) {
-  Lockstep run(name, tiny(std::nullopt, 7), /*expert_parallel=*/false, checkpointing, /*sharded=*/true);
+// Fully sharded (issue 46): each rank keeps half of every weight, gradient and moment (full fine-tuning; a LoRA
+// session half of its frozen base, its adapters whole), and the session trains as one rank does: the same losses,
+// gradient norms, weights and moments at every step (each step's checkpoints compared, the sharded one gathered
+// whole; then the one-rank checkpoint loaded into the sharded session: cut into parts).
+void expect_sharded_equivalent(const std::optional<LoraOptions>& lora, bool checkpointing, const std::string& name) {
+  Lockstep run(name, tiny(lora, 7), /*expert_parallel=*/false, checkpointing, /*sharded=*/true);
   const std::vector<Datum> data = sft_batch();
   for (int step = 0; step < 3; ++step) {
     double losses[2], grad_norms[2];
@@ -548,37 +549,54 @@ void expect_sharded_equivalent(bool checkpointing, const std::string& name) {
                            run.s2->optim_step(adam(2e-2, 1.0)).get().metrics.at("grad_norm")};
   expect_close(norms[0], norms[1], "grad norm of the saved accumulation");
 
-  // Sampling: from saved sampler weights (gathered whole), the same tokens as one rank's; the live shards are
-  // refused by name. get_info counts the whole model.
+  // Sampling the live shards (every rank decoding its samples in step, each layer gathered per step) and from saved
+  // sampler weights: the same tokens as one rank's. compute_logprobs too; get_info counts the whole model.
   SampleRequest req;
   req.prompt = ModelInput::from_tokens(bytes("the "));
   req.num_samples = 3;
   req.params.max_tokens = 8;
   req.params.seed = 42;
-  EXPECT_NE(error_of([&] { run.s2->sample(req).get(); }).find("this session is fully sharded"), std::string::npos);
+  const std::uint64_t gathers = run.two.data_parallel_stats().allgather_bytes;
+  expect_same_samples(run.s1->sample(req).get(), run.s2->sample(req).get(), name + " live samples");
+  EXPECT_GT(run.two.data_parallel_stats().allgather_bytes, gathers);
   SampleRequest a = req, b = req;
   a.model_path = run.s1->save_weights_for_sampler("sampler").get().path;
   b.model_path = run.s2->save_weights_for_sampler("sampler").get().path;
-  const SampleResponse one = run.s1->sample(a).get(), two = run.s2->sample(b).get();
-  ASSERT_EQ(one.sequences.size(), two.sequences.size());
-  for (std::size_t i = 0; i < one.sequences.size(); ++i) EXPECT_EQ(one.sequences[i].tokens, two.sequences[i].tokens);
+  expect_same_samples(run.s1->sample(a).get(), run.s2->sample(b).get(), name + " samples of sampler weights");
+  const auto p = ModelInput::from_tokens(bytes("the cat sat"));
+  const auto l1 = run.s1->compute_logprobs({p}).get(), l2 = run.s2->compute_logprobs({p}).get();
+  ASSERT_EQ(l1.size(), l2.size());
+  for (std::size_t j = 0; j < l1.size(); ++j) expect_close(l1[j], l2[j], name + " compute_logprobs");
   const SessionInfo i1 = run.s1->info(), i2 = run.s2->info();
   EXPECT_EQ(i1.num_parameters, i2.num_parameters);
   EXPECT_EQ(i1.num_trainable_parameters, i2.num_trainable_parameters);
+  // Training goes on after sampling (the group's commands still line up).
+  EXPECT_GT(run.s2->forward_backward(data, LossSpec{}).get().metrics.at("loss:sum"), 0.0);
 }
 
 TEST(DataParallel, FullyShardedFullFineTuningOnTwoRanksEqualsOneRank) {
-  expect_sharded_equivalent(false, "sharded-full");
+  expect_sharded_equivalent(std::nullopt, false, "sharded-full");
 }
 TEST(DataParallel, FullyShardedWithActivationCheckpointingOnTwoRanksEqualsOneRank) {
-  expect_sharded_equivalent(true, "sharded-checkpointing");
+  expect_sharded_equivalent(std::nullopt, true, "sharded-checkpointing");
+}
+TEST(DataParallel, FullyShardedLoraOnTwoRanksEqualsOneRank) {
+  expect_sharded_equivalent(LoraOptions{4, 8, {"all-linear", "lm_head"}}, false, "sharded-lora");
 }
 
-// A LoRA session of a sharded service stays replicated; a value head is refused by name on every rank.
-TEST(DataParallel, FullyShardedServiceReplicatesLoraAndRefusesAValueHead) {
+// LoRA sessions of a sharded service share one sharded base (a second session adds no weights); a value head on
+// full fine-tuning is refused by name on every rank; exports that need the base whole say the way.
+TEST(DataParallel, FullyShardedLoraSessionsShareOneShardedBaseAndRefusalsAreNamed) {
   LocalService svc(sharding(service(temp_dir("sharded-refusals"), 2), true));
   auto lora = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 1));
+  auto other = svc.create_session(tiny(LoraOptions{4, 8, {"all-linear"}}, 2));
   EXPECT_GT(lora->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+  EXPECT_GT(other->forward_backward(sft_batch(), LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+  const SessionInfo info = lora->info();
+  EXPECT_EQ(info.num_parameters, other->info().num_parameters);
+  EXPECT_EQ(error_of([&] { lora->export_merged_model(temp_dir("sharded-merged").string()).get(); }),
+            "export_merged_model: this session's base is fully sharded (each rank holds 1/W of it); its adapters are "
+            "whole: export them (PEFT), or load its checkpoint into a session that is not sharded");
   SessionOptions critic = tiny(std::nullopt, 1);
   critic.value_head = true;
   EXPECT_NE(error_of([&] { svc.create_session(critic); })

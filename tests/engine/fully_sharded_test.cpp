@@ -1,8 +1,9 @@
 // Fully sharded data parallelism at the model (issue 46, must-shows 1 and 2 for the model): two ranks in this
 // process, each keeping half of every weight, gathering a layer only while it computes, train rlloop-tiny in fp64
 // as one rank does over the whole batch: losses, gradient norms, weights and Adam moments after three steps within
-// 1e-10, with and without activation checkpointing; and each rank holds about half of the weights, gradients and
-// optimizer state.
+// 1e-10, with and without activation checkpointing, full fine-tuning and LoRA adapters over a sharded frozen base;
+// each rank holds about half of the weights, gradients and optimizer state; and a sharded model decodes with a KV
+// cache (prefill, decode_step) to the logits of the whole model.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 
 #include "comm/group.hpp"
 #include "io/model_io.hpp"
+#include "model/kv_cache.hpp"
 #include "model/builtin_models.hpp"
 #include "model/transformer.hpp"
 #include "ranks_util.hpp"
@@ -174,10 +176,130 @@ void expect_two_sharded_ranks_equal_one(bool checkpointing) {
               static_cast<unsigned long long>(one.trainable_elements * 8));
 }
 
+// LoRA adapters (every linear and the unembedding) over a frozen base, sharded over `g` (null: one rank, whole).
+// The adapters are replicated: their gradients are summed over the ranks before the step, as data parallelism does.
+Run lora_rank(dist::Group* g, const torch::Tensor& ids, const torch::Tensor& targets, bool checkpointing) {
+  auto base = tiny_fp64();
+  for (auto& p : base->parameters()) p.set_requires_grad(false);
+  if (g) base->set_fully_sharded(*g);
+  auto model = Transformer::sharing_base(*base);
+  model->set_activation_checkpointing(checkpointing);
+  model->enable_lora(LoraOptions{4, 8, {"all-linear", "lm_head"}}, 5);
+  AdamW opt(named(*model));
+  Run run;
+  for (int step = 0; step < kSteps; ++step) {
+    double loss = pass(*model, ids, targets);
+    if (g) {
+      torch::Tensor l = torch::tensor({loss}, torch::kFloat64);
+      g->allreduce_sum(l);
+      loss = l.item<double>();
+      for (auto& [name, p] : model->named_trainable_parameters()) g->allreduce_sum(p.mutable_grad());
+    }
+    run.losses.push_back(loss);
+    run.norms.push_back(std::sqrt(squared_gradients(*model)));
+    opt.step(kAdam, run.norms.back());
+  }
+  for (auto& [name, p] : model->named_trainable_parameters()) run.weights[name] = p.detach().clone();
+  for (auto& [name, t] : opt.state_tensors()) run.state[name] = t;
+  if (g) run.stats = g->stats();
+  return run;
+}
+
+void expect_lora_over_a_sharded_base_equals_one_rank(bool checkpointing) {
+  const ModelConfig cfg = *builtin_model("rlloop-tiny");
+  torch::manual_seed(4);
+  const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {4, 10}, torch::kLong);
+  const torch::Tensor targets = torch::randint(0, cfg.vocab_size, {4, 10}, torch::kLong);
+  const Run one = lora_rank(nullptr, ids, targets, checkpointing);
+  Run ranks[2];
+  const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
+    ranks[r] = lora_rank(&g, ids.narrow(0, 2 * r, 2), targets.narrow(0, 2 * r, 2), checkpointing);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(ranks[0].losses[step], one.losses[step], 1e-10) << "step " << step;
+    EXPECT_NEAR(ranks[0].norms[step], one.norms[step], 1e-10) << "step " << step;
+  }
+  EXPECT_GT(one.losses[0] - one.losses[kSteps - 1], 0.01);  // the adapters train
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[r].weights.size(), one.weights.size());
+    for (const auto& [name, w] : one.weights)
+      EXPECT_LT((ranks[r].weights.at(name) - w).abs().max().item<double>(), 1e-10) << "rank " << r << " " << name;
+    for (const auto& [name, t] : one.state)
+      EXPECT_LT((ranks[r].state.at(name) - t).abs().max().item<double>(), 1e-10) << "rank " << r << " " << name;
+    // The frozen base is gathered (the root once a pass, each layer twice) and reduce-scatters nothing.
+    EXPECT_GT(ranks[r].stats.allgather_calls, 0u);
+    EXPECT_EQ(ranks[r].stats.reduce_scatter_calls, 0u);
+  }
+}
+
+// A prompt's prefill over a KV cache and three greedy decode_steps: each step's logits, [2, V].
+std::vector<torch::Tensor> decode_logits(Transformer& model, const torch::Tensor& prompt) {
+  torch::NoGradGuard no_grad;
+  KVCache cache(model.kv_pools(), torch::kFloat64, prompt.size(0), 16);
+  std::vector<torch::Tensor> out;
+  torch::Tensor next;
+  {
+    ShardedPass gathered(model);
+    out.push_back(model.logits(model.hidden_states(prompt, &cache)).select(1, -1));
+    next = out.back().argmax(-1);
+  }
+  for (int step = 0; step < 3; ++step) {
+    ShardedPass gathered(model);
+    const DecodeGroup group{&model, &next, &cache};
+    out.push_back(model.decode_step({&group, 1}));
+    next = out.back().argmax(-1);
+  }
+  return out;
+}
+
+// `tiny_fp64`'s model (its base sharded over `g` when given), with trained-looking LoRA adapters when `lora`.
+std::shared_ptr<Transformer> decoding_model(dist::Group* g, bool lora) {
+  auto model = tiny_fp64();
+  if (!lora) {
+    if (g) model->set_fully_sharded(*g);
+    return model;
+  }
+  for (auto& p : model->parameters()) p.set_requires_grad(false);
+  if (g) model->set_fully_sharded(*g);
+  auto adapted = Transformer::sharing_base(*model);
+  adapted->enable_lora(LoraOptions{4, 8, {"all-linear", "lm_head"}}, 5);
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(9);
+  for (auto& b : adapted->lora_b_parameters()) b.copy_(0.05 * at::randn(b.sizes(), gen, b.options()));
+  return adapted;  // keeps its base's tensors (and shards) alive
+}
+
+void expect_sharded_decoding_equals_one_rank(bool lora) {
+  const ModelConfig cfg = *builtin_model("rlloop-tiny");
+  torch::manual_seed(6);
+  const torch::Tensor prompt = torch::randint(0, cfg.vocab_size, {2, 5}, torch::kLong);
+  const auto one = decode_logits(*decoding_model(nullptr, lora), prompt);
+  std::vector<torch::Tensor> ranks[2];
+  const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
+    ranks[r] = decode_logits(*decoding_model(&g, lora), prompt);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[r].size(), one.size());
+    for (std::size_t step = 0; step < one.size(); ++step)
+      EXPECT_LT((ranks[r][step] - one[step]).abs().max().item<double>(), 1e-10) << "rank " << r << " step " << step;
+  }
+}
+
 }  // namespace
 
 TEST(FullySharded, TwoRanksTrainAsOneRank) { expect_two_sharded_ranks_equal_one(false); }
 TEST(FullySharded, TwoRanksTrainAsOneRankWithActivationCheckpointing) { expect_two_sharded_ranks_equal_one(true); }
+
+TEST(FullySharded, LoraOverAShardedBaseTrainsAsOneRank) { expect_lora_over_a_sharded_base_equals_one_rank(false); }
+TEST(FullySharded, LoraOverAShardedBaseTrainsAsOneRankWithActivationCheckpointing) {
+  expect_lora_over_a_sharded_base_equals_one_rank(true);
+}
+TEST(FullySharded, AShardedModelDecodesAsTheWholeModel) { expect_sharded_decoding_equals_one_rank(false); }
+TEST(FullySharded, LoraOverAShardedBaseDecodesAsTheWholeModel) { expect_sharded_decoding_equals_one_rank(true); }
 
 TEST(FullySharded, WhatItCannotShardIsRefusedByName) {
   std::unique_ptr<dist::Group> group0 = dist::Group::listen({.rank = 0, .world_size = 2});
@@ -187,7 +309,7 @@ TEST(FullySharded, WhatItCannotShardIsRefusedByName) {
   auto lora = init_model(*builtin_model("rlloop-tiny"), 7, torch::kCPU, torch::kFloat32);
   lora->enable_lora(LoraOptions{4, 8, {"all-linear"}}, 1);
   EXPECT_EQ(error_of([&] { lora->set_fully_sharded(*group0); }),
-            "fully sharded parallelism: LoRA models are not sharded yet (train them data-parallel)");
+            "fully sharded parallelism: a LoRA model is sharded through its base (shard the base before sharing it)");
   auto moe = init_model(*builtin_model("rlloop-tiny-moe"), 7, torch::kCPU, torch::kFloat32);
   EXPECT_EQ(error_of([&] { moe->set_fully_sharded(*group0); }),
             "fully sharded parallelism: Mixture-of-Experts models are not sharded yet");

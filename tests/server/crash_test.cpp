@@ -328,13 +328,13 @@ DataParallelRun train_data_parallel(std::uint16_t port, const std::function<void
   return run;
 }
 
-}  // namespace
-
-TEST(CrashRecovery, AKilledDataParallelRankFailsOneOperationAndTheServerComesBackWhole) {
+// `sharded`: the group's sessions are fully sharded (--shard full: each rank holds half of the LoRA sessions' base).
+void expect_a_killed_rank_recovered(bool sharded) {
   Dirs dirs;
   auto args = [&](const std::string& data) {
     auto a = dirs.args(data);
     a.insert(a.end(), {"--world-size", "2", "--dp-timeout-s", "10"});
+    if (sharded) a.insert(a.end(), {"--shard", "full"});
     return a;
   };
   test_server::ServeProcess ref(RLLOOP_BIN, args("dp-ref"), (dirs.root / "dp-ref.log").string());
@@ -376,4 +376,13 @@ TEST(CrashRecovery, AKilledDataParallelRankFailsOneOperationAndTheServerComesBac
   EXPECT_EQ(got.samples, expected.samples);
   EXPECT_EQ(got.samples.size(), 4u);
   server.kill(SIGTERM);
+}
+
+}  // namespace
+
+TEST(CrashRecovery, AKilledDataParallelRankFailsOneOperationAndTheServerComesBackWhole) {
+  expect_a_killed_rank_recovered(false);
+}
+TEST(CrashRecovery, AKilledRankOfAFullyShardedGroupFailsOneOperationAndTheServerComesBackWhole) {
+  expect_a_killed_rank_recovered(true);
 }

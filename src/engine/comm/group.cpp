@@ -357,6 +357,9 @@ struct Group::Impl {
   void collective(const char* what, Fn fn) {
     throw_if_failed();
     try {
+      // c10d writes the results on threads of its own, outside any InferenceMode: they must be normal tensors, also
+      // when the caller decodes in InferenceMode (a fully sharded model's layers are gathered per decoding step).
+      c10::InferenceMode normal_tensors(false);
       fn();
     } catch (const std::exception& e) {
       throw group_failure(fail(failure_prefix(what) + unresponsive_ranks() + " (c10d: " + first_line(e) + ")"));

@@ -65,9 +65,7 @@ void check_shard_mode(const std::string& shard) {
     throw invalid_argument("data_parallel.shard is '" + shard + "'; expected none or full");
 }
 
-bool shards_session(const std::string& shard, const SessionOptions& session) {
-  return shard == "full" && !session.lora;
-}
+bool shards_sessions(const std::string& shard) { return shard == "full"; }
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
@@ -218,7 +216,7 @@ std::uint64_t Coordinator::open(const SessionOptions& options, const SessionMode
   c.put(options);
   noting_failure([&] {
     group_->post_command(c.take());
-    open_replica(*group_, &made, {}, options.base_model, shards_session(shard_, options));
+    open_replica(*group_, &made, {}, options.base_model, shards_sessions(shard_));
   });
   return id;
 }

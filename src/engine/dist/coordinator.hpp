@@ -32,9 +32,9 @@ std::string group_fingerprint(const DeviceChoice& dev, const std::string& backen
 
 // DataParallelOptions::shard: invalid_argument unless "none" or "full".
 void check_shard_mode(const std::string& shard);
-// Whether a session of `session` is fully sharded under DataParallelOptions::shard `shard` (LoRA sessions stay
-// replicated).
-bool shards_session(const std::string& shard, const SessionOptions& session);
+// Whether sessions are fully sharded under DataParallelOptions::shard `shard` (a LoRA session's frozen base is, its
+// adapters stay replicated).
+bool shards_sessions(const std::string& shard);
 
 // Whether `host` is this machine's loopback address: a group that meets there has every rank on this host.
 bool is_loopback(const std::string& host);
@@ -83,6 +83,9 @@ class Coordinator {
   // The group a session model's experts are spread over (make_session_model's expert_group), null without expert
   // parallelism. Its forwards run only inside this class's commands, on every rank together.
   Group* expert_group() const { return expert_parallel_ ? group_.get() : nullptr; }
+  // The group a LoRA session's base is fully sharded over (make_session_model's shard_group), null unless the
+  // sessions are sharded.
+  Group* shard_group() const { return shards_sessions(shard_) ? group_.get() : nullptr; }
 
   // A session's replica on every rank, made from `options`; `made` is rank 0's (already made). Returns the
   // replica's id for the calls below.

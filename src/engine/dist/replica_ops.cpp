@@ -36,26 +36,6 @@ bool rank_own(const Transformer& model, const std::string& name) {
   return model.expert_parallel() && model.is_expert_tensor(name);
 }
 
-// FNV-1a over the bits of a base's weights, word by word; computed once per base (SharedBase::hashed). A base of
-// an expert-parallel session (`slice`) holds this rank's experts: they are left out.
-std::uint64_t frozen_weights_hash(SharedBase& base, bool slice) {
-  std::call_once(base.hashed, [&] {
-    std::uint64_t hash = 1469598103934665603ull;
-    for (const auto& [name, t] : base.model->hf_state_dict()) {
-      if (slice && base.model->is_expert_tensor(name)) continue;
-      auto cpu = t.detach().to(torch::kCPU).contiguous();
-      const auto* bytes = static_cast<const std::uint8_t*>(cpu.data_ptr());
-      for (std::size_t i = 0; i + 8 <= cpu.nbytes(); i += 8) {
-        std::uint64_t w;
-        std::memcpy(&w, bytes + i, 8);
-        hash = (hash ^ w) * 1099511628211ull;
-      }
-    }
-    base.weights_hash = hash;
-  });
-  return base.weights_hash;
-}
-
 // The shape of a model and, over a shared frozen base, the bits of that base: equal on two ranks when they hold
 // the same model (a full fine-tuning copy gets rank 0's weights anyway). An expert-parallel model's experts are
 // each rank's own (other names on every rank): their count stands for them.
@@ -197,7 +177,9 @@ std::vector<std::size_t> split_by_tokens(const std::vector<Datum>& data, int par
 void open_replica(Group& group, const SessionModel* made, const std::string& error, const std::string& base_model,
                   bool shard) {
   ByteWriter w;
-  const std::string refused = made && shard ? made->model->why_not_fully_shardable() : std::string();
+  // A LoRA model is sharded already (make_session_model sharded the base it shares).
+  const bool cut = shard && made && !made->model->fully_sharded();
+  const std::string refused = cut ? made->model->why_not_fully_shardable() : std::string();
   if (made && refused.empty()) {
     w.put(Status::ok);
     w.put(model_fingerprint(*made));
@@ -225,7 +207,7 @@ void open_replica(Group& group, const SessionModel* made, const std::string& err
   group.broadcast(verdict);
   if (!verdict.empty()) throw invalid_argument("data-parallel session: " + verdict);
   group.broadcast(replicated_tensors(*made->model));
-  if (shard) made->model->set_fully_sharded(group);
+  if (cut) made->model->set_fully_sharded(group);
 }
 
 ForwardBackwardOutput forward_share(Group& group, Transformer& model, const std::vector<Datum>& mine,
@@ -514,7 +496,7 @@ void load_part_and_report(Group& group, Transformer& model, std::unique_ptr<Adam
 Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, const AdamParams& params) {
   // Fully sharded: each rank's shards already hold the sum of every rank's gradient (reduce-scattered); the norm
   // is the whole model's.
-  if (model.fully_sharded())
+  if (model.trains_shards())
     return optimizer.step(params, grad_norm_over_ranks(group, optimizer, [](const std::string&) { return true; }));
   sum_gradients(group, model, optimizer);
   if (!model.expert_parallel()) return optimizer.step(params);
@@ -523,7 +505,7 @@ Metrics optim_step_share(Group& group, Transformer& model, AdamW& optimizer, con
 }
 
 void fold_gradients_share(Group& group, Transformer& model, AdamW& optimizer) {
-  if (model.fully_sharded()) return;  // its shards' gradients are summed already (gather_shards_share saves them)
+  if (model.trains_shards()) return;  // its shards' gradients are summed already (gather_shards_share saves them)
   sum_gradients(group, model, optimizer);
   if (group.rank() == 0) return;
   for (std::size_t i : replicated_parameters(model, optimizer)) optimizer.clear_gradient(i);
@@ -684,6 +666,14 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
 
 namespace {
 
+// One forward of a lockstep on a fully sharded model: its root weights gathered for it, no graph (nothing on
+// another model).
+struct StepPass {
+  torch::NoGradGuard no_grad;
+  ShardedPass pass;
+  explicit StepPass(Transformer& model) : pass(model) {}
+};
+
 // Rank 0's part of sample_lockstep_share: each request's response from every rank's sequences (`replies`, in
 // sample_lockstep_share's layout) and its own response (`own`), or the first failure a rank reported.
 std::vector<LockstepOutcome> lockstep_outcomes(const std::vector<std::string>& replies,
@@ -722,13 +712,16 @@ std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& 
   const std::size_t n = mine.shares.size();
   std::vector<std::unique_ptr<DecodeRun>> runs(n);
   auto idle = [&] { idle_forward(model, /*backward=*/false); };
-  auto exchanges = [&] { return group.stats().alltoall_calls; };
+  // A forward's exchanges: the sparse layers' all-to-alls, a sharded model's per-layer all-gathers (its root's
+  // all-gather is StepPass's, outside what is counted).
+  auto exchanges = [&] { return group.stats().alltoall_calls + group.stats().allgather_calls; };
   // The runs, in the batch's order. A run that prefills as it is made owes the others that forward: a rank without a
   // share of its request, or whose run failed before the forward's first exchange (a KV block the pool cannot give),
   // runs it over no rows. (One failing inside the forward, between two exchanges, leaves the others waiting: the
   // group fails at its timeout.)
   for (std::size_t i = 0; i < n; ++i) {
     LockstepShare& share = mine.shares[i];
+    StepPass pass(model);
     const std::uint64_t before = exchanges();
     if (share.error.empty() && share.req.num_samples > 0) {
       try {
@@ -753,6 +746,7 @@ std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& 
     torch::Tensor active = torch::full({1}, decoding.empty() ? 0.0f : 1.0f, torch::TensorOptions().device(device));
     group.allreduce_sum(active);
     if (active.item<float>() == 0.0f) break;
+    StepPass pass(model);
     if (decoding.empty()) {
       idle();
       continue;
@@ -790,6 +784,7 @@ std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& 
 std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {
   std::vector<double> out;
   std::exception_ptr error;  // rank 0's, thrown once the others are through: the group's next command lines up
+  StepPass pass(model);
   if (group.rank() == 0) {
     try {
       out = compute_logprobs(model, tokens);

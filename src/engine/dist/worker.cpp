@@ -154,13 +154,13 @@ class Worker {
     std::string error;
     try {
       rep.resolved_base = resolve_base_model(options_.service, options.base_model);
-      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options, expert_group());
+      rep.model = engine::make_session_model(bases_, rep.resolved_base, dev_, options, expert_group(), shard_group());
       rep.model.model->kv_pools()->set_capacity_bytes(options_.service.kv_cache_mb << 20);  // as rank 0's sessions
       rep.optimizer = engine::make_optimizer(*rep.model.model);
     } catch (const std::exception& e) {
       error = e.what();
     }
-    const bool shard = engine::dist::shards_session(options_.service.data_parallel.shard, options);
+    const bool shard = engine::dist::shards_sessions(options_.service.data_parallel.shard);
     try {
       engine::dist::open_replica(*group_, rep.model.model ? &rep.model : nullptr, error, options.base_model, shard);
     } catch (const invalid_argument&) {
@@ -264,7 +264,8 @@ class Worker {
   void load_sampler(std::uint64_t id, const std::string& key) {
     Replica& rep = replica(id);
     SamplingModel loaded{
-        engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options, expert_group()).model, nullptr};
+        engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options, expert_group(), shard_group()).model,
+        nullptr};
     engine::dist::load_sampler_share(*group_, *loaded.model, nullptr);
     rep.samplers[key] = std::move(loaded);
   }
@@ -289,6 +290,10 @@ class Worker {
   // parallelism: the replicas and sampler models are made as rank 0 makes them.
   engine::dist::Group* expert_group() const {
     return options_.service.data_parallel.expert_parallel ? group_.get() : nullptr;
+  }
+  // The group a LoRA model's base is sharded over (make_session_model's shard_group), null unless sessions are.
+  engine::dist::Group* shard_group() const {
+    return engine::dist::shards_sessions(options_.service.data_parallel.shard) ? group_.get() : nullptr;
   }
 
   // Rank 0 only sends commands for sessions it opened on every rank.

@@ -11,35 +11,31 @@
 
 namespace rlloop::engine {
 
-ShardedUnit::ShardedUnit(std::vector<std::pair<std::string, torch::Tensor*>> slots, dist::Group& group)
-    : group_(&group) {
+ShardedUnit::ShardedUnit(const UnitSlots& slots, dist::Group& group) : group_(&group) {
   const std::int64_t W = group.size();
   std::map<const void*, std::size_t> seen;  // a tensor's storage -> its weight (tied handles)
   torch::NoGradGuard no_grad;
-  for (auto& [name, handle] : slots) {
+  for (const auto& [name, handle] : slots) {
     const torch::Tensor& t = *handle;
-    if (auto it = seen.find(t.unsafeGetTensorImpl()); it != seen.end()) {
-      weights_[it->second].handles.push_back(handle);
-      continue;
-    }
+    if (seen.count(t.unsafeGetTensorImpl())) continue;
     seen[t.unsafeGetTensorImpl()] = weights_.size();
+    trains_ = trains_ || t.requires_grad();
     Weight w;
-    w.handles = {handle};
+    w.placeholder = t;
     w.shape = t.sizes().vec();
     w.numel = t.numel();
     w.part = (w.numel + W - 1) / W;
     w.offset = width_;
     width_ += w.part;
-    w.placeholder = torch::empty({0}, t.options());
     weights_.push_back(std::move(w));
-    shards_.emplace_back(name, part_of(static_cast<int>(shards_.size()), t, group.rank()).requires_grad_(true));
+    shards_.emplace_back(name, part_of(static_cast<int>(shards_.size()), t, group.rank()));
   }
-  // The full tensors go: a handle's old tensor may be registered elsewhere too (the module's parameter list), so
-  // its storage is emptied rather than the handle moved.
+  for (auto& [name, shard] : shards_) shard.requires_grad_(trains_);
+  // The full tensors go. Emptied in place rather than replaced: the module's parameter list and the models sharing
+  // them hold the same tensors, which all become the placeholder.
   for (Weight& w : weights_) {
-    w.handles.front()->set_data(w.placeholder);
-    w.handles.front()->set_requires_grad(false);
-    for (torch::Tensor* h : w.handles) *h = w.placeholder;
+    w.placeholder.set_requires_grad(false);
+    w.placeholder.set_data(torch::empty({0}, w.placeholder.options()));
   }
 }
 
@@ -64,14 +60,24 @@ std::vector<torch::Tensor> ShardedUnit::unpack(const torch::Tensor& full, bool t
   return wholes;
 }
 
-void ShardedUnit::bind(const std::vector<torch::Tensor>& wholes) {
-  for (std::size_t i = 0; i < weights_.size(); ++i)
-    for (torch::Tensor* h : weights_[i].handles) *h = wholes.at(i);
+void ShardedUnit::bind(const UnitSlots& slots, const std::vector<torch::Tensor>& wholes) const {
+  for (const auto& [name, handle] : slots) *handle = wholes.at(index(name));
 }
 
-void ShardedUnit::unbind() {
-  for (const Weight& w : weights_)
-    for (torch::Tensor* h : w.handles) *h = w.placeholder;
+void ShardedUnit::unbind(const UnitSlots& slots) const {
+  for (const auto& [name, handle] : slots) *handle = weights_[index(name)].placeholder;
+}
+
+std::vector<torch::Tensor> ShardedUnit::stand_ins() const {
+  std::vector<torch::Tensor> out;
+  for (const Weight& w : weights_) out.push_back(torch::empty(w.shape, w.placeholder.options().device(torch::kMeta)));
+  return out;
+}
+
+std::size_t ShardedUnit::index(const std::string& name) const {
+  const int i = find(name);
+  if (i < 0) throw invalid_argument("fully sharded: the unit holds no weight '" + name + "'");
+  return static_cast<std::size_t>(i);
 }
 
 torch::Tensor ShardedUnit::pack(const std::vector<torch::Tensor>& grads) const {
@@ -136,71 +142,81 @@ torch::Tensor ShardedUnit::part_of(int i, const torch::Tensor& whole, int rank) 
 
 namespace {
 
-// The unit's handles point at `wholes` while it lives.
+// A model's handles point at `wholes` while it lives.
 class Bound {
  public:
-  Bound(ShardedUnit& unit, const std::vector<torch::Tensor>& wholes) : unit_(unit) { unit_.bind(wholes); }
-  ~Bound() { unit_.unbind(); }
+  Bound(const ShardedLayer& layer, const std::vector<torch::Tensor>& wholes) : layer_(layer) {
+    layer_.unit->bind(layer_.slots, wholes);
+  }
+  ~Bound() { layer_.unit->unbind(layer_.slots); }
   Bound(const Bound&) = delete;
   Bound& operator=(const Bound&) = delete;
 
  private:
-  ShardedUnit& unit_;
+  const ShardedLayer& layer_;
 };
 
-// See run_sharded_layer. Inputs: the layer's input, the RoPE rows, and the unit's flat shard (whose gradient is
-// the reduce-scattered one); the unit and the layer function by address (they outlive the graph).
-class ShardedLayer : public torch::autograd::Function<ShardedLayer> {
+// See run_sharded_layer. Inputs: the layer's input, the RoPE rows, the unit's flat shard (whose gradient is the
+// reduce-scattered one) and an anchor (a 0-element tensor that requires grad where only the adapters train, so
+// that the node is in the graph: as CheckpointedLayer's); the layer by address (it outlives the graph).
+class ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor cos,
-                               torch::Tensor sin, torch::Tensor flat_shard, ShardedUnit* unit,
-                               const LayerFunction* layer, double scale) {
+                               torch::Tensor sin, torch::Tensor flat_shard, torch::Tensor anchor,
+                               const ShardedLayer* layer, double scale) {
+    (void)anchor;
     ctx->save_for_backward({x, cos, sin});
-    ctx->saved_data["unit"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(unit));
     ctx->saved_data["layer"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(layer));
     ctx->saved_data["scale"] = scale;
-    Bound bound(*unit, unit->unpack(unit->gather(flat_shard), /*trainable=*/false));
-    return (*layer)(x, StepContext{cos, sin, scale, nullptr, 0});
+    const ShardedUnit& unit = *layer->unit;
+    Bound bound(*layer, unit.unpack(unit.gather(flat_shard), /*trainable=*/false));
+    return layer->run(x, StepContext{cos, sin, scale, nullptr, 0});
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto* unit = reinterpret_cast<ShardedUnit*>(static_cast<std::intptr_t>(ctx->saved_data["unit"].toInt()));
     const auto* layer =
-        reinterpret_cast<const LayerFunction*>(static_cast<std::intptr_t>(ctx->saved_data["layer"].toInt()));
+        reinterpret_cast<const ShardedLayer*>(static_cast<std::intptr_t>(ctx->saved_data["layer"].toInt()));
+    const ShardedUnit& unit = *layer->unit;
     torch::AutoGradMode enable(true);
     // Each weight a leaf of its own: autograd gives each its gradient alone (views of one gathered buffer would
     // each produce a zero-filled buffer's worth of gradient).
-    std::vector<torch::Tensor> wholes = unit->unpack(unit->gather(unit->flat_shard()), /*trainable=*/true);
+    std::vector<torch::Tensor> wholes = unit.unpack(unit.gather(unit.flat_shard()), unit.trains());
     const torch::Tensor x = saved[0].detach().requires_grad_(ctx->needs_input_grad(0));
     torch::Tensor out;
     {
-      Bound bound(*unit, wholes);
-      out = (*layer)(x, StepContext{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0});
+      Bound bound(*layer, wholes);
+      out = layer->run(x, StepContext{saved[1], saved[2], ctx->saved_data["scale"].toDouble(), nullptr, 0});
     }
-    std::vector<torch::Tensor> inputs = wholes;
-    if (x.requires_grad()) inputs.push_back(x);
-    // allow_unused: a weight the layer's output does not depend on gets a zero gradient.
-    auto g = torch::autograd::grad({out}, inputs, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false,
-                                   /*allow_unused=*/true);
-    const torch::Tensor grad_x = x.requires_grad() ? g.back() : torch::Tensor();
-    g.resize(wholes.size());
-    const torch::Tensor grad_shard = unit->reduce_scatter(unit->pack(g));
+    // Every leaf of the recompute gets its gradient: the gathered weights, the input, the adapters (accumulated
+    // into their .grad as a plain backward would).
+    if (out.requires_grad()) torch::autograd::backward({out}, {grads[0]});
+    const torch::Tensor grad_x = x.requires_grad() ? x.grad() : torch::Tensor();
+    torch::Tensor grad_shard;
+    if (unit.trains()) {
+      std::vector<torch::Tensor> g;
+      for (const torch::Tensor& w : wholes) g.push_back(w.grad());  // undefined where unused: zero
+      grad_shard = unit.reduce_scatter(unit.pack(g));
+    }
     return {grad_x, torch::Tensor(), torch::Tensor(), grad_shard, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor run_sharded_layer(ShardedUnit& unit, const LayerFunction& layer, const torch::Tensor& x,
-                                const StepContext& in) {
-  if (in.cache) throw unsupported("a fully sharded model decodes no cache yet (sampling it is not built)");
-  if (!torch::GradMode::is_enabled()) {
-    Bound bound(unit, unit.unpack(unit.gather(unit.flat_shard()), /*trainable=*/false));
-    return layer(x, in);
+torch::Tensor run_sharded_layer(const ShardedLayer& layer, const torch::Tensor& x, const StepContext& in) {
+  const ShardedUnit& unit = *layer.unit;
+  const bool adapters = layer.adapters_train && layer.adapters_train();
+  const bool differentiate = torch::GradMode::is_enabled() && (x.requires_grad() || unit.trains() || adapters);
+  if (!differentiate) {
+    torch::NoGradGuard no_grad;  // the gathered weights and the layer's output are plain values
+    Bound bound(layer, unit.unpack(unit.gather(unit.flat_shard()), /*trainable=*/false));
+    return layer.run(x, in);
   }
-  return ShardedLayer::apply(x, in.cos, in.sin, unit.flat_shard(), &unit, &layer, in.scale);
+  if (in.cache) throw unsupported("a fully sharded layer differentiates no step with a KV cache");
+  const torch::Tensor anchor = torch::empty({0}, x.options()).requires_grad_(!x.requires_grad() && !unit.trains());
+  return ShardedLayerFunction::apply(x, in.cos, in.sin, unit.flat_shard(), anchor, &layer, in.scale);
 }
 
 }  // namespace rlloop::engine

@@ -8,6 +8,10 @@
 // gradient goes back with one reduce-scatter of the same layout. Per weight rather than one flat buffer per unit
 // so that the shards keep the weights' names: the optimizer, the checkpoints and the exports see the weights they
 // see on one rank, cut.
+//
+// A unit's shards are shared by every model over one sharded base (LoRA sessions sharing a frozen base): each model
+// binds the gathered weights to its own handles (UnitSlots) while one of its layers runs. A frozen unit (its
+// weights did not require grad when cut) is gathered the same way and reduce-scatters nothing.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -24,15 +28,21 @@ class Group;
 }
 struct StepContext;
 
+// A model's handles of a unit's weights, by weight name (two handles of one tensor, a tied unembedding, name one
+// weight twice).
+using UnitSlots = std::vector<std::pair<std::string, torch::Tensor*>>;
+
 class ShardedUnit {
  public:
-  // `slots`: the model's handles of the unit's weights by name (two handles of one tensor, a tied unembedding,
-  // share one shard). Takes this rank's shards and frees the full tensors: every handle is left holding a
-  // 0-element placeholder of its dtype and device until bind().
-  ShardedUnit(std::vector<std::pair<std::string, torch::Tensor*>> slots, dist::Group& group);
+  // Takes this rank's shards of the weights `slots` hold and frees the full tensors: their storage is emptied in
+  // place, so every handle of them (this model's, the module's parameter list, other models sharing them) holds a
+  // 0-element placeholder of its dtype and device, except while bound. The shards train when the weights required
+  // grad.
+  ShardedUnit(const UnitSlots& slots, dist::Group& group);
 
-  // The shards by weight name (each weight once), leaves that train.
+  // The shards by weight name (each weight once): leaves, which require grad when the unit trains.
   const std::vector<std::pair<std::string, torch::Tensor>>& shards() const { return shards_; }
+  bool trains() const { return trains_; }
   // Every shard side by side, [S]: differentiable, so a gradient of it reaches each shard's .grad.
   torch::Tensor flat_shard() const;
   // Every rank's flat shard, [W, S] (one all-gather; every rank of the group calls it together).
@@ -40,9 +50,12 @@ class ShardedUnit {
   // Every weight whole from gather's [W, S], each a contiguous tensor of its own (a leaf that requires grad when
   // `trainable`: autograd then gives each weight its gradient apart).
   std::vector<torch::Tensor> unpack(const torch::Tensor& full, bool trainable) const;
-  // Points the handles at `wholes` (unpack's) until unbind() puts the placeholders back.
-  void bind(const std::vector<torch::Tensor>& wholes);
-  void unbind();
+  // Every weight as a tensor of its shape, dtype and no storage (the meta device): what a model reads the weights'
+  // shapes from while it is built on the shards (its adapters).
+  std::vector<torch::Tensor> stand_ins() const;
+  // Points a model's handles at `wholes` (unpack's) until unbind() puts the placeholders back.
+  void bind(const UnitSlots& slots, const std::vector<torch::Tensor>& wholes) const;
+  void unbind(const UnitSlots& slots) const;
   // The weights' gradients (undefined: zero) side by side as gather lays the weights out, [W, S].
   torch::Tensor pack(const std::vector<torch::Tensor>& grads) const;
   // This rank's part of the sum over the ranks of `grad_full` ([W, S]): [S] (one reduce-scatter).
@@ -62,9 +75,11 @@ class ShardedUnit {
   std::int64_t elements() const;
 
  private:
+  // Weight `name`'s index (invalid_argument when the unit has none).
+  std::size_t index(const std::string& name) const;
+
   struct Weight {
-    std::vector<torch::Tensor*> handles;
-    torch::Tensor placeholder;
+    torch::Tensor placeholder;  // the weight's own tensor, emptied
     std::vector<std::int64_t> shape;
     std::int64_t numel = 0, part = 0, offset = 0;  // elements, s, where its part starts in the unit's [S]
   };
@@ -72,15 +87,24 @@ class ShardedUnit {
   std::vector<Weight> weights_;
   std::vector<std::pair<std::string, torch::Tensor>> shards_;
   std::int64_t width_ = 0;  // S
+  bool trains_ = false;
 };
 
-// A decoder layer of a fully sharded model as one autograd node: forward gathers the layer, runs `layer` without a
-// graph and frees the weights; backward gathers them again, runs `layer` with its graph (the recompute of
-// activation checkpointing, which this always is: a graph would hold the gathered weights until backward),
-// differentiates it and reduce-scatters the weights' gradient into the shards. Without grad mode only the forward
-// runs. `unit` and `layer` must outlive the graph (the model's, as for checkpointing).
+// A decoder layer of a fully sharded model as one autograd node: forward gathers the layer, runs it without a
+// graph and frees the weights; backward gathers them again, runs it with its graph (the recompute of activation
+// checkpointing, which this always is: a graph would hold the gathered weights until backward), differentiates it
+// (the layer's adapters, leaves of their own, get their gradients there as in a reentrant checkpoint) and
+// reduce-scatters the weights' gradient into the shards when the unit trains. Without grad mode, or with nothing to
+// differentiate, only the forward runs (a step with a KV cache among them).
 using LayerFunction = std::function<torch::Tensor(const torch::Tensor& x, const StepContext& in)>;
-torch::Tensor run_sharded_layer(ShardedUnit& unit, const LayerFunction& layer, const torch::Tensor& x,
-                                const StepContext& in);
+struct ShardedLayer {
+  const ShardedUnit* unit;
+  UnitSlots slots;      // the model's handles of the unit's weights
+  LayerFunction run;    // the model's layer over those handles
+  // Whether the model trains tensors of the layer outside the unit (its LoRA adapters).
+  std::function<bool()> adapters_train;
+};
+// `layer` must outlive the graph (the model's, as for checkpointing).
+torch::Tensor run_sharded_layer(const ShardedLayer& layer, const torch::Tensor& x, const StepContext& in);
 
 }  // namespace rlloop::engine

@@ -77,7 +77,7 @@ struct StepContext {
 };
 
 // hidden_states' checks of its input ids [B, T] (on the host: their range) and of `cache` (its shape, device and
-// room for them); `idle_rank`: an expert-parallel rank may run a forward of no sequences.
+// room for them); `idle_rank`: an expert-parallel or fully sharded rank may run a forward of no sequences.
 void check_forward_input(const ModelConfig& cfg, torch::Device device, const torch::Tensor& input_ids,
                          const KVCache* cache, bool idle_rank);
 // decode_step's checks of one group's tokens and cache; whether it is a prompt's chunk.

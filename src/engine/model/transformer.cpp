@@ -31,12 +31,43 @@ struct Transformer::Impl : ModelWeights {
   std::shared_ptr<KVPools> kv_pools;  // the base's: every model sharing it draws its caches' blocks from them
   ExpertsLayer experts;               // the sparse layers' routing and dispatch (expert parallelism)
   RopeTables rope;
-  // Fully sharded (set_fully_sharded): each layer's weights and the function that runs the layer, and the root's
-  // (embedding, final norm, unembedding), gathered whole into root_weights while a ShardedPass holds them.
-  std::vector<std::unique_ptr<ShardedUnit>> sharded_layers;
-  std::vector<LayerFunction> sharded_layer_functions;
-  std::unique_ptr<ShardedUnit> sharded_root;
+  // Fully sharded (set_fully_sharded, or a model sharing a sharded base): the units of each layer and of the root
+  // (embedding, final norm, unembedding), which every model over the base shares; this model's layers over its own
+  // handles of them; the root's weights, gathered whole while a ShardedPass holds them.
+  struct Sharding {
+    std::vector<std::unique_ptr<ShardedUnit>> layers;
+    std::unique_ptr<ShardedUnit> root;
+  };
+  std::shared_ptr<const Sharding> sharding;
+  std::vector<ShardedLayer> sharded_layers;
+  UnitSlots root_slots;
   std::vector<torch::Tensor> root_weights;
+
+  // This model's handles of layer `li`'s weights, and of the root's (the tied unembedding is the embedding's
+  // handle twice: one weight).
+  UnitSlots layer_slots(std::size_t li) {
+    UnitSlots slots;
+    for_each_layer_tensor(layers[li], static_cast<std::int64_t>(li),
+                          [&](const std::string& name, torch::Tensor& t) { slots.emplace_back(name, &t); });
+    return slots;
+  }
+  UnitSlots root_slots_of() {
+    const WeightNames& n = family->names;
+    UnitSlots root{{n.embed + ".weight", &embed}, {n.final_norm + ".weight", &final_norm}};
+    root.emplace_back(cfg.tie_word_embeddings ? n.embed + ".weight" : n.lm_head + ".weight", &lm_head.weight);
+    return root;
+  }
+  // Runs this model's layers over `s`'s units.
+  void use_sharding(std::shared_ptr<const Sharding> s) {
+    sharding = std::move(s);
+    for (std::size_t li = 0; li < layers.size(); ++li)
+      sharded_layers.push_back({sharding->layers[li].get(), layer_slots(li),
+                                [this, li](const torch::Tensor& x, const StepContext& in) {
+                                  return layer_forward(li, x, in);
+                                },
+                                [this, li] { return layers[li].trains(); }});
+    root_slots = root_slots_of();
+  }
 
   torch::Tensor layer_forward(std::size_t li, torch::Tensor x, const StepContext& in) const {
     return aten_decoder_layer(*this, experts, li, std::move(x), in);
@@ -109,6 +140,7 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   to.for_each_base([&](const std::string& name, const torch::Tensor& t) {
     shared->register_parameter(module_name(name), t, /*requires_grad=*/false);
   });
+  if (from.sharding) to.use_sharding(from.sharding);  // its handles hold the placeholders: bound in its passes
   return shared;
 }
 
@@ -191,8 +223,8 @@ void Transformer::set_expert_parallel(dist::Group& group) { impl_->experts.set_p
 std::string Transformer::why_not_fully_shardable() const {
   const Impl& m = *impl_;
   const std::string what = "fully sharded parallelism: ";
-  if (m.sharded_root) return what + "the model is sharded already";
-  if (m.lora) return what + "LoRA models are not sharded yet (train them data-parallel)";
+  if (m.sharding) return what + "the model is sharded already";
+  if (m.lora) return what + "a LoRA model is sharded through its base (shard the base before sharing it)";
   if (quantized_bytes() > 0) return what + "the model keeps quantized weights (it needs dense ones)";
   if (has_value_head()) return what + "a model with a value head is not sharded yet";
   if (m.cfg.num_experts > 0) return what + "Mixture-of-Experts models are not sharded yet";
@@ -202,86 +234,79 @@ std::string Transformer::why_not_fully_shardable() const {
 void Transformer::set_fully_sharded(dist::Group& group) {
   Impl& m = *impl_;
   if (std::string why = why_not_fully_shardable(); !why.empty()) throw unsupported(why);
-  for (std::size_t li = 0; li < m.layers.size(); ++li) {
-    std::vector<std::pair<std::string, torch::Tensor*>> slots;
-    m.for_each_layer_tensor(m.layers[li], static_cast<std::int64_t>(li),
-                            [&](const std::string& name, torch::Tensor& t) { slots.emplace_back(name, &t); });
-    m.sharded_layers.push_back(std::make_unique<ShardedUnit>(std::move(slots), group));
-    m.sharded_layer_functions.push_back(
-        [impl = &m, li](const torch::Tensor& x, const StepContext& in) { return impl->layer_forward(li, x, in); });
-  }
-  // The tied unembedding is the embedding's handle twice: one shard.
-  const WeightNames& n = m.family->names;
-  std::vector<std::pair<std::string, torch::Tensor*>> root{{n.embed + ".weight", &m.embed},
-                                                           {n.final_norm + ".weight", &m.final_norm}};
-  root.emplace_back(m.cfg.tie_word_embeddings ? n.embed + ".weight" : n.lm_head + ".weight", &m.lm_head.weight);
-  m.sharded_root = std::make_unique<ShardedUnit>(std::move(root), group);
+  auto sharding = std::make_shared<Impl::Sharding>();
+  for (std::size_t li = 0; li < m.layers.size(); ++li)
+    sharding->layers.push_back(std::make_unique<ShardedUnit>(m.layer_slots(li), group));
+  sharding->root = std::make_unique<ShardedUnit>(m.root_slots_of(), group);
+  m.use_sharding(std::move(sharding));
 }
 
-bool Transformer::fully_sharded() const { return impl_->sharded_root != nullptr; }
+bool Transformer::fully_sharded() const { return impl_->sharding != nullptr; }
+
+bool Transformer::trains_shards() const { return impl_->sharding && impl_->sharding->root->trains(); }
 
 std::int64_t Transformer::sharded_elements() const {
-  if (!impl_->sharded_root) return 0;
-  std::int64_t n = impl_->sharded_root->elements();
-  for (const auto& unit : impl_->sharded_layers) n += unit->elements();
+  if (!impl_->sharding) return 0;
+  std::int64_t n = impl_->sharding->root->elements();
+  for (const auto& unit : impl_->sharding->layers) n += unit->elements();
   return n;
 }
 
 namespace {
 // The unit of a fully sharded model that holds weight `name`, and its index there.
-std::pair<const ShardedUnit*, int> unit_of(const std::unique_ptr<ShardedUnit>& root,
-                                           const std::vector<std::unique_ptr<ShardedUnit>>& layers,
-                                           const std::string& name) {
-  if (!root) throw invalid_argument("'" + name + "': the model is not fully sharded");
-  if (int i = root->find(name); i >= 0) return {root.get(), i};
-  for (const auto& unit : layers)
+template <class Sharding>
+std::pair<const ShardedUnit*, int> unit_of(const std::shared_ptr<const Sharding>& sharding, const std::string& name) {
+  if (!sharding) throw invalid_argument("'" + name + "': the model is not fully sharded");
+  if (int i = sharding->root->find(name); i >= 0) return {sharding->root.get(), i};
+  for (const auto& unit : sharding->layers)
     if (int i = unit->find(name); i >= 0) return {unit.get(), i};
   throw invalid_argument("'" + name + "' is not a weight of this fully sharded model");
 }
 }  // namespace
 
 torch::Tensor Transformer::unshard(const std::string& name, const torch::Tensor& part) const {
-  const auto [unit, i] = unit_of(impl_->sharded_root, impl_->sharded_layers, name);
+  const auto [unit, i] = unit_of(impl_->sharding, name);
   return unit->whole(i, part);
 }
 
 torch::Tensor Transformer::shard_of(const std::string& name, const torch::Tensor& whole, int rank) const {
-  const auto [unit, i] = unit_of(impl_->sharded_root, impl_->sharded_layers, name);
+  const auto [unit, i] = unit_of(impl_->sharding, name);
   return unit->part_of(i, whole, rank);
 }
 
 ShardedPass::ShardedPass(Transformer& model) : model_(model) {
   auto& m = *model_.impl_;
-  if (!m.sharded_root) return;
+  if (!m.sharding) return;
   if (!m.root_weights.empty()) throw conflict("ShardedPass: the model is in a pass already");
-  const torch::Tensor full = m.sharded_root->gather(m.sharded_root->flat_shard());
-  m.root_weights = m.sharded_root->unpack(full, /*trainable=*/torch::GradMode::is_enabled());
-  m.sharded_root->bind(m.root_weights);
+  const ShardedUnit& root = *m.sharding->root;
+  m.root_weights = root.unpack(root.gather(root.flat_shard()), torch::GradMode::is_enabled() && root.trains());
+  root.bind(m.root_slots, m.root_weights);
 }
 
 void ShardedPass::reduce_gradients() {
   auto& m = *model_.impl_;
-  if (!m.sharded_root) return;
+  if (!m.sharding || !m.sharding->root->trains()) return;
+  const ShardedUnit& root = *m.sharding->root;
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& w : m.root_weights) grads.push_back(w.grad());
-  m.sharded_root->accumulate(m.sharded_root->reduce_scatter(m.sharded_root->pack(grads)));
+  root.accumulate(root.reduce_scatter(root.pack(grads)));
 }
 
 ShardedPass::~ShardedPass() {
   auto& m = *model_.impl_;
-  if (!m.sharded_root) return;
-  m.sharded_root->unbind();
+  if (!m.sharding) return;
+  m.sharding->root->unbind(m.root_slots);
   m.root_weights.clear();
 }
 
 torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache* cache, ExpertRouting* routing) {
   const ModelConfig& cfg = impl_->cfg;
   const auto device = impl_->device();
-  check_forward_input(cfg, device, input_ids, cache, impl_->experts.parallel());
+  check_forward_input(cfg, device, input_ids, cache, impl_->experts.parallel() || impl_->sharding);
   const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
   const std::int64_t past = cache ? cache->length : 0;
   torch::Tensor ids = input_ids.device() == device ? input_ids : input_ids.to(device);
-  const bool sharded = impl_->sharded_root != nullptr;
+  const bool sharded = impl_->sharding != nullptr;
   if (sharded && impl_->root_weights.empty())
     throw std::logic_error("Transformer: a fully sharded model's forward runs within a ShardedPass");
 
@@ -306,7 +331,7 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
     in.routing = routing;
   }
   for (std::size_t li = 0; li < impl_->layers.size(); ++li)
-    x = sharded      ? run_sharded_layer(*impl_->sharded_layers[li], impl_->sharded_layer_functions[li], x, in)
+    x = sharded      ? run_sharded_layer(impl_->sharded_layers[li], x, in)
         : checkpoint ? Impl::CheckpointedLayer::run(*impl_, li, x, in)
                      : impl_->layer_forward(li, x, in);
   if (cache) cache->length = past + T;
@@ -320,8 +345,8 @@ bool Transformer::shares_base(const Transformer& other) const { return impl_->sa
 torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torch::Tensor* routes) {
   const ModelConfig& cfg = impl_->cfg;
   if (groups.empty()) throw invalid_argument("Transformer::decode_step: no groups");
-  if (impl_->sharded_root)
-    throw unsupported("Transformer::decode_step: sampling a fully sharded model is not built yet");
+  if (impl_->sharding && impl_->root_weights.empty())
+    throw std::logic_error("Transformer: a fully sharded model's decode_step runs within a ShardedPass");
   if (routes && cfg.num_experts == 0)
     throw invalid_argument("Transformer::decode_step: routes asked of a " + cfg.model_type + " model without experts");
   c10::InferenceMode inference;
@@ -359,7 +384,8 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
     in.routing = &routing;
   }
   torch::Tensor x = impl_->embed_rows(ids);
-  for (std::size_t li = 0; li < impl_->layers.size(); ++li) x = impl_->layer_forward(li, x, in);
+  for (std::size_t li = 0; li < impl_->layers.size(); ++li)
+    x = impl_->sharding ? run_sharded_layer(impl_->sharded_layers[li], x, in) : impl_->layer_forward(li, x, in);
   for (std::size_t i = 0; i < caches.size(); ++i) caches[i]->length += step.advance[i];
   if (routes) *routes = routing.recorded;
   torch::Tensor h = impl_->final_norm_of(x);
@@ -403,9 +429,26 @@ void Transformer::enable_lora(const LoraOptions& options, std::int64_t seed) {
   if (impl_->lora) throw conflict("Transformer::enable_lora: the model already has LoRA adapters");
   const std::set<std::string> targets = impl_->lora_targets(options);
   for (auto& p : parameters()) p.set_requires_grad(false);
-  impl_->add_lora(options, targets, seed, [this](const std::string& name, const torch::Tensor& value) {
-    return register_parameter(name, value, /*requires_grad=*/true);
-  });
+  Impl& m = *impl_;
+  // Over a sharded base the handles hold placeholders: the adapters take their shapes from the weights' stand-ins.
+  auto bind_stand_ins = [&](bool on) {
+    if (!m.sharding) return;
+    for (std::size_t li = 0; li < m.layers.size(); ++li) {
+      const ShardedLayer& layer = m.sharded_layers[li];
+      on ? layer.unit->bind(layer.slots, layer.unit->stand_ins()) : layer.unit->unbind(layer.slots);
+    }
+    on ? m.sharding->root->bind(m.root_slots, m.sharding->root->stand_ins()) : m.sharding->root->unbind(m.root_slots);
+  };
+  bind_stand_ins(true);
+  try {
+    m.add_lora(options, targets, seed, [this](const std::string& name, const torch::Tensor& value) {
+      return register_parameter(name, value, /*requires_grad=*/true);
+    });
+  } catch (...) {
+    bind_stand_ins(false);
+    throw;
+  }
+  bind_stand_ins(false);
 }
 
 bool Transformer::has_lora() const { return impl_->lora.has_value(); }
@@ -430,7 +473,8 @@ std::vector<torch::Tensor> Transformer::lora_b_parameters() {
 
 // ------------------------------------------------------------------------------------------ inference views
 
-bool Transformer::cpu_kernels_decode() const { return impl_->cpu_kernels_decode(); }
+// A fully sharded model's weights are whole only while its layers run: decode_step gathers them.
+bool Transformer::cpu_kernels_decode() const { return !impl_->sharding && impl_->cpu_kernels_decode(); }
 
 InferenceWeights Transformer::inference_weights() {
   torch::NoGradGuard no_grad;
@@ -482,9 +526,9 @@ std::int64_t Transformer::quantized_values() const {
 
 std::vector<std::pair<std::string, torch::Tensor>> Transformer::named_trainable_parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  if (impl_->sharded_root) {
-    for (const auto& shard : impl_->sharded_root->shards()) out.push_back(shard);
-    for (const auto& unit : impl_->sharded_layers)
+  if (trains_shards()) {
+    for (const auto& shard : impl_->sharding->root->shards()) out.push_back(shard);
+    for (const auto& unit : impl_->sharding->layers)
       for (const auto& shard : unit->shards()) out.push_back(shard);
     return out;
   }

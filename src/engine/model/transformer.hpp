@@ -121,11 +121,16 @@ class Transformer : public torch::nn::Module {
   // (named_trainable_parameters returns these shards under the weights' names, so the optimizer's state is 1/W
   // too), and every decoder layer is gathered from `group` just before its forward and again in its backward (which
   // recomputes the layer), freed after, its gradient reduce-scattered into the shards. The embedding, final norm
-  // and unembedding are gathered for a whole pass: every forward runs within a ShardedPass. Every rank of the group
-  // runs its passes together with the others'. Full fine-tuning of a dense model without a value head for now:
-  // unsupported, naming what, otherwise; sampling (a cache) is not built yet.
+  // and unembedding are gathered for a whole pass: every forward (hidden_states, decode_step) runs within a
+  // ShardedPass. Every rank of the group runs its passes together with the others'. A frozen model (a shared base:
+  // its weights require no grad) is sharded the same way, reduce-scattering nothing: the models sharing_base makes
+  // over it share its shards and train their own adapters, replicated. A dense model without a value head, adapters
+  // or quantized weights; unsupported, naming what, otherwise.
   void set_fully_sharded(dist::Group& group);
+  // Whether this model's weights are sharded (its own, or the sharded base it shares).
   bool fully_sharded() const;
+  // Whether it trains the shards (full fine-tuning; false for a model over a sharded frozen base).
+  bool trains_shards() const;
   // Why set_fully_sharded would refuse this model (its message), or empty.
   std::string why_not_fully_shardable() const;
   // The elements of every sharded weight whole (0 for a model that is not sharded).
@@ -216,9 +221,10 @@ class Transformer : public torch::nn::Module {
   std::shared_ptr<Impl> impl_;
 };
 
-// One pass (forward, and backward if it builds a graph) of a fully sharded model, on every rank of its group
-// together: opening it gathers the root weights (embedding, final norm, unembedding) for the whole pass, and
-// reduce_gradients() after the backward reduce-scatters their gradient into the shards; closing it frees them.
+// One pass (forward, and backward if it builds a graph; or one decoding step) of a fully sharded model, on every
+// rank of its group together: opening it gathers the root weights (embedding, final norm, unembedding) for the whole
+// pass, and reduce_gradients() after the backward reduce-scatters their gradient into the shards (when they train);
+// closing it frees them.
 // On a model that is not sharded it does nothing.
 class ShardedPass {
  public:

@@ -1,6 +1,27 @@
 #include "runtime/base_models.hpp"
 
+#include <cstring>
+
 namespace rlloop::engine {
+
+// FNV-1a, word by word.
+std::uint64_t frozen_weights_hash(SharedBase& base, bool slice) {
+  std::call_once(base.hashed, [&] {
+    std::uint64_t hash = 1469598103934665603ull;
+    for (const auto& [name, t] : base.model->hf_state_dict()) {
+      if (slice && base.model->is_expert_tensor(name)) continue;
+      auto cpu = t.detach().to(torch::kCPU).contiguous();
+      const auto* bytes = static_cast<const std::uint8_t*>(cpu.data_ptr());
+      for (std::size_t i = 0; i + 8 <= cpu.nbytes(); i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, bytes + i, 8);
+        hash = (hash ^ w) * 1099511628211ull;
+      }
+    }
+    base.weights_hash = hash;
+  });
+  return base.weights_hash;
+}
 
 std::shared_ptr<EngineLoop> BaseModelRegistry::loop(const std::string& key) {
   std::lock_guard lock(mu_);

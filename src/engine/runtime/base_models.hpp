@@ -32,7 +32,14 @@ struct SharedBase {
   // A hash of the frozen weights' bits, made once (data parallelism compares it across ranks at each session open).
   std::once_flag hashed;
   std::uint64_t weights_hash = 0;
+  // Fully sharded sessions' bases are sharded once, before anyone shares them (shard_shared_base).
+  std::once_flag sharded;
 };
+
+// A hash of the bits of `base`'s weights, computed once per base (SharedBase::hashed: before a sharded base is
+// cut, which shard_shared_base sees to). A base of an expert-parallel session (`slice`) holds this rank's experts:
+// they are left out.
+std::uint64_t frozen_weights_hash(SharedBase& base, bool slice);
 
 class BaseModelRegistry {
  public:

@@ -44,7 +44,7 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
 }  // namespace
 
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
-                                const SessionOptions& options, dist::Group* expert_group) {
+                                const SessionOptions& options, dist::Group* expert_group, dist::Group* shard_group) {
   // A base of this rank's experts: dense (a slice is copied out of dense weights; a quantized one is read again,
   // dequantized) and keyed apart from a whole one. A model without experts is loaded as it would be without.
   auto load = [&](bool shared) {
@@ -55,12 +55,14 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
   };
   SessionModel out;
   if (options.lora) {
-    const std::string key = base_key(resolved, dev) + (expert_group ? " (expert-parallel slice)" : "");
+    const std::string key = base_key(resolved, dev) + (expert_group ? " (expert-parallel slice)" : "") +
+                            (shard_group ? " (fully sharded)" : "");
     out.shared_base = bases.base(key, [&] {
-      auto base = load(/*shared=*/true);
+      auto base = load(/*shared=*/!shard_group);  // a sharded base is cut from dense weights
       for (auto& p : base->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
       return base;
     });
+    if (shard_group) shard_shared_base(*out.shared_base, *shard_group);
     out.model = Transformer::sharing_base(*out.shared_base->model);
     out.model->enable_lora(*options.lora, options.seed);
   } else {
@@ -70,6 +72,13 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
   if (options.value_head) out.model->enable_value_head(options.seed);
   out.model->set_activation_checkpointing(dev.activation_checkpointing);
   return out;
+}
+
+void shard_shared_base(SharedBase& base, dist::Group& group) {
+  std::call_once(base.sharded, [&] {
+    frozen_weights_hash(base, /*slice=*/false);  // of the whole weights, which the cut frees
+    base.model->set_fully_sharded(group);
+  });
 }
 
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {

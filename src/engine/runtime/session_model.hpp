@@ -35,8 +35,16 @@ struct SessionModel {
 // `expert_group`, when given (DataParallelOptions::expert_parallel): a model with experts holds only this rank's
 // slice of them (ExpertShard::of) and routes through the group (Transformer::set_expert_parallel); its base is then
 // dense, whatever DeviceChoice::quantized_base says. A model without experts is made as without it.
+// `shard_group`, when given (DataParallelOptions::shard "full"): a LoRA model shares a base fully sharded over the
+// group (dense, kept apart from the unsharded one; shard_shared_base); a full fine-tuning model is made whole (the
+// group shards it once every rank holds rank 0's weights).
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
-                                const SessionOptions& options, dist::Group* expert_group = nullptr);
+                                const SessionOptions& options, dist::Group* expert_group = nullptr,
+                                dist::Group* shard_group = nullptr);
+
+// Shards `base` over `group` once (Transformer::set_fully_sharded), its weights' hash taken first: the models
+// sharing it afterwards share its shards.
+void shard_shared_base(SharedBase& base, dist::Group& group);
 
 // Where a model's tokenizer is (load_tokenizer's argument): the config's own, the byte tokenizer of a built-in
 // model, a GGUF file itself, or a model directory's tokenizer.json.

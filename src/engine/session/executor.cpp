@@ -13,6 +13,11 @@ dist::Group* expert_group_of(const BaseModelRegistry& bases) {
   return group ? group->expert_group() : nullptr;
 }
 
+dist::Group* shard_group_of(const BaseModelRegistry& bases) {
+  const auto& group = bases.data_parallel();
+  return group ? group->shard_group() : nullptr;
+}
+
 DataParallelStats data_parallel_stats_of(const BaseModelRegistry& bases) {
   const auto& group = bases.data_parallel();
   return group ? group->stats() : DataParallelStats{};
@@ -28,7 +33,7 @@ std::unique_ptr<Executor> make_executor(SessionCore& core) {
   std::shared_ptr<dist::Coordinator> group = core.bases->data_parallel();
   if (!group) return std::make_unique<SingleRankExecutor>(core);
   if (core.model->expert_parallel()) return std::make_unique<ExpertParallelExecutor>(core, std::move(group));
-  if (dist::shards_session(core.service.data_parallel.shard, core.options))
+  if (dist::shards_sessions(core.service.data_parallel.shard))
     return std::make_unique<FullyShardedExecutor>(core, std::move(group));
   return std::make_unique<DataParallelExecutor>(core, std::move(group));
 }

@@ -83,6 +83,8 @@ class Executor {
 // The group a session's model spreads its experts over (make_session_model), null unless the service runs expert
 // parallelism.
 dist::Group* expert_group_of(const BaseModelRegistry& bases);
+// The group a LoRA session's base is sharded over (make_session_model), null unless the service shards sessions.
+dist::Group* shard_group_of(const BaseModelRegistry& bases);
 // The service's data-parallel group's stats and failure (LocalService's), empty without one.
 DataParallelStats data_parallel_stats_of(const BaseModelRegistry& bases);
 std::string data_parallel_failure_of(const BaseModelRegistry& bases);

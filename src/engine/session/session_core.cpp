@@ -36,6 +36,7 @@ SessionCore::SessionCore(const SessionOptions& opts, const LocalServiceOptions& 
   resolved_base = resolve_base_model(service, options.base_model);
   key = base_key(resolved_base, dev);
   experts = expert_group_of(*bases);
+  shard_group = shard_group_of(*bases);
   model = make_model();
   // The KV pool is allocated for the whole budget at its first request (shared with the base's other sessions),
   // so that it does not grow step by step leaving each smaller storage behind.
@@ -53,7 +54,7 @@ SessionCore::SessionCore(const SessionOptions& opts, const LocalServiceOptions& 
 }
 
 std::shared_ptr<Transformer> SessionCore::make_model() {
-  SessionModel made = make_session_model(*bases, resolved_base, dev, options, experts);
+  SessionModel made = make_session_model(*bases, resolved_base, dev, options, experts, shard_group);
   if (made.shared_base) shared_base = made.shared_base;
   return made.model;
 }

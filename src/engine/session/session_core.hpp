@@ -46,6 +46,7 @@ struct SessionCore {
   DeviceChoice dev;
   DecodePrecision decode_precision = DecodePrecision::fp32;
   dist::Group* experts = nullptr;           // the group the models' experts are spread over (expert_group_of)
+  dist::Group* shard_group = nullptr;       // the group a LoRA model's base is sharded over (shard_group_of)
   std::shared_ptr<SharedBase> shared_base;  // LoRA sessions: the weights they share; null with a private model
   std::shared_ptr<Transformer> model;
   std::unique_ptr<AdamW> optimizer;
