@@ -93,7 +93,8 @@ JOBS=$JOBS scripts/sanitize.sh
 # machines run. The group's collectives and fully sharded training too, and torchrun's launch, which on 2.x joins
 # the agent's own store (1.13's client cannot: tests/dist/launchers_test.py).
 portable_tests=("${engine_tests[@]}" engine_math_test engine_mixed_precision_test engine_memory_test
-                engine_data_parallel_test engine_collectives_test engine_fully_sharded_test)
+                engine_data_parallel_test engine_collectives_test engine_fully_sharded_test
+                engine_tensor_parallel_test)
 stage "portable build ($PORTABLE_BUILD_DIR)"
 cmake "${portable_config[@]}" -DRLLOOP_BUILD_BENCH=ON -DRLLOOP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$PORTABLE_BUILD_DIR" -j "$JOBS" --target "${portable_tests[@]}" gpu_check

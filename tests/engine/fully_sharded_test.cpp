@@ -14,9 +14,9 @@
 
 #include "comm/group.hpp"
 #include "io/model_io.hpp"
-#include "model/kv_cache.hpp"
 #include "model/builtin_models.hpp"
 #include "model/transformer.hpp"
+#include "decode_util.hpp"
 #include "ranks_util.hpp"
 #include "runtime/optimizer.hpp"
 #include "session_util.hpp"
@@ -234,26 +234,6 @@ void expect_lora_over_a_sharded_base_equals_one_rank(bool checkpointing) {
   }
 }
 
-// A prompt's prefill over a KV cache and three greedy decode_steps: each step's logits, [2, V].
-std::vector<torch::Tensor> decode_logits(Transformer& model, const torch::Tensor& prompt) {
-  torch::NoGradGuard no_grad;
-  KVCache cache(model.kv_pools(), torch::kFloat64, prompt.size(0), 16);
-  std::vector<torch::Tensor> out;
-  torch::Tensor next;
-  {
-    ShardedPass gathered(model);
-    out.push_back(model.logits(model.hidden_states(prompt, &cache)).select(1, -1));
-    next = out.back().argmax(-1);
-  }
-  for (int step = 0; step < 3; ++step) {
-    ShardedPass gathered(model);
-    const DecodeGroup group{&model, &next, &cache};
-    out.push_back(model.decode_step({&group, 1}));
-    next = out.back().argmax(-1);
-  }
-  return out;
-}
-
 // `tiny_fp64`'s model (its base sharded over `g` when given), with trained-looking LoRA adapters when `lora`.
 std::shared_ptr<Transformer> decoding_model(dist::Group* g, bool lora) {
   auto model = tiny_fp64();
@@ -275,10 +255,10 @@ void expect_sharded_decoding_equals_one_rank(bool lora) {
   const ModelConfig cfg = *builtin_model("rlloop-tiny");
   torch::manual_seed(6);
   const torch::Tensor prompt = torch::randint(0, cfg.vocab_size, {2, 5}, torch::kLong);
-  const auto one = decode_logits(*decoding_model(nullptr, lora), prompt);
+  const auto one = test_util::greedy_decode_logits(*decoding_model(nullptr, lora), prompt, 3);
   std::vector<torch::Tensor> ranks[2];
   const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
-    ranks[r] = decode_logits(*decoding_model(&g, lora), prompt);
+    ranks[r] = test_util::greedy_decode_logits(*decoding_model(&g, lora), prompt, 3);
   });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");

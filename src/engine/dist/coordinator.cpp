@@ -377,6 +377,7 @@ std::vector<LockstepOutcome> Coordinator::sample_in_lockstep(std::uint64_t id, c
   c.put(sampler);
   c.put(mine.precision);
   c.put(mine.prefill_tokens);
+  c.put(mine.tensor_parallel);
   c.put(static_cast<std::uint64_t>(mine.shares.size()));
   for (std::size_t i = 0; i < mine.shares.size(); ++i) {
     const LockstepShare& share = mine.shares[i];

@@ -708,13 +708,23 @@ std::vector<LockstepOutcome> lockstep_outcomes(const std::vector<std::string>& r
 }  // namespace
 
 std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine) {
-  Transformer& model = *mine.model;
+  // Tensor-parallel: this rank's slice of the model, made for the batch (one gather of a sharded model's layers, one
+  // at a time), its KV budget the model's.
+  std::shared_ptr<Transformer> slice;
+  if (mine.tensor_parallel) {
+    slice = mine.model->tensor_parallel(group);
+    slice->kv_pools()->set_capacity_bytes(mine.kv_capacity_bytes);
+  }
+  Transformer& model = slice ? *slice : *mine.model;
   const std::size_t n = mine.shares.size();
   std::vector<std::unique_ptr<DecodeRun>> runs(n);
   auto idle = [&] { idle_forward(model, /*backward=*/false); };
   // A forward's exchanges: the sparse layers' all-to-alls, a sharded model's per-layer all-gathers (its root's
-  // all-gather is StepPass's, outside what is counted).
-  auto exchanges = [&] { return group.stats().alltoall_calls + group.stats().allgather_calls; };
+  // all-gather is StepPass's, outside what is counted), a tensor-parallel slice's all-reduces.
+  auto exchanges = [&] {
+    const CollectiveStats s = group.stats();
+    return s.alltoall_calls + s.allgather_calls + s.allreduce_calls;
+  };
   // The runs, in the batch's order. A run that prefills as it is made owes the others that forward: a rank without a
   // share of its request, or whose run failed before the forward's first exchange (a KV block the pool cannot give),
   // runs it over no rows. (One failing inside the forward, between two exchanges, leaves the others waiting: the
@@ -778,7 +788,22 @@ std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& 
   }
   const auto replies = group.gather(w.take());
   if (group.rank() != 0) return {};
-  return lockstep_outcomes(replies, mine.placements, own);
+  if (!mine.tensor_parallel) return lockstep_outcomes(replies, mine.placements, own);
+  // Every rank drew the same samples: rank 0's, unless a rank failed.
+  std::vector<LockstepOutcome> out(n);
+  for (std::size_t rank = 0; rank < replies.size(); ++rank) {
+    ByteReader r(replies[rank]);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r.get<Status>() == Status::ok) {
+        r.get_sequences();
+      } else if (const std::string why = r.get_string(); out[i].error.empty()) {
+        out[i].error = "rank " + std::to_string(rank) + ": " + why;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (out[i].error.empty()) out[i].response = std::move(own[i]);
+  return out;
 }
 
 std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {

@@ -139,6 +139,11 @@ struct LockstepBatch {
   DecodePrecision precision = DecodePrecision::fp32;
   std::shared_ptr<const RoundedWeights>* rounded = nullptr;
   std::int64_t prefill_tokens = kPrefillChunkTokens;  // decode_step's, per rank
+  // Tensor-parallel decoding (a fully sharded session's, tensor_parallel.hpp): every rank decodes every sample of
+  // the batch (the placements give each rank all of them) with its slice of `model`, built for the batch; the
+  // tokens are rank 0's (every rank draws the same).
+  bool tensor_parallel = false;
+  std::int64_t kv_capacity_bytes = 0;  // the slice's KV budget (the service's)
   std::vector<LockstepShare> shares;
   std::vector<SamplePlacement> placements;
 };
@@ -154,6 +159,8 @@ struct LockstepOutcome {
 // one step per token in step with the others (a rank whose samples have all stopped, or that has none, runs the model
 // over no rows), until every rank's samples have stopped (one all-reduce of a flag per step says when). A step that
 // fails fails this rank's runs still decoding. Rank 0 returns one outcome per request; the others return nothing.
+// The same for a fully sharded session, whose every forward gathers its layers (or, with `tensor_parallel`, every
+// rank decoding the whole batch over its slice of the model).
 std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine);
 
 // compute_logprobs of an expert-parallel session: rank 0 scores `tokens` (at least 2) while the others run the model

@@ -216,6 +216,8 @@ class Worker {
     mine.model = target.model.get();
     mine.precision = r.get<engine::DecodePrecision>();
     mine.prefill_tokens = r.get<std::int64_t>();
+    mine.tensor_parallel = r.get<bool>();
+    mine.kv_capacity_bytes = options_.service.kv_cache_mb << 20;
     mine.rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &target.rounded;
     const auto rank = static_cast<std::size_t>(group_->rank());
     for (std::size_t n = r.get<std::uint64_t>(), i = 0; i < n; ++i) {

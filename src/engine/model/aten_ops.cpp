@@ -5,6 +5,7 @@
 #include "kernels/attention.hpp"
 #include "kernels/decode_attention.hpp"
 #include "kernels/fused_ops.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace rlloop::engine {
 
@@ -29,6 +30,8 @@ torch::Tensor attend_paged_cpu(const torch::Tensor& rows, const KVBlockPool& poo
 }
 
 }  // namespace
+
+AtenOps::Rows AtenOps::summed(const Rows& y) const { return w_.tensor_parallel ? w_.tensor_parallel->sum(y) : y; }
 
 torch::Tensor AtenOps::norm_weight(LayerNormOf which) const {
   switch (which) {

@@ -33,14 +33,14 @@ class AtenOps {
   }
   Rows rope(const Rows& x) const;                                  // [B, heads, T, D]
   Rows attend(const Rows& q, const Rows& k, const Rows& v) const;  // q, k as rope returns them; [B, T, nh * D]
-  Rows add_projection(const Rows& x, Projection p, const Rows& h) const { return x + one_projection(p, h); }
+  Rows add_projection(const Rows& x, Projection p, const Rows& h) const { return x + summed(one_projection(p, h)); }
   Rows add_normed_projection(const Rows& x, Projection p, const Rows& h, LayerNormOf which) const {
-    return x + norm(one_projection(p, h), which);
+    return x + norm(summed(one_projection(p, h)), which);
   }
   Rows swiglu(const Rows& gate, const Rows& up) const;
   Rows geglu(const Rows& gate, const Rows& up) const;
   Rows add_experts(const Rows& x, const Rows& h) const {
-    return x + experts_.forward(w_, li_, h, in_).view(x.sizes());
+    return x + summed(experts_.forward(w_, li_, h, in_).view(x.sizes()));
   }
 
  private:
@@ -54,6 +54,9 @@ class AtenOps {
     return engine::project(layer_.projection(p), h, in_,
                            [&](const RowGroup& g) -> const Linear& { return g.weights->layers[li_].projection(p); });
   }
+  // A residual branch's output: on a tensor-parallel rank (tensor_parallel.hpp) its part of the row-parallel sum
+  // (o, down, the experts), summed over the ranks; the output itself otherwise.
+  Rows summed(const Rows& y) const;
   // The weight a norm scales by (with the one added where the family's norms add it).
   torch::Tensor norm_weight(LayerNormOf which) const;
   // The layer's causal attention: with its sinks, window and soft-cap where the family has them (windowed_attention).

@@ -27,6 +27,8 @@
 
 namespace rlloop::engine {
 
+class TensorParallel;
+
 // "[2, 3]": a shape in error messages.
 std::string shape_string(at::IntArrayRef s);
 // A module's parameter name for an HF name (module parameter names may not contain '.', HF names are dotted).
@@ -80,6 +82,9 @@ struct ModelWeights {
   Linear lm_head;  // weight aliases embed when tied
   std::optional<LoraOptions> lora;
   Linear value_head;  // undefined weight without a value head
+  // A tensor-parallel rank's slice of a model (tensor_parallel.hpp): cfg is cut to the rank's heads and widths, the
+  // embedding and unembedding hold its rows of the vocabulary. Null for a whole model.
+  std::shared_ptr<const TensorParallel> tensor_parallel;
 
   // The weights of `cfg` (validated) with `options`, the matrices named in `quantized` kept in their blocks, and
   // experts [first_expert, first_expert + expert_count) of each sparse layer; every dense one registered through

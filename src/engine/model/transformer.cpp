@@ -20,6 +20,7 @@
 #include "model/model_weights.hpp"
 #include "model/rope_tables.hpp"
 #include "model/step_context.hpp"
+#include "model/tensor_parallel.hpp"
 #include "model/weight_io.hpp"
 
 namespace rlloop::engine {
@@ -76,13 +77,41 @@ struct Transformer::Impl : ModelWeights {
     return rope.get(cfg, device, dtype);
   }
   torch::Tensor embed_rows(const torch::Tensor& ids) const {
-    torch::Tensor x = embed_quantized ? embed_quantized->rows_of(ids) : torch::embedding(embed, ids);
+    torch::Tensor x = tensor_parallel ? tensor_parallel->embed(embed, ids)
+                      : embed_quantized ? embed_quantized->rows_of(ids)
+                                        : torch::embedding(embed, ids);
     // Gemma's sqrt(hidden_size), rounded to the model's dtype first as transformers rounds it.
     if (cfg.scale_embeddings) x = x * torch::scalar_tensor(cfg.embedding_multiplier(), x.options());
     return x;
   }
   torch::Tensor final_norm_of(const torch::Tensor& x) const {
     return rms_norm(x, norm_scale(final_norm), cfg.rms_norm_eps);
+  }
+  // The logits over the whole vocabulary from the unembedding's output (a tensor-parallel rank's columns: gathered).
+  torch::Tensor whole_vocabulary(torch::Tensor logits) const {
+    return tensor_parallel ? tensor_parallel->gather_vocabulary(logits) : logits;
+  }
+  // Layer li's weights whole, by name (a sharded layer gathered: every rank together), and the root's.
+  TensorMap whole_layer(std::size_t li) {
+    TensorMap out;
+    if (!sharding) {
+      for_each_layer_tensor(layers[li], static_cast<std::int64_t>(li),
+                            [&](const std::string& name, const torch::Tensor& t) { out[name] = t; });
+      return out;
+    }
+    return gathered(*sharding->layers[li]);
+  }
+  TensorMap whole_root() {
+    if (sharding) return gathered(*sharding->root);
+    TensorMap out;
+    for (const auto& [name, handle] : root_slots_of()) out[name] = *handle;
+    return out;
+  }
+  static TensorMap gathered(const ShardedUnit& unit) {
+    const std::vector<torch::Tensor> wholes = unit.unpack(unit.gather(unit.flat_shard()), /*trainable=*/false);
+    TensorMap out;
+    for (std::size_t i = 0; i < wholes.size(); ++i) out[unit.shards()[i].first] = wholes[i];
+    return out;
   }
   // Gemma 2's soft-cap of the output logits, cap * tanh(logits / cap), where the model has one.
   torch::Tensor capped(torch::Tensor logits) const {
@@ -274,6 +303,76 @@ torch::Tensor Transformer::shard_of(const std::string& name, const torch::Tensor
   return unit->part_of(i, whole, rank);
 }
 
+// ------------------------------------------------------------------------------------------ tensor parallelism
+
+std::string Transformer::why_not_tensor_parallel(int ranks) const {
+  const Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  const std::string what = "tensor parallelism over " + std::to_string(ranks) + " ranks: ";
+  if (m.tensor_parallel) return what + "the model is a tensor-parallel slice already";
+  if (quantized_bytes() > 0) return what + "the model keeps quantized weights (it needs dense ones)";
+  if (m.experts.parallel()) return what + "the model's experts are spread over the ranks (expert parallelism)";
+  for (const Layer& l : m.layers)
+    if (l.expert_lora.gate_up_a.defined() || l.expert_lora.down_a.defined())
+      return what + "adapters on the experts are not cut yet";
+  for (auto [name, n] : {std::pair{"num_attention_heads", c.num_attention_heads},
+                         std::pair{"num_key_value_heads", c.num_key_value_heads},
+                         std::pair{"intermediate_size", c.intermediate_size},
+                         std::pair{"moe_intermediate_size", c.num_experts > 0 ? c.moe_intermediate_size : 0},
+                         std::pair{"vocab_size", c.vocab_size}})
+    if (n % ranks != 0) return what + std::string(name) + " " + std::to_string(n) + " does not divide by the ranks";
+  return {};
+}
+
+std::shared_ptr<Transformer> Transformer::tensor_parallel(dist::Group& group) {
+  Impl& from = *impl_;
+  const int W = group.size(), r = group.rank();
+  if (std::string why = why_not_tensor_parallel(W); !why.empty()) throw unsupported(why);
+  ModelConfig cut = from.cfg;
+  cut.num_attention_heads /= W;
+  cut.num_key_value_heads /= W;
+  cut.intermediate_size /= W;
+  if (cut.num_experts > 0) cut.moe_intermediate_size /= W;
+  auto out = std::make_shared<Transformer>(cut, from.options);
+  Impl& to = *out->impl_;
+  torch::NoGradGuard no_grad;
+  // Every tensor of `slots` from its whole value in `wholes`, sliced for this rank's shape. A row-parallel linear's
+  // bias (its weight cut by columns) is rank 0's alone.
+  auto fill = [&](const UnitSlots& slots, const TensorMap& wholes) {
+    for (const auto& [name, handle] : slots) {
+      const torch::Tensor& whole = wholes.at(name);
+      bool rank_zero_only = false;
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+        const std::string weight = name.substr(0, name.size() - 5) + ".weight";
+        for (const auto& [other, h] : slots)
+          if (other == weight && h->dim() == 2 && h->size(1) != wholes.at(weight).size(1)) rank_zero_only = true;
+      }
+      handle->set_data(tensor_parallel_slice(whole, handle->sizes(), r, rank_zero_only));
+    }
+  };
+  for (std::size_t li = 0; li < from.layers.size(); ++li) fill(to.layer_slots(li), from.whole_layer(li));
+  // The vocabulary's rows: the embedding and unembedding were made whole-sized by the cut config.
+  const TensorMap root = from.whole_root();
+  const WeightNames& n = to.family->names;
+  to.embed.set_data(root.at(n.embed + ".weight").chunk(W, 0)[r].clone());
+  to.final_norm.set_data(root.at(n.final_norm + ".weight").clone());
+  if (!to.cfg.tie_word_embeddings) to.lm_head.weight.set_data(root.at(n.lm_head + ".weight").chunk(W, 0)[r].clone());
+  if (from.lora) {
+    out->enable_lora(*from.lora, 0);  // adapters of the cut shapes, their values set below
+    TensorMap adapters;
+    to.for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) { adapters[name] = t; });
+    from.for_each_adapter([&](const std::string& name, const torch::Tensor& t, bool) {
+      const torch::Tensor& target = adapters.at(name);
+      target.set_data(tensor_parallel_slice(t.detach(), target.sizes(), r, false));
+    });
+  }
+  for (auto& p : out->parameters()) p.set_requires_grad(false);
+  to.tensor_parallel = std::make_shared<TensorParallel>(group, from.cfg.vocab_size);
+  return out;
+}
+
+bool Transformer::is_tensor_parallel() const { return impl_->tensor_parallel != nullptr; }
+
 ShardedPass::ShardedPass(Transformer& model) : model_(model) {
   auto& m = *model_.impl_;
   if (!m.sharding) return;
@@ -338,7 +437,9 @@ torch::Tensor Transformer::hidden_states(const torch::Tensor& input_ids, KVCache
   return impl_->final_norm_of(x);
 }
 
-torch::Tensor Transformer::logits(const torch::Tensor& hidden) { return impl_->capped(impl_->lm_head.apply(hidden)); }
+torch::Tensor Transformer::logits(const torch::Tensor& hidden) {
+  return impl_->capped(impl_->whole_vocabulary(impl_->lm_head.apply(hidden)));
+}
 
 bool Transformer::shares_base(const Transformer& other) const { return impl_->same_base(*other.impl_); }
 
@@ -407,8 +508,8 @@ torch::Tensor Transformer::decode_step(std::span<const DecodeGroup> groups, torc
     h = h.index_select(1, to_device(torch::tensor(kept, torch::kLong), device));
     in.set_stacked_layout(wanted, wanted_scales, device);
   }
-  return impl_->capped(
-      project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return g.weights->lm_head; })[0]);
+  return impl_->capped(impl_->whole_vocabulary(
+      project(impl_->lm_head, h, in, [](const RowGroup& g) -> const Linear& { return g.weights->lm_head; })[0]));
 }
 
 // ------------------------------------------------------------------------------------------ state dicts
@@ -474,7 +575,9 @@ std::vector<torch::Tensor> Transformer::lora_b_parameters() {
 // ------------------------------------------------------------------------------------------ inference views
 
 // A fully sharded model's weights are whole only while its layers run: decode_step gathers them.
-bool Transformer::cpu_kernels_decode() const { return !impl_->sharding && impl_->cpu_kernels_decode(); }
+bool Transformer::cpu_kernels_decode() const {
+  return !impl_->sharding && !impl_->tensor_parallel && impl_->cpu_kernels_decode();
+}
 
 InferenceWeights Transformer::inference_weights() {
   torch::NoGradGuard no_grad;

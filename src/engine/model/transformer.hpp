@@ -133,6 +133,14 @@ class Transformer : public torch::nn::Module {
   bool trains_shards() const;
   // Why set_fully_sharded would refuse this model (its message), or empty.
   std::string why_not_fully_shardable() const;
+  // Tensor parallelism for decoding (tensor_parallel.hpp): this rank's slice of the model, built by every rank of
+  // `group` together from this model, whole or fully sharded (its layers then gathered one at a time): the config
+  // cut to the rank's heads and widths, the vocabulary's rows, the adapters cut with their linears, KV pools of its
+  // own, nothing that trains (no value head). Its forwards run on every rank of the group in step. unsupported,
+  // naming what (why_not_tensor_parallel), when the model cannot be cut over the group's size.
+  std::shared_ptr<Transformer> tensor_parallel(dist::Group& group);
+  std::string why_not_tensor_parallel(int ranks) const;
+  bool is_tensor_parallel() const;
   // The elements of every sharded weight whole (0 for a model that is not sharded).
   std::int64_t sharded_elements() const;
   // A fully sharded model's weight `name` whole, from every rank's `part` of it (its shard, or the shard's gradient

@@ -47,6 +47,10 @@ bool FullyShardedExecutor::sharded(const std::optional<std::string>& model_path)
   return !trains_shards() || SessionCore::sampler_key(model_path).empty();
 }
 
+bool FullyShardedExecutor::decodes_tensor_parallel(const Transformer& model) const {
+  return model.fully_sharded() && model.why_not_tensor_parallel(group_->world_size()).empty();
+}
+
 Future<SampleResponse> FullyShardedExecutor::sample(const SampleRequest& request, SampleProgress on_step) {
   if (sharded(request.model_path)) return sample_in_step(request, std::move(on_step));
   return DataParallelExecutor::sample(request, std::move(on_step));

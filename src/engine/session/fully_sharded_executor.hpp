@@ -5,8 +5,10 @@
 // reduce-scattered gradients as they are); a checkpoint is gathered whole on rank 0 (gather_state), and a loaded one
 // cut into every rank's parts (load_parts). A LoRA session shares its base's shards and trains replicated adapters:
 // it steps, saves and loads as a replicated session does. Its sharded models (the live one; a LoRA session's
-// sampler models too, over the same base) sample and score on every rank in step (LockstepExecutor), each layer
-// gathered per decoding step; a full fine-tuning session's saved sampler weights are whole models, sampled as any
+// sampler models too, over the same base) sample on every rank in step (LockstepExecutor): tensor-parallel where the
+// model can be cut over the group (each sample command cuts every rank's slice from the shards, then every rank
+// decodes the whole batch over its slice: tensor_parallel.hpp), each layer gathered per decoding step otherwise; they
+// score with each layer gathered. A full fine-tuning session's saved sampler weights are whole models, sampled as any
 // replicated session's. Exports that need the base whole are refused, naming the way (a checkpoint).
 #pragma once
 #include "session/lockstep_executor.hpp"
@@ -29,6 +31,10 @@ class FullyShardedExecutor final : public LockstepExecutor {
 
   void require_whole_model(const std::string& operation) const override;
   void count_other_ranks(SessionInfo& info) const override;
+
+ protected:
+  // A sharded model decodes tensor-parallel where it can be cut over the group (the gathered layers otherwise).
+  bool decodes_tensor_parallel(const Transformer& model) const override;
 
  private:
   // Whether the model of `model_path` (the live one: none) is sharded, so that it computes in step.

@@ -37,6 +37,8 @@ std::vector<LockstepBatches::Outcome> LockstepExecutor::sample_in_lockstep(
   mine.precision = core_.decode_precision;
   mine.rounded = core_.rounded_slot(target);
   mine.prefill_tokens = core_.service.prefill_chunk_tokens;
+  mine.tensor_parallel = decodes_tensor_parallel(*target.model);
+  mine.kv_capacity_bytes = core_.service.kv_cache_mb << 20;
   std::vector<std::size_t> entry_of;  // the batch entry of each share
   for (std::size_t i = 0; i < batch.size(); ++i) {
     try {
@@ -67,7 +69,7 @@ std::vector<LockstepBatches::Outcome> LockstepExecutor::sample_in_lockstep(
 }
 
 void LockstepExecutor::add_share(dist::LockstepBatch& mine, const LockstepBatches::Entry& entry,
-                                       const ModelConfig& cfg) {
+                                 const ModelConfig& cfg) {
   SessionCore::CheckedSample checked = core_.check_sample(entry.request, cfg);
   SampleRequest& req = checked.request;
   dist::LockstepShare share;
@@ -76,7 +78,9 @@ void LockstepExecutor::add_share(dist::LockstepBatch& mine, const LockstepBatche
   const int ranks = group_->world_size();
   const bool spread = !entry.on_step && !req.include_prompt_logprobs && req.topk_prompt_logprobs == 0;
   dist::SamplePlacement placement{std::vector<int>(ranks, 0), std::vector<int>(ranks, 0)};
-  if (spread)
+  if (mine.tensor_parallel)
+    placement.count.assign(static_cast<std::size_t>(ranks), req.num_samples);  // every rank decodes all of them
+  else if (spread)
     placement = dist::place_samples(req.num_samples, ranks, group_->next_turn());
   else
     placement.count[0] = req.num_samples;

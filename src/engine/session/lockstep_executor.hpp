@@ -1,8 +1,9 @@
 // The part of a data-parallel session's executor whose model computes on every rank at once, so that each forward
 // runs on all ranks in step (expert parallelism: the sparse layers exchange rows at every step; fully sharded
 // parallelism: every layer is gathered from the ranks): sampling requests are batched and decoded by every rank
-// together, each rank its share of the samples, and a scored prompt is scored by rank 0 while the others run the
-// model over no rows.
+// together, each rank its share of the samples (or, where decodes_tensor_parallel, every rank all of them over its
+// slice of the model: tensor_parallel.hpp), and a scored prompt is scored by rank 0 while the others run the model
+// over no rows.
 #pragma once
 #include <memory>
 #include <vector>
@@ -17,6 +18,8 @@ class LockstepExecutor : public DataParallelExecutor {
   LockstepExecutor(SessionCore& core, std::shared_ptr<dist::Coordinator> group);
 
  protected:
+  // Whether `model`'s samples are decoded tensor-parallel.
+  virtual bool decodes_tensor_parallel(const Transformer&) const { return false; }
   Future<SampleResponse> sample_in_step(const SampleRequest& request, SampleProgress on_step);
   Future<std::vector<double>> logprobs_in_step(const ComputeLogprobsRequest& request);
 
