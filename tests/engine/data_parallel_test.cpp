@@ -550,7 +550,8 @@ void expect_sharded_equivalent(const std::optional<LoraOptions>& lora, bool chec
   expect_close(norms[0], norms[1], "grad norm of the saved accumulation");
 
   // Sampling the live shards (tensor-parallel: every rank cuts its slice of the model and decodes the batch over it)
-  // and from saved sampler weights: the same tokens as one rank's. compute_logprobs too; get_info counts the whole model.
+  // and from saved sampler weights: the same tokens as one rank's. compute_logprobs too; get_info counts the whole
+  // model.
   SampleRequest req;
   req.prompt = ModelInput::from_tokens(bytes("the "));
   req.num_samples = 3;

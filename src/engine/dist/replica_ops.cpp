@@ -666,6 +666,44 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
 
 namespace {
 
+// Rank 0's part of a tensor-parallel sample_lockstep_share: every rank drew the same samples, so each request's are
+// rank 0's (`own`), unless a rank's share failed (the first such rank named).
+std::vector<LockstepOutcome> tensor_parallel_outcomes(const std::vector<std::string>& replies,
+                                                      std::vector<SampleResponse>& own) {
+  std::vector<LockstepOutcome> out(own.size());
+  for (std::size_t rank = 0; rank < replies.size(); ++rank) {
+    ByteReader r(replies[rank]);
+    for (std::size_t i = 0; i < own.size(); ++i) {
+      if (r.get<Status>() == Status::ok) {
+        r.get_sequences();
+      } else if (const std::string why = r.get_string(); out[i].error.empty()) {
+        out[i].error = "rank " + std::to_string(rank) + ": " + why;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < own.size(); ++i)
+    if (out[i].error.empty()) out[i].response = std::move(own[i]);
+  return out;
+}
+
+// Each run's response into `own` (by request, in order) and, as the reply to rank 0, this rank's sequences of each
+// request or why its share failed.
+std::string take_responses(const std::vector<LockstepShare>& shares, std::vector<std::unique_ptr<DecodeRun>>& runs,
+                           std::vector<SampleResponse>& own) {
+  ByteWriter w;
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    if (!shares[i].error.empty()) {
+      w.put(Status::failed);
+      w.put(shares[i].error);
+      continue;
+    }
+    if (runs[i]) own[i] = runs[i]->take();
+    w.put(Status::ok);
+    w.put(own[i].sequences);
+  }
+  return w.take();
+}
+
 // One forward of a lockstep on a fully sharded model: its root weights gathered for it, no graph (nothing on
 // another model).
 struct StepPass {
@@ -773,37 +811,11 @@ std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& 
       if (exchanges() == before) idle();
     }
   }
-  // Per request, in order: this rank's sequences, or why its share failed.
   std::vector<SampleResponse> own(n);
-  ByteWriter w;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!mine.shares[i].error.empty()) {
-      w.put(Status::failed);
-      w.put(mine.shares[i].error);
-      continue;
-    }
-    if (runs[i]) own[i] = runs[i]->take();
-    w.put(Status::ok);
-    w.put(own[i].sequences);
-  }
-  const auto replies = group.gather(w.take());
+  const auto replies = group.gather(take_responses(mine.shares, runs, own));
   if (group.rank() != 0) return {};
-  if (!mine.tensor_parallel) return lockstep_outcomes(replies, mine.placements, own);
-  // Every rank drew the same samples: rank 0's, unless a rank failed.
-  std::vector<LockstepOutcome> out(n);
-  for (std::size_t rank = 0; rank < replies.size(); ++rank) {
-    ByteReader r(replies[rank]);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (r.get<Status>() == Status::ok) {
-        r.get_sequences();
-      } else if (const std::string why = r.get_string(); out[i].error.empty()) {
-        out[i].error = "rank " + std::to_string(rank) + ": " + why;
-      }
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i)
-    if (out[i].error.empty()) out[i].response = std::move(own[i]);
-  return out;
+  if (mine.tensor_parallel) return tensor_parallel_outcomes(replies, own);
+  return lockstep_outcomes(replies, mine.placements, own);
 }
 
 std::vector<double> logprobs_lockstep_share(Group& group, Transformer& model, const std::vector<token_id>& tokens) {
