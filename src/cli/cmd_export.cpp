@@ -1,12 +1,14 @@
 // `rlloop export --checkpoint DIR ...`: a saved session (save_state or save_weights_for_sampler, local or from
 // `rlloop serve`'s data directory) written out in another format: a GGUF LoRA adapter for llama.cpp, a merged GGUF
-// model (for a GGUF base), a PEFT adapter directory or a merged Hugging Face directory.
+// model (for a GGUF base), a PEFT adapter directory or a merged Hugging Face directory. `rlloop export
+// --hf-tokenizer DIR --model FILE.gguf`: a GGUF file's tokenizer as Hugging Face tokenizer files.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include <rlloop/hf_tokenizer.hpp>
 #include <rlloop/local.hpp>
 
 #include "base_models.hpp"
@@ -17,9 +19,9 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"Write a saved session's weights as a GGUF LoRA adapter, a GGUF model, a PEFT adapter or an HF "
                "directory."};
-  std::string checkpoint, gguf_adapter, gguf_model, type = "F16", peft, merged;
+  std::string checkpoint, gguf_adapter, gguf_model, type = "F16", peft, merged, hf_tokenizer, model;
   std::vector<std::string> base_models;
-  app.add_option("--checkpoint", checkpoint, "the save_state or save_weights_for_sampler directory")->required();
+  app.add_option("--checkpoint", checkpoint, "the save_state or save_weights_for_sampler directory");
   app.add_option("--base-model", base_models,
                  "NAME=MODEL: where the checkpoint's base model is, when it names a catalogue entry (repeatable)");
   app.add_option("--gguf-adapter", gguf_adapter, "write the LoRA adapters as a GGUF LoRA adapter (llama.cpp --lora)");
@@ -28,10 +30,30 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"F32", "F16", "BF16", "Q8_0"}, CLI::ignore_case));
   app.add_option("--peft", peft, "write the LoRA adapters as a PEFT adapter directory");
   app.add_option("--merged", merged, "write the merged model as a Hugging Face directory");
+  app.add_option("--hf-tokenizer", hf_tokenizer,
+                 "write --model's tokenizer as Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json) "
+                 "into this directory");
+  app.add_option("--model", model, "with --hf-tokenizer: the .gguf file whose tokenizer to write");
   CLI11_PARSE(app, argc, argv);
-  if (gguf_adapter.empty() && gguf_model.empty() && peft.empty() && merged.empty()) {
-    std::fprintf(stderr, "rlloop export: nothing to write (--gguf-adapter, --gguf-model, --peft or --merged)\n");
+  const bool from_checkpoint = !gguf_adapter.empty() || !gguf_model.empty() || !peft.empty() || !merged.empty();
+  if (!from_checkpoint && hf_tokenizer.empty()) {
+    std::fprintf(stderr, "rlloop export: nothing to write (--gguf-adapter, --gguf-model, --peft, --merged or "
+                         "--hf-tokenizer)\n");
     return 2;
+  }
+  if (from_checkpoint == checkpoint.empty()) {
+    std::fprintf(stderr, "rlloop export: --checkpoint goes with --gguf-adapter, --gguf-model, --peft and --merged%s\n",
+                 checkpoint.empty() ? " (it is missing)" : " (none of them is given)");
+    return 2;
+  }
+  if (!hf_tokenizer.empty()) {
+    if (model.empty()) {
+      std::fprintf(stderr, "rlloop export: --hf-tokenizer needs --model FILE.gguf\n");
+      return 2;
+    }
+    rlloop::write_hf_tokenizer(model, hf_tokenizer);
+    std::printf("%-13s %s\n", "hf tokenizer:", hf_tokenizer.c_str());
+    if (!from_checkpoint) return 0;
   }
 
   rlloop::configure_engine_process();

@@ -21,6 +21,17 @@ constexpr const char* kO200kExpandedCase =
     R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 }  // namespace
 
+const char* split_regex(SplitPattern pattern) {
+  switch (pattern) {
+    case SplitPattern::llama3: return kLlama3;
+    case SplitPattern::qwen2: return kQwen2;
+    case SplitPattern::o200k: return kO200k;
+    case SplitPattern::gpt2:
+    case SplitPattern::gpt2_digits: return nullptr;
+  }
+  return nullptr;
+}
+
 bool split_pattern_from_regex(std::string_view regex, SplitPattern& out) {
   if (regex == kGpt2)
     out = SplitPattern::gpt2;

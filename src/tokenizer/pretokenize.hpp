@@ -26,6 +26,9 @@ enum class SplitPattern {
 
 // The pattern a tokenizer.json regex string denotes, or nothing when it is not one we implement.
 bool split_pattern_from_regex(std::string_view regex, SplitPattern& out);
+// The regex a tokenizer.json's Split pre-tokenizer spells `pattern` with (tiktoken's spelling for o200k); nullptr
+// for gpt2 and gpt2_digits, which tokenizer.json spells with ByteLevel's own regex (and Digits first).
+const char* split_regex(SplitPattern pattern);
 
 // Calls emit(start, end) for each piece of `text` (byte offsets), in order; the pieces tile the text.
 // Invalid UTF-8 bytes are single characters of no class (like punctuation).
