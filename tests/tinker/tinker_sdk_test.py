@@ -219,6 +219,25 @@ class TinkerSdkTest(unittest.TestCase):
         self.assertIn("adam_params", raw.json()["error"])
         self.assertIn("loss:sum", self.training.forward(self.data, "cross_entropy").result().metrics)
 
+    def test_provenance_spans_are_accepted_and_checked(self):
+        # The cookbook attaches where each token came from (StableReinforce's input) to every datum of sampled tokens,
+        # whatever the loss: no loss rlloop computes reads the spans, so they change nothing; a bad tiling is refused.
+        d = self.data[0]
+        n = d.model_input.length
+        spanned = d.with_provenance(
+            model_input=[tinker.PromptProvenanceSpan(sequence_id="s-0", length=2),
+                         tinker.SampledProvenanceSpan(sequence_id="s-0", length=n - 2)],
+            loss_fn_inputs=[tinker.PromptProvenanceSpan(sequence_id="s-0", offset=1, length=1),
+                            tinker.SampledProvenanceSpan(sequence_id="s-0", length=n - 1)])
+        plain = self.training.forward([d], "cross_entropy").result().metrics["loss:sum"]
+        self.assertEqual(self.training.forward([spanned], "cross_entropy").result().metrics["loss:sum"], plain)
+        bad = types.Datum(model_input=d.model_input, loss_fn_inputs=d.loss_fn_inputs,
+                          model_input_spans=[tinker.SampledProvenanceSpan(sequence_id="s-0", length=1)],
+                          loss_fn_input_spans=[tinker.SampledProvenanceSpan(sequence_id="s-0", length=1)])
+        with self.assertRaises(Exception) as caught:
+            self.training.forward([bad], "cross_entropy").result()
+        self.assertIn("provenance spans tile their field", str(caught.exception))
+
     def test_another_tenants_key_finds_nothing(self):
         request = httpx.post(SERVER.endpoint + "/api/v1/get_info", json={"model_id": self.training.model_id},
                              headers={"X-API-Key": OTHER_KEY})

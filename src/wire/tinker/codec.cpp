@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -111,10 +112,33 @@ TensorData loss_input(const pb::Tensor& t, const std::string& path) {
   return out;
 }
 
+// Provenance spans (Datum.with_provenance: where each token came from, for stable_reinforce, which rlloop does not
+// serve): the SDK's cookbook attaches them to every datum whose tokens were sampled, whatever the loss. No loss rlloop
+// computes reads them: checked as the SDK states them (each names a sequence, no negative offset or length, and
+// together they tile their field's `tokens` positions), then dropped.
+void check_provenance(const google::protobuf::RepeatedPtrField<pb::ProvenanceSpan>& spans, std::size_t tokens,
+                      const std::string& path) {
+  std::int64_t covered = 0;
+  for (int i = 0; i < spans.size(); ++i) {
+    const std::string where = path + "[" + std::to_string(i) + "]";
+    const pb::ProvenanceSpan& span = spans[i];
+    auto run = [&](const auto& r) { return std::tuple{r.sequence_id(), r.offset(), r.length()}; };
+    if (!span.has_prompt_tokens() && !span.has_sampled_tokens())
+      bad(where, "is neither prompt_tokens nor sampled_tokens");
+    const auto [sequence, offset, length] =
+        span.has_prompt_tokens() ? run(span.prompt_tokens()) : run(span.sampled_tokens());
+    if (sequence.empty()) bad(where, "names no sequence_id");
+    if (offset < 0 || length < 0) bad(where, "has a negative offset or length");
+    covered += length;
+  }
+  if (covered != static_cast<std::int64_t>(tokens))
+    bad(path, "covers " + std::to_string(covered) + " positions of " + std::to_string(tokens) +
+                  " (provenance spans tile their field)");
+}
+
 Datum datum_from_proto(const pb::Datum& d, const std::string& path) {
-  if (d.model_input_spans_size() || d.loss_fn_input_spans_size())
-    bad(path, "provenance spans (model_input_spans, loss_fn_input_spans) are not supported: rlloop records no "
-              "sampled sequences for them");
+  if ((d.model_input_spans_size() == 0) != (d.loss_fn_input_spans_size() == 0))
+    bad(path, "has provenance spans for one of model_input and loss_fn_inputs only (the SDK sets both)");
   Datum out;
   for (int i = 0; i < d.model_input_size(); ++i) {
     const auto& chunk = d.model_input(i);
@@ -127,6 +151,12 @@ Datum datum_from_proto(const pb::Datum& d, const std::string& path) {
   }
   for (const auto& [name, tensor] : d.loss_fn_inputs())
     out.loss_fn_inputs.emplace(name, loss_input(tensor, path + ".loss_fn_inputs." + name));
+  if (d.model_input_spans_size() != 0) {
+    check_provenance(d.model_input_spans(), out.model_input.length(), path + ".model_input_spans");
+    const auto targets = out.loss_fn_inputs.find("target_tokens");
+    check_provenance(d.loss_fn_input_spans(), targets == out.loss_fn_inputs.end() ? 0 : targets->second.size(),
+                     path + ".loss_fn_input_spans");
+  }
   return out;
 }
 
