@@ -128,10 +128,12 @@ static_assert(detail::takes_doubles<LossSpec>(std::make_index_sequence<kLossPara
 
 // Every loss input key a datum may carry. All are per token ([tokens]) but "routed_experts", the experts each token
 // is routed to for routing replay: int64 [tokens, sparse layers, experts per token]. "ref_log_prob" and
-// "temperature" are accepted for clients that send them; no built-in loss reads them.
-inline constexpr std::array<std::string_view, 9> kLossInputs{"target_tokens", "weights",        "advantages",
-                                                             "logprobs",      "ref_log_prob",   "temperature",
-                                                             "returns",       "old_values",     "routed_experts"};
+// "temperature" are accepted for clients that send them; no built-in loss reads them. "sequence_ratio_mask"
+// (Tinker's, gspo): the tokens whose mean log ratio is the sequence's ratio (nonzero: in), where the loss-bearing ones
+// are otherwise.
+inline constexpr std::array<std::string_view, 10> kLossInputs{
+    "target_tokens", "weights",    "advantages",     "logprobs",           "ref_log_prob",
+    "temperature",   "returns",    "old_values",     "routed_experts",     "sequence_ratio_mask"};
 
 constexpr bool is_known_loss_input(std::string_view key) {
   for (std::string_view k : kLossInputs)
@@ -168,6 +170,7 @@ inline constexpr std::string_view kPolicyInputs[] = {"target_tokens", "advantage
 inline constexpr std::string_view kWeights[] = {"weights"};
 inline constexpr std::string_view kReturns[] = {"returns"};
 inline constexpr std::string_view kValueOptional[] = {"old_values", "weights"};
+inline constexpr std::string_view kGspoOptional[] = {"weights", "sequence_ratio_mask"};
 }  // namespace detail
 
 // One row per LossFn, in the enum's order (the static_assert below checks both). The formulas are in
@@ -225,7 +228,7 @@ inline constexpr std::array<LossInfo, kLossCount> kLosses{{
      .name = "gspo",
      .params = detail::kClipParams,
      .required_inputs = detail::kPolicyInputs,
-     .optional_inputs = detail::kWeights,
+     .optional_inputs = detail::kGspoOptional,
      .output = LossOutput::logprobs,
      .clip_metric = "clip_fraction",
      .policy = true},

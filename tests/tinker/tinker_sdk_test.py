@@ -122,6 +122,22 @@ class TinkerSdkTest(unittest.TestCase):
             s = math.exp(sum(lp - qq for lp, qq in zip(row, q)) / len(row))
             want -= sum(min(s * a, min(max(s, 0.8), 1.2) * a) for a in d.loss_fn_inputs["advantages"].tolist())
         self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        # sequence_ratio_mask: the sequence's ratio over the tokens it marks only (the cookbook's rl_loop marks the
+        # sampled ones); the shifts differ by position, so the marked half's mean differs from the whole's.
+        masked, want = [], 0.0
+        for d, row in zip(data, lps):
+            q = [lp - (0.3 if j % 2 == 0 else 0.05) for j, lp in enumerate(row)]
+            mask = [0.0 if j < len(row) // 2 else 1.0 for j in range(len(row))]
+            advantages = d.loss_fn_inputs["advantages"].tolist()
+            masked.append(types.Datum(model_input=d.model_input,
+                                      loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"],
+                                                      "logprobs": q, "advantages": advantages,
+                                                      "sequence_ratio_mask": mask}))
+            marked = [lp - qq for lp, qq, m in zip(row, q, mask) if m]
+            s = math.exp(sum(marked) / len(marked))
+            want -= sum(min(s * a, min(max(s, 0.8), 1.2) * a) for a in advantages)
+        out = self.training.forward(masked, "gspo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}).result()
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
         with self.assertRaises(Exception) as caught:  # a loss the SDK names that rlloop does not compute
             self.training.forward(data, "stable_reinforce").result()
         self.assertIn("stable_reinforce", str(caught.exception))

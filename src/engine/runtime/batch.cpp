@@ -206,6 +206,11 @@ ForwardBackwardOutput run_builtin_loss(Transformer& model, const std::vector<Dat
   in.weights = padded_input(data, "weights", T, 1.0f).to(device);
   in.advantages = padded_input(data, "advantages", T, 0.0f).to(device);
   in.sampler_logprobs = padded_input(data, "logprobs", T, 0.0f).to(device);
+  for (const auto& d : data)
+    if (d.loss_fn_inputs.count("sequence_ratio_mask")) {
+      in.ratio_mask = padded_input(data, "sequence_ratio_mask", T, std::nanf("")).to(device);
+      break;
+    }
   auto value = builtin_loss(loss, lp, in);
   if (backward) value.loss.backward();
 

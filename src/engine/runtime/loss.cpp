@@ -57,7 +57,9 @@ LossValue dro(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& 
 
 LossValue gspo(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in) {
   const auto m = weighted_mask(in);
-  const auto bearing = (m != 0).to(lp.scalar_type());  // [B, T]: the tokens of each sequence's ratio
+  auto bearing = (m != 0).to(lp.scalar_type());  // [B, T]: the tokens of each sequence's ratio
+  if (in.ratio_mask.defined())  // Tinker's sequence_ratio_mask, on the rows that have one (within the real tokens)
+    bearing = torch::where(torch::isnan(in.ratio_mask), bearing, (in.ratio_mask != 0).to(lp.scalar_type()) * in.mask);
   const auto log_s = ((lp - in.sampler_logprobs).detach() * bearing).sum(1, true) / bearing.sum(1, true).clamp_min(1);
   const auto r = torch::exp(log_s) * torch::exp(lp - lp.detach());
   auto clipped_r = torch::clamp(r, spec.min_ratio(), spec.max_ratio());

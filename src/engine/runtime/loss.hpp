@@ -16,6 +16,9 @@ struct LossTensors {
   torch::Tensor sampler_logprobs;  // q
   torch::Tensor returns;           // R (value)
   torch::Tensor old_values;        // the values the returns were computed with (value; undefined: no clipping)
+  // gspo: the tokens of each sequence's ratio (nonzero: in), NaN on the rows of datums without a
+  // sequence_ratio_mask (their loss-bearing tokens then); undefined when no datum has one.
+  torch::Tensor ratio_mask;
 };
 
 // clip_fraction = clipped / bearing: the share of loss-bearing tokens (mask * weight != 0) where the clipped

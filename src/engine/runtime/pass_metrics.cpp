@@ -72,7 +72,15 @@ void add_service_metrics(ForwardBackwardOutput& out, const std::vector<Datum>& d
       kl_i += q[j] - lp[j];
     }
     if (bearing == 0) continue;
-    const double sequence_log_ratio = -kl_i / bearing;  // mean(lp - q): gspo's log ratio
+    // mean(lp - q) over the loss-bearing tokens, or those a sequence_ratio_mask names: gspo's log ratio
+    double sequence_log_ratio = -kl_i / bearing;
+    if (data[i].loss_fn_inputs.count("sequence_ratio_mask")) {
+      const auto r = input_or(data[i], "sequence_ratio_mask", lp.size(), 0.0);
+      double in_ratio = 0, sum = 0;
+      for (std::size_t j = 0; j < lp.size(); ++j)
+        if (r[j] != 0) in_ratio += 1, sum += lp[j] - q[j];
+      sequence_log_ratio = in_ratio > 0 ? sum / in_ratio : 0.0;
+    }
     for (std::size_t j = 0; j < lp.size(); ++j)
       if (w[j] != 0) clipped_i += clips_token(*loss, lp[j], q[j], a[j], sequence_log_ratio);
     kl += kl_i / bearing, clip += clipped_i / bearing;
