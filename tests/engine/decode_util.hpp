@@ -1,6 +1,8 @@
 // A prompt's greedy decoding over a KV cache, step by step, for tests that hold a parallel model's decoding to a
-// whole model's: the logits of the prefill's last position and of each decode_step.
+// whole model's: the logits of the prefill's last position and of each decode_step, and how far ranks' are from them.
 #pragma once
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -32,6 +34,19 @@ inline std::vector<torch::Tensor> greedy_decode_logits(rlloop::engine::Transform
     next = out.back().argmax(-1);
   }
   return out;
+}
+
+// The largest difference between any rank's step logits (`ranks`) and the whole model's (`one`), over every step;
+// infinity when a rank decoded another number of steps.
+inline double max_logit_difference(const std::vector<std::vector<torch::Tensor>>& ranks,
+                                   const std::vector<torch::Tensor>& one) {
+  double worst = 0;
+  for (const auto& steps : ranks) {
+    if (steps.size() != one.size()) return std::numeric_limits<double>::infinity();
+    for (std::size_t s = 0; s < one.size(); ++s)
+      worst = std::max(worst, (steps[s] - one[s]).abs().max().item<double>());
+  }
+  return worst;
 }
 
 }  // namespace test_util

@@ -105,7 +105,7 @@ TEST(WireLossConfig, TheRequestReaderNamesThePathAndTheKey) {
   j["lossFnInputs"]["mask"] = to_json(TensorData::from_floats({1.0f, 1.0f}));
   EXPECT_EQ(message_of([&] { datum_from_json(j, "d"); }),
             "d.lossFnInputs.mask: unknown loss input (expected target_tokens, weights, advantages, logprobs, "
-            "ref_log_prob, temperature, returns, old_values or routed_experts)");
+            "ref_log_prob, temperature, returns, old_values, routed_experts or sequence_ratio_mask)");
   json written;
   write_loss(written, LossSpec::value(0.5));
   EXPECT_EQ(written, (json{{"lossFnName", "value"}, {"lossFnConfig", {{"value_clip", 0.5}}}}));
