@@ -571,6 +571,11 @@ void expect_sharded_equivalent(const std::optional<LoraOptions>& lora, bool chec
   const DataParallelStats after = run.two.data_parallel_stats();
   EXPECT_GT(after.allgather_bytes, before.allgather_bytes);
   EXPECT_GE(after.allreduce_calls - before.allreduce_calls, 8u * 5u);
+  // The live model's slice is kept while its weights are unchanged: the same request again gathers the logits of its
+  // steps and not the model (the cut) a second time.
+  run.s2->sample(req).get();
+  const std::uint64_t again = run.two.data_parallel_stats().allgather_bytes - after.allgather_bytes;
+  EXPECT_LT(again, after.allgather_bytes - before.allgather_bytes);
   SampleRequest a = req, b = req;
   a.model_path = run.s1->save_weights_for_sampler("sampler").get().path;
   b.model_path = run.s2->save_weights_for_sampler("sampler").get().path;
@@ -582,8 +587,13 @@ void expect_sharded_equivalent(const std::optional<LoraOptions>& lora, bool chec
   const SessionInfo i1 = run.s1->info(), i2 = run.s2->info();
   EXPECT_EQ(i1.num_parameters, i2.num_parameters);
   EXPECT_EQ(i1.num_trainable_parameters, i2.num_trainable_parameters);
-  // Training goes on after sampling (the group's commands still line up).
-  EXPECT_GT(run.s2->forward_backward(data, LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+  // Training goes on after sampling (the group's commands still line up), and after a step the live slice is cut
+  // again: the samples are the stepped model's, as one rank's.
+  for (LocalSession* s : {run.s1.get(), run.s2.get()}) {
+    EXPECT_GT(s->forward_backward(data, LossSpec{}).get().metrics.at("loss:sum"), 0.0);
+    s->optim_step(adam(2e-2, 1.0)).get();
+  }
+  same_samples(run.s1->sample(req).get(), run.s2->sample(req).get(), name + " live samples after a step");
 }
 
 TEST(DataParallel, FullyShardedFullFineTuningOnTwoRanksEqualsOneRank) {

@@ -666,6 +666,33 @@ void load_sampler_share(Group& group, Transformer& model, const TensorMap* check
 
 namespace {
 
+// The sum of the version counters of `model`'s trainable tensors: it changes with every optimizer step and load.
+std::uint64_t weights_version(Transformer& model) {
+  std::uint64_t v = 0;
+  for (auto& [name, t] : model.named_trainable_parameters()) v += static_cast<std::uint64_t>(t._version());
+  return v;
+}
+
+// This rank's tensor-parallel slice of the batch's model, with the service's KV budget: the one kept from an
+// earlier batch while the weights are unchanged on every rank (one all-reduce of a flag says), else cut again (one
+// gather of a sharded model's layers, one at a time) and kept.
+std::shared_ptr<Transformer> tensor_parallel_slice(Group& group, const LockstepBatch& mine) {
+  TensorParallelSlice fresh;
+  TensorParallelSlice& kept = mine.slice ? *mine.slice : fresh;
+  const std::uint64_t version = weights_version(*mine.model);
+  const auto device = mine.model->parameters().front().device();
+  torch::Tensor stale = torch::full({1}, kept.model && kept.version == version ? 0.0f : 1.0f,
+                                    torch::TensorOptions().device(device));
+  group.allreduce_sum(stale);
+  if (stale.item<float>() != 0.0f) {
+    kept.model.reset();  // the old slice goes before the new one is cut
+    kept.model = mine.model->tensor_parallel(group);
+    kept.model->kv_pools()->set_capacity_bytes(mine.kv_capacity_bytes);
+    kept.version = version;
+  }
+  return kept.model;
+}
+
 // Rank 0's part of a tensor-parallel sample_lockstep_share: every rank drew the same samples, so each request's are
 // rank 0's (`own`), unless a rank's share failed (the first such rank named).
 std::vector<LockstepOutcome> tensor_parallel_outcomes(const std::vector<std::string>& replies,
@@ -746,13 +773,7 @@ std::vector<LockstepOutcome> lockstep_outcomes(const std::vector<std::string>& r
 }  // namespace
 
 std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine) {
-  // Tensor-parallel: this rank's slice of the model, made for the batch (one gather of a sharded model's layers, one
-  // at a time), its KV budget the model's.
-  std::shared_ptr<Transformer> slice;
-  if (mine.tensor_parallel) {
-    slice = mine.model->tensor_parallel(group);
-    slice->kv_pools()->set_capacity_bytes(mine.kv_capacity_bytes);
-  }
+  const std::shared_ptr<Transformer> slice = mine.tensor_parallel ? tensor_parallel_slice(group, mine) : nullptr;
   Transformer& model = slice ? *slice : *mine.model;
   const std::size_t n = mine.shares.size();
   std::vector<std::unique_ptr<DecodeRun>> runs(n);

@@ -132,6 +132,12 @@ struct LockstepShare {
   bool at_once = false;
   std::string error;
 };
+// A sampling model's tensor-parallel slice, kept between sample commands while the model's weights are those it was
+// cut from (`version`: the sum of their tensors' version counters, which every in-place update bumps).
+struct TensorParallelSlice {
+  std::shared_ptr<Transformer> model;
+  std::uint64_t version = 0;
+};
 // One rank's part of a batch of an expert-parallel session's sampling requests: the model they sample, and a share
 // and a placement per request, in the batch's order (the same on every rank).
 struct LockstepBatch {
@@ -144,6 +150,7 @@ struct LockstepBatch {
   // tokens are rank 0's (every rank draws the same).
   bool tensor_parallel = false;
   std::int64_t kv_capacity_bytes = 0;  // the slice's KV budget (the service's)
+  TensorParallelSlice* slice = nullptr;  // the sampling model's, kept for its next batch (null: cut for this one)
   std::vector<LockstepShare> shares;
   std::vector<SamplePlacement> placements;
 };

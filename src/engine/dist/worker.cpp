@@ -26,6 +26,7 @@ namespace {
 struct SamplingModel {
   std::shared_ptr<engine::Transformer> model;
   std::shared_ptr<const engine::RoundedWeights> rounded;  // bf16 snapshot of a private model (as LocalSession's)
+  engine::dist::TensorParallelSlice slice;                // the live model's tensor-parallel slice, as rank 0's
 };
 
 struct Replica {
@@ -211,13 +212,15 @@ class Worker {
   // the command's gather.
   void sample_in_lockstep(std::uint64_t id, engine::dist::ByteReader& r) {
     Replica& rep = replica(id);
-    SamplingModel& target = sampling_model(rep, r.get_string());
+    const std::string sampler = r.get_string();
+    SamplingModel& target = sampling_model(rep, sampler);
     engine::dist::LockstepBatch mine;
     mine.model = target.model.get();
     mine.precision = r.get<engine::DecodePrecision>();
     mine.prefill_tokens = r.get<std::int64_t>();
     mine.tensor_parallel = r.get<bool>();
     mine.kv_capacity_bytes = options_.service.kv_cache_mb << 20;
+    if (sampler.empty()) mine.slice = &target.slice;  // the live model's, as rank 0 keeps its own
     mine.rounded = rep.model.shared_base ? &rep.model.shared_base->rounded : &target.rounded;
     const auto rank = static_cast<std::size_t>(group_->rank());
     for (std::size_t n = r.get<std::uint64_t>(), i = 0; i < n; ++i) {

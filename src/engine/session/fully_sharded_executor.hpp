@@ -1,15 +1,15 @@
-// The executor of a fully sharded session (DataParallelOptions::shard "full", docs/distributed.md): every rank of
-// the data-parallel group keeps 1/W of the model's weights and gathers each layer only while a pass computes it.
-// Full fine-tuning shards the gradients and optimizer state too (Transformer::set_fully_sharded): the passes and
-// steps are the replicated session's commands (the shares run their passes gathered, the step takes the
-// reduce-scattered gradients as they are); a checkpoint is gathered whole on rank 0 (gather_state), and a loaded one
-// cut into every rank's parts (load_parts). A LoRA session shares its base's shards and trains replicated adapters:
-// it steps, saves and loads as a replicated session does. Its sharded models (the live one; a LoRA session's
-// sampler models too, over the same base) sample on every rank in step (LockstepExecutor): tensor-parallel where the
-// model can be cut over the group (each sample command cuts every rank's slice from the shards, then every rank
-// decodes the whole batch over its slice: tensor_parallel.hpp), each layer gathered per decoding step otherwise; they
-// score with each layer gathered. A full fine-tuning session's saved sampler weights are whole models, sampled as any
-// replicated session's. Exports that need the base whole are refused, naming the way (a checkpoint).
+// The executor of a fully sharded session (DataParallelOptions::shard "full", docs/distributed.md): every rank of the
+// data-parallel group keeps 1/W of the model's weights and gathers each layer only while a pass computes it. Full
+// fine-tuning shards the gradients and optimizer state too (Transformer::set_fully_sharded): the passes and steps are
+// the replicated session's commands (the shares run their passes gathered, the step takes the reduce-scattered
+// gradients as they are); a checkpoint is gathered whole on rank 0 (gather_state), and a loaded one cut into every
+// rank's parts (load_parts). A LoRA session shares its base's shards and trains replicated adapters: it steps, saves
+// and loads as a replicated session does. Its sharded models (the live one; a LoRA session's sampler models too, over
+// the same base) sample on every rank in step (LockstepExecutor): tensor-parallel where the model can be cut over the
+// group (every rank's slice cut from the shards, kept for the live model while its weights are unchanged, then every
+// rank decodes the whole batch over its slice: tensor_parallel.hpp), each layer gathered per decoding step otherwise;
+// they score with each layer gathered. A full fine-tuning session's saved sampler weights are whole models, sampled
+// as any replicated session's. Exports that need the base whole are refused, naming the way (a checkpoint).
 #pragma once
 #include "session/lockstep_executor.hpp"
 

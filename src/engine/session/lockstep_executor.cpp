@@ -39,6 +39,9 @@ std::vector<LockstepBatches::Outcome> LockstepExecutor::sample_in_lockstep(
   mine.prefill_tokens = core_.service.prefill_chunk_tokens;
   mine.tensor_parallel = decodes_tensor_parallel(*target.model);
   mine.kv_capacity_bytes = core_.service.kv_cache_mb << 20;
+  // The live model's slice is kept between batches (a slice has KV pools of its own: one per session, not per
+  // sampler model).
+  if (SessionCore::sampler_key(model_path).empty()) mine.slice = &target.slice;
   std::vector<std::size_t> entry_of;  // the batch entry of each share
   for (std::size_t i = 0; i < batch.size(); ++i) {
     try {

@@ -62,6 +62,7 @@ struct SessionCore {
     std::shared_ptr<const RoundedWeights> rounded;
     std::uint64_t last_used = 0;
     int decoding = 0;  // this session's sampling requests reading it now (they run side by side): never dropped
+    dist::TensorParallelSlice slice;  // the live model's tensor-parallel slice (fully sharded sessions), kept
   };
   SamplingModel live;  // the training model
   // Sampler weights saved by this session or opened from disk, by checkpoint path. At most
