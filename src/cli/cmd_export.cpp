@@ -41,9 +41,12 @@ int run(int argc, char** argv) {
                          "--hf-tokenizer)\n");
     return 2;
   }
-  if (from_checkpoint == checkpoint.empty()) {
-    std::fprintf(stderr, "rlloop export: --checkpoint goes with --gguf-adapter, --gguf-model, --peft and --merged%s\n",
-                 checkpoint.empty() ? " (it is missing)" : " (none of them is given)");
+  if (from_checkpoint && checkpoint.empty()) {
+    std::fprintf(stderr, "rlloop export: --gguf-adapter, --gguf-model, --peft and --merged need --checkpoint\n");
+    return 2;
+  }
+  if (!from_checkpoint && !checkpoint.empty()) {
+    std::fprintf(stderr, "rlloop export: --checkpoint without --gguf-adapter, --gguf-model, --peft or --merged\n");
     return 2;
   }
   if (!hf_tokenizer.empty()) {

@@ -676,7 +676,7 @@ std::uint64_t weights_version(Transformer& model) {
 // This rank's tensor-parallel slice of the batch's model, with the service's KV budget: the one kept from an
 // earlier batch while the weights are unchanged on every rank (one all-reduce of a flag says), else cut again (one
 // gather of a sharded model's layers, one at a time) and kept.
-std::shared_ptr<Transformer> tensor_parallel_slice(Group& group, const LockstepBatch& mine) {
+std::shared_ptr<Transformer> slice_for_batch(Group& group, const LockstepBatch& mine) {
   TensorParallelSlice fresh;
   TensorParallelSlice& kept = mine.slice ? *mine.slice : fresh;
   const std::uint64_t version = weights_version(*mine.model);
@@ -773,7 +773,7 @@ std::vector<LockstepOutcome> lockstep_outcomes(const std::vector<std::string>& r
 }  // namespace
 
 std::vector<LockstepOutcome> sample_lockstep_share(Group& group, LockstepBatch& mine) {
-  const std::shared_ptr<Transformer> slice = mine.tensor_parallel ? tensor_parallel_slice(group, mine) : nullptr;
+  const std::shared_ptr<Transformer> slice = mine.tensor_parallel ? slice_for_batch(group, mine) : nullptr;
   Transformer& model = slice ? *slice : *mine.model;
   const std::size_t n = mine.shares.size();
   std::vector<std::unique_ptr<DecodeRun>> runs(n);

@@ -339,15 +339,15 @@ std::shared_ptr<Transformer> Transformer::tensor_parallel(dist::Group& group) {
   // Every tensor of `slots` from its whole value in `wholes`, sliced for this rank's shape. A row-parallel linear's
   // bias (its weight cut by columns) is rank 0's alone.
   auto fill = [&](const UnitSlots& slots, const TensorMap& wholes) {
+    const std::map<std::string, torch::Tensor*> local(slots.begin(), slots.end());
     for (const auto& [name, handle] : slots) {
-      const torch::Tensor& whole = wholes.at(name);
       bool rank_zero_only = false;
-      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
-        const std::string weight = name.substr(0, name.size() - 5) + ".weight";
-        for (const auto& [other, h] : slots)
-          if (other == weight && h->dim() == 2 && h->size(1) != wholes.at(weight).size(1)) rank_zero_only = true;
+      if (name.ends_with(".bias")) {
+        const auto weight = local.find(name.substr(0, name.size() - 5) + ".weight");
+        rank_zero_only = weight != local.end() && weight->second->dim() == 2 &&
+                         weight->second->size(1) != wholes.at(weight->first).size(1);
       }
-      handle->set_data(tensor_parallel_slice(whole, handle->sizes(), r, rank_zero_only));
+      handle->set_data(tensor_parallel_slice(wholes.at(name), handle->sizes(), r, rank_zero_only));
     }
   };
   for (std::size_t li = 0; li < from.layers.size(); ++li) fill(to.layer_slots(li), from.whole_layer(li));
