@@ -4,7 +4,8 @@
 // the all-reduce seconds and bytes per step (LocalService::data_parallel_stats, differences around each timed
 // step) and the step-time ratios against W=1; full fine-tuning runs a fourth case, W=2 fully sharded (--shard full:
 // each rank keeps half of the weights, gradients and moments), with the bytes its all-gathers received and its
-// reduce-scatters sent per step against the model's size. A third mode, "sample", times one sample call of the LoRA session
+// reduce-scatters sent per step against the model's size, and a fifth, the same with RLLOOP_SHARD_PREFETCH=0 (each
+// layer gathered where it runs instead of a layer ahead), for what prefetch gains. A third mode, "sample", times one sample call of the LoRA session
 // instead (S samples of up to M new tokens, seeded, temperature 1): at W=2 each rank decodes half the samples.
 //   data_parallel_bench [--rlloop PATH] [--rounds R] [--steps N] [--batch B] [--tokens T] [--samples S]
 //                       [--max-tokens M] [--only lora|full|sample]
@@ -57,9 +58,10 @@ struct Settings {
 };
 
 struct Case {
-  std::string mode;  // "lora", "full", "sharded" (full fine-tuning, fully sharded) or "sample"
+  std::string mode;  // "lora", "full", "sharded" (full fine-tuning, fully sharded), "sharded-serial" or "sample"
   int world_size;
   int threads;  // per rank
+  bool sharded() const { return mode == "sharded" || mode == "sharded-serial"; }
 };
 
 struct Step {
@@ -163,10 +165,12 @@ Run run_case(const Settings& settings, const Case& c) {
     options.data_parallel.worker_program = settings.rlloop_bin;
     // A full fine-tuning step of rlloop-100m takes many seconds here; a loaded machine must not look like a hung rank.
     options.data_parallel.timeout_s = 600;
-    if (c.mode == "sharded") options.data_parallel.shard = "full";
+    if (c.sharded()) options.data_parallel.shard = "full";
+    // Each layer's all-gather issued where the layer runs, not a layer ahead (the workers inherit it).
+    if (c.mode == "sharded-serial") ::setenv("RLLOOP_SHARD_PREFETCH", "0", 1);
     LocalService svc(options);
     SessionOptions session{.base_model = "rlloop-100m", .seed = 1};
-    if (c.mode != "full" && c.mode != "sharded") session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
+    if (c.mode != "full" && !c.sharded()) session.lora = LoraOptions{.rank = 16, .alpha = 32, .target_modules = {"all-linear"}};
     const auto t0 = Clock::now();
     auto s = svc.create_session(session);
     run.open_s = seconds_since(t0);
@@ -389,7 +393,8 @@ int main(int argc, char** argv) try {
     if (!settings.only.empty() && settings.only != mode) continue;
     const std::size_t first = cases.size();
     for (const Case& c : {Case{mode, 1, 2}, Case{mode, 1, 1}, Case{mode, 2, 1}}) cases.push_back({c, {}});
-    if (std::string(mode) == "full") cases.push_back({Case{"sharded", 2, 1}, {}});
+    if (std::string(mode) == "full")
+      for (const char* sharded : {"sharded", "sharded-serial"}) cases.push_back({Case{sharded, 2, 1}, {}});
     const std::size_t n = cases.size() - first;
     for (int round = 0; round < settings.rounds; ++round)
       for (std::size_t k = 0; k < n; ++k) {
@@ -411,7 +416,7 @@ int main(int argc, char** argv) try {
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // A fully sharded case against full fine-tuning's one-rank cases.
   auto baseline = [&](const Pooled& p, int threads) -> const Pooled* {
-    const std::string mode = p.c.mode == "sharded" ? "full" : p.c.mode;
+    const std::string mode = p.c.sharded() ? "full" : p.c.mode;
     for (const auto& o : cases)
       if (o.c.mode == mode && o.c.world_size == 1 && o.c.threads == threads && !o.runs.empty()) return &o;
     return nullptr;
@@ -420,6 +425,7 @@ int main(int argc, char** argv) try {
     const char* mode = p.c.mode == "lora"      ? "LoRA r16 all-linear"
                        : p.c.mode == "full"    ? "full fine-tuning"
                        : p.c.mode == "sharded" ? "full fine-tuning, fully sharded"
+                       : p.c.sharded()         ? "full fine-tuning, fully sharded, no prefetch"
                                                : "LoRA r16 sample call";
     if (p.runs.empty()) {
       std::printf("| %s | %d | %d | failed | | | | | | | | | | |\n", mode, p.c.world_size, p.c.threads);
@@ -450,16 +456,30 @@ int main(int argc, char** argv) try {
   // The sharded case's volume against the model's: a step reduce-scatters every weight's gradient once and
   // all-gathers the root (embedding, final norm) once and each layer twice (forward, backward's recompute).
   for (const auto& p : cases) {
-    if (p.c.mode != "sharded" || p.runs.empty()) continue;
+    if (!p.c.sharded() || p.runs.empty()) continue;
     const double model_share = static_cast<double>(p.runs.front().trainable) * 4.0 * (p.c.world_size - 1) /
                                p.c.world_size;  // fp32 bytes x (W - 1) / W
     const double gathered = median(p.all(&Step::allgather_bytes)), scattered = median(p.all(&Step::reduce_scatter_bytes));
-    std::printf("fully sharded W=%d, per step on rank 0: all-gathers received %.1f MiB (%.2fx the model's fp32 bytes "
+    std::printf("%s W=%d, per step on rank 0: all-gathers received %.1f MiB (%.2fx the model's fp32 bytes "
                 "x (W-1)/W, %.1f MiB), reduce-scatters %.1f MiB (%.2fx; %.1f MiB actually sent)\n",
-                p.c.world_size, gathered / 1048576.0, gathered / model_share, model_share / 1048576.0,
+                p.c.mode.c_str(), p.c.world_size, gathered / 1048576.0, gathered / model_share, model_share / 1048576.0,
                 scattered / 1048576.0, scattered / model_share,
                 median(p.all(&Step::reduce_scatter_sent_bytes)) / 1048576.0);
   }
+  // What prefetch gains: each layer's all-gather started while the layer before it computes, against none.
+  const Pooled* ahead = nullptr;
+  const Pooled* serial = nullptr;
+  for (const auto& p : cases) {
+    if (p.runs.empty()) continue;
+    if (p.c.mode == "sharded") ahead = &p;
+    if (p.c.mode == "sharded-serial") serial = &p;
+  }
+  if (ahead && serial)
+    std::printf("fully sharded W=2, prefetch (each layer's all-gather started a layer ahead) against none: step %.2f "
+                "against %.2f s (%.3fx), forward_backward %.2f against %.2f s (%.3fx)\n",
+                median(ahead->step_s()), median(serial->step_s()), median(ahead->step_s()) / median(serial->step_s()),
+                median(ahead->all(&Step::forward_backward_s)), median(serial->all(&Step::forward_backward_s)),
+                median(ahead->all(&Step::forward_backward_s)) / median(serial->all(&Step::forward_backward_s)));
   std::printf("\n");
   bool all_ok = true;
   for (const auto& p : cases) {

@@ -3,11 +3,13 @@
 // as one rank does over the whole batch: losses, gradient norms, weights and Adam moments after three steps within
 // 1e-10, with and without activation checkpointing, full fine-tuning and LoRA adapters over a sharded frozen base;
 // each rank holds about half of the weights, gradients and optimizer state; and a sharded model decodes with a KV
-// cache (prefill, decode_step) to the logits of the whole model.
+// cache (prefill, decode_step) to the logits of the whole model. Each layer's all-gather is started while the layer
+// before it computes (prefetch), which changes no value: the same run without it is equal bit for bit.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include <rlloop/error.hpp>
@@ -170,6 +172,8 @@ void expect_two_sharded_ranks_equal_one(bool checkpointing) {
   EXPECT_EQ(ranks[0].stats.reduce_scatter_bytes, kSteps * all);
   EXPECT_EQ(ranks[0].stats.reduce_scatter_sent_bytes, kSteps * all);
   EXPECT_EQ(ranks[0].stats.allgather_bytes, kSteps * (all + layers));
+  // Prefetch: every layer's gather but the first in a forward (and the last in a backward) started a layer ahead.
+  EXPECT_EQ(ranks[0].stats.allgather_prefetches, kSteps * 2 * static_cast<std::uint64_t>(cfg.num_hidden_layers - 1));
   std::printf("per step and rank: all-gathered %llu bytes, reduce-scattered %llu (model %llu bytes in fp64)\n",
               static_cast<unsigned long long>(ranks[0].stats.allgather_bytes / kSteps),
               static_cast<unsigned long long>(ranks[0].stats.reduce_scatter_bytes / kSteps),
@@ -265,6 +269,31 @@ void expect_sharded_decoding_equals_one_rank(bool lora) {
   EXPECT_LT(test_util::max_logit_difference(ranks, one), 1e-10);
 }
 
+// Two sharded ranks trained with each layer's gather started a layer ahead and without: the same values bit for bit.
+void expect_prefetch_changes_no_value() {
+  const ModelConfig cfg = *builtin_model("rlloop-tiny");
+  torch::manual_seed(4);
+  const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {4, 10}, torch::kLong);
+  const torch::Tensor targets = torch::randint(0, cfg.vocab_size, {4, 10}, torch::kLong);
+  Run runs[2][2];  // [prefetch off, on][rank]
+  for (int prefetch = 0; prefetch < 2; ++prefetch) {
+    ::setenv("RLLOOP_SHARD_PREFETCH", prefetch ? "1" : "0", 1);  // read when a model is sharded
+    const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
+      runs[prefetch][r] = sharded_rank(g, ids.narrow(0, 2 * r, 2), targets.narrow(0, 2 * r, 2), true);
+    });
+    ::unsetenv("RLLOOP_SHARD_PREFETCH");
+    ASSERT_EQ(errors[0], "");
+    ASSERT_EQ(errors[1], "");
+  }
+  EXPECT_EQ(runs[0][0].stats.allgather_prefetches, 0u);
+  EXPECT_GT(runs[1][0].stats.allgather_prefetches, 0u);
+  EXPECT_EQ(runs[0][0].stats.allgather_bytes, runs[1][0].stats.allgather_bytes);  // the same gathers, started earlier
+  EXPECT_EQ(runs[0][0].losses, runs[1][0].losses);
+  EXPECT_EQ(runs[0][0].norms, runs[1][0].norms);
+  for (int r = 0; r < 2; ++r)
+    for (const auto& [name, w] : runs[0][r].weights) EXPECT_TRUE(torch::equal(runs[1][r].weights.at(name), w)) << name;
+}
+
 }  // namespace
 
 TEST(FullySharded, TwoRanksTrainAsOneRank) { expect_two_sharded_ranks_equal_one(false); }
@@ -276,6 +305,15 @@ TEST(FullySharded, LoraOverAShardedBaseTrainsAsOneRankWithActivationCheckpointin
 }
 TEST(FullySharded, AShardedModelDecodesAsTheWholeModel) { expect_sharded_decoding_equals_one_rank(false); }
 TEST(FullySharded, LoraOverAShardedBaseDecodesAsTheWholeModel) { expect_sharded_decoding_equals_one_rank(true); }
+
+TEST(FullySharded, PrefetchChangesNoValue) { expect_prefetch_changes_no_value(); }
+
+TEST(FullySharded, APrefetchSettingOtherThanZeroOrOneIsRefused) {
+  ::setenv("RLLOOP_SHARD_PREFETCH", "yes", 1);
+  const auto errors = test_util::on_ranks(2, [&](int, dist::Group& g) { tiny_fp64()->set_fully_sharded(g); });
+  ::unsetenv("RLLOOP_SHARD_PREFETCH");
+  EXPECT_NE(errors[0].find("RLLOOP_SHARD_PREFETCH must be 0 or 1, got 'yes'"), std::string::npos) << errors[0];
+}
 
 TEST(FullySharded, WhatItCannotShardIsRefusedByName) {
   std::unique_ptr<dist::Group> group0 = dist::Group::listen({.rank = 0, .world_size = 2});

@@ -27,6 +27,13 @@
 
 namespace rlloop::engine::dist {
 
+torch::Tensor PendingGather::wait() {
+  if (!finish_) throw std::logic_error("PendingGather::wait: no all-gather under way");
+  const auto finish = std::move(finish_);
+  finish_ = nullptr;
+  return finish();
+}
+
 bool nccl_built() {
 #ifdef USE_C10D_NCCL
   return true;
@@ -708,28 +715,49 @@ void expect_flat(const torch::Tensor& t, std::int64_t parts, const char* what) {
 }
 }  // namespace
 
-torch::Tensor Group::all_gather(const torch::Tensor& shard) {
+torch::Tensor Group::all_gather(const torch::Tensor& shard) { return start_gather(shard).wait(); }
+
+PendingGather Group::start_all_gather(const torch::Tensor& shard) {
+  PendingGather pending = start_gather(shard);
+  impl_->stats.allgather_prefetches += 1;
+  return pending;
+}
+
+PendingGather Group::start_gather(const torch::Tensor& shard) {
   Impl& g = *impl_;
   const int W = g.options.world_size;
   expect_flat(shard, 1, "all_gather");
-  torch::Tensor full;
-  g.collective("all-gather of shards", [&] {
+  static constexpr const char* what = "all-gather of shards";
+  PendingGather pending;
+  g.collective(what, [&] {
     torch::NoGradGuard no_grad;
     if (g.options.nccl && shard.is_cuda()) {
-      full = torch::empty({shard.numel() * W}, shard.options());
-      torch::Tensor in = shard.contiguous();
-      Impl::wait(g.tensors->_allgather_base(full, in));
+      torch::Tensor full = torch::empty({shard.numel() * W}, shard.options());
+      torch::Tensor in = shard.contiguous();  // held until the transfer is waited for
+      auto work = g.tensors->_allgather_base(full, in);
+      pending.finish_ = [&g, work, full, in] {
+        g.collective(what, [&] { Impl::wait(work); });
+        return full;
+      };
     } else {
       std::vector<torch::Tensor> in{as_gloo_carries(shard)};
       std::vector<std::vector<torch::Tensor>> parts(1);
       for (int r = 0; r < W; ++r) parts[0].push_back(torch::empty_like(in[0]));
-      Impl::wait(g.gloo->allgather(parts, in));
-      full = torch::cat(parts[0]).to(shard.device(), shard.scalar_type());
+      auto work = g.gloo->allgather(parts, in);
+      pending.finish_ = [&g, work, in, parts, device = shard.device(), dtype = shard.scalar_type()] {
+        torch::Tensor full;
+        g.collective(what, [&] {
+          Impl::wait(work);
+          torch::NoGradGuard no_grad;
+          full = torch::cat(parts[0]).to(device, dtype);
+        });
+        return full;
+      };
     }
     g.stats.allgather_calls += 1;
     g.stats.allgather_bytes += static_cast<std::uint64_t>(shard.nbytes()) * static_cast<std::uint64_t>(W - 1);
   });
-  return full;
+  return pending;
 }
 
 torch::Tensor Group::reduce_scatter_sum(const torch::Tensor& full) {
@@ -806,6 +834,8 @@ torch::Tensor Group::all_to_all(const torch::Tensor&, const std::vector<std::int
 }
 torch::Tensor Group::all_gather(const torch::Tensor&) { no_c10d(); }
 torch::Tensor Group::reduce_scatter_sum(const torch::Tensor&) { no_c10d(); }
+PendingGather Group::start_all_gather(const torch::Tensor&) { no_c10d(); }
+PendingGather Group::start_gather(const torch::Tensor&) { no_c10d(); }
 CollectiveStats Group::stats() const { return {}; }
 bool Group::failed() const { return false; }
 void Group::mark_failed(const std::string&) {}

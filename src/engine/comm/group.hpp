@@ -11,6 +11,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,9 +61,23 @@ struct CollectiveStats {
   // widened to fp32 for Gloo).
   std::uint64_t allgather_calls = 0;
   std::uint64_t allgather_bytes = 0;
+  std::uint64_t allgather_prefetches = 0;  // of the calls, those started ahead of their use (start_all_gather)
   std::uint64_t reduce_scatter_calls = 0;
   std::uint64_t reduce_scatter_bytes = 0;
   std::uint64_t reduce_scatter_sent_bytes = 0;
+};
+
+// An all-gather under way (Group::start_all_gather): the transfer proceeds (on c10d's own thread, or NCCL's
+// stream) while the caller computes. wait() returns what Group::all_gather would have, once; dropped unwaited, the
+// transfer still completes. It must not outlive its group.
+class PendingGather {
+ public:
+  bool pending() const { return static_cast<bool>(finish_); }
+  torch::Tensor wait();
+
+ private:
+  friend class Group;
+  std::function<torch::Tensor()> finish_;
 };
 
 // Whether this LibTorch has c10d's NCCL backend (USE_C10D_NCCL).
@@ -122,6 +137,9 @@ class Group {
   // native ring sends.
   torch::Tensor all_gather(const torch::Tensor& shard);
   torch::Tensor reduce_scatter_sum(const torch::Tensor& full);
+  // all_gather started and not waited for: every rank starts the same ones in the same order, among its other
+  // collectives, as with the blocking ones.
+  PendingGather start_all_gather(const torch::Tensor& shard);
 
   CollectiveStats stats() const;
   // Set when a collective failed, a rank stopped answering, or by mark_failed (the ranks' replicas went apart);
@@ -132,6 +150,7 @@ class Group {
  private:
   struct Impl;
   explicit Group(std::unique_ptr<Impl> impl);
+  PendingGather start_gather(const torch::Tensor& shard);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,5 +1,6 @@
 #include "model/fully_sharded.hpp"
 
+#include <cstdlib>
 #include <map>
 
 #include <torch/torch.h>
@@ -47,6 +48,12 @@ torch::Tensor ShardedUnit::flat_shard() const {
 
 torch::Tensor ShardedUnit::gather(const torch::Tensor& flat_shard) const {
   return group_->all_gather(flat_shard.detach()).view({group_->size(), width_});
+}
+
+dist::PendingGather ShardedUnit::start_gather() const { return group_->start_all_gather(flat_shard().detach()); }
+
+torch::Tensor ShardedUnit::finish_gather(dist::PendingGather& pending) const {
+  return pending.wait().view({group_->size(), width_});
 }
 
 std::vector<torch::Tensor> ShardedUnit::unpack(const torch::Tensor& full, bool trainable) const {
@@ -141,6 +148,53 @@ torch::Tensor ShardedUnit::part_of(int i, const torch::Tensor& whole, int rank) 
 }
 
 namespace {
+bool prefetch_from_environment() {
+  const char* env = std::getenv("RLLOOP_SHARD_PREFETCH");
+  if (!env) return true;
+  const std::string v = env;
+  if (v != "0" && v != "1") throw invalid_argument("RLLOOP_SHARD_PREFETCH must be 0 or 1, got '" + v + "'");
+  return v == "1";
+}
+}  // namespace
+
+GatherPipeline::GatherPipeline() : prefetch_(prefetch_from_environment()) {}
+
+GatherPipeline::~GatherPipeline() {
+  try {
+    drop_in_flight();
+  } catch (const std::exception&) {
+    // The group failed; it says so to its next user.
+  }
+}
+
+void GatherPipeline::begin_pass() {
+  drop_in_flight();
+  ++pass_;
+}
+
+void GatherPipeline::drop_in_flight() {
+  if (in_flight_.pending()) in_flight_.wait();
+  in_flight_unit_ = nullptr;
+}
+
+torch::Tensor GatherPipeline::take(const ShardedUnit& unit, std::uint64_t pass, const ShardedUnit* ahead) {
+  torch::Tensor full;
+  if (in_flight_.pending() && in_flight_unit_ == &unit && in_flight_pass_ == pass) {
+    full = unit.finish_gather(in_flight_);
+    in_flight_unit_ = nullptr;
+  } else {
+    drop_in_flight();
+    full = unit.gather(unit.flat_shard());
+  }
+  if (prefetch_ && ahead) {
+    in_flight_ = ahead->start_gather();
+    in_flight_unit_ = ahead;
+    in_flight_pass_ = pass;
+  }
+  return full;
+}
+
+namespace {
 
 // A model's handles point at `wholes` while it lives.
 class Bound {
@@ -168,8 +222,11 @@ class ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFuncti
     ctx->save_for_backward({x, cos, sin});
     ctx->saved_data["layer"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(layer));
     ctx->saved_data["scale"] = scale;
+    const std::uint64_t pass = layer->gathers->pass();
+    ctx->saved_data["pass"] = static_cast<std::int64_t>(pass);
+    (void)flat_shard;  // gathered by the pipeline (the same shards); an input for its gradient
     const ShardedUnit& unit = *layer->unit;
-    Bound bound(*layer, unit.unpack(unit.gather(flat_shard), /*trainable=*/false));
+    Bound bound(*layer, unit.unpack(layer->gathers->take(unit, pass, layer->next), /*trainable=*/false));
     return layer->run(x, StepContext{cos, sin, scale, nullptr, 0});
   }
 
@@ -182,7 +239,8 @@ class ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFuncti
     torch::AutoGradMode enable(true);
     // Each weight a leaf of its own: autograd gives each its gradient alone (views of one gathered buffer would
     // each produce a zero-filled buffer's worth of gradient).
-    std::vector<torch::Tensor> wholes = unit.unpack(unit.gather(unit.flat_shard()), unit.trains());
+    const auto pass = static_cast<std::uint64_t>(ctx->saved_data["pass"].toInt());
+    std::vector<torch::Tensor> wholes = unit.unpack(layer->gathers->take(unit, pass, layer->previous), unit.trains());
     const torch::Tensor x = saved[0].detach().requires_grad_(ctx->needs_input_grad(0));
     torch::Tensor out;
     {
@@ -211,7 +269,7 @@ torch::Tensor run_sharded_layer(const ShardedLayer& layer, const torch::Tensor& 
   const bool differentiate = torch::GradMode::is_enabled() && (x.requires_grad() || unit.trains() || adapters);
   if (!differentiate) {
     torch::NoGradGuard no_grad;  // the gathered weights and the layer's output are plain values
-    Bound bound(layer, unit.unpack(unit.gather(unit.flat_shard()), /*trainable=*/false));
+    Bound bound(layer, unit.unpack(layer.gathers->take(unit, layer.gathers->pass(), layer.next), false));
     return layer.run(x, in);
   }
   if (in.cache) throw unsupported("a fully sharded layer differentiates no step with a KV cache");

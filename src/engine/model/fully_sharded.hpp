@@ -12,6 +12,8 @@
 // A unit's shards are shared by every model over one sharded base (LoRA sessions sharing a frozen base): each model
 // binds the gathered weights to its own handles (UnitSlots) while one of its layers runs. A frozen unit (its
 // weights did not require grad when cut) is gathered the same way and reduce-scatters nothing.
+//
+// A unit's gather is started one layer ahead (GatherPipeline), so that its transfer overlaps the layer before it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -21,11 +23,10 @@
 
 #include <torch/types.h>
 
+#include "comm/group.hpp"
+
 namespace rlloop::engine {
 
-namespace dist {
-class Group;
-}
 struct StepContext;
 
 // A model's handles of a unit's weights, by weight name (two handles of one tensor, a tied unembedding, name one
@@ -47,6 +48,9 @@ class ShardedUnit {
   torch::Tensor flat_shard() const;
   // Every rank's flat shard, [W, S] (one all-gather; every rank of the group calls it together).
   torch::Tensor gather(const torch::Tensor& flat_shard) const;
+  // The same all-gather of the shards as they are now, started; finish_gather waits for it and returns [W, S].
+  dist::PendingGather start_gather() const;
+  torch::Tensor finish_gather(dist::PendingGather& pending) const;
   // Every weight whole from gather's [W, S], each a contiguous tensor of its own (a leaf that requires grad when
   // `trainable`: autograd then gives each weight its gradient apart).
   std::vector<torch::Tensor> unpack(const torch::Tensor& full, bool trainable) const;
@@ -90,6 +94,38 @@ class ShardedUnit {
   bool trains_ = false;
 };
 
+// The all-gathers of one model's sharded layers, each started a layer ahead (FSDP's forward and backward
+// prefetch): before a layer computes, the gather of the layer that runs after it (the next one in a forward, the
+// previous one in a backward) is started, so that its transfer overlaps this layer's compute. One gather is in
+// flight at a time, so at most two layers are whole at once. A gather is used only in the pass that started it (a
+// ShardedPass, within which the weights do not change); one an interrupted pass left in flight is waited out and
+// dropped when the next pass begins. Every rank runs the same passes, so all start the same gathers in the same
+// order. Prefetch is on unless RLLOOP_SHARD_PREFETCH=0 (each gather then issued where its layer runs).
+class GatherPipeline {
+ public:
+  GatherPipeline();
+  ~GatherPipeline();
+  GatherPipeline(const GatherPipeline&) = delete;
+  GatherPipeline& operator=(const GatherPipeline&) = delete;
+
+  // Starts a pass (waits out a gather an earlier one left in flight).
+  void begin_pass();
+  std::uint64_t pass() const { return pass_; }
+  // `unit`'s weights whole as gather lays them out ([W, S]) in pass `pass`: from the gather started ahead for
+  // it, or one now; then starts `ahead`'s (none when null).
+  torch::Tensor take(const ShardedUnit& unit, std::uint64_t pass, const ShardedUnit* ahead);
+  bool prefetches() const { return prefetch_; }
+
+ private:
+  void drop_in_flight();
+
+  bool prefetch_;
+  std::uint64_t pass_ = 0;
+  const ShardedUnit* in_flight_unit_ = nullptr;
+  std::uint64_t in_flight_pass_ = 0;
+  dist::PendingGather in_flight_;
+};
+
 // A decoder layer of a fully sharded model as one autograd node: forward gathers the layer, runs it without a
 // graph and frees the weights; backward gathers them again, runs it with its graph (the recompute of activation
 // checkpointing, which this always is: a graph would hold the gathered weights until backward), differentiates it
@@ -103,6 +139,9 @@ struct ShardedLayer {
   LayerFunction run;    // the model's layer over those handles
   // Whether the model trains tensors of the layer outside the unit (its LoRA adapters).
   std::function<bool()> adapters_train;
+  GatherPipeline* gathers;                 // the model's
+  const ShardedUnit* next = nullptr;       // the units of the layers after and before it (null: none)
+  const ShardedUnit* previous = nullptr;
 };
 // `layer` must outlive the graph (the model's, as for checkpointing).
 torch::Tensor run_sharded_layer(const ShardedLayer& layer, const torch::Tensor& x, const StepContext& in);

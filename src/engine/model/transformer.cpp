@@ -41,6 +41,7 @@ struct Transformer::Impl : ModelWeights {
   };
   std::shared_ptr<const Sharding> sharding;
   std::vector<ShardedLayer> sharded_layers;
+  std::unique_ptr<GatherPipeline> gathers;  // this model's layers' gathers, each started a layer ahead
   UnitSlots root_slots;
   std::vector<torch::Tensor> root_weights;
 
@@ -59,14 +60,18 @@ struct Transformer::Impl : ModelWeights {
     return root;
   }
   // Runs this model's layers over `s`'s units.
-  void use_sharding(std::shared_ptr<const Sharding> s) {
+  void use_sharding(std::shared_ptr<const Sharding> s, std::unique_ptr<GatherPipeline> pipeline) {
     sharding = std::move(s);
+    gathers = std::move(pipeline);
+    const auto& units = sharding->layers;
     for (std::size_t li = 0; li < layers.size(); ++li)
-      sharded_layers.push_back({sharding->layers[li].get(), layer_slots(li),
+      sharded_layers.push_back({units[li].get(), layer_slots(li),
                                 [this, li](const torch::Tensor& x, const StepContext& in) {
                                   return layer_forward(li, x, in);
                                 },
-                                [this, li] { return layers[li].trains(); }});
+                                [this, li] { return layers[li].trains(); }, gathers.get(),
+                                li + 1 < units.size() ? units[li + 1].get() : nullptr,
+                                li > 0 ? units[li - 1].get() : nullptr});
     root_slots = root_slots_of();
   }
 
@@ -169,7 +174,8 @@ std::shared_ptr<Transformer> Transformer::sharing_base(Transformer& base) {
   to.for_each_base([&](const std::string& name, const torch::Tensor& t) {
     shared->register_parameter(module_name(name), t, /*requires_grad=*/false);
   });
-  if (from.sharding) to.use_sharding(from.sharding);  // its handles hold the placeholders: bound in its passes
+  // Its handles hold the placeholders: bound in its passes, whose gathers are its own.
+  if (from.sharding) to.use_sharding(from.sharding, std::make_unique<GatherPipeline>());
   return shared;
 }
 
@@ -263,11 +269,12 @@ std::string Transformer::why_not_fully_shardable() const {
 void Transformer::set_fully_sharded(dist::Group& group) {
   Impl& m = *impl_;
   if (std::string why = why_not_fully_shardable(); !why.empty()) throw unsupported(why);
+  auto gathers = std::make_unique<GatherPipeline>();  // its setting checked before any weight is cut
   auto sharding = std::make_shared<Impl::Sharding>();
   for (std::size_t li = 0; li < m.layers.size(); ++li)
     sharding->layers.push_back(std::make_unique<ShardedUnit>(m.layer_slots(li), group));
   sharding->root = std::make_unique<ShardedUnit>(m.root_slots_of(), group);
-  m.use_sharding(std::move(sharding));
+  m.use_sharding(std::move(sharding), std::move(gathers));
 }
 
 bool Transformer::fully_sharded() const { return impl_->sharding != nullptr; }
@@ -377,6 +384,7 @@ ShardedPass::ShardedPass(Transformer& model) : model_(model) {
   auto& m = *model_.impl_;
   if (!m.sharding) return;
   if (!m.root_weights.empty()) throw conflict("ShardedPass: the model is in a pass already");
+  m.gathers->begin_pass();
   const ShardedUnit& root = *m.sharding->root;
   m.root_weights = root.unpack(root.gather(root.flat_shard()), torch::GradMode::is_enabled() && root.trains());
   root.bind(m.root_slots, m.root_weights);
