@@ -172,6 +172,8 @@ async function main() {
     process.exit(1);
   }
   const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' });
+  // Each context on one thread (threads: 1 below): llama.cpp's threads wait for each other spinning, which on a
+  // 2-core machine shared with another test (ctest -j2) took 242 s of wall time for what one thread does in ~35 s.
   const base = await llama.loadModel({ modelPath: model, gpuLayers: 0 });
   const template = new Template(base.fileInfo.metadata.tokenizer.chat_template);
   const sequences = CHATS.map((c) => Array.from(base.tokenize(template.render({ messages: c }), true)));
@@ -186,7 +188,7 @@ async function main() {
                                                    '--export-gguf-adapter-hf-order', misorderedFile,
                                                    '--export-gguf-model', mergedFile, '--gguf-type', 'Q8_0']);
 
-    const baseContext = await base.createContext({ contextSize, sequences: 1 });
+    const baseContext = await base.createContext({ contextSize, sequences: 1, threads: 1 });
     const theirsBase = await llamaLogprobs(baseContext, sequences);
     await baseContext.dispose();
     const tolerance = agree('base model', mineBase, theirsBase, BOUNDS);
@@ -196,14 +198,14 @@ async function main() {
     expect(effect >= MIN_EFFECT * tolerance,
            `the adapter's effect ${effect.toFixed(4)} is under ${MIN_EFFECT}x the base model's mean difference`);
 
-    const adaptedContext = await base.createContext({ contextSize, sequences: 1,
+    const adaptedContext = await base.createContext({ contextSize, sequences: 1, threads: 1,
                                                       lora: { adapters: [{ filePath: adapterFile }] } });
     agree('base + rlloop\'s GGUF LoRA adapter', mineAdapted, await llamaLogprobs(adaptedContext, sequences),
           ADAPTED_BOUNDS);
     await adaptedContext.dispose();
 
     // The negative control: q/k rows of B in Hugging Face's order must miss the bounds the right layout meets.
-    const misorderedContext = await base.createContext({ contextSize, sequences: 1,
+    const misorderedContext = await base.createContext({ contextSize, sequences: 1, threads: 1,
                                                          lora: { adapters: [{ filePath: misorderedFile }] } });
     const control = compare('negative control: the adapter with q/k rows in HF order', mineAdapted,
                             await llamaLogprobs(misorderedContext, sequences), ADAPTED_BOUNDS);
@@ -218,7 +220,7 @@ async function main() {
            'the merged model keeps the base\'s chat template');
     expect(JSON.stringify(sequences.map((s) => Array.from(merged.tokenize(merged.detokenize(s, true), true)))) ===
            JSON.stringify(sequences), 'the merged model tokenizes as the base does');
-    const mergedContext = await merged.createContext({ contextSize, sequences: 1 });
+    const mergedContext = await merged.createContext({ contextSize, sequences: 1, threads: 1 });
     agree('rlloop\'s merged Q8_0 GGUF model', mineAdapted, await llamaLogprobs(mergedContext, sequences),
           ADAPTED_BOUNDS);
     await mergedContext.dispose();
