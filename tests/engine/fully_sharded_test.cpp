@@ -294,8 +294,43 @@ void expect_prefetch_changes_no_value() {
     for (const auto& [name, w] : runs[0][r].weights) EXPECT_TRUE(torch::equal(runs[1][r].weights.at(name), w)) << name;
 }
 
+// A model made sharded (init_sharded_model: built on the meta device, each weight drawn whole and cut, one at a
+// time): each rank's shards are exactly its parts of init_model's weights, no whole weight is left on a rank, and
+// it decodes (its KV pools and placeholders on the real device) to the whole model's logits.
+void expect_a_model_made_sharded_to_hold_the_whole_models_parts() {
+  const ModelConfig cfg = *builtin_model("rlloop-tiny");
+  auto whole = init_model(cfg, 5, torch::kCPU, torch::kFloat64);
+  torch::manual_seed(6);
+  const torch::Tensor prompt = torch::randint(0, cfg.vocab_size, {2, 5}, torch::kLong);
+  const auto logits = test_util::greedy_decode_logits(*whole, prompt, 3);
+  std::map<std::string, torch::Tensor> shards[2];
+  std::int64_t whole_elements[2] = {0, 0};
+  std::vector<std::vector<torch::Tensor>> decoded(2);
+  const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
+    auto model = init_sharded_model(cfg, 5, torch::kCPU, torch::kFloat64, g);
+    for (auto& [name, p] : model->named_trainable_parameters()) shards[r][name] = p.detach().clone();
+    for (auto& p : model->parameters()) whole_elements[r] += p.numel();
+    decoded[r] = test_util::greedy_decode_logits(*model, prompt, 3);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  const auto weights = whole->named_trainable_parameters();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(shards[r].size(), weights.size());
+    for (const auto& [name, w] : weights) {
+      ASSERT_TRUE(shards[r].count(name)) << name;
+      EXPECT_TRUE(torch::equal(shards[r].at(name), part_of(w.detach(), r, 2))) << "rank " << r << " " << name;
+    }
+    EXPECT_EQ(whole_elements[r], 0);
+  }
+  EXPECT_LT(test_util::max_logit_difference(decoded, logits), 1e-10);
+}
+
 }  // namespace
 
+TEST(FullySharded, AModelMadeShardedHoldsTheWholeModelsParts) {
+  expect_a_model_made_sharded_to_hold_the_whole_models_parts();
+}
 TEST(FullySharded, TwoRanksTrainAsOneRank) { expect_two_sharded_ranks_equal_one(false); }
 TEST(FullySharded, TwoRanksTrainAsOneRankWithActivationCheckpointing) { expect_two_sharded_ranks_equal_one(true); }
 

@@ -269,7 +269,9 @@ class Worker {
   void load_sampler(std::uint64_t id, const std::string& key) {
     Replica& rep = replica(id);
     SamplingModel loaded{
-        engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options, expert_group(), shard_group()).model,
+        engine::make_session_model(bases_, rep.resolved_base, dev_, rep.options, expert_group(), shard_group(),
+                                   /*sampler=*/true)
+            .model,
         nullptr};
     engine::dist::load_sampler_share(*group_, *loaded.model, nullptr);
     rep.samplers[key] = std::move(loaded);

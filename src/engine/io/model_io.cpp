@@ -255,6 +255,19 @@ std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device de
   return model;
 }
 
+namespace {
+// init_model's value of weight `name` (shaped as `t`), in fp32 on the CPU: a norm's identity, zero biases, and
+// N(0, 0.02) drawn from `gen` for matrices and attention sinks (the only draws: the stream depends on them alone).
+torch::Tensor initial_weight(const ModelConfig& cfg, const std::string& name, const torch::Tensor& t,
+                             at::Generator& gen) {
+  const bool bias = name.ends_with(".bias");
+  if (t.dim() == 1 && !bias && !name.ends_with("." + cfg.family().names.sinks))  // a norm's, whatever the family
+    return torch::full(t.sizes(), cfg.norm_adds_one ? 0.0 : 1.0, torch::kFloat32);
+  if (bias) return torch::zeros(t.sizes(), torch::kFloat32);
+  return torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen);
+}
+}  // namespace
+
 std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
                                         torch::ScalarType dtype) {
   auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
@@ -262,17 +275,19 @@ std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t see
   // every device and dtype (up to the final cast).
   auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
   torch::NoGradGuard no_grad;
-  const std::string sinks = "." + cfg.family().names.sinks;
-  for (auto& [name, t] : model->hf_state_dict()) {
-    const bool bias = name.ends_with(".bias");
-    if (t.dim() == 1 && !bias && !name.ends_with(sinks)) {  // a norm's weight, whatever the family calls it
-      t.fill_(cfg.norm_adds_one ? 0.0 : 1.0);                  // the identity
-    } else if (bias) {
-      t.zero_();
-    } else {
-      t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, 0.02, gen));  // matrices, and attention sinks
-    }
-  }
+  for (auto& [name, t] : model->hf_state_dict()) t.copy_(initial_weight(cfg, name, t, gen));
+  return model;
+}
+
+std::shared_ptr<Transformer> init_sharded_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
+                                                torch::ScalarType dtype, dist::Group& group) {
+  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
+  torch::NoGradGuard no_grad;
+  model->set_fully_sharded(group, torch::TensorOptions().device(device).dtype(dtype),
+                           [&](const std::string& name, const torch::Tensor& shape) {
+                             return initial_weight(cfg, name, shape, gen);
+                           });
   return model;
 }
 

@@ -27,6 +27,11 @@ std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device de
 // Builds a randomly initialised model (seeded; std 0.02 normal, as HF initialises) for tests and from-scratch demos.
 std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
                                         torch::ScalarType dtype);
+// init_model's model fully sharded over `group` (Transformer::set_fully_sharded) without ever being whole on a
+// rank: built on the meta device, each weight drawn in init_model's order (every rank draws the same stream) and
+// only this rank's part of it kept. Equal to init_model's model sharded.
+std::shared_ptr<Transformer> init_sharded_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
+                                                torch::ScalarType dtype, dist::Group& group);
 // Saves config.json + model.safetensors (fp32 unless the model is bf16); with LoRA, the merged weights.
 // `max_shard_bytes` > 0 splits into shards with an index. Atomic per file; the directory is created.
 void save_model(const Transformer& model, const std::string& dir, std::int64_t max_shard_bytes = 0);

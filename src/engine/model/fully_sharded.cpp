@@ -13,14 +13,34 @@
 namespace rlloop::engine {
 
 ShardedUnit::ShardedUnit(const UnitSlots& slots, dist::Group& group) : group_(&group) {
-  const std::int64_t W = group.size();
-  std::map<const void*, std::size_t> seen;  // a tensor's storage -> its weight (tied handles)
+  lay_out(slots);
   torch::NoGradGuard no_grad;
+  for (const Weight& w : weights_) trains_ = trains_ || w.placeholder.requires_grad();
+  for (std::size_t i = 0; i < weights_.size(); ++i)
+    shards_[i].second = part_of(static_cast<int>(i), weights_[i].placeholder, group.rank()).requires_grad_(trains_);
+  // The full tensors go. Emptied in place rather than replaced: the module's parameter list and the models sharing
+  // them hold the same tensors, which all become the placeholder.
+  empty_placeholders();
+}
+
+ShardedUnit::ShardedUnit(const UnitSlots& slots, dist::Group& group, const torch::TensorOptions& options, bool trains)
+    : group_(&group), trains_(trains) {
+  lay_out(slots);
+  for (std::size_t i = 0; i < weights_.size(); ++i) {
+    shards_[i].second = torch::zeros({weights_[i].part}, options).requires_grad_(trains);
+    // Tensors of their own, not the slots' emptied in place: a meta tensor cannot take a CPU or CUDA one's data.
+    weights_[i].placeholder = torch::empty({0}, options);
+  }
+  unbind(slots);
+}
+
+void ShardedUnit::lay_out(const UnitSlots& slots) {
+  const std::int64_t W = group_->size();
+  std::map<const void*, std::size_t> seen;  // a tensor's storage -> its weight (tied handles)
   for (const auto& [name, handle] : slots) {
     const torch::Tensor& t = *handle;
     if (seen.count(t.unsafeGetTensorImpl())) continue;
     seen[t.unsafeGetTensorImpl()] = weights_.size();
-    trains_ = trains_ || t.requires_grad();
     Weight w;
     w.placeholder = t;
     w.shape = t.sizes().vec();
@@ -29,15 +49,27 @@ ShardedUnit::ShardedUnit(const UnitSlots& slots, dist::Group& group) : group_(&g
     w.offset = width_;
     width_ += w.part;
     weights_.push_back(std::move(w));
-    shards_.emplace_back(name, part_of(static_cast<int>(shards_.size()), t, group.rank()));
+    shards_.emplace_back(name, torch::Tensor());
   }
-  for (auto& [name, shard] : shards_) shard.requires_grad_(trains_);
-  // The full tensors go. Emptied in place rather than replaced: the module's parameter list and the models sharing
-  // them hold the same tensors, which all become the placeholder.
+}
+
+void ShardedUnit::empty_placeholders() {
   for (Weight& w : weights_) {
     w.placeholder.set_requires_grad(false);
     w.placeholder.set_data(torch::empty({0}, w.placeholder.options()));
   }
+}
+
+void ShardedUnit::fill(const std::string& name, const torch::Tensor& whole) const {
+  const std::size_t i = index(name);
+  torch::NoGradGuard no_grad;
+  const Weight& w = weights_[i];
+  if (whole.sizes().vec() != w.shape)
+    throw invalid_argument("fully sharded '" + name + "': a tensor of another shape than the weight's");
+  // This rank's elements straight from the whole (a view of it when contiguous); the shard's tail past the weight's
+  // end stays the zero padding.
+  const std::int64_t begin = std::min(group_->rank() * w.part, w.numel), n = std::min(w.part, w.numel - begin);
+  shards_[i].second.narrow(0, 0, n).copy_(whole.reshape(-1).narrow(0, begin, n));
 }
 
 torch::Tensor ShardedUnit::flat_shard() const {

@@ -40,6 +40,13 @@ class ShardedUnit {
   // 0-element placeholder of its dtype and device, except while bound. The shards train when the weights required
   // grad.
   ShardedUnit(const UnitSlots& slots, dist::Group& group);
+  // The same from the weights' shapes alone (`slots` may hold tensors without storage, on the meta device): the
+  // shards are zeros of `options` that fill() writes, one weight at a time, so that no rank ever holds the whole
+  // unit; the slots are pointed at new placeholders of `options` (a module list holding the slots' old tensors is
+  // the caller's to update). The shards train when `trains`.
+  ShardedUnit(const UnitSlots& slots, dist::Group& group, const torch::TensorOptions& options, bool trains);
+  // Writes this rank's part of weight `name` from the whole of it (its shape; any dtype and device).
+  void fill(const std::string& name, const torch::Tensor& whole) const;
 
   // The shards by weight name (each weight once): leaves, which require grad when the unit trains.
   const std::vector<std::pair<std::string, torch::Tensor>>& shards() const { return shards_; }
@@ -81,6 +88,9 @@ class ShardedUnit {
  private:
   // Weight `name`'s index (invalid_argument when the unit has none).
   std::size_t index(const std::string& name) const;
+  // The weights' layout from `slots` (each tensor once), and their tensors made 0-element placeholders.
+  void lay_out(const UnitSlots& slots);
+  void empty_placeholders();
 
   struct Weight {
     torch::Tensor placeholder;  // the weight's own tensor, emptied

@@ -266,6 +266,18 @@ std::string Transformer::why_not_fully_shardable() const {
   return {};
 }
 
+namespace {
+// The unit of a fully sharded model that holds weight `name`, and its index there.
+template <class Sharding>
+std::pair<const ShardedUnit*, int> unit_of(const std::shared_ptr<const Sharding>& sharding, const std::string& name) {
+  if (!sharding) throw invalid_argument("'" + name + "': the model is not fully sharded");
+  if (int i = sharding->root->find(name); i >= 0) return {sharding->root.get(), i};
+  for (const auto& unit : sharding->layers)
+    if (int i = unit->find(name); i >= 0) return {unit.get(), i};
+  throw invalid_argument("'" + name + "' is not a weight of this fully sharded model");
+}
+}  // namespace
+
 void Transformer::set_fully_sharded(dist::Group& group) {
   Impl& m = *impl_;
   if (std::string why = why_not_fully_shardable(); !why.empty()) throw unsupported(why);
@@ -274,6 +286,28 @@ void Transformer::set_fully_sharded(dist::Group& group) {
   for (std::size_t li = 0; li < m.layers.size(); ++li)
     sharding->layers.push_back(std::make_unique<ShardedUnit>(m.layer_slots(li), group));
   sharding->root = std::make_unique<ShardedUnit>(m.root_slots_of(), group);
+  m.use_sharding(std::move(sharding), std::move(gathers));
+}
+
+void Transformer::set_fully_sharded(dist::Group& group, const torch::TensorOptions& options,
+                                    const WeightSource& source) {
+  Impl& m = *impl_;
+  if (std::string why = why_not_fully_shardable(); !why.empty()) throw unsupported(why);
+  if (!m.device().is_meta())
+    throw invalid_argument("Transformer::set_fully_sharded: a model filled by its source is built on the meta device");
+  auto gathers = std::make_unique<GatherPipeline>();
+  const TensorMap shapes = hf_state_dict();  // the names and meta tensors, before the units empty the handles
+  const bool trains = m.embed.requires_grad();
+  auto sharding = std::make_shared<Impl::Sharding>();
+  for (std::size_t li = 0; li < m.layers.size(); ++li)
+    sharding->layers.push_back(std::make_unique<ShardedUnit>(m.layer_slots(li), group, options, trains));
+  sharding->root = std::make_unique<ShardedUnit>(m.root_slots_of(), group, options, trains);
+  std::shared_ptr<const Impl::Sharding> units = sharding;
+  for (const auto& [name, shape] : shapes) unit_of(units, name).first->fill(name, source(name, shape));
+  // The module's own list still holds the meta tensors: the placeholders the handles hold now replace them.
+  m.for_each_base([&](const std::string& name, const torch::Tensor& t) { parameters_[module_name(name)] = t; });
+  m.options = options;
+  m.kv_pools = std::make_shared<KVPools>(m.cfg, options.device());
   m.use_sharding(std::move(sharding), std::move(gathers));
 }
 
@@ -288,17 +322,6 @@ std::int64_t Transformer::sharded_elements() const {
   return n;
 }
 
-namespace {
-// The unit of a fully sharded model that holds weight `name`, and its index there.
-template <class Sharding>
-std::pair<const ShardedUnit*, int> unit_of(const std::shared_ptr<const Sharding>& sharding, const std::string& name) {
-  if (!sharding) throw invalid_argument("'" + name + "': the model is not fully sharded");
-  if (int i = sharding->root->find(name); i >= 0) return {sharding->root.get(), i};
-  for (const auto& unit : sharding->layers)
-    if (int i = unit->find(name); i >= 0) return {unit.get(), i};
-  throw invalid_argument("'" + name + "' is not a weight of this fully sharded model");
-}
-}  // namespace
 
 torch::Tensor Transformer::unshard(const std::string& name, const torch::Tensor& part) const {
   const auto [unit, i] = unit_of(impl_->sharding, name);

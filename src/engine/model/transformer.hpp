@@ -5,6 +5,7 @@
 // experts_layer.hpp, weight_io.hpp, rope_tables.hpp; docs/engine.md, "The model's structure").
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -127,6 +128,11 @@ class Transformer : public torch::nn::Module {
   // over it share its shards and train their own adapters, replicated. A dense model without a value head, adapters
   // or quantized weights; unsupported, naming what, otherwise.
   void set_fully_sharded(dist::Group& group);
+  // The same for a model built on the meta device (its weights' shapes, no storage), that never holds it whole:
+  // `source` makes each weight whole (given its HF name and meta tensor), one at a time in hf_state_dict's order,
+  // and only this rank's part of it is kept. The shards, the emptied handles and the KV pools get `options`.
+  using WeightSource = std::function<torch::Tensor(const std::string& name, const torch::Tensor& shape)>;
+  void set_fully_sharded(dist::Group& group, const torch::TensorOptions& options, const WeightSource& source);
   // Whether this model's weights are sharded (its own, or the sharded base it shares).
   bool fully_sharded() const;
   // Whether it trains the shards (full fine-tuning; false for a model over a sharded frozen base).

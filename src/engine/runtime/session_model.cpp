@@ -1,6 +1,7 @@
 #include "runtime/session_model.hpp"
 
 #include <filesystem>
+#include <optional>
 
 #include <rlloop/error.hpp>
 
@@ -11,12 +12,17 @@
 
 namespace rlloop::engine {
 
-std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev, bool shared) {
+namespace {
+// The configuration of a resolved "builtin:NAME" base model; none for a file.
+std::optional<ModelConfig> builtin_config(const std::string& resolved) {
   const std::string prefix = "builtin:";
-  if (resolved.rfind(prefix, 0) == 0) {
-    auto cfg = builtin_model(resolved.substr(prefix.size()));
-    return init_model(*cfg, 0, dev.device, dev.dtype);
-  }
+  if (resolved.rfind(prefix, 0) != 0) return std::nullopt;
+  return builtin_model(resolved.substr(prefix.size()));
+}
+}  // namespace
+
+std::shared_ptr<Transformer> load_base(const std::string& resolved, const DeviceChoice& dev, bool shared) {
+  if (auto cfg = builtin_config(resolved)) return init_model(*cfg, 0, dev.device, dev.dtype);
   return load_model(resolved, dev.device, dev.dtype, shared && dev.quantized_base);
 }
 
@@ -44,7 +50,8 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
 }  // namespace
 
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
-                                const SessionOptions& options, dist::Group* expert_group, dist::Group* shard_group) {
+                                const SessionOptions& options, dist::Group* expert_group, dist::Group* shard_group,
+                                bool sampler) {
   // A base of this rank's experts: dense (a slice is copied out of dense weights; a quantized one is read again,
   // dequantized) and keyed apart from a whole one. A model without experts is loaded as it would be without.
   auto load = [&](bool shared) {
@@ -65,6 +72,11 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
     if (shard_group) shard_shared_base(*out.shared_base, *shard_group);
     out.model = Transformer::sharing_base(*out.shared_base->model);
     out.model->enable_lora(*options.lora, options.seed);
+  } else if (auto cfg = builtin_config(resolved);
+             cfg && shard_group && !sampler && cfg->num_experts == 0 && !options.value_head) {
+    // Full fine-tuning, fully sharded: each rank draws the model's weights and keeps its parts only, never the whole
+    // model (what it cannot shard, it refuses by name when the ranks open the session: the path below).
+    out.model = init_sharded_model(*cfg, 0, dev.device, dev.dtype, *shard_group);
   } else {
     out.model = load(/*shared=*/false);
   }

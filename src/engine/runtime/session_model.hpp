@@ -36,11 +36,13 @@ struct SessionModel {
 // slice of them (ExpertShard::of) and routes through the group (Transformer::set_expert_parallel); its base is then
 // dense, whatever DeviceChoice::quantized_base says. A model without experts is made as without it.
 // `shard_group`, when given (DataParallelOptions::shard "full"): a LoRA model shares a base fully sharded over the
-// group (dense, kept apart from the unsharded one; shard_shared_base); a full fine-tuning model is made whole (the
-// group shards it once every rank holds rank 0's weights).
+// group (dense, kept apart from the unsharded one; shard_shared_base); a full fine-tuning session's model of a
+// built-in base is made sharded (init_sharded_model: no rank holds it whole), of a file whole (the group shards it
+// once every rank holds rank 0's weights). A `sampler` model (a checkpoint's weights to sample from) of full
+// fine-tuning is made whole.
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
                                 const SessionOptions& options, dist::Group* expert_group = nullptr,
-                                dist::Group* shard_group = nullptr);
+                                dist::Group* shard_group = nullptr, bool sampler = false);
 
 // Shards `base` over `group` once (Transformer::set_fully_sharded), its weights' hash taken first: the models
 // sharing it afterwards share its shards.

@@ -37,7 +37,7 @@ SessionCore::SessionCore(const SessionOptions& opts, const LocalServiceOptions& 
   key = base_key(resolved_base, dev);
   experts = expert_group_of(*bases);
   shard_group = shard_group_of(*bases);
-  model = make_model();
+  model = make_model(/*sampler=*/false);
   // The KV pool is allocated for the whole budget at its first request (shared with the base's other sessions),
   // so that it does not grow step by step leaving each smaller storage behind.
   model->kv_pools()->set_capacity_bytes(service.kv_cache_mb << 20);
@@ -53,8 +53,8 @@ SessionCore::SessionCore(const SessionOptions& opts, const LocalServiceOptions& 
   lane = EngineLoop::open_lane(bases->loop(key));
 }
 
-std::shared_ptr<Transformer> SessionCore::make_model() {
-  SessionModel made = make_session_model(*bases, resolved_base, dev, options, experts, shard_group);
+std::shared_ptr<Transformer> SessionCore::make_model(bool sampler) {
+  SessionModel made = make_session_model(*bases, resolved_base, dev, options, experts, shard_group, sampler);
   if (made.shared_base) shared_base = made.shared_base;
   return made.model;
 }
@@ -113,7 +113,7 @@ SessionCore::SamplingModel& SessionCore::sampling_model(const std::optional<std:
   }
   auto state = read_state_dir(*path, false);
   check_same_base(state.meta, *path);
-  auto m = make_model();
+  auto m = make_model(/*sampler=*/true);
   load_trainable(*m, state.weights);
   if (samplers.size() >= kLoadedSamplerModels) {
     // The least recently used of those no request is decoding with (while all are, the cache holds one more).

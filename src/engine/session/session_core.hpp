@@ -83,9 +83,14 @@ struct SessionCore {
 
   SessionCore(const SessionOptions& opts, const LocalServiceOptions& svc, std::shared_ptr<BaseModelRegistry> registry);
 
-  // The session's model as created (session_model.hpp). Sampler models from checkpoints are made the same way.
-  std::shared_ptr<Transformer> make_model();
-  void build_optimizer() { optimizer = make_optimizer(*model); }
+  // The session's model as created (session_model.hpp), or a sampler model for a checkpoint's weights.
+  std::shared_ptr<Transformer> make_model(bool sampler);
+  // A new optimizer over the model's trainable tensors (its moments allocated now): the old one's go first, so
+  // that both sets are never held at once.
+  void build_optimizer() {
+    optimizer.reset();
+    optimizer = make_optimizer(*model);
+  }
 
   // An unseeded request's seed: the next number of the session's generator (saved with its state), so a session
   // restored from save_state samples what the saved one would have.
