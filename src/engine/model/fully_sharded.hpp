@@ -124,7 +124,6 @@ class GatherPipeline {
   // `unit`'s weights whole as gather lays them out ([W, S]) in pass `pass`: from the gather started ahead for
   // it, or one now; then starts `ahead`'s (none when null).
   torch::Tensor take(const ShardedUnit& unit, std::uint64_t pass, const ShardedUnit* ahead);
-  bool prefetches() const { return prefetch_; }
 
  private:
   void drop_in_flight();

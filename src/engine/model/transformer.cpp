@@ -322,7 +322,6 @@ std::int64_t Transformer::sharded_elements() const {
   return n;
 }
 
-
 torch::Tensor Transformer::unshard(const std::string& name, const torch::Tensor& part) const {
   const auto [unit, i] = unit_of(impl_->sharding, name);
   return unit->whole(i, part);
