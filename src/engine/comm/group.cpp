@@ -234,6 +234,20 @@ void fail_nccl_operations_not_the_process() {
   set_unless_user_set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "2");
 }
 #endif
+
+// c10d's flight recorder (a trace of every collective for debugging, on by default in LibTorch 2.x) updates
+// process-wide tables from each process group's calls, and several groups in one process calling at once (the
+// tests' ranks as threads; rlloop's Gloo and NCCL groups) crashed there now and then (engine_collectives_test
+// under load, torch 2.11: a segfault in FlightRecorder::recordWithResetEnabled; none in 500 runs without it).
+// rlloop names a failed collective's ranks itself. Off unless the user set its size; set once, by the first group
+// the process makes, before any group has threads (LibTorch 1.13 has no recorder and ignores it).
+void turn_off_flight_recorder() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!std::getenv("TORCH_FR_BUFFER_SIZE") && !std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE"))
+      ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+  });
+}
 }  // namespace
 
 struct Group::Impl {
@@ -401,6 +415,7 @@ Group::~Group() = default;
 
 std::unique_ptr<Group> Group::listen(const GroupOptions& options) {
   if (options.rank != 0) throw invalid_argument("Group::listen is for rank 0");
+  turn_off_flight_recorder();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   auto connection = open_tcp_store(options, !options.external_store);
@@ -440,6 +455,7 @@ void Group::wait_for_ranks() {
 }
 
 std::unique_ptr<Group> Group::join(const GroupOptions& options) {
+  turn_off_flight_recorder();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (options.rank < 1 || options.rank >= options.world_size)
