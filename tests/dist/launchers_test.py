@@ -44,9 +44,21 @@ RLLOOP = None
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port whose next one is free too: under LibTorch 1.13 rank 0 hosts the group's store on MASTER_PORT + 1
+    (follow_launcher, src/cli/cmd_serve.cpp), and a port taken there by another test's connection failed a run."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as after:
+                try:
+                    after.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port with a free next port on 127.0.0.1")
 
 
 def doc_block(language):
