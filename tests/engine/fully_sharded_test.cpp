@@ -326,8 +326,47 @@ void expect_a_model_made_sharded_to_hold_the_whole_models_parts() {
   EXPECT_LT(test_util::max_logit_difference(decoded, logits), 1e-10);
 }
 
+// A model directory read sharded (load_sharded_model: each tensor read from its file, this rank's part kept): the
+// parts of load_model's weights exactly, the same hash of what was read on both ranks, no whole weight left; a file
+// holding a tensor the model has not is refused, naming it.
+void expect_a_model_read_sharded_to_hold_the_whole_models_parts() {
+  const std::string dir = test_util::temp_dir("rlloop-fsdp-read", "tiny").string();
+  save_model(*tiny_fp64(), dir);
+  auto whole = load_model(dir, torch::kCPU, torch::kFloat64);
+  std::map<std::string, torch::Tensor> shards[2];
+  std::uint64_t hashes[2] = {0, 1};
+  std::int64_t whole_elements[2] = {0, 0};
+  const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
+    auto model = load_sharded_model(dir, torch::kCPU, torch::kFloat64, g, &hashes[r]);
+    for (auto& [name, p] : model->named_trainable_parameters()) shards[r][name] = p.detach().clone();
+    for (auto& p : model->parameters()) whole_elements[r] += p.numel();
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_EQ(hashes[0], hashes[1]);
+  const auto weights = whole->named_trainable_parameters();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(shards[r].size(), weights.size());
+    for (const auto& [name, w] : weights)
+      EXPECT_TRUE(torch::equal(shards[r].at(name), part_of(w.detach(), r, 2))) << "rank " << r << " " << name;
+    EXPECT_EQ(whole_elements[r], 0);
+  }
+  TensorMap extra = read_safetensors(dir + "/model.safetensors");
+  extra["model.layers.0.mlp.extra.weight"] = torch::zeros({2}, torch::kFloat32);
+  write_safetensors(dir + "/model.safetensors", extra);
+  const auto refused = test_util::on_ranks(2, [&](int, dist::Group& g) {
+    load_sharded_model(dir, torch::kCPU, torch::kFloat64, g);
+  });
+  EXPECT_NE(refused[0].find("holds tensor 'model.layers.0.mlp.extra.weight', which the model has not"),
+            std::string::npos)
+      << refused[0];
+}
+
 }  // namespace
 
+TEST(FullySharded, AModelReadShardedHoldsTheWholeModelsParts) {
+  expect_a_model_read_sharded_to_hold_the_whole_models_parts();
+}
 TEST(FullySharded, AModelMadeShardedHoldsTheWholeModelsParts) {
   expect_a_model_made_sharded_to_hold_the_whole_models_parts();
 }

@@ -54,6 +54,7 @@ std::string model_fingerprint(const SessionModel& made) {
   if (model.expert_parallel()) shapes += " expert tensors of this rank:" + std::to_string(own);
   if (made.shared_base)
     shapes += " frozen-weights:" + std::to_string(frozen_weights_hash(*made.shared_base, model.expert_parallel()));
+  if (made.weights_hash) shapes += " weights read:" + std::to_string(*made.weights_hash);
   return shapes;
 }
 

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -137,43 +139,59 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   atomic_write(path, [&](int fd, const std::string& tmp) { write_all(fd, content.data(), content.size(), tmp); });
 }
 
-TensorMap read_safetensors(const std::string& path) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) {
-    if (errno == ENOENT) throw io_error("read_safetensors: " + path + ": no such file");
-    throw io_error("read_safetensors: cannot open " + path + ": " + errno_text());
+namespace {
+// One .safetensors file, open: its checked header, and any one tensor's bytes read on demand.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::string path) : path_(std::move(path)), f_(::open(path_.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (f_.fd < 0) {
+      if (errno == ENOENT) throw io_error("read_safetensors: " + path_ + ": no such file");
+      throw io_error("read_safetensors: cannot open " + path_ + ": " + errno_text());
+    }
+    const off_t end = ::lseek(f_.fd, 0, SEEK_END);
+    if (end < 0) throw io_error("read_safetensors: cannot seek " + path_ + ": " + errno_text());
+    const auto file_size = static_cast<std::uint64_t>(end);
+    std::uint64_t header_len = 0;
+    if (file_size >= 8) read_at(reinterpret_cast<char*>(&header_len), 8, 0);
+    check_safetensors_header_length(header_len, file_size, path_);
+    std::string header_text(header_len, '\0');
+    read_at(header_text.data(), header_len, 8);
+    header_ = parse_safetensors_header(header_text, file_size, path_);
   }
-  const off_t end = ::lseek(f.fd, 0, SEEK_END);
-  if (end < 0) throw io_error("read_safetensors: cannot seek " + path + ": " + errno_text());
-  const auto file_size = static_cast<std::uint64_t>(end);
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return header_.tensors; }
+  torch::Tensor read(const SafetensorsEntry& entry) const {
+    torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(dtype_from_name(entry.dtype)));
+    const std::uint64_t nbytes = entry.end - entry.begin;
+    if (nbytes > 0) read_at(static_cast<char*>(t.data_ptr()), nbytes, header_.data_start + entry.begin);
+    return t;
+  }
 
-  auto read_at = [&](char* dst, std::uint64_t n, std::uint64_t offset) {
+ private:
+  void read_at(char* dst, std::uint64_t n, std::uint64_t offset) const {
     while (n > 0) {
-      ssize_t r = ::pread(f.fd, dst, n, static_cast<off_t>(offset));
+      ssize_t r = ::pread(f_.fd, dst, n, static_cast<off_t>(offset));
       if (r < 0) {
         if (errno == EINTR) continue;
-        throw io_error("read_safetensors: read " + path + ": " + errno_text());
+        throw io_error("read_safetensors: read " + path_ + ": " + errno_text());
       }
-      if (r == 0) throw io_error("read_safetensors: " + path + " is truncated (unexpected end of file)");
+      if (r == 0) throw io_error("read_safetensors: " + path_ + " is truncated (unexpected end of file)");
       dst += r;
       n -= static_cast<std::uint64_t>(r);
       offset += static_cast<std::uint64_t>(r);
     }
-  };
-
-  std::uint64_t header_len = 0;
-  if (file_size >= 8) read_at(reinterpret_cast<char*>(&header_len), 8, 0);
-  check_safetensors_header_length(header_len, file_size, path);
-  std::string header_text(header_len, '\0');
-  read_at(header_text.data(), header_len, 8);
-  const SafetensorsHeader header = parse_safetensors_header(header_text, file_size, path);
-  TensorMap out;
-  for (const SafetensorsEntry& entry : header.tensors) {
-    torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(dtype_from_name(entry.dtype)));
-    const std::uint64_t nbytes = entry.end - entry.begin;
-    if (nbytes > 0) read_at(static_cast<char*>(t.data_ptr()), nbytes, header.data_start + entry.begin);
-    out.emplace(entry.name, std::move(t));
   }
+
+  std::string path_;
+  Fd f_;
+  SafetensorsHeader header_;
+};
+}  // namespace
+
+TensorMap read_safetensors(const std::string& path) {
+  const SafetensorsReader file(path);
+  TensorMap out;
+  for (const SafetensorsEntry& entry : file.entries()) out.emplace(entry.name, file.read(entry));
   return out;
 }
 
@@ -209,49 +227,106 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
 
 // ----------------------------------------------------------------------------------------- model dirs
 
-std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
-                                        bool keep_quantized) {
-  if (is_gguf_path(dir)) return load_gguf_model(dir, device, dtype, keep_quantized);
-  const fs::path d(dir);
-  if (!fs::is_directory(d)) throw not_found("load_model: model directory " + dir + " does not exist");
-  const ModelConfig cfg = ModelConfig::load((d / "config.json").string());
-  TensorMap tensors;
+namespace {
+// A model directory's tensors: its files open, and each tensor's file and entry by name (a sharded directory's
+// index checked against what its files hold).
+struct ModelFiles {
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  std::map<std::string, std::pair<const SafetensorsReader*, const SafetensorsEntry*>> tensors;
+};
+
+ModelFiles open_model_files(const fs::path& d, const std::string& dir) {
+  ModelFiles out;
+  auto add = [&](const fs::path& file) -> const SafetensorsReader& {
+    out.files.push_back(std::make_unique<SafetensorsReader>(file.string()));
+    for (const SafetensorsEntry& entry : out.files.back()->entries())
+      out.tensors[entry.name] = {out.files.back().get(), &entry};
+    return *out.files.back();
+  };
   const fs::path single = d / "model.safetensors";
   const fs::path index = d / "model.safetensors.index.json";
   if (fs::exists(single)) {
-    tensors = read_safetensors(single.string());
-  } else if (fs::exists(index)) {
-    json idx = read_json_file(index.string());
-    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
-      throw io_error("load_model: " + index.string() + " has no weight_map object");
-    std::map<std::string, std::string> weight_map;
-    std::set<std::string> shards;
-    for (auto& [name, file] : idx["weight_map"].items()) {
-      if (!file.is_string())
-        throw io_error("load_model: " + index.string() + ": weight_map['" + name + "'] is not a file name");
-      weight_map[name] = file.get<std::string>();
-      shards.insert(file.get<std::string>());
-    }
-    for (const auto& shard : shards) {
-      if (fs::path(shard).has_parent_path())
-        throw io_error("load_model: " + index.string() + " names a shard outside the directory: " + shard);
-      for (auto& [name, t] : read_safetensors((d / shard).string())) {
-        auto it = weight_map.find(name);
-        if (it == weight_map.end() || it->second != shard)
-          throw io_error("load_model: shard " + (d / shard).string() + " holds tensor '" + name + "' that " +
-                         index.string() + " does not map to it");
-        tensors.emplace(name, std::move(t));
-      }
-    }
-    for (const auto& [name, file] : weight_map)
-      if (!tensors.count(name))
-        throw io_error("load_model: tensor '" + name + "' is missing from shard " + (d / file).string());
-  } else {
-    throw not_found("load_model: " + dir + " has neither model.safetensors nor model.safetensors.index.json");
+    add(single);
+    return out;
   }
+  if (!fs::exists(index))
+    throw not_found("load_model: " + dir + " has neither model.safetensors nor model.safetensors.index.json");
+  json idx = read_json_file(index.string());
+  if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+    throw io_error("load_model: " + index.string() + " has no weight_map object");
+  std::map<std::string, std::string> weight_map;
+  std::set<std::string> shards;
+  for (auto& [name, file] : idx["weight_map"].items()) {
+    if (!file.is_string())
+      throw io_error("load_model: " + index.string() + ": weight_map['" + name + "'] is not a file name");
+    weight_map[name] = file.get<std::string>();
+    shards.insert(file.get<std::string>());
+  }
+  for (const auto& shard : shards) {
+    if (fs::path(shard).has_parent_path())
+      throw io_error("load_model: " + index.string() + " names a shard outside the directory: " + shard);
+    for (const SafetensorsEntry& entry : add(d / shard).entries()) {
+      auto it = weight_map.find(entry.name);
+      if (it == weight_map.end() || it->second != shard)
+        throw io_error("load_model: shard " + (d / shard).string() + " holds tensor '" + entry.name + "' that " +
+                       index.string() + " does not map to it");
+    }
+  }
+  for (const auto& [name, file] : weight_map)
+    if (!out.tensors.count(name))
+      throw io_error("load_model: tensor '" + name + "' is missing from shard " + (d / file).string());
+  return out;
+}
+
+ModelConfig model_dir_config(const std::string& dir) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) throw not_found("load_model: model directory " + dir + " does not exist");
+  return ModelConfig::load((d / "config.json").string());
+}
+}  // namespace
+
+std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
+                                        bool keep_quantized) {
+  if (is_gguf_path(dir)) return load_gguf_model(dir, device, dtype, keep_quantized);
+  const ModelConfig cfg = model_dir_config(dir);
+  const ModelFiles files = open_model_files(fs::path(dir), dir);
+  TensorMap tensors;
+  for (const auto& [name, at] : files.tensors) tensors.emplace(name, at.first->read(*at.second));
   experts_to_model_layout(cfg, tensors);
   auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(device).dtype(dtype));
   model->load_hf_state_dict(tensors);
+  return model;
+}
+
+std::shared_ptr<Transformer> load_sharded_model(const std::string& dir, torch::Device device,
+                                                torch::ScalarType dtype, dist::Group& group,
+                                                std::uint64_t* weights_hash) {
+  const ModelConfig cfg = model_dir_config(dir);
+  if (cfg.num_experts > 0) throw unsupported("fully sharded parallelism: Mixture-of-Experts models are not sharded yet");
+  const ModelFiles files = open_model_files(fs::path(dir), dir);
+  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+  std::set<std::string> used;
+  std::uint64_t hash = 0;
+  torch::NoGradGuard no_grad;
+  model->set_fully_sharded(group, torch::TensorOptions().device(device).dtype(dtype),
+                           [&](const std::string& name, const torch::Tensor&) {
+                             auto it = files.tensors.find(name);
+                             if (it == files.tensors.end())
+                               throw io_error("load_model: " + dir + " has no tensor '" + name + "'");
+                             used.insert(name);
+                             torch::Tensor t = it->second.first->read(*it->second.second);
+                             const std::string_view bytes(static_cast<const char*>(t.data_ptr()), t.nbytes());
+                             hash = hash * 1000003 ^ std::hash<std::string_view>{}(bytes);
+                             return t;
+                           });
+  // What load_hf_state_dict would refuse: a tensor no weight of the model takes (RoPE's inv_freq buffer and a tied
+  // model's stored duplicate of the embedding aside).
+  const WeightNames& names = cfg.family().names;
+  for (const auto& [name, at] : files.tensors)
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq") &&
+        !(cfg.tie_word_embeddings && name == names.lm_head + ".weight"))
+      throw invalid_argument("load_hf_state_dict: " + dir + " holds tensor '" + name + "', which the model has not");
+  if (weights_hash) *weights_hash = hash;
   return model;
 }
 

@@ -2,6 +2,7 @@
 // model-0000x-of-0000y.safetensors with model.safetensors.index.json, read and written. PEFT adapter directories
 // (adapter_config.json + adapter_model.safetensors) are written only: LoRA exports for peft.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,12 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // `dir` may also name a .gguf file (gguf_model.hpp).
 std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
                                         bool keep_quantized = false);
+// load_model's model (a model directory, not a GGUF file) fully sharded over `group` without ever being whole on a
+// rank: built on the meta device, each tensor read from its file in hf_state_dict's order and only this rank's part
+// of it kept. `weights_hash`, when given, receives a hash of every byte read (the ranks compare it: none broadcasts).
+std::shared_ptr<Transformer> load_sharded_model(const std::string& dir, torch::Device device,
+                                                torch::ScalarType dtype, dist::Group& group,
+                                                std::uint64_t* weights_hash = nullptr);
 // Builds a randomly initialised model (seeded; std 0.02 normal, as HF initialises) for tests and from-scratch demos.
 std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
                                         torch::ScalarType dtype);

@@ -77,6 +77,11 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
     // Full fine-tuning, fully sharded: each rank draws the model's weights and keeps its parts only, never the whole
     // model (what it cannot shard, it refuses by name when the ranks open the session: the path below).
     out.model = init_sharded_model(*cfg, 0, dev.device, dev.dtype, *shard_group);
+  } else if (!cfg && shard_group && !sampler && !options.value_head && !is_gguf_path(resolved)) {
+    // The same from a model directory: each rank reads each tensor and keeps its part.
+    std::uint64_t hash = 0;
+    out.model = load_sharded_model(resolved, dev.device, dev.dtype, *shard_group, &hash);
+    out.weights_hash = hash;
   } else {
     out.model = load(/*shared=*/false);
   }

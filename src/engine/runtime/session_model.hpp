@@ -3,6 +3,7 @@
 // fine-tuning, plus the value head if asked for; and the optimizer over its trainable parameters.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <rlloop/types.hpp>
@@ -30,6 +31,9 @@ std::string base_key(const std::string& resolved, const DeviceChoice& dev);
 struct SessionModel {
   std::shared_ptr<SharedBase> shared_base;  // LoRA: the weights it shares; null with a private model
   std::shared_ptr<Transformer> model;
+  // A model each rank read sharded from its files (load_sharded_model): a hash of what it read, which the ranks
+  // compare when they open the session (nothing else makes them hold the same weights).
+  std::optional<std::uint64_t> weights_hash;
 };
 
 // `expert_group`, when given (DataParallelOptions::expert_parallel): a model with experts holds only this rank's
@@ -37,8 +41,8 @@ struct SessionModel {
 // dense, whatever DeviceChoice::quantized_base says. A model without experts is made as without it.
 // `shard_group`, when given (DataParallelOptions::shard "full"): a LoRA model shares a base fully sharded over the
 // group (dense, kept apart from the unsharded one; shard_shared_base); a full fine-tuning session's model of a
-// built-in base is made sharded (init_sharded_model: no rank holds it whole), of a file whole (the group shards it
-// once every rank holds rank 0's weights). A `sampler` model (a checkpoint's weights to sample from) of full
+// built-in base or a model directory is made sharded (init_sharded_model, load_sharded_model: no rank holds it
+// whole), of a GGUF file whole (the group shards it once every rank holds rank 0's weights). A `sampler` model (a checkpoint's weights to sample from) of full
 // fine-tuning is made whole.
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
                                 const SessionOptions& options, dist::Group* expert_group = nullptr,
