@@ -143,7 +143,8 @@ namespace {
 // One .safetensors file, open: its checked header, and any one tensor's bytes read on demand.
 class SafetensorsReader {
  public:
-  explicit SafetensorsReader(std::string path) : path_(std::move(path)), f_(::open(path_.c_str(), O_RDONLY | O_CLOEXEC)) {
+  explicit SafetensorsReader(std::string path)
+      : path_(std::move(path)), f_(::open(path_.c_str(), O_RDONLY | O_CLOEXEC)) {
     if (f_.fd < 0) {
       if (errno == ENOENT) throw io_error("read_safetensors: " + path_ + ": no such file");
       throw io_error("read_safetensors: cannot open " + path_ + ": " + errno_text());
@@ -302,7 +303,8 @@ std::shared_ptr<Transformer> load_sharded_model(const std::string& dir, torch::D
                                                 torch::ScalarType dtype, dist::Group& group,
                                                 std::uint64_t* weights_hash) {
   const ModelConfig cfg = model_dir_config(dir);
-  if (cfg.num_experts > 0) throw unsupported("fully sharded parallelism: Mixture-of-Experts models are not sharded yet");
+  if (cfg.num_experts > 0)
+    throw unsupported("fully sharded parallelism: Mixture-of-Experts models are not sharded yet");
   const ModelFiles files = open_model_files(fs::path(dir), dir);
   auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
   std::set<std::string> used;

@@ -42,8 +42,8 @@ struct SessionModel {
 // `shard_group`, when given (DataParallelOptions::shard "full"): a LoRA model shares a base fully sharded over the
 // group (dense, kept apart from the unsharded one; shard_shared_base); a full fine-tuning session's model of a
 // built-in base or a model directory is made sharded (init_sharded_model, load_sharded_model: no rank holds it
-// whole), of a GGUF file whole (the group shards it once every rank holds rank 0's weights). A `sampler` model (a checkpoint's weights to sample from) of full
-// fine-tuning is made whole.
+// whole), of a GGUF file whole (the group shards it once every rank holds rank 0's weights). A `sampler` model (a
+// checkpoint's weights to sample from) of full fine-tuning is made whole.
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
                                 const SessionOptions& options, dist::Group* expert_group = nullptr,
                                 dist::Group* shard_group = nullptr, bool sampler = false);
