@@ -1,5 +1,6 @@
 #include "model/fully_sharded.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -61,15 +62,9 @@ void ShardedUnit::empty_placeholders() {
 }
 
 void ShardedUnit::fill(const std::string& name, const torch::Tensor& whole) const {
-  const std::size_t i = index(name);
+  const int i = static_cast<int>(index(name));
   torch::NoGradGuard no_grad;
-  const Weight& w = weights_[i];
-  if (whole.sizes().vec() != w.shape)
-    throw invalid_argument("fully sharded '" + name + "': a tensor of another shape than the weight's");
-  // This rank's elements straight from the whole (a view of it when contiguous); the shard's tail past the weight's
-  // end stays the zero padding.
-  const std::int64_t begin = std::min(group_->rank() * w.part, w.numel), n = std::min(w.part, w.numel - begin);
-  shards_[i].second.narrow(0, 0, n).copy_(whole.reshape(-1).narrow(0, begin, n));
+  shards_[static_cast<std::size_t>(i)].second.copy_(part_of(i, whole, -1));
 }
 
 torch::Tensor ShardedUnit::flat_shard() const {
@@ -173,10 +168,13 @@ torch::Tensor ShardedUnit::part_of(int i, const torch::Tensor& whole, int rank) 
   const Weight& w = weights_.at(static_cast<std::size_t>(i));
   if (whole.sizes().vec() != w.shape)
     throw invalid_argument("fully sharded '" + shards_[i].first + "': a tensor of another shape than the weight's");
-  torch::Tensor padded = torch::zeros({group_->size() * w.part}, whole.options());
-  padded.narrow(0, 0, w.numel).copy_(whole.detach().reshape(-1));
   if (rank < 0) rank = group_->rank();
-  return padded.narrow(0, rank * w.part, w.part).clone();
+  // The rank's elements straight from the whole (a view of it when contiguous); the tail past the weight's end is
+  // the zero padding.
+  torch::Tensor part = torch::zeros({w.part}, whole.options());
+  const std::int64_t begin = std::min(rank * w.part, w.numel), n = std::min(w.part, w.numel - begin);
+  part.narrow(0, 0, n).copy_(whole.detach().reshape(-1).narrow(0, begin, n));
+  return part;
 }
 
 namespace {
