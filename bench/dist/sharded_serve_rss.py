@@ -4,9 +4,9 @@
   sharded_serve_rss.py RLLOOP [--model rlloop-100m] [--rank 8]
 
 Each server gets one Tinker LoRA training client on the model (its base is what a `--shard full` group shards: each
-rank keeps half of it), one forward_backward of 8 sequences of 64 tokens and an optim_step; then VmRSS and VmHWM
-(the peak) of every rank's process are read from /proc. Prints one line per rank. (tinker 0.38.0 and the test helper
-tests/aws/rlloop_serve.py from third_party/venv.)
+rank keeps half of it), then VmHWM (the peak so far) of every rank's process is read from /proc; then one
+forward_backward of 8 sequences of 64 tokens and an optim_step, and VmRSS and VmHWM again. Prints one line per
+rank. (tinker 0.38.0 and the test helper tests/aws/rlloop_serve.py from third_party/venv.)
 """
 import argparse
 import os
@@ -44,6 +44,8 @@ def measure(rlloop, model, rank, extra):
     with rlloop_serve.Server(rlloop, extra_args=extra, bearer_keys={"aws": [KEY]}) as server:
         service = tinker.ServiceClient(base_url=server.endpoint, api_key=KEY)
         training = service.create_lora_training_client(model, rank=rank, seed=1).result()
+        ranks = [server.proc.pid] + worker_pids(server.proc.pid)
+        opened = [memory_mib(pid)["VmHWM"] for pid in ranks]  # the peak of starting and opening the session
         data = [types.Datum(model_input=types.ModelInput.from_ints([(7 * i + j) % 250 + 1 for j in range(64)]),
                             loss_fn_inputs={"target_tokens": [(7 * i + j + 1) % 250 + 1 for j in range(64)],
                                             "weights": [1.0] * 64}) for i in range(8)]
@@ -51,8 +53,7 @@ def measure(rlloop, model, rank, extra):
         training.forward_backward(data, "cross_entropy").result()
         training.optim_step(types.AdamParams(learning_rate=1e-4)).result()
         seconds = time.time() - start
-        ranks = [server.proc.pid] + worker_pids(server.proc.pid)
-        return [(r, memory_mib(pid)) for r, pid in enumerate(ranks)], seconds
+        return [(r, opened[r], memory_mib(pid)) for r, pid in enumerate(ranks)], seconds
 
 
 def main():
@@ -64,9 +65,9 @@ def main():
     for label, extra in (("--world-size 1", ()), ("--world-size 2 --shard full", ("--world-size", "2", "--shard",
                                                                                    "full"))):
         ranks, seconds = measure(args.rlloop, args.model, args.rank, extra)
-        for r, m in ranks:
-            print(f"{label:28s} rank {r}: VmRSS {m['VmRSS']:7.0f} MiB, peak VmHWM {m['VmHWM']:7.0f} MiB "
-                  f"(step {seconds:.1f} s)")
+        for r, opened, m in ranks:
+            print(f"{label:28s} rank {r}: peak VmHWM once open {opened:6.0f} MiB; after a step VmRSS "
+                  f"{m['VmRSS']:6.0f} MiB, peak VmHWM {m['VmHWM']:6.0f} MiB (step {seconds:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,14 @@
 #include <thread>
 
 #include "io/checkpoint.hpp"
+#include "io/model_io.hpp"
+#include "model/builtin_models.hpp"
 #include "child_processes.hpp"
 #include "comm/codec.hpp"
 #include "dist/coordinator.hpp"
 #include "dist/replica_ops.hpp"
 #include "session_util.hpp"
+#include "tiny_gguf_base.hpp"
 
 extern char** environ;
 
@@ -528,8 +531,8 @@ TEST(DataParallel, PpoFullFineTuningOnTwoRanksEqualsOneRank) { expect_equivalent
 // session half of its frozen base, its adapters whole), and the session trains as one rank does: the same losses,
 // gradient norms, weights and moments at every step (each step's checkpoints compared, the sharded one gathered
 // whole; then the one-rank checkpoint loaded into the sharded session: cut into parts).
-void expect_sharded_equivalent(const std::optional<LoraOptions>& lora, bool checkpointing, const std::string& name) {
-  Lockstep run(name, tiny(lora, 7), /*expert_parallel=*/false, checkpointing, /*sharded=*/true);
+void expect_sharded_equivalent(const SessionOptions& opts, bool checkpointing, const std::string& name) {
+  Lockstep run(name, opts, /*expert_parallel=*/false, checkpointing, /*sharded=*/true);
   const std::vector<Datum> data = sft_batch();
   for (int step = 0; step < 3; ++step) {
     double losses[2], grad_norms[2];
@@ -597,13 +600,33 @@ void expect_sharded_equivalent(const std::optional<LoraOptions>& lora, bool chec
 }
 
 TEST(DataParallel, FullyShardedFullFineTuningOnTwoRanksEqualsOneRank) {
-  expect_sharded_equivalent(std::nullopt, false, "sharded-full");
+  expect_sharded_equivalent(tiny(std::nullopt, 7), false, "sharded-full");
 }
 TEST(DataParallel, FullyShardedWithActivationCheckpointingOnTwoRanksEqualsOneRank) {
-  expect_sharded_equivalent(std::nullopt, true, "sharded-checkpointing");
+  expect_sharded_equivalent(tiny(std::nullopt, 7), true, "sharded-checkpointing");
 }
 TEST(DataParallel, FullyShardedLoraOnTwoRanksEqualsOneRank) {
-  expect_sharded_equivalent(LoraOptions{4, 8, {"all-linear", "lm_head"}}, false, "sharded-lora");
+  expect_sharded_equivalent(tiny(LoraOptions{4, 8, {"all-linear", "lm_head"}}, 7), false, "sharded-lora");
+}
+// Sessions of a GGUF model (a Llama, whose q/k rows the file holds reordered), which each rank reads a tensor at a
+// time keeping its parts: LoRA over the sharded base and full fine-tuning train, sample and score as one rank's. F32
+// matrices, so that the one-rank LoRA session's base (kept in the file's blocks otherwise) computes as the sharded
+// dense one does.
+TEST(DataParallel, FullyShardedSessionsOfAGgufModelOnTwoRanksEqualOneRank) {
+  SessionOptions opts = tiny(LoraOptions{4, 8, {"all-linear"}}, 7);
+  opts.base_model = (temp_dir("sharded-gguf-base") / "base.gguf").string();
+  test_gguf::save_tiny_base(opts.base_model, gguf::TensorType::f32);
+  expect_sharded_equivalent(opts, false, "sharded-gguf-lora");
+  opts.lora.reset();
+  expect_sharded_equivalent(opts, false, "sharded-gguf-full");
+}
+// The same for a model directory (safetensors), read sharded for full fine-tuning.
+TEST(DataParallel, FullyShardedFullFineTuningOfAModelDirectoryOnTwoRanksEqualsOneRank) {
+  SessionOptions opts = tiny(std::nullopt, 7);
+  opts.base_model = temp_dir("sharded-model-dir-base").string();
+  engine::save_model(*engine::init_model(*engine::builtin_model("rlloop-tiny"), 3, torch::kCPU, torch::kFloat32),
+                     opts.base_model);
+  expect_sharded_equivalent(opts, false, "sharded-model-dir");
 }
 
 // LoRA sessions of a sharded service share one sharded base (a second session adds no weights); a value head on

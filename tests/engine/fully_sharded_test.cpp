@@ -22,6 +22,7 @@
 #include "ranks_util.hpp"
 #include "runtime/optimizer.hpp"
 #include "session_util.hpp"
+#include "tiny_gguf_base.hpp"
 
 using namespace rlloop;
 using namespace rlloop::engine;
@@ -326,31 +327,48 @@ void expect_a_model_made_sharded_to_hold_the_whole_models_parts() {
   EXPECT_LT(test_util::max_logit_difference(decoded, logits), 1e-10);
 }
 
-// A model directory read sharded (load_sharded_model: each tensor read from its file, this rank's part kept): the
-// parts of load_model's weights exactly, the same hash of what was read on both ranks, no whole weight left; a file
-// holding a tensor the model has not is refused, naming it.
-void expect_a_model_read_sharded_to_hold_the_whole_models_parts() {
-  const std::string dir = test_util::temp_dir("rlloop-fsdp-read", "tiny").string();
-  save_model(*tiny_fp64(), dir);
-  auto whole = load_model(dir, torch::kCPU, torch::kFloat64);
+// A model read sharded from `path` (load_sharded_model: each tensor read from its file, this rank's part kept) for
+// `use`: the same hash of what was read on both ranks, no whole weight left, shards that train only for full
+// fine-tuning and are then exactly the parts of load_model's weights, and the whole model's logits when decoding.
+void expect_read_sharded_to_hold_the_parts_of(const std::string& path, ShardedUse use) {
+  auto whole = load_model(path, torch::kCPU, torch::kFloat64);
+  torch::manual_seed(6);
+  const torch::Tensor prompt = torch::randint(0, whole->config().vocab_size, {2, 5}, torch::kLong);
+  const auto logits = test_util::greedy_decode_logits(*whole, prompt, 3);
   std::map<std::string, torch::Tensor> shards[2];
   std::uint64_t hashes[2] = {0, 1};
   std::int64_t whole_elements[2] = {0, 0};
+  bool trains[2] = {use != ShardedUse::trained, use != ShardedUse::trained};
+  std::vector<std::vector<torch::Tensor>> decoded(2);
   const auto errors = test_util::on_ranks(2, [&](int r, dist::Group& g) {
-    auto model = load_sharded_model(dir, torch::kCPU, torch::kFloat64, g, &hashes[r]);
-    for (auto& [name, p] : model->named_trainable_parameters()) shards[r][name] = p.detach().clone();
+    auto model = load_sharded_model(path, torch::kCPU, torch::kFloat64, g, &hashes[r], use);
+    trains[r] = model->trains_shards();
+    if (trains[r])
+      for (auto& [name, p] : model->named_trainable_parameters()) shards[r][name] = p.detach().clone();
     for (auto& p : model->parameters()) whole_elements[r] += p.numel();
+    decoded[r] = test_util::greedy_decode_logits(*model, prompt, 3);
   });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
   EXPECT_EQ(hashes[0], hashes[1]);
   const auto weights = whole->named_trainable_parameters();
   for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(trains[r], use == ShardedUse::trained);
+    EXPECT_EQ(whole_elements[r], 0);
+    if (use != ShardedUse::trained) continue;
     ASSERT_EQ(shards[r].size(), weights.size());
     for (const auto& [name, w] : weights)
       EXPECT_TRUE(torch::equal(shards[r].at(name), part_of(w.detach(), r, 2))) << "rank " << r << " " << name;
-    EXPECT_EQ(whole_elements[r], 0);
   }
+  EXPECT_LT(test_util::max_logit_difference(decoded, logits), 1e-10);
+}
+
+// A model directory read sharded holds load_model's parts; a file holding a tensor the model has not is refused,
+// naming it.
+void expect_a_model_read_sharded_to_hold_the_whole_models_parts() {
+  const std::string dir = test_util::temp_dir("rlloop-fsdp-read", "tiny").string();
+  save_model(*tiny_fp64(), dir);
+  expect_read_sharded_to_hold_the_parts_of(dir, ShardedUse::trained);
   TensorMap extra = read_safetensors(dir + "/model.safetensors");
   extra["model.layers.0.mlp.extra.weight"] = torch::zeros({2}, torch::kFloat32);
   write_safetensors(dir + "/model.safetensors", extra);
@@ -366,6 +384,15 @@ void expect_a_model_read_sharded_to_hold_the_whole_models_parts() {
 
 TEST(FullySharded, AModelReadShardedHoldsTheWholeModelsParts) {
   expect_a_model_read_sharded_to_hold_the_whole_models_parts();
+}
+// A GGUF file (a Llama, whose q/k rows llama.cpp's converter reorders, with Q8_0 matrices) read sharded, each tensor
+// dequantized on its own: for full fine-tuning the parts of the dequantized whole model exactly, and as the frozen
+// base of LoRA sessions its logits.
+TEST(FullySharded, AGgufBaseReadShardedHoldsTheWholeModelsParts) {
+  const std::string path = (test_util::temp_dir("rlloop-fsdp-read", "gguf") / "base.gguf").string();
+  test_gguf::save_tiny_base(path, gguf::TensorType::q8_0);
+  expect_read_sharded_to_hold_the_parts_of(path, ShardedUse::trained);
+  expect_read_sharded_to_hold_the_parts_of(path, ShardedUse::frozen_base);
 }
 TEST(FullySharded, AModelMadeShardedHoldsTheWholeModelsParts) {
   expect_a_model_made_sharded_to_hold_the_whole_models_parts();

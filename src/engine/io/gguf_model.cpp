@@ -264,6 +264,14 @@ TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config) {
   return out;
 }
 
+TensorSources gguf_tensor_sources(const gguf::File& file, const ModelConfig& config) {
+  TensorSources out;
+  for (const auto& t : file.tensors())
+    out.emplace(hf_name(file, config.family(), t.name),
+                [&file, &config, info = &t] { return dequantized_tensor(file, config, *info); });
+  return out;
+}
+
 std::shared_ptr<Transformer> load_gguf_model(const std::string& path, torch::Device device, torch::ScalarType dtype,
                                              bool keep_quantized) {
   const auto file = gguf::File::open(path);

@@ -4,6 +4,8 @@
 // family's q/k rows for GGML's RoPE layout).
 // Architectures llama, qwen2 and qwen3.
 #pragma once
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +30,13 @@ ModelConfig gguf_model_config(const gguf::File& file);
 
 // Every tensor of the file under its Hugging Face name, dequantized to fp32, in Hugging Face's layout.
 TensorMap gguf_hf_tensors(const gguf::File& file, const ModelConfig& config);
+
+// A model's tensors by Hugging Face name, each read whole from its file when called.
+using TensorSources = std::map<std::string, std::function<torch::Tensor()>>;
+// gguf_hf_tensors' tensors one at a time (a model read sharded: load_sharded_model), each read from `file` when
+// called: `file` and `config` must outlive them. A dense model's: unsupported names a tensor without a counterpart
+// (an expert stack's too).
+TensorSources gguf_tensor_sources(const gguf::File& file, const ModelConfig& config);
 
 // The model of a GGUF file on `device` as `dtype`. With `keep_quantized` (honoured for fp32 on the CPU) its
 // matrices stay in their blocks (quantized_matrix.hpp: F16 and BF16 ones too, every type but F32), for a frozen

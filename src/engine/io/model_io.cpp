@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <rlloop/error.hpp>
+#include <rlloop/gguf.hpp>
 
 #include "io/expert_layout.hpp"
 #include "io/gguf_model.hpp"
@@ -299,37 +300,71 @@ std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device de
   return model;
 }
 
-std::shared_ptr<Transformer> load_sharded_model(const std::string& dir, torch::Device device,
-                                                torch::ScalarType dtype, dist::Group& group,
-                                                std::uint64_t* weights_hash) {
-  const ModelConfig cfg = model_dir_config(dir);
-  if (cfg.num_experts > 0)
-    throw unsupported("fully sharded parallelism: Mixture-of-Experts models are not sharded yet");
-  const ModelFiles files = open_model_files(fs::path(dir), dir);
+namespace {
+// A model of `cfg` fully sharded over `group` that is never whole: built on the meta device (frozen for a base),
+// each weight made whole by `make`, one at a time in hf_state_dict's order, and only this rank's part kept.
+// `weights_hash`, when given, receives a hash of every value made.
+std::shared_ptr<Transformer> make_sharded(const ModelConfig& cfg, torch::Device device, torch::ScalarType dtype,
+                                          dist::Group& group, std::uint64_t* weights_hash, ShardedUse use,
+                                          const Transformer::WeightSource& make) {
   auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
-  std::set<std::string> used;
+  if (use == ShardedUse::frozen_base)
+    for (auto& p : model->parameters()) p.set_requires_grad(false);  // its shards then train nothing
   std::uint64_t hash = 0;
   torch::NoGradGuard no_grad;
   model->set_fully_sharded(group, torch::TensorOptions().device(device).dtype(dtype),
-                           [&](const std::string& name, const torch::Tensor&) {
-                             auto it = files.tensors.find(name);
-                             if (it == files.tensors.end())
-                               throw io_error("load_model: " + dir + " has no tensor '" + name + "'");
-                             used.insert(name);
-                             torch::Tensor t = it->second.first->read(*it->second.second);
+                           [&](const std::string& name, const torch::Tensor& shape) {
+                             torch::Tensor t = make(name, shape).contiguous();
                              const std::string_view bytes(static_cast<const char*>(t.data_ptr()), t.nbytes());
                              hash = hash * 1000003 ^ std::hash<std::string_view>{}(bytes);
                              return t;
                            });
-  // What load_hf_state_dict would refuse: a tensor no weight of the model takes (RoPE's inv_freq buffer and a tied
-  // model's stored duplicate of the embedding aside).
-  const WeightNames& names = cfg.family().names;
-  for (const auto& [name, at] : files.tensors)
-    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq") &&
-        !(cfg.tie_word_embeddings && name == names.lm_head + ".weight"))
-      throw invalid_argument("load_hf_state_dict: " + dir + " holds tensor '" + name + "', which the model has not");
   if (weights_hash) *weights_hash = hash;
   return model;
+}
+
+// make_sharded's model with each weight read from `sources` (of the file `path`). What load_hf_state_dict would
+// refuse is refused: a weight the file lacks, and a tensor of the file that no weight takes (RoPE's inv_freq buffer
+// and a tied model's stored duplicate of the embedding aside).
+std::shared_ptr<Transformer> read_sharded(const ModelConfig& cfg, const std::string& path,
+                                          const TensorSources& sources, torch::Device device,
+                                          torch::ScalarType dtype, dist::Group& group, std::uint64_t* weights_hash,
+                                          ShardedUse use) {
+  std::set<std::string> used;
+  auto model = make_sharded(cfg, device, dtype, group, weights_hash, use,
+                            [&](const std::string& name, const torch::Tensor&) {
+                              auto it = sources.find(name);
+                              if (it == sources.end())
+                                throw io_error("load_model: " + path + " has no tensor '" + name + "'");
+                              used.insert(name);
+                              return it->second();
+                            });
+  const WeightNames& names = cfg.family().names;
+  for (const auto& [name, read] : sources)
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq") &&
+        !(cfg.tie_word_embeddings && name == names.lm_head + ".weight"))
+      throw invalid_argument("load_hf_state_dict: " + path + " holds tensor '" + name + "', which the model has not");
+  return model;
+}
+}  // namespace
+
+std::shared_ptr<Transformer> load_sharded_model(const std::string& path, torch::Device device,
+                                                torch::ScalarType dtype, dist::Group& group,
+                                                std::uint64_t* weights_hash, ShardedUse use) {
+  const std::string moe = "fully sharded parallelism: Mixture-of-Experts models are not sharded yet";
+  if (is_gguf_path(path)) {
+    const auto file = gguf::File::open(path);
+    const ModelConfig cfg = gguf_model_config(file);
+    if (cfg.num_experts > 0) throw unsupported(moe);  // before its expert stacks are asked for
+    return read_sharded(cfg, path, gguf_tensor_sources(file, cfg), device, dtype, group, weights_hash, use);
+  }
+  const ModelConfig cfg = model_dir_config(path);
+  if (cfg.num_experts > 0) throw unsupported(moe);
+  const ModelFiles files = open_model_files(fs::path(path), path);
+  TensorSources sources;
+  for (const auto& [name, at] : files.tensors)
+    sources.emplace(name, [reader = at.first, entry = at.second] { return reader->read(*entry); });
+  return read_sharded(cfg, path, sources, device, dtype, group, weights_hash, use);
 }
 
 namespace {
@@ -357,15 +392,13 @@ std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t see
 }
 
 std::shared_ptr<Transformer> init_sharded_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
-                                                torch::ScalarType dtype, dist::Group& group) {
-  auto model = std::make_shared<Transformer>(cfg, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+                                                torch::ScalarType dtype, dist::Group& group,
+                                                std::uint64_t* weights_hash, ShardedUse use) {
   auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
-  torch::NoGradGuard no_grad;
-  model->set_fully_sharded(group, torch::TensorOptions().device(device).dtype(dtype),
-                           [&](const std::string& name, const torch::Tensor& shape) {
-                             return initial_weight(cfg, name, shape, gen);
-                           });
-  return model;
+  return make_sharded(cfg, device, dtype, group, weights_hash, use,
+                      [&](const std::string& name, const torch::Tensor& shape) {
+                        return initial_weight(cfg, name, shape, gen);
+                      });
 }
 
 void save_model(const Transformer& model, const std::string& dir, std::int64_t max_shard_bytes) {

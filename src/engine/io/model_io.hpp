@@ -25,20 +25,28 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // `dir` may also name a .gguf file (gguf_model.hpp).
 std::shared_ptr<Transformer> load_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
                                         bool keep_quantized = false);
-// load_model's model (a model directory, not a GGUF file) fully sharded over `group` without ever being whole on a
-// rank: built on the meta device, each tensor read from its file in hf_state_dict's order and only this rank's part
-// of it kept. `weights_hash`, when given, receives a hash of every byte read (the ranks compare it: none broadcasts).
-std::shared_ptr<Transformer> load_sharded_model(const std::string& dir, torch::Device device,
+// What a model made sharded (below) is for: training its shards (full fine-tuning), or a frozen base that LoRA
+// sessions share (its shards require no gradient).
+enum class ShardedUse { trained, frozen_base };
+// load_model's model (a model directory or a GGUF file) fully sharded over `group` without ever being whole on a
+// rank: built on the meta device, each tensor read from its file in hf_state_dict's order (a GGUF one dequantized)
+// and only this rank's part of it kept. `weights_hash`, when given, receives a hash of every value read (the ranks
+// compare it: none broadcasts). A tensor of the file that the model has not is refused, naming it.
+std::shared_ptr<Transformer> load_sharded_model(const std::string& path, torch::Device device,
                                                 torch::ScalarType dtype, dist::Group& group,
-                                                std::uint64_t* weights_hash = nullptr);
+                                                std::uint64_t* weights_hash = nullptr,
+                                                ShardedUse use = ShardedUse::trained);
 // Builds a randomly initialised model (seeded; std 0.02 normal, as HF initialises) for tests and from-scratch demos.
 std::shared_ptr<Transformer> init_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
                                         torch::ScalarType dtype);
 // init_model's model fully sharded over `group` (Transformer::set_fully_sharded) without ever being whole on a
 // rank: built on the meta device, each weight drawn in init_model's order (every rank draws the same stream) and
-// only this rank's part of it kept. Equal to init_model's model sharded.
+// only this rank's part of it kept. Equal to init_model's model sharded. `weights_hash` and `use` as
+// load_sharded_model's.
 std::shared_ptr<Transformer> init_sharded_model(const ModelConfig& cfg, std::int64_t seed, torch::Device device,
-                                                torch::ScalarType dtype, dist::Group& group);
+                                                torch::ScalarType dtype, dist::Group& group,
+                                                std::uint64_t* weights_hash = nullptr,
+                                                ShardedUse use = ShardedUse::trained);
 // Saves config.json + model.safetensors (fp32 unless the model is bf16); with LoRA, the merged weights.
 // `max_shard_bytes` > 0 splits into shards with an index. Atomic per file; the directory is created.
 void save_model(const Transformer& model, const std::string& dir, std::int64_t max_shard_bytes = 0);

@@ -32,12 +32,12 @@ std::shared_ptr<EngineLoop> BaseModelRegistry::loop(const std::string& key) {
 }
 
 std::shared_ptr<SharedBase> BaseModelRegistry::base(const std::string& key,
-                                                    const std::function<std::shared_ptr<Transformer>()>& load) {
+                                                    const std::function<void(SharedBase&)>& load) {
   // Loading under the lock: two sessions created at once load the base once.
   std::lock_guard lock(mu_);
   if (auto base = bases_[key].lock()) return base;
   auto base = std::make_shared<SharedBase>();
-  base->model = load();
+  load(*base);
   bases_[key] = base;
   return base;
 }

@@ -32,13 +32,11 @@ struct SharedBase {
   // A hash of the frozen weights' bits, made once (data parallelism compares it across ranks at each session open).
   std::once_flag hashed;
   std::uint64_t weights_hash = 0;
-  // Fully sharded sessions' bases are sharded once, before anyone shares them (shard_shared_base).
-  std::once_flag sharded;
 };
 
-// A hash of the bits of `base`'s weights, computed once per base (SharedBase::hashed: before a sharded base is
-// cut, which shard_shared_base sees to). A base of an expert-parallel session (`slice`) holds this rank's experts:
-// they are left out.
+// A hash of the bits of `base`'s weights, computed once per base (SharedBase::hashed; a fully sharded base's is
+// taken as its weights are read, when no rank holds them whole: make_session_model). A base of an expert-parallel
+// session (`slice`) holds this rank's experts: they are left out.
 std::uint64_t frozen_weights_hash(SharedBase& base, bool slice);
 
 class BaseModelRegistry {
@@ -47,8 +45,9 @@ class BaseModelRegistry {
 
   // The loop of `key` (started on first use).
   std::shared_ptr<EngineLoop> loop(const std::string& key);
-  // The shared weights of `key`, made by `load` on first use.
-  std::shared_ptr<SharedBase> base(const std::string& key, const std::function<std::shared_ptr<Transformer>()>& load);
+  // The shared weights of `key`, made on first use by `load`, which fills the new base (its model, and the hash of
+  // a base read sharded) before any other user can see it.
+  std::shared_ptr<SharedBase> base(const std::string& key, const std::function<void(SharedBase&)>& load);
 
   std::vector<BaseModelStats> stats() const;
 

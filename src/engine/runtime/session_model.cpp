@@ -47,6 +47,16 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
   return slice;
 }
 
+// A LoRA sessions' base fully sharded over `group` as it is made (a built-in model drawn, a model directory or GGUF
+// file read a tensor at a time): no rank ever holds it whole. Its hash is of the values read, taken then.
+void read_sharded_base(SharedBase& base, const std::string& resolved, const DeviceChoice& dev, dist::Group& group) {
+  std::uint64_t hash = 0;
+  const auto cfg = builtin_config(resolved);
+  base.model = cfg ? init_sharded_model(*cfg, 0, dev.device, dev.dtype, group, &hash, ShardedUse::frozen_base)
+                   : load_sharded_model(resolved, dev.device, dev.dtype, group, &hash, ShardedUse::frozen_base);
+  std::call_once(base.hashed, [&] { base.weights_hash = hash; });
+}
+
 }  // namespace
 
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
@@ -64,24 +74,24 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
   if (options.lora) {
     const std::string key = base_key(resolved, dev) + (expert_group ? " (expert-parallel slice)" : "") +
                             (shard_group ? " (fully sharded)" : "");
-    out.shared_base = bases.base(key, [&] {
-      auto base = load(/*shared=*/!shard_group);  // a sharded base is cut from dense weights
-      for (auto& p : base->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
-      return base;
+    out.shared_base = bases.base(key, [&](SharedBase& base) {
+      if (shard_group) {
+        read_sharded_base(base, resolved, dev, *shard_group);
+        return;
+      }
+      base.model = load(/*shared=*/true);
+      for (auto& p : base.model->parameters()) p.set_requires_grad(false);  // frozen before anyone shares it
     });
-    if (shard_group) shard_shared_base(*out.shared_base, *shard_group);
     out.model = Transformer::sharing_base(*out.shared_base->model);
     out.model->enable_lora(*options.lora, options.seed);
-  } else if (auto cfg = builtin_config(resolved);
-             cfg && shard_group && !sampler && cfg->num_experts == 0 && !options.value_head) {
-    // Full fine-tuning, fully sharded: each rank draws the model's weights and keeps its parts only, never the whole
-    // model (what it cannot shard, it refuses by name when the ranks open the session: the path below).
-    out.model = init_sharded_model(*cfg, 0, dev.device, dev.dtype, *shard_group);
-  } else if (!cfg && shard_group && !sampler && !options.value_head && !is_gguf_path(resolved)) {
-    // The same from a model directory: each rank reads each tensor and keeps its part.
+  } else if (auto cfg = builtin_config(resolved); shard_group && !sampler && !options.value_head) {
+    // Full fine-tuning, fully sharded: each rank draws (a built-in model) or reads each weight and keeps its parts
+    // only, never the whole model; the ranks compare a hash of what they read. A model with a value head is
+    // refused by name when the ranks open the session (the path below).
     std::uint64_t hash = 0;
-    out.model = load_sharded_model(resolved, dev.device, dev.dtype, *shard_group, &hash);
-    out.weights_hash = hash;
+    out.model = cfg ? init_sharded_model(*cfg, 0, dev.device, dev.dtype, *shard_group)
+                    : load_sharded_model(resolved, dev.device, dev.dtype, *shard_group, &hash);
+    if (!cfg) out.weights_hash = hash;
   } else {
     out.model = load(/*shared=*/false);
   }
@@ -89,13 +99,6 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
   if (options.value_head) out.model->enable_value_head(options.seed);
   out.model->set_activation_checkpointing(dev.activation_checkpointing);
   return out;
-}
-
-void shard_shared_base(SharedBase& base, dist::Group& group) {
-  std::call_once(base.sharded, [&] {
-    frozen_weights_hash(base, /*slice=*/false);  // of the whole weights, which the cut frees
-    base.model->set_fully_sharded(group);
-  });
 }
 
 std::string tokenizer_spec(const ModelConfig& cfg, const std::string& resolved) {

@@ -31,7 +31,7 @@ std::string base_key(const std::string& resolved, const DeviceChoice& dev);
 struct SessionModel {
   std::shared_ptr<SharedBase> shared_base;  // LoRA: the weights it shares; null with a private model
   std::shared_ptr<Transformer> model;
-  // A model each rank read sharded from its files (load_sharded_model): a hash of what it read, which the ranks
+  // A model each rank read sharded from its file(s) (load_sharded_model): a hash of what it read, which the ranks
   // compare when they open the session (nothing else makes them hold the same weights).
   std::optional<std::uint64_t> weights_hash;
 };
@@ -40,17 +40,13 @@ struct SessionModel {
 // slice of them (ExpertShard::of) and routes through the group (Transformer::set_expert_parallel); its base is then
 // dense, whatever DeviceChoice::quantized_base says. A model without experts is made as without it.
 // `shard_group`, when given (DataParallelOptions::shard "full"): a LoRA model shares a base fully sharded over the
-// group (dense, kept apart from the unsharded one; shard_shared_base); a full fine-tuning session's model of a
-// built-in base or a model directory is made sharded (init_sharded_model, load_sharded_model: no rank holds it
-// whole), of a GGUF file whole (the group shards it once every rank holds rank 0's weights). A `sampler` model (a
-// checkpoint's weights to sample from) of full fine-tuning is made whole.
+// group (dense, kept apart from the unsharded one), and a full fine-tuning session's model is fully sharded, both
+// made sharded as they are drawn or read (init_sharded_model, load_sharded_model: no rank holds them whole). A
+// `sampler` model (a checkpoint's weights to sample from) of full fine-tuning is made whole, and so is one with a
+// value head (which the ranks refuse to shard when they open the session).
 SessionModel make_session_model(BaseModelRegistry& bases, const std::string& resolved, const DeviceChoice& dev,
                                 const SessionOptions& options, dist::Group* expert_group = nullptr,
                                 dist::Group* shard_group = nullptr, bool sampler = false);
-
-// Shards `base` over `group` once (Transformer::set_fully_sharded), its weights' hash taken first: the models
-// sharing it afterwards share its shards.
-void shard_shared_base(SharedBase& base, dist::Group& group);
 
 // Where a model's tokenizer is (load_tokenizer's argument): the config's own, the byte tokenizer of a built-in
 // model, a GGUF file itself, or a model directory's tokenizer.json.

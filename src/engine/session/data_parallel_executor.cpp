@@ -8,7 +8,7 @@ namespace rlloop::engine {
 
 DataParallelExecutor::DataParallelExecutor(SessionCore& core, std::shared_ptr<dist::Coordinator> group)
     : core_(core), group_(std::move(group)) {
-  replica_ = group_->open(core_.options, {core_.shared_base, core_.model});
+  replica_ = group_->open(core_.options, {core_.shared_base, core_.model, core_.weights_hash});
 }
 
 ForwardBackwardOutput DataParallelExecutor::forward(const std::vector<Datum>& data, const LossSpec& loss,

@@ -56,6 +56,7 @@ SessionCore::SessionCore(const SessionOptions& opts, const LocalServiceOptions& 
 std::shared_ptr<Transformer> SessionCore::make_model(bool sampler) {
   SessionModel made = make_session_model(*bases, resolved_base, dev, options, experts, shard_group, sampler);
   if (made.shared_base) shared_base = made.shared_base;
+  if (!sampler) weights_hash = made.weights_hash;
   return made.model;
 }
 

@@ -49,6 +49,9 @@ struct SessionCore {
   dist::Group* shard_group = nullptr;       // the group a LoRA model's base is sharded over (shard_group_of)
   std::shared_ptr<SharedBase> shared_base;  // LoRA sessions: the weights they share; null with a private model
   std::shared_ptr<Transformer> model;
+  // A hash of the weights this rank read, for a model read sharded from its file(s) (SessionModel::weights_hash):
+  // the ranks compare it when the session opens.
+  std::optional<std::uint64_t> weights_hash;
   std::unique_ptr<AdamW> optimizer;
   // A forward_backward ran since the last optimizer step or load: the parameters' .grad() hold an accumulation
   // that save_state keeps (on every rank with data parallelism).
