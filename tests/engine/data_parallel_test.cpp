@@ -629,6 +629,53 @@ TEST(DataParallel, FullyShardedFullFineTuningOfAModelDirectoryOnTwoRanksEqualsOn
   expect_sharded_equivalent(opts, false, "sharded-model-dir");
 }
 
+// Issue 46's must-show 4: a checkpoint saved by a two-rank sharded session loads into a one-rank session and into a
+// two-rank replicated one, and one saved by the replicated session loads into the sharded one, each holding
+// exactly the weights, Adam moments and step it read: saved again, the same tensors bit for bit. Full fine-tuning
+// (every weight and moment sharded) and LoRA (the adapters whole over a sharded base).
+void expect_checkpoints_cross_sharding_unchanged(const std::optional<LoraOptions>& lora, const std::string& name) {
+  const fs::path dir = temp_dir(name);
+  LocalService sharded(sharding(service(dir / "sharded", 2), true));
+  LocalService replicated(sharding(service(dir / "replicated", 2), false));
+  LocalService one(service(dir / "one", 1));
+  const SessionOptions opts = tiny(lora, 7);
+  auto s = sharded.create_session(opts), r = replicated.create_session(opts), o = one.create_session(opts);
+  const auto expect_equal = [](const engine::TensorMap& a, const engine::TensorMap& b, const std::string& what) {
+    ASSERT_FALSE(a.empty()) << what;
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (const auto& [n, t] : a) {
+      ASSERT_TRUE(b.count(n)) << what << " lacks " << n;
+      EXPECT_TRUE(torch::equal(t, b.at(n))) << what << " " << n;
+    }
+  };
+  const auto expect_identical = [&](const std::string& a, const std::string& b, const std::string& what) {
+    const auto x = engine::read_state_dir(a, true), y = engine::read_state_dir(b, true);
+    EXPECT_EQ(x.meta.step, y.meta.step) << what;
+    EXPECT_GT(x.meta.step, 0) << what;
+    expect_equal(x.weights, y.weights, what + " weights");
+    expect_equal(x.optimizer, y.optimizer, what + " optimizer");
+  };
+  const auto train = [&](LocalSession& session) {
+    session.forward_backward(sft_batch(), LossSpec{LossFn::cross_entropy}).get();
+    session.optim_step(adam(2e-2, 1.0)).get();
+  };
+  train(*s);  // moments that are not zero, a step that is not 0
+  const std::string from_sharded = s->save_state("from-sharded").get().path;
+  o->load_state(from_sharded, true).get();
+  r->load_state(from_sharded, true).get();
+  expect_identical(from_sharded, o->save_state("one").get().path, name + ": sharded -> one rank");
+  expect_identical(from_sharded, r->save_state("replicated").get().path, name + ": sharded -> two ranks replicated");
+  train(*r);
+  const std::string from_replicated = r->save_state("from-replicated").get().path;
+  s->load_state(from_replicated, true).get();
+  expect_identical(from_replicated, s->save_state("back").get().path, name + ": two ranks replicated -> sharded");
+}
+
+TEST(DataParallel, FullyShardedCheckpointsLoadAtOtherWorldSizesAndShardingsUnchanged) {
+  expect_checkpoints_cross_sharding_unchanged(std::nullopt, "sharded-ckpt-full");
+  expect_checkpoints_cross_sharding_unchanged(LoraOptions{4, 8, {"all-linear"}}, "sharded-ckpt-lora");
+}
+
 // LoRA sessions of a sharded service share one sharded base (a second session adds no weights); a value head on
 // full fine-tuning is refused by name on every rank; exports that need the base whole say the way.
 TEST(DataParallel, FullyShardedLoraSessionsShareOneShardedBaseAndRefusalsAreNamed) {
