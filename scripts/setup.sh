@@ -140,3 +140,11 @@ if [[ "$(cat "$venv_dir/.requirements-sha256" 2>/dev/null)" != "$wanted" ]]; the
   "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$requirements"
   echo "$wanted" >"$venv_dir/.requirements-sha256"
 fi
+# tinker 0.12.0, the JSON generation of Tinker's protocol (the one skyrl-tx serves), beside the venv's 0.38.0: the
+# package alone in the git-ignored third_party/tinker-0.12 (its dependencies are the venv's), for tests/tinker.
+tinker012="$root/third_party/tinker-0.12"
+if [[ ! -f $tinker012/tinker/_version.py ]]; then
+  echo "setup: installing tinker 0.12.0 into third_party/tinker-0.12"
+  "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --no-deps \
+    --target "$tinker012" tinker==0.12.0
+fi

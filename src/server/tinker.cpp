@@ -1,7 +1,7 @@
 // Tinker's routes (/api/v1/..., docs/tinker_protocol.md, section 0): sessions, training models,
 // samplers and futures over the hosted sessions the SageMaker routes serve, so both protocols share the engine loop,
-// the journal, billing and tenants. Requests are JSON except forward_backward (protobuf); the results of
-// forward_backward and asample are protobuf, the others JSON. Every POST that does work answers with a request id at
+// the journal, billing and tenants. Requests are JSON except forward_backward (protobuf; JSON from tinker 0.12); the
+// results of forward_backward and asample are protobuf when the client asks for it (0.38), else JSON (0.12). Every POST that does work answers with a request id at
 // once; retrieve_future holds the request up to kHold for the result, then answers try_again.
 #include "server/tinker.hpp"
 
@@ -159,18 +159,26 @@ json submit(Api::Impl& im, const std::shared_ptr<TenantState>& t, const std::str
   return {{"request_id", id}, {"model_id", model_id}};
 }
 
-json forward_backward(Api::Impl& im, const sigv4::HttpRequest& req, const std::shared_ptr<TenantState>& t) {
+// forward_backward, and the JSON generation's forward (`forward_route`): a protobuf ForwardBackwardRequest
+// (tinker >= 0.38, forward-only by its flag) or a JSON body (tinker 0.12), told apart by Content-Type.
+json forward_backward(Api::Impl& im, const sigv4::HttpRequest& req, const std::shared_ptr<TenantState>& t,
+                      bool forward_route) {
+  const char* route = forward_route ? "forward: " : "forward_backward: ";
   const auto type = req.header("Content-Type").value_or("");
-  if (type.find("application/x-protobuf") == std::string::npos)
-    user_error("forward_backward: send a protobuf ForwardBackwardRequest (Content-Type application/x-protobuf, "
-               "tinker >= 0.38); the JSON generation is not served");
+  const bool proto = type.find("application/x-protobuf") != std::string::npos;
+  if (!proto && type.find("application/json") == std::string::npos)
+    user_error(std::string(route) + "send a protobuf ForwardBackwardRequest (Content-Type application/x-protobuf, "
+               "tinker >= 0.38) or a JSON one (application/json, tinker 0.12), not '" + type + "'");
+  if (proto && forward_route) user_error("forward: send a protobuf request to forward_backward, with forward_only");
   if (req.header("Content-Encoding"))
-    user_error("forward_backward: compressed bodies are not accepted (client/config's proto_compress_fwdbwd is off)");
+    user_error(std::string(route) +
+               "compressed bodies are not accepted (client/config's proto_compress_fwdbwd is off)");
   tk::ForwardBackwardCall call;
   try {
-    call = tk::forward_backward_from_proto(req.body);
+    call = proto ? tk::forward_backward_from_proto(req.body) : tk::forward_backward_from_json(parse_body(req),
+                                                                                             forward_route);
   } catch (const invalid_argument& e) {
-    user_error(std::string("forward_backward: ") + e.what());
+    user_error(route + std::string(e.what()));
   }
   wire::TrainingOperation op;
   if (call.forward_only)
@@ -436,12 +444,14 @@ std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, 
   return path;
 }
 
-// The result of a finished operation future as the SDK reads it.
-Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const OperationRecord& op) {
+// The result of a finished operation future as the SDK reads it: a sample's and a forward's as protobuf (`proto`,
+// the client asked for it) or JSON.
+Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const OperationRecord& op, bool proto) {
   if (f.kind == Kind::sample) {
     if (!op.sample_result)
       return failed(wire::sampling_state_from_json(op.state).error_details.value_or("the sample did not run"), "user");
-    return proto_ok(tk::sample_response_to_proto(*op.sample_result));
+    return proto ? proto_ok(tk::sample_response_to_proto(*op.sample_result))
+                 : json_ok(tk::sample_response_to_json(*op.sample_result));
   }
   const auto state = wire::training_state_from_json(op.state);
   if (state.status != wire::OperationStatus::completed || !state.result)
@@ -449,10 +459,13 @@ Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const 
                   state.status == wire::OperationStatus::failed ? "user" : "server");
   const auto& result = *state.result;
   switch (f.kind) {
-    case Kind::forward:
-      if (const auto* fwd = std::get_if<wire::ForwardResult>(&result))
-        return proto_ok(tk::forward_backward_output_to_proto(fwd->output));
-      return proto_ok(tk::forward_backward_output_to_proto(std::get<wire::ForwardBackwardResult>(result).output));
+    case Kind::forward: {
+      const auto* fwd = std::get_if<wire::ForwardResult>(&result);
+      const ForwardBackwardOutput& out =
+          fwd ? fwd->output : std::get<wire::ForwardBackwardResult>(result).output;
+      return proto ? proto_ok(tk::forward_backward_output_to_proto(out))
+                   : json_ok(tk::forward_backward_output_to_json(out));
+    }
     case Kind::optim_step:
       return json_ok({{"metrics", std::get<OptimStepOutput>(result).metrics}, {"type", "optim_step"}});
     case Kind::save_state:
@@ -482,9 +495,9 @@ Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const 
 // The future's answer now, with host.mu held: its result when it is ready, else try_again. A future without its
 // operation yet (create-by-load's, queued once the session runs) waits for the session's start.
 Response answer_locked(TinkerRoutes& r, const std::string& request_id, const TinkerRoutes::Future& f,
-                       const SessionHost& host, const std::shared_ptr<OperationRecord>& op) {
+                       const SessionHost& host, const std::shared_ptr<OperationRecord>& op, bool proto) {
   if (!f.error.empty()) return failed(f.error, "user");
-  if (op) return terminal_state(op->state) ? operation_result(r, f, *op) : try_again(request_id);
+  if (op) return terminal_state(op->state) ? operation_result(r, f, *op, proto) : try_again(request_id);
   if (f.kind != Kind::created) return try_again(request_id);  // its operation is being queued
   if (host.status == wire::SessionStatus::created) return try_again(request_id);
   if (host.status == wire::SessionStatus::running || host.status == wire::SessionStatus::blocked)
@@ -495,7 +508,7 @@ Response answer_locked(TinkerRoutes& r, const std::string& request_id, const Tin
 // Answers `reply` with the future's result once it is ready, or with try_again after kHold: the first of the
 // operation (or the session's start) finishing, the timer, the server closing. Nothing waits on a thread.
 Handled retrieve(Api::Impl& im, const std::string& request_id, const TinkerRoutes::Future& f,
-                 const std::shared_ptr<SessionHost>& host, const Reply& reply) {
+                 const std::shared_ptr<SessionHost>& host, const Reply& reply, bool proto) {
   TinkerRoutes& r = *im.tinker;
   std::unique_lock lock(host->mu);
   std::shared_ptr<OperationRecord> op;
@@ -505,12 +518,12 @@ Handled retrieve(Api::Impl& im, const std::string& request_id, const TinkerRoute
   }
   const bool started = host->status != wire::SessionStatus::created;
   const bool ready = !f.error.empty() || (op ? terminal_state(op->state) : started);
-  if (ready) return answer_locked(r, request_id, f, *host, op);
+  if (ready) return answer_locked(r, request_id, f, *host, op, proto);
   auto timer = std::make_shared<boost::asio::steady_timer>(reply.executor(), kHold);
-  auto answer = [&r, f, host, op, request_id, weak = std::weak_ptr(timer)] {
+  auto answer = [&r, f, host, op, request_id, proto, weak = std::weak_ptr(timer)] {
     if (auto t = weak.lock()) t->cancel();
     std::lock_guard answer_lock(host->mu);
-    return answer_locked(r, request_id, f, *host, op);
+    return answer_locked(r, request_id, f, *host, op, proto);
   };
   auto wake = [reply, answer] { reply.post(answer); };
   timer->async_wait([timer, wake](const boost::system::error_code&) { wake(); });
@@ -523,11 +536,12 @@ Handled retrieve(Api::Impl& im, const std::string& request_id, const TinkerRoute
   return std::nullopt;
 }
 
-Handled retrieve_future(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t, const Reply& reply) {
+Handled retrieve_future(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t, const Reply& reply,
+                        bool proto) {
   rd::only_keys(body, "", {"request_id", "allow_metadata_only", "type"});
   const std::string id = need_string(body, "request_id");
   const auto f = find_owned(*im.tinker, im.tinker->futures, id, t->config.id, "request");
-  return retrieve(im, id, f, host_of(im, t->config.id, f.host), reply);
+  return retrieve(im, id, f, host_of(im, t->config.id, f.host), reply, proto);
 }
 
 json heartbeat(TinkerRoutes& r, const json& body, const std::shared_ptr<TenantState>& t) {
@@ -752,10 +766,13 @@ Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& 
   try {
     if (req.method == "GET") return json_ok(get_route(*this, req.target, path_segments(route), t));
     if (req.method != "POST") not_found("no Tinker route " + req.method + " /api/v1/" + route);
-    if (route == "forward_backward") return json_ok(forward_backward(*this, req, t));
+    if (route == "forward_backward" || route == "forward")
+      return json_ok(forward_backward(*this, req, t, route == "forward"));
     const json body = parse_body(req);
     rd::object(body, "");
-    if (route == "retrieve_future") return retrieve_future(*this, body, t, reply);
+    // Results the SDK reads as protobuf when it asks for them (tinker >= 0.38), else as JSON (0.12).
+    const bool proto = req.header("Accept").value_or("").find("application/x-protobuf") != std::string::npos;
+    if (route == "retrieve_future") return retrieve_future(*this, body, t, reply, proto);
     if (auto answer = post_route(*this, route, body, t)) return json_ok(*answer);
   } catch (const invalid_argument& e) {  // a field the readers refused
     user_error(e.what());

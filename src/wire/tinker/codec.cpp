@@ -86,7 +86,23 @@ std::vector<T> tensor_values(const pb::Tensor& t, const std::vector<std::int64_t
   return dense;
 }
 
-// A loss input: one value per token (rlloop's losses read [T] inputs; a [T, 1] tensor is the same).
+// A loss input's values given `shape` (empty: none given, a 1-D tensor), checked to be one value per token:
+// rlloop's losses read [T] inputs; a [T, 1] tensor is the same.
+TensorData shaped(TensorData out, std::vector<std::int64_t> shape, const std::string& path) {
+  const auto n = static_cast<std::int64_t>(out.size());
+  if (shape.empty()) shape = {n};
+  if (element_count(shape, path) != n)
+    bad(path, "holds " + std::to_string(n) + " values, its shape " + json(shape).dump() + " " +
+                  std::to_string(element_count(shape, path)));
+  if (shape.size() == 2 && shape[1] == 1) shape = {shape[0]};
+  if (shape.size() != 1)
+    bad(path, "must hold one value per token (shape [T]); rlloop's losses take no [T, K] inputs, got shape " +
+                  json(shape).dump());
+  out.shape = shape;
+  return out;
+}
+
+// A protobuf loss input (tinker 0.38): dense or sparse CSR, float32 or int64.
 TensorData loss_input(const pb::Tensor& t, const std::string& path) {
   std::vector<std::int64_t> shape(t.shape().begin(), t.shape().end());
   if (t.dtype() != pb::DTYPE_FLOAT32 && t.dtype() != pb::DTYPE_INT64)
@@ -99,17 +115,7 @@ TensorData loss_input(const pb::Tensor& t, const std::string& path) {
     out.dtype = DType::int64;
     out.int_data = tensor_values<std::int64_t>(t, shape, path);
   }
-  const auto n = static_cast<std::int64_t>(out.size());
-  if (shape.empty()) shape = {n};
-  if (element_count(shape, path) != n)
-    bad(path, "holds " + std::to_string(n) + " values, its shape " + json(shape).dump() + " " +
-                  std::to_string(element_count(shape, path)));
-  if (shape.size() == 2 && shape[1] == 1) shape = {shape[0]};
-  if (shape.size() != 1)
-    bad(path, "must hold one value per token (shape [T]); rlloop's losses take no [T, K] inputs, got shape " +
-                  json(shape).dump());
-  out.shape = shape;
-  return out;
+  return shaped(std::move(out), std::move(shape), path);
 }
 
 // Provenance spans (Datum.with_provenance: where each token came from, for stable_reinforce, which rlloop does not
@@ -286,13 +292,14 @@ SamplingParams sampling_params_of(const json& j, std::optional<token_id> eos) {
   return p;
 }
 
-ModelInput prompt_of(const json& j) {
-  read::object(j, "prompt");
-  read::only_keys(j, "prompt", {"chunks"});
-  const json& chunks = read::array(read::need(j, "prompt", "chunks"), "prompt.chunks");
+// A ModelInput ({"chunks": [{"tokens": [...], "type": "encoded_text"}, ...]}) at `path`.
+ModelInput model_input_of(const json& j, const std::string& path) {
+  read::object(j, path);
+  read::only_keys(j, path, {"chunks"});
+  const json& chunks = read::array(read::need(j, path, "chunks"), read::join(path, "chunks"));
   ModelInput in;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
-    const std::string where = read::at("prompt.chunks", i);
+    const std::string where = read::at(read::join(path, "chunks"), i);
     const json& c = read::object(chunks[i], where);
     const std::string type = c.contains("type") ? read::string(c["type"], read::join(where, "type")) : "encoded_text";
     if (type != "encoded_text")
@@ -331,7 +338,7 @@ SampleCall sample_call_from_json(const json& body, std::optional<token_id> eos) 
   for (const char* key : {"target_prompt_logprobs", "prompt_logprobs_last_n"})
     if (read::find(body, key)) read::fail(key, "is not supported by this server");
   SampleRequest& r = call.request;
-  r.prompt = prompt_of(read::need(body, "", "prompt"));
+  r.prompt = model_input_of(read::need(body, "", "prompt"), "prompt");
   if (const json* v = read::find(body, "num_samples"))
     r.num_samples = static_cast<int>(read::integer(*v, "num_samples", 1, std::numeric_limits<std::int32_t>::max()));
   r.params = sampling_params_of(read::need(body, "", "sampling_params"), eos);
@@ -374,6 +381,118 @@ std::string sample_response_to_proto(const SampleResponse& response) {
     topk.set_length(static_cast<std::uint32_t>(rows.size()));
   }
   return p.SerializeAsString();
+}
+
+// ---- tinker 0.12's JSON generation -------------------------------------------------------------------------------
+
+namespace {
+
+// A TensorData body ({"data": [...], "dtype": "int64" | "float32", "shape": [...] or null}) as a loss input.
+TensorData loss_input_of(const json& t, const std::string& path) {
+  read::object(t, path);
+  read::only_keys(t, path, {"data", "dtype", "shape"});
+  const std::string dtype = read::string(read::need(t, path, "dtype"), read::join(path, "dtype"));
+  const json& data = read::array(read::need(t, path, "data"), read::join(path, "data"));
+  TensorData out;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const std::string where = read::at(read::join(path, "data"), i);
+    if (dtype == "float32")
+      out.float_data.push_back(static_cast<float>(read::number(data[i], where)));
+    else if (dtype == "int64")
+      out.int_data.push_back(read::integer(data[i], where));
+    else
+      bad(read::join(path, "dtype"), "must be float32 or int64, got " + dtype);
+  }
+  out.dtype = dtype == "float32" ? DType::float32 : DType::int64;
+  std::vector<std::int64_t> shape;
+  if (const json* v = read::find(t, "shape"); v && !v->is_null()) {
+    const json& dims = read::array(*v, read::join(path, "shape"));
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      shape.push_back(read::integer(dims[i], read::at(read::join(path, "shape"), i), 0));
+    if (shape.empty()) bad(read::join(path, "shape"), "is empty (a scalar is no per-token input)");
+  }
+  return shaped(std::move(out), std::move(shape), path);
+}
+
+Datum datum_of(const json& d, const std::string& path) {
+  read::object(d, path);
+  read::only_keys(d, path, {"model_input", "loss_fn_inputs"});
+  Datum out;
+  out.model_input = model_input_of(read::need(d, path, "model_input"), read::join(path, "model_input"));
+  const std::string inputs = read::join(path, "loss_fn_inputs");
+  for (const auto& [name, tensor] : read::object(read::need(d, path, "loss_fn_inputs"), inputs).items())
+    out.loss_fn_inputs.emplace(name, loss_input_of(tensor, read::join(inputs, name)));
+  return out;
+}
+
+json tensor_json(const TensorData& t) {
+  json data = t.dtype == DType::float32 ? json(t.float_data) : json(t.int_data);
+  return {{"data", std::move(data)},
+          {"dtype", t.dtype == DType::float32 ? "float32" : "int64"},
+          {"shape", std::vector<std::int64_t>{static_cast<std::int64_t>(t.size())}}};
+}
+
+}  // namespace
+
+ForwardBackwardCall forward_backward_from_json(const json& body, bool forward_only) {
+  const char* input_key = forward_only ? "forward_input" : "forward_backward_input";
+  read::object(body, "");
+  read::only_keys(body, "", {input_key, "model_id", "seq_id", "type"});
+  ForwardBackwardCall call;
+  call.model_id = read::string(read::need(body, "", "model_id"), "model_id");
+  if (const json* v = read::find(body, "seq_id"); v && !v->is_null()) call.seq_id = read::integer(*v, "seq_id", 0);
+  call.forward_only = forward_only;
+  const json& input = read::object(read::need(body, "", input_key), input_key);
+  read::only_keys(input, input_key, {"data", "loss_fn", "loss_fn_config"});
+  const std::string loss = read::string(read::need(input, input_key, "loss_fn"), read::join(input_key, "loss_fn"));
+  if (loss == "custom")
+    bad(read::join(input_key, "loss_fn"), "'custom' (a server-side custom loss) is not supported; the SDK's "
+                                          "client-side forward_backward_custom works");
+  std::map<std::string, double> config;
+  if (const json* c = read::find(input, "loss_fn_config"); c && !c->is_null())
+    for (const auto& [key, value] : read::object(*c, read::join(input_key, "loss_fn_config")).items())
+      config[key] = read::number(value, read::join(read::join(input_key, "loss_fn_config"), key));
+  call.loss = loss_from_config(loss, config);
+  const json& data = read::array(read::need(input, input_key, "data"), read::join(input_key, "data"));
+  for (std::size_t i = 0; i < data.size(); ++i) call.data.push_back(datum_of(data[i], read::at("data", i)));
+  return call;
+}
+
+json forward_backward_output_to_json(const ForwardBackwardOutput& out) {
+  json outputs = json::array();
+  for (const auto& datum : out.loss_fn_outputs) {
+    json fields = json::object();
+    for (const auto& [name, t] : datum) fields[name] = tensor_json(t);
+    outputs.push_back(std::move(fields));
+  }
+  return {{"loss_fn_output_type", "ArrayRecord"},
+          {"loss_fn_outputs", std::move(outputs)},
+          {"metrics", tinker_metrics(out.metrics)}};
+}
+
+json sample_response_to_json(const SampleResponse& response) {
+  json sequences = json::array();
+  for (const auto& s : response.sequences)
+    sequences.push_back({{"stop_reason", s.stop_reason == StopReason::stop ? "stop" : "length"},
+                         {"tokens", s.tokens},
+                         {"logprobs", s.logprobs}});
+  json out = {{"sequences", std::move(sequences)}, {"type", "sample"}};
+  if (response.prompt_logprobs) {
+    json lp(*response.prompt_logprobs);
+    if (!lp.empty()) lp[0] = nullptr;  // the first token has no context
+    out["prompt_logprobs"] = std::move(lp);
+  }
+  if (response.topk_prompt_logprobs) {
+    json rows = json::array();
+    for (const auto& row : *response.topk_prompt_logprobs) {
+      json cells = json::array();
+      for (const auto& c : row) cells.push_back({c.token, c.logprob});
+      rows.push_back(std::move(cells));
+    }
+    if (!rows.empty()) rows[0] = nullptr;
+    out["topk_prompt_logprobs"] = std::move(rows);
+  }
+  return out;
 }
 
 AdamParams adam_params_from_json(const json& j, const std::string& path) {

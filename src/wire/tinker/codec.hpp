@@ -1,7 +1,7 @@
 // Tinker's wire format (docs/tinker_protocol.md): its protobuf messages (tinker_public.proto, regenerated from the
-// SDK by scripts/tinker_proto.py) and its JSON bodies, translated to and from the core's plain types. Requests are
-// read whole and checked here: a field of the wrong type, shape or dtype throws invalid_argument naming it, so that
-// the server answers the SDK's `user` error before anything reaches a session.
+// SDK by scripts/tinker_proto.py), its JSON bodies and tinker 0.12's JSON forward_backward, translated to and from
+// the core's plain types. Requests are read whole and checked here: a field of the wrong type, shape or dtype throws
+// invalid_argument naming it, so that the server answers the SDK's `user` error before anything reaches a session.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -51,6 +51,15 @@ SampleCall sample_call_from_json(const nlohmann::json& body, std::optional<token
 // A SampleResponse as protobuf: tokens int32, logprobs float32, prompt_logprobs float32 with NaN where none was
 // computed (the first token), top-k prompt logprobs as k columns per token (id 0, logprob -99999 in empty cells).
 std::string sample_response_to_proto(const SampleResponse& response);
+
+// tinker 0.12's JSON generation (the one skyrl-tx serves): a ForwardBackwardRequest body ({"forward_backward_input":
+// {"data", "loss_fn", "loss_fn_config"}, "model_id", "seq_id"}), or a ForwardRequest's with `forward_only`
+// ("forward_input"), its loss inputs as {"data", "dtype", "shape"}; checked as the protobuf reader checks them.
+ForwardBackwardCall forward_backward_from_json(const nlohmann::json& body, bool forward_only);
+// Its results as JSON: a ForwardBackwardOutput with one record of named tensors per datum (metrics as
+// tinker_metrics keeps them), and a SampleResponse (prompt logprobs null at the first token).
+nlohmann::json forward_backward_output_to_json(const ForwardBackwardOutput& out);
+nlohmann::json sample_response_to_json(const SampleResponse& response);
 
 // optim_step's adam_params ({"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}; a clip
 // norm of 0 means none).
