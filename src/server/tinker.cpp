@@ -1,8 +1,9 @@
 // Tinker's routes (/api/v1/..., docs/tinker_protocol.md, section 0): sessions, training models,
 // samplers and futures over the hosted sessions the SageMaker routes serve, so both protocols share the engine loop,
 // the journal, billing and tenants. Requests are JSON except forward_backward (protobuf; JSON from tinker 0.12); the
-// results of forward_backward and asample are protobuf when the client asks for it (0.38), else JSON (0.12). Every POST that does work answers with a request id at
-// once; retrieve_future holds the request up to kHold for the result, then answers try_again.
+// results of forward_backward and asample are protobuf when the client asks for it (0.38), else JSON (0.12). Every
+// POST that does work answers with a request id at once; retrieve_future holds the request up to kHold for the
+// result, then answers try_again.
 #include "server/tinker.hpp"
 
 #include <algorithm>
