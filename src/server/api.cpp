@@ -160,6 +160,7 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
     journal.compact_bytes = impl_->options.compact_after_bytes;
     journal.log = impl_->options.log;
     impl_->journal = std::make_unique<Journal>(impl_->options.data_dir, std::move(journal));
+    impl_->tinker->journal = impl_->journal.get();
     impl_->recover();
   }
   impl_->start_tinker_reaper();  // last: a constructor that threw above leaves no thread behind

@@ -192,6 +192,10 @@ void DurableState::apply(const json& rec) {
     t.next_checkpoint = rec.at("nextCheckpoint").get<std::int64_t>();
     return;
   }
+  if (type == "tinker") {
+    tinker.insert_or_assign({rec.at("kind").get<std::string>(), rec.at("id").get<std::string>()}, rec);
+    return;
+  }
   const auto key = std::make_pair(tenant_id, rec.at("session").get<std::string>());
   if (type == "session") {
     Session s(retention_);
@@ -292,6 +296,7 @@ std::string DurableState::snapshot(std::uint64_t generation) const {
     }
     line({{"t", "tenant"}, {"tenant", id}, {"usage", usage_json(t.usage)}, {"nextCheckpoint", t.next_checkpoint}});
   }
+  for (const auto& [key, rec] : tinker) line(rec);
   for (const auto& [key, s] : sessions) {
     json head = s.created;
     head["state"] = {{"status", to_string(s.status)},

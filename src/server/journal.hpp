@@ -186,6 +186,8 @@ class DurableState {
   // By tenant id; records of tenants that left the tenants file are kept, for when they come back.
   std::map<std::string, Tenant> tenants;
   std::map<std::pair<std::string, std::string>, Session> sessions;  // (tenant, name)
+  // Tinker's records ({"t": "tinker"}: tinker.hpp), the latest of each (kind, id).
+  std::map<std::pair<std::string, std::string>, json> tinker;
 
  private:
   Session* session_of(const json& record);

@@ -3,6 +3,7 @@
 // the live sessions come back and are waited for, so the listener opens on the state the server had when it stopped.
 #include "server/api_impl.hpp"
 #include "server/journal.hpp"
+#include "server/tinker.hpp"
 
 namespace rlloop::server {
 
@@ -101,10 +102,17 @@ void Api::Impl::recover() {
     }
   }
   for (auto& h : starting) h->wait_started();
+  // Tinker's sessions, models, samplers and checkpoints over the hosted sessions just recovered.
+  try {
+    tinker->reload(state.tinker, now_seconds());
+  } catch (const std::exception& e) {
+    report(e);
+  }
   options.log(json{{"ts", now_seconds()},
                    {"level", "info"},
                    {"event", "recovered"},
                    {"sessions", sessions.size()},
+                   {"tinkerRecords", state.tinker.size()},
                    {"replayed", replayed},
                    {"generation", journal->generation()}}
                   .dump());

@@ -259,6 +259,7 @@ json create_session(TinkerRoutes& r, const std::shared_ptr<TenantState>& t) {
   std::lock_guard lock(r.mu);
   const std::string id = "tinker-" + boot + "-" + std::to_string(r.next_id++);
   r.sessions[id] = TinkerRoutes::Session{t->config.id, now_seconds(), false, {}};
+  r.persist_locked("session", id);
   return {{"session_id", id}};
 }
 
@@ -311,6 +312,8 @@ std::string new_model(Api::Impl& im, const std::shared_ptr<TenantState>& t, cons
   r.models[model_id] = TinkerRoutes::Model{t->config.id, session_id, host,          base_model,
                                            lora.rank,    lora.target_modules, {}, now_seconds()};
   r.sessions[session_id].models.push_back(model_id);
+  r.persist_locked("model", model_id);
+  r.persist_locked("session", session_id);
   return model_id;
 }
 
@@ -373,6 +376,7 @@ json create_sampling_session(Api::Impl& im, const json& body, const std::shared_
   live_session_locked(r, session_id, t->config.id);
   const std::string id = session_id + ":sample:" + std::to_string(n);
   r.samplers[id] = {t->config.id, checkpoint.model_id, checkpoint.model_package, checkpoint.base_model, model_path};
+  r.persist_locked("sampler", id);
   return {{"sampling_session_id", id}};
 }
 
@@ -442,6 +446,7 @@ std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, 
   const std::string path = tinker_path(f.model_id, type[0] == 't' ? "weights" : "sampler_weights", f.name);
   r.checkpoints[path] = {f.tenant,         package,    f.model_id,           type,
                          model.base_model, model.rank, model.target_modules, now_seconds()};
+  r.persist_locked("checkpoint", path);
   return path;
 }
 
@@ -482,6 +487,7 @@ Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const 
       const auto& model = r.models.at(f.model_id);
       r.samplers[f.name] = {f.tenant, f.model_id, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
                             model.base_model, ""};
+      r.persist_locked("sampler", f.name);
       return json_ok({{"sampling_session_id", f.name}, {"type", "save_weights_for_sampler"}});
     }
     case Kind::load_weights:
@@ -551,9 +557,11 @@ json heartbeat(TinkerRoutes& r, const json& body, const std::shared_ptr<TenantSt
   return {{"type", "session_heartbeat"}};
 }
 
-// Marks session `s` finished and returns its models' hosted sessions, for the caller to stop once r.mu is released.
-std::vector<std::string> finish_locked(TinkerRoutes& r, TinkerRoutes::Session& s) {
+// Marks session `id` finished and returns its models' hosted sessions, for the caller to stop once r.mu is released.
+std::vector<std::string> finish_locked(TinkerRoutes& r, const std::string& id) {
+  TinkerRoutes::Session& s = r.sessions.at(id);
   s.finished = true;
+  r.persist_locked("session", id);
   std::vector<std::string> hosts;
   for (const auto& m : s.models) hosts.push_back(r.models.at(m).host);
   return hosts;
@@ -577,7 +585,8 @@ json finish(Api::Impl& im, const std::string& session_id, const std::shared_ptr<
   std::vector<std::string> hosts;
   {
     std::lock_guard lock(im.tinker->mu);
-    hosts = finish_locked(*im.tinker, live_session_locked(*im.tinker, session_id, t->config.id));
+    live_session_locked(*im.tinker, session_id, t->config.id);
+    hosts = finish_locked(*im.tinker, session_id);
   }
   stop_hosts(im, t->config.id, hosts);
   return json::object();
@@ -741,7 +750,7 @@ void Api::Impl::start_tinker_reaper() {
       const double now = now_seconds();
       for (auto& [id, s] : r.sessions)
         if (!s.finished && now - s.last_heartbeat > static_cast<double>(timeout.count()))
-          silent.emplace_back(s.tenant, finish_locked(r, s));
+          silent.emplace_back(s.tenant, finish_locked(r, id));
       if (silent.empty()) continue;
       lock.unlock();
       for (const auto& [tenant, hosts] : silent) stop_hosts(*this, tenant, hosts);

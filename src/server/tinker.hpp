@@ -1,8 +1,9 @@
 // Tinker's protocol (docs/tinker_protocol.md) over the server's sessions: what it keeps beside them. A Tinker
 // session groups training models and samplers under one heartbeat; each training model is one hosted session
 // (SessionHost, named after the model id), each future one of its operations (or its creation). Everything is
-// per tenant: a lookup by another tenant's key finds nothing (404). Not persisted: a restarted server keeps its
-// hosted sessions and checkpoints, not these records.
+// per tenant: a lookup by another tenant's key finds nothing (404). With a data directory the sessions, models,
+// samplers and checkpoints are journaled as they change ({"t": "tinker"} records, tinker_records.cpp) and a restarted
+// server reloads them beside its hosted sessions; futures are not kept (a request in flight then is sent again).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -16,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 namespace rlloop::server {
+
+class Journal;
 
 struct TinkerRoutes {
   struct Session {
@@ -70,6 +73,14 @@ struct TinkerRoutes {
   std::map<std::string, Future> futures;          // by request id
   std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
   std::uint64_t next_id = 1;
+  Journal* journal = nullptr;  // the server's, when it has a data directory
+
+  // Journals record `id` of `kind` ("session", "model", "sampler" or "checkpoint") as it is now (mu held): the
+  // latest record of a kind and id is what a restart reloads. Nothing without a journal.
+  void persist_locked(const std::string& kind, const std::string& id);
+  // The records the journal kept (DurableState::tinker, by kind and id), at start-up: each session's heartbeat
+  // counted from `now`, so that its client has a whole timeout to come back.
+  void reload(const std::map<std::pair<std::string, std::string>, nlohmann::json>& records, double now);
 
   // The reaper: a thread that finishes the sessions whose heartbeats stopped (Options::tinker_session_timeout).
   std::condition_variable wake;  // with mu: stop_tinker_reaper

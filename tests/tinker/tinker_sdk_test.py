@@ -17,6 +17,8 @@ The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rl
   - bad input (an unknown loss, a token id out of the vocabulary, malformed protobuf, a missing field) is refused
     with the message, the model keeps working, and another tenant's key finds none of these models or futures;
   - a session whose heartbeats stop is finished after the server's timeout (a second server, timeout 1 s);
+  - a server killed and started again on its data directory keeps the session, the model, its checkpoints and
+    sampler weights (Tinker's records in the journal);
   - LoRA on SmolLM2-135M-Instruct's GGUF file (Q4_1, `scripts/setup.sh --tests` fetches it; without it this one
     test is skipped outside CI and fails under CI=true): training lowers the loss, a sample stops at a stop string.
 Fails (never skips) when the venv or the SDK is missing.
@@ -289,6 +291,48 @@ class HeartbeatTest(unittest.TestCase):
             step = post("optim_step", {"model_id": model["model_id"], "seq_id": 1, "adam_params": adam})
             self.assertEqual(step.status_code, 400, step.text)  # its model's session is stopped
             self.assertIn("takes no more operations", step.json()["error"])
+
+
+class RestartTest(unittest.TestCase):
+    """A server killed (SIGKILL) and started again on its data directory keeps Tinker's records: the session answers
+    its heartbeat, the model its get_info and a forward with the weights it had, its checkpoints are listed and load
+    into a new model, and sampler weights saved before sample."""
+
+    def test_tinker_records_survive_a_kill(self):
+        first = rlloop_serve.Server(RLLOOP, bearer_keys={"aws": [KEY]})
+        try:
+            service = tinker.ServiceClient(base_url=first.endpoint, api_key=KEY)
+            training = service.create_lora_training_client(BASE, rank=4, seed=5).result()
+            data = [datum([5, 17, 42, 7, 99, 3])]
+            training.forward_backward(data, "cross_entropy").result()
+            training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+            saved = training.save_state("before-kill").result().path
+            sampler_path = training.save_weights_for_sampler("sampler-before-kill").result().path
+            loss = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
+        finally:
+            first.proc.kill()
+            first.proc.wait()
+        model_id = training.model_id
+        argv = [RLLOOP, "serve", "--tenants", first.tenants, "--port", "0", "--data-dir",
+                os.path.join(first.dir, "data"), "--device", "cpu", "--threads", "1", "--region", rlloop_serve.REGION]
+        with rlloop_serve.Server(RLLOOP, argv=argv) as second:
+            def post(route, body):
+                return httpx.post(f"{second.endpoint}/api/v1/{route}", json=body, headers={"X-API-Key": KEY},
+                                  timeout=60)
+            beat = post("session_heartbeat", {"session_id": model_id.split(":train:")[0]})
+            self.assertEqual(beat.status_code, 200, beat.text)
+            info = post("get_info", {"model_id": model_id})
+            self.assertEqual(info.status_code, 200, info.text)
+            self.assertEqual(info.json()["model_data"]["model_name"], BASE)
+            again = tinker.ServiceClient(base_url=second.endpoint, api_key=KEY)
+            listed = again.create_rest_client().list_checkpoints(model_id).result()
+            self.assertEqual(sorted(c.tinker_path for c in listed.checkpoints), sorted([saved, sampler_path]))
+            restored = again.create_training_client_from_state(saved).result()
+            self.assertAlmostEqual(restored.forward(data, "cross_entropy").result().metrics["loss:sum"], loss,
+                                   places=3)
+            sampler = again.create_sampling_client(model_path=sampler_path)
+            sample = sampler.sample(types.ModelInput.from_ints([5, 17]), 2, types.SamplingParams(max_tokens=4))
+            self.assertEqual(len(sample.result().sequences), 2)
 
 
 class GgufBaseTest(unittest.TestCase):
