@@ -28,6 +28,18 @@ bool live_status(wire::SessionStatus status) {
   return status != stopped && status != failed && status != expired;
 }
 
+// Each tenant's billing and checkpoints as the journal holds them; a tenant no longer in the tenants file is left.
+void restore_tenants(const DurableState& state, const std::map<std::string, std::shared_ptr<TenantState>>& tenants) {
+  for (const auto& [id, durable] : state.tenants) {
+    auto it = tenants.find(id);
+    if (it == tenants.end()) continue;
+    TenantState& t = *it->second;
+    t.usage = durable.usage;
+    t.next_checkpoint = durable.next_checkpoint;
+    t.checkpoints = durable.checkpoints;
+  }
+}
+
 }  // namespace
 
 void Api::Impl::recover() {
@@ -35,14 +47,7 @@ void Api::Impl::recover() {
   auto report = [&](const std::exception& e) {
     options.log(json{{"ts", now_seconds()}, {"level", "error"}, {"event", "journal"}, {"message", e.what()}}.dump());
   };
-  for (const auto& [id, durable] : state.tenants) {
-    auto it = tenants.find(id);
-    if (it == tenants.end()) continue;  // a tenant no longer in the tenants file
-    TenantState& t = *it->second;
-    t.usage = durable.usage;
-    t.next_checkpoint = durable.next_checkpoint;
-    t.checkpoints = durable.checkpoints;
-  }
+  restore_tenants(state, tenants);
 
   std::vector<std::shared_ptr<SessionHost>> starting;
   std::size_t replayed = 0;  // operations the live sessions run again on top of their autosaves

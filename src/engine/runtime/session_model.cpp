@@ -47,8 +47,8 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
   return slice;
 }
 
-// A LoRA sessions' base fully sharded over `group` as it is made (a built-in model drawn, a model directory or GGUF
-// file read a tensor at a time): no rank ever holds it whole. Its hash is of the values read, taken then.
+// The base LoRA sessions share, fully sharded over `group` as it is made (a built-in model drawn, a model directory
+// or GGUF file read a tensor at a time): no rank ever holds it whole. Its hash is of the values read, taken then.
 void read_sharded_base(SharedBase& base, const std::string& resolved, const DeviceChoice& dev, dist::Group& group) {
   std::uint64_t hash = 0;
   const auto cfg = builtin_config(resolved);
