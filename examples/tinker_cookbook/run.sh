@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# tinker-cookbook's own math_rl recipe, unmodified, against `rlloop serve` on SmolLM2-135M-Instruct (its GGUF file,
-# the base kept quantized), on the arithmetic environment. See README.md beside this script.
+# tinker-cookbook's own math_rl and chat_sl recipes, unmodified, against `rlloop serve` on SmolLM2-135M-Instruct (its
+# GGUF file, the base kept quantized): RL on the arithmetic environment, then supervised learning on the cookbook's
+# example conversations. See README.md beside this script.
 #
-#   examples/tinker_cookbook/run.sh [--steps N] [--groups N] [--group-size N] [--out DIR] [--rlloop PATH]
+#   examples/tinker_cookbook/run.sh [--steps N] [--groups N] [--group-size N] [--sl-steps N] [--out DIR]
+#                                    [--rlloop PATH]
 #
-# --groups (default 16) groups of --group-size (default 4) samples a step. Fails unless the recipe logged a finite
-# reward for each of the --steps (default 12) steps (ctest's tinker_cookbook_short runs two small ones).
+# --groups (default 16) groups of --group-size (default 4) samples a step. Then the cookbook's chat_sl recipe on its
+# own example conversations for --sl-steps (default 8: one epoch of 128 in batches of 16). Fails unless every RL step
+# logged a finite reward and every SL step a finite loss (ctest's tinker_cookbook_short runs two small ones of each).
 #
 # Needs build/bin/rlloop (the README's test command builds it) and third_party/venv with the pinned tinker SDK and
 # transformers (scripts/setup.sh --tests); installs the pinned cookbook and the dependencies its recipes import into
@@ -14,6 +17,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STEPS=12
+SL_STEPS=8
 N_GROUPS=16
 GROUP_SIZE=4
 OUT=$ROOT/build/tinker_cookbook
@@ -21,6 +25,7 @@ RLLOOP=$ROOT/build/bin/rlloop
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) STEPS=$2; shift 2 ;;
+    --sl-steps) SL_STEPS=$2; shift 2 ;;
     --groups) N_GROUPS=$2; shift 2 ;;
     --group-size) GROUP_SIZE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -80,4 +85,21 @@ for r in rows:
     print(f"{int(r['step']):4d}  {r['env/all/reward/total']:7.4f}  {r['env/all/format']:6.3f}  {r['env/all/correct']:7.4f}")
 if len(rows) != int(sys.argv[2]) or not all(math.isfinite(r["env/all/reward/total"]) for r in rows):
     sys.exit(f"run.sh: the recipe logged {len(rows)} steps with a reward, not {sys.argv[2]} finite ones")
+PYEOF
+
+# SL: the cookbook's chat_sl recipe on its own example conversations (tinker_cookbook/example_data/conversations.jsonl),
+# batches of 16, the assistant messages trained on.
+CONVERSATIONS=$("$PY" -c "import os, tinker_cookbook as t; print(os.path.dirname(t.__file__))")/example_data/conversations.jsonl
+"$PY" -m tinker_cookbook.recipes.chat_sl.train model_name="$TOKENIZER" renderer_name=qwen3_instruct \
+  dataset="$CONVERSATIONS" base_url="$URL" lora_rank=16 batch_size=16 learning_rate=2e-4 max_length=512 \
+  max_steps="$SL_STEPS" eval_every=0 infrequent_eval_every=0 save_every=0 log_path="$OUT/sl" \
+  behavior_if_log_dir_exists=delete 2>&1 | tee "$OUT/sl.log"
+"$PY" - "$OUT/sl/metrics.jsonl" "$SL_STEPS" <<'PYEOF'
+import json, math, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "train_mean_nll" in r]
+print("step  train_mean_nll  tokens")
+for r in rows:
+    print(f"{int(r['step']):4d}  {r['train_mean_nll']:14.4f}  {int(r['num_tokens']):6d}")
+if len(rows) != int(sys.argv[2]) or not all(math.isfinite(r["train_mean_nll"]) for r in rows):
+    sys.exit(f"run.sh: the SL recipe logged {len(rows)} steps with a loss, not {sys.argv[2]} finite ones")
 PYEOF
