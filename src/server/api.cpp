@@ -161,6 +161,9 @@ Api::Api(Options options, Backend backend) : impl_(std::make_unique<Impl>()) {
     journal.log = impl_->options.log;
     impl_->journal = std::make_unique<Journal>(impl_->options.data_dir, std::move(journal));
     impl_->tinker->journal = impl_->journal.get();
+    impl_->tinker->report = [log = impl_->options.log](const std::string& message) {
+      log(json{{"ts", now_seconds()}, {"level", "error"}, {"event", "journal"}, {"message", message}}.dump());
+    };
     impl_->recover();
   }
   impl_->start_tinker_reaper();  // last: a constructor that threw above leaves no thread behind

@@ -7,6 +7,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -74,9 +75,11 @@ struct TinkerRoutes {
   std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
   std::uint64_t next_id = 1;
   Journal* journal = nullptr;  // the server's, when it has a data directory
+  std::function<void(const std::string&)> report;  // where a record the journal could not take is reported
 
   // Journals record `id` of `kind` ("session", "model", "sampler" or "checkpoint") as it is now (mu held): the
-  // latest record of a kind and id is what a restart reloads. Nothing without a journal.
+  // latest record of a kind and id is what a restart reloads. Nothing without a journal. Never throws (the reaper
+  // thread calls it): a journal that fails is reported, and the record lives on in memory only.
   void persist_locked(const std::string& kind, const std::string& id);
   // The records the journal kept (DurableState::tinker, by kind and id), at start-up: each session's heartbeat
   // counted from `now`, so that its client has a whole timeout to come back.

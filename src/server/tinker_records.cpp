@@ -44,16 +44,22 @@ json journal_record(const Map& map, const std::string& kind, const std::string& 
 
 void TinkerRoutes::persist_locked(const std::string& kind, const std::string& id) {
   if (!journal) return;
+  json rec;
   if (kind == "session") {
-    journal->append(journal_record(sessions, kind, id));
+    rec = journal_record(sessions, kind, id);
   } else if (kind == "model") {
-    journal->append(journal_record(models, kind, id));
+    rec = journal_record(models, kind, id);
   } else if (kind == "sampler") {
-    journal->append(journal_record(samplers, kind, id));
+    rec = journal_record(samplers, kind, id);
   } else if (kind == "checkpoint") {
-    journal->append(journal_record(checkpoints, kind, id));
+    rec = journal_record(checkpoints, kind, id);
   } else {
     throw std::logic_error("TinkerRoutes::persist_locked: no record kind '" + kind + "'");
+  }
+  try {
+    journal->append(rec);
+  } catch (const std::exception& e) {
+    if (report) report("the journal did not take Tinker's " + kind + " record '" + id + "': " + e.what());
   }
 }
 
