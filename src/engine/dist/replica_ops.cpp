@@ -207,8 +207,8 @@ void open_replica(Group& group, const SessionModel* made, const std::string& err
   }
   group.broadcast(verdict);
   if (!verdict.empty()) throw invalid_argument("data-parallel session: " + verdict);
-  // A model that was made sharded (each rank drew its own parts: init_sharded_model) holds no trainable tensor
-  // every rank holds alike; any other gets rank 0's trainable weights.
+  // A model that was made sharded (each rank drew or read its own parts: init_sharded_model, load_sharded_model)
+  // holds no trainable tensor every rank holds alike; any other gets rank 0's trainable weights.
   if (!made->model->trains_shards()) group.broadcast(replicated_tensors(*made->model));
   if (cut) made->model->set_fully_sharded(group);
 }

@@ -47,14 +47,14 @@ std::shared_ptr<Transformer> expert_slice(const Transformer& full, dist::Group& 
   return slice;
 }
 
-// The base LoRA sessions share, fully sharded over `group` as it is made (a built-in model drawn, a model directory
-// or GGUF file read a tensor at a time): no rank ever holds it whole. Its hash is of the values read, taken then.
-void read_sharded_base(SharedBase& base, const std::string& resolved, const DeviceChoice& dev, dist::Group& group) {
-  std::uint64_t hash = 0;
-  const auto cfg = builtin_config(resolved);
-  base.model = cfg ? init_sharded_model(*cfg, 0, dev.device, dev.dtype, group, &hash, ShardedUse::frozen_base)
-                   : load_sharded_model(resolved, dev.device, dev.dtype, group, &hash, ShardedUse::frozen_base);
-  std::call_once(base.hashed, [&] { base.weights_hash = hash; });
+// `resolved` fully sharded over `group` as it is made (a built-in model drawn, a model directory or GGUF file read a
+// tensor at a time): no rank ever holds it whole. `hash` receives a hash of every value made, which the ranks compare
+// when they open a session.
+std::shared_ptr<Transformer> make_sharded_model(const std::string& resolved, const DeviceChoice& dev,
+                                                dist::Group& group, ShardedUse use, std::uint64_t& hash) {
+  if (const auto cfg = builtin_config(resolved))
+    return init_sharded_model(*cfg, 0, dev.device, dev.dtype, group, &hash, use);
+  return load_sharded_model(resolved, dev.device, dev.dtype, group, &hash, use);
 }
 
 }  // namespace
@@ -75,8 +75,10 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
     const std::string key = base_key(resolved, dev) + (expert_group ? " (expert-parallel slice)" : "") +
                             (shard_group ? " (fully sharded)" : "");
     out.shared_base = bases.base(key, [&](SharedBase& base) {
-      if (shard_group) {
-        read_sharded_base(base, resolved, dev, *shard_group);
+      if (shard_group) {  // its hash is of the values read, taken as they are read
+        std::uint64_t hash = 0;
+        base.model = make_sharded_model(resolved, dev, *shard_group, ShardedUse::frozen_base, hash);
+        std::call_once(base.hashed, [&] { base.weights_hash = hash; });
         return;
       }
       base.model = load(/*shared=*/true);
@@ -84,14 +86,12 @@ SessionModel make_session_model(BaseModelRegistry& bases, const std::string& res
     });
     out.model = Transformer::sharing_base(*out.shared_base->model);
     out.model->enable_lora(*options.lora, options.seed);
-  } else if (auto cfg = builtin_config(resolved); shard_group && !sampler && !options.value_head) {
-    // Full fine-tuning, fully sharded: each rank draws (a built-in model) or reads each weight and keeps its parts
-    // only, never the whole model; the ranks compare a hash of what they read. A model with a value head is
-    // refused by name when the ranks open the session (the path below).
+  } else if (shard_group && !sampler && !options.value_head) {
+    // Full fine-tuning, fully sharded, never whole on a rank. A model with a value head is refused by name when the
+    // ranks open the session (the path below).
     std::uint64_t hash = 0;
-    out.model = cfg ? init_sharded_model(*cfg, 0, dev.device, dev.dtype, *shard_group)
-                    : load_sharded_model(resolved, dev.device, dev.dtype, *shard_group, &hash);
-    if (!cfg) out.weights_hash = hash;
+    out.model = make_sharded_model(resolved, dev, *shard_group, ShardedUse::trained, hash);
+    out.weights_hash = hash;
   } else {
     out.model = load(/*shared=*/false);
   }

@@ -31,8 +31,8 @@ std::string base_key(const std::string& resolved, const DeviceChoice& dev);
 struct SessionModel {
   std::shared_ptr<SharedBase> shared_base;  // LoRA: the weights it shares; null with a private model
   std::shared_ptr<Transformer> model;
-  // A model each rank read sharded from its file(s) (load_sharded_model): a hash of what it read, which the ranks
-  // compare when they open the session (nothing else makes them hold the same weights).
+  // A full fine-tuning model each rank made sharded (drawn, or read from its files): a hash of every value made,
+  // which the ranks compare when they open the session (nothing else makes them hold the same weights).
   std::optional<std::uint64_t> weights_hash;
 };
 
