@@ -11,9 +11,9 @@ prompts (temperature 1, no stop), reward each completion (the share of its token
 so both servers train on the same kind of signal), then forward_backward with importance_sampling over every
 completion (advantages: reward minus its prompt's mean) and optim_step. Step 1 is a warm-up (skyrl-tx compiles its
 JAX functions there) and is not counted; the table shows each phase's median over the other steps, in seconds, and
-tokens/s (sampled tokens for sampling, prompt + completion tokens for forward_backward).
+the median of each step's tokens/s (sampled tokens for sampling, prompt + completion tokens for forward_backward).
 
-Set-up, once (bench/server/README or bench/README.md, "Tinker peers"): `scripts/setup.sh --tests` (the project
+Set-up, once (bench/README.md, "Tinker peers"): `scripts/setup.sh --tests` (the project
 venv), then `bench/server/tinker_peers_setup.sh`, which makes third_party/skyrl-venv (skyrl-tx 0.3.0 without its
 CUDA extra: jax, flax, optax for the CPU, tinker 0.12.0; torch and peft's other imports from the project venv through
 a .pth) and build/peers/SmolLM2-135M-Instruct (the GGUF's weights dequantized to fp32, by transformers).
@@ -56,8 +56,8 @@ def run_loop(endpoint, args):
     tokenizer = transformers.AutoTokenizer.from_pretrained(MODEL)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=True) for text in PROMPTS[:args.prompts]]
-    phases = {"sample": [], "forward_backward": [], "optim_step": [], "step": []}
-    counts = {}
+    phases = {"sample": [], "forward_backward": [], "optim_step": [], "step": [], "sampled_tok_s": [],
+              "trained_tok_s": []}
     for step in range(args.steps + 1):
         start = time.time()
         sampler = training.save_weights_and_get_sampling_client()
@@ -81,8 +81,6 @@ def run_loop(endpoint, args):
         trained = time.time()
         training.optim_step(types.AdamParams(learning_rate=1e-4)).result()
         stepped = time.time()
-        counts = {"sampled": sum(len(s.tokens) for r in results for s in r.sequences),
-                  "trained": sum(d.model_input.length + 1 for d in data)}
         if step == 0:
             print(f"  warm-up step: {stepped - start:.1f} s", file=sys.stderr)
             continue
@@ -90,7 +88,9 @@ def run_loop(endpoint, args):
         phases["forward_backward"].append(trained - sampled)
         phases["optim_step"].append(stepped - trained)
         phases["step"].append(stepped - start)
-    return {k: statistics.median(v) for k, v in phases.items()}, counts
+        phases["sampled_tok_s"].append(sum(len(s.tokens) for r in results for s in r.sequences) / (sampled - start))
+        phases["trained_tok_s"].append(sum(d.model_input.length + 1 for d in data) / (trained - sampled))
+    return {k: statistics.median(v) for k, v in phases.items()}
 
 
 def rlloop_endpoint(rlloop, threads):
@@ -173,13 +173,12 @@ def main():
             continue
         print(f"{name}:", file=sys.stderr)
         with make() as server:
-            medians, counts = run_loop(server.endpoint, args)
-        rows.append((name, medians, counts))
+            rows.append((name, run_loop(server.endpoint, args)))
     print(f"| server | sample s (tok/s) | forward_backward s (tok/s) | optim_step s | step s |")
     print("|---|---|---|---|---|")
-    for name, m, c in rows:
-        print(f"| {name} | {m['sample']:.2f} ({c['sampled'] / m['sample']:.0f}) | {m['forward_backward']:.2f} "
-              f"({c['trained'] / m['forward_backward']:.0f}) | {m['optim_step']:.2f} | {m['step']:.2f} |")
+    for name, m in rows:
+        print(f"| {name} | {m['sample']:.2f} ({m['sampled_tok_s']:.0f}) | {m['forward_backward']:.2f} "
+              f"({m['trained_tok_s']:.0f}) | {m['optim_step']:.2f} | {m['step']:.2f} |")
 
 
 if __name__ == "__main__":
