@@ -22,8 +22,11 @@ namespace rlloop {
 // The built-in losses. All are summed over tokens, never averaged. `value` is the critic's regression loss for PPO
 // with a value head (an rlloop extension, local sessions created with value_head). `gspo` is GSPO-token (Zheng et
 // al. 2025, "Group Sequence Policy Optimization"): PPO's clipped objective on each token with the ratio of its whole
-// sequence (the datum) in place of its own.
-enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value, gspo };
+// sequence (the datum) in place of its own. `stable_reinforce` is rlloop's reading of Tinker's loss of that name,
+// whose objective Tinker has not published (docs/algorithms.md, "stable_reinforce"): REINFORCE with the truncated
+// importance weight min(r, C) of Yao et al. 2025 ("truncated importance sampling") and an optional KL penalty
+// towards the sampler.
+enum class LossFn { cross_entropy, importance_sampling, ppo, cispo, dro, value, gspo, stable_reinforce };
 
 namespace detail {
 // The number of LossFn's enumerators. The switch names each one and has no default, so -Wswitch (in -Wall; an error
@@ -39,6 +42,7 @@ constexpr std::size_t count_loss_fns() {
       case LossFn::dro:
       case LossFn::value:
       case LossFn::gspo:
+      case LossFn::stable_reinforce:
         continue;
     }
     return n;
@@ -51,7 +55,8 @@ inline constexpr std::size_t kLossCount = detail::count_loss_fns();
 // A loss with its configuration. ppo and cispo clip the ratio r = exp(lp - q) to [1 - epsilon_low,
 // 1 + epsilon_high] (PPO's epsilon; asymmetric in DAPO), the convention of the algorithm options too; beta weights
 // the quadratic penalty of dro; value_clip bounds how far a new value may move from "old_values" in the value
-// loss (0 = no clipping). Each parameter's bounds are its row of kLossParams; which loss reads which, kLosses.
+// loss (0 = no clipping); truncation is the cap C of stable_reinforce's importance weight min(r, C) and kl_coeff the
+// weight of its KL penalty. Each parameter's bounds are its row of kLossParams; which loss reads which, kLosses.
 //
 // The wire configures the clip by its bounds instead (lossFnConfig's clip_low_threshold = 1 - epsilon_low,
 // clip_high_threshold = 1 + epsilon_high; src/wire/loss_config.hpp translates). For bounds in [0.5, 2] both
@@ -63,6 +68,8 @@ struct LossSpec {
   double epsilon_high = 0.2;
   double beta = 0.1;
   double value_clip = 0.2;
+  double truncation = 2.0;
+  double kl_coeff = 0.0;
 
   static LossSpec cross_entropy() { return {LossFn::cross_entropy}; }
   static LossSpec importance_sampling() { return {LossFn::importance_sampling}; }
@@ -80,6 +87,10 @@ struct LossSpec {
   // 0.5 * sum(w * max((v - R)^2, (v_clip - R)^2)), v_clip = old + clamp(v - old, -clip, clip) when "old_values"
   // are given; inputs "returns" (R), optional "old_values", optional "weights".
   static LossSpec value(double clip = 0.2) { return {.fn = LossFn::value, .value_clip = clip}; }
+  // C = 2 is the truncation Yao et al. use against a sampler whose numerics differ from the trainer's.
+  static LossSpec stable_reinforce(double truncation = 2.0, double kl_coeff = 0.0) {
+    return {.fn = LossFn::stable_reinforce, .truncation = truncation, .kl_coeff = kl_coeff};
+  }
 
   // The clip range of the ratio.
   double min_ratio() const { return 1.0 - epsilon_low; }
@@ -105,11 +116,13 @@ struct LossParamInfo {
 
 inline constexpr double kUnbounded = std::numeric_limits<double>::infinity();
 
-inline constexpr std::array<LossParamInfo, 4> kLossParams{{
+inline constexpr std::array<LossParamInfo, 6> kLossParams{{
     {&LossSpec::epsilon_low, "epsilon_low", 0.0, 1.0},
     {&LossSpec::epsilon_high, "epsilon_high", 0.0, 9.0},
     {&LossSpec::beta, "beta", 0.0, kUnbounded},
     {&LossSpec::value_clip, "value_clip", 0.0, kUnbounded},
+    {&LossSpec::truncation, "truncation", 1.0, kUnbounded},
+    {&LossSpec::kl_coeff, "kl_coeff", 0.0, kUnbounded},
 }};
 
 namespace detail {
@@ -165,6 +178,7 @@ namespace detail {
 inline constexpr LossParam kClipParams[] = {&LossSpec::epsilon_low, &LossSpec::epsilon_high};
 inline constexpr LossParam kDroParams[] = {&LossSpec::beta};
 inline constexpr LossParam kValueParams[] = {&LossSpec::value_clip};
+inline constexpr LossParam kStableReinforceParams[] = {&LossSpec::truncation, &LossSpec::kl_coeff};
 inline constexpr std::string_view kSupervisedInputs[] = {"target_tokens", "weights"};
 inline constexpr std::string_view kPolicyInputs[] = {"target_tokens", "advantages", "logprobs"};
 inline constexpr std::string_view kWeights[] = {"weights"};
@@ -229,6 +243,14 @@ inline constexpr std::array<LossInfo, kLossCount> kLosses{{
      .params = detail::kClipParams,
      .required_inputs = detail::kPolicyInputs,
      .optional_inputs = detail::kGspoOptional,
+     .output = LossOutput::logprobs,
+     .clip_metric = "clip_fraction",
+     .policy = true},
+    {.fn = LossFn::stable_reinforce,
+     .name = "stable_reinforce",
+     .params = detail::kStableReinforceParams,
+     .required_inputs = detail::kPolicyInputs,
+     .optional_inputs = detail::kWeights,
      .output = LossOutput::logprobs,
      .clip_metric = "clip_fraction",
      .policy = true},

@@ -34,6 +34,8 @@ inline constexpr std::array<LossConfigKey, kLossParams.size()> kLossConfigKeys{{
     {"clip_high_threshold", &LossSpec::epsilon_high, detail::minus_one, detail::plus_one},
     {"beta", &LossSpec::beta, detail::same, detail::same},
     {"value_clip", &LossSpec::value_clip, detail::same, detail::same},
+    {"truncation", &LossSpec::truncation, detail::same, detail::same},
+    {"kl_coeff", &LossSpec::kl_coeff, detail::same, detail::same},
 }};
 
 namespace detail {

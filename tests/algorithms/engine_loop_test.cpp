@@ -99,7 +99,8 @@ TEST(FakeMatchesEngine, BuiltinLossValuesAndGradients) {
       a{2.0, -1.0, 0.5, -3.0, 1.5}, w{0.5, 1.0, 0.0, 2.0, 1.0};
   auto t = [](const std::vector<double>& v) { return torch::tensor(v, torch::kFloat64).reshape({1, -1}); };
   for (const LossSpec& spec : {LossSpec::cross_entropy(), LossSpec::importance_sampling(), LossSpec::ppo(0.2, 0.2),
-                               LossSpec::ppo(0.1, 0.1), LossSpec::cispo(), LossSpec::dro(0.3)}) {
+                               LossSpec::ppo(0.1, 0.1), LossSpec::cispo(), LossSpec::dro(0.3),
+                               LossSpec::stable_reinforce(), LossSpec::stable_reinforce(1.2, 0.05)}) {
     auto lpt = t(lp).requires_grad_(true);
     engine::LossTensors in{torch::ones({1, 5}, torch::kFloat64), t(w), t(a), t(q)};
     auto value = engine::builtin_loss(spec, lpt, in);

@@ -133,7 +133,7 @@ class FakeSession {
   // static so tests can check it against hand-computed values.
   struct TokenTerm {
     double loss = 0, grad = 0;
-    bool clipped = false;  // the clipped branch of the objective is the one taken (ppo, cispo)
+    bool clipped = false;  // the clipped branch of the objective is the one taken (ppo, cispo, stable_reinforce)
   };
   static TokenTerm token_term(const LossSpec& spec, double lp, double q, double adv, double m) {
     const double r = std::exp(lp - q);
@@ -155,6 +155,12 @@ class FakeSession {
       case LossFn::dro: {
         const double d = lp - q;
         return {-(lp * adv - 0.5 * spec.beta * d * d) * m, -(adv - spec.beta * d) * m, false};
+      }
+      case LossFn::stable_reinforce: {
+        // The weight min(r, C) is a constant; the KL penalty k3 = (r - 1) - log r has d/dlp = r - 1.
+        const double w = std::min(r, spec.truncation), k3 = (r - 1) - (lp - q);
+        return {-(w * lp * adv - spec.kl_coeff * k3) * m, -(w * adv - spec.kl_coeff * (r - 1)) * m,
+                r > spec.truncation};
       }
       case LossFn::value:
         throw invalid_argument("the fake session has no value head: loss 'value' is not a token term");
@@ -495,7 +501,10 @@ class FakeService {
   }
   std::vector<std::string> list_base_models() { return {"fake-table"}; }
   ServerCapabilities capabilities() {
-    return {{"fake-table"}, {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"}, true, 0};
+    return {{"fake-table"},
+            {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce"},
+            true,
+            0};
   }
 
  private:

@@ -36,10 +36,10 @@ Datum datum_without(std::string_view missing) {
 }  // namespace
 
 TEST(LossTable, OneRowPerLossInTheEnumsOrder) {
-  // The seven losses of today, by name; an eighth enumerator makes this (and the static_asserts) change.
-  ASSERT_EQ(kLossCount, 7u);
-  const std::vector<std::string> names{"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "value",
-                                       "gspo"};
+  // The eight losses of today, by name; a ninth enumerator makes this (and the static_asserts) change.
+  ASSERT_EQ(kLossCount, 8u);
+  const std::vector<std::string> names{"cross_entropy", "importance_sampling", "ppo",  "cispo",
+                                       "dro",           "value",               "gspo", "stable_reinforce"};
   for (std::size_t i = 0; i < kLossCount; ++i) {
     const auto fn = static_cast<LossFn>(i);
     EXPECT_EQ(kLosses[i].fn, fn);
@@ -48,10 +48,10 @@ TEST(LossTable, OneRowPerLossInTheEnumsOrder) {
     EXPECT_EQ(&loss_info(fn), &kLosses[i]);
   }
   EXPECT_EQ(message_of([] { loss_fn_from_string("kto"); }),
-            "unknown loss function 'kto' (expected cross_entropy, importance_sampling, ppo, cispo, dro, value or "
-            "gspo)");
+            "unknown loss function 'kto' (expected cross_entropy, importance_sampling, ppo, cispo, dro, value, "
+            "gspo or stable_reinforce)");
   // An integer cast to LossFn that names no loss: no row is read past the table's end.
-  EXPECT_STREQ(to_string(static_cast<LossFn>(7)), "?");
+  EXPECT_STREQ(to_string(static_cast<LossFn>(8)), "?");
   EXPECT_EQ(message_of([] { loss_info(static_cast<LossFn>(42)); }), "LossSpec::fn 42 is no loss function");
   EXPECT_EQ(message_of([] { LossSpec{static_cast<LossFn>(-1)}.validate(); }),
             "LossSpec::fn " + std::to_string(static_cast<std::size_t>(-1)) + " is no loss function");
@@ -73,16 +73,19 @@ TEST(LossTable, WhatEachLossReadsAndReports) {
   EXPECT_EQ(params(LossFn::gspo), (strings{"epsilon_low", "epsilon_high"}));
   EXPECT_EQ(params(LossFn::dro), strings{"beta"});
   EXPECT_EQ(params(LossFn::value), strings{"value_clip"});
+  EXPECT_EQ(params(LossFn::stable_reinforce), (strings{"truncation", "kl_coeff"}));
   // The clip metric and the policy flag the engine and the service metrics read.
   EXPECT_EQ(loss_info(LossFn::ppo).clip_metric, "clip_fraction");
   EXPECT_EQ(loss_info(LossFn::cispo).clip_metric, "clip_fraction");
   EXPECT_EQ(loss_info(LossFn::gspo).clip_metric, "clip_fraction");
+  EXPECT_EQ(loss_info(LossFn::stable_reinforce).clip_metric, "clip_fraction");
   EXPECT_EQ(loss_info(LossFn::value).clip_metric, "value_clip_fraction");
   EXPECT_TRUE(loss_info(LossFn::dro).clip_metric.empty());
   std::set<std::string> policy;
   for (const LossInfo& row : kLosses)
     if (row.policy) policy.emplace(row.name);
-  EXPECT_EQ(policy, (std::set<std::string>{"importance_sampling", "ppo", "cispo", "dro", "gspo"}));
+  EXPECT_EQ(policy,
+            (std::set<std::string>{"importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce"}));
   EXPECT_EQ(loss_info(LossFn::value).output, LossOutput::values);
   EXPECT_EQ(loss_info(LossFn::dro).output, LossOutput::logprobs);
 }

@@ -1177,19 +1177,14 @@ TEST(DataParallel, SplitsBatchesByTokensInTheCallersOrder) {
 
 TEST(DataParallel, TheCodecCarriesEveryLossAndOptimizerSetting) {
   // Each member set away from its default, so that a member the codec dropped would come back different.
-  for (LossFn fn : {LossFn::cross_entropy, LossFn::importance_sampling, LossFn::ppo, LossFn::cispo, LossFn::dro,
-                    LossFn::value, LossFn::gspo}) {
-    const LossSpec sent{.fn = fn, .epsilon_low = 0.13, .epsilon_high = 0.27, .beta = 0.031, .value_clip = 0.45};
+  for (const LossInfo& row : kLosses) {
+    const LossSpec sent{.fn = row.fn, .epsilon_low = 0.13, .epsilon_high = 0.27, .beta = 0.031, .value_clip = 0.45,
+                        .truncation = 3.5, .kl_coeff = 0.07};
     engine::dist::ByteWriter w;
     w.put(sent);
     const std::string bytes = w.take();
     engine::dist::ByteReader r(bytes);
-    const LossSpec got = r.get_loss_spec();
-    EXPECT_EQ(got.fn, sent.fn);
-    EXPECT_EQ(got.epsilon_low, sent.epsilon_low);
-    EXPECT_EQ(got.epsilon_high, sent.epsilon_high);
-    EXPECT_EQ(got.beta, sent.beta);
-    EXPECT_EQ(got.value_clip, sent.value_clip);
+    EXPECT_EQ(r.get_loss_spec(), sent);  // LossSpec's == compares every member
   }
   for (std::optional<double> clip : {std::optional<double>{}, std::optional<double>{0.7}}) {
     const AdamParams sent{.learning_rate = 3e-3, .beta1 = 0.8, .beta2 = 0.97, .eps = 1e-6, .weight_decay = 0.05,

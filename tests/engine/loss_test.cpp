@@ -98,6 +98,32 @@ TEST(Loss, CispoUsesTheClippedRatioAsAConstantWeight) {
   expect_near_all(autograd(LossSpec::cispo(), f), {-1.2, 1.6, -0.5 * r2, 1.2}, 1e-12);
 }
 
+TEST(Loss, StableReinforceTruncatesTheWeightAndPenalisesKlToTheSampler) {
+  Fixture f;
+  const double r0 = std::exp(0.2), r1 = std::exp(-0.5), r2 = std::exp(0.05), r3 = std::exp(0.5);
+  const LossSpec spec = LossSpec::stable_reinforce(1.5, 0.1);
+  // Weights min(r, 1.5): t3's ratio 1.6487 is truncated; the KL term is k3(r) = (r - 1) - log r per token.
+  const double w[] = {r0, r1, r2, 1.5}, r[] = {r0, r1, r2, r3}, lp[] = {-1.0, -2.0, -1.0, -0.5},
+               a[] = {1.0, -2.0, 0.5, -1.0};
+  double expected = 0;
+  std::vector<double> grad;
+  for (int j = 0; j < 4; ++j) {
+    expected -= w[j] * lp[j] * a[j] - 0.1 * ((r[j] - 1) - std::log(r[j]));
+    grad.push_back(-w[j] * a[j] + 0.1 * (r[j] - 1));  // the weight is a constant; d k3 / d lp = r - 1
+  }
+  EXPECT_NEAR(loss_at(spec, f, f.lp), expected, 1e-12);
+  expect_near_all(autograd(spec, f), grad, 1e-12);
+  auto value = builtin_loss(spec, f.lp, f.in);
+  EXPECT_EQ(value.clipped.item<double>(), 1.0);  // t3 only
+  EXPECT_EQ(value.clip_fraction(), 0.25);
+  // Without the penalty and with a cap no ratio reaches, it is cispo over [0, 10].
+  EXPECT_NEAR(loss_at(LossSpec::stable_reinforce(10.0), f, f.lp), loss_at(LossSpec::cispo(1.0, 9.0), f, f.lp), 1e-12);
+  // The KL term is 0 where the policy is the sampler (lp = q): the loss is then plain REINFORCE, -(lp A).
+  Fixture same;
+  same.in.sampler_logprobs = same.lp.clone();
+  EXPECT_NEAR(loss_at(spec, same, same.lp), -(-1.0 * 1.0 + -2.0 * -2.0 + -1.0 * 0.5 + -0.5 * -1.0), 1e-12);
+}
+
 // clip_fraction is the share of loss-bearing tokens (weight != 0) where the clipped branch is taken, whatever the
 // weights' scale: GRPO's aggregation weights (1/(N*L) per token, 0 on the prompt) must not shrink it.
 TEST(Loss, ClipFractionCountsLossBearingTokensWhereTheClipBranchIsTaken) {
@@ -196,9 +222,10 @@ Fixture with_values() {
 // (CispoUsesTheClippedRatioAsAConstantWeight checks it by hand).
 TEST(Loss, EveryRowsGradientMatchesFiniteDifferences) {
   for (const LossInfo& row : kLosses) {
-    // cispo and gspo stop gradients by design (the clamped ratio; the sequence's ratio): their gradients are not
-    // those of their values (FakeMatchesEngine checks them against their analytic terms).
-    if (row.fn == LossFn::cispo || row.fn == LossFn::gspo) continue;
+    // cispo, gspo and stable_reinforce stop gradients by design (the clamped ratio; the sequence's ratio; the
+    // truncated weight): their gradients are not those of their values (FakeMatchesEngine checks them against their
+    // analytic terms).
+    if (row.fn == LossFn::cispo || row.fn == LossFn::gspo || row.fn == LossFn::stable_reinforce) continue;
     const Fixture f = with_values();
     LossSpec spec;
     spec.fn = row.fn;
@@ -230,6 +257,8 @@ TEST(Loss, EachRowsTokenClipTestAgreesWithItsTensorCount) {
     spec.fn = row.fn;
     // gspo's ratio is the sequence's, exp(mean(lp - q)) = exp(0.0625): a narrow range makes it clip where A > 0.
     if (row.fn == LossFn::gspo) spec.epsilon_low = spec.epsilon_high = 0.01;
+    // stable_reinforce's default cap, 2, is above every ratio here: 1.1 truncates t0 and t3.
+    if (row.fn == LossFn::stable_reinforce) spec.truncation = 1.1;
     double clipped = 0;
     const double sequence_log_ratio = (lp - q).mean().item<double>();  // every token bears the loss here
     for (int64_t j = 0; j < lp.size(0); ++j)

@@ -35,14 +35,15 @@ TEST(WireLossConfig, EachLossTakesTheKeysOfTheParametersItReads) {
   EXPECT_EQ(loss_config_keys(LossFn::dro), strings{"beta"});
   EXPECT_EQ(loss_config_keys(LossFn::value), strings{"value_clip"});
   EXPECT_EQ(loss_config_keys(LossFn::gspo), (strings{"clip_low_threshold", "clip_high_threshold"}));
+  EXPECT_EQ(loss_config_keys(LossFn::stable_reinforce), (strings{"truncation", "kl_coeff"}));
   // A key of another loss is refused by name, as is one no loss has.
   EXPECT_EQ(message_of([] { loss_from_config("cross_entropy", {{"clip_low_threshold", 0.7}}); }),
             "loss 'cross_entropy' does not accept config key 'clip_low_threshold'");
   EXPECT_EQ(message_of([] { loss_from_config("ppo", {{"epsilon", 0.2}}); }),
             "loss 'ppo' does not accept config key 'epsilon'");
   EXPECT_EQ(message_of([] { loss_from_config("kto"); }),
-            "unknown loss function 'kto' (expected cross_entropy, importance_sampling, ppo, cispo, dro, value or "
-            "gspo)");
+            "unknown loss function 'kto' (expected cross_entropy, importance_sampling, ppo, cispo, dro, value, "
+            "gspo or stable_reinforce)");
 }
 
 TEST(WireLossConfig, ClipThresholdsAreTheSpecsClipRange) {
@@ -58,12 +59,18 @@ TEST(WireLossConfig, ClipThresholdsAreTheSpecsClipRange) {
   EXPECT_EQ(loss_config(LossSpec::dro(0.5)), (config{{"beta", 0.5}}));
   EXPECT_EQ(loss_config(LossSpec::value(0.3)), (config{{"value_clip", 0.3}}));
   EXPECT_EQ(loss_from_config("dro", {{"beta", 0.5}}).beta, 0.5);
+  // stable_reinforce: the truncation C = 2 and no KL penalty unless asked.
+  EXPECT_EQ(loss_config(LossSpec::stable_reinforce()), (config{{"truncation", 2.0}, {"kl_coeff", 0.0}}));
+  EXPECT_EQ(loss_from_config("stable_reinforce", {{"kl_coeff", 0.01}}), LossSpec::stable_reinforce(2.0, 0.01));
+  EXPECT_EQ(message_of([] { loss_from_config("stable_reinforce", {{"truncation", 0.5}}); }),
+            "truncation must be a finite number >= 1, got 0.500000");
 }
 
 TEST(WireLossConfig, EverySpecComesBackFromItsConfig) {
   // Parameters whose wire values are exact in binary (thresholds in [0.5, 2]): every loss round-trips exactly.
   for (const LossInfo& row : kLosses) {
-    const LossSpec spec{.fn = row.fn, .epsilon_low = 0.25, .epsilon_high = 0.375, .beta = 0.03, .value_clip = 0.45};
+    const LossSpec spec{.fn = row.fn,       .epsilon_low = 0.25, .epsilon_high = 0.375, .beta = 0.03,
+                        .value_clip = 0.45, .truncation = 3.0,   .kl_coeff = 0.125};
     const LossSpec back = loss_from_config(row.name, loss_config(spec));
     EXPECT_EQ(back.fn, row.fn);
     // The parameters the loss reads travel; the others keep their defaults.

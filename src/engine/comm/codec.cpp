@@ -34,12 +34,14 @@ void ByteWriter::put(const std::vector<Datum>& data) {
 // setting would silently train with another loss); DataParallel.TheCodecCarriesEveryLossAndOptimizerSetting
 // round-trips every member.
 void ByteWriter::put(const LossSpec& loss) {
-  const auto& [fn, epsilon_low, epsilon_high, beta, value_clip] = loss;
+  const auto& [fn, epsilon_low, epsilon_high, beta, value_clip, truncation, kl_coeff] = loss;
   put(fn);
   put(epsilon_low);
   put(epsilon_high);
   put(beta);
   put(value_clip);
+  put(truncation);
+  put(kl_coeff);
 }
 
 void ByteWriter::put(const AdamParams& p) {
@@ -158,6 +160,8 @@ LossSpec ByteReader::get_loss_spec() {
   loss.epsilon_high = get<double>();
   loss.beta = get<double>();
   loss.value_clip = get<double>();
+  loss.truncation = get<double>();
+  loss.kl_coeff = get<double>();
   return loss;
 }
 

@@ -68,6 +68,18 @@ LossValue gspo(const LossSpec& spec, const torch::Tensor& lp, const LossTensors&
   return {-(objective * m).sum(), count_where((clipped_term < unclipped_term).detach(), m), count_bearing(m)};
 }
 
+// cispo's form with the weight capped above only (min(r, C)), plus the k3 estimate of KL(sampler || policy) over the
+// sampled tokens, (r - 1) - log r: nonnegative, 0 where the policy still is the sampler, its gradient (r - 1) lp'.
+LossValue stable_reinforce(const LossSpec& spec, const torch::Tensor& lp, const LossTensors& in) {
+  const auto m = weighted_mask(in);
+  const auto log_r = lp - in.sampler_logprobs;
+  const auto r = torch::exp(log_r);
+  const auto weight = torch::clamp_max(r, spec.truncation).detach();
+  auto objective = weight * lp * in.advantages;
+  if (spec.kl_coeff != 0.0) objective = objective - spec.kl_coeff * ((r - 1) - log_r);
+  return {-(objective * m).sum(), count_where((r > spec.truncation).detach(), m), count_bearing(m)};
+}
+
 LossValue value(const LossSpec& spec, const torch::Tensor& v, const LossTensors& in) {
   return value_loss(spec, v, in.returns, in.old_values, weighted_mask(in));
 }
@@ -93,6 +105,9 @@ bool cispo_clips(const LossSpec& spec, double lp, double q, double, double) {
   return std::clamp(r, spec.min_ratio(), spec.max_ratio()) != r;
 }
 
+// stable_reinforce truncates a weight above its cap.
+bool truncates(const LossSpec& spec, double lp, double q, double, double) { return std::exp(lp - q) > spec.truncation; }
+
 // One row per row of kLosses, in the same order (checked below).
 constexpr std::array<LossKernel, kLossCount> kLossKernels{{
     {LossFn::cross_entropy, cross_entropy, never},
@@ -102,6 +117,7 @@ constexpr std::array<LossKernel, kLossCount> kLossKernels{{
     {LossFn::dro, dro, never},
     {LossFn::value, value, never},
     {LossFn::gspo, gspo, gspo_clips},
+    {LossFn::stable_reinforce, stable_reinforce, truncates},
 }};
 
 constexpr bool kernels_follow_the_table() {

@@ -23,7 +23,7 @@ struct LossTensors {
 
 // clip_fraction = clipped / bearing: the share of loss-bearing tokens (mask * weight != 0) where the clipped
 // branch of the objective is the one taken — ppo: the clipped term is the smaller of min(r A, clamp(r) A); cispo:
-// the clamp is active; value: the clipped error is the larger of max(err, err_clip). Counts, not weighted sums.
+// the clamp is active; stable_reinforce: r > C; value: the clipped error is the larger of max(err, err_clip). Counts, not weighted sums.
 // The counts behind a clip fraction: summed over the shards of a batch they give the whole batch's fraction.
 struct ClipCounts {
   double clipped = 0;
@@ -33,7 +33,8 @@ struct ClipCounts {
 
 struct LossValue {
   torch::Tensor loss;     // scalar, summed over tokens
-  torch::Tensor clipped;  // scalar: loss-bearing tokens where the clipped branch was taken (ppo, cispo, value), else 0
+  // scalar: loss-bearing tokens where the clipped branch was taken (ppo, cispo, gspo, stable_reinforce, value), else 0
+  torch::Tensor clipped;
   torch::Tensor bearing;  // scalar: loss-bearing tokens
   double clip_fraction() const { return counts().fraction(); }
   ClipCounts counts() const;
@@ -51,6 +52,8 @@ struct LossValue {
 //   gspo                 ppo's with r_t = stopgrad(s) * exp(lp_t - stopgrad(lp_t)), s = exp(mean(lp - q)) over the
 //                        datum's loss-bearing tokens (weight != 0): every token of a sequence has its ratio's value,
 //                        each its own gradient (GSPO-token, Zheng et al. 2025, eq. 13)
+//   stable_reinforce     -(stopgrad(min(r, C)) * lp * A - kl_coeff * ((r - 1) - log r)).sum()   C = truncation
+//                        (rlloop's reading of Tinker's unpublished objective: docs/algorithms.md)
 LossValue builtin_loss(const LossSpec& spec, const torch::Tensor& x, const LossTensors& in);
 
 // The critic's loss on values v [B, T]: 0.5 * sum(m * max((v - R)^2, (v_clip - R)^2)) with

@@ -377,7 +377,7 @@ std::vector<std::string> LocalService::list_base_models() {
 ServerCapabilities LocalService::capabilities() {
   ServerCapabilities c;
   c.base_models = list_base_models();
-  c.loss_functions = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "value", "gspo"};
+  for (const LossInfo& row : kLosses) c.loss_functions.emplace_back(row.name);
   c.supports_full_finetune = true;
   c.max_lora_rank = limits::lora_rank_max;
   return c;
