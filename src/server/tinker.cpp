@@ -181,6 +181,14 @@ json forward_backward(Api::Impl& im, const sigv4::HttpRequest& req, const std::s
   } catch (const invalid_argument& e) {
     user_error(route + std::string(e.what()));
   }
+  if (call.loss.fn == LossFn::stable_reinforce) {
+    const auto model = find_owned(*im.tinker, im.tinker->models, call.model_id, t->config.id, "model");
+    try {
+      im.tinker->stability.apply(model.session_id, call, now_seconds());
+    } catch (const invalid_argument& e) {
+      user_error(route + std::string(e.what()));
+    }
+  }
   wire::TrainingOperation op;
   if (call.forward_only)
     op = wire::ForwardOp{{std::move(call.data), call.loss}};
@@ -225,10 +233,30 @@ json save_weights_for_sampler(Api::Impl& im, const json& body, const std::shared
                 wire::TrainingOperation{wire::SaveWeightsOp{}}, future);
 }
 
+// Keeps sample `request_id`'s result for stable_reinforce once it is in (at once when it already is). The sampler's
+// session is the prefix of its id, "<session>:sample:<n>", as both of its creating routes name it.
+void record_for_stability(Api::Impl& im, const std::shared_ptr<TenantState>& t, const std::string& sampler_id,
+                          const std::string& request_id, std::vector<token_id> prompt) {
+  TinkerRoutes& r = *im.tinker;
+  const auto f = find_owned(r, r.futures, request_id, t->config.id, "request");
+  r.stability.expect(sampler_id.substr(0, sampler_id.find(":sample:")), request_id, std::move(prompt),
+                     now_seconds());
+  const auto host = host_of(im, t->config.id, f.host);
+  std::unique_lock lock(host->mu);
+  const auto op = host->find_operation_locked(f.operation, now_seconds());
+  if (!op) return;
+  auto keep = [tinker = std::weak_ptr(im.tinker), request_id, op] {
+    if (const auto routes = tinker.lock()) routes->stability.complete(request_id, op->sample_result);
+  };
+  if (!terminal_state(op->state)) return host->on_done_locked(*op, std::move(keep));
+  lock.unlock();
+  keep();
+}
+
 json asample(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
   rd::object(body, "");
-  const auto sampler = find_owned(*im.tinker, im.tinker->samplers, need_string(body, "sampling_session_id"),
-                                  t->config.id, "sampling session");
+  const std::string sampler_id = need_string(body, "sampling_session_id");
+  const auto sampler = find_owned(*im.tinker, im.tinker->samplers, sampler_id, t->config.id, "sampling session");
   const auto model = find_owned(*im.tinker, im.tinker->models, sampler.model_id, t->config.id, "model");
   const auto host = host_of(im, t->config.id, model.host);
   std::optional<token_id> eos;
@@ -239,8 +267,11 @@ json asample(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>
   tk::SampleCall call = tk::sample_call_from_json(body, eos);
   call.request.model_path = sampler.model_package;
   const int n = call.request.num_samples;
+  auto prompt = call.record_stability_info ? call.request.prompt.tokens() : std::vector<token_id>{};
   json answer =
       submit(im, t, sampler.model_id, -1, wire::SamplingOperation{std::move(call.request)}, {.kind = Kind::sample});
+  if (call.record_stability_info)
+    record_for_stability(im, t, sampler_id, answer["request_id"].get<std::string>(), std::move(prompt));
   answer["sample_sequence_ids"] = json::array();
   for (int i = 0; i < n; ++i)
     answer["sample_sequence_ids"].push_back(answer["request_id"].get<std::string>() + "-" + std::to_string(i));
@@ -562,6 +593,7 @@ std::vector<std::string> finish_locked(TinkerRoutes& r, const std::string& id) {
   TinkerRoutes::Session& s = r.sessions.at(id);
   s.finished = true;
   r.persist_locked("session", id);
+  r.stability.drop(id);
   std::vector<std::string> hosts;
   for (const auto& m : s.models) hosts.push_back(r.models.at(m).host);
   return hosts;

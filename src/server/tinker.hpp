@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/tinker_stability.hpp"
+
 namespace rlloop::server {
 
 class Journal;
@@ -74,6 +76,7 @@ struct TinkerRoutes {
   std::map<std::string, Future> futures;          // by request id
   std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
   std::uint64_t next_id = 1;
+  StabilityRecords stability;  // stable_reinforce's records of sampled sequences (locked on its own)
   Journal* journal = nullptr;  // the server's, when it has a data directory
   std::function<void(const std::string&)> report;  // where a record the journal could not take is reported
 

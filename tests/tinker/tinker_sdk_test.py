@@ -7,7 +7,9 @@ The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rl
   - forward_backward (protobuf both ways) with cross_entropy, importance_sampling, ppo, cispo, dro and gspo: each
     loss:sum equals the loss's formula computed from the logprobs it returned, and those equal compute_logprobs'
     prompt logprobs of the same tokens on a sampler of the same weights (save_weights_and_get_sampling_client);
-    stable_reinforce is refused by name;
+  - stable_reinforce on sequences sampled with record_stability_info: its loss:sum is rlloop's formula over the
+    sampler's recorded logprobs; datums without provenance, with a token their sequence does not hold, with an
+    advantage on a prompt token, or naming unrecorded or another session's sequences are refused by name;
   - forward (forward_only) leaves the weights as they were; optim_step lowers the loss;
   - a batch of 1,100 datums, which the SDK sends as two chunks, gives the loss:sum of its two halves sent apart;
   - sample: num_samples sequences with one logprob per token, stop token ids honoured, top-k prompt logprobs;
@@ -140,9 +142,6 @@ class TinkerSdkTest(unittest.TestCase):
             want -= sum(min(s * a, min(max(s, 0.8), 1.2) * a) for a in advantages)
         out = self.training.forward(masked, "gspo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}).result()
         self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
-        with self.assertRaises(Exception) as caught:  # a loss the SDK names that rlloop does not compute
-            self.training.forward(data, "stable_reinforce").result()
-        self.assertIn("stable_reinforce", str(caught.exception))
 
     def test_training_lowers_the_loss_and_forward_changes_nothing(self):
         model = self.service.create_lora_training_client(BASE, rank=8).result()
@@ -255,6 +254,77 @@ class TinkerSdkTest(unittest.TestCase):
         with self.assertRaises(Exception) as caught:
             self.training.forward([bad], "cross_entropy").result()
         self.assertIn("provenance spans tile their field", str(caught.exception))
+
+    def test_stable_reinforce_trains_on_what_the_sampler_recorded(self):
+        # rlloop's reading of StableReinforce (docs/algorithms.md): -(min(r, C) lp A - kl_coeff ((r - 1) - log r))
+        # summed over the sampled tokens, r = exp(lp - q), q the sampler's logprob recorded at sampling.
+        model = self.service.create_lora_training_client(BASE, rank=8).result()
+        sampler = model.save_weights_and_get_sampling_client(record_stability_info=True).result()
+        prompt = [5, 17, 42]
+        sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=types.SamplingParams(
+            max_tokens=5, temperature=1.0, seed=11, stop=[])).result().sequences
+
+        def rl_datum(seq, advantage, **change):
+            full = prompt + seq.tokens
+            inputs = {"target_tokens": full[1:], "logprobs": [0.0] * (len(full) - 1),  # the record's replace these
+                      "advantages": [0.0] * (len(prompt) - 1) + [advantage] * len(seq.tokens)}
+            inputs.update(change)
+            d = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs=inputs)
+            return d.with_provenance(
+                model_input=[tinker.PromptProvenanceSpan(sequence_id=seq.sequence_id, length=len(prompt)),
+                             tinker.SampledProvenanceSpan(sequence_id=seq.sequence_id, length=len(seq.tokens) - 1)],
+                loss_fn_inputs=[
+                    tinker.PromptProvenanceSpan(sequence_id=seq.sequence_id, offset=1, length=len(prompt) - 1),
+                    tinker.SampledProvenanceSpan(sequence_id=seq.sequence_id, length=len(seq.tokens))])
+
+        data = [rl_datum(sampled[0], 1.0), rl_datum(sampled[1], -0.5)]
+        # Move the policy off the sampler, so that ratios differ from 1 and the truncation bites.
+        for _ in range(2):
+            model.forward_backward([rl_datum(s, 0.0, weights=[1.0] * (len(prompt) + len(s.tokens) - 1))
+                                    for s in sampled], "cross_entropy").result()
+            model.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        # The cap C halfway between the fifth and sixth of the ten ratios (the policy moved towards the sampled
+        # tokens: all are above 1), so that half the weights are truncated.
+        ratios = sorted(math.exp(lp - q) for seq, row in zip(sampled, logprobs_of(model.forward(data, "stable_reinforce")
+                                                                                  .result()))
+                        for lp, q in zip(row[len(prompt) - 1:], seq.logprobs))
+        config = {"truncation": (ratios[4] + ratios[5]) / 2, "kl_coeff": 0.1}
+        out = model.forward(data, "stable_reinforce", config).result()
+        want, truncated = 0.0, 0
+        for seq, d, row in zip(sampled, data, logprobs_of(out)):
+            a = d.loss_fn_inputs["advantages"].tolist()[len(prompt) - 1:]
+            for lp, q, adv in zip(row[len(prompt) - 1:], seq.logprobs, a):
+                r = math.exp(lp - q)
+                truncated += r > config["truncation"]
+                want -= min(r, config["truncation"]) * lp * adv - 0.1 * ((r - 1) - math.log(r))
+        print(f"stable_reinforce loss:sum {out.metrics['loss:sum']:.5f}, formula {want:.5f}, ratios "
+              f"{ratios[0]:.3f}..{ratios[-1]:.3f}, cap {config['truncation']:.3f}", file=sys.stderr)
+        self.assertAlmostEqual(out.metrics["loss:sum"], want, places=3)
+        self.assertEqual(truncated, 5)
+        # Refused by name: no provenance, a token the sequence does not hold, an advantage on a prompt token, a
+        # sequence sampled without record_stability_info, one of another session; the model keeps working.
+        plain = types.Datum(model_input=data[0].model_input, loss_fn_inputs=data[0].loss_fn_inputs)
+        wrong = rl_datum(sampled[0], 1.0, target_tokens=prompt[1:] + [(sampled[0].tokens[0] + 1) % 250] +
+                         sampled[0].tokens[1:])
+        on_prompt = rl_datum(sampled[0], 1.0, advantages=[1.0] * (len(prompt) + len(sampled[0].tokens) - 1))
+        unrecorded = model.save_weights_and_get_sampling_client().result().sample(
+            types.ModelInput.from_ints(prompt), num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=3, stop=[])).result().sequences[0]
+        other_service = tinker.ServiceClient(base_url=SERVER.endpoint, api_key=KEY)
+        other_model = other_service.create_lora_training_client(BASE, rank=8).result()
+        elsewhere = other_model.save_weights_and_get_sampling_client(record_stability_info=True).result().sample(
+            types.ModelInput.from_ints(prompt), num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=3, stop=[])).result().sequences[0]
+        for bad, message in [(plain, "data[0]: stable_reinforce needs the datum's provenance"),
+                             (wrong, "data[0].loss_fn_inputs.target_tokens[2] is token"),
+                             (on_prompt, "data[0].loss_fn_inputs.advantages[0] is nonzero on a prompt token"),
+                             (rl_datum(unrecorded, 1.0), "was not recorded in this session"),
+                             (rl_datum(elsewhere, 1.0), "was not recorded in this session")]:
+            with self.assertRaises(Exception) as caught:
+                model.forward([bad], "stable_reinforce").result()
+            self.assertIn(message, str(caught.exception))
+        self.assertAlmostEqual(model.forward(data, "stable_reinforce", config).result().metrics["loss:sum"],
+                               out.metrics["loss:sum"], places=5)
 
     def test_another_tenants_key_finds_nothing(self):
         request = httpx.post(SERVER.endpoint + "/api/v1/get_info", json={"model_id": self.training.model_id},

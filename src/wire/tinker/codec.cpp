@@ -118,31 +118,36 @@ TensorData loss_input(const pb::Tensor& t, const std::string& path) {
   return shaped(std::move(out), std::move(shape), path);
 }
 
-// Provenance spans (Datum.with_provenance: where each token came from, for stable_reinforce, which rlloop does not
-// serve): the SDK's cookbook attaches them to every datum whose tokens were sampled, whatever the loss. No loss rlloop
-// computes reads them: checked as the SDK states them (each names a sequence, no negative offset or length, and
-// together they tile their field's `tokens` positions), then dropped.
-void check_provenance(const google::protobuf::RepeatedPtrField<pb::ProvenanceSpan>& spans, std::size_t tokens,
-                      const std::string& path) {
+// Provenance spans (Datum.with_provenance: where each token came from; stable_reinforce reads them, and the
+// cookbook attaches them to every datum of sampled tokens, whatever the loss): checked as the SDK states them (each
+// names a sequence, no negative offset, a length of at least 1, together they tile their field's `tokens`
+// positions) and kept.
+std::vector<ProvenanceSpan> provenance_of(const google::protobuf::RepeatedPtrField<pb::ProvenanceSpan>& spans,
+                                          std::size_t tokens, const std::string& path) {
+  std::vector<ProvenanceSpan> out;
   std::int64_t covered = 0;
   for (int i = 0; i < spans.size(); ++i) {
     const std::string where = path + "[" + std::to_string(i) + "]";
     const pb::ProvenanceSpan& span = spans[i];
-    auto run = [&](const auto& r) { return std::tuple{r.sequence_id(), r.offset(), r.length()}; };
+    auto run = [](const auto& r, bool sampled) {
+      return ProvenanceSpan{r.sequence_id(), sampled, r.offset(), r.length()};
+    };
     if (!span.has_prompt_tokens() && !span.has_sampled_tokens())
       bad(where, "is neither prompt_tokens nor sampled_tokens");
-    const auto [sequence, offset, length] =
-        span.has_prompt_tokens() ? run(span.prompt_tokens()) : run(span.sampled_tokens());
-    if (sequence.empty()) bad(where, "names no sequence_id");
-    if (offset < 0 || length < 0) bad(where, "has a negative offset or length");
-    covered += length;
+    ProvenanceSpan s = span.has_prompt_tokens() ? run(span.prompt_tokens(), false) : run(span.sampled_tokens(), true);
+    if (s.sequence_id.empty()) bad(where, "names no sequence_id");
+    if (s.offset < 0 || s.length < 1) bad(where, "needs an offset >= 0 and a length >= 1");
+    covered += s.length;
+    if (covered > static_cast<std::int64_t>(tokens)) break;  // reported below, before any sum could overflow
+    out.push_back(std::move(s));
   }
   if (covered != static_cast<std::int64_t>(tokens))
-    bad(path, "covers " + std::to_string(covered) + " positions of " + std::to_string(tokens) +
-                  " (provenance spans tile their field)");
+    bad(path, "covers " + std::to_string(covered) + (covered > static_cast<std::int64_t>(tokens) ? "+" : "") +
+                  " positions of " + std::to_string(tokens) + " (provenance spans tile their field)");
+  return out;
 }
 
-Datum datum_from_proto(const pb::Datum& d, const std::string& path) {
+Datum datum_from_proto(const pb::Datum& d, const std::string& path, Provenance& provenance) {
   if ((d.model_input_spans_size() == 0) != (d.loss_fn_input_spans_size() == 0))
     bad(path, "has provenance spans for one of model_input and loss_fn_inputs only (the SDK sets both)");
   Datum out;
@@ -158,10 +163,12 @@ Datum datum_from_proto(const pb::Datum& d, const std::string& path) {
   for (const auto& [name, tensor] : d.loss_fn_inputs())
     out.loss_fn_inputs.emplace(name, loss_input(tensor, path + ".loss_fn_inputs." + name));
   if (d.model_input_spans_size() != 0) {
-    check_provenance(d.model_input_spans(), out.model_input.length(), path + ".model_input_spans");
+    provenance.model_input =
+        provenance_of(d.model_input_spans(), out.model_input.length(), path + ".model_input_spans");
     const auto targets = out.loss_fn_inputs.find("target_tokens");
-    check_provenance(d.loss_fn_input_spans(), targets == out.loss_fn_inputs.end() ? 0 : targets->second.size(),
-                     path + ".loss_fn_input_spans");
+    provenance.targets =
+        provenance_of(d.loss_fn_input_spans(), targets == out.loss_fn_inputs.end() ? 0 : targets->second.size(),
+                      path + ".loss_fn_input_spans");
   }
   return out;
 }
@@ -202,8 +209,10 @@ ForwardBackwardCall forward_backward_from_proto(std::string_view bytes) {
     bad("loss_fn", "'custom' (a server-side custom loss) is not supported; the SDK's client-side "
                    "forward_backward_custom works (client/config's custom_loss_server_side is false)");
   call.loss = loss_from_config(r.loss_fn(), loss_config_of(r));
+  call.provenance.resize(static_cast<std::size_t>(r.data_size()));
   for (int i = 0; i < r.data_size(); ++i)
-    call.data.push_back(datum_from_proto(r.data(i), "data[" + std::to_string(i) + "]"));
+    call.data.push_back(datum_from_proto(r.data(i), "data[" + std::to_string(i) + "]",
+                                         call.provenance[static_cast<std::size_t>(i)]));
   return call;
 }
 
@@ -333,8 +342,8 @@ SampleCall sample_call_from_json(const json& body, std::optional<token_id> eos) 
   for (const char* key : {"topk_sample_logprobs", "prompt_alt_tokens_k"})
     if (const json* v = read::find(body, key); v && read::integer(*v, key) != 0)
       read::fail(key, "is not supported by this server (send 0)");
-  if (const json* v = read::find(body, "record_stability_info"); v && read::boolean(*v, "record_stability_info"))
-    read::fail("record_stability_info", "is not supported by this server (stable_reinforce is not served)");
+  if (const json* v = read::find(body, "record_stability_info"))
+    call.record_stability_info = read::boolean(*v, "record_stability_info");
   for (const char* key : {"target_prompt_logprobs", "prompt_logprobs_last_n"})
     if (read::find(body, key)) read::fail(key, "is not supported by this server");
   SampleRequest& r = call.request;
@@ -455,6 +464,7 @@ ForwardBackwardCall forward_backward_from_json(const json& body, bool forward_on
   call.loss = loss_from_config(loss, config);
   const json& data = read::array(read::need(input, input_key, "data"), read::join(input_key, "data"));
   for (std::size_t i = 0; i < data.size(); ++i) call.data.push_back(datum_of(data[i], read::at("data", i)));
+  call.provenance.resize(call.data.size());  // tinker 0.12's datums carry none
   return call;
 }
 

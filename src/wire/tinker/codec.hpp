@@ -16,18 +16,36 @@
 
 namespace rlloop::wire::tinker {
 
+// One run of a datum's provenance (Datum.with_provenance): `length` consecutive positions of the datum's field that
+// are positions [offset, offset + length) of the prompt, or of the sampled tokens, of the sequence `sequence_id`.
+struct ProvenanceSpan {
+  std::string sequence_id;
+  bool sampled = false;  // a run of the sampled tokens; else of the prompt
+  std::int64_t offset = 0;
+  std::int64_t length = 0;
+};
+
+// A datum's provenance, run by run: its model_input's positions and its loss inputs' (target_tokens'); both empty
+// when the datum has none. stable_reinforce reads it (server/tinker_stability.hpp).
+struct Provenance {
+  std::vector<ProvenanceSpan> model_input;
+  std::vector<ProvenanceSpan> targets;
+};
+
 // One forward_backward (or forward, with forward_only) request: a chunk of a training client's batch.
 struct ForwardBackwardCall {
   std::string model_id;
   std::int64_t seq_id = 0;
   std::vector<Datum> data;
+  std::vector<Provenance> provenance;  // one per datum
   LossSpec loss;
   bool forward_only = false;
 };
 
 // A protobuf ForwardBackwardRequest (tinker 0.38: application/x-protobuf). Loss inputs may come dense or as 2-D
-// sparse CSR tensors of one row per token; image and dmel chunks, provenance spans and a loss other than kLosses'
-// are refused by name.
+// sparse CSR tensors of one row per token; image and dmel chunks and a loss other than kLosses' are refused by name.
+// Provenance spans are checked as the SDK states them (each names a sequence, none is negative, together they tile
+// their field) and kept.
 ForwardBackwardCall forward_backward_from_proto(std::string_view bytes);
 
 // A ForwardBackwardOutput as protobuf, in one ArrayRecord: each datum's outputs back to back with byte offsets.
@@ -40,11 +58,12 @@ Metrics tinker_metrics(const Metrics& metrics);
 // An asample body ({"prompt", "num_samples", "sampling_params", "prompt_logprobs", "topk_prompt_logprobs", ...}).
 // `eos` is the model's end-of-sequence token: absent `stop` stops there, `stop: []` disables every stop, EOS
 // included, as the SDK documents. Features rlloop does not compute (topk_sample_logprobs, prompt_alt_tokens_k,
-// target_prompt_logprobs, prompt_logprobs_last_n, record_stability_info) are refused by name.
+// target_prompt_logprobs, prompt_logprobs_last_n) are refused by name.
 struct SampleCall {
   std::string sampling_session_id;
   std::int64_t seq_id = 0;
   SampleRequest request;
+  bool record_stability_info = false;  // keep the sequences for stable_reinforce (server/tinker_stability.hpp)
 };
 SampleCall sample_call_from_json(const nlohmann::json& body, std::optional<token_id> eos);
 
