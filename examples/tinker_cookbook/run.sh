@@ -70,12 +70,12 @@ done
 export TINKER_API_KEY=$KEY TINKER_TELEMETRY=0 HF_HUB_OFFLINE=1
 URL=http://127.0.0.1:$PORT
 
-# RL: the arithmetic environment (two-number sums, few-shot prompted), groups of 4, importance_sampling (the
-# recipe's default stable_reinforce needs sampling-time stability records rlloop does not keep: docs/tinker_protocol.md).
-# qwen3_instruct renders SmolLM2's ChatML token for token.
+# RL: the arithmetic environment (two-number sums, few-shot prompted), groups of 4, the recipe's own loss
+# (stable_reinforce: rlloop's reading of it, docs/algorithms.md). qwen3_instruct renders SmolLM2's ChatML token for
+# token.
 "$PY" -m tinker_cookbook.recipes.math_rl.train model_name="$TOKENIZER" renderer_name=qwen3_instruct env=arithmetic \
   base_url="$URL" lora_rank=16 group_size="$GROUP_SIZE" groups_per_batch="$N_GROUPS" learning_rate=3e-4 max_tokens=5 \
-  loss_fn=importance_sampling max_steps="$STEPS" eval_every=0 save_every=0 log_path="$OUT/math_rl" \
+  max_steps="$STEPS" eval_every=0 save_every=0 log_path="$OUT/math_rl" \
   behavior_if_log_dir_exists=delete 2>&1 | tee "$OUT/math_rl.log"
 "$PY" - "$OUT/math_rl/metrics.jsonl" "$STEPS" <<'PYEOF'
 import json, math, sys
