@@ -245,8 +245,11 @@ void record_for_stability(Api::Impl& im, const std::shared_ptr<TenantState>& t, 
   std::unique_lock lock(host->mu);
   const auto op = host->find_operation_locked(f.operation, now_seconds());
   if (!op) return;
-  auto keep = [tinker = std::weak_ptr(im.tinker), request_id, op] {
-    if (const auto routes = tinker.lock()) routes->stability.complete(request_id, op->sample_result);
+  // Weak: the operation holds this callback until it runs.
+  auto keep = [tinker = std::weak_ptr(im.tinker), request_id, weak_op = std::weak_ptr(op)] {
+    const auto routes = tinker.lock();
+    const auto done = weak_op.lock();
+    if (routes && done) routes->stability.complete(request_id, done->sample_result);
   };
   if (!terminal_state(op->state)) return host->on_done_locked(*op, std::move(keep));
   lock.unlock();
