@@ -126,10 +126,15 @@ void StabilityRecords::apply(const std::string& session, tk::ForwardBackwardCall
       const auto& source = run.sampled ? seq.tokens : *prompt;
       const char* what = run.sampled ? "sampled tokens" : "prompt";
       const auto offset = static_cast<std::size_t>(run.offset), length = static_cast<std::size_t>(run.length);
-      if (offset + length > source.size() || (run.sampled && seq.logprobs.size() < source.size()))
-        throw invalid_argument(at(field, pos) + ": its run names positions [" + std::to_string(offset) + ", " +
-                               std::to_string(offset + length) + ") of the " + what + " of sequence '" +
-                               run.sequence_id + "', which has " + std::to_string(source.size()));
+      if (length > tokens.size() - pos)  // the reader checked the tiling against the field's size, not its dtype
+        throw invalid_argument(field + ": its provenance covers more positions than its " +
+                               std::to_string(tokens.size()) + " int64 tokens");
+      // Compared without offset + length, which a hostile offset could wrap around.
+      if (offset > source.size() || length > source.size() - offset ||
+          (run.sampled && seq.logprobs.size() < source.size()))
+        throw invalid_argument(at(field, pos) + ": its run names " + std::to_string(length) +
+                               " positions from position " + std::to_string(offset) + " of the " + what +
+                               " of sequence '" + run.sequence_id + "', which has " + std::to_string(source.size()));
       for (std::size_t k = 0; k < length; ++k) {
         if (tokens[pos + k] != source[offset + k])
           throw invalid_argument(at(field, pos + k) + " is token " + std::to_string(tokens[pos + k]) +

@@ -120,8 +120,9 @@ TensorData loss_input(const pb::Tensor& t, const std::string& path) {
 
 // Provenance spans (Datum.with_provenance: where each token came from; stable_reinforce reads them, and the
 // cookbook attaches them to every datum of sampled tokens, whatever the loss): checked as the SDK states them (each
-// names a sequence, no negative offset, a length of at least 1, together they tile their field's `tokens`
-// positions) and kept.
+// names a sequence, no negative offset or length, together they tile their field's `tokens` positions) and kept.
+// The SDK's own types allow an empty run (the cookbook's rl_loop makes one of a single sampled token): accepted,
+// and left out.
 std::vector<ProvenanceSpan> provenance_of(const google::protobuf::RepeatedPtrField<pb::ProvenanceSpan>& spans,
                                           std::size_t tokens, const std::string& path) {
   std::vector<ProvenanceSpan> out;
@@ -136,10 +137,10 @@ std::vector<ProvenanceSpan> provenance_of(const google::protobuf::RepeatedPtrFie
       bad(where, "is neither prompt_tokens nor sampled_tokens");
     ProvenanceSpan s = span.has_prompt_tokens() ? run(span.prompt_tokens(), false) : run(span.sampled_tokens(), true);
     if (s.sequence_id.empty()) bad(where, "names no sequence_id");
-    if (s.offset < 0 || s.length < 1) bad(where, "needs an offset >= 0 and a length >= 1");
+    if (s.offset < 0 || s.length < 0) bad(where, "has a negative offset or length");
     covered += s.length;
     if (covered > static_cast<std::int64_t>(tokens)) break;  // reported below, before any sum could overflow
-    out.push_back(std::move(s));
+    if (s.length > 0) out.push_back(std::move(s));
   }
   if (covered != static_cast<std::int64_t>(tokens))
     bad(path, "covers " + std::to_string(covered) + (covered > static_cast<std::int64_t>(tokens) ? "+" : "") +
