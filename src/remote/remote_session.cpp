@@ -191,7 +191,7 @@ Future<LoadStateOutput> RemoteSession::load_state(const std::string& path, bool 
 
 Future<CheckpointRef> RemoteSession::save_weights_for_sampler(const std::string& name) {
   return submit<CheckpointRef>(
-      client_, *state_, name_, wire::SaveWeightsOp{false, name}, [](const wire::TrainingResult& r) {
+      client_, *state_, name_, wire::SaveWeightsOp{.description = name}, [](const wire::TrainingResult& r) {
         const auto& w = member<wire::SaveWeightsResult>(r);
         if (!w.model_package_arn)
           throw remote_error("InternalServerException", 200, "saveWeights returned no modelPackageArn");

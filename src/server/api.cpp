@@ -87,6 +87,9 @@ Response error_response(const std::exception_ptr& failure, const RequestContext&
 Handled route(Api::Impl& im, const sigv4::HttpRequest& req, RequestContext& c, const Reply& reply) {
   if (req.method == "GET" && c.path == "/health")
     return Response{200, "application/json", {}, json{{"status", "ok"}}.dump()};
+  // A signed URL of Tinker's external weights: its token is the credential (tinker_downloads.hpp).
+  if (req.method == "GET" && ExternalDownloads::is_download(c.path))
+    return im.tinker->downloads.serve(c.path, now_seconds());
   auto tenant = im.authenticate(req, c.path);
   c.tenant_id = tenant->config.id;
   if (req.body.size() > tenant->config.max_body_bytes)

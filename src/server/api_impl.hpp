@@ -135,7 +135,7 @@ using Handled = std::optional<Response>;
 // What a session host needs from the server around it.
 struct HostConfig {
   std::string region;
-  std::string export_dir;               // where saveWeights with mergeWeights writes
+  std::string export_dir;               // where saveWeights with mergeWeights or rlloopPeftAdapter writes
   Journal* journal = nullptr;           // null = not durable
   bool bill_prompt_per_sample = false;  // Options::bill_prompt_per_sample
   Retention retention;                  // Options::retention
@@ -282,6 +282,7 @@ class SessionHost {
   bool stopping_ = false;
   std::optional<std::string> sampler_path_;  // set by loadWeightsForSampling
   std::function<Future<CheckpointRef>(const std::string&)> export_merged_;
+  std::function<Future<CheckpointRef>(const std::string&)> export_peft_;
   std::function<Future<SampleResponse>(const SampleRequest&, HostedSession::SampleProgress)> sample_streaming_;
   std::string autosave_;  // the latest autosave (removed when the next one is journaled)
   // Completed forwardBackward / loadState operations since it: what a restart would run again.

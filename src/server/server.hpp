@@ -35,10 +35,12 @@ std::vector<Tenant> load_tenants(const std::string& path);
 std::vector<Tenant> parse_tenants(const std::string& json_text, const std::string& source = "tenants");
 
 // A session as the server holds it: the type-erased Session plus what only some Services offer (LocalSession's
-// merged-weights export, used by saveWeights with mergeWeights). An empty function = not offered.
+// exports: the merged weights, used by saveWeights with mergeWeights, and the PEFT adapter, with rlloop's
+// rlloopPeftAdapter, Tinker's save_weights_external). An empty function = not offered.
 struct HostedSession {
   std::shared_ptr<AnySession> session;
   std::function<Future<CheckpointRef>(const std::string& dir)> export_merged_model;
+  std::function<Future<CheckpointRef>(const std::string& dir)> export_peft_adapter;
   // sample() that reports every decoding step (streamed OpenAI responses); absent where the session cannot.
   using SampleProgress = std::function<void(const SampleResponse& so_far)>;
   std::function<Future<SampleResponse>(const SampleRequest&, SampleProgress)> sample_streaming;
@@ -55,9 +57,11 @@ template <Service Svc>
 Backend make_backend(std::shared_ptr<Svc> svc) {
   auto create = [svc](const SessionOptions& o) {
     auto s = svc->create_session(o);
-    HostedSession h{std::make_shared<AnySession>(s), {}};
+    HostedSession h{std::make_shared<AnySession>(s), {}, {}};
     if constexpr (requires(const std::string& d) { s->export_merged_model(d); })
       h.export_merged_model = [s](const std::string& dir) { return s->export_merged_model(dir); };
+    if constexpr (requires(const std::string& d) { s->export_peft_adapter(d); })
+      h.export_peft_adapter = [s](const std::string& dir) { return s->export_peft_adapter(dir); };
     if constexpr (requires(const SampleRequest& r, HostedSession::SampleProgress p) { s->sample(r, p); })
       h.sample_streaming = [s](const SampleRequest& r, HostedSession::SampleProgress p) {
         return s->sample(r, std::move(p));

@@ -297,6 +297,7 @@ std::string SessionHost::start(Backend& backend, const std::optional<Recovery>& 
       session = created.session;
     }
     export_merged_ = created.export_merged_model;
+    export_peft_ = created.export_peft_adapter;
     sample_streaming_ = created.sample_streaming;
     if (recovery) recover(*recovery);
   } catch (const std::exception& e) {

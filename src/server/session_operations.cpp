@@ -122,11 +122,14 @@ json SessionHost::execute(OperationRecord& op) {
           } else if constexpr (std::is_same_v<T, wire::OptimizerStepOp>) {
             return session->optim_step(o.adam).get();
           } else if constexpr (std::is_same_v<T, wire::SaveWeightsOp>) {
-            if (o.merge_weights) {
-              if (!export_merged_)
-                throw unsupported("saveWeights.mergeWeights is not supported by this server's sessions");
-              const auto dir = std::filesystem::path(config_.export_dir) / checkpoint_name("merged");
-              return wire::SaveWeightsResult{add_checkpoint(export_merged_(dir.string()).get().path, false)};
+            if (o.merge_weights || o.peft_adapter) {
+              const auto& write = o.merge_weights ? export_merged_ : export_peft_;
+              const char* what = o.merge_weights ? "mergeWeights" : "rlloopPeftAdapter";
+              if (!write)
+                throw unsupported(std::string("saveWeights.") + what + " is not supported by this server's sessions");
+              const auto dir = std::filesystem::path(config_.export_dir) /
+                               checkpoint_name(o.merge_weights ? "merged" : "peft");
+              return wire::SaveWeightsResult{add_checkpoint(write(dir.string()).get().path, false)};
             }
             return wire::SaveWeightsResult{
                 add_checkpoint(session->save_weights_for_sampler(checkpoint_name("weights")).get().path, false)};

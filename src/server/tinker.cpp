@@ -233,6 +233,19 @@ json save_weights_for_sampler(Api::Impl& im, const json& body, const std::shared
                 wire::TrainingOperation{wire::SaveWeightsOp{}}, future);
 }
 
+// The model's LoRA adapters as a PEFT adapter directory, an "external" checkpoint whose files
+// get_external_weights_urls hands out.
+json save_weights_external(Api::Impl& im, const json& body, const std::shared_ptr<TenantState>& t) {
+  rd::only_keys(body, "", {"model_id", "path", "seq_id", "ttl_seconds", "age_encryption_recipients", "type"});
+  const std::string name = need_string(body, "path");
+  check_checkpoint_name(name);
+  if (const json* age = rd::find(body, "age_encryption_recipients"); age && !age->is_null() && !age->empty())
+    user_error("age_encryption_recipients: encrypting exported files is not supported by this server");
+  return submit(im, t, need_string(body, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
+                wire::TrainingOperation{wire::SaveWeightsOp{.peft_adapter = true}},
+                {.kind = Kind::save_external, .name = name});
+}
+
 // Keeps sample `request_id`'s result for stable_reinforce once it is in (at once when it already is). The sampler's
 // session is the prefix of its id, "<session>:sample:<n>", as both of its creating routes name it.
 void record_for_stability(Api::Impl& im, const std::shared_ptr<TenantState>& t, const std::string& sampler_id,
@@ -405,6 +418,9 @@ json create_sampling_session(Api::Impl& im, const json& body, const std::shared_
   const std::string model_path = rd::string(*path, "model_path");
   TinkerRoutes& r = *im.tinker;
   const auto checkpoint = find_owned(r, r.checkpoints, model_path, t->config.id, "checkpoint");
+  if (checkpoint.type == "external")
+    user_error("create_sampling_session: " + model_path + " is external weights (a PEFT adapter to download); "
+               "sample a sampler_weights or weights path");
   find_owned(r, r.models, checkpoint.model_id, t->config.id, "model");  // its model, whose session decodes, exists
   std::lock_guard lock(r.mu);
   live_session_locked(r, session_id, t->config.id);
@@ -459,7 +475,8 @@ json load_weights(Api::Impl& im, const json& body, const std::shared_ptr<TenantS
   const auto checkpoint = find_owned(*im.tinker, im.tinker->checkpoints, path, t->config.id, "checkpoint");
   const bool optimizer = rd::find(body, "optimizer") && rd::boolean(body["optimizer"], "optimizer");
   if (checkpoint.type != "training")
-    user_error("load_weights: " + path + " is a sampler checkpoint; load a save_state checkpoint");
+    user_error("load_weights: " + path + " is not a training checkpoint (its type: " + checkpoint.type +
+               "); load a save_state checkpoint");
   const json* model_id = rd::find(body, "model_id");
   if (!model_id) return create_by_load(im, body, t, checkpoint, optimizer);
   return submit(im, t, rd::string(*model_id, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
@@ -477,7 +494,9 @@ std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, 
                                 const char* type) {
   std::lock_guard lock(r.mu);
   const auto& model = r.models.at(f.model_id);
-  const std::string path = tinker_path(f.model_id, type[0] == 't' ? "weights" : "sampler_weights", f.name);
+  const std::string kind = type;
+  const char* segment = kind == "training" ? "weights" : kind == "sampler" ? "sampler_weights" : "external_weights";
+  const std::string path = tinker_path(f.model_id, segment, f.name);
   r.checkpoints[path] = {f.tenant,         package,    f.model_id,           type,
                          model.base_model, model.rank, model.target_modules, now_seconds()};
   r.persist_locked("checkpoint", path);
@@ -516,6 +535,10 @@ Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const 
       return json_ok({{"path", register_checkpoint(r, f, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
                                                    "sampler")},
                       {"type", "save_weights_for_sampler"}});
+    case Kind::save_external:
+      return json_ok({{"path", register_checkpoint(r, f, *std::get<wire::SaveWeightsResult>(result).model_package_arn,
+                                                   "external")},
+                      {"type", "save_weights_external"}});
     case Kind::sampler_session: {
       std::lock_guard lock(r.mu);
       const auto& model = r.models.at(f.model_id);
@@ -719,9 +742,28 @@ std::vector<std::string> path_segments(const std::string& path) {
   return out;
 }
 
-// The GET routes: capabilities, a sampler, training runs and their checkpoints.
-json get_route(Api::Impl& im, const std::string& target, const std::vector<std::string>& seg,
+// training_runs/{model_id}/checkpoints/external_weights/{name}/external_weights_urls: signed URLs of the
+// checkpoint's files, on the host and port the client reached this server by.
+json external_weights_urls(Api::Impl& im, const sigv4::HttpRequest& req, const std::vector<std::string>& seg,
+                           const std::shared_ptr<TenantState>& t) {
+  const std::string path = tinker_path(seg[1], "external_weights", seg[4]);
+  const auto checkpoint = find_owned(*im.tinker, im.tinker->checkpoints, path, t->config.id, "checkpoint");
+  std::string directory;
+  {
+    std::lock_guard lock(t->mu);
+    const auto it = t->checkpoints.find(checkpoint.model_package);
+    if (it == t->checkpoints.end()) not_found("the files of " + path + " are gone");
+    directory = it->second.path;
+  }
+  const double now = now_seconds();
+  const json urls = im.tinker->downloads.sign(directory, "http://" + req.header("Host").value_or("127.0.0.1"), now);
+  return {{"urls", urls}, {"expires", iso_time(now + ExternalDownloads::kValidSeconds)}};
+}
+
+// The GET routes: capabilities, a sampler, training runs, their checkpoints and external weights' files.
+json get_route(Api::Impl& im, const sigv4::HttpRequest& req, const std::vector<std::string>& seg,
                const std::shared_ptr<TenantState>& t) {
+  const std::string& target = req.target;
   if (seg.size() == 1 && seg[0] == "get_server_capabilities") {
     json models = json::array();
     for (const auto& m : im.backend.list_base_models())
@@ -736,6 +778,9 @@ json get_route(Api::Impl& im, const std::string& target, const std::vector<std::
   }
   if (seg.size() == 3 && seg[0] == "training_runs" && seg[2] == "checkpoints")
     return list_checkpoints(*im.tinker, seg[1], t);
+  if (seg.size() == 6 && seg[0] == "training_runs" && seg[2] == "checkpoints" && seg[3] == "external_weights" &&
+      seg[5] == "external_weights_urls")
+    return external_weights_urls(im, req, seg, t);
   if (seg.size() == 1 && seg[0] == "checkpoints") return list_checkpoints(*im.tinker, "", t);
   if (seg.size() == 1 && seg[0] == "training_runs") return list_training_runs(*im.tinker, target, t);
   if (seg.size() == 2 && seg[0] == "training_runs") {
@@ -760,6 +805,7 @@ std::optional<json> post_route(Api::Impl& im, const std::string& route, const js
   if (route == "optim_step") return optim_step(im, body, t);
   if (route == "save_weights") return save_weights(im, body, t);
   if (route == "save_weights_for_sampler") return save_weights_for_sampler(im, body, t);
+  if (route == "save_weights_external") return save_weights_external(im, body, t);
   if (route == "load_weights") return load_weights(im, body, t);
   if (route == "create_sampling_session") return create_sampling_session(im, body, t);
   if (route == "asample") return asample(im, body, t);
@@ -809,7 +855,7 @@ Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& 
                               const std::shared_ptr<TenantState>& t, const Reply& reply) {
   const std::string route = path.substr(std::string("/api/v1/").size());
   try {
-    if (req.method == "GET") return json_ok(get_route(*this, req.target, path_segments(route), t));
+    if (req.method == "GET") return json_ok(get_route(*this, req, path_segments(route), t));
     if (req.method != "POST") not_found("no Tinker route " + req.method + " /api/v1/" + route);
     if (route == "forward_backward" || route == "forward")
       return json_ok(forward_backward(*this, req, t, route == "forward"));

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/tinker_downloads.hpp"
 #include "server/tinker_stability.hpp"
 
 namespace rlloop::server {
@@ -48,21 +49,31 @@ struct TinkerRoutes {
     std::string base_model;
     std::string model_path;  // tinker:// path, when it was created from one
   };
-  enum class Kind { created, forward, optim_step, save_state, save_sampler, sampler_session, load_weights, sample };
+  enum class Kind {
+    created,
+    forward,
+    optim_step,
+    save_state,
+    save_sampler,
+    save_external,
+    sampler_session,
+    load_weights,
+    sample
+  };
   struct Future {
     std::string tenant;
     Kind kind = Kind::created;
     std::string host;
     std::string operation;  // the operation's id (not for `created`)
     std::string model_id;
-    std::string name;        // save_state / save_sampler: the checkpoint's name; sampler_session: the sampler id
+    std::string name;        // save_*: the checkpoint's name; sampler_session: the sampler id
     std::string error;       // create-by-load: why its load could not be queued
   };
   struct Checkpoint {
     std::string tenant;
     std::string model_package;  // ARN
     std::string model_id;
-    std::string type;  // "training" or "sampler"
+    std::string type;  // "training", "sampler" or "external" (a PEFT adapter directory)
     std::string base_model;
     int rank = 0;
     std::vector<std::string> target_modules;
@@ -77,6 +88,7 @@ struct TinkerRoutes {
   std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
   std::uint64_t next_id = 1;
   StabilityRecords stability;  // stable_reinforce's records of sampled sequences (locked on its own)
+  ExternalDownloads downloads;  // signed URLs of external weights' files (locked on its own)
   Journal* journal = nullptr;  // the server's, when it has a data directory
   std::function<void(const std::string&)> report;  // where a record the journal could not take is reported
 

@@ -35,6 +35,9 @@ struct OptimizerStepOp {
 };
 struct SaveWeightsOp {
   bool merge_weights = false;
+  // rlloop's extension (docs/wire.md): the LoRA adapters as a PEFT adapter directory (Tinker's
+  // save_weights_external); exclusive with merge_weights.
+  bool peft_adapter = false;
   std::string description;
   bool operator==(const SaveWeightsOp&) const = default;
 };

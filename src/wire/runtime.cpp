@@ -361,13 +361,17 @@ OptimizerStepOp Binding<op::OptimStep>::read(const json& c, const std::string& p
 
 json Binding<op::SaveWeightsForSampler>::write(const SaveWeightsOp& r) {
   json c{{"mergeWeights", r.merge_weights}};
+  if (r.peft_adapter) c["rlloopPeftAdapter"] = true;  // written only when set: AWS's models lack it
   if (!r.description.empty()) c["description"] = r.description;
   return c;
 }
 SaveWeightsOp Binding<op::SaveWeightsForSampler>::read(const json& c, const std::string& p) {
-  only_keys(c, p, {"mergeWeights", "description"});
+  only_keys(c, p, {"mergeWeights", "rlloopPeftAdapter", "description"});
   SaveWeightsOp o;
   if (const json* m = find(c, "mergeWeights")) o.merge_weights = boolean(*m, join(p, "mergeWeights"));
+  if (const json* m = find(c, "rlloopPeftAdapter")) o.peft_adapter = boolean(*m, join(p, "rlloopPeftAdapter"));
+  if (o.merge_weights && o.peft_adapter)
+    fail(join(p, "rlloopPeftAdapter"), "is exclusive with mergeWeights");
   o.description = description(c, p);
   return o;
 }

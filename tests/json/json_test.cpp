@@ -63,7 +63,8 @@ TEST(WireJson, TrainingOperationsRoundTrip) {
       ForwardOp{{{sft_datum()}, LossSpec::cross_entropy()}},
       ForwardBackwardOp{{{sft_datum(), sft_datum()}, LossSpec::ppo(0.25, 0.375)}},
       OptimizerStepOp{AdamParams{.learning_rate = 1e-3, .beta1 = 0.8, .grad_clip_norm = 1.0, .lora_plus_lr_ratio = 16}},
-      SaveWeightsOp{true, "merged"},
+      SaveWeightsOp{true, false, "merged"},
+      SaveWeightsOp{false, true, "peft"},
       SaveStateOp{"step 10"},
       LoadStateOp{"arn:aws:sagemaker:us-west-2:111122223333:model-package/ckpts/3", false}};
   std::int64_t seq = 1;  // the model's min
@@ -74,6 +75,19 @@ TEST(WireJson, TrainingOperationsRoundTrip) {
     EXPECT_EQ(back.sequence_number, req.sequence_number);
     EXPECT_EQ(back.client_token, req.client_token);
     EXPECT_EQ(back.operation, req.operation) << j.dump();
+  }
+}
+
+TEST(WireJson, ThePeftAdapterExtensionIsWrittenOnlyWhenSetAndExcludesMerging) {
+  EXPECT_EQ(to_json(ExecuteTrainingRequest{1, std::nullopt, SaveWeightsOp{}})["operationConfig"]["saveWeights"],
+            json({{"mergeWeights", false}}));
+  const json both = {{"sequenceNumber", 1},
+                     {"operationConfig", {{"saveWeights", {{"mergeWeights", true}, {"rlloopPeftAdapter", true}}}}}};
+  try {
+    execute_training_request_from_json(both);
+    ADD_FAILURE() << "accepted both";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "operationConfig.saveWeights.rlloopPeftAdapter: is exclusive with mergeWeights");
   }
 }
 

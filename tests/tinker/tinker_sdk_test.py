@@ -16,6 +16,9 @@ The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rl
   - save_state, create_training_client_from_state (a new model with the saved weights: the same loss), named
     sampler weights and a sampling client created from their tinker:// path, the RestClient's checkpoint list,
     weights_info and training runs (one, and the tenant's, paged);
+  - save_weights_external: a PEFT adapter (its config; lora_B zero before a step, not after) fetched through
+    get_external_weights_urls' signed URLs without the API key; a forged token, a file outside the signature and
+    another tenant's key find nothing;
   - bad input (an unknown loss, a token id out of the vocabulary, malformed protobuf, a missing field) is refused
     with the message, the model keeps working, and another tenant's key finds none of these models or futures;
   - a session whose heartbeats stop is finished after the server's timeout (a second server, timeout 1 s);
@@ -25,6 +28,8 @@ The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rl
     test is skipped outside CI and fails under CI=true): training lowers the loss, a sample stops at a stop string.
 Fails (never skips) when the venv or the SDK is missing.
 """
+import http.client
+import json
 import math
 import os
 import sys
@@ -36,6 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ["TINKER_TELEMETRY"] = "0"
 try:
     import httpx
+    import safetensors.numpy
     import tinker
     import transformers
     from tinker import types
@@ -217,6 +223,59 @@ class TinkerSdkTest(unittest.TestCase):
         other = httpx.post(SERVER.endpoint + "/api/v1/weights_info", json={"tinker_path": path},
                            headers={"X-API-Key": OTHER_KEY})
         self.assertEqual(other.status_code, 404)
+
+    def test_external_weights_are_a_peft_adapter_behind_signed_urls(self):
+        # save_weights_external writes the LoRA adapters as a PEFT adapter directory; get_external_weights_urls signs
+        # one URL a file, fetched without the API key.
+        model = self.service.create_lora_training_client(BASE, rank=4).result()
+        rest = tinker.RestClient(base_url=SERVER.endpoint, api_key=KEY)
+
+        def download(name):
+            path = model.save_weights_external(name).result().path
+            self.assertTrue(path.startswith("tinker://") and path.endswith("/external_weights/" + name), path)
+            signed = rest.get_external_weights_urls(path).result()
+            self.assertGreater(signed.expires.timestamp(), time.time() + 3000)
+            return path, signed.urls, {f: httpx.get(url).raise_for_status().content for f, url in signed.urls.items()}
+
+        path, urls, before = download("adapter-before")
+        self.assertEqual(sorted(before), ["adapter_config.json", "adapter_model.safetensors"])
+        config = json.loads(before["adapter_config.json"])
+        self.assertEqual((config["peft_type"], config["r"], config["lora_alpha"]), ("LORA", 4, 32))
+        self.assertEqual(sorted(config["target_modules"]), sorted(["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                   "gate_proj", "up_proj", "down_proj", "lm_head"]))
+        model.forward_backward(self.data, "cross_entropy").result()
+        model.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        _, _, after = download("adapter-after")
+        tensors_before = safetensors.numpy.load(before["adapter_model.safetensors"])
+        tensors_after = safetensors.numpy.load(after["adapter_model.safetensors"])
+        self.assertEqual(sorted(tensors_before), sorted(tensors_after))
+        lora_b = [k for k in tensors_before if "lora_B" in k]
+        self.assertGreater(len(lora_b), 0)
+        for k in lora_b:  # B starts at zero; one step moves it
+            self.assertEqual(abs(tensors_before[k]).max(), 0.0, k)
+        self.assertGreater(max(abs(tensors_after[k]).max() for k in lora_b), 0.0)
+        kinds = {c.tinker_path: c.checkpoint_type for c in rest.list_checkpoints(model.model_id).result().checkpoints}
+        self.assertEqual(kinds[path], "external")
+        # A URL with another token, or naming a file the signature does not list, finds nothing; so does another
+        # tenant's key; external weights are neither sampled nor loaded.
+        url = urls["adapter_config.json"]
+        token = url.split("/")[-2]
+        self.assertEqual(httpx.get(url.replace(token, "0" * len(token))).status_code, 404)
+        self.assertEqual(httpx.get(url.replace("adapter_config.json", "tokenizer.json")).status_code, 404)
+        conn = http.client.HTTPConnection("127.0.0.1", SERVER.port)  # sends the path as written (httpx folds "..")
+        conn.request("GET", url[len(SERVER.endpoint):].replace("adapter_config.json", "../adapter-before/x"))
+        self.assertEqual(conn.getresponse().status, 404)
+        conn.close()
+        other = httpx.get(SERVER.endpoint + "/api/v1/training_runs/" + model.model_id +
+                          "/checkpoints/external_weights/adapter-before/external_weights_urls",
+                          headers={"X-API-Key": OTHER_KEY})
+        self.assertEqual(other.status_code, 404)
+        with self.assertRaises(Exception) as caught:
+            self.service.create_sampling_client(model_path=path).result()
+        self.assertIn("is external weights", str(caught.exception))
+        with self.assertRaises(Exception) as caught:
+            self.service.create_training_client_from_state(path).result()
+        self.assertIn("not a training checkpoint", str(caught.exception))
 
     def test_bad_input_is_refused_by_name_and_the_model_keeps_working(self):
         with self.assertRaises(Exception) as caught:
