@@ -55,7 +55,8 @@ Response ExternalDownloads::serve(const std::string& path, double now) {
     const auto it = signatures_.find(rest.substr(0, slash));
     if (it == signatures_.end() || it->second.expires <= now)
       gone("this URL is not signed or has expired (get_external_weights_urls signs new ones)");
-    if (!it->second.files.count(rest.substr(slash + 1))) gone("the signed checkpoint has no file " + rest.substr(slash + 1));
+    if (!it->second.files.count(rest.substr(slash + 1)))
+      gone("the signed checkpoint has no file " + rest.substr(slash + 1));
     file = (fs::path(it->second.directory) / rest.substr(slash + 1)).string();
   }
   std::ifstream in(file, std::ios::binary);

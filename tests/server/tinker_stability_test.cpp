@@ -74,7 +74,8 @@ TEST(TinkerStability, EveryRefusalNamesTheDatumAndWhatIsWrong) {
   records.complete("future-1", one_sample());
   EXPECT_EQ(refusal(records, "s1", call_for("future-2-0")), "data[0].model_input[0]: sequence 'future-2-0' is still "
                                                             "being sampled");
-  EXPECT_NE(refusal(records, "s2", call_for("future-1-0")).find("sequence 'future-1-0' was not recorded in this session"),
+  EXPECT_NE(refusal(records, "s2", call_for("future-1-0"))
+                .find("sequence 'future-1-0' was not recorded in this session"),
             std::string::npos);
   EXPECT_NE(refusal(records, "s1", call_for("nonsense")).find("was not recorded"), std::string::npos);
   EXPECT_EQ(refusal(records, "s1", call_for("future-1-3")),

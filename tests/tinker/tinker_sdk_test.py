@@ -320,8 +320,8 @@ class TinkerSdkTest(unittest.TestCase):
         model = self.service.create_lora_training_client(BASE, rank=8).result()
         sampler = model.save_weights_and_get_sampling_client(record_stability_info=True).result()
         prompt = [5, 17, 42]
-        sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=types.SamplingParams(
-            max_tokens=5, temperature=1.0, seed=11, stop=[])).result().sequences
+        params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=11, stop=[])
+        sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=params).result().sequences
 
         def rl_datum(seq, advantage, **change):
             full = prompt + seq.tokens

@@ -23,7 +23,8 @@ struct LossTensors {
 
 // clip_fraction = clipped / bearing: the share of loss-bearing tokens (mask * weight != 0) where the clipped
 // branch of the objective is the one taken — ppo: the clipped term is the smaller of min(r A, clamp(r) A); cispo:
-// the clamp is active; stable_reinforce: r > C; value: the clipped error is the larger of max(err, err_clip). Counts, not weighted sums.
+// the clamp is active; stable_reinforce: r > C; value: the clipped error is the larger of max(err, err_clip).
+// Counts, not weighted sums.
 // The counts behind a clip fraction: summed over the shards of a batch they give the whole batch's fraction.
 struct ClipCounts {
   double clipped = 0;
