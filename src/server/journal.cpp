@@ -186,6 +186,11 @@ void DurableState::apply(const json& rec) {
     t.next_checkpoint = std::max(t.next_checkpoint, rec.value("n", std::int64_t{0}) + 1);
     return;
   }
+  if (type == "checkpoint_deleted") {  // a Tinker checkpoint deleted or expired: its model package and its record
+    tenants[tenant_id].checkpoints.erase(rec.at("arn").get<std::string>());
+    tinker.erase({"checkpoint", rec.at("tinkerPath").get<std::string>()});
+    return;
+  }
   if (type == "tenant") {
     Tenant& t = tenants[tenant_id];
     t.usage = usage_from_json(rec.at("usage"));

@@ -15,6 +15,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "server/api_impl.hpp"
+#include "server/tinker_internal.hpp"
 #include "wire/read.hpp"
 #include "wire/tinker/codec.hpp"
 
@@ -25,17 +26,14 @@ namespace {
 namespace rd = wire::read;
 namespace tk = wire::tinker;
 using Kind = TinkerRoutes::Kind;
+using namespace tinker_routes;
 
 // How long retrieve_future holds a request for its result (the SDK's own read timeout is 45 s).
 constexpr std::chrono::seconds kHold{25};
 // LoRA's alpha for the models Tinker's clients create: the SDK sends none, so the server chooses.
 constexpr int kLoraAlpha = 32;
 
-Response json_ok(const json& j) { return Response{200, "application/json", {}, j.dump()}; }
 Response proto_ok(std::string bytes) { return Response{200, "application/x-protobuf", {}, std::move(bytes)}; }
-
-[[noreturn]] void user_error(const std::string& message) { throw api_error("BadRequest", 400, message); }
-[[noreturn]] void not_found(const std::string& message) { throw api_error("NotFound", 404, message); }
 
 json parse_body(const sigv4::HttpRequest& req) {
   try {
@@ -45,11 +43,6 @@ json parse_body(const sigv4::HttpRequest& req) {
   }
 }
 
-// A string member the request needs.
-std::string need_string(const json& body, const char* key) {
-  return rd::string(rd::need(body, "", key), key);
-}
-
 // The error a failed future answers: the SDK raises RequestFailedError(message, category).
 Response failed(const std::string& message, const char* category) {
   return json_ok({{"error", message}, {"category", category}});
@@ -57,20 +50,6 @@ Response failed(const std::string& message, const char* category) {
 
 Response try_again(const std::string& request_id) {
   return json_ok({{"type", "try_again"}, {"request_id", request_id}, {"queue_state", "active"}});
-}
-
-// "2026-12-06T15:25:00Z": a checkpoint's time as the SDK's pydantic models read a datetime.
-std::string iso_time(double seconds) {
-  const std::time_t whole = static_cast<std::time_t>(seconds);
-  std::tm utc{};
-  gmtime_r(&whole, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
-std::string tinker_path(const std::string& model_id, const char* segment, const std::string& name) {
-  return "tinker://" + model_id + "/" + segment + "/" + name;
 }
 
 // A checkpoint's name: the last segment of its tinker:// path.
@@ -84,16 +63,6 @@ void check_checkpoint_name(const std::string& name) {
 // ---- lookups ---------------------------------------------------------------------------------------------------
 
 namespace {
-
-// The tenant's record under `id` in `map`, copied out (404 naming `what` otherwise).
-template <class Map>
-typename Map::mapped_type find_owned(TinkerRoutes& r, Map& map, const std::string& id, const std::string& tenant,
-                                     const char* what) {
-  std::lock_guard lock(r.mu);
-  const auto it = map.find(id);
-  if (it == map.end() || it->second.tenant != tenant) not_found(std::string(what) + " '" + id + "' does not exist");
-  return it->second;
-}
 
 std::shared_ptr<SessionHost> host_of(Api::Impl& im, const std::string& tenant, const std::string& name) {
   std::lock_guard lock(im.mu);
@@ -210,7 +179,7 @@ json save_weights(Api::Impl& im, const json& body, const std::shared_ptr<TenantS
   check_checkpoint_name(name);
   return submit(im, t, need_string(body, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
                 wire::TrainingOperation{wire::SaveStateOp{}},
-                {.kind = Kind::save_state, .name = name});
+                {.kind = Kind::save_state, .name = name, .ttl_seconds = ttl_of(body)});
 }
 
 // Named: a sampler checkpoint at a tinker:// path; unnamed: a sampler of the session's (sampling_session_seq_id).
@@ -219,7 +188,7 @@ json save_weights_for_sampler(Api::Impl& im, const json& body, const std::shared
                 {"model_id", "path", "sampling_session_seq_id", "kind", "seq_id", "ttl_seconds", "user_metadata",
                  "type"});
   const std::string model_id = need_string(body, "model_id");
-  TinkerRoutes::Future future{.kind = Kind::save_sampler};
+  TinkerRoutes::Future future{.kind = Kind::save_sampler, .ttl_seconds = ttl_of(body)};
   if (const json* path = rd::find(body, "path")) {
     future.name = rd::string(*path, "path");
     check_checkpoint_name(future.name);
@@ -243,7 +212,7 @@ json save_weights_external(Api::Impl& im, const json& body, const std::shared_pt
     user_error("age_encryption_recipients: encrypting exported files is not supported by this server");
   return submit(im, t, need_string(body, "model_id"), rd::integer(rd::need(body, "", "seq_id"), "seq_id", 0),
                 wire::TrainingOperation{wire::SaveWeightsOp{.peft_adapter = true}},
-                {.kind = Kind::save_external, .name = name});
+                {.kind = Kind::save_external, .name = name, .ttl_seconds = ttl_of(body)});
 }
 
 // Keeps sample `request_id`'s result for stable_reinforce once it is in (at once when it already is). The sampler's
@@ -490,19 +459,6 @@ json load_weights(Api::Impl& im, const json& body, const std::shared_ptr<TenantS
 
 namespace {
 
-std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, const std::string& package,
-                                const char* type) {
-  std::lock_guard lock(r.mu);
-  const auto& model = r.models.at(f.model_id);
-  const std::string kind = type;
-  const char* segment = kind == "training" ? "weights" : kind == "sampler" ? "sampler_weights" : "external_weights";
-  const std::string path = tinker_path(f.model_id, segment, f.name);
-  r.checkpoints[path] = {f.tenant,         package,    f.model_id,           type,
-                         model.base_model, model.rank, model.target_modules, now_seconds()};
-  r.persist_locked("checkpoint", path);
-  return path;
-}
-
 // The result of a finished operation future as the SDK reads it: a sample's and a forward's as protobuf (`proto`,
 // the client asked for it) or JSON.
 Response operation_result(TinkerRoutes& r, const TinkerRoutes::Future& f, const OperationRecord& op, bool proto) {
@@ -650,87 +606,6 @@ json finish(Api::Impl& im, const std::string& session_id, const std::shared_ptr<
   return json::object();
 }
 
-// A checkpoint as the SDK's Checkpoint reads it.
-json checkpoint_json(const std::string& path, const TinkerRoutes::Checkpoint& c) {
-  const auto slash = path.find('/', std::string("tinker://").size());
-  return {{"checkpoint_id", path.substr(slash + 1)},
-          {"checkpoint_type", c.type},
-          {"time", iso_time(c.time)},
-          {"tinker_path", path}};
-}
-
-json list_checkpoints(TinkerRoutes& r, const std::string& model_id, const std::shared_ptr<TenantState>& t) {
-  json rows = json::array();
-  std::lock_guard lock(r.mu);
-  for (const auto& [path, c] : r.checkpoints)
-    if (c.tenant == t->config.id && (model_id.empty() || c.model_id == model_id))
-      rows.push_back(checkpoint_json(path, c));
-  return {{"checkpoints", rows}};
-}
-
-// The LoRA settings of a model or checkpoint under Tinker's names (lora_config's flags).
-json lora_settings(int rank, const std::vector<std::string>& targets) {
-  auto has = [&](const char* module) { return std::find(targets.begin(), targets.end(), module) != targets.end(); };
-  return {{"is_lora", true},
-          {"lora_rank", rank},
-          {"train_attn", has("q_proj")},
-          {"train_mlp", has("gate_proj")},
-          {"train_unembed", has("lm_head")}};
-}
-
-// weights_info: what loading a checkpoint needs to know (the RestClient's get_weights_info_by_tinker_path).
-json weights_info(TinkerRoutes& r, const json& body, const std::shared_ptr<TenantState>& t) {
-  const auto c = find_owned(r, r.checkpoints, need_string(body, "tinker_path"), t->config.id, "checkpoint");
-  json info = lora_settings(c.rank, c.target_modules);
-  info["base_model"] = c.base_model;
-  return info;
-}
-
-// A training model as the SDK's TrainingRun reads it (r.mu held): its last request is its latest checkpoint, or its
-// creation.
-json training_run_locked(const TinkerRoutes& r, const std::string& model_id, const TinkerRoutes::Model& m) {
-  json run = lora_settings(m.rank, m.target_modules);
-  run.update({{"training_run_id", model_id}, {"base_model", m.base_model}, {"model_owner", m.tenant},
-              {"corrupted", false}, {"last_checkpoint", nullptr}, {"last_sampler_checkpoint", nullptr}});
-  double last = m.created, training = -1, sampler = -1;
-  for (const auto& [path, c] : r.checkpoints) {
-    if (c.model_id != model_id) continue;
-    last = std::max(last, c.time);
-    double& latest = c.type == "training" ? training : sampler;
-    if (c.time < latest) continue;
-    latest = c.time;
-    run[c.type == "training" ? "last_checkpoint" : "last_sampler_checkpoint"] = checkpoint_json(path, c);
-  }
-  run["last_request_time"] = iso_time(last);
-  return run;
-}
-
-// A query parameter of a request target ("/api/v1/training_runs?limit=20&offset=0"), when it is a whole number.
-std::optional<std::int64_t> query_number(const std::string& target, const std::string& key) {
-  const auto v = query_value(target, key);
-  if (!v) return std::nullopt;
-  if (v->empty() || v->size() > 9 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= '0' && c <= '9'; }))
-    user_error(key + " must be a whole number, got '" + *v + "'");
-  return std::stoll(*v);
-}
-
-// training_runs?limit=&offset=: the tenant's training models, oldest first.
-json list_training_runs(TinkerRoutes& r, const std::string& target, const std::shared_ptr<TenantState>& t) {
-  const std::int64_t limit = query_number(target, "limit").value_or(20);
-  const std::int64_t offset = query_number(target, "offset").value_or(0);
-  std::lock_guard lock(r.mu);
-  std::vector<std::pair<double, std::string>> owned;
-  for (const auto& [id, m] : r.models)
-    if (m.tenant == t->config.id) owned.emplace_back(m.created, id);
-  std::sort(owned.begin(), owned.end());
-  json runs = json::array();
-  const auto last = std::min(owned.size(), static_cast<std::size_t>(offset + limit));
-  for (std::size_t i = static_cast<std::size_t>(offset); i < last; ++i)
-    runs.push_back(training_run_locked(r, owned[i].second, r.models.at(owned[i].second)));
-  return {{"training_runs", runs},
-          {"cursor", {{"offset", offset}, {"limit", limit}, {"total_count", owned.size()}}}};
-}
-
 std::vector<std::string> path_segments(const std::string& path) {
   std::vector<std::string> out;
   for (std::size_t start = 0; start < path.size();) {
@@ -742,28 +617,9 @@ std::vector<std::string> path_segments(const std::string& path) {
   return out;
 }
 
-// training_runs/{model_id}/checkpoints/external_weights/{name}/external_weights_urls: signed URLs of the
-// checkpoint's files, on the host and port the client reached this server by.
-json external_weights_urls(Api::Impl& im, const sigv4::HttpRequest& req, const std::vector<std::string>& seg,
-                           const std::shared_ptr<TenantState>& t) {
-  const std::string path = tinker_path(seg[1], "external_weights", seg[4]);
-  const auto checkpoint = find_owned(*im.tinker, im.tinker->checkpoints, path, t->config.id, "checkpoint");
-  std::string directory;
-  {
-    std::lock_guard lock(t->mu);
-    const auto it = t->checkpoints.find(checkpoint.model_package);
-    if (it == t->checkpoints.end()) not_found("the files of " + path + " are gone");
-    directory = it->second.path;
-  }
-  const double now = now_seconds();
-  const json urls = im.tinker->downloads.sign(directory, "http://" + req.header("Host").value_or("127.0.0.1"), now);
-  return {{"urls", urls}, {"expires", iso_time(now + ExternalDownloads::kValidSeconds)}};
-}
-
 // The GET routes: capabilities, a sampler, training runs, their checkpoints and external weights' files.
 json get_route(Api::Impl& im, const sigv4::HttpRequest& req, const std::vector<std::string>& seg,
                const std::shared_ptr<TenantState>& t) {
-  const std::string& target = req.target;
   if (seg.size() == 1 && seg[0] == "get_server_capabilities") {
     json models = json::array();
     for (const auto& m : im.backend.list_base_models())
@@ -776,18 +632,7 @@ json get_route(Api::Impl& im, const sigv4::HttpRequest& req, const std::vector<s
     if (!s.model_path.empty()) j["model_path"] = s.model_path;
     return j;
   }
-  if (seg.size() == 3 && seg[0] == "training_runs" && seg[2] == "checkpoints")
-    return list_checkpoints(*im.tinker, seg[1], t);
-  if (seg.size() == 6 && seg[0] == "training_runs" && seg[2] == "checkpoints" && seg[3] == "external_weights" &&
-      seg[5] == "external_weights_urls")
-    return external_weights_urls(im, req, seg, t);
-  if (seg.size() == 1 && seg[0] == "checkpoints") return list_checkpoints(*im.tinker, "", t);
-  if (seg.size() == 1 && seg[0] == "training_runs") return list_training_runs(*im.tinker, target, t);
-  if (seg.size() == 2 && seg[0] == "training_runs") {
-    const auto model = find_owned(*im.tinker, im.tinker->models, seg[1], t->config.id, "training run");
-    std::lock_guard lock(im.tinker->mu);
-    return training_run_locked(*im.tinker, seg[1], model);
-  }
+  if (auto answer = checkpoint_get_route(im, req, seg, t)) return *answer;
   not_found("no Tinker route GET /api/v1/" + (seg.empty() ? std::string() : seg[0]));
 }
 
@@ -815,6 +660,18 @@ std::optional<json> post_route(Api::Impl& im, const std::string& route, const js
   return std::nullopt;
 }
 
+// The reaper's deletion of an expired checkpoint: never throws (an exception would end the server); a failure is
+// reported, and the next look tries again.
+void delete_expired(Api::Impl& im, const std::string& tenant, const std::string& path) {
+  try {
+    delete_checkpoint(im, tenant, path);
+  } catch (const api_error&) {
+    // deleted meanwhile by its client
+  } catch (const std::exception& e) {
+    if (im.tinker->report) im.tinker->report("the expired checkpoint " + path + " was not deleted: " + e.what());
+  }
+}
+
 }  // namespace
 
 bool is_tinker_path(const std::string& path) { return path.rfind("/api/v1/", 0) == 0; }
@@ -832,9 +689,11 @@ void Api::Impl::start_tinker_reaper() {
       for (auto& [id, s] : r.sessions)
         if (!s.finished && now - s.last_heartbeat > static_cast<double>(timeout.count()))
           silent.emplace_back(s.tenant, finish_locked(r, id));
-      if (silent.empty()) continue;
+      const auto expired = expired_checkpoints_locked(r, now);
+      if (silent.empty() && expired.empty()) continue;
       lock.unlock();
       for (const auto& [tenant, hosts] : silent) stop_hosts(*this, tenant, hosts);
+      for (const auto& [tenant, path] : expired) delete_expired(*this, tenant, path);
       lock.lock();
     }
   });
@@ -856,6 +715,11 @@ Handled Api::Impl::tinker_api(const sigv4::HttpRequest& req, const std::string& 
   const std::string route = path.substr(std::string("/api/v1/").size());
   try {
     if (req.method == "GET") return json_ok(get_route(*this, req, path_segments(route), t));
+    // The RestClient's changes to a checkpoint: DELETE, PUT .../ttl, POST or DELETE .../publish.
+    if (req.method == "PUT" || req.method == "DELETE" || route.ends_with("/publish")) {
+      if (auto answer = checkpoint_change(*this, req, path_segments(route), t)) return json_ok(*answer);
+      not_found("no Tinker route " + req.method + " /api/v1/" + route);
+    }
     if (req.method != "POST") not_found("no Tinker route " + req.method + " /api/v1/" + route);
     if (route == "forward_backward" || route == "forward")
       return json_ok(forward_backward(*this, req, t, route == "forward"));

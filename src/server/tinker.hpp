@@ -68,6 +68,7 @@ struct TinkerRoutes {
     std::string model_id;
     std::string name;        // save_*: the checkpoint's name; sampler_session: the sampler id
     std::string error;       // create-by-load: why its load could not be queued
+    std::int64_t ttl_seconds = 0;  // save_*: the checkpoint's time to live (0: none)
   };
   struct Checkpoint {
     std::string tenant;
@@ -78,6 +79,7 @@ struct TinkerRoutes {
     int rank = 0;
     std::vector<std::string> target_modules;
     double time = 0;
+    double expires = 0;  // seconds since the epoch when the reaper deletes it; 0: never
   };
 
   std::mutex mu;  // guards everything below; may be taken with a SessionHost's mu held, never the other way
@@ -100,7 +102,8 @@ struct TinkerRoutes {
   // counted from `now`, so that its client has a whole timeout to come back.
   void reload(const std::map<std::pair<std::string, std::string>, nlohmann::json>& records, double now);
 
-  // The reaper: a thread that finishes the sessions whose heartbeats stopped (Options::tinker_session_timeout).
+  // The reaper: a thread that finishes the sessions whose heartbeats stopped (Options::tinker_session_timeout) and
+  // deletes the checkpoints whose time to live ran out.
   std::condition_variable wake;  // with mu: stop_tinker_reaper
   bool stopping = false;
   std::thread reaper;

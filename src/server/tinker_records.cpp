@@ -27,7 +27,7 @@ json record_of(const TinkerRoutes::Sampler& s) {
 json record_of(const TinkerRoutes::Checkpoint& c) {
   return {{"tenant", c.tenant},       {"package", c.model_package}, {"model", c.model_id},
           {"type", c.type},           {"baseModel", c.base_model},  {"rank", c.rank},
-          {"targetModules", c.target_modules}, {"time", c.time}};
+          {"targetModules", c.target_modules}, {"time", c.time},        {"expires", c.expires}};
 }
 
 // The record `id` of `map` as a journal record of `kind`.
@@ -90,7 +90,8 @@ void TinkerRoutes::reload(const std::map<std::pair<std::string, std::string>, js
                                    r.at("baseModel").get<std::string>(),
                                    r.at("rank").get<int>(),
                                    r.at("targetModules").get<std::vector<std::string>>(),
-                                   r.at("time").get<double>()};
+                                   r.at("time").get<double>(),
+                                   r.value("expires", 0.0)};  // absent in records written before TTLs
     } else {
       throw std::invalid_argument("journal: a Tinker record of unknown kind '" + kind + "'");
     }

@@ -16,6 +16,8 @@ The SDK unchanged, pointed at rlloop serve's /api/v1/ routes, on the built-in rl
   - save_state, create_training_client_from_state (a new model with the saved weights: the same loss), named
     sampler weights and a sampling client created from their tinker:// path, the RestClient's checkpoint list,
     weights_info and training runs (one, and the tenant's, paged);
+  - checkpoints' time to live (ttl_seconds on a save, set_checkpoint_ttl_from_tinker_path, listed as expires_at)
+    and deletion (its record and files go; another tenant's key finds nothing; publishing is refused by name);
   - save_weights_external: a PEFT adapter (its config; lora_B zero before a step, not after) fetched through
     get_external_weights_urls' signed URLs without the API key; a forged token, a file outside the signature and
     another tenant's key find nothing;
@@ -277,6 +279,48 @@ class TinkerSdkTest(unittest.TestCase):
             self.service.create_training_client_from_state(path).result()
         self.assertIn("not a training checkpoint", str(caught.exception))
 
+    def test_checkpoints_have_a_time_to_live_and_are_deleted(self):
+        model = self.service.create_lora_training_client(BASE, rank=4).result()
+        rest = tinker.RestClient(base_url=SERVER.endpoint, api_key=KEY)
+        kept = model.save_state("kept", ttl_seconds=7200).result().path
+        doomed = model.save_weights_for_sampler("doomed").result().path
+
+        def expires():
+            return {c.tinker_path: c.expires_at for c in rest.list_checkpoints(model.model_id).result().checkpoints}
+
+        listed = expires()
+        self.assertAlmostEqual(listed[kept].timestamp(), time.time() + 7200, delta=60)
+        self.assertIsNone(listed[doomed])
+        rest.set_checkpoint_ttl_from_tinker_path(kept, None).result()
+        self.assertIsNone(expires()[kept])
+        rest.set_checkpoint_ttl_from_tinker_path(kept, 86400).result()
+        self.assertAlmostEqual(expires()[kept].timestamp(), time.time() + 86400, delta=60)
+        with self.assertRaises(Exception) as caught:
+            rest.set_checkpoint_ttl_from_tinker_path(kept, 60).result()
+        self.assertIn("ttl_seconds", str(caught.exception))
+        # Deleting one removes its record and its files; a second delete, another tenant's and sampling it find
+        # nothing; publishing is refused by name.
+        files = lambda: {os.path.join(d, f) for d, _, fs in os.walk(SERVER.dir) for f in fs}  # noqa: E731
+        before = files()
+        rest.delete_checkpoint_from_tinker_path(doomed).result()
+        gone = before - files()
+        self.assertGreater(len(gone), 0)
+        self.assertEqual(len({os.path.dirname(f) for f in gone}), 1, gone)  # one checkpoint directory
+        self.assertEqual(sorted(expires()), [kept])
+        with self.assertRaises(Exception) as caught:
+            self.service.create_sampling_client(model_path=doomed).result()
+        self.assertIn("does not exist", str(caught.exception))
+        with self.assertRaises(Exception) as caught:
+            rest.delete_checkpoint_from_tinker_path(doomed).result()
+        self.assertIn("does not exist", str(caught.exception))
+        other = httpx.delete(SERVER.endpoint + "/api/v1/training_runs/" + model.model_id + "/checkpoints/weights/kept",
+                             headers={"X-API-Key": OTHER_KEY})
+        self.assertEqual(other.status_code, 404)
+        with self.assertRaises(Exception) as caught:
+            rest.publish_checkpoint_from_tinker_path(kept).result()
+        self.assertIn("publishing checkpoints is not supported", str(caught.exception))
+        self.assertEqual(sorted(expires()), [kept])
+
     def test_bad_input_is_refused_by_name_and_the_model_keeps_working(self):
         with self.assertRaises(Exception) as caught:
             self.training.forward(self.data, "no_such_loss").result()
@@ -321,7 +365,8 @@ class TinkerSdkTest(unittest.TestCase):
         sampler = model.save_weights_and_get_sampling_client(record_stability_info=True).result()
         prompt = [5, 17, 42]
         params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=11, stop=[])
-        sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=params).result().sequences
+        sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2,
+                                 sampling_params=params).result().sequences
 
         def rl_datum(seq, advantage, **change):
             full = prompt + seq.tokens
@@ -344,8 +389,8 @@ class TinkerSdkTest(unittest.TestCase):
             model.optim_step(types.AdamParams(learning_rate=5e-2)).result()
         # The cap C halfway between the fifth and sixth of the ten ratios (the policy moved towards the sampled
         # tokens: all are above 1), so that half the weights are truncated.
-        ratios = sorted(math.exp(lp - q) for seq, row in zip(sampled, logprobs_of(model.forward(data, "stable_reinforce")
-                                                                                  .result()))
+        first = logprobs_of(model.forward(data, "stable_reinforce").result())
+        ratios = sorted(math.exp(lp - q) for seq, row in zip(sampled, first)
                         for lp, q in zip(row[len(prompt) - 1:], seq.logprobs))
         config = {"truncation": (ratios[4] + ratios[5]) / 2, "kl_coeff": 0.1}
         out = model.forward(data, "stable_reinforce", config).result()
@@ -424,8 +469,9 @@ class HeartbeatTest(unittest.TestCase):
 
 class RestartTest(unittest.TestCase):
     """A server killed (SIGKILL) and started again on its data directory keeps Tinker's records: the session answers
-    its heartbeat, the model its get_info and a forward with the weights it had, its checkpoints are listed and load
-    into a new model, and sampler weights saved before sample."""
+    its heartbeat, the model its get_info and a forward with the weights it had, its checkpoints are listed (with
+    their time to live; one deleted before the kill stays deleted) and load into a new model, and sampler weights
+    saved before sample."""
 
     def test_tinker_records_survive_a_kill(self):
         first = rlloop_serve.Server(RLLOOP, bearer_keys={"aws": [KEY]})
@@ -435,8 +481,10 @@ class RestartTest(unittest.TestCase):
             data = [datum([5, 17, 42, 7, 99, 3])]
             training.forward_backward(data, "cross_entropy").result()
             training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-            saved = training.save_state("before-kill").result().path
+            saved = training.save_state("before-kill", ttl_seconds=7200).result().path
             sampler_path = training.save_weights_for_sampler("sampler-before-kill").result().path
+            deleted = training.save_weights_for_sampler("deleted-before-kill").result().path
+            service.create_rest_client().delete_checkpoint_from_tinker_path(deleted).result()
             loss = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
         finally:
             first.proc.kill()
@@ -456,6 +504,9 @@ class RestartTest(unittest.TestCase):
             again = tinker.ServiceClient(base_url=second.endpoint, api_key=KEY)
             listed = again.create_rest_client().list_checkpoints(model_id).result()
             self.assertEqual(sorted(c.tinker_path for c in listed.checkpoints), sorted([saved, sampler_path]))
+            expires = {c.tinker_path: c.expires_at for c in listed.checkpoints}
+            self.assertAlmostEqual(expires[saved].timestamp(), time.time() + 7200, delta=120)
+            self.assertIsNone(expires[sampler_path])
             restored = again.create_training_client_from_state(saved).result()
             self.assertAlmostEqual(restored.forward(data, "cross_entropy").result().metrics["loss:sum"], loss,
                                    places=3)
