@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,7 @@ struct TinkerRoutes {
   std::map<std::string, Sampler> samplers;
   std::map<std::string, Future> futures;          // by request id
   std::map<std::string, Checkpoint> checkpoints;  // by tinker:// path
+  std::set<std::string> deleted_packages;         // of checkpoints deleted since the start (register_checkpoint)
   std::uint64_t next_id = 1;
   StabilityRecords stability;  // stable_reinforce's records of sampled sequences (locked on its own)
   ExternalDownloads downloads;  // signed URLs of external weights' files (locked on its own)

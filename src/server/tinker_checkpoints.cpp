@@ -111,13 +111,14 @@ json external_weights_urls(Api::Impl& im, const sigv4::HttpRequest& req, const s
   return {{"urls", urls}, {"expires", iso_time(now + ExternalDownloads::kValidSeconds)}};
 }
 
-
 // PUT .../ttl {"ttl_seconds": n | null}: the checkpoint expires n seconds from now, or never.
 json set_ttl(TinkerRoutes& r, const std::string& path, const json& body, const std::shared_ptr<TenantState>& t) {
   const std::int64_t ttl = ttl_of(body);
-  find_owned(r, r.checkpoints, path, t->config.id, "checkpoint");
   std::lock_guard lock(r.mu);
-  r.checkpoints.at(path).expires = ttl > 0 ? now_seconds() + static_cast<double>(ttl) : 0.0;
+  const auto it = r.checkpoints.find(path);
+  if (it == r.checkpoints.end() || it->second.tenant != t->config.id)
+    not_found("checkpoint '" + path + "' does not exist");
+  it->second.expires = ttl > 0 ? now_seconds() + static_cast<double>(ttl) : 0.0;
   r.persist_locked("checkpoint", path);
   return json::object();
 }
@@ -146,6 +147,11 @@ std::string register_checkpoint(TinkerRoutes& r, const TinkerRoutes::Future& f, 
   const auto& model = r.models.at(f.model_id);
   const char* segment = type == "training" ? "weights" : type == "sampler" ? "sampler_weights" : "external_weights";
   const std::string path = tinker_path(f.model_id, segment, f.name);
+  // A future retrieved again answers the same path without registering it again: its time to live keeps running,
+  // and a checkpoint deleted since stays deleted.
+  const auto it = r.checkpoints.find(path);
+  if ((it != r.checkpoints.end() && it->second.model_package == package) || r.deleted_packages.count(package))
+    return path;
   const double now = now_seconds();
   r.checkpoints[path] = {f.tenant,         package,    f.model_id,           type,
                          model.base_model, model.rank, model.target_modules, now,
@@ -227,6 +233,7 @@ void delete_checkpoint(Api::Impl& im, const std::string& tenant, const std::stri
   {
     std::lock_guard lock(r.mu);
     r.checkpoints.erase(path);
+    r.deleted_packages.insert(checkpoint.model_package);
   }
   if (owner != im.tenants.end()) {
     std::lock_guard lock(owner->second->mu);

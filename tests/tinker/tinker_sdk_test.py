@@ -320,6 +320,23 @@ class TinkerSdkTest(unittest.TestCase):
             rest.publish_checkpoint_from_tinker_path(kept).result()
         self.assertIn("publishing checkpoints is not supported", str(caught.exception))
         self.assertEqual(sorted(expires()), [kept])
+        # A save's future retrieved again after its checkpoint was deleted answers the same path, and the checkpoint
+        # stays deleted (raw requests: the SDK retrieves a future once; seq_id 1000 is past the client's).
+        def post(route, body):
+            return httpx.post(f"{SERVER.endpoint}/api/v1/{route}", json=body, headers={"X-API-Key": KEY},
+                              timeout=60).json()
+
+        def result(request_id):
+            while (answer := post("retrieve_future", {"request_id": request_id})).get("type") == "try_again":
+                pass
+            return answer
+
+        request_id = post("save_weights", {"model_id": model.model_id, "path": "raw", "seq_id": 1000})["request_id"]
+        raw = result(request_id)["path"]
+        self.assertIn(raw, expires())
+        rest.delete_checkpoint_from_tinker_path(raw).result()
+        self.assertEqual(result(request_id)["path"], raw)
+        self.assertEqual(sorted(expires()), [kept])
 
     def test_bad_input_is_refused_by_name_and_the_model_keeps_working(self):
         with self.assertRaises(Exception) as caught:
