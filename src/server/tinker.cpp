@@ -35,14 +35,6 @@ constexpr int kLoraAlpha = 32;
 
 Response proto_ok(std::string bytes) { return Response{200, "application/x-protobuf", {}, std::move(bytes)}; }
 
-json parse_body(const sigv4::HttpRequest& req) {
-  try {
-    return req.body.empty() ? json::object() : json::parse(req.body);
-  } catch (const json::exception& e) {
-    user_error(std::string("request body is not valid JSON: ") + e.what());
-  }
-}
-
 // The error a failed future answers: the SDK raises RequestFailedError(message, category).
 Response failed(const std::string& message, const char* category) {
   return json_ok({{"error", message}, {"category", category}});

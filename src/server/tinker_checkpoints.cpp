@@ -194,12 +194,7 @@ std::optional<json> checkpoint_change(Api::Impl& im, const sigv4::HttpRequest& r
     return json::object();
   }
   if (seg.size() == 6 && seg[5] == "ttl" && req.method == "PUT") {
-    json body;
-    try {
-      body = req.body.empty() ? json::object() : json::parse(req.body);
-    } catch (const json::exception& e) {
-      user_error(std::string("request body is not valid JSON: ") + e.what());
-    }
+    const json body = parse_body(req);
     rd::only_keys(rd::object(body, ""), "", {"ttl_seconds"});
     return set_ttl(*im.tinker, path, body, t);
   }

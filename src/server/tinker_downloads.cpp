@@ -49,18 +49,18 @@ Response ExternalDownloads::serve(const std::string& path, double now) {
   const std::string rest = path.substr(std::string(kRoute).size());
   const auto slash = rest.find('/');
   if (slash == std::string::npos) gone("no file in " + path);
+  const std::string token = rest.substr(0, slash), name = rest.substr(slash + 1);
   std::string file;
   {
     std::lock_guard lock(mu_);
-    const auto it = signatures_.find(rest.substr(0, slash));
+    const auto it = signatures_.find(token);
     if (it == signatures_.end() || it->second.expires <= now)
       gone("this URL is not signed or has expired (get_external_weights_urls signs new ones)");
-    if (!it->second.files.count(rest.substr(slash + 1)))
-      gone("the signed checkpoint has no file " + rest.substr(slash + 1));
-    file = (fs::path(it->second.directory) / rest.substr(slash + 1)).string();
+    if (!it->second.files.count(name)) gone("the signed checkpoint has no file " + name);
+    file = (fs::path(it->second.directory) / name).string();
   }
   std::ifstream in(file, std::ios::binary);
-  if (!in) gone("the checkpoint's file " + rest.substr(slash + 1) + " is no longer there");
+  if (!in) gone("the checkpoint's file " + name + " is no longer there");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return Response{200, "application/octet-stream", {}, std::move(bytes)};
 }

@@ -20,6 +20,15 @@ inline Response json_ok(const json& j) { return Response{200, "application/json"
 [[noreturn]] inline void user_error(const std::string& message) { throw api_error("BadRequest", 400, message); }
 [[noreturn]] inline void not_found(const std::string& message) { throw api_error("NotFound", 404, message); }
 
+// A request's JSON body ({} when empty).
+inline json parse_body(const sigv4::HttpRequest& req) {
+  try {
+    return req.body.empty() ? json::object() : json::parse(req.body);
+  } catch (const json::exception& e) {
+    user_error(std::string("request body is not valid JSON: ") + e.what());
+  }
+}
+
 // A string member the request needs.
 inline std::string need_string(const json& body, const char* key) {
   return wire::read::string(wire::read::need(body, "", key), key);
